@@ -1,0 +1,1 @@
+"""The NX shell protocol: pure parsing, state machine and formatting (no I/O)."""
