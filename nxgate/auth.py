@@ -1,0 +1,275 @@
+"""Authentication of Unix users through PAM, run off the reactor thread.
+
+Every PAM transaction here runs in a dedicated thread pool, so a slow PAM
+stack (``pam_unix``'s failure delay, LDAP, 2FA) never stalls the reactor.
+We drive libpam through python-pam's ctypes bindings with our own
+conversation function so that one code path serves the three ways in:
+
+* an NX ``login`` or an SSH ``password`` request (the conversation answers
+  hidden prompts with the password),
+* SSH ``keyboard-interactive`` (each prompt goes to the SSH client), and
+* an account-only check for users who logged in with their own SSH key.
+
+Every transaction runs ``pam_acct_mgmt`` so that expired or locked accounts
+are refused, and sets ``PAM_RHOST``.  We never call ``pam_setcred`` here: in
+the gateway process it could change *our* groups (``pam_group``).
+
+User names and passwords are passed as the exact bytes the client sent;
+nothing is quoted, split or interpreted, so ``DOMAIN\\user`` or a password
+with ``$()`` reach PAM untouched.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import pwd
+from collections.abc import Callable, Sequence
+from ctypes import POINTER, byref, c_char, c_char_p, c_void_p, cast, memmove, sizeof
+from dataclasses import dataclass
+
+from pam import __internals as libpam  # python-pam's ctypes bindings
+from twisted.internet import defer, task, threads
+from twisted.logger import Logger
+from twisted.python.threadpool import ThreadPool
+
+log = Logger()
+
+PAM_SUCCESS = 0
+PAM_CONV_ERR = 19
+PAM_RHOST = 4
+PAM_DISALLOW_NULL_AUTHTOK = 0x0001
+PAM_PROMPT_ECHO_OFF = 1
+PAM_PROMPT_ECHO_ON = 2
+
+MAX_USERNAME_BYTES = 256
+MAX_PASSWORD_BYTES = 4096
+
+# One prompt from PAM: (style, text); styles 1-4 as in <security/_pam_types.h>.
+Prompt = tuple[int, str]
+Responder = Callable[[Sequence[Prompt]], Sequence[str | None]]
+
+
+class Verdict(enum.Enum):
+    GRANTED = "granted"
+    DENIED = "denied"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class AuthResult:
+    """A PAM verdict.  ``reason`` is for the log only, never for the client."""
+
+    verdict: Verdict
+    username: str
+    reason: str
+
+    @property
+    def granted(self) -> bool:
+        return self.verdict is Verdict.GRANTED
+
+
+def encode(text: str) -> bytes:
+    """The client's exact bytes (the protocol layer decoded them losslessly)."""
+    return text.encode("utf-8", "surrogateescape")
+
+
+def precheck(username: str, deny_users: Sequence[str], password: str | None = None) -> str | None:
+    """Why a login must be refused without asking PAM, or None."""
+    raw = encode(username)
+    if not raw:
+        return "empty user name"
+    if len(raw) > MAX_USERNAME_BYTES:
+        return "user name too long"
+    if any(byte < 0x20 or byte == 0x7F for byte in raw):
+        return "control character in user name"
+    if username in deny_users:
+        return "user is in deny_users"
+    if password is not None:
+        secret = encode(password)
+        if not secret:
+            return "empty password"  # never let 'nullok' accounts in remotely
+        if len(secret) > MAX_PASSWORD_BYTES or b"\0" in secret:
+            return "unacceptable password"
+    try:
+        pwd.getpwnam(username)
+    except KeyError:
+        return "no such Unix account"
+    except UnicodeEncodeError:
+        return "user name is not valid UTF-8"
+    return None
+
+
+def resolve_service(name: str, pam_dir: str = "/etc/pam.d") -> str:
+    """The PAM service to use: ``name`` if it is configured, else ``login``."""
+    if os.path.exists(os.path.join(pam_dir, name)):
+        return name
+    log.warn(
+        "PAM service {service!r} has no file in {dir}; using 'login' instead",
+        service=name,
+        dir=pam_dir,
+    )
+    return "login"
+
+
+class _Library:
+    """The libpam and libc functions, bound once by python-pam."""
+
+    _instance: libpam.PamAuthenticator | None = None
+
+    @classmethod
+    def get(cls) -> libpam.PamAuthenticator:
+        if cls._instance is None:
+            cls._instance = libpam.PamAuthenticator()
+        return cls._instance
+
+
+def _duplicate(lib: libpam.PamAuthenticator, data: bytes) -> int:
+    """A malloc'ed NUL-terminated copy, which PAM will free."""
+    address = lib.calloc(len(data) + 1, sizeof(c_char))
+    memmove(address, data, len(data))
+    return address
+
+
+def run_transaction(
+    service: str,
+    username: str,
+    respond: Responder | None,
+    remote_host: str | None,
+) -> tuple[int, str]:
+    """One blocking PAM transaction: authenticate (if ``respond`` is given)
+    and check the account.  Returns PAM's result code and its message."""
+    lib = _Library.get()
+
+    @libpam.conv_func
+    def conversation(count, messages, responses, _appdata):  # type: ignore[no-untyped-def]
+        prompts = [
+            (messages[i].contents.msg_style, (messages[i].contents.msg or b"").decode("utf-8", "replace"))
+            for i in range(count)
+        ]
+        try:
+            if respond is None:
+                raise LookupError("no conversation for an account check")
+            answers = list(respond(prompts))
+        except Exception:
+            return PAM_CONV_ERR
+        array = cast(lib.calloc(count, sizeof(libpam.PamResponse)), POINTER(libpam.PamResponse))
+        for i, (style, _text) in enumerate(prompts):
+            answer = answers[i] if i < len(answers) else None
+            if style in (PAM_PROMPT_ECHO_OFF, PAM_PROMPT_ECHO_ON) and answer is not None:
+                array[i].resp = cast(_duplicate(lib, encode(answer)), c_char_p)
+            array[i].resp_retcode = 0
+        responses[0] = array
+        return PAM_SUCCESS
+
+    handle = libpam.PamHandle()
+    conv = libpam.PamConv(conversation, None)
+    code = lib.pam_start(service.encode(), encode(username), byref(conv), byref(handle))
+    if code != PAM_SUCCESS:
+        return code, "pam_start failed"
+    try:
+        if remote_host:
+            host = c_char_p(remote_host.encode())
+            lib.pam_set_item(handle, PAM_RHOST, cast(host, c_void_p))
+        if respond is not None:
+            code = lib.pam_authenticate(handle, PAM_DISALLOW_NULL_AUTHTOK)
+        if code == PAM_SUCCESS:
+            code = lib.pam_acct_mgmt(handle, PAM_DISALLOW_NULL_AUTHTOK)
+        message = (lib.pam_strerror(handle, code) or b"").decode("utf-8", "replace")
+    finally:
+        lib.pam_end(handle, code)
+    return code, message
+
+
+def password_responder(password: str) -> Responder:
+    """Answer hidden prompts with the password; refuse anything else.
+
+    A PAM stack that asks a visible question (an OTP, say) cannot be served
+    by a bare password, so we stop rather than send the password there.
+    """
+
+    def respond(prompts: Sequence[Prompt]) -> list[str | None]:
+        answers: list[str | None] = []
+        for style, _text in prompts:
+            if style == PAM_PROMPT_ECHO_ON:
+                raise LookupError("PAM asked a visible question during password login")
+            answers.append(password if style == PAM_PROMPT_ECHO_OFF else None)
+        return answers
+
+    return respond
+
+
+class Authenticator:
+    """PAM for the gateway: passwords, conversations and account checks.
+
+    Results that deny access arrive no sooner than ``failed_login_delay``
+    seconds after the request, whatever PAM itself did, to slow down
+    password guessing on every path.
+    """
+
+    def __init__(
+        self,
+        reactor,  # type: ignore[no-untyped-def]
+        service: str,
+        deny_users: Sequence[str] = (),
+        threads: int = 16,
+        failed_login_delay: float = 2.0,
+        transaction: Callable[[str, str, Responder | None, str | None], tuple[int, str]] = run_transaction,
+    ) -> None:
+        self.reactor = reactor
+        self.service = resolve_service(service)
+        self.deny_users = tuple(deny_users)
+        self.failed_login_delay = failed_login_delay
+        self._transaction = transaction
+        self.pool = ThreadPool(minthreads=0, maxthreads=threads, name="nxgate-pam")
+
+    def start(self) -> None:
+        self.pool.start()
+
+    def stop(self) -> None:
+        self.pool.stop()
+
+    def password(self, username: str, password: str, remote_host: str | None) -> defer.Deferred[AuthResult]:
+        refusal = precheck(username, self.deny_users, password)
+        return self._run(username, refusal, password_responder(password), remote_host)
+
+    def conversation(self, username: str, respond: Responder, remote_host: str | None) -> defer.Deferred[AuthResult]:
+        """Authenticate with an interactive conversation (``respond`` runs in
+        the PAM thread and may block on the client)."""
+        return self._run(username, precheck(username, self.deny_users), respond, remote_host)
+
+    def account(self, username: str, remote_host: str | None) -> defer.Deferred[AuthResult]:
+        """Account checks only, for users who proved themselves with a key."""
+        return self._run(username, precheck(username, self.deny_users), None, remote_host)
+
+    def _run(
+        self, username: str, refusal: str | None, respond: Responder | None, remote_host: str | None
+    ) -> defer.Deferred[AuthResult]:
+        started = self.reactor.seconds()
+        if refusal is not None:
+            result: defer.Deferred[AuthResult] = defer.succeed(AuthResult(Verdict.DENIED, username, refusal))
+        else:
+            result = threads.deferToThreadPool(
+                self.reactor, self.pool, self._transaction, self.service, username, respond, remote_host
+            )
+            result.addCallbacks(
+                lambda outcome: self._verdict(username, *outcome),
+                lambda failure: AuthResult(Verdict.ERROR, username, failure.getErrorMessage()),
+            )
+        result.addCallback(self._delay_denial, started)
+        return result
+
+    @staticmethod
+    def _verdict(username: str, code: int, message: str) -> AuthResult:
+        if code == PAM_SUCCESS:
+            return AuthResult(Verdict.GRANTED, username, "")
+        return AuthResult(Verdict.DENIED, username, f"PAM: {message} ({code})")
+
+    def _delay_denial(self, result: AuthResult, started: float) -> defer.Deferred[AuthResult] | AuthResult:
+        if result.granted:
+            return result
+        remaining = self.failed_login_delay - (self.reactor.seconds() - started)
+        if remaining <= 0:
+            return result
+        return task.deferLater(self.reactor, remaining, lambda: result)
+

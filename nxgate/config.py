@@ -1,0 +1,263 @@
+"""The gateway's configuration: one INI file, loaded into frozen dataclasses.
+
+Every option is declared once, as a dataclass field with its default and a
+converter in the field metadata.  Loading collects *all* problems (unknown
+sections and keys, bad values, duplicates) with their line numbers and raises
+one :class:`ConfigError`, so an admin fixes the file in one go and the gateway
+never starts on a half-understood configuration (Buildbot's
+``config/master.py`` idea).
+
+The reader is our own small INI parser rather than ``configparser`` because
+the error messages need line numbers and we want no interpolation surprises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+Converter = Callable[[str], Any]
+
+
+class ConfigError(Exception):
+    """Raised with every problem found; ``problems`` lists them one per line."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("invalid configuration:\n  " + "\n  ".join(problems))
+        self.problems = problems
+
+
+# ------------------------------------------------------------------ converters
+def integer(low: int, high: int) -> Converter:
+    def convert(text: str) -> int:
+        try:
+            value = int(text, 10)
+        except ValueError:
+            raise ValueError(f"expected a whole number from {low} to {high}") from None
+        if not low <= value <= high:
+            raise ValueError(f"expected a whole number from {low} to {high}")
+        return value
+
+    return convert
+
+
+def number(low: float, high: float) -> Converter:
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"expected a number from {low:g} to {high:g}") from None
+        if not low <= value <= high:
+            raise ValueError(f"expected a number from {low:g} to {high:g}")
+        return value
+
+    return convert
+
+
+_TRUE = {"yes", "true", "on", "1"}
+_FALSE = {"no", "false", "off", "0"}
+
+
+def boolean(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError("expected yes or no")
+
+
+def words(text: str) -> tuple[str, ...]:
+    """A list separated by spaces or commas."""
+    return tuple(word for word in re.split(r"[\s,]+", text) if word)
+
+
+def one_of(*choices: str) -> Converter:
+    def convert(text: str) -> str:
+        if text not in choices:
+            raise ValueError("expected one of " + ", ".join(choices))
+        return text
+
+    return convert
+
+
+def text(value: str) -> str:
+    return value
+
+
+def nonempty(value: str) -> str:
+    if not value:
+        raise ValueError("must not be empty")
+    return value
+
+
+_NX_VERSION = re.compile(r"3\.\d{1,2}\.\d{1,4}")
+
+
+def nx_version(value: str) -> str:
+    if not _NX_VERSION.fullmatch(value):
+        raise ValueError("expected an NX 3 protocol version such as 3.5.0")
+    return value
+
+
+def path(value: str) -> str:
+    """A file system path; relative paths are resolved against the config file."""
+    return value  # resolved in load(), which knows the file's directory
+
+
+def option(default: Any, convert: Converter, doc: str, *, is_path: bool = False) -> Any:
+    return field(default=default, metadata={"convert": convert, "doc": doc, "path": is_path})
+
+
+# --------------------------------------------------------------------- schema
+@dataclass(frozen=True)
+class ServerSection:
+    listen: str = option("tcp:4022", nonempty, "Twisted endpoint the SSH server listens on")
+    server_name: str = option("", text, "host name shown to clients (default: this host's FQDN)")
+    state_dir: str = option("/var/lib/nxgate", nonempty, "host keys, session store and session directories", is_path=True)
+    protocol_version: str = option("3.5.0", nx_version, "NX protocol version in the greeting (keep below 4)")
+    log_level: str = option("info", one_of("debug", "info", "warn", "error"), "lowest level written to the log")
+
+
+@dataclass(frozen=True)
+class SSHSection:
+    nx_user: str = option("nx", nonempty, "SSH account that NX clients log in as with the nx key")
+    nx_authorized_keys: str = option("", text, "authorized keys for nx_user (empty: the NoMachine key)", is_path=True)
+    user_logins: bool = option(True, boolean, "let users log in to SSH as themselves (legacy-free)")
+    login_grace_time: int = option(120, integer(5, 3600), "seconds to complete SSH authentication")
+    max_auth_tries: int = option(6, integer(1, 100), "failed SSH authentications before disconnect")
+    max_channels: int = option(4, integer(1, 100), "session channels open at once per connection")
+
+
+@dataclass(frozen=True)
+class AuthSection:
+    pam_service: str = option("nxgate", nonempty, "PAM service name (falls back to 'login' if missing)")
+    deny_users: tuple[str, ...] = option(("root",), words, "users who may never log in")
+    failed_login_delay: float = option(2.0, number(0, 60), "minimum seconds before a failed login is answered")
+    max_login_attempts: int = option(3, integer(1, 20), "failed NX logins per connection before it is closed")
+    login_timeout: float = option(60.0, number(1, 3600), "seconds from connect to a successful NX login")
+    pam_threads: int = option(16, integer(1, 256), "threads that run PAM conversations")
+
+
+@dataclass(frozen=True)
+class ShellSection:
+    idle_timeout: float = option(600.0, number(1, 86400), "seconds without a command before the NX shell closes")
+    max_line_length: int = option(16384, integer(256, 1048576), "longest accepted command line in bytes")
+
+
+@dataclass(frozen=True)
+class Config:
+    server: ServerSection = ServerSection()
+    ssh: SSHSection = SSHSection()
+    auth: AuthSection = AuthSection()
+    shell: ShellSection = ShellSection()
+    source: str = "<built-in defaults>"
+
+    @property
+    def server_name(self) -> str:
+        return self.server.server_name or socket.getfqdn().lower()
+
+    def replace(self, **sections: Any) -> Config:
+        return dataclasses.replace(self, **sections)
+
+
+def _section_fields() -> list[dataclasses.Field[Any]]:
+    return [f for f in dataclasses.fields(Config) if f.name != "source"]
+
+
+# --------------------------------------------------------------------- reader
+_SECTION = re.compile(r"\[\s*([A-Za-z0-9_.-]+)\s*\]")
+_ASSIGN = re.compile(r"([A-Za-z0-9_.-]+)\s*[=:]\s*(.*)")
+
+
+def parse_ini(lines: list[str], source: str) -> tuple[dict[str, dict[str, tuple[int, str]]], list[str]]:
+    """Split INI text into ``{section: {key: (line number, value)}}`` plus problems."""
+    result: dict[str, dict[str, tuple[int, str]]] = {}
+    problems: list[str] = []
+    section: str | None = None
+    for number_, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        match = _SECTION.fullmatch(line)
+        if match:
+            section = match.group(1).lower()
+            result.setdefault(section, {})
+            continue
+        match = _ASSIGN.fullmatch(line)
+        if match is None:
+            problems.append(f"{source}:{number_}: cannot read this line: {line!r}")
+            continue
+        if section is None:
+            problems.append(f"{source}:{number_}: option outside any [section]")
+            continue
+        key, value = match.group(1).lower(), match.group(2).strip()
+        if key in result[section]:
+            problems.append(f"{source}:{number_}: [{section}] {key} given twice (first on line {result[section][key][0]})")
+            continue
+        result[section][key] = (number_, value)
+    return result, problems
+
+
+def load(filename: str | None) -> Config:
+    """Load and validate a config file; ``None`` gives the built-in defaults."""
+    if filename is None:
+        return Config()
+    try:
+        with open(filename, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"{filename}: cannot read: {exc}"]) from None
+    base = os.path.dirname(os.path.abspath(filename))
+    parsed, problems = parse_ini(lines, filename)
+    sections: dict[str, Any] = {}
+    known = {f.name: f for f in _section_fields()}
+    for name, values in parsed.items():
+        section_field = known.get(name)
+        if section_field is None:
+            first = min((n for n, _ in values.values()), default=0)
+            problems.append(f"{filename}: unknown section [{name}] (known: {', '.join(known)})"
+                            + (f", near line {first}" if first else ""))
+            continue
+        cls = type(section_field.default)
+        options = {f.name: f for f in dataclasses.fields(cls)}
+        converted: dict[str, Any] = {}
+        for key, (number_, value) in values.items():
+            opt = options.get(key)
+            if opt is None:
+                problems.append(f"{filename}:{number_}: [{name}] unknown option '{key}'")
+                continue
+            try:
+                result = opt.metadata["convert"](value)
+            except ValueError as exc:
+                problems.append(f"{filename}:{number_}: [{name}] {key} = {value!r}: {exc}")
+                continue
+            if opt.metadata["path"] and result:
+                result = os.path.normpath(os.path.join(base, result))
+            converted[key] = result
+        sections[name] = cls(**converted)
+    if problems:
+        raise ConfigError(problems)
+    return Config(source=filename, **sections)
+
+
+def describe() -> str:
+    """Every option with its default and meaning, as a commented INI text."""
+    out: list[str] = []
+    for section_field in _section_fields():
+        out.append(f"[{section_field.name}]")
+        for opt in dataclasses.fields(type(section_field.default)):
+            default = opt.default
+            if isinstance(default, tuple):
+                default = " ".join(default)
+            elif isinstance(default, bool):
+                default = "yes" if default else "no"
+            out.append(f"# {opt.metadata['doc']}")
+            out.append(f"#{opt.name} = {default}")
+        out.append("")
+    return "\n".join(out)

@@ -1,0 +1,1 @@
+"""The built-in SSH server (Twisted Conch) that NX clients reach."""

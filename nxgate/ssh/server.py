@@ -1,0 +1,300 @@
+"""The Conch SSH server: factory, user authentication, avatar and channel.
+
+An authenticated connection can open *session* channels and request a
+``shell`` on them (with or without a pty, as clients vary); that shell is
+the NX conversation.  Everything else an SSH server usually offers is
+refused: ``exec``, subsystems, port forwarding in both directions, agent
+and X11 forwarding.  The nx account can do nothing but speak NX.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from twisted.conch.avatar import ConchUser
+from twisted.conch.error import ConchError
+from twisted.conch.interfaces import IConchUser
+from twisted.conch.openssh_compat import primes
+from twisted.conch.ssh import common, connection, factory, transport, userauth
+from twisted.conch.ssh.channel import SSHChannel
+from twisted.cred.portal import IRealm, Portal
+from twisted.internet import defer
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from nxgate.auth import Prompt
+from nxgate.ssh.checkers import IKeyboardInteractive, KeyboardInteractive, Principal
+
+log = Logger(namespace="nxgate.ssh")
+
+OPEN_ADMINISTRATIVELY_PROHIBITED = 1
+MSG_USERAUTH_INFO_REQUEST = 60
+MODULI_FILE = "/etc/ssh/moduli"
+
+# Makes the NX conversation for a channel: (avatar, channel) -> handler
+# with data_received(bytes), eof_received() and connection_lost().
+ShellFactory = Callable[["NXAvatar", "NXSessionChannel"], Any]
+
+
+class _AddressPortal:
+    """Hands the client's address to the checkers along with the credentials."""
+
+    def __init__(self, portal: Portal, address: str) -> None:
+        self._portal = portal
+        self._address = address
+
+    def listCredentialsInterfaces(self) -> list[Any]:
+        return self._portal.listCredentialsInterfaces()
+
+    def login(self, credentials: Any, mind: Any, *interfaces: Any) -> defer.Deferred[Any]:
+        credentials.remote_address = self._address
+        return self._portal.login(credentials, self._address, *interfaces)
+
+
+class NXUserAuthServer(userauth.SSHUserAuthServer):
+    """User authentication with a client address for every check and with
+    keyboard-interactive (RFC 4256) conversations driven by PAM."""
+
+    interfaceToMethod = {
+        **userauth.SSHUserAuthServer.interfaceToMethod,
+        IKeyboardInteractive: b"keyboard-interactive",
+    }
+
+    def serviceStarted(self) -> None:
+        self.loginTimeout = self.transport.factory.login_grace_time
+        self.attemptsBeforeDisconnect = self.transport.factory.max_auth_tries
+        super().serviceStarted()
+        peer = self.transport.transport.getPeer()
+        self.portal = _AddressPortal(self.portal, getattr(peer, "host", str(peer)))
+        self._info_answer: defer.Deferred[list[str]] | None = None
+
+    def serviceStopped(self) -> None:
+        super().serviceStopped()
+        self._abandon_conversation()
+
+    def timeoutAuthentication(self) -> None:
+        log.info("SSH authentication timeout for {peer}", peer=self.transport.transport.getPeer())
+        super().timeoutAuthentication()
+
+    def ssh_USERAUTH_REQUEST(self, packet: bytes) -> Any:
+        self._abandon_conversation()
+        return super().ssh_USERAUTH_REQUEST(packet)
+
+    def auth_keyboard_interactive(self, packet: bytes) -> defer.Deferred[Any]:
+        credentials = KeyboardInteractive(self.user, self._ask)
+        return self.portal.login(credentials, None, IConchUser)
+
+    def _ask(self, prompts: Sequence[Prompt]) -> defer.Deferred[list[str]]:
+        """Send PAM's messages and prompts as one INFO_REQUEST."""
+        questions = [(text, style == 2) for style, text in prompts if style in (1, 2)]
+        notes = "\n".join(text for style, text in prompts if style in (3, 4))
+        packet = common.NS(b"") + common.NS(notes.encode()) + common.NS(b"")
+        packet += struct.pack(">L", len(questions))
+        for text, echo in questions:
+            packet += common.NS(text.encode()) + (b"\x01" if echo else b"\x00")
+        self.transport.sendPacket(MSG_USERAUTH_INFO_REQUEST, packet)
+        self._info_answer = defer.Deferred()
+        answer = self._info_answer
+        # PAM expects an answer slot for every message, prompts or not.
+        return answer.addCallback(_spread_answers, [style for style, _ in prompts])
+
+    def ssh_USERAUTH_INFO_RESPONSE(self, packet: bytes) -> None:
+        pending, self._info_answer = self._info_answer, None
+        if pending is None:
+            self.transport.sendDisconnect(2, b"unexpected keyboard-interactive response")
+            return
+        (count,) = struct.unpack(">L", packet[:4])
+        rest = packet[4:]
+        answers = []
+        for _ in range(min(count, 64)):
+            answer, rest = common.getNS(rest)
+            answers.append(answer.decode("utf-8", "surrogateescape"))
+        pending.callback(answers)
+
+    def _abandon_conversation(self) -> None:
+        pending, self._info_answer = getattr(self, "_info_answer", None), None
+        if pending is not None:
+            pending.errback(ConchError("keyboard-interactive conversation abandoned"))
+
+
+def _spread_answers(answers: list[str], styles: list[int]) -> list[str | None]:
+    given = iter(answers)
+    return [next(given, "") if style in (1, 2) else None for style in styles]
+
+
+class NXAvatar(ConchUser):
+    """An authenticated SSH login; it may open only NX session channels."""
+
+    def __init__(self, principal: Principal, shell_factory: ShellFactory, max_channels: int) -> None:
+        super().__init__()
+        self.principal = principal
+        self.shell_factory = shell_factory
+        self.max_channels = max_channels
+        self.open_channels = 0
+        self.channelLookup[b"session"] = NXSessionChannel
+
+    def lookupChannel(self, channelType: bytes, windowSize: int, maxPacket: int, data: bytes) -> SSHChannel:
+        if channelType != b"session":
+            log.warn(
+                "refused {kind!r} channel for {user!r} (only the NX shell is offered)",
+                kind=channelType, user=self.principal.ssh_user,
+            )
+            raise ConchError(OPEN_ADMINISTRATIVELY_PROHIBITED, "only NX sessions are offered here")
+        if self.open_channels >= self.max_channels:
+            raise ConchError(OPEN_ADMINISTRATIVELY_PROHIBITED, "too many channels")
+        return super().lookupChannel(channelType, windowSize, maxPacket, data)
+
+    def gotGlobalRequest(self, requestType: bytes, data: bytes) -> int:
+        log.warn(
+            "refused global request {kind!r} for {user!r}", kind=requestType, user=self.principal.ssh_user
+        )
+        return 0
+
+    def logout(self) -> None:
+        log.debug("SSH logout of {user!r}", user=self.principal.ssh_user)
+
+
+class NXSessionChannel(SSHChannel):
+    """A session channel whose only shell is the NX conversation."""
+
+    name = b"session"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.handler: Any = None
+        self.pty_requested = False
+
+    @property
+    def peer(self) -> str:
+        address = self.conn.transport.transport.getPeer()
+        return getattr(address, "host", str(address))
+
+    def channelOpen(self, specificData: bytes) -> None:
+        self.avatar.open_channels += 1
+
+    def request_pty_req(self, data: bytes) -> int:
+        self.pty_requested = True  # accepted and ignored: the shell is no tty
+        return 1
+
+    def request_window_change(self, data: bytes) -> int:
+        return 1
+
+    def request_env(self, data: bytes) -> int:
+        return 0
+
+    def request_shell(self, data: bytes) -> int:
+        if self.handler is not None:
+            return 0
+        self.handler = self.avatar.shell_factory(self.avatar, self)
+        return 1
+
+    def request_exec(self, data: bytes) -> int:
+        command = common.getNS(data)[0][:200]
+        log.warn(
+            "refused exec {command!r} for {user!r} from {address}",
+            command=command, user=self.avatar.principal.ssh_user, address=self.peer,
+        )
+        self.write_stderr(b"nxgate: this server offers only the NX shell; commands are refused.\r\n")
+        return 0
+
+    def request_subsystem(self, data: bytes) -> int:
+        self._refuse(b"subsystem " + common.getNS(data)[0][:100])
+        return 0
+
+    def request_x11_req(self, data: bytes) -> int:
+        self._refuse(b"X11 forwarding")
+        return 0
+
+    def _refuse(self, what: bytes) -> None:
+        log.warn("refused {what!r} for {user!r}", what=what, user=self.avatar.principal.ssh_user)
+
+    def write_stderr(self, data: bytes) -> None:
+        self.writeExtended(connection.EXTENDED_DATA_STDERR, data)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.handler is not None:
+            self.handler.data_received(data)
+
+    def eofReceived(self) -> None:
+        if self.handler is not None:
+            self.handler.eof_received()
+        else:
+            self.loseConnection()
+
+    def closed(self) -> None:
+        self.avatar.open_channels -= 1
+        if self.handler is not None:
+            handler, self.handler = self.handler, None
+            handler.connection_lost()
+
+    def finish(self, status: int = 0) -> None:
+        """Report an exit status (clients like a clean one) and close."""
+        if not self.closing:
+            self.conn.sendRequest(self, b"exit-status", struct.pack(">L", status))
+            self.loseConnection()
+
+
+@implementer(IRealm)
+class NXRealm:
+    def __init__(self, shell_factory: ShellFactory, max_channels: int) -> None:
+        self.shell_factory = shell_factory
+        self.max_channels = max_channels
+
+    def requestAvatar(self, avatarId: Principal, mind: Any, *interfaces: Any) -> tuple[Any, NXAvatar, Any]:
+        """``mind`` is the client's address (see :class:`_AddressPortal`)."""
+        if IConchUser not in interfaces:
+            raise NotImplementedError("only SSH logins are served")
+        avatar = NXAvatar(avatarId, self.shell_factory, self.max_channels)
+        log.info(
+            "SSH login of {user!r} from {address} ({method})",
+            user=avatarId.ssh_user, address=mind, method=avatarId.method, event="ssh_login",
+        )
+        return IConchUser, avatar, avatar.logout
+
+
+class NXServerTransport(transport.SSHServerTransport):
+    """The SSH transport, logging each connection with its peer."""
+
+    def connectionMade(self) -> None:
+        peer = self.transport.getPeer()
+        self.peer_text = f"{getattr(peer, 'host', peer)}:{getattr(peer, 'port', '')}"
+        log.info("SSH connection from {peer}", peer=self.peer_text)
+        super().connectionMade()
+
+    def connectionLost(self, reason: Any) -> None:
+        log.info("SSH connection from {peer} closed", peer=getattr(self, "peer_text", "?"))
+        super().connectionLost(reason)
+
+
+class NXSSHFactory(factory.SSHFactory):
+    """The SSH server factory with our host keys and services."""
+
+    protocol = NXServerTransport
+
+    services = {
+        b"ssh-userauth": NXUserAuthServer,
+        b"ssh-connection": connection.SSHConnection,
+    }
+
+    def __init__(
+        self, portal: Portal, host_keys: dict[bytes, Any], login_grace_time: int, max_auth_tries: int
+    ) -> None:
+        self.portal = portal
+        self.privateKeys = host_keys
+        self.publicKeys = {kind: key.public() for kind, key in host_keys.items()}
+        self.login_grace_time = login_grace_time
+        self.max_auth_tries = max_auth_tries
+
+    def getPrimes(self) -> dict[int, list[tuple[int, int]]] | None:
+        """Diffie-Hellman group-exchange primes from OpenSSH's moduli file.
+
+        Old nxssh builds may know no better key exchange than
+        diffie-hellman-group-exchange-sha1; without the file only the fixed
+        groups and ECDH are offered.
+        """
+        try:
+            return primes.parseModuliFile(MODULI_FILE)
+        except OSError:
+            return None

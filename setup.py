@@ -1,0 +1,33 @@
+"""Packaging for nxgate: the package, the twistd plugin, console scripts and conf files."""
+
+import re
+
+from setuptools import find_packages, setup
+
+with open("nxgate/__init__.py", encoding="utf-8") as handle:
+    VERSION = re.search(r'__version__ = "([^"]+)"', handle.read()).group(1)
+
+setup(
+    name="nxgate",
+    version=VERSION,
+    description="NX 3 remote desktop gateway on Twisted: Conch SSH, nxagent sessions, RDP/VNC proxies",
+    license="GPL-2.0-or-later",
+    python_requires=">=3.11",
+    # twisted/plugins has no __init__.py on purpose: it joins Twisted's plugin package.
+    packages=find_packages(include=["nxgate", "nxgate.*"]) + ["twisted.plugins"],
+    install_requires=[
+        "Twisted[conch]>=22.4",
+        "pyOpenSSL",
+        "service_identity",
+        "python-pam>=2.0.2",
+    ],
+    entry_points={
+        "console_scripts": [
+            "nxgate-config = nxgate.configtool:main",
+        ],
+    },
+    data_files=[
+        ("share/nxgate/conf", ["conf/nxgate.conf", "conf/nx_authorized_keys"]),
+        ("share/nxgate/conf/pam.d", ["conf/pam.d/nxgate"]),
+    ],
+)

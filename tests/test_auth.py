@@ -1,0 +1,86 @@
+"""Authenticator logic around PAM (the real PAM runs in the end-to-end tests)."""
+
+from twisted.internet import defer
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from nxgate import auth
+from nxgate.auth import Authenticator, Verdict
+
+
+def immediate(reactor, pool, function, *args):
+    """Runs 'thread' work synchronously so results are immediate."""
+    return defer.maybeDeferred(function, *args)
+
+
+class PrecheckTests(SynchronousTestCase):
+    def test_refusals(self):
+        self.assertEqual(auth.precheck("", ()), "empty user name")
+        self.assertEqual(auth.precheck("a" * 300, ()), "user name too long")
+        self.assertEqual(auth.precheck("a\x01b", ()), "control character in user name")
+        self.assertEqual(auth.precheck("root", ("root",)), "user is in deny_users")
+        self.assertEqual(auth.precheck("root", (), ""), "empty password")
+        self.assertEqual(auth.precheck("root", (), "a\0b"), "unacceptable password")
+        self.assertEqual(auth.precheck("no-such-user-nxgate", (), "pw"), "no such Unix account")
+        self.assertEqual(auth.precheck("bad\udcffname", (), "pw"), "no such Unix account")
+        self.assertIsNone(auth.precheck("root", (), "pw"))
+
+    def test_password_responder(self):
+        respond = auth.password_responder("pw")
+        self.assertEqual(respond([(1, "Password: "), (4, "info")]), ["pw", None])
+        self.assertRaises(LookupError, respond, [(2, "OTP: ")])
+
+    def test_resolve_service(self):
+        self.assertEqual(auth.resolve_service("definitely-missing-service"), "login")
+
+
+class AuthenticatorTests(SynchronousTestCase):
+    def setUp(self):
+        self.clock = Clock()
+        self.calls = []
+        self.patch(auth.threads, "deferToThreadPool", immediate)
+
+    def make(self, code, message="Authentication failure"):
+        def transaction(service, username, respond, host):
+            self.calls.append((service, username, respond and respond([(1, "Password:")]), host))
+            return code, message
+
+        return Authenticator(self.clock, "nxgate", deny_users=("root",), failed_login_delay=2.0, transaction=transaction)
+
+    def test_granted_is_immediate(self):
+        results = []
+        self.make(0).password("daemon", "pw", "192.0.2.1").addCallback(results.append)
+        self.assertEqual(results[0].verdict, Verdict.GRANTED)
+        self.assertEqual(self.calls[0][1:], ("daemon", ["pw"], "192.0.2.1"))
+
+    def test_denial_waits_for_the_delay(self):
+        results = []
+        self.make(7).password("daemon", "bad", None).addCallback(results.append)
+        self.assertEqual(results, [])
+        self.clock.advance(1.9)
+        self.assertEqual(results, [])
+        self.clock.advance(0.2)
+        self.assertEqual(results[0].verdict, Verdict.DENIED)
+        self.assertIn("Authentication failure (7)", results[0].reason)
+
+    def test_precheck_refusal_never_reaches_pam_and_is_delayed(self):
+        results = []
+        self.make(0).password("root", "pw", None).addCallback(results.append)
+        self.clock.advance(2.0)
+        self.assertEqual(results[0].reason, "user is in deny_users")
+        self.assertEqual(self.calls, [])
+
+    def test_account_check_has_no_conversation(self):
+        results = []
+        self.make(0).account("daemon", "::1").addCallback(results.append)
+        self.assertEqual(self.calls[0][2], None)
+        self.assertTrue(results[0].granted)
+
+    def test_transaction_crash_is_an_error_verdict(self):
+        def broken(*args):
+            raise OSError("libpam exploded")
+
+        a = Authenticator(self.clock, "nxgate", transaction=broken, failed_login_delay=0)
+        results = []
+        a.password("daemon", "pw", None).addCallback(results.append)
+        self.assertEqual(results[0].verdict, Verdict.ERROR)
