@@ -1,0 +1,47 @@
+# nxgate: `make install`, `make run`, `make test` (see README).
+PYTHON  ?= python3
+VENV    := $(CURDIR)/.venv
+STATE   ?= $(CURDIR)/.state
+STAMP   := $(VENV)/.installed
+
+# Debian packages the gateway and its end-to-end tests need.
+APT_PACKAGES := python3 python3-venv python3-dev gcc make libpam0g \
+	nxagent nxproxy xvfb xauth x11-utils x11-xserver-utils xterm xdotool \
+	imagemagick openssh-client openssh-server socat procps iproute2 passwd
+
+.PHONY: install system-packages run test clean
+
+install: system-packages $(STAMP)
+
+# Installs the missing Debian packages when run as root; otherwise says what is missing.
+system-packages:
+	@missing=""; for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian packages:$$missing"; \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	  else \
+	    echo "missing Debian packages:$$missing (run 'make install' as root, or apt-get install them)"; exit 1; \
+	  fi; \
+	fi
+	@if [ "$$(id -u)" = 0 ] && [ -d /etc/pam.d ] && [ ! -e /etc/pam.d/nxgate ]; then \
+	  install -m 644 conf/pam.d/nxgate /etc/pam.d/nxgate && echo "installed /etc/pam.d/nxgate"; \
+	fi
+
+$(STAMP): setup.py requirements.txt $(shell find nxgate twisted -name '*.py')
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r requirements.txt
+	$(VENV)/bin/pip install -q --no-deps --force-reinstall .
+	touch $@
+
+run: install
+	$(VENV)/bin/twistd --nodaemon --pidfile= nxgate --config conf/nxgate.conf --state-dir $(STATE)
+
+test: install
+	cd $(CURDIR) && PYTHONPATH=$(CURDIR) $(VENV)/bin/trial --temp-directory=$(CURDIR)/_trial_temp tests
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info _trial_temp

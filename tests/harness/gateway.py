@@ -1,0 +1,77 @@
+"""The real gateway (``twistd -n nxgate``) as a child process of a test."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from tests.harness.process import stop, wait_for
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
+NX_KEY = os.path.join(REPO, "tests", "fixtures", "nomachine-client.key")
+_LISTENING = re.compile(r"NXSSHFactory starting on (\d+)")
+
+
+class Gateway:
+    """Starts a gateway on a free loopback port with its own state directory.
+
+    ``options`` are INI sections to add, e.g. ``{"auth": {"failed_login_delay": "0.2"}}``.
+    """
+
+    def __init__(self, options: dict[str, dict[str, str]] | None = None, state_dir: str | None = None) -> None:
+        self.workdir = tempfile.mkdtemp(prefix="nxgate-test-")
+        os.chmod(self.workdir, 0o755)
+        self.state_dir = state_dir or os.path.join(self.workdir, "state")
+        self.logfile = os.path.join(self.workdir, "gateway.log")
+        sections: dict[str, dict[str, str]] = {
+            "server": {"listen": "tcp:0:interface=127.0.0.1", "state_dir": self.state_dir, "server_name": "nxgate.test"},
+            "ssh": {"nx_authorized_keys": os.path.join(REPO, "conf", "nx_authorized_keys")},
+            "auth": {"failed_login_delay": "0.3"},
+        }
+        for section, values in (options or {}).items():
+            sections.setdefault(section, {}).update(values)
+        self.config = os.path.join(self.workdir, "nxgate.conf")
+        with open(self.config, "w", encoding="utf-8") as handle:
+            for section, values in sections.items():
+                handle.write(f"[{section}]\n")
+                handle.writelines(f"{key} = {value}\n" for key, value in values.items())
+        self.process: subprocess.Popen | None = None
+        self.port = 0
+
+    def start(self, timeout: float = 30.0) -> Gateway:
+        env = dict(os.environ, PYTHONPATH=REPO)
+        self.process = subprocess.Popen(
+            [TWISTD, "--nodaemon", "--pidfile=", "--logfile", self.logfile, "nxgate", "--config", self.config],
+            cwd=self.workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+
+        def listening() -> int | None:
+            if self.process.poll() is not None:
+                raise AssertionError(f"gateway exited {self.process.returncode}: "
+                                     f"{self.process.stderr.read().decode()} {self.log()}")
+            matches = _LISTENING.findall(self.log())
+            return int(matches[-1]) if matches else None
+
+        self.port = wait_for(listening, timeout, "the gateway to listen")
+        return self
+
+    def log(self) -> str:
+        try:
+            with open(self.logfile, encoding="utf-8", errors="replace") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return ""
+
+    def stop(self, cleanup: bool = True) -> None:
+        """Stop the gateway; remove its files unless NXGATE_KEEP_TEST_DIRS is set."""
+        if self.process is not None:
+            stop(self.process)
+            self.process.stderr.close()
+            self.process = None
+        if cleanup and not os.environ.get("NXGATE_KEEP_TEST_DIRS"):
+            shutil.rmtree(self.workdir, ignore_errors=True)

@@ -1,0 +1,88 @@
+"""Small blocking helpers for driving child processes from tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import subprocess
+import time
+
+
+class Timeout(AssertionError):
+    pass
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
+    """Poll ``predicate`` until it returns something true, or fail."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise Timeout(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+def stop(process: subprocess.Popen, grace: float = 5.0) -> int | None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds; returns the exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+    return process.returncode
+
+
+class Pipe:
+    """Reads a child's output without blocking forever."""
+
+    def __init__(self, fileobj) -> None:
+        self.fd = fileobj.fileno()
+        os.set_blocking(self.fd, False)
+        self.buffer = b""
+        self.eof = False
+
+    def fill(self, timeout: float) -> bool:
+        """Read what arrives within ``timeout``; False when nothing did."""
+        if self.eof:
+            return False
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if not ready:
+            return False
+        try:
+            chunk = os.read(self.fd, 65536)
+        except BlockingIOError:
+            return False
+        if not chunk:
+            self.eof = True
+            return False
+        self.buffer += chunk
+        return True
+
+    def read_until(self, pattern: bytes | re.Pattern[bytes], timeout: float = 15.0) -> bytes:
+        """Consume and return output up to and including ``pattern``."""
+        regex = pattern if isinstance(pattern, re.Pattern) else re.compile(re.escape(pattern))
+        deadline = time.monotonic() + timeout
+        while True:
+            match = regex.search(self.buffer)
+            if match:
+                out, self.buffer = self.buffer[: match.end()], self.buffer[match.end() :]
+                return out
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or (self.eof and not self.fill(0)):
+                raise Timeout(f"no {regex.pattern!r} in output; got {self.buffer[-2000:]!r}")
+            self.fill(min(remaining, 0.5))
+
+    def read_to_eof(self, timeout: float = 15.0) -> bytes:
+        deadline = time.monotonic() + timeout
+        while not self.eof:
+            if time.monotonic() > deadline:
+                raise Timeout(f"no EOF; got {self.buffer[-2000:]!r}")
+            self.fill(0.5)
+        out, self.buffer = self.buffer, b""
+        return out

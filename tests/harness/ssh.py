@@ -1,0 +1,96 @@
+"""The real OpenSSH client, used the way NX clients use nxssh."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+from tests.harness.gateway import NX_KEY
+from tests.harness.process import Pipe, stop
+
+COMMON = [
+    "-o", "StrictHostKeyChecking=no",
+    "-o", "UserKnownHostsFile=/dev/null",
+    "-o", "LogLevel=ERROR",
+    "-o", "ConnectTimeout=10",
+]
+PROMPT = b"NX> 105 "
+
+
+def ssh_argv(port: int, user: str = "nx", key: str | None = NX_KEY, extra: list[str] | None = None,
+             command: list[str] | None = None) -> list[str]:
+    argv = ["ssh", *COMMON, "-p", str(port)]
+    if key is not None:
+        argv += ["-i", key, "-o", "IdentitiesOnly=yes", "-o", "PubkeyAcceptedAlgorithms=+ssh-dss"]
+    argv += extra or []
+    argv.append(f"{user}@127.0.0.1")
+    return argv + (command or [])
+
+
+def askpass_env(password: str) -> dict[str, str]:
+    """Makes ssh take a password from the test (SSH_ASKPASS, no terminal)."""
+    helper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "askpass.py")
+    return dict(os.environ, SSH_ASKPASS=helper, SSH_ASKPASS_REQUIRE="force", NXGATE_TEST_PASSWORD=password,
+                DISPLAY=os.environ.get("DISPLAY", ":0"))
+
+
+class NXClient:
+    """One NX conversation over ``ssh -T nx@host`` (as nxssh: no command)."""
+
+    def __init__(self, port: int, user: str = "nx", key: str | None = NX_KEY, extra: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.process = subprocess.Popen(
+            ssh_argv(port, user, key, ["-T", *(extra or [])]),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        )
+        self.out = Pipe(self.process.stdout)
+
+    def send(self, line: bytes | str) -> None:
+        data = line.encode() if isinstance(line, str) else line
+        self.process.stdin.write(data + b"\n")
+        self.process.stdin.flush()
+
+    def expect(self, pattern: bytes | re.Pattern[bytes], timeout: float = 15.0) -> bytes:
+        return self.out.read_until(pattern, timeout)
+
+    def prompt(self, timeout: float = 15.0) -> bytes:
+        """Everything up to the next ``NX> 105 `` prompt."""
+        return self.expect(PROMPT, timeout)
+
+    def command(self, line: bytes | str, timeout: float = 15.0) -> bytes:
+        self.send(line)
+        return self.prompt(timeout)
+
+    def greet(self) -> bytes:
+        out = self.prompt()
+        out += self.command("hello NXCLIENT - Version 3.0.0")
+        out += self.command("SET SHELL_MODE SHELL")
+        out += self.command("SET AUTH_MODE PASSWORD")
+        return out
+
+    def login(self, user: str | bytes, password: str | bytes) -> bytes:
+        """Answer the login prompts; returns the server's answer."""
+        self.send("login")
+        self.expect(b"NX> 101 User: ")
+        self.send(user)
+        self.expect(b"NX> 102 Password: ")
+        self.send(password)
+        return self.expect(re.compile(rb"NX> (103|404|503) [^\n]*\n"), timeout=30)
+
+    def close(self) -> int | None:
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.close()
+            except BrokenPipeError:
+                pass
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                stop(self.process)
+        for stream in (self.process.stdout, self.process.stderr):
+            stream.close()
+        return self.process.returncode
+
+    def stderr(self) -> bytes:
+        return self.process.stderr.read()
