@@ -13,7 +13,19 @@ from tests.harness.process import stop, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
-NX_KEY = os.path.join(REPO, "tests", "fixtures", "nomachine-client.key")
+NX_KEY_FIXTURE = os.path.join(REPO, "tests", "fixtures", "nomachine-client.key")
+
+
+def nx_key() -> str:
+    """A 0600 copy of the NoMachine key (git does not keep file modes, and
+    ssh refuses a private key that others can read)."""
+    path = os.path.join(tempfile.gettempdir(), f"nxgate-test-nx-key-{os.getuid()}")
+    if not os.path.exists(path):
+        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as handle, open(NX_KEY_FIXTURE, "rb") as source:
+            handle.write(source.read())
+        os.replace(path + ".tmp", path)
+    return path
 _LISTENING = re.compile(r"NXSSHFactory starting on (\d+)")
 
 

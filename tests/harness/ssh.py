@@ -6,7 +6,7 @@ import os
 import re
 import subprocess
 
-from tests.harness.gateway import NX_KEY
+from tests.harness.gateway import nx_key
 from tests.harness.process import Pipe, stop
 
 COMMON = [
@@ -18,9 +18,13 @@ COMMON = [
 PROMPT = b"NX> 105 "
 
 
+NX_KEY = "nx-key"  # stands for the NoMachine key in the arguments below
+
+
 def ssh_argv(port: int, user: str = "nx", key: str | None = NX_KEY, extra: list[str] | None = None,
              command: list[str] | None = None) -> list[str]:
     argv = ["ssh", *COMMON, "-p", str(port)]
+    key = nx_key() if key == NX_KEY else key
     if key is not None:
         argv += ["-i", key, "-o", "IdentitiesOnly=yes", "-o", "PubkeyAcceptedAlgorithms=+ssh-dss"]
     argv += extra or []
