@@ -2,8 +2,7 @@
 
 Every PAM transaction here runs in a dedicated thread pool, so a slow PAM
 stack (``pam_unix``'s failure delay, LDAP, 2FA) never stalls the reactor.
-We drive libpam through python-pam's ctypes bindings with our own
-conversation function so that one code path serves the three ways in:
+One code path (:func:`nxgate.pamlib.authenticate`) serves the three ways in:
 
 * an NX ``login`` or an SSH ``password`` request (the conversation answers
   hidden prompts with the password),
@@ -25,29 +24,19 @@ import enum
 import os
 import pwd
 from collections.abc import Callable, Sequence
-from ctypes import POINTER, byref, c_char, c_char_p, c_void_p, cast, memmove, sizeof
 from dataclasses import dataclass
 
-from pam import __internals as libpam  # python-pam's ctypes bindings
 from twisted.internet import defer, task, threads
 from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
-log = Logger()
+from nxgate import pamlib
+from nxgate.pamlib import PAM_PROMPT_ECHO_OFF, PAM_PROMPT_ECHO_ON, PAM_SUCCESS, Prompt, Responder, encode
 
-PAM_SUCCESS = 0
-PAM_CONV_ERR = 19
-PAM_RHOST = 4
-PAM_DISALLOW_NULL_AUTHTOK = 0x0001
-PAM_PROMPT_ECHO_OFF = 1
-PAM_PROMPT_ECHO_ON = 2
+log = Logger()
 
 MAX_USERNAME_BYTES = 256
 MAX_PASSWORD_BYTES = 4096
-
-# One prompt from PAM: (style, text); styles 1-4 as in <security/_pam_types.h>.
-Prompt = tuple[int, str]
-Responder = Callable[[Sequence[Prompt]], Sequence[str | None]]
 
 
 class Verdict(enum.Enum):
@@ -67,11 +56,6 @@ class AuthResult:
     @property
     def granted(self) -> bool:
         return self.verdict is Verdict.GRANTED
-
-
-def encode(text: str) -> bytes:
-    """The client's exact bytes (the protocol layer decoded them losslessly)."""
-    return text.encode("utf-8", "surrogateescape")
 
 
 def precheck(username: str, deny_users: Sequence[str], password: str | None = None) -> str | None:
@@ -112,75 +96,6 @@ def resolve_service(name: str, pam_dir: str = "/etc/pam.d") -> str:
     return "login"
 
 
-class _Library:
-    """The libpam and libc functions, bound once by python-pam."""
-
-    _instance: libpam.PamAuthenticator | None = None
-
-    @classmethod
-    def get(cls) -> libpam.PamAuthenticator:
-        if cls._instance is None:
-            cls._instance = libpam.PamAuthenticator()
-        return cls._instance
-
-
-def _duplicate(lib: libpam.PamAuthenticator, data: bytes) -> int:
-    """A malloc'ed NUL-terminated copy, which PAM will free."""
-    address = lib.calloc(len(data) + 1, sizeof(c_char))
-    memmove(address, data, len(data))
-    return address
-
-
-def run_transaction(
-    service: str,
-    username: str,
-    respond: Responder | None,
-    remote_host: str | None,
-) -> tuple[int, str]:
-    """One blocking PAM transaction: authenticate (if ``respond`` is given)
-    and check the account.  Returns PAM's result code and its message."""
-    lib = _Library.get()
-
-    @libpam.conv_func
-    def conversation(count, messages, responses, _appdata):  # type: ignore[no-untyped-def]
-        prompts = [
-            (messages[i].contents.msg_style, (messages[i].contents.msg or b"").decode("utf-8", "replace"))
-            for i in range(count)
-        ]
-        try:
-            if respond is None:
-                raise LookupError("no conversation for an account check")
-            answers = list(respond(prompts))
-        except Exception:
-            return PAM_CONV_ERR
-        array = cast(lib.calloc(count, sizeof(libpam.PamResponse)), POINTER(libpam.PamResponse))
-        for i, (style, _text) in enumerate(prompts):
-            answer = answers[i] if i < len(answers) else None
-            if style in (PAM_PROMPT_ECHO_OFF, PAM_PROMPT_ECHO_ON) and answer is not None:
-                array[i].resp = cast(_duplicate(lib, encode(answer)), c_char_p)
-            array[i].resp_retcode = 0
-        responses[0] = array
-        return PAM_SUCCESS
-
-    handle = libpam.PamHandle()
-    conv = libpam.PamConv(conversation, None)
-    code = lib.pam_start(service.encode(), encode(username), byref(conv), byref(handle))
-    if code != PAM_SUCCESS:
-        return code, "pam_start failed"
-    try:
-        if remote_host:
-            host = c_char_p(remote_host.encode())
-            lib.pam_set_item(handle, PAM_RHOST, cast(host, c_void_p))
-        if respond is not None:
-            code = lib.pam_authenticate(handle, PAM_DISALLOW_NULL_AUTHTOK)
-        if code == PAM_SUCCESS:
-            code = lib.pam_acct_mgmt(handle, PAM_DISALLOW_NULL_AUTHTOK)
-        message = (lib.pam_strerror(handle, code) or b"").decode("utf-8", "replace")
-    finally:
-        lib.pam_end(handle, code)
-    return code, message
-
-
 def password_responder(password: str) -> Responder:
     """Answer hidden prompts with the password; refuse anything else.
 
@@ -214,7 +129,7 @@ class Authenticator:
         deny_users: Sequence[str] = (),
         threads: int = 16,
         failed_login_delay: float = 2.0,
-        transaction: Callable[[str, str, Responder | None, str | None], tuple[int, str]] = run_transaction,
+        transaction: Callable[[str, str, Responder | None, str | None], tuple[int, str]] = pamlib.authenticate,
     ) -> None:
         self.reactor = reactor
         self.service = resolve_service(service)

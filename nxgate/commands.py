@@ -1,21 +1,41 @@
-"""The session commands of the NX shell, dispatched to their handlers."""
+"""The session commands of the NX shell, dispatched to the session manager."""
 
 from __future__ import annotations
 
 from twisted.internet import defer
 
 from nxgate.conversation import Client
+from nxgate.nx import errors
 from nxgate.nx.errors import NXError
-from nxgate.nx.listing import format_session_list
 from nxgate.nx.params import Params
 from nxgate.nx.shell import Reply
+from nxgate.session import request
+from nxgate.session.manager import SessionManager
 
 
 class SessionCommands:
-    """Answers ``listsession`` and friends for one logged-in client."""
+    """Turns a parsed command into a manager call; validation errors become NX errors."""
+
+    def __init__(self, manager: SessionManager) -> None:
+        self.manager = manager
 
     def execute(self, client: Client, command: str, params: Params) -> defer.Deferred[Reply]:
+        return defer.ensureDeferred(self._execute(client, command, params))
+
+    async def _execute(self, client: Client, command: str, params: Params) -> Reply:
+        manager = self.manager
         if command == "listsession":
-            lines = format_session_list(client.user, [], capacity_reached=False)
-            return defer.succeed(Reply(tuple(lines)))
-        return defer.fail(NXError(500, f"ERROR: {command} is not available on this server", last_operation_failed=True))
+            return manager.list(client, params)
+        if command == "startsession":
+            return await manager.start(client, request.start_request(params))
+        if command == "restoresession":
+            session_id = request.session_id(params, "id", "restore", "sessionid")
+            settings = request.display_settings(params)
+            encrypted = params.get("encryption", "1").strip() != "0"
+            return await manager.restore(client, session_id, settings, encrypted)
+        if command == "terminate":
+            return await manager.terminate(client, request.session_id(params, "sessionid", "id"))
+        if command == "suspend":
+            return await manager.suspend(client, request.session_id(params, "sessionid", "id"))
+        raise NXError(errors.GENERIC_ERROR, f"ERROR: {command} is not available on this server",
+                      last_operation_failed=True)

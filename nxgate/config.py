@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shlex
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -151,11 +152,46 @@ class ShellSection:
 
 
 @dataclass(frozen=True)
+class SessionsSection:
+    display_base: int = option(1000, integer(1, 60000), "first X display number used for sessions (agent port 4000+N)")
+    display_limit: int = option(200, integer(1, 10000), "how many display numbers from display_base may be used")
+    max_sessions: int = option(200, integer(0, 100000), "live sessions on this server (0: no limit)")
+    max_sessions_per_user: int = option(10, integer(0, 10000), "live sessions per user (0: no limit)")
+    agent_start_timeout: float = option(30.0, number(1, 600), "seconds for nxagent to become ready")
+    connect_timeout: float = option(120.0, number(5, 3600), "seconds for a client to connect after start before the session ends")
+    suspend_timeout: float = option(20.0, number(1, 600), "seconds for a running session to suspend (take-over)")
+    terminate_timeout: float = option(10.0, number(1, 600), "seconds for nxagent to end before it is killed")
+    expire_suspended_after: float = option(0.0, number(0, 1e6), "hours after which suspended sessions end (0: never)")
+    history_days: float = option(7.0, number(0, 3650), "days that ended sessions stay in the store and their logs are kept")
+    allow_unencrypted: bool = option(False, boolean, "let clients use unencrypted sessions (agent port open to them)")
+    nxagent: str = option("nxagent", nonempty, "the nxagent program")
+    agent_extra_options: tuple[str, ...] = option((), words, "extra nxagent command line options")
+    use_xsession: bool = option(True, boolean, "start desktops through the system's X session script")
+    xsession: str = option("/etc/X11/Xsession", nonempty, "the system's X session script")
+    path: str = option("/usr/local/bin:/usr/bin:/bin:/usr/games", nonempty, "PATH of session programs")
+    lang: str = option("C.UTF-8", nonempty, "LANG when PAM sets none")
+
+
+DEFAULT_TYPES: dict[str, tuple[str, ...]] = {
+    "unix-console": ("xterm",),
+    "unix-xfce": ("startxfce4",),
+    "unix-gnome": ("gnome-session",),
+    "unix-kde": ("startplasma-x11",),
+    "unix-default": (),  # the user's ~/.xsession or the system default
+}
+_TYPE_NAME = re.compile(r"unix-[a-z0-9][a-z0-9-]{0,30}")
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerSection = ServerSection()
     ssh: SSHSection = SSHSection()
     auth: AuthSection = AuthSection()
     shell: ShellSection = ShellSection()
+    sessions: SessionsSection = SessionsSection()
+    # Session types: name -> command (argv).  unix-application runs the
+    # client's --application; an empty command disables a type.
+    types: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_TYPES))
     source: str = "<built-in defaults>"
 
     @property
@@ -167,7 +203,22 @@ class Config:
 
 
 def _section_fields() -> list[dataclasses.Field[Any]]:
-    return [f for f in dataclasses.fields(Config) if f.name != "source"]
+    return [f for f in dataclasses.fields(Config) if f.name not in ("source", "types")]
+
+
+def _load_types(filename: str, values: dict[str, tuple[int, str]], problems: list[str]) -> dict[str, tuple[str, ...]]:
+    """The free-form ``[types]`` section: ``unix-NAME = command line``."""
+    types = dict(DEFAULT_TYPES)
+    for key, (number_, value) in values.items():
+        if key == "unix-application" or not _TYPE_NAME.fullmatch(key):
+            problems.append(f"{filename}:{number_}: [types] {key}: type names look like unix-NAME"
+                            " (unix-application runs the client's command and cannot be set)")
+            continue
+        try:
+            types[key] = tuple(shlex.split(value))
+        except ValueError as exc:
+            problems.append(f"{filename}:{number_}: [types] {key} = {value!r}: {exc}")
+    return types
 
 
 # --------------------------------------------------------------------- reader
@@ -215,13 +266,13 @@ def load(filename: str | None) -> Config:
         raise ConfigError([f"{filename}: cannot read: {exc}"]) from None
     base = os.path.dirname(os.path.abspath(filename))
     parsed, problems = parse_ini(lines, filename)
-    sections: dict[str, Any] = {}
+    sections: dict[str, Any] = {"types": _load_types(filename, parsed.pop("types", {}), problems)}
     known = {f.name: f for f in _section_fields()}
     for name, values in parsed.items():
         section_field = known.get(name)
         if section_field is None:
             first = min((n for n, _ in values.values()), default=0)
-            problems.append(f"{filename}: unknown section [{name}] (known: {', '.join(known)})"
+            problems.append(f"{filename}: unknown section [{name}] (known: {', '.join(known)}, types)"
                             + (f", near line {first}" if first else ""))
             continue
         cls = type(section_field.default)
@@ -260,4 +311,8 @@ def describe() -> str:
             out.append(f"# {opt.metadata['doc']}")
             out.append(f"#{opt.name} = {default}")
         out.append("")
-    return "\n".join(out)
+    out.append("[types]")
+    out.append("# session type = command (unix-application runs the client's --application)")
+    for name, argv in DEFAULT_TYPES.items():
+        out.append(f"#{name} = {shlex.join(argv)}")
+    return "\n".join(out) + "\n"

@@ -48,6 +48,7 @@ class Client:
 
     user: str
     address: str
+    local_address: str = "127.0.0.1"  # where the client reached us (NX> 702)
 
 
 class Commands(Protocol):
@@ -70,8 +71,10 @@ class Conversation:
         commands: Commands,
         relay_factory: RelayFactory | None = None,
         preauthenticated_user: str | None = None,
+        local_address: str = "127.0.0.1",
     ) -> None:
         self.reactor = reactor
+        self.local_address = local_address
         self.settings = settings
         self.transport = transport
         self.address = address
@@ -87,7 +90,7 @@ class Conversation:
     @property
     def client(self) -> Client:
         assert self.shell.user is not None
-        return Client(self.shell.user, self.address)
+        return Client(self.shell.user, self.address, self.local_address)
 
     # ------------------------------------------------------------- events
     def start(self) -> None:

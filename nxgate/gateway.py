@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from twisted.application import service, strports
@@ -13,8 +12,12 @@ from nxgate.auth import Authenticator
 from nxgate.commands import SessionCommands
 from nxgate.config import Config
 from nxgate.logs import filter_global_log
-from nxgate.conversation import Conversation
+from nxgate.conversation import Client, Conversation
 from nxgate.nx.shell import ShellSettings
+from nxgate.relay import AgentRelay
+from nxgate.session.files import StateLayout
+from nxgate.session.manager import RelayTarget, SessionManager
+from nxgate.session.store import SessionStore
 from nxgate.ssh import checkers, hostkeys
 from nxgate.ssh.server import NXAvatar, NXRealm, NXSessionChannel, NXSSHFactory
 
@@ -47,6 +50,15 @@ class ChannelShell:
     def eof_received(self) -> None:
         self.conversation.eof_received()
 
+    def pause_output(self) -> None:
+        """The client's SSH window is full: stop reading from the agent."""
+        if self.conversation.relay is not None:
+            self.conversation.relay.pause_agent()
+
+    def resume_output(self) -> None:
+        if self.conversation.relay is not None:
+            self.conversation.relay.resume_agent()
+
     def connection_lost(self) -> None:
         self.conversation.connection_lost()
 
@@ -58,7 +70,8 @@ class Gateway(service.MultiService):
         super().__init__()
         self.config = config
         self.reactor = reactor
-        hostkeys.ensure_private_dir(config.server.state_dir)
+        self.layout = StateLayout(config.server.state_dir)
+        self.layout.prepare()
         self.authenticator = Authenticator(
             reactor,
             config.auth.pam_service,
@@ -66,7 +79,10 @@ class Gateway(service.MultiService):
             threads=config.auth.pam_threads,
             failed_login_delay=config.auth.failed_login_delay,
         )
-        self.commands = SessionCommands()
+        self.store = SessionStore(self.layout.database)
+        self.sessions = SessionManager(reactor, config, self.store, self.layout)
+        self.sessions.setServiceParent(self)
+        self.commands = SessionCommands(self.sessions)
         self.shell_settings = ShellSettings(
             server_name=config.server_name,
             protocol_version=config.server.protocol_version,
@@ -87,7 +103,7 @@ class Gateway(service.MultiService):
         if ssh.user_logins:
             portal.registerChecker(checkers.PasswordChecker(ssh.nx_user, self.authenticator))
             portal.registerChecker(checkers.KeyboardInteractiveChecker(self.reactor, ssh.nx_user, self.authenticator))
-        host_keys = hostkeys.load_host_keys(os.path.join(self.config.server.state_dir, "hostkeys"))
+        host_keys = hostkeys.load_host_keys(self.layout.hostkeys)
         return NXSSHFactory(portal, host_keys, ssh.login_grace_time, ssh.max_auth_tries)
 
     def _open_shell(self, avatar: NXAvatar, channel: NXSessionChannel) -> ChannelShell:
@@ -98,11 +114,16 @@ class Gateway(service.MultiService):
             channel.peer,
             self.authenticator,
             self.commands,
+            relay_factory=self._relay,
             preauthenticated_user=avatar.principal.unix_user,
+            local_address=channel.local_address,
         )
         handler = ChannelShell(conversation, channel)
         conversation.start()
         return handler
+
+    def _relay(self, client: Client, target: RelayTarget, transport: ChannelTransport, leftover: bytes) -> AgentRelay:
+        return AgentRelay(self.reactor, client, target, transport, leftover)
 
     def startService(self) -> None:
         filter_global_log(self.config.server.log_level)
@@ -116,4 +137,5 @@ class Gateway(service.MultiService):
     def stopService(self) -> Any:
         d = super().stopService()
         self.authenticator.stop()
+        self.store.close()
         return d

@@ -171,6 +171,20 @@ class NXSessionChannel(SSHChannel):
         address = self.conn.transport.transport.getPeer()
         return getattr(address, "host", str(address))
 
+    @property
+    def local_address(self) -> str:
+        address = self.conn.transport.transport.getHost()
+        return getattr(address, "host", str(address))
+
+    def stopWriting(self) -> None:
+        """Conch: the client's window is full; hold back what feeds us."""
+        if self.handler is not None:
+            self.handler.pause_output()
+
+    def startWriting(self) -> None:
+        if self.handler is not None:
+            self.handler.resume_output()
+
     def channelOpen(self, specificData: bytes) -> None:
         self.avatar.open_channels += 1
 

@@ -1,0 +1,1 @@
+"""What runs a session: nxagent (and, later, shadow and RDP/VNC proxies)."""

@@ -1,0 +1,116 @@
+"""nxagent's options line, command line and environment (pure).
+
+nxagent reads its session options from a file named with ``-options`` and
+in ``DISPLAY=nx/nx,options=FILE:N``; on SIGHUP it reads the file again,
+which is how a suspended session gets a new cookie before a resume
+(nxagent-recipe.md).  Every value here was validated by
+:mod:`nxgate.session.request`, so none can carry a ``,`` or ``:`` of its own.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from nxgate.session.model import Session
+from nxgate.session.request import DisplaySettings
+
+PRODUCT = "nxgate"
+
+
+@dataclass(frozen=True)
+class AgentFiles:
+    """Where a session's agent keeps its files.
+
+    ``directory`` belongs to the user (the agent writes there); the log
+    lives in a root-only directory so that the gateway reads only what the
+    agent wrote, never a file the user put in its place.
+    """
+
+    directory: str
+    log: str
+    app_log: str
+
+    @property
+    def options(self) -> str:
+        return os.path.join(self.directory, "options")
+
+    @property
+    def authority(self) -> str:
+        return os.path.join(self.directory, "authority")
+
+
+def options_line(session: Session, settings: DisplaySettings, accept: str) -> str:
+    """The one-line options file: ``nx/nx,key=value,...:display``."""
+    items: list[tuple[str, str]] = [
+        ("link", settings.link),
+        ("cache", settings.cache),
+        ("images", settings.images),
+        ("accept", accept),
+        ("cookie", session.cookie),
+        ("id", session.full_id),
+        ("keyboard", settings.keyboard),
+        ("clipboard", settings.clipboard),
+        ("client", settings.client),
+        ("backingstore", "1" if settings.backingstore else "0"),
+        ("composite", "1"),
+        ("render", "1"),
+        ("shmem", "1"),
+        ("shpix", "1"),
+        ("strict", "0"),
+        ("cleanup", "0"),
+        ("product", PRODUCT),
+        ("type", session.type.removeprefix("unix-")),
+    ]
+    if session.rootless:
+        items.append(("menu", "1"))
+    else:
+        items.append(("geometry", settings.geometry))
+        items.append(("resize", "1"))
+        if settings.fullscreen:
+            items.append(("fullscreen", "1"))
+    for key, value in items:
+        if any(ch in value for ch in ",:=\n") or not value:
+            raise ValueError(f"unsafe value for agent option {key}: {value!r}")
+    body = ",".join(f"{key}={value}" for key, value in items)
+    return f"nx/nx,{body}:{session.display}\n"
+
+
+def caption(session: Session) -> str:
+    """The window title on the client (``-name``)."""
+    return f"NX - {session.user}@{session.server_name}:{session.display} - {session.name}"
+
+
+def agent_argv(executable: str, session: Session, files: AgentFiles, extra: tuple[str, ...] = ()) -> list[str]:
+    mode = "-R" if session.rootless else "-D"
+    return [
+        executable,
+        "-display", f"nx/nx,options={files.options}:{session.display}",
+        "-options", files.options,
+        "-name", caption(session),
+        mode,
+        "-nolisten", "tcp",
+        "-auth", files.authority,
+        *extra,
+        f":{session.display}",
+    ]
+
+
+def agent_environment(session: Session, files: AgentFiles, base: dict[str, str]) -> dict[str, str]:
+    """The agent's environment: the user's login environment plus NX's own."""
+    env = dict(base)
+    env.update(
+        DISPLAY=f"nx/nx,options={files.options}:{session.display}",
+        XAUTHORITY=files.authority,
+        NX_HOME=files.directory,
+        NX_TEMP=files.directory,
+        NX_ROOT=files.directory,
+    )
+    return env
+
+
+def x11_environment(session: Session, files: AgentFiles, base: dict[str, str]) -> dict[str, str]:
+    """The environment of programs that run inside the session."""
+    env = dict(base)
+    env.update(DISPLAY=f":{session.display}", XAUTHORITY=files.authority)
+    return env

@@ -1,0 +1,48 @@
+"""The reply lines after a session is started, resumed or ended (pure).
+
+After ``startsession``/``restoresession`` the server sends the FreeNX
+superset (reference §2.6 and §7.4): 700, 705, 703, 701, 702, 706, 704,
+707, 1009, 710, 1002, 1006.  701 (Remmina, OpenNX) and 706 (nxcl) carry
+the same cookie; 710 makes nxcl and OpenNX start their proxy; 1006 is
+what gnx-style clients wait for.
+"""
+
+from __future__ import annotations
+
+
+def session_ready(
+    *,
+    full_id: str,
+    display: int,
+    session_type: str,
+    cookie: str,
+    proxy_ip: str,
+    encrypted: bool,
+    status: str,
+) -> tuple[str, ...]:
+    return (
+        f"NX> 700 Session id: {full_id}",
+        f"NX> 705 Session display: {display}",
+        f"NX> 703 Session type: {session_type}",
+        f"NX> 701 Proxy cookie: {cookie}",
+        f"NX> 702 Proxy IP: {proxy_ip}",
+        f"NX> 706 Agent cookie: {cookie}",
+        f"NX> 704 Session cache: {session_type}",
+        f"NX> 707 SSL tunneling: {1 if encrypted else 0}",
+        f"NX> 1009 Session status: {status}",
+        "NX> 710 Session status: running",
+        "NX> 1002 Commit",
+        "NX> 1006 Session status: running",
+    )
+
+
+def terminated(session_id: str) -> tuple[str, ...]:
+    """nxcl waits for the 900 line after its ``Terminate``."""
+    return (
+        f"NX> 716 Terminating session {session_id} on user request.",
+        f"NX> 900 Session id: {session_id} terminated.",
+    )
+
+
+def suspended(session_id: str) -> tuple[str, ...]:
+    return (f"NX> 716 Suspending session {session_id} on user request.",)

@@ -1,0 +1,104 @@
+"""The raw NX stream after ``bye``: SSH channel <-> agent TCP port.
+
+From ``NX> 999 Bye.`` on, the channel carries only the client proxy's bytes;
+they go to the agent on 127.0.0.1:4000+N and back, byte for byte.  When the
+remote SSH window is full the agent connection is paused (the channel tells
+us), so a slow client cannot make the gateway buffer without bound.  Either
+side closing closes the other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet import endpoints, protocol
+from twisted.logger import Logger
+
+from nxgate.conversation import ByteTransport, Client
+
+log = Logger(namespace="nxgate.relay")
+
+
+class _AgentSide(protocol.Protocol):
+    def __init__(self, relay: AgentRelay) -> None:
+        self.relay = relay
+
+    def connectionMade(self) -> None:
+        self.relay.connected(self.transport)
+
+    def dataReceived(self, data: bytes) -> None:
+        self.relay.to_client += len(data)
+        self.relay.channel.write(data)
+
+    def connectionLost(self, reason: Any) -> None:
+        self.relay.agent_closed()
+
+
+class AgentRelay:
+    """One client's stream to its session's agent."""
+
+    def __init__(self, reactor: Any, client: Client, target: Any, channel: ByteTransport, leftover: bytes) -> None:
+        self.client = client
+        self.target = target
+        self.channel = channel
+        self.pending = [leftover] if leftover else []
+        self.agent: Any = None
+        self.closed = False
+        self.to_agent = len(leftover)
+        self.to_client = 0
+        endpoint = endpoints.TCP4ClientEndpoint(reactor, target.host, target.port, timeout=10)
+        d = endpoints.connectProtocol(endpoint, _AgentSide(self))
+        d.addErrback(self._failed)
+        log.info("relaying {user}'s stream from {address} to session {id}", user=client.user,
+                 address=client.address, id=target.session_id)
+
+    def connected(self, transport: Any) -> None:
+        if self.closed:
+            transport.loseConnection()
+            return
+        self.agent = transport
+        for chunk in self.pending:
+            transport.write(chunk)
+        self.pending.clear()
+
+    def _failed(self, failure: Any) -> None:
+        log.warn("cannot reach the agent of session {id}: {error}", id=self.target.session_id,
+                 error=failure.getErrorMessage())
+        self.agent_closed()
+
+    # client side -------------------------------------------------------
+    def write(self, data: bytes) -> None:
+        self.to_agent += len(data)
+        if self.agent is not None:
+            self.agent.write(data)
+        elif not self.closed:
+            self.pending.append(data)
+
+    def close(self) -> None:
+        """The client went away."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.agent is not None:
+            self.agent.loseConnection()
+        self._log_end("client")
+
+    def pause_agent(self) -> None:
+        if self.agent is not None:
+            self.agent.pauseProducing()
+
+    def resume_agent(self) -> None:
+        if self.agent is not None:
+            self.agent.resumeProducing()
+
+    # agent side --------------------------------------------------------
+    def agent_closed(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.channel.close()
+        self._log_end("agent")
+
+    def _log_end(self, side: str) -> None:
+        log.info("stream of session {id} closed by the {side} ({up} bytes up, {down} down)",
+                 id=self.target.session_id, side=side, up=self.to_agent, down=self.to_client)

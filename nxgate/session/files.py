@@ -1,0 +1,201 @@
+"""Session files on disk: the state directory layout, safe writes into
+user-owned directories, X authority files and X display locks.
+
+The gateway runs as root and writes into directories that belong to the
+session's user.  Every such write creates a fresh file (``O_EXCL``, no
+symlinks followed) and renames it into place, so a user who swaps a file
+for a symlink cannot make root write elsewhere.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import socket
+import stat
+import struct
+from dataclasses import dataclass
+
+from twisted.logger import Logger
+
+from nxgate.backends.nxagent import AgentFiles
+
+log = Logger(namespace="nxgate.session")
+
+X_LOCK = "/tmp/.X{n}-lock"
+X_SOCKET_DIR = "/tmp/.X11-unix"
+X_SOCKET = "/tmp/.X11-unix/X{n}"
+FAMILY_WILD = 0xFFFF
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    """Where the gateway keeps things under ``--state-dir``.
+
+    The state directory is 0711: users' agents must reach their own session
+    directory (whose random name they know) but may not list the others.
+    """
+
+    root: str
+
+    @property
+    def hostkeys(self) -> str:
+        return os.path.join(self.root, "hostkeys")
+
+    @property
+    def database(self) -> str:
+        return os.path.join(self.root, "nxgate.sqlite")
+
+    @property
+    def logs(self) -> str:
+        return os.path.join(self.root, "logs")
+
+    @property
+    def sessions(self) -> str:
+        return os.path.join(self.root, "sessions")
+
+    def prepare(self) -> None:
+        for path, mode in ((self.root, 0o711), (self.logs, 0o700), (self.sessions, 0o711)):
+            os.makedirs(path, mode=mode, exist_ok=True)
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+                raise RuntimeError(f"{path} must be a directory owned by the gateway's user")
+            if stat.S_IMODE(st.st_mode) != mode:
+                os.chmod(path, mode)
+
+    def agent_files(self, session_id: str) -> AgentFiles:
+        return AgentFiles(
+            directory=os.path.join(self.sessions, session_id),
+            log=os.path.join(self.logs, f"{session_id}.agent.log"),
+            app_log=os.path.join(self.logs, f"{session_id}.session.log"),
+        )
+
+
+def make_session_dir(path: str, uid: int, gid: int) -> None:
+    """A fresh directory owned by the user, mode 0700."""
+    os.mkdir(path, 0o700)
+    os.chown(path, uid, gid, follow_symlinks=False)
+    os.chmod(path, 0o700)
+
+
+def write_user_file(path: str, data: bytes, uid: int, gid: int, mode: int = 0o600) -> None:
+    """Atomically replace ``path`` (in a user-owned directory) with ``data``."""
+    directory, name = os.path.split(path)
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        temporary = f".{name}.{os.getpid()}.tmp"
+        try:
+            os.unlink(temporary, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=dir_fd)
+        try:
+            os.fchown(fd, uid, gid)
+            os.fchmod(fd, mode)
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        os.rename(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def remove_tree(path: str) -> None:
+    """Remove a session directory without following links inside it."""
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def xauthority(display: int, cookie_hex: str) -> bytes:
+    """An X authority file holding one MIT-MAGIC-COOKIE-1 for display ``N``.
+
+    The address family is "wild", so the entry matches however a client
+    reaches the display (``:N``, ``localhost:N``, ``unix/host:N``).
+    """
+
+    def counted(data: bytes) -> bytes:
+        return struct.pack(">H", len(data)) + data
+
+    return (
+        struct.pack(">H", FAMILY_WILD)
+        + counted(b"")
+        + counted(str(display).encode())
+        + counted(b"MIT-MAGIC-COOKIE-1")
+        + counted(bytes.fromhex(cookie_hex))
+    )
+
+
+# --------------------------------------------------------------- displays
+def ensure_x_socket_dir() -> None:
+    """``/tmp/.X11-unix`` must exist, owned by root and sticky, before a
+    user's agent starts; otherwise the first agent would create it as its own."""
+    try:
+        st = os.lstat(X_SOCKET_DIR)
+    except FileNotFoundError:
+        os.mkdir(X_SOCKET_DIR, 0o1777)
+        os.chmod(X_SOCKET_DIR, 0o1777)
+        return
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) != 0o1777:
+        os.chmod(X_SOCKET_DIR, 0o1777)
+
+
+def _lock_holder(display: int) -> int | None:
+    """The pid in a display's lock file, 0 if unreadable, None if no lock."""
+    try:
+        with open(X_LOCK.format(n=display), "rb") as handle:
+            text = handle.read(64).strip()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        return 0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _port_free(port: int) -> bool:
+    for family, address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        try:
+            probe = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue
+        try:
+            probe.bind((address, port))
+        except OSError as error:
+            if error.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+        finally:
+            probe.close()
+    return True
+
+
+def display_available(display: int) -> bool:
+    """Whether display ``N`` (and the agent's port 4000+N) can be used now.
+
+    A lock whose process is gone is stale: it and the socket are removed,
+    so a crashed X server does not make its display unusable forever.
+    """
+    holder = _lock_holder(display)
+    if holder is not None:
+        if holder <= 0 or _pid_alive(holder):
+            return False
+        log.info("removing stale lock of display :{display} (pid {pid} is gone)", display=display, pid=holder)
+        for path in (X_LOCK.format(n=display), X_SOCKET.format(n=display)):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+    elif os.path.lexists(X_SOCKET.format(n=display)):
+        return False
+    return _port_free(4000 + display)

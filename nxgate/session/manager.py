@@ -1,0 +1,635 @@
+"""The session manager: the one owner of every session's state.
+
+It allocates display numbers, ids and cookies, starts each session's nxagent
+and program through the launcher, follows the agent's log to drive the state
+machine of :mod:`nxgate.session.model`, writes every transition to the store,
+and checks the owner of a session on every operation.  Nothing else writes
+the store.
+
+Agents are not tied to the gateway: they run in sessions of their own with
+their output in files, so the gateway can stop, crash or be SIGKILLed and
+they live on.  When it starts again, :meth:`SessionManager.reconcile` finds
+them (by pid and process start time), replays their logs to learn their
+state and follows them again; sessions whose agent died meanwhile are marked
+ended and cleaned up.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from twisted.application import service
+from twisted.internet import defer, inotify, task
+from twisted.logger import Logger
+
+from nxgate.auth import resolve_service
+from nxgate.backends import nxagent
+from nxgate.backends.agentlog import AgentEvent, LogEvent, parse_line
+from nxgate.config import Config
+from nxgate.conversation import Client
+from nxgate.nx import errors, replies
+from nxgate.nx.errors import NXError
+from nxgate.nx.listing import ListedSession, format_session_list, session_options
+from nxgate.nx.params import Params
+from nxgate.nx.shell import Reply
+from nxgate.session import files, processes
+from nxgate.session.follow import LogFollower
+from nxgate.session.model import Session, State, advance, listed_status
+from nxgate.session.processes import ExitWatch, LaunchError, ProcessId
+from nxgate.session.programs import login_environment, session_command
+from nxgate.session.request import DisplaySettings, StartRequest
+from nxgate.session.store import SessionStore
+
+log = Logger(namespace="nxgate.session")
+
+SIGHUP_RETRY_SECONDS = 1.0
+SIGHUP_ATTEMPTS = 10
+
+
+@dataclass(frozen=True)
+class RelayTarget:
+    """Where the client's stream goes after ``bye``."""
+
+    session_id: str
+    host: str
+    port: int
+
+
+class SessionEnded(Exception):
+    """The session ended while an operation waited for it."""
+
+
+@dataclass
+class Runtime:
+    """What the manager holds for a live session besides its record."""
+
+    files: nxagent.AgentFiles
+    follower: LogFollower | None = None
+    agent_watch: ExitWatch | None = None
+    app_watch: ExitWatch | None = None
+    waiters: list[tuple[frozenset[State], defer.Deferred[State]]] = field(default_factory=list)
+    lock: defer.DeferredLock = field(default_factory=defer.DeferredLock)
+    connect_timer: Any = None
+    last_error: str = ""
+    app_starting: bool = False
+
+
+class SessionManager(service.Service):
+    name = "sessions"
+
+    def __init__(
+        self,
+        reactor: Any,
+        config: Config,
+        store: SessionStore,
+        layout: files.StateLayout,
+        notifier: inotify.INotify | None = None,
+        launch: Callable[[Any, dict[str, Any]], Any] = processes.launch,
+    ) -> None:
+        self.reactor = reactor
+        self.config = config
+        self.settings = config.sessions
+        self.store = store
+        self.layout = layout
+        self.notifier = notifier or inotify.INotify(reactor)
+        self._launch = launch
+        self.pam_service = resolve_service(config.auth.pam_service)
+        self.sessions: dict[str, Session] = {}
+        self.runtime: dict[str, Runtime] = {}
+        self._housekeeping = task.LoopingCall(self.housekeeping)
+        self._housekeeping.clock = reactor
+
+    # ------------------------------------------------------------ service
+    def startService(self) -> None:
+        super().startService()
+        files.ensure_x_socket_dir()
+        self.notifier.startReading()
+        self.reconcile()
+        self._housekeeping.start(60, now=False)
+
+    def stopService(self) -> None:
+        """Stop watching; the sessions themselves carry on without us."""
+        super().stopService()
+        if self._housekeeping.running:
+            self._housekeeping.stop()
+        for runtime in self.runtime.values():
+            self._stop_watching(runtime)
+        self.notifier.loseConnection()
+
+    # ----------------------------------------------------------- commands
+    async def start(self, client: Client, request: StartRequest) -> Reply:
+        user = pwd.getpwnam(client.user)
+        program = session_command(request, self.config.types, self.settings)
+        if not request.encrypted and not self.settings.allow_unencrypted:
+            raise NXError(errors.SESSION_FAILED, "Unencrypted sessions are not allowed.", last_operation_failed=True)
+        self._check_capacity(client.user)
+        now = self.reactor.seconds()
+        session = Session(
+            id=secrets.token_hex(16).upper(),
+            user=client.user,
+            uid=user.pw_uid,
+            gid=user.pw_gid,
+            type=request.type,
+            name=request.name,
+            display=self._allocate_display(),
+            server_name=self.config.server_name,
+            cookie=secrets.token_hex(16),
+            created=now,
+            changed=now,
+            client_address=client.address,
+            geometry=request.display.geometry,
+            depth=request.display.depth,
+            render=request.display.render,
+            fullscreen=request.display.fullscreen,
+            rootless=request.rootless,
+            encrypted=request.encrypted,
+            options={"display": request.display.as_dict(), "program": list(program)},
+        )
+        self.sessions[session.id] = session
+        self.store.insert(session)
+        runtime = self.runtime[session.id] = Runtime(self.layout.agent_files(session.id))
+        log.info(
+            "starting session {id} ({type}, display :{display}) for {user} from {address}",
+            id=session.id, type=session.type, display=session.display, user=session.user,
+            address=client.address, event="session_start",
+        )
+        try:
+            await self._start_agent(session, runtime, request.display, user)
+            await self._wait_for(session.id, {State.WAITING}, self.settings.agent_start_timeout)
+        except (LaunchError, OSError, SessionEnded, defer.TimeoutError) as error:
+            reason = runtime.last_error or str(error) or type(error).__name__
+            log.warn("session {id} for {user} failed to start: {reason}", id=session.id, user=session.user, reason=reason)
+            await self._end(session.id, State.FAILED, f"start failed: {reason}")
+            raise NXError(
+                errors.SESSION_FAILED, f"Error: Session startup failed: {reason}", last_operation_failed=True
+            ) from None
+        self._expect_client(session.id)
+        return self._ready_reply(self.sessions[session.id], "starting", client.local_address)
+
+    async def restore(self, client: Client, session_id: str, settings: DisplaySettings, encrypted: bool) -> Reply:
+        session = self._owned(client, session_id)
+        if not encrypted and not self.settings.allow_unencrypted:
+            raise NXError(errors.SESSION_FAILED, "Unencrypted sessions are not allowed.", last_operation_failed=True)
+        runtime = self.runtime[session.id]
+        await runtime.lock.acquire()
+        try:
+            session = self._owned(client, session_id)
+            if session.state in (State.RUNNING, State.WAITING, State.RESUMING) and session.ever_attached:
+                log.info("session {id} is attached elsewhere: suspending it for {address}", id=session.id,
+                         address=client.address, event="session_takeover")
+                self._signal_agent(session, signal.SIGHUP)
+                await self._wait_for(session.id, {State.SUSPENDED}, self.settings.suspend_timeout)
+            elif session.state is State.SUSPENDING:
+                await self._wait_for(session.id, {State.SUSPENDED}, self.settings.suspend_timeout)
+            elif session.state is not State.SUSPENDED:
+                raise NXError(errors.SESSION_FAILED,
+                              f"Error: Session {session.id} cannot be resumed while it is {session.state.value}.",
+                              last_operation_failed=True)
+            session = self._update(
+                session.id, cookie=secrets.token_hex(16), client_address=client.address, encrypted=encrypted,
+                geometry=settings.geometry, depth=settings.depth, render=settings.render,
+                fullscreen=settings.fullscreen, options={**session.options, "display": settings.as_dict()},
+            )
+            self._write_agent_files(session, runtime.files, settings)
+            log.info("resuming session {id} of {user} for {address}", id=session.id, user=session.user,
+                     address=client.address, event="session_resume")
+            await self._sighup_until_listening(session.id)
+        except (SessionEnded, defer.TimeoutError) as error:
+            raise NXError(errors.SESSION_FAILED, f"Error: Session resume failed: {error or 'timeout'}",
+                          last_operation_failed=True) from None
+        finally:
+            runtime.lock.release()
+        self._expect_client(session.id)
+        return self._ready_reply(self.sessions[session.id], "resuming", client.local_address)
+
+    async def terminate(self, client: Client, session_id: str) -> Reply:
+        session = self._owned(client, session_id)
+        log.info("terminating session {id} of {user} on request from {address}", id=session.id,
+                 user=session.user, address=client.address, event="session_terminate")
+        await self.terminate_session(session.id, "user request")
+        return Reply(replies.terminated(session.id))
+
+    async def suspend(self, client: Client, session_id: str) -> Reply:
+        session = self._owned(client, session_id)
+        if session.state is State.RUNNING:
+            self._signal_agent(session, signal.SIGHUP)
+            try:
+                await self._wait_for(session.id, {State.SUSPENDED}, self.settings.suspend_timeout)
+            except (SessionEnded, defer.TimeoutError) as error:
+                raise NXError(errors.SESSION_FAILED, f"Error: Session suspend failed: {error or 'timeout'}",
+                              last_operation_failed=True) from None
+        elif session.state is not State.SUSPENDED:
+            raise NXError(errors.SESSION_FAILED, f"Error: Session {session.id} is {session.state.value}.",
+                          last_operation_failed=True)
+        return Reply(replies.suspended(session.id))
+
+    def list(self, client: Client, params: Params) -> Reply:
+        wanted_status = {s.strip().lower() for s in params.get("status", "").split(",") if s.strip()}
+        wanted_types = {t.strip().lower() for t in params.get("type", "").split(",") if t.strip()}
+        rows = []
+        for session in self._live_of(client.user):
+            status = listed_status(session.state)
+            if status is None or (wanted_status and status.lower() not in wanted_status):
+                continue
+            if wanted_types and session.type not in wanted_types:
+                continue
+            rows.append(ListedSession(
+                display=session.display, session_type=session.type, session_id=session.id,
+                options=session_options(fullscreen=session.fullscreen, render=session.render,
+                                        virtual_desktop=not session.rootless),
+                depth=session.depth, screen=session.geometry, status=status, name=session.name,
+            ))
+        lines = format_session_list(client.user, rows, capacity_reached=self._at_capacity(client.user))
+        return Reply(tuple(lines))
+
+    # ------------------------------------------------------- agent control
+    async def _start_agent(self, session: Session, runtime: Runtime, settings: DisplaySettings,
+                           user: pwd.struct_passwd) -> None:
+        agent_files = runtime.files
+        files.make_session_dir(agent_files.directory, session.uid, session.gid)
+        self._write_agent_files(session, agent_files, settings)
+        for path in (agent_files.log, agent_files.app_log):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+        runtime.follower = LogFollower(self.notifier, agent_files.log, lambda line: self._agent_line(session.id, line))
+        base = login_environment(user, self.settings)
+        request = {
+            "user": session.user,
+            "argv": nxagent.agent_argv(self.settings.nxagent, session, agent_files, self.settings.agent_extra_options),
+            "env": base,
+            "env_fixed": nxagent.agent_environment(session, agent_files, {}),
+            "cwd": agent_files.directory,
+            "log": agent_files.log,
+            "pam": self._pam_request(session),
+        }
+        agent = await self._launch(self.reactor, request)
+        session = self._update(session.id, agent_pid=agent.pid, agent_started=agent.started)
+        self._watch_agent(session.id, agent)
+
+    def _write_agent_files(self, session: Session, agent_files: nxagent.AgentFiles, settings: DisplaySettings) -> None:
+        accept = "127.0.0.1" if session.encrypted else session.client_address
+        files.write_user_file(agent_files.authority, files.xauthority(session.display, session.cookie),
+                              session.uid, session.gid)
+        files.write_user_file(agent_files.options, nxagent.options_line(session, settings, accept).encode(),
+                              session.uid, session.gid)
+
+    def _pam_request(self, session: Session) -> dict[str, Any]:
+        return {"service": self.pam_service, "rhost": session.client_address, "tty": f":{session.display}"}
+
+    async def _start_program(self, session_id: str) -> None:
+        session = self.sessions[session_id]
+        runtime = self.runtime[session_id]
+        user = pwd.getpwnam(session.user)
+        request = {
+            "user": session.user,
+            "argv": session.options["program"],
+            "env": login_environment(user, self.settings),
+            "env_fixed": nxagent.x11_environment(session, runtime.files, {}),
+            "cwd": user.pw_dir,
+            "log": runtime.files.app_log,
+        }
+        try:
+            program = await self._launch(self.reactor, request)
+        except (LaunchError, OSError) as error:
+            log.warn("session {id}: could not start {program}: {error}", id=session_id,
+                     program=session.options["program"][0], error=str(error))
+            await self.terminate_session(session_id, "session program failed to start")
+            return
+        if session_id not in self.runtime:
+            # The session ended while the program started; it has no display left.
+            self._kill_program(session.evolve(app_pid=program.pid, app_started=program.started))
+            return
+        log.info("session {id}: started {program} (pid {pid})", id=session_id,
+                 program=session.options["program"][0], pid=program.pid)
+        self._update(session_id, app_pid=program.pid, app_started=program.started)
+        runtime.app_watch = ExitWatch(self.reactor, program, lambda: self._program_exited(session_id))
+
+    def _program_exited(self, session_id: str) -> None:
+        session = self.sessions.get(session_id)
+        if session is None or not session.state.live:
+            return
+        log.info("session {id}: its program ended; ending the session", id=session_id)
+        defer.ensureDeferred(self.terminate_session(session_id, "session program ended"))
+
+    def _signal_agent(self, session: Session, signum: int) -> None:
+        agent = ProcessId(session.agent_pid, session.agent_started)
+        if agent.alive():
+            os.kill(agent.pid, signum)
+
+    async def _sighup_until_listening(self, session_id: str) -> None:
+        """SIGHUP a suspended agent until it listens again.
+
+        nxagent ignores a SIGHUP that comes right after it suspended (it is
+        still tearing down the old link), so the signal is repeated.
+        """
+        for attempt in range(SIGHUP_ATTEMPTS):
+            self._signal_agent(self.sessions[session_id], signal.SIGHUP)
+            try:
+                await self._wait_for(session_id, {State.WAITING}, SIGHUP_RETRY_SECONDS)
+                return
+            except defer.TimeoutError:
+                log.debug("session {id}: SIGHUP {n} not taken yet", id=session_id, n=attempt + 1)
+        raise defer.TimeoutError("nxagent did not listen again")
+
+    async def terminate_session(self, session_id: str, reason: str) -> None:
+        """End a session: SIGTERM, again after 2 s, SIGKILL at the timeout."""
+        session = self.sessions.get(session_id)
+        if session is None or not session.state.live:
+            return
+        self._set_failure_reason(session_id, reason)
+        agent = ProcessId(session.agent_pid, session.agent_started)
+        if not agent.alive():
+            await self._end(session_id, State.TERMINATED, reason)
+            return
+        self._signal_agent(session, signal.SIGTERM)
+        try:
+            await self._wait_for(session_id, {State.TERMINATED, State.FAILED}, 2.0)
+            return
+        except defer.TimeoutError:
+            self._signal_agent(self.sessions[session_id], signal.SIGTERM)
+        except SessionEnded:
+            return
+        try:
+            await self._wait_for(session_id, {State.TERMINATED, State.FAILED}, self.settings.terminate_timeout)
+        except defer.TimeoutError:
+            log.warn("session {id}: nxagent ignored SIGTERM; killing it", id=session_id)
+            self._signal_agent(self.sessions[session_id], signal.SIGKILL)
+            await self._wait_for(session_id, {State.TERMINATED, State.FAILED}, 5.0)
+        except SessionEnded:
+            pass
+
+    # -------------------------------------------------------- agent events
+    def _agent_line(self, session_id: str, line: str) -> None:
+        event = parse_line(line)
+        if event is not None:
+            self._agent_event(session_id, event)
+
+    def _agent_event(self, session_id: str, event: LogEvent) -> None:
+        session = self.sessions.get(session_id)
+        runtime = self.runtime.get(session_id)
+        if session is None or runtime is None:
+            return
+        if event.event is AgentEvent.ERROR:
+            runtime.last_error = event.text
+            log.warn("session {id}: nxagent: {text}", id=session_id, text=event.text)
+            return
+        if event.event is AgentEvent.COOKIE_MISMATCH:
+            log.warn("session {id}: a client offered a wrong cookie", id=session_id)
+            return
+        new = advance(session.state, event.event)
+        if new is None:
+            return
+        changes: dict[str, Any] = {}
+        if new is State.RUNNING:
+            changes["ever_attached"] = True
+        self._transition(session_id, new, **changes)
+        if new is State.RUNNING:
+            self._cancel_connect_timer(runtime)
+            if not session.app_pid and not runtime.app_starting:
+                runtime.app_starting = True
+                defer.ensureDeferred(self._start_program(session_id))
+
+    def _agent_exited(self, session_id: str) -> None:
+        session = self.sessions.get(session_id)
+        if session is None or not session.state.live:
+            return
+        if session.ever_attached or session.state is State.TERMINATING:
+            final, reason = State.TERMINATED, session.failure or "nxagent ended"
+        else:
+            final, reason = State.FAILED, self.runtime[session_id].last_error or "nxagent ended before a client connected"
+        defer.ensureDeferred(self._end(session_id, final, reason))
+
+    def _watch_agent(self, session_id: str, agent: ProcessId) -> None:
+        self.runtime[session_id].agent_watch = ExitWatch(self.reactor, agent, lambda: self._agent_exited(session_id))
+
+    def _expect_client(self, session_id: str) -> None:
+        """End a session whose client never connects after start or resume."""
+        runtime = self.runtime[session_id]
+        self._cancel_connect_timer(runtime)
+
+        def check() -> None:
+            runtime.connect_timer = None
+            session = self.sessions.get(session_id)
+            if session is not None and session.state is State.WAITING:
+                if session.ever_attached:
+                    log.info("session {id}: no client came back; suspending it again", id=session_id)
+                    self._signal_agent(session, signal.SIGHUP)
+                else:
+                    log.info("session {id}: no client connected; ending it", id=session_id)
+                    defer.ensureDeferred(self.terminate_session(session_id, "no client connected"))
+
+        runtime.connect_timer = self.reactor.callLater(self.settings.connect_timeout, check)
+
+    @staticmethod
+    def _cancel_connect_timer(runtime: Runtime) -> None:
+        if runtime.connect_timer is not None and runtime.connect_timer.active():
+            runtime.connect_timer.cancel()
+        runtime.connect_timer = None
+
+    # --------------------------------------------------------------- state
+    def _update(self, session_id: str, **changes: Any) -> Session:
+        session = self.sessions[session_id].evolve(**changes)
+        self.sessions[session_id] = session
+        self.store.update(session)
+        return session
+
+    def _set_failure_reason(self, session_id: str, reason: str) -> None:
+        if not self.sessions[session_id].failure:
+            self._update(session_id, failure=reason)
+
+    def _transition(self, session_id: str, new: State, **changes: Any) -> None:
+        old = self.sessions[session_id].state
+        session = self._update(session_id, state=new, changed=self.reactor.seconds(), **changes)
+        log.info("session {id} of {user}: {old} -> {new}", id=session_id, user=session.user,
+                 old=old.value, new=new.value, event="session_state")
+        runtime = self.runtime.get(session_id)
+        if runtime is None:
+            return
+        for waiter in list(runtime.waiters):
+            wanted, deferred = waiter
+            if new in wanted:
+                runtime.waiters.remove(waiter)
+                deferred.callback(new)
+            elif not new.live:
+                runtime.waiters.remove(waiter)
+                deferred.errback(SessionEnded(f"the session {new.value}"))
+
+    async def _wait_for(self, session_id: str, wanted: set[State], timeout: float) -> State:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise SessionEnded("the session is gone")
+        if session.state in wanted:
+            return session.state
+        if not session.state.live:
+            raise SessionEnded(f"the session {session.state.value}")
+        deferred: defer.Deferred[State] = defer.Deferred()
+        runtime = self.runtime[session_id]
+        entry = (frozenset(wanted), deferred)
+        runtime.waiters.append(entry)
+        deferred.addTimeout(timeout, self.reactor)
+        try:
+            return await deferred
+        finally:
+            if entry in runtime.waiters:
+                runtime.waiters.remove(entry)
+
+    async def _end(self, session_id: str, final: State, reason: str) -> None:
+        """Record the end of a session and clean up after it."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            return
+        if session.state.live:
+            self._set_failure_reason(session_id, reason)
+            self._transition(session_id, final)
+        session = self.sessions.pop(session_id)
+        runtime = self.runtime.pop(session_id, None)
+        log.info("session {id} of {user} ended ({state}: {reason})", id=session_id, user=session.user,
+                 state=final.value, reason=session.failure or reason, event="session_end")
+        if runtime is not None:
+            self._stop_watching(runtime)
+            self._cancel_connect_timer(runtime)
+        self._kill_program(session)
+        agent_files = self.layout.agent_files(session_id)
+        files.remove_tree(agent_files.directory)
+        if session.agent_pid:
+            try:
+                await processes.close_pam_session(self.reactor, {"user": session.user, "pam": self._pam_request(session)})
+            except (LaunchError, OSError) as error:
+                log.warn("session {id}: closing the PAM session failed: {error}", id=session_id, error=str(error))
+
+    @staticmethod
+    def _stop_watching(runtime: Runtime) -> None:
+        for watcher in (runtime.follower, runtime.agent_watch, runtime.app_watch):
+            if watcher is not None:
+                watcher.stop()
+
+    @staticmethod
+    def _kill_program(session: Session) -> None:
+        """The session program leads its own process group: end all of it."""
+        program = ProcessId(session.app_pid, session.app_started)
+        if program.alive():
+            try:
+                os.killpg(program.pid, signal.SIGTERM)
+            except OSError:
+                pass
+
+    # ------------------------------------------------------------ restart
+    def reconcile(self) -> None:
+        """Take back the sessions of a previous gateway run."""
+        for session in self.store.live():
+            agent = ProcessId(session.agent_pid, session.agent_started)
+            self.sessions[session.id] = session
+            runtime = self.runtime[session.id] = Runtime(self.layout.agent_files(session.id))
+            if not agent.alive():
+                log.warn("session {id} of {user}: nxagent ended while the gateway was away", id=session.id,
+                         user=session.user)
+                final = State.TERMINATED if session.ever_attached else State.FAILED
+                defer.ensureDeferred(self._end(session.id, final, "nxagent ended while the gateway was away"))
+                continue
+            # The follower first reads the whole log (the replay), then follows it live.
+            replay = ReplayState()
+            follower = LogFollower(self.notifier, runtime.files.log, replay.feed)
+            follower.on_line = lambda line, sid=session.id: self._agent_line(sid, line)
+            runtime.follower = follower
+            if replay.state is not session.state:
+                self._transition(session.id, replay.state, ever_attached=session.ever_attached or replay.attached)
+            self._watch_agent(session.id, agent)
+            program = ProcessId(session.app_pid, session.app_started)
+            if session.app_pid and not program.alive():
+                defer.ensureDeferred(self.terminate_session(session.id, "session program ended while the gateway was away"))
+            elif session.app_pid:
+                runtime.app_watch = ExitWatch(self.reactor, program, lambda sid=session.id: self._program_exited(sid))
+            log.info("session {id} of {user} taken back ({state})", id=session.id, user=session.user,
+                     state=self.sessions[session.id].state.value, event="session_reattach")
+
+    # -------------------------------------------------------- housekeeping
+    def housekeeping(self) -> None:
+        """Expire long-suspended sessions and forget old ended ones."""
+        now = self.reactor.seconds()
+        hours = self.settings.expire_suspended_after
+        if hours > 0:
+            for session in list(self.sessions.values()):
+                if session.state is State.SUSPENDED and now - session.changed > hours * 3600:
+                    log.info("session {id} of {user} was suspended too long; ending it", id=session.id,
+                             user=session.user, event="session_expire")
+                    defer.ensureDeferred(self.terminate_session(session.id, "suspended too long"))
+        old = self.store.ended_before(now - self.settings.history_days * 86400)
+        for session in old:
+            agent_files = self.layout.agent_files(session.id)
+            for path in (agent_files.log, agent_files.app_log):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+        self.store.delete(session.id for session in old)
+
+    # ------------------------------------------------------------ helpers
+    def _owned(self, client: Client, session_id: str) -> Session:
+        """The client's own live session; others' sessions do not exist for him."""
+        session = self.sessions.get(session_id)
+        if session is None or session.user != client.user or not session.state.live:
+            if session is not None and session.user != client.user:
+                log.warn("{user} from {address} asked for session {id} of another user", user=client.user,
+                         address=client.address, id=session_id, event="session_denied")
+            raise NXError(errors.SESSION_FAILED, f"Error: Could not find session {session_id}.",
+                          last_operation_failed=True)
+        return session
+
+    def _live_of(self, user: str) -> list[Session]:
+        return sorted((s for s in self.sessions.values() if s.user == user and s.state.live), key=lambda s: s.created)
+
+    def _at_capacity(self, user: str) -> bool:
+        total, per_user = self.settings.max_sessions, self.settings.max_sessions_per_user
+        live = [s for s in self.sessions.values() if s.state.live]
+        return bool((total and len(live) >= total)
+                    or (per_user and sum(1 for s in live if s.user == user) >= per_user))
+
+    def _check_capacity(self, user: str) -> None:
+        live = [s for s in self.sessions.values() if s.state.live]
+        if self.settings.max_sessions and len(live) >= self.settings.max_sessions:
+            raise NXError(errors.LIMIT_REACHED, "Reached the maximum number of concurrent sessions on this server.",
+                          last_operation_failed=True)
+        per_user = self.settings.max_sessions_per_user
+        if per_user and sum(1 for s in live if s.user == user) >= per_user:
+            raise NXError(errors.LIMIT_REACHED, f"Server capacity: reached for user: {user}",
+                          last_operation_failed=True)
+
+    def _allocate_display(self) -> int:
+        taken = {s.display for s in self.sessions.values()}
+        first, count = self.settings.display_base, self.settings.display_limit
+        for display in range(first, first + count):
+            if display not in taken and display + 4000 < 65536 and files.display_available(display):
+                return display
+        raise NXError(errors.SESSION_FAILED, "Error: Display limit exceeded: no free display for a new session.",
+                      last_operation_failed=True)
+
+    def _ready_reply(self, session: Session, status: str, local_address: str) -> Reply:
+        lines = replies.session_ready(
+            full_id=session.full_id, display=session.display, session_type=session.type, cookie=session.cookie,
+            proxy_ip="127.0.0.1" if session.encrypted else local_address, encrypted=session.encrypted,
+            status=status,
+        )
+        relay = RelayTarget(session.id, "127.0.0.1", session.port) if session.encrypted else None
+        return Reply(lines, relay)
+
+
+class ReplayState:
+    """Replays a whole agent log to learn where a session stands now."""
+
+    def __init__(self) -> None:
+        self.state = State.CREATED
+        self.attached = False
+
+    def feed(self, line: str) -> None:
+        event = parse_line(line)
+        if event is None:
+            return
+        new = advance(self.state, event.event)
+        if new is not None:
+            self.state = new
+            self.attached = self.attached or new is State.RUNNING

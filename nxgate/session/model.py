@@ -1,0 +1,111 @@
+"""The session record and its state machine (pure).
+
+States follow Neatx's model (reference §4.1) plus ``resuming`` (nxagent's
+own word) and ``failed``.  The agent's log drives the transitions; the
+table below says which event moves which state where, and anything not in
+the table is ignored (nxagent repeats itself, e.g. "Waiting for
+connection" after both a start and a resume).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from nxgate.backends.agentlog import AgentEvent
+
+
+class State(str, enum.Enum):
+    CREATED = "created"
+    STARTING = "starting"
+    WAITING = "waiting"  # the agent listens for the client's proxy
+    RUNNING = "running"  # a client is attached
+    SUSPENDING = "suspending"
+    SUSPENDED = "suspended"
+    RESUMING = "resuming"
+    TERMINATING = "terminating"
+    TERMINATED = "terminated"
+    FAILED = "failed"
+
+    @property
+    def live(self) -> bool:
+        return self not in (State.TERMINATED, State.FAILED)
+
+
+S = State
+_LIVE = [s for s in State if s.live]
+
+# event -> {from state: to state}
+TRANSITIONS: dict[AgentEvent, dict[State, State]] = {
+    AgentEvent.STARTING: {S.CREATED: S.STARTING},
+    AgentEvent.WAITING: {S.CREATED: S.WAITING, S.STARTING: S.WAITING, S.RESUMING: S.WAITING, S.SUSPENDED: S.WAITING},
+    AgentEvent.RUNNING: {S.STARTING: S.RUNNING, S.WAITING: S.RUNNING, S.RESUMING: S.RUNNING},
+    AgentEvent.DISPLAY_FAILURE: {S.RUNNING: S.SUSPENDING},
+    AgentEvent.SUSPENDING: {S.RUNNING: S.SUSPENDING, S.WAITING: S.SUSPENDING},
+    AgentEvent.SUSPENDED: {S.RUNNING: S.SUSPENDED, S.SUSPENDING: S.SUSPENDED, S.WAITING: S.SUSPENDED, S.RESUMING: S.SUSPENDED},
+    AgentEvent.RESUMING: {S.SUSPENDED: S.RESUMING},
+    AgentEvent.TERMINATING: {s: S.TERMINATING for s in _LIVE},
+    AgentEvent.ABORTING: {s: S.TERMINATING for s in _LIVE},
+    AgentEvent.TERMINATED: {s: S.TERMINATED for s in _LIVE},
+    AgentEvent.ABORTED: {s: S.TERMINATED for s in _LIVE},
+}
+
+
+def advance(state: State, event: AgentEvent) -> State | None:
+    """The state after ``event``, or None if the event changes nothing."""
+    new = TRANSITIONS.get(event, {}).get(state)
+    return new if new is not state else None
+
+
+def listed_status(state: State) -> str | None:
+    """The one-word status clients see in ``listsession`` (None: not listed)."""
+    if state in (S.SUSPENDED, S.SUSPENDING):
+        return "Suspended"
+    if state in (S.RUNNING, S.WAITING, S.RESUMING, S.STARTING):
+        return "Running"
+    return None
+
+
+@dataclass(frozen=True)
+class Session:
+    """Everything the gateway knows about one session; stored as one row."""
+
+    id: str  # 32 upper-case hex digits
+    user: str
+    uid: int
+    gid: int
+    type: str
+    name: str
+    display: int
+    server_name: str
+    cookie: str
+    state: State = State.CREATED
+    created: float = 0.0
+    changed: float = 0.0
+    client_address: str = ""
+    geometry: str = "800x600"
+    depth: int = 24
+    render: bool = True
+    fullscreen: bool = False
+    rootless: bool = False
+    encrypted: bool = True
+    ever_attached: bool = False
+    agent_pid: int = 0
+    agent_started: int = 0  # /proc starttime, to tell a reused pid apart
+    app_pid: int = 0
+    app_started: int = 0
+    failure: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def full_id(self) -> str:
+        """What clients get in ``NX> 700`` and use as nxproxy's ``id=``."""
+        return f"{self.server_name}-{self.display}-{self.id}"
+
+    @property
+    def port(self) -> int:
+        return 4000 + self.display
+
+    def evolve(self, **changes: Any) -> Session:
+        return replace(self, **changes)

@@ -1,0 +1,155 @@
+"""Session processes seen from the gateway: launching them through the
+launcher, and noticing when they exit, even after a gateway restart.
+
+A process started by this gateway is also our child, but after a restart it
+is not; a Linux pidfd works for both, so exits are always observed the same
+way: the pidfd becomes readable.  A process is identified by its pid *and*
+its start time (from /proc), so a recycled pid is never mistaken for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from twisted.internet import defer, protocol
+from twisted.logger import Logger
+from twisted.internet.interfaces import IReadDescriptor
+from zope.interface import implementer
+
+log = Logger(namespace="nxgate.session")
+
+
+class LaunchError(Exception):
+    """The launcher could not start the program; the text says why."""
+
+
+@dataclass(frozen=True)
+class ProcessId:
+    pid: int
+    started: int  # clock ticks after boot, field 22 of /proc/PID/stat
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessId | None:
+        started = start_time(pid)
+        return None if started is None else cls(pid, started)
+
+    def alive(self) -> bool:
+        return self.pid > 0 and start_time(self.pid) == self.started
+
+
+def start_time(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses.
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    if fields[0] == b"Z":
+        return None  # a zombie has exited already
+    return int(fields[19])
+
+
+class _Launch(protocol.ProcessProtocol):
+    def __init__(self, request: bytes) -> None:
+        self.request = request
+        self.ready: defer.Deferred[int] = defer.Deferred()
+        self.ended: defer.Deferred[int | None] = defer.Deferred()
+        self.output = b""
+        self.errors = b""
+
+    def connectionMade(self) -> None:
+        self.transport.write(self.request)
+        self.transport.closeStdin()
+
+    def outReceived(self, data: bytes) -> None:
+        self.output += data
+        if b"\n" in self.output and not self.ready.called:
+            line = self.output.split(b"\n", 1)[0].decode("utf-8", "replace")
+            if line == "ok":
+                self.ready.callback(self.transport.pid)
+            else:
+                self.ready.errback(LaunchError(line.removeprefix("error: ")))
+
+    def errReceived(self, data: bytes) -> None:
+        self.errors = (self.errors + data)[-4096:]
+
+    def processEnded(self, reason: Any) -> None:
+        code = getattr(reason.value, "exitCode", None)
+        if not self.ready.called:
+            detail = self.errors.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit code {code}"]
+            self.ready.errback(LaunchError(f"launcher failed: {detail[0]}"))
+        self.ended.callback(code)
+
+
+def _run(reactor: Any, request: dict[str, Any]) -> _Launch:
+    launch = _Launch(json.dumps(request).encode())
+    env = {"PATH": os.defpath, "LANG": "C.UTF-8", "PYTHONPATH": os.pathsep.join(sys.path)}
+    reactor.spawnProcess(
+        launch, sys.executable, [sys.executable, "-m", "nxgate.session.launcher"],
+        env=env, path="/", childFDs={0: "w", 1: "r", 2: "r"},
+    )
+    return launch
+
+
+async def launch(reactor: Any, request: dict[str, Any]) -> ProcessId:
+    """Start a program as a user (see :mod:`nxgate.session.launcher`)."""
+    pid = await _run(reactor, request).ready
+    identity = ProcessId.of(pid)
+    if identity is None:
+        raise LaunchError("the program exited at once")
+    return identity
+
+
+async def close_pam_session(reactor: Any, request: dict[str, Any]) -> None:
+    started = _run(reactor, dict(request, mode="close-pam"))
+    await started.ready
+    await started.ended
+
+
+@implementer(IReadDescriptor)
+class ExitWatch:
+    """Calls ``on_exit`` once when the process ends (pidfd readable)."""
+
+    def __init__(self, reactor: Any, process: ProcessId, on_exit: Callable[[], None]) -> None:
+        self.reactor = reactor
+        self.process = process
+        self.on_exit = on_exit
+        self.fd = -1
+        try:
+            self.fd = os.pidfd_open(process.pid)
+        except ProcessLookupError:
+            pass
+        if self.fd >= 0 and process.alive():
+            reactor.addReader(self)
+        else:
+            self._close()
+            reactor.callLater(0, on_exit)
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def doRead(self) -> None:
+        self.stop()
+        self.on_exit()
+
+    def stop(self) -> None:
+        if self.fd >= 0:
+            self.reactor.removeReader(self)
+        self._close()
+
+    def _close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def connectionLost(self, reason: Any) -> None:
+        self.stop()
+
+    def logPrefix(self) -> str:
+        return f"pidfd-{self.process.pid}"

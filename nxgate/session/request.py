@@ -1,0 +1,204 @@
+"""What a client asks for in ``startsession``/``restoresession`` (pure).
+
+Real clients send dozens of parameters (reference §2.5); most matter to the
+client only.  Here we pick out what shapes the session, validate every value
+that will reach nxagent's options line or a command line, and refuse bad
+values with a clear ``NX> 597`` rather than passing them on: a comma or colon
+smuggled into ``keyboard`` would otherwise add options of its own.
+Unknown parameters are ignored; missing ones get Neatx's defaults.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from nxgate.nx import errors
+from nxgate.nx.errors import NXError
+from nxgate.nx.params import Params
+
+_GEOMETRY = re.compile(r"(\d{2,5})x(\d{2,5})(?:\+(-?\d{1,5})\+(-?\d{1,5}))?")
+_SCREENINFO = re.compile(r"(\d{2,5})x(\d{2,5})x(\d{1,2})((?:\+[a-z]+)*)")
+_SIZE = re.compile(r"(\d{1,4})M")
+_SAFE_WORD = re.compile(r"[A-Za-z0-9_./()+-]{1,64}")  # nothing that is special in an options line
+_TYPE = re.compile(r"[a-z][a-z0-9-]{0,31}")
+_ID = re.compile(r"[0-9A-F]{32}")
+LINKS = ("modem", "isdn", "adsl", "wan", "lan")
+CLIPBOARD = ("both", "client", "server", "none")
+MAX_NAME = 128
+MAX_APPLICATION = 4096
+
+
+def invalid(name: str, value: str, why: str) -> NXError:
+    shown = value if len(value) <= 80 else value[:77] + "..."
+    return NXError(errors.BAD_PARAMETERS, f"Error: Invalid value '{shown}' for parameter '{name}': {why}.")
+
+
+@dataclass(frozen=True)
+class DisplaySettings:
+    """How the agent should present the session to this client.
+
+    Kept with the session and replaced on every restore: the client may come
+    back from another machine with another screen, keyboard and link.
+    """
+
+    geometry: str = "800x600"
+    fullscreen: bool = False
+    depth: int = 24
+    render: bool = True
+    keyboard: str = "pc105/us"
+    link: str = "lan"
+    cache: str = "16M"
+    images: str = "64M"
+    clipboard: str = "both"
+    client: str = "unknown"
+    backingstore: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> DisplaySettings:
+        known = {k: v for k, v in values.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    type: str
+    name: str
+    display: DisplaySettings
+    encrypted: bool
+    rootless: bool
+    application: tuple[str, ...] = ()
+
+
+def _flag(params: Params, name: str, default: bool) -> bool:
+    value = params.get(name, "").strip().lower()
+    if value == "":
+        return default
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise invalid(name, value, "expected 0 or 1")
+
+
+def _choice(params: Params, name: str, choices: tuple[str, ...], default: str) -> str:
+    value = params.get(name, "").strip().lower() or default
+    if value not in choices:
+        raise invalid(name, value, "expected one of " + ", ".join(choices))
+    return value
+
+
+def _size(params: Params, name: str, default: str) -> str:
+    value = params.get(name, "").strip() or default
+    match = _SIZE.fullmatch(value)
+    if match is None or not 0 <= int(match.group(1)) <= 1024:
+        raise invalid(name, value, "expected a size such as 16M")
+    return value
+
+
+def _word(name: str, value: str, default: str) -> str:
+    value = value.strip() or default
+    if not _SAFE_WORD.fullmatch(value):
+        raise invalid(name, value, "unexpected characters")
+    return value
+
+
+def display_settings(params: Params) -> DisplaySettings:
+    """The display part of a start or restore request."""
+    fullscreen = _flag(params, "fullscreen", False)
+    geometry_text = params.get("geometry", "").strip()
+    width = height = 0
+    if geometry_text.lower() == "fullscreen":
+        fullscreen = True
+    elif geometry_text:
+        match = _GEOMETRY.fullmatch(geometry_text)
+        if match is None:
+            raise invalid("geometry", geometry_text, "expected WxH, WxH+X+Y or fullscreen")
+        width, height = int(match.group(1)), int(match.group(2))
+    depth, render = 24, True
+    screeninfo = params.get("screeninfo", "").strip()
+    if screeninfo:
+        match = _SCREENINFO.fullmatch(screeninfo)
+        if match is None:
+            raise invalid("screeninfo", screeninfo, "expected WxHxD[+render]")
+        depth = int(match.group(3))
+        render = "+render" in match.group(4)
+        if "+fullscreen" in match.group(4):
+            fullscreen = True
+        if not width:
+            width, height = int(match.group(1)), int(match.group(2))
+    if depth not in (8, 15, 16, 24, 32):
+        raise invalid("screeninfo", screeninfo, "depth must be 8, 15, 16, 24 or 32")
+    if not width:
+        width, height = 800, 600
+    if not (64 <= width <= 16384 and 64 <= height <= 16384):
+        raise invalid("geometry", geometry_text or screeninfo, "size out of range")
+    keyboard = params.get("keyboard", "").strip() or params.get("kbtype", "")
+    return DisplaySettings(
+        geometry=f"{width}x{height}",
+        fullscreen=fullscreen,
+        depth=depth,
+        render=render,
+        keyboard=_word("keyboard", keyboard, "pc105/us"),
+        link=_choice(params, "link", LINKS, "lan"),
+        cache=_size(params, "cache", "16M"),
+        images=_size(params, "images", "64M"),
+        clipboard=_choice(params, "clipboard", CLIPBOARD, "both"),
+        client=_word("client", params.get("client", ""), "unknown"),
+        backingstore=params.get("backingstore", "1").strip().lower() not in ("0", "never", "off"),
+    )
+
+
+def start_request(params: Params) -> StartRequest:
+    """Validate a ``startsession``; raises NXError for bad or missing values."""
+    session_type = params.get("type", "").strip().lower()
+    if not session_type:
+        raise NXError(errors.GENERIC_ERROR, "Error: Session type missing.", last_operation_failed=True)
+    if not _TYPE.fullmatch(session_type):
+        raise invalid("type", session_type, "not a session type")
+    name = " ".join(params.get("session", "").split())[:MAX_NAME] or session_type
+    application: tuple[str, ...] = ()
+    if session_type == "unix-application":
+        text = params.get("application", "").strip()
+        if not text:
+            raise NXError(
+                errors.GENERIC_ERROR,
+                "Error: Session type unix-application, but missing application.",
+                last_operation_failed=True,
+            )
+        if len(text) > MAX_APPLICATION or "\0" in text:
+            raise invalid("application", text, "too long or contains NUL")
+        try:
+            application = tuple(shlex.split(text))
+        except ValueError as error:
+            raise invalid("application", text, str(error)) from None
+    rootless = _flag(params, "rootless", False) and not _flag(params, "virtualdesktop", False)
+    return StartRequest(
+        type=session_type,
+        name=name,
+        display=display_settings(params),
+        encrypted=_flag(params, "encryption", True),
+        rootless=rootless and session_type in ("unix-application", "unix-console"),
+        application=application,
+    )
+
+
+def session_id(params: Params, *keys: str) -> str:
+    """The bare 32-hex id a client names, from the first key present.
+
+    Clients send the bare id; some send the full ``host-display-ID`` form,
+    whose last 32 characters are the id.
+    """
+    for key in keys:
+        value = params.get(key, "").strip().upper()
+        if value:
+            candidate = value[-32:]
+            if _ID.fullmatch(candidate):
+                return candidate
+            raise invalid(key, value, "not a session id")
+    raise NXError(errors.GENERIC_ERROR, "Error: No session id given.", last_operation_failed=True)
