@@ -312,7 +312,7 @@ def describe() -> str:
             out.append(f"#{opt.name} = {default}")
         out.append("")
     out.append("[types]")
-    out.append("# session type = command (unix-application runs the client's --application)")
+    out.append("# session types and their commands (unix-application runs the client's --application)")
     for name, argv in DEFAULT_TYPES.items():
         out.append(f"#{name} = {shlex.join(argv)}")
     return "\n".join(out) + "\n"
