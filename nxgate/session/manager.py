@@ -20,7 +20,6 @@ import os
 import pwd
 import secrets
 import signal
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,7 +89,7 @@ class SessionManager(service.Service):
         store: SessionStore,
         layout: files.StateLayout,
         notifier: inotify.INotify | None = None,
-        launch: Callable[[Any, dict[str, Any]], Any] = processes.launch,
+        launcher: processes.Launcher | None = None,
     ) -> None:
         self.reactor = reactor
         self.config = config
@@ -98,7 +97,7 @@ class SessionManager(service.Service):
         self.store = store
         self.layout = layout
         self.notifier = notifier or inotify.INotify(reactor)
-        self._launch = launch
+        self.launcher = launcher or processes.Launcher(reactor)
         self.pam_service = resolve_service(config.auth.pam_service)
         self.sessions: dict[str, Session] = {}
         self.runtime: dict[str, Runtime] = {}
@@ -267,7 +266,7 @@ class SessionManager(service.Service):
             "log": agent_files.log,
             "pam": self._pam_request(session),
         }
-        agent = await self._launch(self.reactor, request)
+        agent = await self.launcher.start(request)
         session = self._update(session.id, agent_pid=agent.pid, agent_started=agent.started)
         self._watch_agent(session.id, agent)
 
@@ -294,7 +293,7 @@ class SessionManager(service.Service):
             "log": runtime.files.app_log,
         }
         try:
-            program = await self._launch(self.reactor, request)
+            program = await self.launcher.start(request)
         except (LaunchError, OSError) as error:
             log.warn("session {id}: could not start {program}: {error}", id=session_id,
                      program=session.options["program"][0], error=str(error))
@@ -387,7 +386,12 @@ class SessionManager(service.Service):
         changes: dict[str, Any] = {}
         if new is State.RUNNING:
             changes["ever_attached"] = True
+        reason = session.failure or runtime.last_error or "nxagent ended"
         self._transition(session_id, new, **changes)
+        if not new.live:
+            # Waiters may have cleaned up already; _end does nothing twice.
+            defer.ensureDeferred(self._end(session_id, new, reason))
+            return
         if new is State.RUNNING:
             self._cancel_connect_timer(runtime)
             if not session.app_pid and not runtime.app_starting:
@@ -494,11 +498,15 @@ class SessionManager(service.Service):
             self._stop_watching(runtime)
             self._cancel_connect_timer(runtime)
         self._kill_program(session)
+        agent = ProcessId(session.agent_pid, session.agent_started)
+        if agent.alive():
+            # It said it terminated; it should be gone in a moment.
+            self.reactor.callLater(5, self._kill_if_alive, agent)
         agent_files = self.layout.agent_files(session_id)
         files.remove_tree(agent_files.directory)
         if session.agent_pid:
             try:
-                await processes.close_pam_session(self.reactor, {"user": session.user, "pam": self._pam_request(session)})
+                await self.launcher.close_pam({"user": session.user, "pam": self._pam_request(session)})
             except (LaunchError, OSError) as error:
                 log.warn("session {id}: closing the PAM session failed: {error}", id=session_id, error=str(error))
 
@@ -507,6 +515,12 @@ class SessionManager(service.Service):
         for watcher in (runtime.follower, runtime.agent_watch, runtime.app_watch):
             if watcher is not None:
                 watcher.stop()
+
+    @staticmethod
+    def _kill_if_alive(process: ProcessId) -> None:
+        if process.alive():
+            log.warn("nxagent pid {pid} lingered after its session ended; killing it", pid=process.pid)
+            os.kill(process.pid, signal.SIGKILL)
 
     @staticmethod
     def _kill_program(session: Session) -> None:

@@ -87,29 +87,33 @@ class _Launch(protocol.ProcessProtocol):
         self.ended.callback(code)
 
 
-def _run(reactor: Any, request: dict[str, Any]) -> _Launch:
-    launch = _Launch(json.dumps(request).encode())
-    env = {"PATH": os.defpath, "LANG": "C.UTF-8", "PYTHONPATH": os.pathsep.join(sys.path)}
-    reactor.spawnProcess(
-        launch, sys.executable, [sys.executable, "-m", "nxgate.session.launcher"],
-        env=env, path="/", childFDs={0: "w", 1: "r", 2: "r"},
-    )
-    return launch
+class Launcher:
+    """Runs :mod:`nxgate.session.launcher` for the session manager."""
 
+    def __init__(self, reactor: Any) -> None:
+        self.reactor = reactor
 
-async def launch(reactor: Any, request: dict[str, Any]) -> ProcessId:
-    """Start a program as a user (see :mod:`nxgate.session.launcher`)."""
-    pid = await _run(reactor, request).ready
-    identity = ProcessId.of(pid)
-    if identity is None:
-        raise LaunchError("the program exited at once")
-    return identity
+    def _run(self, request: dict[str, Any]) -> _Launch:
+        launch = _Launch(json.dumps(request).encode())
+        env = {"PATH": os.defpath, "LANG": "C.UTF-8", "PYTHONPATH": os.pathsep.join(sys.path)}
+        self.reactor.spawnProcess(
+            launch, sys.executable, [sys.executable, "-m", "nxgate.session.launcher"],
+            env=env, path="/", childFDs={0: "w", 1: "r", 2: "r"},
+        )
+        return launch
 
+    async def start(self, request: dict[str, Any]) -> ProcessId:
+        """Start a program as a user; its identity once it runs."""
+        pid = await self._run(request).ready
+        identity = ProcessId.of(pid)
+        if identity is None:
+            raise LaunchError("the program exited at once")
+        return identity
 
-async def close_pam_session(reactor: Any, request: dict[str, Any]) -> None:
-    started = _run(reactor, dict(request, mode="close-pam"))
-    await started.ready
-    await started.ended
+    async def close_pam(self, request: dict[str, Any]) -> None:
+        started = self._run(dict(request, mode="close-pam"))
+        await started.ready
+        await started.ended
 
 
 @implementer(IReadDescriptor)
