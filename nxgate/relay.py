@@ -57,6 +57,7 @@ class AgentRelay:
             transport.loseConnection()
             return
         self.agent = transport
+        transport.setTcpNoDelay(True)  # keystrokes and X round trips must not wait for Nagle
         for chunk in self.pending:
             transport.write(chunk)
         self.pending.clear()

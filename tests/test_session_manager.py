@@ -54,11 +54,13 @@ class FakeLauncher:
     def __init__(self, test):
         self.requests = []
         self.closed = []
+        self.processes = []
         self.test = test
 
     async def start(self, request):
         self.requests.append(request)
         process = subprocess.Popen(["sleep", "600"])
+        self.processes.append(process)
         self.test.addCleanup(lambda: (process.kill(), process.wait()))
         return ProcessId.of(process.pid)
 
@@ -197,7 +199,11 @@ class ManagerTests(TestCase):
         self.reactor.advance(2)
         self.assertEqual(self.signals, [signal.SIGTERM, signal.SIGTERM])
         self.agent_says(session_id, "Session: Terminating session at 'now'.", TERMINATED)
+        self.assertNoResult(d)  # the reply waits until the agent is gone: it lingers, so...
+        self.reactor.advance(5)  # ...it is killed
+        self.reactor.advance(5)
         reply = self.successResultOf(d)
+        self.assertEqual(self.launcher.processes[0].wait(5), -signal.SIGKILL)
         self.assertIn(f"NX> 900 Session id: {session_id} terminated.", reply.lines)
         self.assertEqual(self.store.get(session_id).state, State.TERMINATED)
         self.assertEqual(self.launcher.closed[0]["user"], ME)

@@ -58,7 +58,6 @@ def options_line(session: Session, settings: DisplaySettings, accept: str) -> st
         ("shmem", "1"),
         ("shpix", "1"),
         ("strict", "0"),
-        ("cleanup", "0"),
         ("product", PRODUCT),
         ("type", session.type.removeprefix("unix-")),
     ]

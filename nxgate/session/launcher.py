@@ -23,6 +23,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import sys
 from typing import Any
 
@@ -76,6 +77,10 @@ def execute(request: dict[str, Any]) -> None:
         os.chdir("/")
     sys.stdout.write("ok\n")
     sys.stdout.flush()
+    # Python ignores SIGPIPE and SIGXFSZ; exec keeps ignored signals ignored.
+    for signum in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(log_fd, 1)

@@ -64,6 +64,10 @@ class SessionEnded(Exception):
     """The session ended while an operation waited for it."""
 
 
+class WaitTimeout(Exception):
+    """The session did not reach a state in time; the text says which."""
+
+
 @dataclass
 class Runtime:
     """What the manager holds for a live session besides its record."""
@@ -77,6 +81,7 @@ class Runtime:
     connect_timer: Any = None
     last_error: str = ""
     app_starting: bool = False
+    watchdog_pid: int = 0
 
 
 class SessionManager(service.Service):
@@ -161,7 +166,7 @@ class SessionManager(service.Service):
         try:
             await self._start_agent(session, runtime, request.display, user)
             await self._wait_for(session.id, {State.WAITING}, self.settings.agent_start_timeout)
-        except (LaunchError, OSError, SessionEnded, defer.TimeoutError) as error:
+        except (LaunchError, OSError, SessionEnded, WaitTimeout) as error:
             reason = runtime.last_error or str(error) or type(error).__name__
             log.warn("session {id} for {user} failed to start: {reason}", id=session.id, user=session.user, reason=reason)
             await self._end(session.id, State.FAILED, f"start failed: {reason}")
@@ -199,8 +204,8 @@ class SessionManager(service.Service):
             log.info("resuming session {id} of {user} for {address}", id=session.id, user=session.user,
                      address=client.address, event="session_resume")
             await self._sighup_until_listening(session.id)
-        except (SessionEnded, defer.TimeoutError) as error:
-            raise NXError(errors.SESSION_FAILED, f"Error: Session resume failed: {error or 'timeout'}",
+        except (SessionEnded, WaitTimeout) as error:
+            raise NXError(errors.SESSION_FAILED, f"Error: Session resume failed: {error}",
                           last_operation_failed=True) from None
         finally:
             runtime.lock.release()
@@ -220,8 +225,8 @@ class SessionManager(service.Service):
             self._signal_agent(session, signal.SIGHUP)
             try:
                 await self._wait_for(session.id, {State.SUSPENDED}, self.settings.suspend_timeout)
-            except (SessionEnded, defer.TimeoutError) as error:
-                raise NXError(errors.SESSION_FAILED, f"Error: Session suspend failed: {error or 'timeout'}",
+            except (SessionEnded, WaitTimeout) as error:
+                raise NXError(errors.SESSION_FAILED, f"Error: Session suspend failed: {error}",
                               last_operation_failed=True) from None
         elif session.state is not State.SUSPENDED:
             raise NXError(errors.SESSION_FAILED, f"Error: Session {session.id} is {session.state.value}.",
@@ -331,17 +336,25 @@ class SessionManager(service.Service):
             try:
                 await self._wait_for(session_id, {State.WAITING}, SIGHUP_RETRY_SECONDS)
                 return
-            except defer.TimeoutError:
+            except WaitTimeout:
                 log.debug("session {id}: SIGHUP {n} not taken yet", id=session_id, n=attempt + 1)
-        raise defer.TimeoutError("nxagent did not listen again")
+        raise WaitTimeout(f"nxagent did not listen again after {SIGHUP_ATTEMPTS} SIGHUPs")
 
     async def terminate_session(self, session_id: str, reason: str) -> None:
-        """End a session: SIGTERM, again after 2 s, SIGKILL at the timeout."""
+        """End a session and return when its agent is gone: SIGTERM, again
+        after 2 s, SIGKILL at the timeout."""
         session = self.sessions.get(session_id)
         if session is None or not session.state.live:
             return
         self._set_failure_reason(session_id, reason)
         agent = ProcessId(session.agent_pid, session.agent_started)
+        await self._terminate_agent(session_id, session, agent, reason)
+        if not await self._gone(agent, 5.0):
+            log.warn("session {id}: nxagent still running after it ended; killing it", id=session_id)
+            os.kill(agent.pid, signal.SIGKILL)
+            await self._gone(agent, 5.0)
+
+    async def _terminate_agent(self, session_id: str, session: Session, agent: ProcessId, reason: str) -> None:
         if not agent.alive():
             await self._end(session_id, State.TERMINATED, reason)
             return
@@ -349,18 +362,32 @@ class SessionManager(service.Service):
         try:
             await self._wait_for(session_id, {State.TERMINATED, State.FAILED}, 2.0)
             return
-        except defer.TimeoutError:
+        except WaitTimeout:
             self._signal_agent(self.sessions[session_id], signal.SIGTERM)
         except SessionEnded:
             return
         try:
             await self._wait_for(session_id, {State.TERMINATED, State.FAILED}, self.settings.terminate_timeout)
-        except defer.TimeoutError:
+        except WaitTimeout:
             log.warn("session {id}: nxagent ignored SIGTERM; killing it", id=session_id)
             self._signal_agent(self.sessions[session_id], signal.SIGKILL)
             await self._wait_for(session_id, {State.TERMINATED, State.FAILED}, 5.0)
         except SessionEnded:
             pass
+
+    async def _gone(self, process: ProcessId, timeout: float) -> bool:
+        """Whether ``process`` exits within ``timeout`` seconds."""
+        if not process.alive():
+            return True
+        exited: defer.Deferred[bool] = defer.Deferred()
+        watch = ExitWatch(self.reactor, process, lambda: exited.called or exited.callback(True))
+        exited.addTimeout(timeout, self.reactor)
+        try:
+            return await exited
+        except defer.TimeoutError:
+            return False
+        finally:
+            watch.stop()
 
     # -------------------------------------------------------- agent events
     def _agent_line(self, session_id: str, line: str) -> None:
@@ -380,6 +407,12 @@ class SessionManager(service.Service):
         if event.event is AgentEvent.COOKIE_MISMATCH:
             log.warn("session {id}: a client offered a wrong cookie", id=session_id)
             return
+        if event.event is AgentEvent.WATCHDOG:
+            runtime.watchdog_pid = int(event.text)
+            return
+        if event.event is AgentEvent.WATCHDOG_WAIT:
+            self._end_watchdog(session, runtime)
+            return
         new = advance(session.state, event.event)
         if new is None:
             return
@@ -397,6 +430,16 @@ class SessionManager(service.Service):
             if not session.app_pid and not runtime.app_starting:
                 runtime.app_starting = True
                 defer.ensureDeferred(self._start_program(session_id))
+
+    @staticmethod
+    def _end_watchdog(session: Session, runtime: Runtime) -> None:
+        """nxagent waits for its watchdog, which waits for a client proxy that
+        may never say goodbye (Neatx saw agents that never exit): end it.
+        Only a direct child of this session's agent is ever signalled."""
+        pid, runtime.watchdog_pid = runtime.watchdog_pid, 0
+        if pid and processes.parent_pid(pid) == session.agent_pid:
+            log.debug("session {id}: ending nxagent's watchdog {pid}", id=session.id, pid=pid)
+            os.kill(pid, signal.SIGTERM)
 
     def _agent_exited(self, session_id: str) -> None:
         session = self.sessions.get(session_id)
@@ -478,6 +521,9 @@ class SessionManager(service.Service):
         deferred.addTimeout(timeout, self.reactor)
         try:
             return await deferred
+        except defer.TimeoutError:
+            names = " or ".join(sorted(state.value for state in wanted))
+            raise WaitTimeout(f"not {names} after {timeout:g} seconds") from None
         finally:
             if entry in runtime.waiters:
                 runtime.waiters.remove(entry)

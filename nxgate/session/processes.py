@@ -42,17 +42,26 @@ class ProcessId:
         return self.pid > 0 and start_time(self.pid) == self.started
 
 
-def start_time(pid: int) -> int | None:
+def _stat(pid: int) -> list[bytes] | None:
+    """Fields 3 and up of /proc/PID/stat (the name, field 2, may hold spaces)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
     except OSError:
         return None
-    # The command name (field 2) may contain spaces and parentheses.
-    fields = stat[stat.rindex(b")") + 2 :].split()
-    if fields[0] == b"Z":
-        return None  # a zombie has exited already
+    return stat[stat.rindex(b")") + 2 :].split()
+
+
+def start_time(pid: int) -> int | None:
+    fields = _stat(pid)
+    if fields is None or fields[0] == b"Z":
+        return None  # gone, or a zombie that has exited already
     return int(fields[19])
+
+
+def parent_pid(pid: int) -> int | None:
+    fields = _stat(pid)
+    return None if fields is None else int(fields[1])
 
 
 class _Launch(protocol.ProcessProtocol):

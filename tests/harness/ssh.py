@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
 
 from tests.harness.gateway import nx_key
 from tests.harness.process import Pipe, stop
@@ -98,3 +102,86 @@ class NXClient:
 
     def stderr(self) -> bytes:
         return self.process.stderr.read()
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """What the server said after startsession/restoresession."""
+
+    full_id: str
+    session_id: str
+    display: int
+    cookie: str
+    agent_cookie: str
+    lines: bytes
+
+    @classmethod
+    def parse(cls, reply: bytes) -> SessionInfo:
+        def field(code: str) -> str:
+            match = re.search(rf"NX> {code} [^:]+: (\S+)".encode(), reply)
+            if match is None:
+                raise AssertionError(f"no NX> {code} in {reply!r}")
+            return match.group(1).decode()
+
+        full_id = field("700")
+        return cls(full_id, full_id[-32:], int(field("705")), field("701"), field("706"), reply)
+
+
+class Attachment:
+    """nxproxy drawing a session on a client screen, through this NX
+    conversation's SSH channel: what nxssh-based clients do after ``bye``."""
+
+    def __init__(self, client: NXClient, info: SessionInfo, screen_name: str, workdir: str) -> None:
+        self.client = client
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        home = tempfile.mkdtemp(prefix="nxproxy-", dir=workdir)
+        self.proxy_log = os.path.join(home, "proxy.log")
+        self.proxy = subprocess.Popen(
+            ["nxproxy", "-S", f"nx/nx,connect=127.0.0.1,port={listener.getsockname()[1]},"
+                              f"cookie={info.cookie},id={info.full_id}:{info.display}"],
+            env={"DISPLAY": screen_name, "NX_HOME": home, "PATH": "/usr/bin:/bin"},
+            stdin=subprocess.DEVNULL, stdout=open(self.proxy_log, "wb"), stderr=subprocess.STDOUT,
+        )
+        listener.settimeout(20)
+        self.conn, _ = listener.accept()
+        listener.close()
+        client.send("bye")
+        client.expect(b"NX> 999 Bye.\n")
+        threading.Thread(target=self._up, daemon=True).start()
+        threading.Thread(target=self._down, daemon=True).start()
+
+    def _up(self) -> None:
+        try:
+            while data := self.conn.recv(65536):
+                self.client.process.stdin.write(data)
+                self.client.process.stdin.flush()
+        except (OSError, ValueError):
+            pass
+        self.detach()
+
+    def _down(self) -> None:
+        pipe = self.client.out
+        try:
+            if pipe.buffer:
+                self.conn.sendall(pipe.buffer)
+                pipe.buffer = b""
+            while not pipe.eof:
+                if pipe.fill(0.5):
+                    self.conn.sendall(pipe.buffer)
+                    pipe.buffer = b""
+        except (OSError, ValueError):
+            pass
+        self.detach()
+
+    def detach(self) -> None:
+        """Drop the connection, as a client that goes away does."""
+        try:
+            self.conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.conn.close()
+        stop(self.proxy, grace=3)
+        if self.client.process.poll() is None:
+            self.client.process.terminate()

@@ -1,0 +1,108 @@
+"""The NX command lines the client sends (pure).
+
+Values go on the wire as ``--key="value"``.  Servers differ in how they
+parse them (reference §2.5): Neatx accepts only ``--key="[^"]*"`` tokens,
+FreeNX turns the line into ``key=value&key=value`` and decodes a few
+``%XX`` escapes, nxgate decodes every ``%XX``.  OpenNX's answer, which all of
+them understand, is to send every character that could end a value or mean
+something to a shell or to an options line as ``%XX``; we do the same, and
+also escape control characters, which would otherwise end the command line.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+CLIENT_VERSION = "3.5.0"
+HELLO = f"hello NXCLIENT - Version {CLIENT_VERSION}"
+
+# OpenNX's UrlEsc set plus '%' (so that a literal '%' survives decoding).
+_ESCAPED = frozenset(' "%\'$`\\&:')
+_SESSION_ID = re.compile(r"[0-9A-F]{32}")
+
+# Session types whose windows can be shown rootless (reference §2.5, Neatx, OpenNX).
+ROOTLESS_TYPES = frozenset({"unix-console", "unix-application"})
+
+
+def escape(value: str) -> str:
+    """``%XX``-escape what could break a quoted parameter value."""
+    out = []
+    for char in value:
+        if char in _ESCAPED or ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append(f"%{ord(char):02X}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def format_params(pairs: Iterable[tuple[str, str]]) -> str:
+    return " ".join(f'--{key}="{escape(value)}"' for key, value in pairs)
+
+
+@dataclass(frozen=True)
+class SessionParameters:
+    """What ``startsession`` and ``restoresession`` say about the session and
+    this client's screen."""
+
+    name: str = "nxgate-client"
+    type: str = "unix-console"
+    width: int = 1024
+    height: int = 768
+    depth: int = 24
+    link: str = "lan"
+    keyboard: str = "pc105/us"
+    application: str | None = None
+    rootless: bool = False
+    fullscreen: bool = False
+
+    def pairs(self) -> list[tuple[str, str]]:
+        pairs = [
+            ("session", self.name),
+            ("type", self.type),
+            ("geometry", f"{self.width}x{self.height}"),
+            ("screeninfo", f"{self.width}x{self.height}x{self.depth}+render"),
+            ("link", self.link),
+            ("keyboard", self.keyboard),
+            ("encryption", "1"),
+            ("cache", "16M"),
+            ("images", "64M"),
+            ("backingstore", "1"),
+            ("media", "0"),
+            ("client", "linux"),
+        ]
+        if self.application is not None:
+            pairs.append(("application", self.application))
+        if self.rootless and self.type in ROOTLESS_TYPES:
+            pairs.append(("rootless", "1"))
+        if self.fullscreen:
+            pairs.append(("fullscreen", "1"))
+        return pairs
+
+
+def normalize_session_id(text: str) -> str | None:
+    """The bare 32-hex id from what a user typed: the id itself or the full
+    ``host-display-ID`` form that ``NX> 700`` shows; None if it is neither."""
+    candidate = text.strip().upper()[-32:]
+    if not _SESSION_ID.fullmatch(candidate):
+        return None
+    if len(text.strip()) > 32 and text.strip()[-33] != "-":
+        return None
+    return candidate
+
+
+def start_command(params: SessionParameters) -> str:
+    return "startsession " + format_params(params.pairs())
+
+
+def restore_command(session_id: str, params: SessionParameters) -> str:
+    return "restoresession " + format_params([("id", session_id), *params.pairs()])
+
+
+def list_command() -> str:
+    return "listsession " + format_params([("status", "suspended,running")])
+
+
+def terminate_command(session_id: str) -> str:
+    return "terminate " + format_params([("sessionid", session_id)])

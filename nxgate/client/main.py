@@ -1,0 +1,412 @@
+"""``nxgate-client``: the command line, and the glue between its parts.
+
+:class:`ClientRun` carries out what the pure dialogue asks for: it writes to
+the SSH channel, prints results, starts nxproxy when the session is ready,
+and relays the NX stream between nxproxy's local connection and the
+channel after ``bye``.  It knows no protocol details itself.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Callable
+from importlib import resources
+from typing import Any, TextIO
+
+from twisted.conch.ssh.keys import BadKeyError, EncryptedKeyError, Key
+from twisted.internet import defer, task
+from twisted.python.failure import Failure
+
+from nxgate.client import cli, dialogue
+from nxgate.client.proxy import LocalConnection, NXProxy, last_lines
+from nxgate.client.ssh import HostKeyPolicy, Login, ShellChannel, SSHError, open_shell
+from nxgate.client.knownhosts import KnownHosts
+
+OK, NX_ERROR, USAGE, SSH_FAILURE = 0, 1, 2, 3
+PROG = "nxgate-client"
+DIALOGUE_TIMEOUT = 180.0  # login plus the server starting an agent
+ERROR_GRACE = 3.0  # for the rest of a multi-line error (599 + 500) to arrive
+BYE_TIMEOUT = 30.0
+PROXY_CONNECT_TIMEOUT = 60.0
+QUIT_GRACE = 5.0  # for the server to close after our ``quit``
+PROXY_EXIT_GRACE = 5.0
+
+
+def nomachine_key() -> Key:
+    """The well-known NoMachine client key that every NX 3 client ships."""
+    data = resources.files("nxgate.client").joinpath("nomachine-client.key").read_bytes()
+    return Key.fromString(data)
+
+
+def load_identity(path: str) -> Key:
+    with open(path, "rb") as handle:
+        data = handle.read()
+    try:
+        return Key.fromString(data)
+    except EncryptedKeyError:
+        passphrase = getpass.getpass(f"Passphrase for key {path}: ")
+        return Key.fromString(data, passphrase=passphrase.encode())
+
+
+class PasswordSource:
+    """$NXGATE_PASSWORD, else asked once on the terminal; never in argv."""
+
+    def __init__(self, user: str, host: str, environ: dict[str, str]) -> None:
+        self.prompt = f"Password for {user}@{host}: "
+        self._value = environ.get("NXGATE_PASSWORD")
+
+    def __call__(self) -> str:
+        if self._value is None:
+            self._value = getpass.getpass(self.prompt)
+        return self._value
+
+
+class _ChannelReader:
+    """Lets nxproxy's socket pause reading from the server when it is full."""
+
+    def __init__(self, channel: ShellChannel) -> None:
+        self.channel = channel
+
+    def pauseProducing(self) -> None:
+        self.channel.pause_reading()
+
+    def resumeProducing(self) -> None:
+        self.channel.resume_reading()
+
+    def stopProducing(self) -> None:
+        pass
+
+
+class ClientRun:
+    """One run of the client: a connection, a dialogue, maybe a session."""
+
+    def __init__(self, reactor: Any, options: cli.Options, keys: list[Key], password: Callable[[], str],
+                 nxproxy: str | None, environ: dict[str, str], out: TextIO = sys.stdout,
+                 err: TextIO = sys.stderr) -> None:
+        self.reactor = reactor
+        self.options = options
+        self.keys = keys
+        self.password = password
+        self.nxproxy_path = nxproxy
+        self.environ = environ
+        self.out = out
+        self.err = err
+        self.dialogue = dialogue.ClientDialogue(options.user, password, options.request)
+        self.done: defer.Deferred[int] = defer.Deferred()
+        self.channel: ShellChannel | None = None
+        self.proxy: NXProxy | None = None
+        self.local: LocalConnection | None = None
+        self.info: dialogue.SessionInfo | None = None
+        self.switched = False
+        self.result: int | None = None  # exit code once the outcome is known
+        self._to_server: list[bytes] = []  # from nxproxy before the switch
+        self._timers: dict[str, Any] = {}
+        self._finishing = False
+
+    # ---------------------------------------------------------------- start
+    def start(self) -> defer.Deferred[int]:
+        options = self.options
+        login = Login(options.ssh_user, self.keys, None if options.ssh_user == cli.NX_USER else self.password)
+        known = KnownHosts(options.known_hosts, options.host, options.port) if options.known_hosts else None
+        policy = HostKeyPolicy(known, notify=self.say)
+        self._arm("dialogue", DIALOGUE_TIMEOUT, self._dialogue_timeout)
+        d = open_shell(self.reactor, options.host, options.port, login, policy, self)
+        d.addErrback(self._ssh_failed)
+        return self.done
+
+    def _ssh_failed(self, failure: Failure) -> None:
+        if failure.check(SSHError):
+            self.say(str(failure.value))
+        else:
+            self.say(f"SSH error: {failure.getErrorMessage()}")
+        self.finish(SSH_FAILURE)
+
+    # -------------------------------------------------------- shell handler
+    def shell_opened(self, channel: ShellChannel) -> None:
+        self.channel = channel
+
+    def shell_data(self, data: bytes) -> None:
+        if self.switched:
+            if self.local is not None:
+                self.local.transport.write(data)
+            return
+        if not self._finishing:
+            self._run(self.dialogue.data_received, data)
+
+    def shell_stderr(self, data: bytes) -> None:
+        if not self.switched:
+            self._run(self.dialogue.stderr_received, data)
+        elif self.options.verbose:
+            self.err.write(data.decode("utf-8", "replace"))
+
+    def shell_closed(self) -> None:
+        if self.switched:
+            if not self._finishing:
+                self._disconnected("the server")
+            self.finish(OK)
+        elif self.result is not None:
+            self.finish(self.result)
+        else:
+            self._run(self.dialogue.connection_lost)
+            self.finish(self.result if self.result is not None else NX_ERROR)
+
+    def output_paused(self) -> None:
+        if self.local is not None:
+            self.local.transport.pauseProducing()
+
+    def output_resumed(self) -> None:
+        if self.local is not None:
+            self.local.transport.resumeProducing()
+
+    # -------------------------------------------------------------- dialogue
+    def _run(self, step: Callable[..., list[dialogue.Event]], *args: Any) -> None:
+        try:
+            events = step(*args)
+            for event in events:
+                self._event(event)
+        except Exception:  # a bug must end the run, not hang it
+            self.say("internal error:\n" + Failure().getTraceback())
+            self.finish(NX_ERROR)
+            return
+        if self.dialogue.error_pending and "error" not in self._timers:
+            self._arm("error", ERROR_GRACE, self._dialogue_timeout)
+
+    def _event(self, event: dialogue.Event) -> None:
+        if isinstance(event, dialogue.Send):
+            assert self.channel is not None
+            self.channel.write(event.data)
+        elif isinstance(event, dialogue.Trace):
+            if self.options.verbose:
+                prefix = {"server": "S", "client": "C", "stderr": "E"}[event.source]
+                self.err.write(f"{prefix}: {event.text}\n")
+        elif isinstance(event, dialogue.Listed):
+            for row in event.sessions:
+                self.out.write(f"{row.session_id} {row.display} {row.session_type} {row.status} {row.name}\n")
+            self._quit_then(OK)
+        elif isinstance(event, dialogue.Terminated):
+            self.out.write(f"Session {event.session_id} terminated.\n")
+            self._quit_then(OK)
+        elif isinstance(event, dialogue.SessionReady):
+            self._session_ready(event.info)
+        elif isinstance(event, dialogue.Switched):
+            self._switched(event.leftover)
+        elif isinstance(event, dialogue.Failed):
+            for line in event.lines:
+                if line.startswith("NX>"):
+                    self.err.write(line + "\n")
+                else:
+                    self.say(line)
+            self.finish(NX_ERROR)
+
+    def _quit_then(self, code: int) -> None:
+        """The dialogue sent ``quit``: wait a moment for the server to close."""
+        self.result = code
+        self._disarm("dialogue")
+        self._arm("quit", QUIT_GRACE, lambda: self.finish(code))
+
+    def _dialogue_timeout(self) -> None:
+        self._timers.pop("error", None)
+        self._timers.pop("dialogue", None)
+        self._run(self.dialogue.timed_out)
+
+    # --------------------------------------------------------------- session
+    def _session_ready(self, info: dialogue.SessionInfo) -> None:
+        self.info = info
+        self._disarm("dialogue")
+        assert self.nxproxy_path is not None
+        self.say(f"session {info.session_id} on display {info.display} is ready; starting nxproxy")
+        self.proxy = NXProxy(self.reactor, self.nxproxy_path, self, self.environ)
+        port = self.proxy.listen()
+        try:
+            argv = self.proxy.start(info, self.options.request.params.name, port)  # type: ignore[union-attr]
+        except (OSError, ValueError) as problem:
+            self.say(f"cannot start nxproxy: {problem}")
+            self.finish(NX_ERROR)
+            return
+        if self.options.verbose:
+            self.say("started " + " ".join(argv) + f" (log: {self.proxy.log_path})")
+        self._arm("connect", PROXY_CONNECT_TIMEOUT, self._proxy_connect_timeout)
+
+    def _proxy_connect_timeout(self) -> None:
+        self._timers.pop("connect", None)
+        self._proxy_failed(f"nxproxy did not connect within {PROXY_CONNECT_TIMEOUT:g} seconds")
+
+    def _proxy_failed(self, message: str) -> None:
+        self.say(message)
+        tail = self.proxy.log_tail() if self.proxy is not None else []
+        if tail:
+            self.say("the end of nxproxy's log:\n" + last_lines(tail))
+        self.finish(NX_ERROR)
+
+    def proxy_connected(self, connection: LocalConnection) -> None:
+        if self._finishing or self.channel is None:
+            connection.transport.loseConnection()
+            return
+        self.local = connection
+        self._disarm("connect")
+        connection.transport.registerProducer(_ChannelReader(self.channel), True)
+        self._arm("bye", BYE_TIMEOUT, self._dialogue_timeout)
+        self._run(self.dialogue.proxy_connected)
+
+    def _switched(self, leftover: bytes) -> None:
+        self.switched = True
+        self._disarm("bye")
+        assert self.local is not None and self.channel is not None and self.info is not None
+        if leftover:
+            self.local.transport.write(leftover)
+        for data in self._to_server:
+            self.channel.write(data)
+        self._to_server.clear()
+        self.say(f"attached to session {self.info.session_id}")
+
+    def proxy_data(self, data: bytes) -> None:
+        if self.switched and self.channel is not None:
+            self.channel.write(data)
+        else:
+            self._to_server.append(data)
+
+    def proxy_disconnected(self) -> None:
+        self.local = None
+        if self.switched:
+            if not self._finishing:
+                self._disconnected("nxproxy")
+            self.finish(OK)
+        elif not self._finishing:
+            self._proxy_failed("nxproxy closed its connection before the session was attached")
+
+    def proxy_exited(self, status: str) -> None:
+        if self._finishing:
+            return
+        if self.local is None:
+            self._proxy_failed(f"nxproxy {status} before it connected")
+        elif self.options.verbose:
+            self.say(f"nxproxy {status}")
+
+    # ----------------------------------------------------------------- end
+    def _disconnected(self, by: str) -> None:
+        """The session stream ended: the session was suspended, terminated, or
+        taken over by another client; ``--list`` tells which."""
+        assert self.info is not None
+        self.say(f"disconnected from session {self.info.session_id} ({by} closed the connection)")
+
+    def interrupt(self, signum: int) -> None:
+        """SIGINT/SIGTERM: drop the connection; the server suspends the session."""
+        if self._finishing:
+            return
+        if self.info is not None:
+            self.say(f"{signal.Signals(signum).name}: disconnecting; session {self.info.session_id} stays"
+                     " on the server")
+            self.finish(OK, proxy_grace=0.5)
+        else:
+            self.say(f"{signal.Signals(signum).name}: interrupted")
+            self.finish(self.result if self.result is not None else NX_ERROR)
+
+    def finish(self, code: int, proxy_grace: float = PROXY_EXIT_GRACE) -> None:
+        """Close everything, wait for nxproxy, clean up, then report ``code``."""
+        if self._finishing:
+            return
+        self._finishing = True
+        self.result = code
+        for name in list(self._timers):
+            self._disarm(name)
+        if self.local is not None:
+            self.local.transport.loseConnection()
+        if self.channel is not None:
+            self.channel.disconnect()
+        proxy = self.proxy
+        if proxy is None:
+            self.done.callback(code)
+            return
+
+        def cleaned(_: object) -> None:
+            if self.options.verbose:
+                tail = proxy.log_tail()
+                if tail:
+                    self.say("the end of nxproxy's log:\n" + last_lines(tail))
+            proxy.cleanup()
+            self.done.callback(code)
+
+        proxy.stop(proxy_grace).addBoth(cleaned)
+
+    def say(self, message: str) -> None:
+        self.err.write(f"{PROG}: {message}\n")
+        self.err.flush()
+
+    # ---------------------------------------------------------------- timers
+    def _arm(self, name: str, seconds: float, function: Callable[[], None]) -> None:
+        self._disarm(name)
+        self._timers[name] = self.reactor.callLater(seconds, function)
+
+    def _disarm(self, name: str) -> None:
+        call = self._timers.pop(name, None)
+        if call is not None and call.active():
+            call.cancel()
+
+
+# ---------------------------------------------------------------- command line
+def _keys(options: cli.Options) -> list[Key]:
+    if options.identity is not None:
+        try:
+            return [load_identity(options.identity)]
+        except (OSError, BadKeyError, EncryptedKeyError, ValueError) as problem:
+            raise cli.UsageError(f"--identity: cannot load {options.identity}: {problem}") from None
+    return [nomachine_key()] if options.ssh_user == cli.NX_USER else []
+
+
+def _nxproxy(options: cli.Options) -> str | None:
+    if not options.attaches:
+        return None
+    path = shutil.which(options.nxproxy)
+    if path is None:
+        raise cli.UsageError(f"--nxproxy: {options.nxproxy!r} not found (install the nxproxy package)")
+    return path
+
+
+async def _run(reactor: Any, run: ClientRun) -> None:
+    def on_signal(signum: int, frame: object) -> None:
+        reactor.callFromThread(run.interrupt, signum)
+
+    def install() -> None:
+        # After the reactor's own handlers (which would just stop it,
+        # leaving nxproxy and its files behind).
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, on_signal)
+
+    reactor.callWhenRunning(install)
+    code = await run.start()
+    raise SystemExit(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    environ = dict(os.environ)
+    try:
+        options = cli.parse_options(argv, environ)
+        keys = _keys(options)
+        nxproxy = _nxproxy(options)
+    except cli.UsageError as problem:
+        print(f"{PROG}: {problem}", file=sys.stderr)
+        return USAGE
+    except SystemExit as exit_:  # argparse: --help (0) or a usage error (2)
+        return int(exit_.code or 0)
+    password = PasswordSource(options.user, options.host, environ)
+    if options.ssh_user == cli.NX_USER or not keys:
+        # Needed for certain (NX login, or SSH password): ask before connecting,
+        # so the prompt does not race the server's timeouts.
+        try:
+            password()
+        except (EOFError, KeyboardInterrupt):
+            print(f"\n{PROG}: no password given", file=sys.stderr)
+            return USAGE
+    from twisted.internet import reactor
+
+    run = ClientRun(reactor, options, keys, password, nxproxy, environ)
+    try:
+        task.react(lambda r: _run(r, run))
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    return OK

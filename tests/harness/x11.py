@@ -1,0 +1,106 @@
+"""Client screens for end-to-end tests: Xvfb displays and their pixels."""
+
+from __future__ import annotations
+
+import array
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from tests.harness.process import stop, wait_for
+
+FIRST_CLIENT_DISPLAY = 500
+
+
+def _free_display(start: int) -> int:
+    display = start
+    while os.path.exists(f"/tmp/.X{display}-lock") or os.path.exists(f"/tmp/.X11-unix/X{display}"):
+        display += 1
+    return display
+
+
+@dataclass
+class Screenshot:
+    width: int
+    height: int
+    rgba: bytes
+
+    def _words(self) -> array.array:
+        return array.array("I", self.rgba)
+
+    def pixel(self, x: int, y: int) -> tuple[int, int, int]:
+        offset = 4 * (y * self.width + x)
+        return tuple(self.rgba[offset : offset + 3])  # type: ignore[return-value]
+
+    def count(self, colour: tuple[int, int, int]) -> int:
+        """Pixels of exactly this colour (NX over a LAN link is lossless)."""
+        return self._words().count(int.from_bytes(bytes(colour) + b"\xff", sys.byteorder))
+
+    def colours(self) -> int:
+        """How many distinct colours the picture has (a blank screen has one)."""
+        return len(set(self._words()))
+
+    def region_colours(self, top: int, bottom: int) -> int:
+        rows = self.rgba[4 * self.width * top : 4 * self.width * bottom]
+        return len(set(array.array("I", rows)))
+
+    def save(self, path: str) -> None:
+        rgb = bytes(b for i, b in enumerate(self.rgba) if i % 4 != 3)
+        with open(path, "wb") as handle:
+            handle.write(f"P6 {self.width} {self.height} 255\n".encode() + rgb)
+
+
+class ClientScreen:
+    """An Xvfb standing in for the NX client's screen."""
+
+    def __init__(self, width: int = 1024, height: int = 768) -> None:
+        # -noreset: an X server resets when its last client leaves and drops
+        # connections that arrive meanwhile; a screenshot is often that client.
+        self.width, self.height = width, height
+        self.display = _free_display(FIRST_CLIENT_DISPLAY + (os.getpid() % 50) * 10)
+        self.process = subprocess.Popen(
+            ["Xvfb", f":{self.display}", "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp", "-ac", "-noreset"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_for(self._ready, 15, f"Xvfb :{self.display}")
+
+    @property
+    def name(self) -> str:
+        return f":{self.display}"
+
+    def _ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"Xvfb :{self.display} exited")
+        return subprocess.run(["xdpyinfo", "-display", self.name], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL).returncode == 0
+
+    def shot(self) -> Screenshot:
+        raw = subprocess.run(["import", "-display", self.name, "-window", "root", "-depth", "8", "rgba:-"],
+                             capture_output=True, check=True).stdout
+        return Screenshot(self.width, self.height, raw)
+
+    def wait_for_colour(self, colour: tuple[int, int, int], minimum: int, timeout: float = 20.0) -> Screenshot:
+        """The first screenshot with at least ``minimum`` pixels of ``colour``."""
+        last: list[Screenshot] = []
+
+        def seen() -> Screenshot | None:
+            shot = self.shot()
+            last[:] = [shot]
+            return shot if shot.count(colour) >= minimum else None
+
+        try:
+            return wait_for(seen, timeout, f"{minimum} pixels of {colour} on {self.name}", interval=0.1)
+        except AssertionError:
+            if last:
+                path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"nxgate-fail-{self.display}-{int(time.time())}.ppm")
+                last[0].save(path)
+                raise AssertionError(f"{colour} not seen on {self.name}; last picture saved as {path}") from None
+            raise
+
+    def xdotool(self, *args: str) -> None:
+        subprocess.run(["xdotool", *args], env=dict(os.environ, DISPLAY=self.name), check=True)
+
+    def close(self) -> None:
+        stop(self.process)

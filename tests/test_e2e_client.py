@@ -1,0 +1,334 @@
+"""End to end: ``nxgate-client`` against the real gateway.
+
+The client runs as a separate process (``python -m nxgate.client``), the
+way users and other tests run it; the gateway is the real ``twistd nxgate``
+with real Unix users and PAM.  The session tests draw on an Xvfb standing
+in for the user's screen and check its pixels.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+from twisted.conch.ssh.keys import Key
+from twisted.trial.unittest import SkipTest, TestCase
+
+from tests.harness.gateway import REPO, Gateway
+from tests.harness.process import stop, wait_for
+from tests.harness.shared import class_fixture
+from tests.harness.users import NEED_ROOT, create_user, is_root
+
+RED = (255, 0, 0)
+BLACK = (0, 0, 0)
+TYPES = {"unix-console": "xterm -bg #ff0000 -fg #ffff00 -geometry 60x15+10+10"}
+ROW = re.compile(r"^([0-9A-F]{32}) (\d+) ([\w-]+) (\w+) (.*)$")
+# A valid key that no gateway has (Twisted's test key, public).
+STRANGER_KEY = ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl")
+
+
+def agent_processes(user: str) -> list[int]:
+    result = subprocess.run(["pgrep", "-u", user, "-x", "nxagent"], capture_output=True, text=True)
+    return [int(pid) for pid in result.stdout.split()]
+
+
+class ClientTestCase(TestCase):
+    """A gateway and a Unix user shared by a class's tests; the client is run
+    with its own TMPDIR so that its leftovers can be checked."""
+
+    timeout = 240
+    options: dict[str, dict[str, str]] = {}
+
+    def setUp(self):
+        if not is_root():
+            raise SkipTest(NEED_ROOT)
+        self.user, self.gateway = class_fixture(type(self), self.make_fixture)[:2]
+        self.tmp = tempfile.mkdtemp(prefix="nxgate-client-test-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.known_hosts = os.path.join(self.tmp, "known_hosts")
+
+    def make_fixture(self):
+        user = create_user()
+        try:
+            gateway = Gateway(self.options).start()
+        except BaseException:
+            user.remove()
+            raise
+
+        def teardown():
+            gateway.stop()
+            user.remove()
+
+        return (user, gateway), teardown
+
+    # -------------------------------------------------------------- helpers
+    def env(self, password: str | None = None, **extra: str) -> dict[str, str]:
+        env = {key: value for key, value in os.environ.items() if key != "NXGATE_PASSWORD"}
+        env.update(PYTHONPATH=REPO, TMPDIR=self.tmp, NXGATE_PASSWORD=self.user.password if password is None
+                   else password, **extra)
+        return env
+
+    def argv(self, *args: str, port: int | None = None, host_keys: bool = False) -> list[str]:
+        checks = ["--known-hosts", self.known_hosts] if host_keys else ["--accept-any-host-key"]
+        return [sys.executable, "-m", "nxgate.client", *checks, *args,
+                f"{self.user.name}@127.0.0.1:{port or self.gateway.port}"]
+
+    def client(self, *args: str, password: str | None = None, port: int | None = None, host_keys: bool = False,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.argv(*args, port=port, host_keys=host_keys), env=env or self.env(password),
+                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+    def sessions(self) -> dict[str, tuple[str, str, str, str]]:
+        """Session id -> (display, type, status, name), from ``--list``."""
+        result = self.client("--list")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        rows = {}
+        for line in result.stdout.splitlines():
+            match = ROW.match(line)
+            self.assertIsNotNone(match, f"bad --list line {line!r}")
+            rows[match.group(1)] = match.group(2, 3, 4, 5)
+        return rows
+
+    def assert_no_leftovers(self):
+        self.assertEqual([name for name in os.listdir(self.tmp) if name.startswith("nxgate-client-")], [])
+
+
+class ListAndLoginTests(ClientTestCase):
+    def test_list_without_sessions(self):
+        result = self.client("--list")
+        self.assertEqual((result.returncode, result.stdout, result.stderr), (0, "", ""))
+        self.assertRegex(self.gateway.log(), rf"NX login: user '{self.user.name}' from 127\.0\.0\.1 \(password\)")
+
+    def test_verbose_shows_the_dialogue_but_not_the_password(self):
+        result = self.client("--list", "--verbose")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("C: hello NXCLIENT - Version 3.5.0\n", result.stderr)
+        self.assertIn("S: NX> 148 Server capacity: not reached for user: " + self.user.name, result.stderr)
+        self.assertIn("C: ********\n", result.stderr)
+        self.assertNotIn(self.user.password, result.stderr)
+
+    def test_wrong_password(self):
+        result = self.client("--list", password="not-the-password")
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertIn("NX> 404 ERROR: wrong password or login\n", result.stderr)
+        self.assertEqual(result.stdout, "")
+
+    def test_legacy_free_login_with_password(self):
+        result = self.client("--list", "--ssh-user", self.user.name, "--verbose")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(f"S: NX> 103 Welcome to: nxgate.test user: {self.user.name}", result.stderr)
+        self.assertNotIn("NX> 101", result.stderr)  # no NX login prompts: SSH said who we are
+        self.assertRegex(self.gateway.log(), rf"SSH login of '{self.user.name}' from 127\.0\.0\.1")
+        self.assertRegex(self.gateway.log(), rf"NX login: user '{self.user.name}' from 127\.0\.0\.1 \(ssh\)")
+
+    def test_legacy_free_login_with_wrong_password(self):
+        result = self.client("--list", "--ssh-user", self.user.name, password="wrong")
+        self.assertEqual(result.returncode, 3, result.stderr)
+        self.assertIn(f"authentication as '{self.user.name}' failed", result.stderr)
+        # One password attempt, not one per method the server offers again.
+        self.assertEqual(self.gateway.log().count(f"SSH login failed for user '{self.user.name}'"), 1)
+
+    def test_unknown_key_for_nx(self):
+        key = os.path.join(self.tmp, "id_ed25519")
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
+        result = self.client("--list", "--identity", key)
+        self.assertEqual(result.returncode, 3, result.stderr)
+        self.assertIn("authentication as 'nx' failed", result.stderr)
+
+    def test_new_session_refused_by_the_server(self):
+        result = self.client("--type", "unix-nosuchtype", "--geometry", "800x600", env=self.env(DISPLAY=":9"))
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertRegex(result.stderr, r"NX> 596 Error: Session type 'unix-nosuchtype' is not supported\..*\n"
+                                        r"NX> 500 ERROR: Last operation failed\.\n")
+        self.assert_no_leftovers()
+
+    def test_terminate_unknown_session(self):
+        result = self.client("--terminate", "0123456789ABCDEF0123456789ABCDEF")
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertIn("NX> 596 ", result.stderr)
+
+    def test_usage_errors(self):
+        for args in (["--type", "unix-application"], ["--resume", "not-an-id"], ["--list", "--terminate", "x"]):
+            result = self.client(*args, env=self.env(DISPLAY=":9"))
+            self.assertEqual(result.returncode, 2, (args, result.stderr))
+
+    def test_nothing_listens(self):
+        with socket_port() as port:
+            result = self.client("--list", port=port)
+        self.assertEqual(result.returncode, 3, result.stderr)
+        self.assertIn("cannot connect to 127.0.0.1:", result.stderr)
+
+
+class socket_port:
+    """A loopback port that nothing listens on (bound, never listening)."""
+
+    def __enter__(self) -> int:
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        return self.sock.getsockname()[1]
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+
+class HostKeyTests(ClientTestCase):
+    def entry(self, port: int) -> str:
+        return f"[127.0.0.1]:{port}"
+
+    def test_first_use_records_the_key_then_it_is_known(self):
+        result = self.client("--list", host_keys=True)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(f"added the host key of {self.entry(self.gateway.port)}", result.stderr)
+        with open(self.known_hosts) as handle:
+            lines = handle.read().splitlines()
+        self.assertEqual(len(lines), 1)
+        self.assertTrue(lines[0].startswith(self.entry(self.gateway.port) + " "))
+        self.assertEqual(os.stat(self.known_hosts).st_mode & 0o777, 0o600)
+        # The recorded key is one of the gateway's own host keys.
+        directory = os.path.join(self.gateway.state_dir, "hostkeys")
+        host_keys = [Key.fromFile(os.path.join(directory, name)).public() for name in os.listdir(directory)
+                     if name.startswith("ssh_host_") and name.endswith("_key")]
+        self.assertEqual(len(host_keys), 2)
+        self.assertIn(Key.fromString(lines[0].split(None, 1)[1].encode()), host_keys)
+        again = self.client("--list", host_keys=True)
+        self.assertEqual((again.returncode, again.stderr), (0, ""))
+
+    def test_changed_key_is_refused(self):
+        with open(self.known_hosts, "w") as handle:
+            handle.write(f"{self.entry(self.gateway.port)} {STRANGER_KEY}\n")
+        logins = self.gateway.log().count("SSH login of ")
+        result = self.client("--list", host_keys=True)
+        self.assertEqual(result.returncode, 3, result.stderr)
+        self.assertIn(f"the host key of {self.entry(self.gateway.port)} has changed", result.stderr)
+        self.assertEqual(self.gateway.log().count("SSH login of "), logins)  # refused before authenticating
+        with open(self.known_hosts) as handle:
+            self.assertEqual(handle.read(), f"{self.entry(self.gateway.port)} {STRANGER_KEY}\n")
+
+    def test_another_gateway_behind_a_known_name_is_refused(self):
+        result = self.client("--list", host_keys=True)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        other = Gateway().start()  # its own, different host keys
+        self.addCleanup(other.stop)
+        with open(self.known_hosts) as handle:
+            line = handle.read().strip()
+        with open(self.known_hosts, "w") as handle:  # as if the first gateway had been on the second's port
+            handle.write(line.replace(self.entry(self.gateway.port), self.entry(other.port)) + "\n")
+        result = self.client("--list", host_keys=True, port=other.port)
+        self.assertEqual(result.returncode, 3, result.stderr)
+        self.assertIn("has changed", result.stderr)
+        self.assertNotIn("SSH login of ", other.log())
+
+
+class SessionTests(ClientTestCase):
+    """Start, suspend, list, resume and terminate real sessions with the client."""
+
+    options = {"sessions": {"display_base": "760", "display_limit": "100", "connect_timeout": "60"},
+               "types": TYPES}
+
+    def setUp(self):
+        super().setUp()
+        self.screen = class_fixture(type(self), self.make_fixture)[2]
+        self.addCleanup(self.end_all_sessions)
+
+    def make_fixture(self):
+        from tests.harness.x11 import ClientScreen
+
+        (user, gateway), teardown = super().make_fixture()
+        try:
+            screen = ClientScreen(800, 600)
+        except BaseException:
+            teardown()
+            raise
+
+        def teardown_all():
+            screen.close()
+            teardown()
+
+        return (user, gateway, screen), teardown_all
+
+    def end_all_sessions(self):
+        for pid in agent_processes(self.user.name):
+            os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not agent_processes(self.user.name), 20, "the agents to end")
+
+    def attach(self, *args: str) -> subprocess.Popen[str]:
+        """Run the client in the background, attached to a session."""
+        process = subprocess.Popen(self.argv("--geometry", "800x600", *args), env=self.env(DISPLAY=self.screen.name),
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+
+        def cleanup():
+            stop(process)
+            process.stdout.close()
+            process.stderr.close()
+
+        self.addCleanup(cleanup)
+        return process
+
+    def finished(self, process: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str]:
+        process.wait(timeout)
+        return process.returncode, process.stderr.read()
+
+    def only_session(self) -> tuple[str, tuple[str, str, str, str]]:
+        sessions = self.sessions()
+        self.assertEqual(len(sessions), 1, sessions)
+        return next(iter(sessions.items()))
+
+    def test_start_suspend_resume_terminate(self):
+        first = self.attach("--name", "client test")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        session_id, (display, type_, status, name) = self.only_session()
+        self.assertEqual((type_, status, name), ("unix-console", "Running", "client test"))
+        self.assertTrue(int(display) >= 760)
+
+        # SIGTERM: the client drops the connection and the server suspends the session.
+        first.send_signal(signal.SIGTERM)
+        code, stderr = self.finished(first)
+        self.assertEqual(code, 0, stderr)
+        self.assertIn(f"session {session_id} stays on the server", stderr)
+        wait_for(lambda: self.sessions().get(session_id, ("",) * 3)[2] == "Suspended", 30, "the suspension")
+        self.screen.wait_for_colour(BLACK, 800 * 600 - 100)
+        self.assert_no_leftovers()
+
+        second = self.attach("--resume", session_id)
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        self.assertEqual(self.sessions()[session_id][2], "Running")
+
+        result = self.client("--terminate", session_id)
+        self.assertEqual((result.returncode, result.stdout), (0, f"Session {session_id} terminated.\n"),
+                         result.stderr)
+        code, stderr = self.finished(second)
+        self.assertEqual(code, 0, stderr)
+        self.assertIn(f"disconnected from session {session_id}", stderr)
+        self.assertEqual(self.sessions(), {})
+        self.assert_no_leftovers()
+
+    def test_rootless_application_session(self):
+        process = self.attach("--type", "unix-application", "--rootless",
+                              "--application", "xterm -bg #ff0000 -geometry 40x10+0+0 -e sh -c 'sleep 600'")
+        self.screen.wait_for_colour(RED, 5000, timeout=60)
+        session_id, (_, type_, status, _) = self.only_session()
+        self.assertEqual((type_, status), ("unix-application", "Running"))
+        process.send_signal(signal.SIGINT)
+        code, stderr = self.finished(process)
+        self.assertEqual(code, 0, stderr)
+
+    def test_nxproxy_that_never_connects(self):
+        result = subprocess.run(self.argv("--geometry", "800x600", "--nxproxy", "false"),
+                                env=self.env(DISPLAY=self.screen.name), capture_output=True, text=True, timeout=120)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertIn("nxproxy exited with status 1 before it connected", result.stderr)
+        self.assert_no_leftovers()
+
+    def test_missing_nxproxy_is_a_usage_error(self):
+        result = subprocess.run(self.argv("--nxproxy", "/nonexistent/nxproxy"), env=self.env(DISPLAY=self.screen.name),
+                                capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(self.sessions(), {})  # nothing was started

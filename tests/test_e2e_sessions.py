@@ -1,0 +1,395 @@
+"""End to end: real sessions on nxagent, drawn by the real nxproxy on an Xvfb.
+
+Each test plays an nxssh-style client: OpenSSH to the gateway as ``nx``, the
+NX dialogue, then ``bye`` and nxproxy through the same SSH channel, and
+checks the pixels the session draws on the client's screen.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import signal
+import subprocess
+import time
+
+from twisted.trial.unittest import SkipTest, TestCase
+
+from tests.harness.gateway import Gateway
+from tests.harness.process import wait_for
+from tests.harness.shared import class_fixture
+from tests.harness.ssh import Attachment, NXClient, SessionInfo
+from tests.harness.users import NEED_ROOT, create_user, is_root
+from tests.harness.x11 import ClientScreen
+
+RED = (255, 0, 0)
+GREEN = (0, 255, 0)
+BLUE = (0, 0, 255)
+TYPES = {
+    "unix-console": "xterm -bg #ff0000 -fg #ffff00 -geometry 60x15+10+10",
+    "unix-bluebox": "xterm -bg #0000ff -geometry 50x10+40+40",
+}
+START = ('startsession --session="{name}" --type="{type}" --geometry="800x600" --screeninfo="800x600x24+render" '
+         '--link="lan" --encryption="1" --cache="16M" --images="64M" --keyboard="pc105/us" --client="linux" '
+         '--media="0" --backingstore="1" --cookie="0123456789abcdef" {extra}')
+
+
+def agent_processes(user: str) -> list[int]:
+    result = subprocess.run(["pgrep", "-u", user, "-x", "nxagent"], capture_output=True, text=True)
+    return [int(pid) for pid in result.stdout.split()]
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as handle:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in handle if ":\t" in line)
+
+
+def proc_environ(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as handle:
+        entries = handle.read().split(b"\0")
+    return dict(entry.decode().split("=", 1) for entry in entries if b"=" in entry)
+
+
+class SessionTestCase(TestCase):
+    """A gateway, two users and a client screen shared by a class's tests."""
+
+    timeout = 240
+    options: dict[str, dict[str, str]] = {}
+
+    def setUp(self):
+        if not is_root():
+            raise SkipTest(NEED_ROOT)
+        self.user, self.other, self.gateway, self.screen = class_fixture(type(self), self.make_fixture)
+        self.addCleanup(self.end_all_sessions)
+
+    def make_fixture(self):
+        options = {"sessions": {"display_base": "700", "display_limit": "100", "connect_timeout": "60"},
+                   "types": dict(TYPES)}
+        for section, values in self.options.items():
+            options.setdefault(section, {}).update(values)
+        user, other = create_user(), create_user()
+        gateway = Gateway(options).start()
+        screen = ClientScreen(800, 600)
+
+        def teardown():
+            screen.close()
+            gateway.stop()
+            user.remove()
+            other.remove()
+
+        return (user, other, gateway, screen), teardown
+
+    def end_all_sessions(self):
+        """Leave no session behind for the next test."""
+        for user in (self.user, self.other):
+            for pid in agent_processes(user.name):
+                os.kill(pid, signal.SIGTERM)
+        for user in (self.user, self.other):
+            wait_for(lambda u=user: not agent_processes(u.name), 20, "the agents to end")
+
+    # -------------------------------------------------------------- helpers
+    def login(self, user=None) -> NXClient:
+        user = user or self.user
+        client = NXClient(self.gateway.port)
+        self.addCleanup(client.close)
+        client.greet()
+        self.assertIn(b"NX> 103 ", client.login(user.name, user.password))
+        client.prompt()
+        return client
+
+    def start(self, client: NXClient, session_type="unix-console", name="test", extra="") -> SessionInfo:
+        reply = client.command(START.format(name=name, type=session_type, extra=extra), timeout=60)
+        self.assertIn(b"NX> 710 Session status: running", reply, reply)
+        return SessionInfo.parse(reply)
+
+    def attach(self, client: NXClient, info: SessionInfo, screen: ClientScreen | None = None) -> Attachment:
+        attachment = Attachment(client, info, (screen or self.screen).name, self.gateway.workdir)
+        self.addCleanup(attachment.detach)
+        return attachment
+
+    def listing(self, user=None, params='--status="suspended,running"') -> dict[str, str]:
+        """Session id -> status, from listsession as a client sees it."""
+        client = self.login(user)
+        reply = client.command(f"listsession {params}")
+        client.close()
+        rows = re.findall(rb"^\d+\s+[\w-]+\s+([0-9A-F]{32})\s+[A-Z-]{8}\s+\d+\s+\d+x\d+\s+(\w+)\s+\S.*$",
+                          reply, re.MULTILINE)
+        return {sid.decode(): status.decode() for sid, status in rows}
+
+    def wait_status(self, session_id: str, status: str | None, timeout: float = 20.0) -> None:
+        wait_for(lambda: self.listing().get(session_id) == status, timeout, f"{session_id} to be {status}")
+
+    def restore(self, client: NXClient, session_id: str) -> SessionInfo:
+        reply = client.command(START.format(name="x", type="unix-console", extra="").replace(
+            "startsession", "restoresession") + f' --id="{session_id}"', timeout=60)
+        self.assertIn(b"NX> 710 Session status: running", reply, reply)
+        return SessionInfo.parse(reply)
+
+
+class ConsoleSessionTests(SessionTestCase):
+    def test_start_draws_on_the_client_screen(self):
+        client = self.login()
+        started = time.monotonic()
+        info = self.start(client)
+        self.assertRegex(info.full_id, r"^nxgate\.test-\d+-[0-9A-F]{32}$")
+        self.assertEqual(info.cookie, info.agent_cookie)
+        self.assertNotEqual(info.cookie, "0123456789abcdef")  # the client's --cookie is never used
+        for code in (b"700", b"705", b"703", b"701", b"702", b"706", b"704", b"707", b"1009", b"710", b"1002",
+                     b"1006"):
+            self.assertIn(b"NX> " + code + b" ", info.lines)
+        self.assertTrue(info.lines.endswith(b"NX> 1006 Session status: running\nNX> 105 "))
+        self.attach(client, info)
+        self.screen.wait_for_colour(RED, 20000)
+        print(f"\n    login-to-picture (from startsession): {time.monotonic() - started:.2f} s")
+        self.assertEqual(self.listing().get(info.session_id), "Running")
+
+    def test_session_processes_run_as_the_user(self):
+        subprocess.run(["groupadd", "-f", "nxgatetestgroup"], check=True)
+        subprocess.run(["usermod", "-aG", "nxgatetestgroup", self.user.name], check=True)
+        client = self.login()
+        info = self.start(client)
+        self.attach(client, info)
+        self.screen.wait_for_colour(RED, 20000)
+        entry = pwd.getpwnam(self.user.name)
+        (agent,) = agent_processes(self.user.name)
+        terms = subprocess.run(["pgrep", "-u", self.user.name, "-x", "xterm"], capture_output=True,
+                               text=True).stdout.split()
+        self.assertEqual(len(terms), 1)
+        for pid in (agent, int(terms[0])):
+            status = proc_status(pid)
+            self.assertEqual(status["Uid"].split(), [str(entry.pw_uid)] * 4)
+            self.assertEqual(status["Gid"].split(), [str(entry.pw_gid)] * 4)
+            self.assertEqual(status["Umask"], "0077")
+            group = subprocess.run(["getent", "group", "nxgatetestgroup"], capture_output=True, text=True)
+            self.assertIn(group.stdout.split(":")[2], status["Groups"].split())
+            self.assertEqual(os.getsid(pid), pid)  # its own session: outlives the gateway
+        env = proc_environ(int(terms[0]))
+        for name in ("HOME", "USER", "LOGNAME", "SHELL", "PATH", "LANG", "DISPLAY", "XAUTHORITY"):
+            self.assertIn(name, env)
+        self.assertEqual((env["HOME"], env["USER"], env["DISPLAY"]), (entry.pw_dir, self.user.name, f":{info.display}"))
+        session_dir = os.path.dirname(env["XAUTHORITY"])
+        st = os.stat(session_dir)
+        self.assertEqual((st.st_uid, st.st_mode & 0o777), (entry.pw_uid, 0o700))
+        self.assertEqual(os.stat(env["XAUTHORITY"]).st_mode & 0o777, 0o600)
+        with open("/proc/%d/cmdline" % agent, "rb") as cmdline:
+            self.assertNotIn(info.cookie.encode(), cmdline.read())
+
+    def test_suspend_by_dropping_the_client_then_resume_with_a_new_cookie(self):
+        client = self.login()
+        info = self.start(client)
+        attachment = self.attach(client, info)
+        self.screen.wait_for_colour(RED, 20000)
+        (agent,) = agent_processes(self.user.name)
+        attachment.detach()
+        self.wait_status(info.session_id, "Suspended")
+        self.assertEqual(agent_processes(self.user.name), [agent])
+        self.screen.wait_for_colour((0, 0, 0), 800 * 600 - 100)  # nothing drawn there any more
+        second = self.login()
+        started = time.monotonic()
+        resumed = self.restore(second, info.session_id)
+        self.assertNotEqual(resumed.cookie, info.cookie)
+        self.assertEqual(resumed.cookie, resumed.agent_cookie)
+        self.assertEqual(resumed.session_id, info.session_id)
+        self.attach(second, resumed)
+        self.screen.wait_for_colour(RED, 20000)
+        print(f"\n    resume-to-picture (from restoresession): {time.monotonic() - started:.2f} s")
+        self.assertEqual(agent_processes(self.user.name), [agent])
+        self.assertEqual(self.listing().get(info.session_id), "Running")
+
+    def test_take_over_a_running_session(self):
+        other_screen = ClientScreen(800, 600)
+        self.addCleanup(other_screen.close)
+        first = self.login()
+        info = self.start(first)
+        attachment = self.attach(first, info)
+        self.screen.wait_for_colour(RED, 20000)
+        second = self.login()
+        resumed = self.restore(second, info.session_id)
+        wait_for(lambda: attachment.proxy.poll() is not None, 20, "the first client's proxy to be dropped")
+        self.attach(second, resumed, other_screen)
+        other_screen.wait_for_colour(RED, 20000)
+        self.assertIn(f"session {info.session_id} is attached elsewhere", self.gateway.log())
+
+    def test_terminate_from_the_list(self):
+        client = self.login()
+        info = self.start(client)
+        self.attach(client, info)
+        self.screen.wait_for_colour(RED, 20000)
+        controller = self.login()
+        reply = controller.command(f'Terminate --sessionid="{info.session_id}"', timeout=30)
+        self.assertIn(f"NX> 900 Session id: {info.session_id} terminated.".encode(), reply)
+        self.assertEqual(agent_processes(self.user.name), [])
+        self.assertNotIn(info.session_id, self.listing())
+
+    def test_terminate_a_suspended_session(self):
+        client = self.login()
+        info = self.start(client)
+        attachment = self.attach(client, info)
+        self.screen.wait_for_colour(RED, 20000)
+        attachment.detach()
+        self.wait_status(info.session_id, "Suspended")
+        reply = self.login().command(f'terminate --sessionid="{info.session_id}"', timeout=30)
+        self.assertIn(b"NX> 900 ", reply)
+        wait_for(lambda: not agent_processes(self.user.name), 10, "the agent to end")
+
+    def test_closing_the_session_program_ends_the_session(self):
+        client = self.login()
+        info = self.start(client)
+        self.attach(client, info)
+        self.screen.wait_for_colour(RED, 20000)
+        subprocess.run(["pkill", "-u", self.user.name, "-x", "xterm"], check=True)
+        wait_for(lambda: not agent_processes(self.user.name), 20, "the session to end with its program")
+        self.assertNotIn(info.session_id, self.listing())
+
+
+class ApplicationSessionTests(SessionTestCase):
+    def test_application_session(self):
+        client = self.login()
+        info = self.start(client, "unix-application", extra='--application="xterm%20-bg%20%2300ff00%20-geometry%2050x10%2B30%2B30"')
+        self.attach(client, info)
+        self.screen.wait_for_colour(GREEN, 10000)
+
+    def test_rootless_application(self):
+        client = self.login()
+        info = self.start(client, "unix-application", extra='--rootless="1" --application="xterm -bg #00ff00 -geometry 50x10+30+30"')
+        self.attach(client, info)
+        self.screen.wait_for_colour(GREEN, 10000)
+
+    def test_admin_defined_type(self):
+        client = self.login()
+        info = self.start(client, "unix-bluebox")
+        self.attach(client, info)
+        self.screen.wait_for_colour(BLUE, 10000)
+
+    def test_keyboard_reaches_the_session(self):
+        target = os.path.join(self.user.home, "typed.txt")
+        client = self.login()
+        info = self.start(client, "unix-application",
+                          extra=f'--application="xterm -bg #00ff00 -geometry 50x10+30+30 -e sh -c \'cat > {target}\'"')
+        self.attach(client, info)
+        self.screen.wait_for_colour(GREEN, 10000)
+        self.screen.xdotool("mousemove", "100", "80")
+        time.sleep(0.3)
+        self.screen.xdotool("type", "--delay", "30", "hello nx")
+        self.screen.xdotool("key", "Return")
+        wait_for(lambda: os.path.exists(target) and "hello nx" in open(target).read(), 15, "typed text")
+
+    def test_missing_application_and_type(self):
+        client = self.login()
+        reply = client.command(START.format(name="x", type="unix-application",
+                                            extra='--application="no-such-program-here"'), timeout=30)
+        self.assertIn(b"NX> 596 Error: Application 'no-such-program-here' is not installed on this server.", reply)
+        self.assertIn(b"NX> 500 ERROR: Last operation failed.", reply)
+        reply = client.command(START.format(name="x", type="unix-cde", extra=""), timeout=30)
+        self.assertIn(b"NX> 596 Error: Session type 'unix-cde' is not supported. Available types: ", reply)
+        self.assertIn(b"unix-console", reply)
+        self.assertIn(b"NX> 597", client.command(START.format(name="x", type="unix-console", extra='--link="warp"')))
+        self.assertEqual(agent_processes(self.user.name), [])
+
+
+class DesktopSessionTests(SessionTestCase):
+    def test_xfce_desktop_renders_its_panel(self):
+        client = self.login()
+        info = self.start(client, "unix-xfce")
+        self.attach(client, info)
+
+        def panel_drawn():
+            shot = self.screen.shot()
+            return shot.region_colours(0, 24) > 20 and shot.colours() > 200
+
+        wait_for(panel_drawn, 60, "the XFCE panel and desktop", interval=0.5)
+
+
+class IsolationTests(SessionTestCase):
+    def test_other_users_cannot_see_or_touch_a_session(self):
+        client = self.login()
+        info = self.start(client)
+        self.attach(client, info)
+        self.screen.wait_for_colour(RED, 20000)
+        intruder = self.login(self.other)
+        self.assertNotIn(info.session_id, intruder.command('listsession --status="suspended,running"').decode())
+        for command in (f'restoresession --id="{info.session_id}" --type="unix-console"',
+                        f'terminate --sessionid="{info.session_id}"', f'suspend --sessionid="{info.session_id}"'):
+            reply = intruder.command(command, timeout=30)
+            self.assertIn(f"NX> 596 Error: Could not find session {info.session_id}.".encode(), reply)
+        self.assertEqual(self.listing().get(info.session_id), "Running")
+        self.assertEqual(len(agent_processes(self.user.name)), 1)
+        self.assertIn(f"{self.other.name} from 127.0.0.1 asked for session {info.session_id}", self.gateway.log())
+
+
+class LimitTests(SessionTestCase):
+    options = {"sessions": {"max_sessions_per_user": "1"}}
+
+    def test_user_limit(self):
+        client = self.login()
+        self.start(client)
+        reply = client.command(START.format(name="second", type="unix-console", extra=""), timeout=30)
+        self.assertIn(f"NX> 599 Server capacity: reached for user: {self.user.name}\n"
+                      "NX> 500 ERROR: Last operation failed.\n".encode(), reply)
+        listing = client.command('listsession --status="suspended,running"')
+        self.assertIn(f"NX> 147 Server capacity: reached for user: {self.user.name}".encode(), listing)
+        self.assertIn(b"NX> 148", self.login(self.other).command("listsession --type=\"unix-console\""))
+
+    def test_unencrypted_is_refused(self):
+        client = self.login()
+        reply = client.command(START.format(name="x", type="unix-console", extra="").replace(
+            '--encryption="1"', '--encryption="0"'), timeout=30)
+        self.assertIn(b"NX> 596 Unencrypted sessions are not allowed.", reply)
+
+
+class FailureTests(SessionTestCase):
+    def test_agent_killed_behind_the_gateways_back(self):
+        client = self.login()
+        info = self.start(client)
+        attachment = self.attach(client, info)
+        self.screen.wait_for_colour(RED, 20000)
+        attachment.detach()
+        self.wait_status(info.session_id, "Suspended")
+        for pid in agent_processes(self.user.name):
+            os.kill(pid, signal.SIGKILL)
+        self.wait_status(info.session_id, None)
+        reply = self.login().command(f'restoresession --id="{info.session_id}"', timeout=30)
+        self.assertIn(f"NX> 596 Error: Could not find session {info.session_id}.".encode(), reply)
+        self.assertRegex(self.gateway.log(), rf"session {info.session_id} of \S+ ended")
+
+
+class RestartTests(SessionTestCase):
+    def test_gateway_sigkill_and_restart_keeps_sessions(self):
+        first = self.login()
+        live = self.start(first, name="live")
+        self.attach(first, live)
+        self.screen.wait_for_colour(RED, 20000)
+        second = self.login()
+        parked = self.start(second, name="parked")
+        parked_screen = ClientScreen(800, 600)
+        self.addCleanup(parked_screen.close)
+        parked_attachment = self.attach(second, parked, parked_screen)
+        parked_screen.wait_for_colour(RED, 20000)
+        parked_attachment.detach()
+        self.wait_status(parked.session_id, "Suspended")
+        agents = sorted(agent_processes(self.user.name))
+        self.assertEqual(len(agents), 2)
+        self.gateway.process.kill()
+        self.gateway.process.wait()
+        self.gateway.process.stderr.close()
+        self.gateway.process = None
+        time.sleep(1)
+        self.assertEqual(sorted(agent_processes(self.user.name)), agents)  # nobody lost a session
+        restarted = Gateway(state_dir=self.gateway.state_dir, options={
+            "sessions": {"display_base": "700", "display_limit": "100"}, "types": dict(TYPES)}).start()
+        self.addCleanup(restarted.stop)
+        self.gateway, old = restarted, self.gateway
+        self.addCleanup(lambda: setattr(self, "gateway", old))
+        statuses = {}
+        wait_for(lambda: statuses.update(self.listing()) or (statuses.get(live.session_id) == "Suspended"
+                                                           and statuses.get(parked.session_id) == "Suspended"),
+                 30, "both sessions listed as suspended after the restart")
+        for info in (live, parked):
+            client = self.login()
+            resumed = self.restore(client, info.session_id)
+            attachment = self.attach(client, resumed)
+            self.screen.wait_for_colour(RED, 20000)
+            attachment.detach()
+            self.wait_status(info.session_id, "Suspended")
+        self.assertIn("taken back", restarted.log())
