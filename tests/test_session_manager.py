@@ -228,6 +228,24 @@ class ManagerTests(TestCase):
         self.assertEqual((error.code, error.text), (599, f"Server capacity: reached for user: {ME}"))
         self.assertTrue(error.last_operation_failed)
 
+    def test_long_suspended_sessions_expire_and_history_is_pruned(self):
+        self.manager.settings = self.config.sessions.__class__(
+            **{**self.config.sessions.__dict__, "expire_suspended_after": 1.0, "history_days": 1.0})
+        session_id, _ = self.started()
+        self.agent_says(session_id, STARTED, SUSPENDED)
+        self.reactor.advance(3599)
+        self.manager.housekeeping()
+        self.assertEqual(self.signals, [])
+        self.reactor.advance(2)
+        self.manager.housekeeping()
+        self.assertEqual(self.signals, [signal.SIGTERM])
+        self.agent_says(session_id, TERMINATED)
+        self.assertEqual(self.store.get(session_id).state, State.TERMINATED)
+        self.reactor.advance(86401)
+        self.manager.housekeeping()
+        self.assertIsNone(self.store.get(session_id))
+        self.assertFalse(os.path.exists(self.manager.layout.agent_files(session_id).log))
+
     def test_unencrypted_refused_by_default(self):
         d = defer.ensureDeferred(self.manager.start(
             self.client, start_request(parse_params('--type="unix-console" --encryption="0"'))))
