@@ -8,7 +8,7 @@ STAMP   := $(VENV)/.installed
 APT_PACKAGES := python3 python3-venv python3-dev gcc make libpam0g \
 	nxagent nxproxy xvfb xauth x11-utils x11-xserver-utils xterm xdotool \
 	imagemagick openssh-client openssh-server socat procps iproute2 passwd \
-	xfce4-session xfwm4 xfce4-panel xfdesktop4 dbus-x11
+	xfce4-session xfwm4 xfce4-panel xfdesktop4 dbus-x11 python3-tk
 
 .PHONY: install system-packages run test clean
 

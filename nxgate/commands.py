@@ -11,13 +11,15 @@ from nxgate.nx.params import Params
 from nxgate.nx.shell import Reply
 from nxgate.session import request
 from nxgate.session.manager import SessionManager
+from nxgate.shadow.service import ShadowService
 
 
 class SessionCommands:
     """Turns a parsed command into a manager call; validation errors become NX errors."""
 
-    def __init__(self, manager: SessionManager) -> None:
+    def __init__(self, manager: SessionManager, shadow: ShadowService) -> None:
         self.manager = manager
+        self.shadow = shadow
 
     def execute(self, client: Client, command: str, params: Params) -> defer.Deferred[Reply]:
         return defer.ensureDeferred(self._execute(client, command, params))
@@ -25,7 +27,11 @@ class SessionCommands:
     async def _execute(self, client: Client, command: str, params: Params) -> Reply:
         manager = self.manager
         if command == "listsession":
+            if params.get("type", "").strip().lower().startswith("shadow"):
+                return self.shadow.list(client)
             return manager.list(client, params)
+        if command == "attachsession":
+            return await self.shadow.attach(client, params)
         if command == "startsession":
             return await manager.start(client, request.start_request(params))
         if command == "restoresession":

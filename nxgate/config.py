@@ -172,6 +172,21 @@ class SessionsSection:
     lang: str = option("C.UTF-8", nonempty, "LANG when PAM sets none")
 
 
+@dataclass(frozen=True)
+class ShadowSection:
+    enabled: bool = option(True, boolean, "let users shadow (watch or help in) running sessions")
+    allow_own: bool = option(True, boolean, "users may shadow their own other sessions, without being asked")
+    allow_others: str = option("admins", one_of("nobody", "admins", "everyone"),
+                               "who may shadow other users' sessions")
+    admin_groups: tuple[str, ...] = option(("nxadmin",), words, "members of these groups are shadowing admins")
+    ask_owner: bool = option(True, boolean, "ask the owner before someone else watches her session")
+    ask_owner_for_admins: bool = option(True, boolean, "ask the owner when an admin wants to watch, too")
+    interactive: bool = option(True, boolean, "viewers may use keyboard and mouse (no: always view-only)")
+    consent_timeout: float = option(30.0, number(5, 600), "seconds the owner has to answer")
+    console_display: str = option(":0", text, "the machine's local display that may be shadowed (empty: none)")
+    dialog_python: str = option("/usr/bin/python3", nonempty, "Python with tkinter that shows the consent dialog")
+
+
 DEFAULT_TYPES: dict[str, tuple[str, ...]] = {
     "unix-console": ("xterm",),
     "unix-xfce": ("startxfce4",),
@@ -189,6 +204,7 @@ class Config:
     auth: AuthSection = AuthSection()
     shell: ShellSection = ShellSection()
     sessions: SessionsSection = SessionsSection()
+    shadow: ShadowSection = ShadowSection()
     # Session types: name -> command (argv).  unix-application runs the
     # client's --application; an empty command disables a type.
     types: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_TYPES))

@@ -11,7 +11,7 @@ socket of the OpenSSH deployment mode).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from twisted.internet import defer
@@ -49,6 +49,8 @@ class Client:
     user: str
     address: str
     local_address: str = "127.0.0.1"  # where the client reached us (NX> 702)
+    # Sends a status line to the client while its command runs.
+    progress: Callable[[str], None] = field(default=lambda line: None, compare=False, repr=False)
 
 
 class Commands(Protocol):
@@ -90,7 +92,11 @@ class Conversation:
     @property
     def client(self) -> Client:
         assert self.shell.user is not None
-        return Client(self.shell.user, self.address, self.local_address)
+        return Client(self.shell.user, self.address, self.local_address, self._progress)
+
+    def _progress(self, line: str) -> None:
+        if not self._closed:
+            self._run(self.shell.progress(line))
 
     # ------------------------------------------------------------- events
     def start(self) -> None:

@@ -18,6 +18,7 @@ from nxgate.relay import AgentRelay
 from nxgate.session.files import StateLayout
 from nxgate.session.manager import RelayTarget, SessionManager
 from nxgate.session.store import SessionStore
+from nxgate.shadow.service import ShadowService
 from nxgate.ssh import checkers, hostkeys
 from nxgate.ssh.server import NXAvatar, NXRealm, NXSessionChannel, NXSSHFactory
 
@@ -82,7 +83,7 @@ class Gateway(service.MultiService):
         self.store = SessionStore(self.layout.database)
         self.sessions = SessionManager(reactor, config, self.store, self.layout)
         self.sessions.setServiceParent(self)
-        self.commands = SessionCommands(self.sessions)
+        self.commands = SessionCommands(self.sessions, ShadowService(self.sessions, config))
         self.shell_settings = ShellSettings(
             server_name=config.server_name,
             protocol_version=config.server.protocol_version,

@@ -20,6 +20,7 @@ from nxgate.client import cli, commands
 from nxgate.client import dialogue as nx
 from nxgate.client.knownhosts import KnownHosts, Verdict, preferred_algorithms
 from nxgate.client.proxy import proxy_environment, proxy_options
+from nxgate.nx.listing import ListedSession, format_session_list
 from nxgate.nx.params import parse_params
 
 BANNER = b"HELLO NXSERVER - Version 3.5.0 - GPL\nNX> 105 "
@@ -59,17 +60,12 @@ NEATX_START_REPLY = (
     "NX> 105 "
 ).encode()
 
-LISTING = (
-    b"listsession --status=\"suspended,running\"\n"
-    b"NX> 127 Session list of user 'alice':\n"
-    b"Display Type             Session ID                       Options  Depth Screen         Status      Session Name\n"
-    b"------- ---------------- -------------------------------- -------- ----- -------------- ----------- ------------------------------\n"
-    b"1001    unix-console     0123456789ABCDEF0123456789ABCDEF --D--PSA    24 800x600        Running     my desk\n"
-    b"1002    unix-kde         FEDCBA9876543210FEDCBA9876543210 -RD--PSA    24 1280x1024      Suspended   work  with   spaces \n"
-    b"\n"
-    b"NX> 148 Server capacity: not reached for user: alice\n"
-    b"NX> 105 "
-)
+# The table exactly as nxgate formats it (Neatx's layout, which OpenNX parses).
+LISTING = ('listsession --status="suspended,running"\n' + "\n".join(format_session_list("alice", [
+    ListedSession(1001, "unix-console", SESSION_ID, "--D--PSA", 24, "800x600", "Running", "my desk"),
+    ListedSession(1002, "unix-kde", "FEDCBA9876543210FEDCBA9876543210", "-RD--PSA", 24, "1280x1024", "Suspended",
+                  "work  with   spaces "),
+], capacity_reached=False)) + "\nNX> 105 ").encode()
 
 
 def sent(events) -> bytes:
@@ -409,7 +405,7 @@ class ListTests(SynchronousTestCase):
         self.assertEqual(server.results(), [nx.Listed((
             nx.ListedSession("1001", "unix-console", SESSION_ID, "--D--PSA", "24", "800x600", "Running", "my desk"),
             nx.ListedSession("1002", "unix-kde", "FEDCBA9876543210FEDCBA9876543210", "-RD--PSA", "24", "1280x1024",
-                             "Suspended", "work  with   spaces"),
+                             "Suspended", "work with spaces"),
         ), capacity_reached=False)])
         self.assertEqual(server.say(b"quit\nNX> 999 Bye.\n"), b"")
         self.assertEqual(server.client.phase, nx.Phase.DONE)
@@ -418,9 +414,14 @@ class ListTests(SynchronousTestCase):
     def test_empty_table(self):
         server = Server()
         server.login()
-        lines = LISTING.split(b"\n")
-        server.say(b"\n".join(lines[:4] + lines[6:]))
+        server.say("\n".join(format_session_list("alice", [], capacity_reached=False)).encode() + b"\nNX> 105 ")
         self.assertEqual(server.results(), [nx.Listed((), capacity_reached=False)])
+
+    def test_name_keeps_its_inner_spaces(self):
+        row = nx.parse_row("1002    unix-kde         FEDCBA9876543210FEDCBA9876543210 -RD--PSA    24 1280x1024"
+                           "      Suspended   work  with   spaces \r")
+        self.assertEqual((row.status, row.name), ("Suspended", "work  with   spaces"))
+        self.assertIsNone(nx.parse_row("garbage line"))
 
     def test_freenx_table_with_capacity_reached(self):
         server = Server()
@@ -579,7 +580,8 @@ class KnownHostsTests(SynchronousTestCase):
     def test_other_key_for_the_host_is_refused_whatever_its_type(self):
         os.makedirs(os.path.dirname(self.path))
         with open(self.path, "w") as handle:
-            handle.write("[127.0.0.1]:4022 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n")
+            handle.write("[127.0.0.1]:4022 ssh-ed25519 "
+                         "AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n")
         check = KnownHosts(self.path, "127.0.0.1", 4022).check(self.key)
         self.assertEqual(check.verdict, Verdict.CHANGED)
         self.assertIn("has changed", check.message)

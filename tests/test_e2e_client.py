@@ -133,6 +133,21 @@ class ListAndLoginTests(ClientTestCase):
         # One password attempt, not one per method the server offers again.
         self.assertEqual(self.gateway.log().count(f"SSH login failed for user '{self.user.name}'"), 1)
 
+    def test_legacy_free_login_with_own_key_asks_no_password(self):
+        key = os.path.join(self.tmp, "id_rsa")
+        subprocess.run(["ssh-keygen", "-q", "-t", "rsa", "-b", "3072", "-N", "", "-f", key], check=True)
+        ssh_dir = os.path.join(self.user.home, ".ssh")
+        os.makedirs(ssh_dir, mode=0o700, exist_ok=True)
+        shutil.copy(key + ".pub", os.path.join(ssh_dir, "authorized_keys"))
+        for path in (ssh_dir, os.path.join(ssh_dir, "authorized_keys")):
+            os.chown(path, self.user.entry.pw_uid, self.user.entry.pw_gid)
+        self.addCleanup(shutil.rmtree, ssh_dir, True)
+        env = self.env()
+        del env["NXGATE_PASSWORD"]  # and no terminal: a password prompt would fail
+        result = self.client("--list", "--ssh-user", self.user.name, "--identity", key, env=env)
+        self.assertEqual((result.returncode, result.stderr), (0, ""))
+        self.assertRegex(self.gateway.log(), rf"SSH login of '{self.user.name}' from 127\.0\.0\.1 \(publickey")
+
     def test_unknown_key_for_nx(self):
         key = os.path.join(self.tmp, "id_ed25519")
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
@@ -189,7 +204,7 @@ class HostKeyTests(ClientTestCase):
         with open(self.known_hosts) as handle:
             lines = handle.read().splitlines()
         self.assertEqual(len(lines), 1)
-        self.assertTrue(lines[0].startswith(self.entry(self.gateway.port) + " "))
+        self.assertTrue(lines[0].startswith(self.entry(self.gateway.port) + " ssh-ed25519 "))  # preferred
         self.assertEqual(os.stat(self.known_hosts).st_mode & 0o777, 0o600)
         # The recorded key is one of the gateway's own host keys.
         directory = os.path.join(self.gateway.state_dir, "hostkeys")
@@ -258,9 +273,10 @@ class SessionTests(ClientTestCase):
             os.kill(pid, signal.SIGTERM)
         wait_for(lambda: not agent_processes(self.user.name), 20, "the agents to end")
 
-    def attach(self, *args: str) -> subprocess.Popen[str]:
+    def attach(self, *args: str, geometry: bool = True) -> subprocess.Popen[str]:
         """Run the client in the background, attached to a session."""
-        process = subprocess.Popen(self.argv("--geometry", "800x600", *args), env=self.env(DISPLAY=self.screen.name),
+        size = ["--geometry", "800x600"] if geometry else []
+        process = subprocess.Popen(self.argv(*size, *args), env=self.env(DISPLAY=self.screen.name),
                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True)
 
@@ -287,6 +303,7 @@ class SessionTests(ClientTestCase):
         session_id, (display, type_, status, name) = self.only_session()
         self.assertEqual((type_, status, name), ("unix-console", "Running", "client test"))
         self.assertTrue(int(display) >= 760)
+        self.check_nxproxy(first.pid)
 
         # SIGTERM: the client drops the connection and the server suspends the session.
         first.send_signal(signal.SIGTERM)
@@ -310,15 +327,39 @@ class SessionTests(ClientTestCase):
         self.assertEqual(self.sessions(), {})
         self.assert_no_leftovers()
 
-    def test_rootless_application_session(self):
-        process = self.attach("--type", "unix-application", "--rootless",
-                              "--application", "xterm -bg #ff0000 -geometry 40x10+0+0 -e sh -c 'sleep 600'")
+    def check_nxproxy(self, client_pid: int) -> None:
+        """nxproxy runs with a private NX_HOME, without the password in its
+        environment, and without the session cookie in its argv."""
+        pids = subprocess.run(["pgrep", "-P", str(client_pid), "-x", "nxproxy"], capture_output=True,
+                              text=True).stdout.split()
+        self.assertEqual(len(pids), 1, pids)
+        with open(f"/proc/{pids[0]}/cmdline", "rb") as handle:
+            argv = handle.read().split(b"\0")
+        self.assertRegex(argv[2].decode(), r"^nx/nx,options=.*/options:\d+$")
+        self.assertNotIn(b"cookie", b" ".join(argv))
+        with open(f"/proc/{pids[0]}/environ", "rb") as handle:
+            environ = dict(entry.split(b"=", 1) for entry in handle.read().split(b"\0") if b"=" in entry)
+        self.assertNotIn(b"NXGATE_PASSWORD", environ)
+        home = environ[b"NX_HOME"].decode()
+        self.assertEqual(os.path.dirname(home), self.tmp)
+        self.assertEqual(os.stat(home).st_mode & 0o777, 0o700)
+        self.assertEqual(environ[b"DISPLAY"].decode(), self.screen.name)
+
+    def test_rootless_application_session_at_the_screen_size(self):
+        process = self.attach("--type", "unix-application", "--rootless", "--verbose",
+                              "--application", "xterm -bg #ff0000 -geometry 40x10+0+0 -e sh -c 'sleep 600'",
+                              geometry=False)
         self.screen.wait_for_colour(RED, 5000, timeout=60)
         session_id, (_, type_, status, _) = self.only_session()
         self.assertEqual((type_, status), ("unix-application", "Running"))
         process.send_signal(signal.SIGINT)
         code, stderr = self.finished(process)
         self.assertEqual(code, 0, stderr)
+        # The size of the client's screen, found with xdpyinfo; the application %XX-escaped.
+        self.assertIn('--geometry="800x600" --screeninfo="800x600x24+render"', stderr)
+        self.assertIn('--application="xterm%20-bg%20#ff0000%20-geometry%2040x10+0+0%20-e%20sh%20-c%20%27sleep'
+                      '%20600%27" --rootless="1"', stderr)
+        self.assertIn(f"SIGINT: disconnecting; session {session_id} stays on the server", stderr)
 
     def test_nxproxy_that_never_connects(self):
         result = subprocess.run(self.argv("--geometry", "800x600", "--nxproxy", "false"),

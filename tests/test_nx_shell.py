@@ -296,3 +296,18 @@ class FramingTests(SynchronousTestCase):
 
     def test_bad_server_version_rejected(self):
         self.assertRaises(ValueError, nx.NXShell, nx.ShellSettings(server_name="x", protocol_version="4.0.0"))
+
+
+class ProgressTests(SynchronousTestCase):
+    def test_progress_lines_while_a_command_runs(self):
+        d = Dialogue()
+        d.login()
+        d.say(b'attachsession --id="0123456789ABCDEF0123456789ABCDEF" --type="shadow"\n')
+        effects = d.shell.progress("NX> 726 Asking user for authorization to attach to session")
+        self.assertEqual(sent(effects), b"NX> 726 Asking user for authorization to attach to session\n")
+        d.shell.command_finished(nx.Reply(("NX> 710 Session status: running",)))
+        self.assertEqual(d.shell.progress("late"), [])
+
+    def test_no_progress_when_idle(self):
+        d = Dialogue()
+        self.assertEqual(d.shell.progress("NX> 726 x"), [])

@@ -274,7 +274,7 @@ class ReconcileTests(TestCase):
 
         session = Session(id="B" * 32, user=ME, uid=os.getuid(), gid=os.getgid(), type="unix-console", name="left",
                           display=3201, server_name="h", cookie="0" * 32, state=state, ever_attached=True,
-                          agent_pid=agent.pid, agent_started=agent.started, options={"program": ["true"]})
+                          agent_pid=agent.pid, agent_started=agent.started, options={"plan": {"program": ["true"]}})
         self.store.insert(session)
         agent_files = self.layout.agent_files(session.id)
         os.mkdir(agent_files.directory, 0o700)

@@ -86,7 +86,7 @@ class OptionsTests(SynchronousTestCase):
         line = nxagent.options_line(self.session, DisplaySettings(link="adsl", fullscreen=True), "127.0.0.1")
         self.assertTrue(line.startswith("nx/nx,link=adsl,cache=16M,images=64M,accept=127.0.0.1,cookie="))
         self.assertIn(f",id=gw.example-1001-{'A' * 32},", line)
-        self.assertIn(",type=kde,geometry=800x600,resize=1,fullscreen=1:1001\n", line)
+        self.assertIn(",type=desktop,geometry=800x600,resize=1,fullscreen=1:1001\n", line)
         self.assertEqual(line.count(":"), 1)
 
     def test_rootless_has_no_geometry(self):
@@ -94,12 +94,26 @@ class OptionsTests(SynchronousTestCase):
         self.assertIn("menu=1", line)
         self.assertNotIn("geometry", line)
 
+    def test_shadow_plan(self):
+        plan = nxagent.AgentPlan(mode="-S", extra_options=(("shadow", ":1001"), ("shadowmode", "0")),
+                                 persistent=False)
+        shadow = self.session.evolve(type="shadow", display=1002)
+        line = nxagent.options_line(shadow, DisplaySettings(), "127.0.0.1", plan.extra_options)
+        self.assertIn(",type=shadow,shadow=:1001,shadowmode=0,", line)
+        self.assertTrue(line.endswith(":1002\n"))
+        files = nxagent.AgentFiles("/s/B", "/l/B.agent.log", "/l/B.session.log")
+        argv = nxagent.agent_argv("nxagent", shadow, files, plan)
+        self.assertIn("-S", argv)
+        self.assertIn("-nopersistent", argv)
+        self.assertEqual(nxagent.AgentPlan.from_dict(plan.as_dict()), plan)
+        self.assertRaises(ValueError, nxagent.options_line, shadow, DisplaySettings(), "x", (("shadowmode", ":1"),))
+
     def test_unsafe_value_is_refused(self):
         self.assertRaises(ValueError, nxagent.options_line, self.session, DisplaySettings(keyboard="a,b"), "x")
 
     def test_argv_and_environment(self):
         files = nxagent.AgentFiles("/s/A", "/l/A.agent.log", "/l/A.session.log")
-        argv = nxagent.agent_argv("nxagent", self.session, files)
+        argv = nxagent.agent_argv("nxagent", self.session, files, nxagent.AgentPlan())
         self.assertEqual(argv[:5], ["nxagent", "-display", "nx/nx,options=/s/A/options:1001", "-options", "/s/A/options"])
         self.assertEqual(argv[-1], ":1001")
         self.assertIn("-D", argv)

@@ -19,6 +19,45 @@ PRODUCT = "nxgate"
 
 
 @dataclass(frozen=True)
+class AgentPlan:
+    """How a session's agent runs; kept with the session (as a dict).
+
+    Desktops run ``-D`` (or ``-R`` rootless) and start ``program`` once a
+    client is attached; a shadow runs ``-S`` with the shadowed display in
+    ``extra_options``, its cookie in ``extra_cookies``, as that display's
+    owner (``run_as``), and without persistence: when its viewer leaves it
+    ends.  ``pam`` opens a PAM session for the agent.
+    """
+
+    mode: str = "-D"
+    program: tuple[str, ...] = ()
+    extra_options: tuple[tuple[str, str], ...] = ()
+    extra_cookies: tuple[tuple[int, str], ...] = ()
+    run_as: str = ""
+    persistent: bool = True
+    pam: bool = True
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "mode": self.mode, "program": list(self.program), "extra_options": [list(o) for o in self.extra_options],
+            "extra_cookies": [list(c) for c in self.extra_cookies], "run_as": self.run_as,
+            "persistent": self.persistent, "pam": self.pam,
+        }
+
+    @classmethod
+    def from_dict(cls, values: dict[str, object]) -> AgentPlan:
+        return cls(
+            mode=str(values.get("mode", "-D")),
+            program=tuple(values.get("program", ())),  # type: ignore[arg-type]
+            extra_options=tuple(tuple(o) for o in values.get("extra_options", ())),  # type: ignore[union-attr]
+            extra_cookies=tuple((int(d), str(c)) for d, c in values.get("extra_cookies", ())),  # type: ignore[union-attr]
+            run_as=str(values.get("run_as", "")),
+            persistent=bool(values.get("persistent", True)),
+            pam=bool(values.get("pam", True)),
+        )
+
+
+@dataclass(frozen=True)
 class AgentFiles:
     """Where a session's agent keeps its files.
 
@@ -40,7 +79,14 @@ class AgentFiles:
         return os.path.join(self.directory, "authority")
 
 
-def options_line(session: Session, settings: DisplaySettings, accept: str) -> str:
+def session_kind(session_type: str) -> str:
+    """The session type as nxcomp knows it (it warns about others)."""
+    return {"unix-console": "console", "unix-application": "application", "unix-default": "default",
+            "shadow": "shadow"}.get(session_type, "desktop")
+
+
+def options_line(session: Session, settings: DisplaySettings, accept: str,
+                 extra: tuple[tuple[str, str], ...] = ()) -> str:
     """The one-line options file: ``nx/nx,key=value,...:display``."""
     items: list[tuple[str, str]] = [
         ("link", settings.link),
@@ -59,7 +105,8 @@ def options_line(session: Session, settings: DisplaySettings, accept: str) -> st
         ("shpix", "1"),
         ("strict", "0"),
         ("product", PRODUCT),
-        ("type", session.type.removeprefix("unix-")),
+        ("type", session_kind(session.type)),
+        *extra,
     ]
     if session.rootless:
         items.append(("menu", "1"))
@@ -69,6 +116,8 @@ def options_line(session: Session, settings: DisplaySettings, accept: str) -> st
         if settings.fullscreen:
             items.append(("fullscreen", "1"))
     for key, value in items:
+        if key == "shadow" and value.startswith(":") and value[1:].isdigit():
+            continue  # the one option whose value is a display
         if any(ch in value for ch in ",:=\n") or not value:
             raise ValueError(f"unsafe value for agent option {key}: {value!r}")
     body = ",".join(f"{key}={value}" for key, value in items)
@@ -80,14 +129,15 @@ def caption(session: Session) -> str:
     return f"NX - {session.user}@{session.server_name}:{session.display} - {session.name}"
 
 
-def agent_argv(executable: str, session: Session, files: AgentFiles, extra: tuple[str, ...] = ()) -> list[str]:
-    mode = "-R" if session.rootless else "-D"
+def agent_argv(executable: str, session: Session, files: AgentFiles, plan: AgentPlan,
+               extra: tuple[str, ...] = ()) -> list[str]:
     return [
         executable,
         "-display", f"nx/nx,options={files.options}:{session.display}",
         "-options", files.options,
         "-name", caption(session),
-        mode,
+        plan.mode,
+        *(() if plan.persistent else ("-nopersistent",)),
         "-nolisten", "tcp",
         "-auth", files.authority,
         *extra,

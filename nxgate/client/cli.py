@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     ssh.add_argument("--known-hosts", metavar="FILE", default=os.path.join("~", ".config", "nxgate", "known_hosts"),
                      help="known host keys; new hosts are added, changed keys refused (default: %(default)s)")
     ssh.add_argument("--accept-any-host-key", action="store_true", help="do not check the host key (tests only)")
-    parser.add_argument("--nxproxy", metavar="PATH", default="nxproxy", help="the nxproxy program (default: %(default)s)")
+    parser.add_argument("--nxproxy", metavar="PATH", default="nxproxy",
+                        help="the nxproxy program (default: %(default)s)")
     parser.add_argument("--verbose", "-v", action="store_true", help="show the NX dialogue on stderr")
     return parser
 
@@ -97,7 +98,7 @@ def parse_target(text: str, port_option: int | None) -> tuple[str, str, int]:
     port = int(match.group("port")) if match.group("port") else None
     if port is not None and port_option is not None and port != port_option:
         raise UsageError(f"two different ports: {port} in {text!r} and --port {port_option}")
-    port = port or port_option or DEFAULT_PORT
+    port = port if port is not None else port_option if port_option is not None else DEFAULT_PORT
     if not 0 < port < 65536:
         raise UsageError(f"bad port {port}")
     return user, host, port
@@ -107,8 +108,9 @@ def screen_size(environ: dict[str, str]) -> tuple[int, int]:
     """The size of the $DISPLAY screen, from xdpyinfo; 1024x768 without one."""
     if not environ.get("DISPLAY"):
         return DEFAULT_GEOMETRY
+    env = {name: value for name, value in environ.items() if name != "NXGATE_PASSWORD"}
     try:
-        result = subprocess.run(["xdpyinfo"], capture_output=True, timeout=10, env=environ, check=False)
+        result = subprocess.run(["xdpyinfo"], capture_output=True, timeout=10, env=env, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return DEFAULT_GEOMETRY
     match = _DIMENSIONS.search(result.stdout) if result.returncode == 0 else None

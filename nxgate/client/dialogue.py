@@ -299,7 +299,6 @@ class ClientDialogue:
         self._at_line_start = True
         text = self._decode(raw.rstrip(b"\r"))
         if not after_prompt and text.rstrip() in _PROMPT_LINES:
-            self._at_line_start = True
             return _Prompt(_PROMPT_LINES[text.rstrip()], text)
         return _Line(text, after_prompt)
 

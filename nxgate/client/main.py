@@ -19,12 +19,13 @@ from typing import Any, TextIO
 
 from twisted.conch.ssh.keys import BadKeyError, EncryptedKeyError, Key
 from twisted.internet import defer, task
+from twisted.internet.error import CannotListenError
 from twisted.python.failure import Failure
 
 from nxgate.client import cli, dialogue
+from nxgate.client.knownhosts import KnownHosts
 from nxgate.client.proxy import LocalConnection, NXProxy, last_lines
 from nxgate.client.ssh import HostKeyPolicy, Login, ShellChannel, SSHError, open_shell
-from nxgate.client.knownhosts import KnownHosts
 
 OK, NX_ERROR, USAGE, SSH_FAILURE = 0, 1, 2, 3
 PROG = "nxgate-client"
@@ -211,6 +212,10 @@ class ClientRun:
     def _dialogue_timeout(self) -> None:
         self._timers.pop("error", None)
         self._timers.pop("dialogue", None)
+        if self.channel is None:
+            self.say(f"timed out setting up the SSH connection to {self.options.host}:{self.options.port}")
+            self.finish(SSH_FAILURE)
+            return
         self._run(self.dialogue.timed_out)
 
     # --------------------------------------------------------------- session
@@ -220,10 +225,10 @@ class ClientRun:
         assert self.nxproxy_path is not None
         self.say(f"session {info.session_id} on display {info.display} is ready; starting nxproxy")
         self.proxy = NXProxy(self.reactor, self.nxproxy_path, self, self.environ)
-        port = self.proxy.listen()
         try:
+            port = self.proxy.listen()
             argv = self.proxy.start(info, self.options.request.params.name, port)  # type: ignore[union-attr]
-        except (OSError, ValueError) as problem:
+        except (OSError, ValueError, CannotListenError) as problem:
             self.say(f"cannot start nxproxy: {problem}")
             self.finish(NX_ERROR)
             return
@@ -292,6 +297,9 @@ class ClientRun:
         taken over by another client; ``--list`` tells which."""
         assert self.info is not None
         self.say(f"disconnected from session {self.info.session_id} ({by} closed the connection)")
+        errors = self.proxy.errors() if self.proxy is not None and not self.options.verbose else []
+        if errors:  # nxproxy exits 0 whatever happened; its log says what
+            self.say("nxproxy reported:\n" + last_lines(errors[-5:]))
 
     def interrupt(self, signum: int) -> None:
         """SIGINT/SIGTERM: drop the connection; the server suspends the session."""

@@ -14,6 +14,7 @@ only; in particular ``NXGATE_PASSWORD`` is not passed on.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
@@ -160,13 +161,28 @@ class NXProxy:
             os.close(null_fd)
         return argv
 
+    def log_files(self) -> list[str]:
+        """nxproxy's output, then the logs nxcomp keeps in ``.nx/S-<id>/``
+        (``errors`` and one named after the session; ``stats`` is noise)."""
+        paths = [self.log_path]
+        for directory in sorted(glob.glob(os.path.join(self.home, ".nx", "S-*"))):
+            paths += sorted(path for path in glob.glob(os.path.join(directory, "*"))
+                            if os.path.basename(path) != "stats" and os.path.isfile(path))
+        return paths
+
     def log_tail(self, lines: int = 20) -> list[str]:
-        try:
-            with open(self.log_path, encoding="utf-8", errors="replace") as handle:
-                text = handle.read()
-        except OSError:
-            return []
-        return [line for line in text.splitlines() if line.strip()][-lines:]
+        out: list[str] = []
+        for path in self.log_files():
+            try:
+                with open(path, encoding="utf-8", errors="replace") as handle:
+                    out += [line for line in handle.read().splitlines() if line.strip()]
+            except OSError:
+                continue
+        return out[-lines:]
+
+    def errors(self) -> list[str]:
+        """The ``Error:`` lines nxproxy logged (it exits 0 even after them)."""
+        return [line for line in self.log_tail(200) if line.startswith("Error:")]
 
     def stop(self, grace: float = 5.0) -> defer.Deferred[None]:
         """Let nxproxy end by itself for ``grace`` seconds (it does once its

@@ -208,6 +208,14 @@ class NXShell:
         self._process_buffer()
         return self._flush()
 
+    def progress(self, line: str) -> list[Effect]:
+        """A status line while a command runs (e.g. ``NX> 726`` while the
+        owner of a session is asked for consent)."""
+        if self.state is not State.BUSY:
+            return []
+        self._line(line)
+        return self._flush()
+
     def command_finished(self, result: Reply | NXError) -> list[Effect]:
         """The result of an :class:`Execute` effect."""
         if self.state is State.CLOSED:

@@ -125,6 +125,31 @@ def xauthority(display: int, cookie_hex: str) -> bytes:
     )
 
 
+def cookie_in_xauthority(data: bytes, display: int) -> str | None:
+    """The hex MIT-MAGIC-COOKIE-1 for ``display`` in Xauthority data, if any."""
+    pos = 0
+
+    def counted() -> bytes:
+        nonlocal pos
+        (length,) = struct.unpack_from(">H", data, pos)
+        if pos + 2 + length > len(data):
+            raise struct.error("truncated X authority entry")
+        value = data[pos + 2 : pos + 2 + length]
+        pos += 2 + length
+        return value
+
+    try:
+        while pos < len(data):
+            pos += 2  # family: any address may do; this machine wrote the file
+            counted()
+            number, name, cookie = counted(), counted(), counted()
+            if number == str(display).encode() and name == b"MIT-MAGIC-COOKIE-1":
+                return cookie.hex()
+    except struct.error:
+        return None
+    return None
+
+
 # --------------------------------------------------------------- displays
 def ensure_x_socket_dir() -> None:
     """``/tmp/.X11-unix`` must exist, owned by root and sticky, before a

@@ -128,33 +128,33 @@ class SessionManager(service.Service):
 
     # ----------------------------------------------------------- commands
     async def start(self, client: Client, request: StartRequest) -> Reply:
-        user = pwd.getpwnam(client.user)
         program = session_command(request, self.config.types, self.settings)
         if not request.encrypted and not self.settings.allow_unencrypted:
             raise NXError(errors.SESSION_FAILED, "Unencrypted sessions are not allowed.", last_operation_failed=True)
+        plan = nxagent.AgentPlan(mode="-R" if request.rootless else "-D", program=program)
+        session = self.new_session(client, request.type, request.name, request.display, request.encrypted,
+                                   rootless=request.rootless)
+        return await self.launch(client, session, request.display, plan)
+
+    def new_session(self, client: Client, session_type: str, name: str, settings: DisplaySettings,
+                    encrypted: bool, rootless: bool = False, run_as: str = "") -> Session:
+        """A session record for ``client`` with a fresh id, cookie and display
+        (not stored yet).  Its processes run as ``run_as`` (default: the client)."""
         self._check_capacity(client.user)
+        user = pwd.getpwnam(run_as or client.user)
         now = self.reactor.seconds()
-        session = Session(
-            id=secrets.token_hex(16).upper(),
-            user=client.user,
-            uid=user.pw_uid,
-            gid=user.pw_gid,
-            type=request.type,
-            name=request.name,
-            display=self._allocate_display(),
-            server_name=self.config.server_name,
-            cookie=secrets.token_hex(16),
-            created=now,
-            changed=now,
-            client_address=client.address,
-            geometry=request.display.geometry,
-            depth=request.display.depth,
-            render=request.display.render,
-            fullscreen=request.display.fullscreen,
-            rootless=request.rootless,
-            encrypted=request.encrypted,
-            options={"display": request.display.as_dict(), "program": list(program)},
+        return Session(
+            id=secrets.token_hex(16).upper(), user=client.user, uid=user.pw_uid, gid=user.pw_gid,
+            type=session_type, name=name, display=self._allocate_display(), server_name=self.config.server_name,
+            cookie=secrets.token_hex(16), created=now, changed=now, client_address=client.address,
+            geometry=settings.geometry, depth=settings.depth, render=settings.render,
+            fullscreen=settings.fullscreen, rootless=rootless, encrypted=encrypted,
         )
+
+    async def launch(self, client: Client, session: Session, settings: DisplaySettings,
+                     plan: nxagent.AgentPlan) -> Reply:
+        """Start a new session's agent and answer once it listens."""
+        session = session.evolve(options={**session.options, "display": settings.as_dict(), "plan": plan.as_dict()})
         self.sessions[session.id] = session
         self.store.insert(session)
         runtime = self.runtime[session.id] = Runtime(self.layout.agent_files(session.id))
@@ -164,7 +164,7 @@ class SessionManager(service.Service):
             address=client.address, event="session_start",
         )
         try:
-            await self._start_agent(session, runtime, request.display, user)
+            await self._start_agent(session, runtime, settings, plan)
             await self._wait_for(session.id, {State.WAITING}, self.settings.agent_start_timeout)
         except (LaunchError, OSError, SessionEnded, WaitTimeout) as error:
             reason = runtime.last_error or str(error) or type(error).__name__
@@ -254,33 +254,40 @@ class SessionManager(service.Service):
 
     # ------------------------------------------------------- agent control
     async def _start_agent(self, session: Session, runtime: Runtime, settings: DisplaySettings,
-                           user: pwd.struct_passwd) -> None:
+                           plan: nxagent.AgentPlan) -> None:
         agent_files = runtime.files
         files.make_session_dir(agent_files.directory, session.uid, session.gid)
         self._write_agent_files(session, agent_files, settings)
         for path in (agent_files.log, agent_files.app_log):
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
         runtime.follower = LogFollower(self.notifier, agent_files.log, lambda line: self._agent_line(session.id, line))
-        base = login_environment(user, self.settings)
+        user = pwd.getpwuid(session.uid)
         request = {
-            "user": session.user,
-            "argv": nxagent.agent_argv(self.settings.nxagent, session, agent_files, self.settings.agent_extra_options),
-            "env": base,
+            "user": user.pw_name,
+            "argv": nxagent.agent_argv(self.settings.nxagent, session, agent_files, plan,
+                                       self.settings.agent_extra_options),
+            "env": login_environment(user, self.settings),
             "env_fixed": nxagent.agent_environment(session, agent_files, {}),
             "cwd": agent_files.directory,
             "log": agent_files.log,
-            "pam": self._pam_request(session),
+            "pam": self._pam_request(session) if plan.pam else None,
         }
         agent = await self.launcher.start(request)
         session = self._update(session.id, agent_pid=agent.pid, agent_started=agent.started)
         self._watch_agent(session.id, agent)
 
     def _write_agent_files(self, session: Session, agent_files: nxagent.AgentFiles, settings: DisplaySettings) -> None:
+        plan = self._plan(session)
         accept = "127.0.0.1" if session.encrypted else session.client_address
-        files.write_user_file(agent_files.authority, files.xauthority(session.display, session.cookie),
-                              session.uid, session.gid)
-        files.write_user_file(agent_files.options, nxagent.options_line(session, settings, accept).encode(),
-                              session.uid, session.gid)
+        authority = b"".join(files.xauthority(display, cookie)
+                             for display, cookie in ((session.display, session.cookie), *plan.extra_cookies))
+        options = nxagent.options_line(session, settings, accept, plan.extra_options)
+        files.write_user_file(agent_files.authority, authority, session.uid, session.gid)
+        files.write_user_file(agent_files.options, options.encode(), session.uid, session.gid)
+
+    @staticmethod
+    def _plan(session: Session) -> nxagent.AgentPlan:
+        return nxagent.AgentPlan.from_dict(session.options.get("plan", {}))
 
     def _pam_request(self, session: Session) -> dict[str, Any]:
         return {"service": self.pam_service, "rhost": session.client_address, "tty": f":{session.display}"}
@@ -288,30 +295,32 @@ class SessionManager(service.Service):
     async def _start_program(self, session_id: str) -> None:
         session = self.sessions[session_id]
         runtime = self.runtime[session_id]
-        user = pwd.getpwnam(session.user)
+        program = self._plan(session).program
+        if not program:
+            return
+        user = pwd.getpwuid(session.uid)
         request = {
-            "user": session.user,
-            "argv": session.options["program"],
+            "user": user.pw_name,
+            "argv": list(program),
             "env": login_environment(user, self.settings),
             "env_fixed": nxagent.x11_environment(session, runtime.files, {}),
             "cwd": user.pw_dir,
             "log": runtime.files.app_log,
         }
         try:
-            program = await self.launcher.start(request)
+            started = await self.launcher.start(request)
         except (LaunchError, OSError) as error:
             log.warn("session {id}: could not start {program}: {error}", id=session_id,
-                     program=session.options["program"][0], error=str(error))
+                     program=program[0], error=str(error))
             await self.terminate_session(session_id, "session program failed to start")
             return
         if session_id not in self.runtime:
             # The session ended while the program started; it has no display left.
-            self._kill_program(session.evolve(app_pid=program.pid, app_started=program.started))
+            self._kill_program(session.evolve(app_pid=started.pid, app_started=started.started))
             return
-        log.info("session {id}: started {program} (pid {pid})", id=session_id,
-                 program=session.options["program"][0], pid=program.pid)
-        self._update(session_id, app_pid=program.pid, app_started=program.started)
-        runtime.app_watch = ExitWatch(self.reactor, program, lambda: self._program_exited(session_id))
+        log.info("session {id}: started {program} (pid {pid})", id=session_id, program=program[0], pid=started.pid)
+        self._update(session_id, app_pid=started.pid, app_started=started.started)
+        runtime.app_watch = ExitWatch(self.reactor, started, lambda: self._program_exited(session_id))
 
     def _program_exited(self, session_id: str) -> None:
         session = self.sessions.get(session_id)
@@ -540,6 +549,10 @@ class SessionManager(service.Service):
         runtime = self.runtime.pop(session_id, None)
         log.info("session {id} of {user} ended ({state}: {reason})", id=session_id, user=session.user,
                  state=final.value, reason=session.failure or reason, event="session_end")
+        if "shadow" in session.options:
+            log.info("shadow detach: {user} no longer watches {target} of {owner} (session {id})", user=session.user,
+                     target=session.options["shadow"]["target"], owner=session.options["shadow"]["owner"],
+                     id=session_id, event="shadow_detach")
         if runtime is not None:
             self._stop_watching(runtime)
             self._cancel_connect_timer(runtime)
@@ -550,7 +563,7 @@ class SessionManager(service.Service):
             self.reactor.callLater(5, self._kill_if_alive, agent)
         agent_files = self.layout.agent_files(session_id)
         files.remove_tree(agent_files.directory)
-        if session.agent_pid:
+        if session.agent_pid and self._plan(session).pam:
             try:
                 await self.launcher.close_pam({"user": session.user, "pam": self._pam_request(session)})
             except (LaunchError, OSError) as error:

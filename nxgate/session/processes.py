@@ -9,8 +9,10 @@ its start time (from /proc), so a recycled pid is never mistaken for it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -118,6 +120,20 @@ class Launcher:
         if identity is None:
             raise LaunchError("the program exited at once")
         return identity
+
+    async def run(self, request: dict[str, Any], timeout: float) -> int | None:
+        """Run a program as a user to its end; its exit code, or None if it
+        had to be stopped after ``timeout`` seconds."""
+        launch = self._run(request)
+        pid = await launch.ready
+        ended = launch.ended
+        ended.addTimeout(timeout, self.reactor)
+        try:
+            return await ended
+        except defer.TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            return None
 
     async def close_pam(self, request: dict[str, Any]) -> None:
         started = self._run(dict(request, mode="close-pam"))

@@ -1,0 +1,1 @@
+"""Shadowing: watching, or helping in, a running session or the local console."""
