@@ -15,6 +15,7 @@ setup(
     python_requires=">=3.11",
     # twisted/plugins has no __init__.py on purpose: it joins Twisted's plugin package.
     packages=find_packages(include=["nxgate", "nxgate.*"]) + ["twisted.plugins"],
+    package_data={"nxgate.client": ["nomachine-client.key"]},
     install_requires=[
         "Twisted[conch]>=22.4",
         "pyOpenSSL",
@@ -24,6 +25,7 @@ setup(
     entry_points={
         "console_scripts": [
             "nxgate-config = nxgate.configtool:main",
+            "nxgate-client = nxgate.client.main:main",
         ],
     },
     data_files=[

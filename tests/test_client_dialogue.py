@@ -149,14 +149,23 @@ class GreetingTests(SynchronousTestCase):
         self.assertEqual(server.say(b"NX> 203 NXSSH running with pid: 42\nWelcome!\n"), b"")
         self.assertEqual(server.say(BANNER), b"hello NXCLIENT - Version 3.5.0\n")
 
-    def test_neatx_capitalised_echoes(self):
+    def test_neatx_capitalised_echoes_and_its_exact_version(self):
         server = Server()
-        server.say(b"HELLO NXSERVER - Version 3.3.0 - GPL\nNX> 105 ")
-        self.assertEqual(server.say(b"Hello nxclient - version 3.5.0\nNX> 134 Accepted protocol: 3.5.0\nNX> 105 "),
+        # Neatx accepts only its own version: say it back, as Remmina and OpenNX do.
+        self.assertEqual(server.say(b"HELLO NXSERVER - Version 3.3.0 - GPL\nNX> 105 "),
+                         b"hello NXCLIENT - Version 3.3.0\n")
+        self.assertEqual(server.say(b"Hello nxclient - version 3.3.0\nNX> 134 Accepted protocol: 3.3.0\nNX> 105 "),
                          b"SET SHELL_MODE SHELL\n")
         self.assertEqual(server.say(b"Set SHELL_MODE: SHELL\nNX> 105 "), b"SET AUTH_MODE PASSWORD\n")
         self.assertEqual(server.client.server_version, "3.3.0")
-        self.assertEqual(server.client.accepted_version, "3.5.0")
+        self.assertEqual(server.client.accepted_version, "3.3.0")
+
+    def test_freenx_banner_version_and_nx4_fallback(self):
+        from nxgate.client.commands import hello
+
+        self.assertEqual(hello("3.2.0-74-SVN"), "hello NXCLIENT - Version 3.2.0")
+        self.assertEqual(hello("4.0.0"), "hello NXCLIENT - Version 3.5.0")
+        self.assertEqual(hello(None), "hello NXCLIENT - Version 3.5.0")
 
     def test_prompt_ended_by_a_newline_still_counts(self):
         server = Server()

@@ -17,6 +17,16 @@ from dataclasses import dataclass
 
 CLIENT_VERSION = "3.5.0"
 HELLO = f"hello NXCLIENT - Version {CLIENT_VERSION}"
+_VERSION_3 = re.compile(r"3\.\d+\.\d+")
+
+
+def hello(server_version: str | None) -> str:
+    """``hello`` with the server's own 3.x version, as Remmina and OpenNX do:
+    Neatx accepts nothing but its exact version."""
+    version = (server_version or "").split("-")[0]
+    if not _VERSION_3.fullmatch(version):
+        version = CLIENT_VERSION
+    return f"hello NXCLIENT - Version {version}"
 
 # OpenNX's UrlEsc set plus '%' (so that a literal '%' survives decoding).
 _ESCAPED = frozenset(' "%\'$`\\&:')

@@ -355,10 +355,10 @@ class ClientDialogue:
             self._fail(f"unexpected prompt from the server: NX> {code} (during {phase.value})")
         elif phase is Phase.GREETING:
             self.phase = Phase.HELLO
-            self._send(commands.HELLO)
+            self._send(commands.hello(self.server_version))
         elif phase is Phase.HELLO:
             if self.accepted_version is None:
-                self._fail(f"the server did not accept protocol {commands.CLIENT_VERSION} (no NX> 134)")
+                self._fail(f"the server did not accept '{commands.hello(self.server_version)}' (no NX> 134)")
                 return
             self.phase = Phase.SET_SHELL
             self._send("SET SHELL_MODE SHELL")
