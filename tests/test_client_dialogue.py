@@ -185,7 +185,7 @@ class GreetingTests(SynchronousTestCase):
         server.say(BANNER)
         self.assertEqual(server.say(b"hello NXCLIENT - Version 3.5.0\nNX> 105 "), b"")
         (failed,) = server.results()
-        self.assertIn("did not accept protocol 3.5.0", failed.lines[0])
+        self.assertIn("did not accept 'hello NXCLIENT - Version 3.5.0'", failed.lines[0])
 
     def test_server_closing_early_is_an_error(self):
         server = Server()
