@@ -467,6 +467,13 @@ class TerminateTests(SynchronousTestCase):
             f"NX> 716 Terminating session {SESSION_ID} on user request.",
             f"NX> 900 Session id: {SESSION_ID} terminated."))])
 
+    def test_suspend(self):
+        server = Server(nx.SuspendSession(SESSION_ID))
+        self.assertEqual(server.login(), f'suspend --sessionid="{SESSION_ID}"\n'.encode())
+        server.say(f"NX> 716 Suspending session {SESSION_ID} on user request.\nNX> 105 ".encode())
+        self.assertEqual(server.results(), [nx.Suspended(SESSION_ID, (
+            f"NX> 716 Suspending session {SESSION_ID} on user request.",))])
+
     def test_unknown_session(self):
         server = Server(nx.TerminateSession(SESSION_ID))
         server.login()

@@ -318,10 +318,20 @@ class SessionTests(ClientTestCase):
         self.screen.wait_for_colour(RED, 20000, timeout=60)
         self.assertEqual(self.sessions()[session_id][2], "Running")
 
+        # --suspend from elsewhere: the attached client is dropped, the session stays.
+        result = self.client("--suspend", session_id)
+        self.assertEqual((result.returncode, result.stdout), (0, f"Session {session_id} suspended.\n"),
+                         result.stderr)
+        code, stderr = self.finished(second)
+        self.assertEqual(code, 0, stderr)
+        self.assertEqual(self.sessions()[session_id][2], "Suspended")
+        third = self.attach("--resume", session_id)
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+
         result = self.client("--terminate", session_id)
         self.assertEqual((result.returncode, result.stdout), (0, f"Session {session_id} terminated.\n"),
                          result.stderr)
-        code, stderr = self.finished(second)
+        code, stderr = self.finished(third)
         self.assertEqual(code, 0, stderr)
         self.assertIn(f"disconnected from session {session_id}", stderr)
         self.assertEqual(self.sessions(), {})

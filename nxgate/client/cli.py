@@ -14,7 +14,14 @@ import subprocess
 from dataclasses import dataclass
 
 from nxgate.client import commands
-from nxgate.client.dialogue import ListSessions, Request, RestoreSession, StartSession, TerminateSession
+from nxgate.client.dialogue import (
+    ListSessions,
+    Request,
+    RestoreSession,
+    StartSession,
+    SuspendSession,
+    TerminateSession,
+)
 
 DEFAULT_PORT = 4022
 DEFAULT_GEOMETRY = (1024, 768)
@@ -63,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     modes.add_argument("--list", action="store_true", help="list your suspended and running sessions")
     modes.add_argument("--resume", metavar="ID", help="resume the session with this id and attach to it")
     modes.add_argument("--terminate", metavar="ID", help="terminate the session with this id")
+    modes.add_argument("--suspend", metavar="ID", help="suspend the session with this id (wherever it is attached)")
     new = parser.add_argument_group("new sessions (the default mode)")
     new.add_argument("--type", default="unix-console", help="session type (default: %(default)s)")
     new.add_argument("--application", metavar="CMD", help="the program of a unix-application session")
@@ -158,6 +166,8 @@ def parse_options(argv: list[str], environ: dict[str, str]) -> Options:
         request = ListSessions()
     elif args.terminate is not None:
         request = TerminateSession(_session_id(args.terminate, "--terminate"))
+    elif args.suspend is not None:
+        request = SuspendSession(_session_id(args.suspend, "--suspend"))
     elif args.resume is not None:
         request = RestoreSession(_session_id(args.resume, "--resume"), session_parameters(args, environ))
     else:

@@ -116,3 +116,7 @@ def list_command() -> str:
 
 def terminate_command(session_id: str) -> str:
     return "terminate " + format_params([("sessionid", session_id)])
+
+
+def suspend_command(session_id: str) -> str:
+    return "suspend " + format_params([("sessionid", session_id)])

@@ -73,7 +73,12 @@ class TerminateSession:
     session_id: str
 
 
-Request = ListSessions | StartSession | RestoreSession | TerminateSession
+@dataclass(frozen=True)
+class SuspendSession:
+    session_id: str
+
+
+Request = ListSessions | StartSession | RestoreSession | TerminateSession | SuspendSession
 
 
 def command_line(request: Request) -> str:
@@ -83,6 +88,8 @@ def command_line(request: Request) -> str:
         return commands.start_command(request.params)
     if isinstance(request, RestoreSession):
         return commands.restore_command(request.session_id, request.params)
+    if isinstance(request, SuspendSession):
+        return commands.suspend_command(request.session_id)
     return commands.terminate_command(request.session_id)
 
 
@@ -146,6 +153,12 @@ class Terminated:
 
 
 @dataclass(frozen=True)
+class Suspended:
+    session_id: str
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class SessionReady:
     """The session waits for our proxy; call :meth:`ClientDialogue.proxy_connected`
     once nxproxy is connected to the local end."""
@@ -169,7 +182,7 @@ class Failed:
     lines: tuple[str, ...]
 
 
-Event = Send | Trace | Listed | Terminated | SessionReady | Switched | Failed
+Event = Send | Trace | Listed | Terminated | Suspended | SessionReady | Switched | Failed
 
 
 class Phase(enum.Enum):
@@ -421,6 +434,8 @@ class ClientDialogue:
             self._finish(Listed(tuple(self._rows), self._capacity_reached))
         elif isinstance(request, TerminateSession):
             self._finish(Terminated(request.session_id, tuple(self._lines)))
+        elif isinstance(request, SuspendSession):
+            self._finish(Suspended(request.session_id, tuple(self._lines)))
         elif 700 not in self._fields:
             self._fail("the server answered without starting a session (no NX> 700)")
         elif 710 in self._fields:

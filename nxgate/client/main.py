@@ -191,6 +191,9 @@ class ClientRun:
         elif isinstance(event, dialogue.Terminated):
             self.out.write(f"Session {event.session_id} terminated.\n")
             self._quit_then(OK)
+        elif isinstance(event, dialogue.Suspended):
+            self.out.write(f"Session {event.session_id} suspended.\n")
+            self._quit_then(OK)
         elif isinstance(event, dialogue.SessionReady):
             self._session_ready(event.info)
         elif isinstance(event, dialogue.Switched):
