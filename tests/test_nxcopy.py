@@ -659,6 +659,31 @@ class NxcopyTestsMixin:
     def test_file_stdin_no_splice(self):
         self.file_stdin(["--no-splice"])
 
+    def tty_stdin(self, extra=()):
+        import pty
+
+        master, slave = pty.openpty()
+        self.addCleanup(os.close, master)
+        self.addCleanup(os.close, slave)  # we keep the description shared with nxcopy
+        server = ServerSide(self, "tcp")
+        child = self.spawn(extra, None, server, stdin=slave)
+        server.accept()
+        dl = self.deadline()
+        os.write(master, b"typed line\n")
+        self.assertEqual(read_exact(server.fd, 11, dl), b"typed line\n")
+        self.assertFalse(os.get_blocking(slave), "nxcopy should run the tty non-blocking")
+        os.write(master, b"\x04")  # ^D at the start of a line: EOF for the reader
+        self.assertEqual(read_to_eof(server.fd, dl), b"")
+        server.close_write()
+        self.finish(child, 0)
+        self.assertTrue(os.get_blocking(slave), "nxcopy left the shared tty non-blocking")
+
+    def test_tty_stdin(self):
+        self.tty_stdin()
+
+    def test_tty_stdin_no_splice(self):
+        self.tty_stdin(["--no-splice"])
+
     def append_stdout(self, extra=()):
         # splice() refuses O_APPEND files with EINVAL only after data already
         # sits in nxcopy's pipe: the fallback must carry it over.
