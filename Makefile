@@ -1,5 +1,7 @@
 # nxgate: `make install`, `make run`, `make test` (see README).
-PYTHON  ?= python3
+# Debian's Python: session programs started as users (viewers, dialogs) run
+# this venv's interpreter, which must not live in root's home (pyenv).
+PYTHON  ?= $(firstword $(wildcard /usr/bin/python3) python3)
 VENV    := $(CURDIR)/.venv
 STATE   ?= $(CURDIR)/.state
 STAMP   := $(VENV)/.installed
@@ -31,7 +33,8 @@ system-packages:
 	  install -m 644 conf/pam.d/nxgate /etc/pam.d/nxgate && echo "installed /etc/pam.d/nxgate"; \
 	fi
 
-$(STAMP): setup.py requirements.txt $(shell find nxgate twisted -name '*.py')
+$(STAMP): setup.py requirements.txt helpers/nxcopy.c $(shell find nxgate twisted -name '*.py')
+	$(MAKE) -C helpers all
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements.txt
@@ -46,3 +49,4 @@ test: install
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info _trial_temp
+	$(MAKE) -C helpers clean
