@@ -10,7 +10,8 @@ STAMP   := $(VENV)/.installed
 APT_PACKAGES := python3 python3-venv python3-dev gcc make libpam0g \
 	nxagent nxproxy xvfb xauth x11-utils x11-xserver-utils xterm xdotool \
 	imagemagick openssh-client openssh-server socat procps iproute2 passwd \
-	xfce4-session xfwm4 xfce4-panel xfdesktop4 dbus-x11 python3-tk
+	xfce4-session xfwm4 xfce4-panel xfdesktop4 dbus-x11 python3-tk \
+	xrdp x11vnc tigervnc-standalone-server freerdp2-x11 xtightvncviewer ssl-cert
 
 .PHONY: install system-packages run test clean
 
@@ -38,6 +39,7 @@ $(STAMP): setup.py requirements.txt helpers/nxcopy.c $(shell find nxgate twisted
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements.txt
+	$(VENV)/bin/pip install -q --no-deps rdpyqt==2.1.6
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall .
 	touch $@
 
