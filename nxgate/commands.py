@@ -5,12 +5,14 @@ from __future__ import annotations
 from twisted.internet import defer
 
 from nxgate.conversation import Client
+from nxgate.backends import remote
 from nxgate.nx import errors
 from nxgate.nx.errors import NXError
 from nxgate.nx.params import Params
 from nxgate.nx.shell import Reply
 from nxgate.session import request
 from nxgate.session.manager import SessionManager
+from nxgate.session.remote import RemoteSessions
 from nxgate.shadow.service import ShadowService
 
 
@@ -20,6 +22,7 @@ class SessionCommands:
     def __init__(self, manager: SessionManager, shadow: ShadowService) -> None:
         self.manager = manager
         self.shadow = shadow
+        self.remote = RemoteSessions(manager)
 
     def execute(self, client: Client, command: str, params: Params) -> defer.Deferred[Reply]:
         return defer.ensureDeferred(self._execute(client, command, params))
@@ -33,7 +36,10 @@ class SessionCommands:
         if command == "attachsession":
             return await self.shadow.attach(client, params)
         if command == "startsession":
-            return await manager.start(client, request.start_request(params))
+            start = request.start_request(params)
+            if start.type in remote.PROTOCOLS:
+                return await self.remote.start(client, start, params)
+            return await manager.start(client, start)
         if command == "restoresession":
             session_id = request.session_id(params, "id", "restore", "sessionid")
             settings = request.display_settings(params)

@@ -187,6 +187,32 @@ class ShadowSection:
     dialog_python: str = option("/usr/bin/python3", nonempty, "Python with tkinter that shows the consent dialog")
 
 
+@dataclass(frozen=True)
+class RemoteSection:
+    enabled: bool = option(True, boolean, "serve the NX session types windows (RDP) and vnc")
+    allow_any_host: bool = option(False, boolean, "users may name any host (no: only the [target NAME] sections)")
+    rdp_engine: str = option("rdpy", one_of("rdpy", "freerdp"), "default RDP engine")
+    vnc_engine: str = option("vnc", one_of("vnc", "tightvnc"), "default VNC engine")
+    rdp_security: str = option("tls", one_of("tls", "nla", "rdp"), "default RDP security")
+    connect_timeout: float = option(15.0, number(1, 120), "seconds to reach and log in to a remote desktop")
+    xfreerdp: str = option("xfreerdp", nonempty, "the FreeRDP program (freerdp engine)")
+    xtightvncviewer: str = option("xtightvncviewer", nonempty, "the TightVNC viewer (tightvnc engine)")
+
+
+@dataclass(frozen=True)
+class TargetSection:
+    """A remote desktop the admin defines: ``[target NAME]``."""
+
+    protocol: str = option("rdp", one_of("rdp", "vnc"), "rdp or vnc")
+    host: str = option("", nonempty, "host name or address")
+    port: int = option(0, integer(0, 65535), "port (0: 3389 for RDP, 5900 for VNC)")
+    engine: str = option("", one_of("", "rdpy", "freerdp", "vnc", "tightvnc"), "engine (empty: [remote]'s default)")
+    security: str = option("", one_of("", "tls", "nla", "rdp"), "RDP security (empty: [remote]'s default)")
+    user: str = option("", text, "fixed RDP user (empty: the client's)")
+    domain: str = option("", text, "fixed RDP domain (empty: the client's)")
+    password: str = option("", text, "fixed password (empty: the client's); keep this file root-only")
+
+
 DEFAULT_TYPES: dict[str, tuple[str, ...]] = {
     "unix-console": ("xterm",),
     "unix-xfce": ("startxfce4",),
@@ -205,6 +231,9 @@ class Config:
     shell: ShellSection = ShellSection()
     sessions: SessionsSection = SessionsSection()
     shadow: ShadowSection = ShadowSection()
+    remote: RemoteSection = RemoteSection()
+    # Remote desktops by name, from [target NAME] sections.
+    targets: dict[str, TargetSection] = field(default_factory=dict)
     # Session types: name -> command (argv).  unix-application runs the
     # client's --application; an empty command disables a type.
     types: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_TYPES))
@@ -219,7 +248,7 @@ class Config:
 
 
 def _section_fields() -> list[dataclasses.Field[Any]]:
-    return [f for f in dataclasses.fields(Config) if f.name not in ("source", "types")]
+    return [f for f in dataclasses.fields(Config) if f.name not in ("source", "types", "targets")]
 
 
 def _load_types(filename: str, values: dict[str, tuple[int, str]], problems: list[str]) -> dict[str, tuple[str, ...]]:
@@ -238,7 +267,7 @@ def _load_types(filename: str, values: dict[str, tuple[int, str]], problems: lis
 
 
 # --------------------------------------------------------------------- reader
-_SECTION = re.compile(r"\[\s*([A-Za-z0-9_.-]+)\s*\]")
+_SECTION = re.compile(r"\[\s*([A-Za-z0-9_.-]+(?:\s+[A-Za-z0-9_.-]+)?)\s*\]")
 _ASSIGN = re.compile(r"([A-Za-z0-9_.-]+)\s*[=:]\s*(.*)")
 
 
@@ -253,7 +282,7 @@ def parse_ini(lines: list[str], source: str) -> tuple[dict[str, dict[str, tuple[
             continue
         match = _SECTION.fullmatch(line)
         if match:
-            section = match.group(1).lower()
+            section = " ".join(match.group(1).lower().split())
             result.setdefault(section, {})
             continue
         match = _ASSIGN.fullmatch(line)
@@ -271,6 +300,30 @@ def parse_ini(lines: list[str], source: str) -> tuple[dict[str, dict[str, tuple[
     return result, problems
 
 
+def _convert(filename: str, name: str, cls: type, values: dict[str, tuple[int, str]], base: str,
+             problems: list[str]) -> Any:
+    """One section's values, converted and checked, as an instance of ``cls``."""
+    options = {f.name: f for f in dataclasses.fields(cls)}
+    converted: dict[str, Any] = {}
+    for key, (number_, value) in values.items():
+        opt = options.get(key)
+        if opt is None:
+            problems.append(f"{filename}:{number_}: [{name}] unknown option '{key}'")
+            continue
+        try:
+            result = opt.metadata["convert"](value)
+        except ValueError as exc:
+            problems.append(f"{filename}:{number_}: [{name}] {key} = {value!r}: {exc}")
+            continue
+        if opt.metadata["path"] and result:
+            result = os.path.normpath(os.path.join(base, result))
+        converted[key] = result
+    if cls is TargetSection and not converted.get("host") and "host" not in values:
+        problems.append(f"{filename}: [{name}] needs a host")
+        return None
+    return cls(**converted)
+
+
 def load(filename: str | None) -> Config:
     """Load and validate a config file; ``None`` gives the built-in defaults."""
     if filename is None:
@@ -282,32 +335,23 @@ def load(filename: str | None) -> Config:
         raise ConfigError([f"{filename}: cannot read: {exc}"]) from None
     base = os.path.dirname(os.path.abspath(filename))
     parsed, problems = parse_ini(lines, filename)
-    sections: dict[str, Any] = {"types": _load_types(filename, parsed.pop("types", {}), problems)}
+    sections: dict[str, Any] = {"types": _load_types(filename, parsed.pop("types", {}), problems), "targets": {}}
     known = {f.name: f for f in _section_fields()}
     for name, values in parsed.items():
+        if name.startswith("target "):
+            target = _convert(filename, name, TargetSection, values, base, problems)
+            if target is not None:
+                sections["targets"][name.split(" ", 1)[1]] = target
+            continue
         section_field = known.get(name)
         if section_field is None:
             first = min((n for n, _ in values.values()), default=0)
             problems.append(f"{filename}: unknown section [{name}] (known: {', '.join(known)}, types)"
                             + (f", near line {first}" if first else ""))
             continue
-        cls = type(section_field.default)
-        options = {f.name: f for f in dataclasses.fields(cls)}
-        converted: dict[str, Any] = {}
-        for key, (number_, value) in values.items():
-            opt = options.get(key)
-            if opt is None:
-                problems.append(f"{filename}:{number_}: [{name}] unknown option '{key}'")
-                continue
-            try:
-                result = opt.metadata["convert"](value)
-            except ValueError as exc:
-                problems.append(f"{filename}:{number_}: [{name}] {key} = {value!r}: {exc}")
-                continue
-            if opt.metadata["path"] and result:
-                result = os.path.normpath(os.path.join(base, result))
-            converted[key] = result
-        sections[name] = cls(**converted)
+        section = _convert(filename, name, type(section_field.default), values, base, problems)
+        if section is not None:
+            sections[name] = section
     if problems:
         raise ConfigError(problems)
     return Config(source=filename, **sections)

@@ -57,12 +57,18 @@ class FakeLauncher:
         self.processes = []
         self.test = test
 
+    status = "ready 800x600"
+
     async def start(self, request):
         self.requests.append(request)
         process = subprocess.Popen(["sleep", "600"])
         self.processes.append(process)
         self.test.addCleanup(lambda: (process.kill(), process.wait()))
         return ProcessId.of(process.pid)
+
+    async def start_reporting(self, request):
+        process = await self.start(request)
+        return process, defer.succeed(self.status if request.get("status_fd") else "")
 
     async def close_pam(self, request):
         self.closed.append(request)

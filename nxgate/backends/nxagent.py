@@ -36,24 +36,36 @@ class AgentPlan:
     run_as: str = ""
     persistent: bool = True
     pam: bool = True
+    # A viewer starts as soon as the agent listens and reports on fd 3
+    # before the client is answered; it draws after attach_signal.
+    program_early: bool = False
+    attach_signal: int = 0
+    program_env: tuple[tuple[str, str], ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         return {
             "mode": self.mode, "program": list(self.program), "extra_options": [list(o) for o in self.extra_options],
             "extra_cookies": [list(c) for c in self.extra_cookies], "run_as": self.run_as,
-            "persistent": self.persistent, "pam": self.pam,
+            "persistent": self.persistent, "pam": self.pam, "program_early": self.program_early,
+            "attach_signal": self.attach_signal, "program_env": [list(e) for e in self.program_env],
         }
 
     @classmethod
     def from_dict(cls, values: dict[str, object]) -> AgentPlan:
+        def pairs(key: str) -> tuple[tuple[str, str], ...]:
+            return tuple((str(a), str(b)) for a, b in values.get(key, ()))  # type: ignore[union-attr]
+
         return cls(
             mode=str(values.get("mode", "-D")),
             program=tuple(values.get("program", ())),  # type: ignore[arg-type]
-            extra_options=tuple(tuple(o) for o in values.get("extra_options", ())),  # type: ignore[union-attr]
+            extra_options=pairs("extra_options"),
             extra_cookies=tuple((int(d), str(c)) for d, c in values.get("extra_cookies", ())),  # type: ignore[union-attr]
             run_as=str(values.get("run_as", "")),
             persistent=bool(values.get("persistent", True)),
             pam=bool(values.get("pam", True)),
+            program_early=bool(values.get("program_early", False)),
+            attach_signal=int(values.get("attach_signal", 0)),  # type: ignore[call-overload]
+            program_env=pairs("program_env"),
         )
 
 

@@ -13,6 +13,10 @@ It reads a JSON request on stdin (never argv: nothing here may show up in
    ignores signals meant for it, sets umask 077, and
 5. says ``ok`` on stdout and ``exec``s the program with the given argv.
 
+``stdin`` in the request is a secret the program reads on stdin (a remote
+desktop's password); with ``status_fd`` the program gets our stdout, the
+pipe to the gateway, as fd 3 for a status line of its own.
+
 The gateway sees ``ok`` (or an error line) and then the pid is the
 program's.  ``{"mode": "close-pam", ...}`` closes a PAM session instead.
 """
@@ -81,16 +85,33 @@ def execute(request: dict[str, Any]) -> None:
     for signum in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(signum, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
+    os.dup2(_stdin(request.get("stdin")), 0)
+    if request.get("status_fd"):
+        # The program reports on fd 3, which is our stdout: the gateway reads it.
+        os.dup2(1, 3)
+        os.set_inheritable(3, True)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
-    os.closerange(3, max(os.sysconf("SC_OPEN_MAX"), 1024))
+    os.closerange(4 if request.get("status_fd") else 3, max(os.sysconf("SC_OPEN_MAX"), 1024))
     try:
         os.execve(executable, argv, env)
     except OSError as error:
         os.write(2, f"nxgate launcher: cannot execute {executable}: {error}\n".encode())
         os._exit(127)
+
+
+def _stdin(secret: str | None) -> int:
+    """The program's stdin: /dev/null, or a pipe holding ``secret`` (a
+    password never goes into argv or the environment)."""
+    if secret is None:
+        return os.open(os.devnull, os.O_RDONLY)
+    data = secret.encode("utf-8", "surrogateescape")
+    if len(data) >= 65536:
+        _fail("secret too long")
+    read_end, write_end = os.pipe()
+    os.write(write_end, data)  # fits in the pipe: the write cannot block
+    os.close(write_end)
+    return read_end
 
 
 def close_pam(request: dict[str, Any]) -> None:

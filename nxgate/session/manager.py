@@ -20,6 +20,7 @@ import os
 import pwd
 import secrets
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +83,7 @@ class Runtime:
     last_error: str = ""
     app_starting: bool = False
     watchdog_pid: int = 0
+    secret: str | None = field(default=None, repr=False)  # for the program's stdin, until it has it
 
 
 class SessionManager(service.Service):
@@ -152,12 +154,18 @@ class SessionManager(service.Service):
         )
 
     async def launch(self, client: Client, session: Session, settings: DisplaySettings,
-                     plan: nxagent.AgentPlan) -> Reply:
-        """Start a new session's agent and answer once it listens."""
+                     plan: nxagent.AgentPlan, secret: str | None = None,
+                     judge: Callable[[str], NXError | None] | None = None) -> Reply:
+        """Start a new session's agent and answer once it listens.
+
+        With ``plan.program_early`` the program (a viewer) starts as soon as
+        the agent listens, gets ``secret`` on stdin, and its status line is
+        ``judge``d before the client is answered.  The secret lives in
+        memory only, until the program has it."""
         session = session.evolve(options={**session.options, "display": settings.as_dict(), "plan": plan.as_dict()})
         self.sessions[session.id] = session
         self.store.insert(session)
-        runtime = self.runtime[session.id] = Runtime(self.layout.agent_files(session.id))
+        runtime = self.runtime[session.id] = Runtime(self.layout.agent_files(session.id), secret=secret)
         log.info(
             "starting session {id} ({type}, display :{display}) for {user} from {address}",
             id=session.id, type=session.type, display=session.display, user=session.user,
@@ -166,6 +174,14 @@ class SessionManager(service.Service):
         try:
             await self._start_agent(session, runtime, settings, plan)
             await self._wait_for(session.id, {State.WAITING}, self.settings.agent_start_timeout)
+            if plan.program_early:
+                status = await self._start_program(session.id, report=True)
+                failure = judge(status) if judge is not None else None
+                if failure is not None:
+                    log.warn("session {id} for {user}: {failure}", id=session.id, user=session.user,
+                             failure=failure.text)
+                    await self.terminate_session(session.id, failure.text)
+                    raise failure
         except (LaunchError, OSError, SessionEnded, WaitTimeout) as error:
             reason = runtime.last_error or str(error) or type(error).__name__
             log.warn("session {id} for {user} failed to start: {reason}", id=session.id, user=session.user, reason=reason)
@@ -292,35 +308,51 @@ class SessionManager(service.Service):
     def _pam_request(self, session: Session) -> dict[str, Any]:
         return {"service": self.pam_service, "rhost": session.client_address, "tty": f":{session.display}"}
 
-    async def _start_program(self, session_id: str) -> None:
+    async def _start_program(self, session_id: str, report: bool = False) -> str:
+        """Start the session's program; with ``report``, return its status line
+        (a viewer's ``ready ...`` or ``error ...``), waited for within the
+        remote connect timeout."""
         session = self.sessions[session_id]
         runtime = self.runtime[session_id]
-        program = self._plan(session).program
-        if not program:
-            return
+        plan = self._plan(session)
+        if not plan.program:
+            return ""
         user = pwd.getpwuid(session.uid)
+        secret, runtime.secret = runtime.secret, None
         request = {
             "user": user.pw_name,
-            "argv": list(program),
+            "argv": list(plan.program),
             "env": login_environment(user, self.settings),
-            "env_fixed": nxagent.x11_environment(session, runtime.files, {}),
+            "env_fixed": nxagent.x11_environment(session, runtime.files, dict(plan.program_env)),
             "cwd": user.pw_dir,
             "log": runtime.files.app_log,
+            "stdin": secret,
+            "status_fd": report,
         }
         try:
-            started = await self.launcher.start(request)
+            started, status = await self.launcher.start_reporting(request)
         except (LaunchError, OSError) as error:
             log.warn("session {id}: could not start {program}: {error}", id=session_id,
-                     program=program[0], error=str(error))
+                     program=plan.program[0], error=str(error))
             await self.terminate_session(session_id, "session program failed to start")
-            return
+            return f"error protocol: could not start {plan.program[0]}"
         if session_id not in self.runtime:
             # The session ended while the program started; it has no display left.
             self._kill_program(session.evolve(app_pid=started.pid, app_started=started.started))
-            return
-        log.info("session {id}: started {program} (pid {pid})", id=session_id, program=program[0], pid=started.pid)
+            return "error protocol: the session ended"
+        log.info("session {id}: started {program} (pid {pid})", id=session_id, program=plan.program[0],
+                 pid=started.pid)
         self._update(session_id, app_pid=started.pid, app_started=started.started)
         runtime.app_watch = ExitWatch(self.reactor, started, lambda: self._program_exited(session_id))
+        if not report:
+            return ""
+        status.addTimeout(self.config.remote.connect_timeout + 10, self.reactor)
+        try:
+            return await status
+        except defer.TimeoutError:
+            return "error timeout: no answer from the viewer"
+        except LaunchError as error:
+            return f"error protocol: {error}"
 
     def _program_exited(self, session_id: str) -> None:
         session = self.sessions.get(session_id)
@@ -328,6 +360,12 @@ class SessionManager(service.Service):
             return
         log.info("session {id}: its program ended; ending the session", id=session_id)
         defer.ensureDeferred(self.terminate_session(session_id, "session program ended"))
+
+    @staticmethod
+    def _signal_program(session: Session, signum: int) -> None:
+        program = ProcessId(session.app_pid, session.app_started)
+        if program.alive():
+            os.kill(program.pid, signum)
 
     def _signal_agent(self, session: Session, signum: int) -> None:
         agent = ProcessId(session.agent_pid, session.agent_started)
@@ -436,7 +474,10 @@ class SessionManager(service.Service):
             return
         if new is State.RUNNING:
             self._cancel_connect_timer(runtime)
-            if not session.app_pid and not runtime.app_starting:
+            plan = self._plan(session)
+            if plan.program_early and plan.attach_signal and not session.ever_attached:
+                self._signal_program(session, plan.attach_signal)  # the viewer may draw now
+            elif not session.app_pid and not runtime.app_starting and not plan.program_early:
                 runtime.app_starting = True
                 defer.ensureDeferred(self._start_program(session_id))
 

@@ -67,9 +67,10 @@ def parent_pid(pid: int) -> int | None:
 
 
 class _Launch(protocol.ProcessProtocol):
-    def __init__(self, request: bytes) -> None:
-        self.request = request
+    def __init__(self, request: dict[str, Any]) -> None:
+        self.request = json.dumps(request).encode()
         self.ready: defer.Deferred[int] = defer.Deferred()
+        self.status: defer.Deferred[str] = defer.Deferred() if request.get("status_fd") else defer.succeed("")
         self.ended: defer.Deferred[int | None] = defer.Deferred()
         self.output = b""
         self.errors = b""
@@ -80,12 +81,21 @@ class _Launch(protocol.ProcessProtocol):
 
     def outReceived(self, data: bytes) -> None:
         self.output += data
-        if b"\n" in self.output and not self.ready.called:
-            line = self.output.split(b"\n", 1)[0].decode("utf-8", "replace")
-            if line == "ok":
-                self.ready.callback(self.transport.pid)
-            else:
-                self.ready.errback(LaunchError(line.removeprefix("error: ")))
+        while b"\n" in self.output:
+            raw, self.output = self.output.split(b"\n", 1)
+            line = raw.decode("utf-8", "replace")
+            if not self.ready.called:
+                if line == "ok":
+                    self.ready.callback(self.transport.pid)
+                else:
+                    self.ready.errback(LaunchError(line.removeprefix("error: ")))
+            elif not self.status.called:
+                self.status.callback(line)  # the program's own first line (fd 3)
+
+    def outConnectionLost(self) -> None:
+        if self.ready.called and not self.status.called:
+            self.status.addErrback(lambda _failure: None)  # in case nobody waits any more
+            self.status.errback(LaunchError("the program closed its status pipe without a word"))
 
     def errReceived(self, data: bytes) -> None:
         self.errors = (self.errors + data)[-4096:]
@@ -95,6 +105,9 @@ class _Launch(protocol.ProcessProtocol):
         if not self.ready.called:
             detail = self.errors.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit code {code}"]
             self.ready.errback(LaunchError(f"launcher failed: {detail[0]}"))
+        if not self.status.called:
+            self.status.addErrback(lambda _failure: None)  # nobody waits for a status now
+            self.status.errback(LaunchError(f"the program ended (exit code {code})"))
         self.ended.callback(code)
 
 
@@ -105,7 +118,7 @@ class Launcher:
         self.reactor = reactor
 
     def _run(self, request: dict[str, Any]) -> _Launch:
-        launch = _Launch(json.dumps(request).encode())
+        launch = _Launch(request)
         env = {"PATH": os.defpath, "LANG": "C.UTF-8", "PYTHONPATH": os.pathsep.join(sys.path)}
         self.reactor.spawnProcess(
             launch, sys.executable, [sys.executable, "-m", "nxgate.session.launcher"],
@@ -115,11 +128,18 @@ class Launcher:
 
     async def start(self, request: dict[str, Any]) -> ProcessId:
         """Start a program as a user; its identity once it runs."""
-        pid = await self._run(request).ready
+        process, _status = await self.start_reporting(request)
+        return process
+
+    async def start_reporting(self, request: dict[str, Any]) -> tuple[ProcessId, defer.Deferred[str]]:
+        """Start a program that writes a status line on fd 3 (if the request
+        says ``status_fd``); also returns the Deferred of that line."""
+        launch = self._run(request)
+        pid = await launch.ready
         identity = ProcessId.of(pid)
         if identity is None:
             raise LaunchError("the program exited at once")
-        return identity
+        return identity, launch.status
 
     async def run(self, request: dict[str, Any], timeout: float) -> int | None:
         """Run a program as a user to its end; its exit code, or None if it
