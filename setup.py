@@ -1,8 +1,19 @@
 """Packaging for nxgate: the package, the twistd plugin, console scripts and conf files."""
 
 import re
+import subprocess
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+
+class BuildWithHelper(build_py):
+    """Compiles helpers/nxcopy (hardened, -Werror) before packaging it."""
+
+    def run(self):
+        subprocess.run(["make", "-C", "helpers", "all"], check=True)
+        super().run()
+
 
 with open("nxgate/__init__.py", encoding="utf-8") as handle:
     VERSION = re.search(r'__version__ = "([^"]+)"', handle.read()).group(1)
@@ -26,9 +37,13 @@ setup(
         "console_scripts": [
             "nxgate-config = nxgate.configtool:main",
             "nxgate-client = nxgate.client.main:main",
+            "nxgate-shell = nxgate.shell:main",
         ],
     },
+    cmdclass={"build_py": BuildWithHelper},
     data_files=[
+        # nxcopy goes beside the console scripts, where nxgate-shell looks first.
+        ("bin", ["helpers/nxcopy"]),
         ("share/nxgate/conf", ["conf/nxgate.conf", "conf/nx_authorized_keys"]),
         ("share/nxgate/conf/pam.d", ["conf/pam.d/nxgate"]),
     ],

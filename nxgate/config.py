@@ -123,6 +123,7 @@ class ServerSection:
     state_dir: str = option("/var/lib/nxgate", nonempty, "host keys, session store and session directories", is_path=True)
     protocol_version: str = option("3.5.0", nx_version, "NX protocol version in the greeting (keep below 4)")
     log_level: str = option("info", one_of("debug", "info", "warn", "error"), "lowest level written to the log")
+    shell_socket: str = option("", text, "Unix socket for nxgate-shell, the OpenSSH mode (empty: off)", is_path=True)
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from twisted.application import service, strports
 from twisted.cred.portal import Portal
+from twisted.internet.endpoints import quoteStringArgument
 from twisted.logger import Logger
 
 from nxgate.auth import Authenticator
@@ -18,6 +20,7 @@ from nxgate.relay import AgentRelay
 from nxgate.session.files import StateLayout
 from nxgate.session.manager import RelayTarget, SessionManager
 from nxgate.session.store import SessionStore
+from nxgate.shellsocket import ShellFactory
 from nxgate.shadow.service import ShadowService
 from nxgate.ssh import checkers, hostkeys
 from nxgate.ssh.server import NXAvatar, NXRealm, NXSessionChannel, NXSSHFactory
@@ -94,6 +97,10 @@ class Gateway(service.MultiService):
         )
         self.ssh_factory = self._ssh_factory()
         strports.service(config.server.listen, self.ssh_factory).setServiceParent(self)
+        if config.server.shell_socket:
+            self._prepare_socket_dir(config.server.shell_socket)
+            endpoint = f"unix:{quoteStringArgument(config.server.shell_socket)}:mode=666:lockfile=0"
+            strports.service(endpoint, ShellFactory(self)).setServiceParent(self)
 
     def _ssh_factory(self) -> NXSSHFactory:
         ssh = self.config.ssh
@@ -107,21 +114,28 @@ class Gateway(service.MultiService):
         host_keys = hostkeys.load_host_keys(self.layout.hostkeys)
         return NXSSHFactory(portal, host_keys, ssh.login_grace_time, ssh.max_auth_tries)
 
-    def _open_shell(self, avatar: NXAvatar, channel: NXSessionChannel) -> ChannelShell:
-        conversation = Conversation(
-            self.reactor,
-            self.shell_settings,
-            ChannelTransport(channel),
-            channel.peer,
-            self.authenticator,
-            self.commands,
-            relay_factory=self._relay,
-            preauthenticated_user=avatar.principal.unix_user,
-            local_address=channel.local_address,
+    def conversation(self, transport: Any, address: str, preauthenticated_user: str | None,
+                     relay_factory: Any, local_address: str = "127.0.0.1") -> Conversation:
+        """A new NX conversation (not started) over ``transport``."""
+        return Conversation(
+            self.reactor, self.shell_settings, transport, address, self.authenticator, self.commands,
+            relay_factory=relay_factory, preauthenticated_user=preauthenticated_user, local_address=local_address,
         )
+
+    def _open_shell(self, avatar: NXAvatar, channel: NXSessionChannel) -> ChannelShell:
+        conversation = self.conversation(ChannelTransport(channel), channel.peer, avatar.principal.unix_user,
+                                         self._relay, channel.local_address)
         handler = ChannelShell(conversation, channel)
         conversation.start()
         return handler
+
+    @staticmethod
+    def _prepare_socket_dir(path: str) -> None:
+        """Anyone may connect (the peer's uid decides what it gets); a stale
+        socket from a previous run is removed."""
+        os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+        if os.path.exists(path):
+            os.unlink(path)
 
     def _relay(self, client: Client, target: RelayTarget, transport: ChannelTransport, leftover: bytes) -> AgentRelay:
         return AgentRelay(self.reactor, client, target, transport, leftover)

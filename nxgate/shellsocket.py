@@ -1,0 +1,133 @@
+"""The gateway's local socket for ``nxgate-shell`` (the OpenSSH deployment mode).
+
+Sites that keep their system sshd give the nx account ``nxgate-shell`` as
+its command; it brings the NX conversation here, where authentication and
+session management happen exactly as for the built-in SSH server.  The
+kernel tells us who connected (SO_PEERCRED): the nx account gets the usual
+NX login; any other user (sshd's ForceCommand for users who log in as
+themselves) is already authenticated as that user, as with legacy-free
+logins; root and unknown users are refused.  After ``bye`` the shell is
+told where the agent listens and relays the stream itself (with nxcopy).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import pwd
+import socket
+import struct
+from typing import Any
+
+from twisted.internet import protocol
+from twisted.logger import Logger
+
+from nxgate import shellproto
+from nxgate.conversation import Client, Conversation
+
+log = Logger(namespace="nxgate.shell")
+
+
+class _Frames:
+    """The conversation's transport: DATA frames out, EXIT on close."""
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+
+    def write(self, data: bytes) -> None:
+        self.transport.write(shellproto.frame(shellproto.DATA, data))
+
+    def close(self) -> None:
+        self.transport.write(shellproto.frame(shellproto.EXIT, b"0"))
+        self.transport.loseConnection()
+
+
+class _HandedOver:
+    """Stands in for a relay: the shell carries the stream itself."""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def pause_agent(self) -> None:
+        pass
+
+    def resume_agent(self) -> None:
+        pass
+
+
+def peer_uid(transport: Any) -> int | None:
+    try:
+        raw = transport.socket.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (AttributeError, OSError):
+        return None
+    return struct.unpack("3i", raw)[1]
+
+
+class ShellProtocol(protocol.Protocol):
+    def __init__(self, gateway: Any) -> None:
+        self.gateway = gateway
+        self.deframer = shellproto.Deframer()
+        self.conversation: Conversation | None = None
+        self.preauthenticated: str | None = None
+
+    def connectionMade(self) -> None:
+        uid = peer_uid(self.transport)
+        nx_user = self.gateway.config.ssh.nx_user
+        try:
+            name = pwd.getpwuid(uid).pw_name if uid is not None else None
+        except KeyError:
+            name = None
+        if name is None or uid == 0:
+            log.warn("refused a shell socket connection from uid {uid}", uid=uid)
+            self.transport.loseConnection()
+        elif name != nx_user:
+            if not self.gateway.config.ssh.user_logins:
+                log.warn("refused {user} on the shell socket: user logins are disabled", user=name)
+                self.transport.loseConnection()
+                return
+            self.preauthenticated = name
+
+    def dataReceived(self, data: bytes) -> None:
+        try:
+            for kind, payload in self.deframer.feed(data):
+                self._frame(kind, payload)
+        except (shellproto.FramingError, ValueError, KeyError) as error:
+            log.warn("bad data from nxgate-shell: {error}", error=str(error))
+            self.transport.loseConnection()
+
+    def _frame(self, kind: bytes, payload: bytes) -> None:
+        if kind == shellproto.HELLO and self.conversation is None:
+            remote = str(json.loads(payload).get("remote", "unknown"))[:100]
+            log.info("NX conversation from {address} through sshd ({who})", address=remote,
+                     who=self.preauthenticated or "nx account")
+            self.conversation = self.gateway.conversation(_Frames(self.transport), remote, self.preauthenticated,
+                                                          self._hand_over)
+            self.conversation.start()
+        elif self.conversation is None:
+            raise shellproto.FramingError("no hello first")
+        elif kind == shellproto.DATA:
+            self.conversation.data_received(payload)
+        elif kind == shellproto.EOF:
+            self.conversation.eof_received()
+
+    def _hand_over(self, client: Client, target: Any, _transport: Any, leftover: bytes) -> _HandedOver:
+        message = {"host": target.host, "port": target.port, "leftover": base64.b64encode(leftover).decode()}
+        self.transport.write(shellproto.frame(shellproto.SWITCH, json.dumps(message).encode()))
+        self.transport.loseConnection()
+        log.info("handed {user}'s stream for session {id} to nxgate-shell", user=client.user, id=target.session_id)
+        return _HandedOver()
+
+    def connectionLost(self, reason: Any) -> None:
+        if self.conversation is not None:
+            self.conversation.connection_lost()
+
+
+class ShellFactory(protocol.Factory):
+    def __init__(self, gateway: Any) -> None:
+        self.gateway = gateway
+
+    def buildProtocol(self, addr: Any) -> ShellProtocol:
+        return ShellProtocol(self.gateway)
