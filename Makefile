@@ -11,7 +11,7 @@ APT_PACKAGES := python3 python3-venv python3-dev gcc make libpam0g \
 	nxagent nxproxy xvfb xauth x11-utils x11-xserver-utils xterm xdotool \
 	imagemagick openssh-client openssh-server socat procps iproute2 passwd \
 	xfce4-session xfwm4 xfce4-panel xfdesktop4 dbus-x11 python3-tk \
-	xrdp x11vnc tigervnc-standalone-server freerdp2-x11 xtightvncviewer ssl-cert
+	xrdp x11vnc tigervnc-standalone-server freerdp2-x11 xtightvncviewer ssl-cert fail2ban
 
 .PHONY: install system-packages run test clean
 

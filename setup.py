@@ -38,6 +38,7 @@ setup(
             "nxgate-config = nxgate.configtool:main",
             "nxgate-client = nxgate.client.main:main",
             "nxgate-shell = nxgate.shell:main",
+            "nxgate-admin = nxgate.admin.cli:main",
         ],
     },
     cmdclass={"build_py": BuildWithHelper},

@@ -30,8 +30,9 @@ from twisted.internet import defer, task, threads
 from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
-from nxgate import pamlib
+from nxgate import metrics, pamlib
 from nxgate.pamlib import PAM_PROMPT_ECHO_OFF, PAM_PROMPT_ECHO_ON, PAM_SUCCESS, Prompt, Responder, encode
+from nxgate.throttle import Throttle
 
 log = Logger()
 
@@ -130,11 +131,13 @@ class Authenticator:
         threads: int = 16,
         failed_login_delay: float = 2.0,
         transaction: Callable[[str, str, Responder | None, str | None], tuple[int, str]] = pamlib.authenticate,
+        throttle: Throttle | None = None,
     ) -> None:
         self.reactor = reactor
         self.service = resolve_service(service)
         self.deny_users = tuple(deny_users)
         self.failed_login_delay = failed_login_delay
+        self.throttle = throttle
         self._transaction = transaction
         self.pool = ThreadPool(minthreads=0, maxthreads=threads, name="nxgate-pam")
 
@@ -145,13 +148,39 @@ class Authenticator:
         self.pool.stop()
 
     def password(self, username: str, password: str, remote_host: str | None) -> defer.Deferred[AuthResult]:
-        refusal = precheck(username, self.deny_users, password)
-        return self._run(username, refusal, password_responder(password), remote_host)
+        refusal = self._throttled(username, remote_host) or precheck(username, self.deny_users, password)
+        return self._counted(self._run(username, refusal, password_responder(password), remote_host), remote_host)
 
     def conversation(self, username: str, respond: Responder, remote_host: str | None) -> defer.Deferred[AuthResult]:
         """Authenticate with an interactive conversation (``respond`` runs in
         the PAM thread and may block on the client)."""
-        return self._run(username, precheck(username, self.deny_users), respond, remote_host)
+        refusal = self._throttled(username, remote_host) or precheck(username, self.deny_users)
+        return self._counted(self._run(username, refusal, respond, remote_host), remote_host)
+
+    def _throttled(self, username: str, remote_host: str | None) -> str | None:
+        blocked = self.throttle.blocked(remote_host, username) if self.throttle else None
+        if blocked is None:
+            return None
+        kind, left = blocked
+        return f"throttled: too many failed logins for this {kind} ({left:.0f} s left)"
+
+    def _counted(self, result: defer.Deferred[AuthResult], remote_host: str | None) -> defer.Deferred[AuthResult]:
+        """Tell the throttle (and the metrics) how a password login went."""
+
+        def count(outcome: AuthResult) -> AuthResult:
+            throttled = outcome.reason.startswith("throttled")
+            metrics.login("throttled" if throttled else outcome.verdict.value)
+            if self.throttle is not None and not throttled:
+                if outcome.granted:
+                    self.throttle.succeeded(remote_host, outcome.username)
+                elif outcome.verdict is Verdict.DENIED:
+                    for kind in self.throttle.failed(remote_host, outcome.username):
+                        log.warn("login throttling: blocking the {kind} of {user!r} from {address}", kind=kind,
+                                 user=outcome.username, address=remote_host, reason="throttled",
+                                 audit="login_throttled")
+            return outcome
+
+        return result.addCallback(count)
 
     def account(self, username: str, remote_host: str | None) -> defer.Deferred[AuthResult]:
         """Account checks only, for users who proved themselves with a key."""

@@ -124,6 +124,10 @@ class ServerSection:
     protocol_version: str = option("3.5.0", nx_version, "NX protocol version in the greeting (keep below 4)")
     log_level: str = option("info", one_of("debug", "info", "warn", "error"), "lowest level written to the log")
     shell_socket: str = option("", text, "Unix socket for nxgate-shell, the OpenSSH mode (empty: off)", is_path=True)
+    audit_log: str = option("", text, "the audit log, one JSON line per event (empty: audit.log in state_dir)",
+                            is_path=True)
+    admin_socket: str = option("", text, "root-only socket for nxgate-admin (empty: admin.sock in state_dir)",
+                               is_path=True)
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,10 @@ class AuthSection:
     max_login_attempts: int = option(3, integer(1, 20), "failed NX logins per connection before it is closed")
     login_timeout: float = option(60.0, number(1, 3600), "seconds from connect to a successful NX login")
     pam_threads: int = option(16, integer(1, 256), "threads that run PAM conversations")
+    throttle_per_address: int = option(10, integer(0, 100000), "failed logins from one address that block it (0: off)")
+    throttle_per_account: int = option(20, integer(0, 100000), "failed logins for one account that block it (0: off)")
+    throttle_window: float = option(300.0, number(1, 86400), "seconds in which those failures count")
+    throttle_block: float = option(600.0, number(1, 86400), "seconds a blocked address or account is refused")
 
 
 @dataclass(frozen=True)
@@ -201,6 +209,11 @@ class RemoteSection:
 
 
 @dataclass(frozen=True)
+class MetricsSection:
+    listen: str = option("", text, "Twisted endpoint for the Prometheus /metrics page (empty: off)")
+
+
+@dataclass(frozen=True)
 class TargetSection:
     """A remote desktop the admin defines: ``[target NAME]``."""
 
@@ -233,8 +246,11 @@ class Config:
     sessions: SessionsSection = SessionsSection()
     shadow: ShadowSection = ShadowSection()
     remote: RemoteSection = RemoteSection()
+    metrics: MetricsSection = MetricsSection()
     # Remote desktops by name, from [target NAME] sections.
     targets: dict[str, TargetSection] = field(default_factory=dict)
+    # Session limits by user and group: "user.NAME" / "group.NAME" -> count.
+    limits: dict[str, int] = field(default_factory=dict)
     # Session types: name -> command (argv).  unix-application runs the
     # client's --application; an empty command disables a type.
     types: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_TYPES))
@@ -249,7 +265,24 @@ class Config:
 
 
 def _section_fields() -> list[dataclasses.Field[Any]]:
-    return [f for f in dataclasses.fields(Config) if f.name not in ("source", "types", "targets")]
+    return [f for f in dataclasses.fields(Config) if f.name not in ("source", "types", "targets", "limits")]
+
+
+_LIMIT_KEY = re.compile(r"(user|group)\.[A-Za-z0-9_.$@-]{1,64}")
+
+
+def _load_limits(filename: str, values: dict[str, tuple[int, str]], problems: list[str]) -> dict[str, int]:
+    """The free-form ``[limits]`` section: ``user.NAME = N`` and ``group.NAME = N``."""
+    limits: dict[str, int] = {}
+    for key, (number_, value) in values.items():
+        if not _LIMIT_KEY.fullmatch(key):
+            problems.append(f"{filename}:{number_}: [limits] {key}: keys look like user.NAME or group.NAME")
+            continue
+        try:
+            limits[key] = integer(0, 100000)(value)
+        except ValueError as exc:
+            problems.append(f"{filename}:{number_}: [limits] {key} = {value!r}: {exc}")
+    return limits
 
 
 def _load_types(filename: str, values: dict[str, tuple[int, str]], problems: list[str]) -> dict[str, tuple[str, ...]]:
@@ -336,7 +369,8 @@ def load(filename: str | None) -> Config:
         raise ConfigError([f"{filename}: cannot read: {exc}"]) from None
     base = os.path.dirname(os.path.abspath(filename))
     parsed, problems = parse_ini(lines, filename)
-    sections: dict[str, Any] = {"types": _load_types(filename, parsed.pop("types", {}), problems), "targets": {}}
+    sections: dict[str, Any] = {"types": _load_types(filename, parsed.pop("types", {}), problems), "targets": {},
+                                "limits": _load_limits(filename, parsed.pop("limits", {}), problems)}
     known = {f.name: f for f in _section_fields()}
     for name, values in parsed.items():
         if name.startswith("target "):
@@ -347,7 +381,7 @@ def load(filename: str | None) -> Config:
         section_field = known.get(name)
         if section_field is None:
             first = min((n for n, _ in values.values()), default=0)
-            problems.append(f"{filename}: unknown section [{name}] (known: {', '.join(known)}, types)"
+            problems.append(f"{filename}: unknown section [{name}] (known: {', '.join(known)}, types, limits, target NAME)"
                             + (f", near line {first}" if first else ""))
             continue
         section = _convert(filename, name, type(section_field.default), values, base, problems)

@@ -174,7 +174,7 @@ class Conversation:
             log.warn(
                 "NX login failed for user {user!r} from {address}: {reason} (attempt {attempt})",
                 user=result.username, address=self.address, reason=result.reason, attempt=attempt,
-                event="login_failed",
+                audit="login_failed",
             )
         self._run(self.shell.authentication_finished(None, error=result.verdict is Verdict.ERROR))
 
@@ -182,7 +182,7 @@ class Conversation:
         self._disarm("login")
         log.info(
             "NX login: user {user!r} from {address} ({method})",
-            user=effect.username, address=self.address, method=effect.method, event="login",
+            user=effect.username, address=self.address, method=effect.method, audit="login",
         )
 
     def _execute(self, effect: nx.Execute) -> None:

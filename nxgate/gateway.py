@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
 from twisted.application import service, strports
 from twisted.cred.portal import Portal
 from twisted.internet.endpoints import quoteStringArgument
-from twisted.logger import Logger
+from twisted.logger import Logger, globalLogPublisher
+from twisted.web.server import Site
 
+from nxgate import config as configuration
+from nxgate import metrics
+from nxgate.admin.server import AdminFactory
+from nxgate.audit import AuditLog
 from nxgate.auth import Authenticator
 from nxgate.commands import SessionCommands
 from nxgate.config import Config
@@ -20,6 +26,7 @@ from nxgate.relay import AgentRelay
 from nxgate.session.files import StateLayout
 from nxgate.session.manager import RelayTarget, SessionManager
 from nxgate.session.store import SessionStore
+from nxgate.throttle import Throttle
 from nxgate.shellsocket import ShellFactory
 from nxgate.shadow.service import ShadowService
 from nxgate.ssh import checkers, hostkeys
@@ -67,6 +74,17 @@ class ChannelShell:
         self.conversation.connection_lost()
 
 
+def shell_settings(config: Config) -> ShellSettings:
+    return ShellSettings(
+        server_name=config.server_name,
+        protocol_version=config.server.protocol_version,
+        max_line_length=config.shell.max_line_length,
+        max_login_attempts=config.auth.max_login_attempts,
+        login_timeout=config.auth.login_timeout,
+        idle_timeout=config.shell.idle_timeout,
+    )
+
+
 class Gateway(service.MultiService):
     """Everything one ``twistd nxgate`` runs."""
 
@@ -74,40 +92,90 @@ class Gateway(service.MultiService):
         super().__init__()
         self.config = config
         self.reactor = reactor
+        self.started = reactor.seconds()
         self.layout = StateLayout(config.server.state_dir)
         self.layout.prepare()
+        self.throttle = Throttle(reactor, config.auth.throttle_per_address, config.auth.throttle_per_account,
+                                 config.auth.throttle_window, config.auth.throttle_block)
         self.authenticator = Authenticator(
             reactor,
             config.auth.pam_service,
             deny_users=config.auth.deny_users,
             threads=config.auth.pam_threads,
             failed_login_delay=config.auth.failed_login_delay,
+            throttle=self.throttle,
         )
         self.store = SessionStore(self.layout.database)
         self.sessions = SessionManager(reactor, config, self.store, self.layout)
         self.sessions.setServiceParent(self)
-        self.commands = SessionCommands(self.sessions, ShadowService(self.sessions, config))
-        self.shell_settings = ShellSettings(
-            server_name=config.server_name,
-            protocol_version=config.server.protocol_version,
-            max_line_length=config.shell.max_line_length,
-            max_login_attempts=config.auth.max_login_attempts,
-            login_timeout=config.auth.login_timeout,
-            idle_timeout=config.shell.idle_timeout,
-        )
+        self.shadow = ShadowService(self.sessions, config)
+        self.commands = SessionCommands(self.sessions, self.shadow)
+        self.shell_settings = shell_settings(config)
         self.ssh_factory = self._ssh_factory()
         strports.service(config.server.listen, self.ssh_factory).setServiceParent(self)
         if config.server.shell_socket:
-            self._prepare_socket_dir(config.server.shell_socket)
-            endpoint = f"unix:{quoteStringArgument(config.server.shell_socket)}:mode=666:lockfile=0"
-            strports.service(endpoint, ShellFactory(self)).setServiceParent(self)
+            self._listen_unix(config.server.shell_socket, 0o666, ShellFactory(self))
+        self._listen_unix(config.server.admin_socket or os.path.join(self.layout.root, "admin.sock"), 0o600,
+                          AdminFactory(self))
+        if config.metrics.listen:
+            if not metrics.available():
+                raise RuntimeError("[metrics] listen is set but prometheus-client is not installed")
+            strports.service(config.metrics.listen, Site(metrics.resource(self.sessions))).setServiceParent(self)
+
+    def _listen_unix(self, path: str, mode: int, factory: Any) -> None:
+        """A Unix socket; a stale one from a previous run is removed."""
+        os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+        if os.path.exists(path):
+            os.unlink(path)
+        endpoint = f"unix:{quoteStringArgument(path)}:mode={mode:o}:lockfile=0"
+        strports.service(endpoint, factory).setServiceParent(self)
+
+    def reload(self) -> dict[str, Any]:
+        """Re-read the config file; apply what can change while running.
+
+        A bad file changes nothing.  Where the gateway listens and keeps its
+        state, and the PAM thread count, need a restart (the answer says so).
+        """
+        try:
+            new = configuration.load(self.config.source if os.path.exists(self.config.source) else None)
+        except configuration.ConfigError as error:
+            return {"ok": False, "problems": error.problems}
+        old = self.config
+        restart = [name for name, before, after in (
+            ("[server] listen", old.server.listen, new.server.listen),
+            ("[server] shell_socket", old.server.shell_socket, new.server.shell_socket),
+            ("[server] admin_socket", old.server.admin_socket, new.server.admin_socket),
+            ("[server] audit_log", old.server.audit_log, new.server.audit_log),
+            ("[auth] pam_threads", old.auth.pam_threads, new.auth.pam_threads),
+            ("[ssh] user_logins", old.ssh.user_logins, new.ssh.user_logins),
+            ("[metrics] listen", old.metrics.listen, new.metrics.listen),
+        ) if before != after]
+        # What came from the command line (--port, --state-dir) stays.
+        new = new.replace(server=dataclasses.replace(new.server, listen=old.server.listen,
+                                                     state_dir=old.server.state_dir))
+        self.config = new
+        self.authenticator.deny_users = tuple(new.auth.deny_users)
+        self.authenticator.failed_login_delay = new.auth.failed_login_delay
+        self.throttle.configure(new.auth.throttle_per_address, new.auth.throttle_per_account,
+                                new.auth.throttle_window, new.auth.throttle_block)
+        self.shell_settings = shell_settings(new)
+        self.sessions.config, self.sessions.settings = new, new.sessions
+        self.shadow.config, self.shadow.settings = new, new.shadow
+        self.ssh_factory.login_grace_time = new.ssh.login_grace_time
+        self.ssh_factory.max_auth_tries = new.ssh.max_auth_tries
+        self.key_checker.nx_user = new.ssh.nx_user
+        self.key_checker.nx_keys = checkers.load_nx_keys(new.ssh.nx_authorized_keys)
+        filter_global_log(new.server.log_level)
+        log.info("configuration reloaded from {source}", source=new.source)
+        return {"ok": True, "source": new.source, "restart_needed_for": restart}
 
     def _ssh_factory(self) -> NXSSHFactory:
         ssh = self.config.ssh
         portal = Portal(NXRealm(self._open_shell, ssh.max_channels))
         nx_keys = checkers.load_nx_keys(ssh.nx_authorized_keys)
         user_auth = self.authenticator if ssh.user_logins else None
-        portal.registerChecker(checkers.PublicKeyChecker(self.reactor, ssh.nx_user, nx_keys, user_auth))
+        self.key_checker = checkers.PublicKeyChecker(self.reactor, ssh.nx_user, nx_keys, user_auth)
+        portal.registerChecker(self.key_checker)
         if ssh.user_logins:
             portal.registerChecker(checkers.PasswordChecker(ssh.nx_user, self.authenticator))
             portal.registerChecker(checkers.KeyboardInteractiveChecker(self.reactor, ssh.nx_user, self.authenticator))
@@ -129,19 +197,13 @@ class Gateway(service.MultiService):
         conversation.start()
         return handler
 
-    @staticmethod
-    def _prepare_socket_dir(path: str) -> None:
-        """Anyone may connect (the peer's uid decides what it gets); a stale
-        socket from a previous run is removed."""
-        os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
-        if os.path.exists(path):
-            os.unlink(path)
-
     def _relay(self, client: Client, target: RelayTarget, transport: ChannelTransport, leftover: bytes) -> AgentRelay:
         return AgentRelay(self.reactor, client, target, transport, leftover)
 
     def startService(self) -> None:
         filter_global_log(self.config.server.log_level)
+        self.audit = AuditLog(self.config.server.audit_log or os.path.join(self.layout.root, "audit.log"))
+        globalLogPublisher.addObserver(self.audit)
         self.authenticator.start()
         log.info(
             "nxgate starting: listening on {listen}, state in {state_dir}, config {source}",
@@ -151,6 +213,8 @@ class Gateway(service.MultiService):
 
     def stopService(self) -> Any:
         d = super().stopService()
+        globalLogPublisher.removeObserver(self.audit)
+        self.audit.close()
         self.authenticator.stop()
         self.store.close()
         return d

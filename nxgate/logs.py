@@ -29,13 +29,18 @@ def _not_a_normal_disconnect(event: dict) -> PredicateResult:
     return PredicateResult.maybe
 
 
+_PREDICATE = LogLevelFilterPredicate()
+
+
 def filter_global_log(level: str) -> None:
-    """Drop events below ``level`` before they reach twistd's observers."""
-    predicate = LogLevelFilterPredicate(defaultLogLevel=LEVELS[level])
+    """Drop events below ``level`` before they reach twistd's observers
+    (again: a reload changes the level of the filter in place)."""
+    _PREDICATE.defaultLogLevel = LEVELS[level]
+    _PREDICATE.clearLogLevels()
     if level != "debug":
         for namespace in QUIET_NAMESPACES:
-            predicate.setLogLevelForNamespace(namespace, LogLevel.warn)
-    predicates = [_not_a_normal_disconnect, predicate]
+            _PREDICATE.setLogLevelForNamespace(namespace, LogLevel.warn)
+    predicates = [_not_a_normal_disconnect, _PREDICATE]
     observers = getattr(globalLogPublisher, "_observers", None)
     if observers is None:
         return

@@ -14,6 +14,7 @@ from typing import Any
 from twisted.internet import endpoints, protocol
 from twisted.logger import Logger
 
+from nxgate import metrics
 from nxgate.conversation import ByteTransport, Client
 
 log = Logger(namespace="nxgate.relay")
@@ -28,6 +29,7 @@ class _AgentSide(protocol.Protocol):
 
     def dataReceived(self, data: bytes) -> None:
         self.relay.to_client += len(data)
+        metrics.relayed(0, len(data))
         self.relay.channel.write(data)
 
     def connectionLost(self, reason: Any) -> None:
@@ -70,6 +72,7 @@ class AgentRelay:
     # client side -------------------------------------------------------
     def write(self, data: bytes) -> None:
         self.to_agent += len(data)
+        metrics.relayed(len(data), 0)
         if self.agent is not None:
             self.agent.write(data)
         elif not self.closed:

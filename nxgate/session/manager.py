@@ -28,6 +28,7 @@ from twisted.application import service
 from twisted.internet import defer, inotify, task
 from twisted.logger import Logger
 
+from nxgate import metrics
 from nxgate.auth import resolve_service
 from nxgate.backends import nxagent
 from nxgate.backends.agentlog import AgentEvent, LogEvent, parse_line
@@ -45,6 +46,7 @@ from nxgate.session.processes import ExitWatch, LaunchError, ProcessId
 from nxgate.session.programs import login_environment, session_command
 from nxgate.session.request import DisplaySettings, StartRequest
 from nxgate.session.store import SessionStore
+from nxgate.shadow.policy import groups_of
 
 log = Logger(namespace="nxgate.session")
 
@@ -108,6 +110,7 @@ class SessionManager(service.Service):
         self.pam_service = resolve_service(config.auth.pam_service)
         self.sessions: dict[str, Session] = {}
         self.runtime: dict[str, Runtime] = {}
+        self.draining = False  # set by the admin: no new sessions, existing ones carry on
         self._housekeeping = task.LoopingCall(self.housekeeping)
         self._housekeeping.clock = reactor
 
@@ -169,11 +172,13 @@ class SessionManager(service.Service):
         log.info(
             "starting session {id} ({type}, display :{display}) for {user} from {address}",
             id=session.id, type=session.type, display=session.display, user=session.user,
-            address=client.address, event="session_start",
+            address=client.address, audit="session_start",
         )
         try:
+            launched = self.reactor.seconds()
             await self._start_agent(session, runtime, settings, plan)
             await self._wait_for(session.id, {State.WAITING}, self.settings.agent_start_timeout)
+            metrics.agent_started(self.reactor.seconds() - launched)
             if plan.program_early:
                 status = await self._start_program(session.id, report=True)
                 failure = judge(status) if judge is not None else None
@@ -202,7 +207,7 @@ class SessionManager(service.Service):
             session = self._owned(client, session_id)
             if session.state in (State.RUNNING, State.WAITING, State.RESUMING) and session.ever_attached:
                 log.info("session {id} is attached elsewhere: suspending it for {address}", id=session.id,
-                         address=client.address, event="session_takeover")
+                         address=client.address, audit="session_takeover")
                 self._signal_agent(session, signal.SIGHUP)
                 await self._wait_for(session.id, {State.SUSPENDED}, self.settings.suspend_timeout)
             elif session.state is State.SUSPENDING:
@@ -218,7 +223,7 @@ class SessionManager(service.Service):
             )
             self._write_agent_files(session, runtime.files, settings)
             log.info("resuming session {id} of {user} for {address}", id=session.id, user=session.user,
-                     address=client.address, event="session_resume")
+                     address=client.address, audit="session_resume")
             await self._sighup_until_listening(session.id)
         except (SessionEnded, WaitTimeout) as error:
             raise NXError(errors.SESSION_FAILED, f"Error: Session resume failed: {error}",
@@ -231,12 +236,18 @@ class SessionManager(service.Service):
     async def terminate(self, client: Client, session_id: str) -> Reply:
         session = self._owned(client, session_id)
         log.info("terminating session {id} of {user} on request from {address}", id=session.id,
-                 user=session.user, address=client.address, event="session_terminate")
+                 user=session.user, address=client.address, audit="session_terminate")
         await self.terminate_session(session.id, "user request")
         return Reply(replies.terminated(session.id))
 
     async def suspend(self, client: Client, session_id: str) -> Reply:
         session = self._owned(client, session_id)
+        await self.suspend_session(session.id)
+        return Reply(replies.suspended(session.id))
+
+    async def suspend_session(self, session_id: str) -> None:
+        """Suspend a running session wherever it is attached (SIGHUP)."""
+        session = self.sessions[session_id]
         if session.state is State.RUNNING:
             self._signal_agent(session, signal.SIGHUP)
             try:
@@ -247,7 +258,6 @@ class SessionManager(service.Service):
         elif session.state is not State.SUSPENDED:
             raise NXError(errors.SESSION_FAILED, f"Error: Session {session.id} is {session.state.value}.",
                           last_operation_failed=True)
-        return Reply(replies.suspended(session.id))
 
     def list(self, client: Client, params: Params) -> Reply:
         wanted_status = {s.strip().lower() for s in params.get("status", "").split(",") if s.strip()}
@@ -543,7 +553,10 @@ class SessionManager(service.Service):
         old = self.sessions[session_id].state
         session = self._update(session_id, state=new, changed=self.reactor.seconds(), **changes)
         log.info("session {id} of {user}: {old} -> {new}", id=session_id, user=session.user,
-                 old=old.value, new=new.value, event="session_state")
+                 old=old.value, new=new.value)
+        if new is State.SUSPENDED:
+            log.info("session {id} of {user} suspended (last client {address})", id=session_id, user=session.user,
+                     address=session.client_address, type=session.type, audit="session_suspend")
         runtime = self.runtime.get(session_id)
         if runtime is None:
             return
@@ -589,11 +602,11 @@ class SessionManager(service.Service):
         session = self.sessions.pop(session_id)
         runtime = self.runtime.pop(session_id, None)
         log.info("session {id} of {user} ended ({state}: {reason})", id=session_id, user=session.user,
-                 state=final.value, reason=session.failure or reason, event="session_end")
+                 state=final.value, reason=session.failure or reason, audit="session_end")
         if "shadow" in session.options:
             log.info("shadow detach: {user} no longer watches {target} of {owner} (session {id})", user=session.user,
                      target=session.options["shadow"]["target"], owner=session.options["shadow"]["owner"],
-                     id=session_id, event="shadow_detach")
+                     id=session_id, audit="shadow_detach")
         if runtime is not None:
             self._stop_watching(runtime)
             self._cancel_connect_timer(runtime)
@@ -659,7 +672,7 @@ class SessionManager(service.Service):
             elif session.app_pid:
                 runtime.app_watch = ExitWatch(self.reactor, program, lambda sid=session.id: self._program_exited(sid))
             log.info("session {id} of {user} taken back ({state})", id=session.id, user=session.user,
-                     state=self.sessions[session.id].state.value, event="session_reattach")
+                     state=self.sessions[session.id].state.value, audit="session_reattach")
 
     # -------------------------------------------------------- housekeeping
     def housekeeping(self) -> None:
@@ -670,7 +683,7 @@ class SessionManager(service.Service):
             for session in list(self.sessions.values()):
                 if session.state is State.SUSPENDED and now - session.changed > hours * 3600:
                     log.info("session {id} of {user} was suspended too long; ending it", id=session.id,
-                             user=session.user, event="session_expire")
+                             user=session.user, audit="session_expire")
                     defer.ensureDeferred(self.terminate_session(session.id, "suspended too long"))
         old = self.store.ended_before(now - self.settings.history_days * 86400)
         for session in old:
@@ -689,7 +702,7 @@ class SessionManager(service.Service):
         if session is None or session.user != client.user or not session.state.live:
             if session is not None and session.user != client.user:
                 log.warn("{user} from {address} asked for session {id} of another user", user=client.user,
-                         address=client.address, id=session_id, event="session_denied")
+                         address=client.address, id=session_id, audit="session_denied")
             raise NXError(errors.SESSION_FAILED, f"Error: Could not find session {session_id}.",
                           last_operation_failed=True)
         return session
@@ -697,18 +710,34 @@ class SessionManager(service.Service):
     def _live_of(self, user: str) -> list[Session]:
         return sorted((s for s in self.sessions.values() if s.user == user and s.state.live), key=lambda s: s.created)
 
+    def user_limit(self, user: str) -> int:
+        """How many live sessions ``user`` may have (0: no limit): his own
+        ``[limits] user.NAME``, else the largest ``group.NAME`` of his groups,
+        else ``max_sessions_per_user``."""
+        limits = self.config.limits
+        if f"user.{user}" in limits:
+            return limits[f"user.{user}"]
+        by_group = [limits[f"group.{group}"] for group in groups_of(user) if f"group.{group}" in limits]
+        if by_group:
+            return 0 if 0 in by_group else max(by_group)
+        return self.settings.max_sessions_per_user
+
     def _at_capacity(self, user: str) -> bool:
-        total, per_user = self.settings.max_sessions, self.settings.max_sessions_per_user
-        live = [s for s in self.sessions.values() if s.state.live]
-        return bool((total and len(live) >= total)
-                    or (per_user and sum(1 for s in live if s.user == user) >= per_user))
+        try:
+            self._check_capacity(user)
+        except NXError:
+            return True
+        return False
 
     def _check_capacity(self, user: str) -> None:
         live = [s for s in self.sessions.values() if s.state.live]
+        if self.draining:
+            raise NXError(errors.LIMIT_REACHED, "This server takes no new sessions at the moment (maintenance).",
+                          last_operation_failed=True)
         if self.settings.max_sessions and len(live) >= self.settings.max_sessions:
             raise NXError(errors.LIMIT_REACHED, "Reached the maximum number of concurrent sessions on this server.",
                           last_operation_failed=True)
-        per_user = self.settings.max_sessions_per_user
+        per_user = self.user_limit(user)
         if per_user and sum(1 for s in live if s.user == user) >= per_user:
             raise NXError(errors.LIMIT_REACHED, f"Server capacity: reached for user: {user}",
                           last_operation_failed=True)

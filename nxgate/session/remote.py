@@ -22,7 +22,10 @@ log = Logger(namespace="nxgate.session")
 class RemoteSessions:
     def __init__(self, manager: SessionManager) -> None:
         self.manager = manager
-        self.config = manager.config
+
+    @property
+    def config(self):  # type: ignore[no-untyped-def]
+        return self.manager.config  # follows a reload
 
     async def start(self, client: Client, request: StartRequest, params: Params) -> Reply:
         desktop = remote.remote_desktop(request.type, params, self.config)
@@ -46,6 +49,6 @@ class RemoteSessions:
                                                      "target": desktop.target, "engine": desktop.engine}})
         log.info("{user} from {address} opens {protocol} desktop {target} with the {engine} engine", user=client.user,
                  address=client.address, protocol=desktop.protocol.upper(), target=desktop.target or desktop.address,
-                 engine=desktop.engine, event="remote_start")
+                 engine=desktop.engine, audit="remote_start")
         return await self.manager.launch(client, session, request.display, plan, secret=viewer.stdin,
                                          judge=lambda status: remote.viewer_failure(desktop, status))

@@ -105,7 +105,7 @@ class ShadowService:
         found = [(t, d) for t, d in self._visible(client) if t.id == wanted]
         if not found:
             log.warn("{user} from {address} may not shadow {id} (or it does not exist)", user=client.user,
-                     address=client.address, id=wanted, event="shadow_denied")
+                     address=client.address, id=wanted, audit="shadow_denied")
             raise NXError(errors.SESSION_FAILED, f"Error: Could not find shadowed session {wanted}. Session failed.",
                           last_operation_failed=True)
         target, _ = found[0]
@@ -119,7 +119,7 @@ class ShadowService:
                 why = "no answer" if answer is None else "refused"
                 log.info("shadow of {id} ({owner}) for {user} from {address}: {why}", id=target.id,
                          owner=target.owner, user=client.user, address=client.address, why=why,
-                         event="shadow_refused")
+                         audit="shadow_refused")
                 suffix = "" if answer is False else f" (no answer within {self.settings.consent_timeout:g} seconds)"
                 raise NXError(errors.SESSION_FAILED, f"Error: Authorization refused by user: {target.owner}.{suffix}",
                               last_operation_failed=True)
@@ -137,7 +137,7 @@ class ShadowService:
         session = session.evolve(options={"shadow": {"target": target.id, "owner": target.owner, "mode": mode}})
         log.info("shadow attach: {user} from {address} watches {target} of {owner} ({mode}) as session {id}",
                  user=client.user, address=client.address, target=target.id, owner=target.owner, mode=mode,
-                 id=session.id, event="shadow_attach")
+                 id=session.id, audit="shadow_attach")
         return await self.manager.launch(client, session, settings, plan)
 
     async def _ask(self, client: Client, target: Target, mode: str) -> bool | None:

@@ -176,7 +176,7 @@ class PublicKeyChecker:
         if refusal is not None:
             log.warn(
                 "SSH key for {user!r} from {address} refused: {reason}",
-                user=user, address=address, reason=refusal, event="login_failed",
+                user=user, address=address, reason=refusal, audit="login_failed",
             )
             raise UnauthorizedLogin(refusal)
         if credentials.signature is None:
@@ -258,6 +258,6 @@ def _require(result: AuthResult, address: str | None, method: str) -> None:
         return
     log.warn(
         "SSH login failed for user {user!r} from {address} ({method}): {reason}",
-        user=result.username, address=address, method=method, reason=result.reason, event="login_failed",
+        user=result.username, address=address, method=method, reason=result.reason, audit="login_failed",
     )
     raise UnauthorizedLogin(result.reason)

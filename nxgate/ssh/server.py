@@ -263,7 +263,7 @@ class NXRealm:
         avatar = NXAvatar(avatarId, self.shell_factory, self.max_channels)
         log.info(
             "SSH login of {user!r} from {address} ({method})",
-            user=avatarId.ssh_user, address=mind, method=avatarId.method, event="ssh_login",
+            user=avatarId.ssh_user, address=mind, method=avatarId.method, audit="ssh_login",
         )
         return IConchUser, avatar, avatar.logout
 

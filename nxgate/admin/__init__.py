@@ -1,0 +1,1 @@
+"""Administration: the gateway's root-only socket and ``nxgate-admin``."""

@@ -1,0 +1,94 @@
+"""``nxgate-admin``: look at and act on a running gateway (as root).
+
+    nxgate-admin [--socket PATH] [--json] sessions | show ID | terminate ID |
+                 suspend ID | drain on|off | reload | status
+
+It talks to the gateway's root-only socket (``admin.sock`` in the state
+directory unless ``--socket`` or ``--state-dir`` says otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from typing import Any
+
+DEFAULT_STATE_DIR = "/var/lib/nxgate"
+
+
+def request(path: str, command: str, **args: Any) -> dict[str, Any]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(60)
+        conn.connect(path)
+        conn.sendall(json.dumps({"command": command, "args": args}).encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    if not data:
+        raise ConnectionError("the gateway closed the connection (are you root?)")
+    return json.loads(data)
+
+
+def table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
+    widths = [max(len(title), *(len(str(row.get(key, ""))) for row in rows)) for key, title in columns]
+    lines = ["  ".join(title.ljust(width) for (_, title), width in zip(columns, widths))]
+    for row in rows:
+        lines.append("  ".join(str(row.get(key, "")).ljust(width) for (key, _), width in zip(columns, widths)))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+SESSION_COLUMNS = [("id", "ID"), ("user", "USER"), ("type", "TYPE"), ("state", "STATE"), ("display", "DISPLAY"),
+                   ("since", "SINCE"), ("client_address", "CLIENT"), ("node", "NODE")]
+
+
+def show(command: str, result: Any) -> str:
+    if command == "sessions":
+        return table(result, SESSION_COLUMNS) if result else "no sessions"
+    if isinstance(result, dict):
+        return "\n".join(f"{key}: {value}" for key, value in result.items())
+    return str(result)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nxgate-admin", description="Look at and act on a running nxgate.")
+    parser.add_argument("--socket", help="the admin socket (default: admin.sock in the state directory)")
+    parser.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("status", help="version, node, draining, session count")
+    commands.add_parser("sessions", help="all live sessions of all users")
+    for name, text in (("show", "one session in detail"), ("terminate", "end a session"),
+                       ("suspend", "suspend a session wherever it is attached")):
+        commands.add_parser(name, help=text).add_argument("id")
+    drain = commands.add_parser("drain", help="refuse new sessions (on) or take them again (off)")
+    drain.add_argument("state", choices=("on", "off"))
+    commands.add_parser("reload", help="re-read and validate the config; a bad one changes nothing")
+    args = parser.parse_args(argv)
+    path = args.socket or os.path.join(args.state_dir, "admin.sock")
+    extra: dict[str, Any] = {}
+    if args.command in ("show", "terminate", "suspend"):
+        extra["id"] = args.id
+    elif args.command == "drain":
+        extra["on"] = args.state == "on"
+    try:
+        response = request(path, args.command, **extra)
+    except (OSError, ConnectionError, ValueError) as error:
+        print(f"nxgate-admin: cannot talk to the gateway at {path}: {error}", file=sys.stderr)
+        return 3
+    if args.json:
+        print(json.dumps(response, indent=2))
+    elif response.get("ok"):
+        print(show(args.command, response["result"]))
+    else:
+        print(f"nxgate-admin: {response.get('error')}", file=sys.stderr)
+    return 0 if response.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Prometheus metrics (optional: nothing breaks without prometheus-client).
+
+Counters and histograms live in a registry of their own; the session gauges
+are read from the session manager when scraped, so they are never stale.
+The endpoint is off unless ``[metrics] listen`` is set (localhost by default
+when it is).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+try:
+    import prometheus_client
+    from prometheus_client.core import GaugeMetricFamily
+except ImportError:  # pragma: no cover - the Debian package makes it optional
+    prometheus_client = None
+
+REGISTRY: Any = prometheus_client.CollectorRegistry() if prometheus_client else None
+
+if prometheus_client is not None:
+    LOGINS = prometheus_client.Counter("nxgate_logins", "NX and SSH password logins by result", ["result"],
+                                       registry=REGISTRY)
+    RELAYED = prometheus_client.Counter("nxgate_relayed_bytes", "Bytes relayed between clients and agents",
+                                        ["direction"], registry=REGISTRY)
+    AGENT_START = prometheus_client.Histogram(
+        "nxgate_agent_start_seconds", "Time from launching nxagent until it listens", registry=REGISTRY,
+        buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10, 30))
+
+
+def available() -> bool:
+    return prometheus_client is not None
+
+
+def login(result: str) -> None:
+    if prometheus_client is not None:
+        LOGINS.labels(result=result).inc()
+
+
+def relayed(up: int, down: int) -> None:
+    if prometheus_client is not None:
+        RELAYED.labels(direction="up").inc(up)
+        RELAYED.labels(direction="down").inc(down)
+
+
+def agent_started(seconds: float) -> None:
+    if prometheus_client is not None:
+        AGENT_START.observe(seconds)
+
+
+class SessionCollector:
+    """``nxgate_sessions{state, type}``: the manager's live sessions right now."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+
+    def collect(self) -> Any:
+        family = GaugeMetricFamily("nxgate_sessions", "Live sessions by state and type", labels=["state", "type"])
+        counts = Counter((s.state.value, s.type) for s in self.manager.sessions.values() if s.state.live)
+        for (state, session_type), count in sorted(counts.items()):
+            family.add_metric([state, session_type], count)
+        yield family
+
+
+def resource(manager: Any) -> Any:
+    """The Twisted web resource serving /metrics."""
+    from prometheus_client.twisted import MetricsResource
+    from twisted.web.resource import Resource
+
+    REGISTRY.register(SessionCollector(manager))
+    root = Resource()
+    root.putChild(b"metrics", MetricsResource(registry=REGISTRY))
+    return root
