@@ -20,7 +20,7 @@ from nxgate.config import Config, SessionsSection
 from nxgate.conversation import Client
 from nxgate.nx.errors import NXError
 from nxgate.nx.params import parse_params
-from nxgate.session import files
+from nxgate.session import files, processes
 from nxgate.session.manager import RelayTarget, SessionManager
 from nxgate.session.model import State
 from nxgate.session.processes import ProcessId
@@ -90,6 +90,8 @@ class ManagerTests(TestCase):
                                       notifier=FakeNotifier(), launcher=self.launcher)
         self.signals = []
         self.patch(self.manager, "_signal_agent", lambda session, signum: self.signals.append(signum))
+        self.listening = True  # the stand-in agents hold no port; the real check runs end to end
+        self.patch(processes, "listens", lambda pid, port: self.listening)
         self.client = Client(ME, "192.0.2.1")
 
     def agent_says(self, session_id, *lines):
@@ -125,6 +127,13 @@ class ManagerTests(TestCase):
             self.assertIn(f"cookie={session.cookie}", options.read())
         mode = os.stat(os.path.join(self.manager.layout.sessions, session_id)).st_mode & 0o777
         self.assertEqual(mode, 0o700)
+
+    def test_a_port_taken_by_another_process_is_never_relayed_to(self):
+        self.listening = False
+        d, session_id = self.start()
+        self.agent_says(session_id, READY)
+        self.assertIn("its port is in use by another process", self.failureResultOf(d, NXError).value.text)
+        self.assertEqual(self.signals, [signal.SIGTERM])
 
     def test_program_starts_once_a_client_is_attached(self):
         session_id, _ = self.started()

@@ -195,7 +195,7 @@ class SessionManager(service.Service):
                 errors.SESSION_FAILED, f"Error: Session startup failed: {reason}", last_operation_failed=True
             ) from None
         self._expect_client(session.id)
-        return self._ready_reply(self.sessions[session.id], "starting", client.local_address)
+        return self._ready_reply(self._own_listener(session.id), "starting", client.local_address)
 
     async def restore(self, client: Client, session_id: str, settings: DisplaySettings, encrypted: bool) -> Reply:
         session = self._owned(client, session_id)
@@ -231,7 +231,7 @@ class SessionManager(service.Service):
         finally:
             runtime.lock.release()
         self._expect_client(session.id)
-        return self._ready_reply(self.sessions[session.id], "resuming", client.local_address)
+        return self._ready_reply(self._own_listener(session.id), "resuming", client.local_address)
 
     async def terminate(self, client: Client, session_id: str) -> Reply:
         session = self._owned(client, session_id)
@@ -750,6 +750,17 @@ class SessionManager(service.Service):
                 return display
         raise NXError(errors.SESSION_FAILED, "Error: Display limit exceeded: no free display for a new session.",
                       last_operation_failed=True)
+
+    def _own_listener(self, session_id: str) -> Session:
+        """The session, once it is sure its port is held by its own agent."""
+        session = self.sessions[session_id]
+        if not processes.listens(session.agent_pid, session.port):
+            log.error("session {id}: port {port} is not held by its agent (pid {pid}); not relaying there",
+                      id=session_id, port=session.port, pid=session.agent_pid)
+            defer.ensureDeferred(self.terminate_session(session_id, "its port was taken by another process"))
+            raise NXError(errors.SESSION_FAILED, "Error: Session startup failed: its port is in use by another "
+                          "process.", last_operation_failed=True)
+        return session
 
     def _ready_reply(self, session: Session, status: str, local_address: str) -> Reply:
         lines = replies.session_ready(

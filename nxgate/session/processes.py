@@ -202,3 +202,42 @@ class ExitWatch:
 
     def logPrefix(self) -> str:
         return f"pidfd-{self.process.pid}"
+
+
+def listening_inodes(port: int) -> set[int]:
+    """The socket inodes listening on TCP ``port`` (any address, v4 or v6)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as handle:
+                next(handle)
+                for line in handle:
+                    fields = line.split()
+                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(int(fields[9]))
+        except (OSError, StopIteration, ValueError, IndexError):
+            continue
+    return inodes
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds the socket listening on ``port``.
+
+    Between a suspend and a resume an agent's port is closed; a local user
+    could take it and catch the next client's stream (and its cookie).  The
+    gateway relays only to a port the session's own agent holds."""
+    inodes = listening_inodes(port)
+    if not inodes:
+        return False
+    try:
+        descriptors = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in descriptors:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:[") and int(target[8:-1]) in inodes:
+            return True
+    return False
