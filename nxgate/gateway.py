@@ -163,7 +163,8 @@ class Gateway(service.MultiService):
         self.shadow.config, self.shadow.settings = new, new.shadow
         self.ssh_factory.login_grace_time = new.ssh.login_grace_time
         self.ssh_factory.max_auth_tries = new.ssh.max_auth_tries
-        self.key_checker.nx_user = new.ssh.nx_user
+        for checker in self.checkers:
+            checker.nx_user = new.ssh.nx_user
         self.key_checker.nx_keys = checkers.load_nx_keys(new.ssh.nx_authorized_keys)
         filter_global_log(new.server.log_level)
         log.info("configuration reloaded from {source}", source=new.source)
@@ -175,10 +176,12 @@ class Gateway(service.MultiService):
         nx_keys = checkers.load_nx_keys(ssh.nx_authorized_keys)
         user_auth = self.authenticator if ssh.user_logins else None
         self.key_checker = checkers.PublicKeyChecker(self.reactor, ssh.nx_user, nx_keys, user_auth)
-        portal.registerChecker(self.key_checker)
+        self.checkers: list[Any] = [self.key_checker]
         if ssh.user_logins:
-            portal.registerChecker(checkers.PasswordChecker(ssh.nx_user, self.authenticator))
-            portal.registerChecker(checkers.KeyboardInteractiveChecker(self.reactor, ssh.nx_user, self.authenticator))
+            self.checkers += [checkers.PasswordChecker(ssh.nx_user, self.authenticator),
+                              checkers.KeyboardInteractiveChecker(self.reactor, ssh.nx_user, self.authenticator)]
+        for checker in self.checkers:
+            portal.registerChecker(checker)
         host_keys = hostkeys.load_host_keys(self.layout.hostkeys)
         return NXSSHFactory(portal, host_keys, ssh.login_grace_time, ssh.max_auth_tries)
 

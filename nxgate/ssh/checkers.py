@@ -135,7 +135,20 @@ def read_user_keys(username: str) -> list[AuthorizedKey]:
 
 
 @implementer(ICredentialsChecker)
-class PublicKeyChecker:
+class _Checker:
+    """A cred checker whose check is a coroutine."""
+
+    credentialInterfaces: tuple[Any, ...] = ()
+    nx_user = "nx"
+
+    def requestAvatarId(self, credentials: Any) -> defer.Deferred[Principal]:
+        return defer.ensureDeferred(self._check(credentials))
+
+    async def _check(self, credentials: Any) -> Principal:
+        raise NotImplementedError
+
+
+class PublicKeyChecker(_Checker):
     """Keys for the nx account and, if enabled, users' own keys."""
 
     credentialInterfaces = (ISSHPrivateKey,)
@@ -153,9 +166,6 @@ class PublicKeyChecker:
         self.nx_keys = nx_keys
         self.authenticator = authenticator
         self.user_keys = user_keys
-
-    def requestAvatarId(self, credentials: Any) -> defer.Deferred[Principal]:
-        return defer.ensureDeferred(self._check(credentials))
 
     async def _check(self, credentials: Any) -> Principal:
         user = _text(credentials.username)
@@ -202,8 +212,7 @@ class PublicKeyChecker:
         return None
 
 
-@implementer(ICredentialsChecker)
-class PasswordChecker:
+class PasswordChecker(_Checker):
     """SSH password logins of Unix users, through PAM (never for nx)."""
 
     credentialInterfaces = (IUsernamePassword,)
@@ -211,9 +220,6 @@ class PasswordChecker:
     def __init__(self, nx_user: str, authenticator: Authenticator) -> None:
         self.nx_user = nx_user
         self.authenticator = authenticator
-
-    def requestAvatarId(self, credentials: Any) -> defer.Deferred[Principal]:
-        return defer.ensureDeferred(self._check(credentials))
 
     async def _check(self, credentials: Any) -> Principal:
         user = _text(credentials.username)
@@ -225,8 +231,7 @@ class PasswordChecker:
         return Principal(user, user, "password")
 
 
-@implementer(ICredentialsChecker)
-class KeyboardInteractiveChecker:
+class KeyboardInteractiveChecker(_Checker):
     """SSH keyboard-interactive: PAM's prompts are relayed to the client."""
 
     credentialInterfaces = (IKeyboardInteractive,)
@@ -235,9 +240,6 @@ class KeyboardInteractiveChecker:
         self.reactor = reactor
         self.nx_user = nx_user
         self.authenticator = authenticator
-
-    def requestAvatarId(self, credentials: Any) -> defer.Deferred[Principal]:
-        return defer.ensureDeferred(self._check(credentials))
 
     async def _check(self, credentials: KeyboardInteractive) -> Principal:
         user = _text(credentials.username)
