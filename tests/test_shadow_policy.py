@@ -44,4 +44,5 @@ class XauthorityTests(SynchronousTestCase):
         self.assertIsNone(cookie_in_xauthority(data, 6))
 
     def test_truncated_file(self):
-        self.assertIsNone(cookie_in_xauthority(xauthority(7, "ab" * 16)[:-3], 7))
+        data = xauthority(7, "ab" * 16)
+        self.assertIsNone(cookie_in_xauthority(data[: data.index(b"MIT-MAGIC-COOKIE-1") + 20], 7))

@@ -27,6 +27,7 @@ X_LOCK = "/tmp/.X{n}-lock"
 X_SOCKET_DIR = "/tmp/.X11-unix"
 X_SOCKET = "/tmp/.X11-unix/X{n}"
 FAMILY_WILD = 0xFFFF
+FAMILY_LOCAL = 256
 
 
 @dataclass(frozen=True)
@@ -107,22 +108,21 @@ def remove_tree(path: str) -> None:
 
 
 def xauthority(display: int, cookie_hex: str) -> bytes:
-    """An X authority file holding one MIT-MAGIC-COOKIE-1 for display ``N``.
+    """X authority entries holding one MIT-MAGIC-COOKIE-1 for display ``N``.
 
-    The address family is "wild", so the entry matches however a client
-    reaches the display (``:N``, ``localhost:N``, ``unix/host:N``).
+    A "local" entry for this host (what ``xauth add :N`` writes, and all
+    python-xlib looks for) and a "wild" one that matches however else a
+    client reaches the display (``localhost:N``, ``unix/host:N``).
     """
 
     def counted(data: bytes) -> bytes:
         return struct.pack(">H", len(data)) + data
 
-    return (
-        struct.pack(">H", FAMILY_WILD)
-        + counted(b"")
-        + counted(str(display).encode())
-        + counted(b"MIT-MAGIC-COOKIE-1")
-        + counted(bytes.fromhex(cookie_hex))
-    )
+    def entry(family: int, address: bytes) -> bytes:
+        return (struct.pack(">H", family) + counted(address) + counted(str(display).encode())
+                + counted(b"MIT-MAGIC-COOKIE-1") + counted(bytes.fromhex(cookie_hex)))
+
+    return entry(FAMILY_LOCAL, socket.gethostname().encode()) + entry(FAMILY_WILD, b"")
 
 
 def cookie_in_xauthority(data: bytes, display: int) -> str | None:
