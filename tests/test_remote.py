@@ -91,8 +91,10 @@ class ViewerCommandTests(SynchronousTestCase):
         rdp = remote.viewer_command(remote.RemoteDesktop("rdp", "win", 3390, "freerdp", "nla", "bob", "CORP", "pw"),
                                     self.display, OPEN, "python")
         self.assertEqual(rdp.argv[:4], ("xfreerdp", "/v:win:3390", "/cert:ignore", "/sec:nla"))
-        self.assertIn("/kbd:DE", rdp.argv)
-        self.assertEqual(rdp.stdin, "bob\nCORP\npw\n")
+        self.assertIn("/kbd:0x00000407", rdp.argv)
+        self.assertIn("/u:bob", rdp.argv)
+        self.assertIn("/d:CORP", rdp.argv)
+        self.assertEqual(rdp.stdin, "pw\n")
         self.assertFalse(rdp.reports_status)
         vnc = remote.viewer_command(remote.RemoteDesktop("vnc", "h", 5901, "tightvnc", password="pw"),
                                     self.display, OPEN, "python")
@@ -107,8 +109,15 @@ class ViewerCommandTests(SynchronousTestCase):
                                          "NX> 500 ERROR: Last operation failed."])
         self.assertIn("did not answer in time", remote.viewer_failure(desktop, "error timeout: 15 s").text)
 
+    def test_missing_engine_library(self):
+        desktop = remote.RemoteDesktop("vnc", "h", 5901, "vnc")
+        self.assertIsNone(remote.missing_engine(desktop))  # vncdotool is installed here
+        self.patch(remote, "ENGINE_LIBRARIES", {"vnc": "no_such_module_nxgate"})
+        self.assertIn("use the tightvnc engine", remote.missing_engine(desktop))
+        self.assertIsNone(remote.missing_engine(remote.RemoteDesktop("vnc", "h", 5901, "tightvnc")))
+
     def test_keyboard_layouts(self):
-        self.assertEqual(remote.keyboard_layout("pc105/de"), "DE")
-        self.assertEqual(remote.keyboard_layout("pc102/gb"), "UK")
-        self.assertEqual(remote.keyboard_layout("pc105/de(nodeadkeys)"), "DE")
-        self.assertEqual(remote.keyboard_layout("query"), "US")
+        self.assertEqual(remote.keyboard_layout("pc105/de"), 0x407)
+        self.assertEqual(remote.keyboard_layout("pc102/gb"), 0x809)
+        self.assertEqual(remote.keyboard_layout("pc105/de(nodeadkeys)"), 0x407)
+        self.assertEqual(remote.keyboard_layout("query"), 0x409)

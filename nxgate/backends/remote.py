@@ -11,6 +11,7 @@ reached.
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import re
 from dataclasses import dataclass, field
@@ -28,10 +29,10 @@ PYTHON_ENGINES = {"rdpy": "nxgate.viewer.rdp", "vnc": "nxgate.viewer.vnc"}
 _HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}[A-Za-z0-9])?)*")
 _FIELD = re.compile(r"[^\x00-\x1f\x7f]{0,256}")
 
-# RDP keyboard layouts by the NX client's X layout name (the part after "/").
-KEYBOARD_LAYOUTS = {"us": "US", "gb": "UK", "uk": "UK", "de": "DE", "fr": "FR", "it": "IT", "es": "ES",
-                    "ch": "CH", "be": "BE", "nl": "NL", "se": "SE", "no": "NO", "dk": "DK", "fi": "FI",
-                    "pt": "PT", "br": "BR", "pl": "PL", "cz": "CZ", "hu": "HU", "ru": "RU", "jp": "JP"}
+# Windows keyboard layout ids by the NX client's X layout (the part after "/").
+KEYBOARD_LAYOUTS = {"us": 0x409, "gb": 0x809, "uk": 0x809, "de": 0x407, "fr": 0x40C, "it": 0x410, "es": 0x40A,
+                    "ch": 0x807, "be": 0x80C, "nl": 0x413, "se": 0x41D, "no": 0x414, "dk": 0x406, "fi": 0x40B,
+                    "pt": 0x816, "br": 0x416, "pl": 0x415, "cz": 0x405, "hu": 0x40E, "ru": 0x419, "jp": 0x411}
 
 
 @dataclass(frozen=True)
@@ -139,10 +140,24 @@ def _from_target(name: str, target: TargetSection, config: Config, user: str, do
     )
 
 
-def keyboard_layout(keyboard: str) -> str:
-    """``pc105/de`` -> ``DE`` (US for what we do not know)."""
+ENGINE_LIBRARIES = {"rdpy": "rdpy", "vnc": "vncdotool"}
+
+
+def missing_engine(desktop: RemoteDesktop) -> str | None:
+    """Why this server cannot run the desktop's engine, or None (the Python
+    engines need libraries the Debian package leaves optional)."""
+    library = ENGINE_LIBRARIES.get(desktop.engine)
+    if library is None or importlib.util.find_spec(library) is not None:
+        return None
+    other = {"rdpy": "freerdp", "vnc": "tightvnc"}[desktop.engine]
+    return (f"Error: The {desktop.engine} engine is not installed on this server ({library} is missing); "
+            f"the admin can install it or use the {other} engine.")
+
+
+def keyboard_layout(keyboard: str) -> int:
+    """``pc105/de`` -> 0x407, the Windows layout id (US for what we do not know)."""
     layout = keyboard.rsplit("/", 1)[-1].split("(")[0].lower()
-    return KEYBOARD_LAYOUTS.get(layout, "US")
+    return KEYBOARD_LAYOUTS.get(layout, 0x409)
 
 
 @dataclass(frozen=True)
@@ -163,11 +178,12 @@ def viewer_command(desktop: RemoteDesktop, display: DisplaySettings, config: Con
             argv += ["--user", desktop.user, "--domain", desktop.domain, "--security", desktop.security]
         return ViewerCommand(tuple(argv), desktop.password + "\n", reports_status=True)
     if desktop.engine == "freerdp":
+        # /from-stdin:force asks for the password only; user and domain are no secret.
         argv = [config.remote.xfreerdp, f"/v:{desktop.address}", "/cert:ignore", f"/sec:{desktop.security}",
-                "/f", f"/size:{display.geometry}", f"/kbd:{keyboard_layout(display.keyboard)}",
-                f"/timeout:{int(config.remote.connect_timeout * 1000)}", "/from-stdin:force"]
-        secret = f"{desktop.user}\n{desktop.domain}\n{desktop.password}\n"
-        return ViewerCommand(tuple(argv), secret)
+                "/f", f"/kbd:0x{keyboard_layout(display.keyboard):08X}",
+                *([f"/u:{desktop.user}"] if desktop.user else []), *([f"/d:{desktop.domain}"] if desktop.domain else []),
+                "/from-stdin:force"]
+        return ViewerCommand(tuple(argv), desktop.password + "\n")
     argv = [config.remote.xtightvncviewer, "-autopass", "-fullscreen", "-encodings", "tight zrle hextile copyrect",
             f"{desktop.host}::{desktop.port}"]
     return ViewerCommand(tuple(argv), desktop.password + "\n")

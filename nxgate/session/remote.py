@@ -29,6 +29,9 @@ class RemoteSessions:
 
     async def start(self, client: Client, request: StartRequest, params: Params) -> Reply:
         desktop = remote.remote_desktop(request.type, params, self.config)
+        missing = remote.missing_engine(desktop)
+        if missing is not None:
+            raise remote.refused(missing)
         why = await probe.unreachable(self.manager.reactor, desktop.host, desktop.port, min(
             5.0, self.config.remote.connect_timeout))
         if why is not None:
