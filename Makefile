@@ -13,7 +13,11 @@ APT_PACKAGES := python3 python3-venv python3-dev gcc make libpam0g \
 	xfce4-session xfwm4 xfce4-panel xfdesktop4 dbus-x11 python3-tk \
 	xrdp x11vnc tigervnc-standalone-server freerdp2-x11 xtightvncviewer ssl-cert fail2ban
 
-.PHONY: install system-packages run test clean
+# Building the Debian package, and its test (tests/test_debian_package.py runs with NXGATE_TEST_DEB=1).
+DEB_PACKAGES := dpkg-dev debhelper dh-python python3-all python3-setuptools git
+APT_PACKAGES += $(DEB_PACKAGES)
+
+.PHONY: install system-packages run test deb clean
 
 install: system-packages $(STAMP)
 
@@ -48,6 +52,9 @@ run: install
 
 test: install
 	cd $(CURDIR) && PYTHONPATH=$(CURDIR) $(VENV)/bin/trial --temp-directory=$(CURDIR)/_trial_temp tests
+
+deb:
+	dpkg-buildpackage -us -uc -b
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info _trial_temp
