@@ -110,8 +110,10 @@ class XCanvas:
 
     Pixels are 32-bit BGRX (what a depth-24 TrueColor X server takes in a
     ZPixmap).  Updates go out as PutImage strips small enough for
-    python-xlib (it does not use BIG-REQUESTS) and are flushed at once:
-    without the flush python-xlib buffers until the next sync.
+    python-xlib (it does not use BIG-REQUESTS) and end with a sync:
+    python-xlib's flush() tries one non-blocking send and may leave part of
+    a large image queued until some later request, which on a still screen
+    never comes.
     """
 
     def __init__(self, title: str, display_name: str | None = None) -> None:
@@ -128,7 +130,7 @@ class XCanvas:
             0, 0, self.width, self.height, 0, self.depth, X.InputOutput, X.CopyFromParent,
             background_pixel=screen.black_pixel,
             event_mask=(X.ExposureMask | X.KeyPressMask | X.KeyReleaseMask | X.ButtonPressMask
-                        | X.ButtonReleaseMask | X.PointerMotionMask | X.StructureNotifyMask),
+                        | X.ButtonReleaseMask | X.PointerMotionMask | X.StructureNotifyMask | X.FocusChangeMask),
         )
         self.window.set_wm_name(title)
         self.gc = self.window.create_gc(foreground=screen.white_pixel, background=screen.black_pixel)
@@ -160,7 +162,7 @@ class XCanvas:
             target = ((y + row) * self.width + x) * 4
             self.framebuffer[target : target + row_bytes] = bgrx[source : source + row_bytes]
         self._send(x, y, visible_w, visible_h)
-        self.display.flush()
+        self.display.sync()
 
     def _send(self, x: int, y: int, width: int, height: int) -> None:
         rows_per_strip = max(1, 262000 // (width * 4))
@@ -174,7 +176,7 @@ class XCanvas:
 
     def expose(self, x: int, y: int, width: int, height: int) -> None:
         self._send(x, y, min(width, self.width - x), min(height, self.height - y))
-        self.display.flush()
+        self.display.sync()
 
     def message(self, text: str) -> None:
         """Show a line of text (errors after the session is up)."""
