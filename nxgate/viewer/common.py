@@ -28,6 +28,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import numpy
+
 ERROR_KINDS = ("unreachable", "auth", "tls", "protocol", "timeout")
 EXIT_CODES = {"ok": 0, "unreachable": 3, "auth": 4, "tls": 5, "protocol": 6, "timeout": 7, "usage": 2}
 STATUS_FD = 3
@@ -134,7 +136,7 @@ class XCanvas:
         )
         self.window.set_wm_name(title)
         self.gc = self.window.create_gc(foreground=screen.white_pixel, background=screen.black_pixel)
-        self.framebuffer = bytearray(self.width * self.height * 4)
+        self.framebuffer = numpy.zeros((self.height, self.width), numpy.uint32)
         self.window.map()
         self.window.set_input_focus(X.RevertToParent, X.CurrentTime)
         self.display.flush()
@@ -155,12 +157,8 @@ class XCanvas:
             return
         visible_w = min(width, self.width - x)
         visible_h = min(height, self.height - y)
-        stride = width * 4
-        row_bytes = visible_w * 4
-        for row in range(visible_h):
-            source = (row * stride)
-            target = ((y + row) * self.width + x) * 4
-            self.framebuffer[target : target + row_bytes] = bgrx[source : source + row_bytes]
+        pixels = numpy.frombuffer(bgrx, numpy.uint32, count=width * height).reshape(height, width)
+        self.framebuffer[y : y + visible_h, x : x + visible_w] = pixels[:visible_h, :visible_w]
         self._send(x, y, visible_w, visible_h)
         self.display.sync()
 
@@ -168,10 +166,7 @@ class XCanvas:
         rows_per_strip = max(1, 262000 // (width * 4))
         for top in range(y, y + height, rows_per_strip):
             rows = min(rows_per_strip, y + height - top)
-            data = b"".join(
-                bytes(self.framebuffer[((top + r) * self.width + x) * 4 : ((top + r) * self.width + x + width) * 4])
-                for r in range(rows)
-            )
+            data = self.framebuffer[top : top + rows, x : x + width].tobytes()
             self.window.put_image(self.gc, x, top, width, rows, self.X.ZPixmap, self.depth, 0, data)
 
     def expose(self, x: int, y: int, width: int, height: int) -> None:
