@@ -32,9 +32,10 @@ class VNCSessionTestCase(SessionTestCase):
     vnc_server = "x11vnc"
     allow_any_host = "yes"
     engine = ""
+    password: str | None = PASSWORD
 
     def make_fixture(self):
-        host = VNCHost(self.vnc_server, password=PASSWORD)
+        host = VNCHost(self.vnc_server, password=self.password)
         target = {"protocol": "vnc", "host": "127.0.0.1", "port": str(host.port)}
         if self.engine:
             target["engine"] = self.engine
@@ -129,6 +130,16 @@ class TargetsOnlyTests(VNCSessionTestCase):
         _, reply = self.start_remote(f"127.0.0.1::{self.host.port}")
         self.assertIn(b"is not a remote desktop this server serves. Available: lab (vnc).", reply)
         client, reply = self.start_remote("lab")
+        self.attach(client, SessionInfo.parse(reply))
+        self.screen.wait_for_colour(ORANGE, 20000, timeout=30)
+
+
+class NoPasswordTests(VNCSessionTestCase):
+    vnc_server = "tigervnc"
+    password = None
+
+    def test_vnc_without_a_password(self):
+        client, reply = self.start_remote(f"127.0.0.1::{self.host.port}", password="")
         self.attach(client, SessionInfo.parse(reply))
         self.screen.wait_for_colour(ORANGE, 20000, timeout=30)
 
