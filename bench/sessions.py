@@ -23,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from tests.harness.gateway import Gateway  # noqa: E402
-from tests.harness.process import stop, wait_for  # noqa: E402
+from tests.harness.process import wait_for  # noqa: E402
 from tests.harness.users import create_user  # noqa: E402
 from tests.harness.x11 import ClientScreen  # noqa: E402
 

@@ -7,7 +7,6 @@ nx@host`` with no command, then the NX dialogue on stdin/stdout.
 from __future__ import annotations
 
 import os
-import re
 import socket
 import subprocess
 import time

@@ -133,7 +133,7 @@ class OpenSSHModeTests(SessionTestCase):
         self.assertIn("--fd", relays)
         self.assertNotIn("python", subprocess.run(["pgrep", "-u", self.nx.name, "-a", "."], capture_output=True,
                                                  text=True).stdout)
-        self.assertIn(f"NX conversation from 127.0.0.1 through sshd (nx account)", self.gateway.log())
+        self.assertIn("NX conversation from 127.0.0.1 through sshd (nx account)", self.gateway.log())
         attachment.detach()
         self.wait_status(info.session_id, "Suspended")
 

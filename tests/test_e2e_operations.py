@@ -149,7 +149,7 @@ class OperationsTests(SessionTestCase):
             self.assertIn(b"NX> 404", self.login_attempt(self.other.name, f"wrong{attempt}"))
         # Blocked now, even with the right password, and PAM is not asked.
         self.assertIn(b"NX> 404", self.login_attempt(self.other.name, self.other.password))
-        self.assertIn(f"throttled: too many failed logins for this account", self.gateway.log())
+        self.assertIn("throttled: too many failed logins for this account", self.gateway.log())
         self.assertTrue(any(r["event"] == "login_throttled" and r["user"] == self.other.name for r in self.audit()))
         self.assertIn(b"NX> 103", self.login_attempt(self.user.name, self.user.password))  # others unaffected
 

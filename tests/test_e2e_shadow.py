@@ -9,10 +9,10 @@ import subprocess
 import time
 
 from tests.harness.process import stop, wait_for
-from tests.harness.ssh import Attachment, SessionInfo
+from tests.harness.ssh import SessionInfo
 from tests.harness.users import create_user
 from tests.harness.x11 import ClientScreen
-from tests.test_e2e_sessions import RED, START, SessionTestCase
+from tests.test_e2e_sessions import RED, SessionTestCase
 
 TK_GREY = (217, 217, 217)  # the consent dialog's background
 ADMINS = "nxgatetestadmins"

@@ -12,7 +12,6 @@ import signal
 import subprocess
 
 from twisted.internet import defer
-from twisted.internet.task import Clock
 from twisted.test.proto_helpers import MemoryReactorClock
 from twisted.trial.unittest import TestCase
 

@@ -12,7 +12,6 @@ freerdp2-shadow-x11) and are skipped without it.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import numpy as np

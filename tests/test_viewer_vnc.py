@@ -29,7 +29,8 @@ from twisted.trial import unittest
 
 from nxgate.viewer import vnc
 from tests.harness.process import wait_for
-from tests.harness.vnchost import BLUE, ORANGE, ButtonRecorder, VNCHost, ViewerProcess, free_port
+from tests.harness.viewer import ViewerProcess
+from tests.harness.vnchost import BLUE, ORANGE, ButtonRecorder, VNCHost, free_port, vnc_viewer
 from tests.harness.x11 import ClientScreen, Screenshot
 
 BLACK = (0, 0, 0)
@@ -226,7 +227,7 @@ class HandshakeTests(ScriptedServer):
         self.clock.advance(2.9)
         self.assertEqual(self.status.lines, [])
         self.clock.advance(0.2)
-        self.assertEqual(self.status.lines, ["error timeout: no answer from the VNC server within 3s"])
+        self.assertEqual(self.status.lines, ["error timeout: the VNC server was not ready within 3s"])
         self.assertEqual(self.viewer.exit_code, 7)
 
     def test_only_the_first_failure_counts(self):
@@ -361,7 +362,7 @@ class EngineTestCase(unittest.TestCase):
         return screen
 
     def viewer(self, port: int, display: str, password: str | None = None, **options) -> ViewerProcess:
-        viewer = ViewerProcess(port, display, password, **options)
+        viewer = vnc_viewer(port, display, password, **options)
         self.addCleanup(viewer.close)
         return viewer
 
@@ -539,7 +540,7 @@ class FailureTests(EngineTestCase):
         started = time.monotonic()
         viewer = self.viewer(listener.getsockname()[1], ":0", timeout=2.0)
         line = viewer.status_line(timeout=10)
-        self.assertEqual(line, "error timeout: no answer from the VNC server within 2s")
+        self.assertEqual(line, "error timeout: the VNC server was not ready within 2s")
         self.assertEqual(viewer.wait(5), 7)
         self.assertLess(time.monotonic() - started, 2.0 + 3.0)
 

@@ -210,3 +210,86 @@ class XReader:
 
     def logPrefix(self) -> str:
         return "x11"
+
+
+class ViewerRun:
+    """The life of one viewer process, shared by the engines.
+
+    Phase one ends in :meth:`ready` (the status line, then drawing if the
+    gateway already asked for it) or :meth:`fail`; every way out goes
+    through :meth:`finish`, once.  Engines provide ``attach`` and
+    ``connection`` (the transport to abort) and set ``stage``.
+    """
+
+    program = "nxgate-viewer"
+    what = "remote desktop"
+
+    def __init__(self, reactor: Any, args: argparse.Namespace, password: str, status: Status) -> None:
+        self.reactor, self.args, self.password, self.status = reactor, args, password, status
+        self.stage = "connect"
+        self.attach_wanted = False
+        self.exit_code: int | None = None
+        self.timer = reactor.callLater(args.timeout, self.fail, ViewerError(
+            "timeout", f"the {self.what} was not ready within {args.timeout:g}s"))
+
+    def connection(self) -> Any:
+        """The transport to the remote host, if any (aborted on the way out)."""
+        return None
+
+    def attach(self) -> None:
+        raise NotImplementedError
+
+    def start(self, factory: Any) -> None:
+        # SIGTERM stops the reactor, which then closes the remote and X
+        # connections: no news worth an error message.
+        self.reactor.addSystemEventTrigger("before", "shutdown", self._shutting_down)
+        self.reactor.connectTCP(self.args.host, self.args.port, factory, timeout=self.args.timeout)
+
+    def ready(self, width: int, height: int) -> None:
+        """Phase one is over: say so on the status line."""
+        self.stage = "ready"
+        if self.timer.active():
+            self.timer.cancel()
+        try:
+            self.status.ready(width, height)
+        except OSError as exc:  # nobody reads fd 3 any more: the gateway gave up on us
+            self.say(f"cannot report ready: {exc}")
+            self.finish(1)
+            return
+        if self.attach_wanted:
+            self.attach()
+
+    def fail(self, problem: ViewerError) -> None:
+        """Report a failure on the status line (phase one) or stderr, then exit."""
+        if self.exit_code is not None:
+            return
+        if self.stage == "ready":  # the status line is written: stderr, for the gateway's log
+            self.say(str(problem))
+        else:
+            try:
+                self.status.error(problem)
+            except OSError:
+                self.say(str(problem))
+        self.finish(EXIT_CODES[problem.kind])
+
+    def finish(self, code: int) -> None:
+        if self.exit_code is None:
+            self.exit_code = code
+            if self.timer.active():
+                self.timer.cancel()
+            transport = self.connection()
+            if transport is not None:
+                transport.abortConnection()
+            self.reactor.callLater(0, self.reactor.stop)
+
+    def _shutting_down(self) -> None:
+        if self.exit_code is None:
+            self.exit_code = 0
+
+    def say(self, text: str) -> None:
+        print(f"{self.program}: {text}", file=sys.stderr, flush=True)
+
+    def x_lost(self) -> None:
+        if self.exit_code is None:
+            self.say("the X display closed")
+            self.finish(0)

@@ -223,36 +223,34 @@ class Factory(rdp.ClientFactory):
             self.viewer.fail(ViewerError("unreachable", reason.getErrorMessage()))
 
 
-class Viewer(rdp.RDPClientObserver):
+class Viewer(common.ViewerRun, rdp.RDPClientObserver):
     """The two phases: connect (TCP, TLS/NLA, RDP handshake), then draw and forward input."""
 
+    program = "nxgate-viewer-rdp"
+    what = "RDP session"
+
     def __init__(self, reactor: Any, args: Any, password: str, status: common.Status) -> None:
-        self.reactor, self.args, self.password, self.status = reactor, args, password, status
+        common.ViewerRun.__init__(self, reactor, args, password, status)
         self.width, self.height = common.geometry(args.geometry)
         self.framebuffer = np.zeros((self.height, self.width, 4), np.uint8)
         self.stage = "connect"  # connect, negotiate, tls | nla, nla-auth, rdp, ready
         self.controller: rdp.RDPClientController | None = None
         self.link: Link | None = None
         self.canvas: common.XCanvas | None = None
-        self.attach_wanted = False
-        self.exit_code: int | None = None
         self.damage: list[tuple[int, int, int, int]] = []
         self.pending: list[tuple[str, tuple[Any, ...]]] = []
         self.pressed: set[tuple[int, bool]] = set()
         self.last_server_error = ""
         self.bad_packets = 0
-        self.timer = reactor.callLater(args.timeout, self.fail, ViewerError(
-            "timeout", f"the RDP session was not ready within {args.timeout:g}s"))
 
-    def start(self) -> None:
-        self.reactor.addSystemEventTrigger("before", "shutdown", self._shutting_down)
-        self.reactor.connectTCP(self.args.host, self.args.port, Factory(self), timeout=self.args.timeout)
+    def connection(self) -> Any:
+        return self.link.transport if self.link is not None else None
 
     def setup(self, controller: rdp.RDPClientController) -> None:
         """Register as rdpy's observer and configure its stack before it
         connects.  Credentials must be str, even empty (rdpy's defaults are
         bytes, on which its NTLM code crashes)."""
-        super().__init__(controller)
+        rdp.RDPClientObserver.__init__(self, controller)
         self.controller = controller
         controller.setScreen(self.width, self.height)
         controller.setSecurityLevel(rdp.SecurityLevel.RDP_LEVEL_NLA if self.args.security == "nla"
@@ -275,16 +273,7 @@ class Viewer(rdp.RDPClientObserver):
             self._damage(0, 0, width, height)
         if self.stage == "ready":  # a reactivation (resize) of a running session
             return
-        self.stage = "ready"
-        self.timer.cancel()
-        try:
-            self.status.ready(self.width, self.height)
-        except OSError as exc:  # nobody reads fd 3 any more: the gateway gave up on us
-            self._say(f"cannot report ready: {exc}")
-            self.finish(1)
-            return
-        if self.attach_wanted:
-            self.attach()
+        self.ready(self.width, self.height)
 
     def _server_size(self) -> tuple[int, int]:
         try:  # the size the server confirmed (rdpy keeps its capabilities privately)
@@ -306,20 +295,7 @@ class Viewer(rdp.RDPClientObserver):
             return
         self.bad_packets += 1
         if self.bad_packets <= 5:
-            self._say(f"ignored bad data from the server ({type(exc).__name__}: {exc})")
-
-    def fail(self, problem: ViewerError) -> None:
-        """Report a failure on the status line (phase 1) or stderr, then exit."""
-        if self.exit_code is not None:
-            return
-        if self.stage == "ready":
-            self._say(str(problem))
-        else:
-            try:
-                self.status.error(problem)
-            except OSError:
-                self._say(str(problem))
-        self.finish(common.EXIT_CODES[problem.kind])
+            self.say(f"ignored bad data from the server ({type(exc).__name__}: {exc})")
 
     def remote_closed(self, reason: Failure) -> None:
         if self.exit_code is not None:
@@ -330,24 +306,8 @@ class Viewer(rdp.RDPClientObserver):
             self.fail(ViewerError(problem.kind, problem.message + why))
             return
         why = f": {self.last_server_error}" if self.last_server_error else ""
-        self._say(f"the RDP server closed the connection{why}")
+        self.say(f"the RDP server closed the connection{why}")
         self.finish(0)
-
-    def finish(self, code: int) -> None:
-        if self.exit_code is None:
-            self.exit_code = code
-            if self.timer.active():
-                self.timer.cancel()
-            if self.link is not None and self.link.transport is not None:
-                self.link.transport.abortConnection()
-            self.reactor.callLater(0, self.reactor.stop)
-
-    def _shutting_down(self) -> None:
-        if self.exit_code is None:
-            self.exit_code = 0
-
-    def _say(self, text: str) -> None:
-        print(f"nxgate-viewer-rdp: {text}", file=sys.stderr, flush=True)
 
     # -- pixels (both phases)
     def onUpdate(self, left: int, top: int, right: int, bottom: int, width: int, height: int, bpp: int,
@@ -356,7 +316,7 @@ class Viewer(rdp.RDPClientObserver):
         try:
             pixels = decode(width, height, bpp, compressed, data)
         except (ValueError, TypeError) as exc:
-            self._say(f"undecodable {width}x{height} {bpp} bpp update ({exc})")
+            self.say(f"undecodable {width}x{height} {bpp} bpp update ({exc})")
             return
         w = min(right - left + 1, width, self.width - left)
         h = min(bottom - top + 1, height, self.height - top)
@@ -401,7 +361,7 @@ class Viewer(rdp.RDPClientObserver):
             window = self.canvas.window  # FocusOut: release held keys, or they stick on the remote side
             window.change_attributes(event_mask=window.get_attributes().your_event_mask | self.canvas.X.FocusChangeMask)
         except Exception as exc:
-            self._say(f"cannot draw on the display: {exc}")
+            self.say(f"cannot draw on the display: {exc}")
             self.finish(1)
             return
         self.reader = common.XReader(self.canvas, self.x_event, self.x_lost)
@@ -463,10 +423,6 @@ class Viewer(rdp.RDPClientObserver):
         {"key": controller.sendKeyEventScancode, "pointer": controller.sendPointerEvent,
          "wheel": controller.sendWheelEvent}[kind](*args)
 
-    def x_lost(self) -> None:
-        if self.exit_code is None:
-            self._say("the X display closed")
-            self.finish(0)
 
 
 def quiet_logging(password: str, viewer: Viewer) -> None:
@@ -506,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     viewer = Viewer(reactor, args, password, common.Status())
     quiet_logging(password, viewer)
     common.on_attach(reactor, viewer.attach, args.attach_now)
-    viewer.start()
+    viewer.start(Factory(viewer))
     reactor.run()
     return viewer.exit_code or 0
 

@@ -305,83 +305,38 @@ class Factory(RFBFactory):
             self.viewer.fail(ViewerError("unreachable", reason.getErrorMessage()))
 
 
-class Viewer:
-    """The two phases: connect and authenticate, then draw and forward input.
-    Every way out goes through :meth:`finish`, once."""
+class Viewer(common.ViewerRun):
+    """The two phases: connect and authenticate, then draw and forward input."""
+
+    program = PROGRAM
+    what = "VNC server"
 
     def __init__(self, reactor: Any, args: Any, password: str, status: common.Status) -> None:
-        self.reactor, self.args, self.password, self.status = reactor, args, password, status
+        super().__init__(reactor, args, password, status)
         self.client: Client | None = None
         self.canvas: common.XCanvas | None = None
         self.stage = "version"  # how far the handshake got: version, auth, password, ready
-        self.attach_wanted = False
-        self.exit_code: int | None = None
         self.buttons = 0
         self.keys = PressedKeys()
         self.masks = (0, 0)  # Num Lock, AltGr
-        self.timer = reactor.callLater(args.timeout, self.fail, ViewerError(
-            "timeout", f"no answer from the VNC server within {args.timeout:g}s"))
 
-    def start(self) -> None:
-        # SIGTERM stops the reactor, which then closes the VNC and X
-        # connections: no news worth an error message.
-        self.reactor.addSystemEventTrigger("before", "shutdown", self._shutting_down)
-        self.reactor.connectTCP(self.args.host, self.args.port, Factory(self), timeout=self.args.timeout)
+    def connection(self) -> Any:
+        return self.client.transport if self.client is not None else None
 
     # -- phase 1 and the ways out
     def connected(self, width: int, height: int) -> None:
-        self.stage = "ready"
-        if self.timer.active():
-            self.timer.cancel()
-        try:
-            self.status.ready(width, height)
-        except OSError as exc:  # nobody reads fd 3 any more: the gateway gave up on us
-            self._say(f"cannot report ready: {exc}")
-            self.finish(1)
-            return
-        if self.attach_wanted:
-            self.attach()
-
-    def fail(self, problem: ViewerError) -> None:
-        """Report a failure on the status line (phase 1) or stderr, then exit."""
-        if self.exit_code is not None:
-            return
-        if self.stage == "ready":  # the status line is written: stderr, for the gateway's log
-            self._say(str(problem))
-        else:
-            try:
-                self.status.error(problem)
-            except OSError:
-                self._say(str(problem))
-        self.finish(common.EXIT_CODES[problem.kind])
+        self.ready(width, height)
 
     def remote_closed(self, reason: Failure) -> None:
         if self.exit_code is not None:
             return
         if self.stage == "ready":
-            self._say(f"the VNC server closed the connection ({reason.getErrorMessage()})")
+            self.say(f"the VNC server closed the connection ({reason.getErrorMessage()})")
             self.finish(0)
         elif self.stage == "password":  # RFB 3.3 servers just hang up on a wrong password
             self.fail(ViewerError("auth", "the server closed the connection after the password"))
         else:
             self.fail(ViewerError("protocol", "the server closed the connection during the handshake"))
-
-    def finish(self, code: int) -> None:
-        if self.exit_code is None:
-            self.exit_code = code
-            if self.timer.active():
-                self.timer.cancel()
-            if self.client is not None and self.client.transport is not None:
-                self.client.transport.abortConnection()
-            self.reactor.callLater(0, self.reactor.stop)
-
-    def _shutting_down(self) -> None:
-        if self.exit_code is None:
-            self.exit_code = 0
-
-    @staticmethod
-    def _say(text: str) -> None:
-        print(f"{PROGRAM}: {text}", file=sys.stderr)
 
     # -- phase 2
     def attach(self) -> None:
@@ -396,7 +351,7 @@ class Viewer:
             mask = window.get_attributes().your_event_mask | self.canvas.X.FocusChangeMask
             window.change_attributes(event_mask=mask)
         except Exception as exc:
-            self._say(f"cannot draw on the display: {exc}")
+            self.say(f"cannot draw on the display: {exc}")
             self.finish(1)
             return
         self.reader = common.XReader(self.canvas, self.x_event, self.x_lost)
@@ -469,10 +424,6 @@ class Viewer:
             for keysym in self.keys.release_all():
                 client.keyEvent(keysym, down=False)
 
-    def x_lost(self) -> None:
-        if self.exit_code is None:
-            self._say("the X display closed")
-            self.finish(0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -498,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         timer.start()
 
     reactor.addSystemEventTrigger("before", "shutdown", watchdog)
-    viewer.start()
+    viewer.start(Factory(viewer))
     reactor.run()
     return viewer.exit_code or 0
 

@@ -2,7 +2,7 @@
 
 A host is an X display whose root window is a known colour, served by
 x11vnc (over an Xvfb) or by Xtigervnc (an X server that is its own VNC
-server), with or without a VNC password.  :class:`ViewerProcess` runs
+server), with or without a VNC password.  :func:`vnc_viewer` runs
 ``python -m nxgate.viewer.vnc`` the way the gateway does: password on
 stdin, status line on fd 3.
 """
@@ -12,18 +12,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 from tests.harness.process import Pipe, stop, wait_for
+from tests.harness.viewer import PYTHON, ViewerProcess
 from tests.harness.x11 import ClientScreen, _free_display
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PYTHON = os.path.join(REPO, ".venv", "bin", "python")
 ORANGE = (255, 128, 0)
 BLUE = (0, 0, 255)
 FIRST_HOST_DISPLAY = 700
@@ -241,73 +239,14 @@ def paint(display_name: str) -> None:
         sys.stdout.flush()
 
 
-class ViewerProcess:
-    """``python -m nxgate.viewer.vnc`` with the password on stdin and the
-    status line read from its fd 3 (posix_spawn maps the pipe there)."""
-
-    def __init__(self, port: int, display: str, password: str | None = None, timeout: float = 15.0,
-                 attach_now: bool = False, host: str = "127.0.0.1", extra: tuple[str, ...] = ()) -> None:
-        argv = [PYTHON, "-m", "nxgate.viewer.vnc", "--host", host, "--port", str(port), "--timeout", str(timeout),
-                *(["--password-stdin"] if password is not None else []), *(["--attach-now"] if attach_now else []),
-                *extra]
-        env = dict(os.environ, DISPLAY=display, PYTHONPATH=REPO)
-        stdin_r, stdin_w = os.pipe()
-        err_r, err_w = os.pipe()
-        status_r, status_w = os.pipe()
-        self.started = time.monotonic()
-        try:
-            self.pid = os.posix_spawn(PYTHON, argv, env, setsigdef=(signal.SIGPIPE, signal.SIGUSR1), file_actions=[
-                (os.POSIX_SPAWN_DUP2, stdin_r, 0),
-                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-                (os.POSIX_SPAWN_DUP2, err_w, 2),
-                (os.POSIX_SPAWN_DUP2, status_w, 3),
-            ])
-        finally:
-            for fd in (stdin_r, err_w, status_w):
-                os.close(fd)
-        with os.fdopen(stdin_w, "wb") as stdin:
-            if password is not None:
-                stdin.write(password.encode() + b"\n")
-        self.files = [os.fdopen(status_r, "rb"), os.fdopen(err_r, "rb")]  # Pipe keeps only the fd
-        self.status, self.stderr = Pipe(self.files[0]), Pipe(self.files[1])
-        self.returncode: int | None = None
-
-    def status_line(self, timeout: float = 20.0) -> str:
-        return self.status.read_until(b"\n", timeout).decode().strip()
-
-    def attach(self) -> None:
-        os.kill(self.pid, signal.SIGUSR1)
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: float) -> int:
-        """The exit code, or AssertionError after ``timeout`` seconds."""
-        wait_for(lambda: self.poll() is not None, timeout, "the viewer to exit", interval=0.02)
-        return self.returncode  # type: ignore[return-value]
-
-    def errors(self) -> str:
-        """What the viewer wrote on stderr so far."""
-        while not self.files[1].closed and self.stderr.fill(0):
-            pass
-        return self.stderr.buffer.decode(errors="replace")
-
-    def close(self) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, signal.SIGTERM)
-            try:
-                self.wait(5)
-            except AssertionError:
-                os.kill(self.pid, signal.SIGKILL)
-                self.wait(5)
-        self.errors()
-        for handle in self.files:
-            handle.close()
-
+def vnc_viewer(port: int, display: str, password: str | None = None, timeout: float = 15.0,
+               attach_now: bool = False, host: str = "127.0.0.1", extra: tuple[str, ...] = ()) -> ViewerProcess:
+    """``python -m nxgate.viewer.vnc`` with the password on stdin."""
+    args = ["--host", host, "--port", str(port), "--timeout", str(timeout),
+            *(["--password-stdin"] if password is not None else []), *(["--attach-now"] if attach_now else []),
+            *extra]
+    stdin = password.encode() + b"\n" if password is not None else b""
+    return ViewerProcess(args, display, stdin=stdin, module="nxgate.viewer.vnc")
 
 
 if __name__ == "__main__":
