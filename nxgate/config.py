@@ -118,7 +118,7 @@ def option(default: Any, convert: Converter, doc: str, *, is_path: bool = False)
 # --------------------------------------------------------------------- schema
 @dataclass(frozen=True)
 class ServerSection:
-    listen: str = option("tcp:4022", nonempty, "Twisted endpoint the SSH server listens on")
+    listen: str = option("tcp:4022:backlog=1024", nonempty, "Twisted endpoint the SSH server listens on")
     server_name: str = option("", text, "host name shown to clients (default: this host's FQDN)")
     state_dir: str = option("/var/lib/nxgate", nonempty, "host keys, session store and session directories", is_path=True)
     protocol_version: str = option("3.5.0", nx_version, "NX protocol version in the greeting (keep below 4)")

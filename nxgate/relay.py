@@ -29,7 +29,7 @@ class _AgentSide(protocol.Protocol):
 
     def dataReceived(self, data: bytes) -> None:
         self.relay.to_client += len(data)
-        metrics.relayed(0, len(data))
+        metrics.relayed_down(len(data))
         self.relay.channel.write(data)
 
     def connectionLost(self, reason: Any) -> None:
@@ -72,7 +72,7 @@ class AgentRelay:
     # client side -------------------------------------------------------
     def write(self, data: bytes) -> None:
         self.to_agent += len(data)
-        metrics.relayed(len(data), 0)
+        metrics.relayed_up(len(data))
         if self.agent is not None:
             self.agent.write(data)
         elif not self.closed:

@@ -20,7 +20,7 @@ class ConfigTests(SynchronousTestCase):
 
     def test_defaults(self):
         c = config.load(None)
-        self.assertEqual(c.server.listen, "tcp:4022")
+        self.assertEqual(c.server.listen, "tcp:4022:backlog=1024")
         self.assertEqual(c.ssh.nx_user, "nx")
         self.assertEqual(c.auth.deny_users, ("root",))
         self.assertTrue(c.ssh.user_logins)

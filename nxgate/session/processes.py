@@ -114,8 +114,14 @@ class _Launch(protocol.ProcessProtocol):
 class Launcher:
     """Runs :mod:`nxgate.session.launcher` for the session manager."""
 
+    #: PAM closes run in the background, and after a restart or a mass
+    #: logout there can be a hundred at once; each is a Python process, so
+    #: a handful at a time finishes them sooner than all together.
+    CONCURRENT_PAM_CLOSES = 4
+
     def __init__(self, reactor: Any) -> None:
         self.reactor = reactor
+        self._pam_closes = defer.DeferredSemaphore(self.CONCURRENT_PAM_CLOSES)
 
     def _run(self, request: dict[str, Any]) -> _Launch:
         launch = _Launch(request)
@@ -156,9 +162,13 @@ class Launcher:
             return None
 
     async def close_pam(self, request: dict[str, Any]) -> None:
-        started = self._run(dict(request, mode="close-pam"))
-        await started.ready
-        await started.ended
+        await self._pam_closes.acquire()
+        try:
+            started = self._run(dict(request, mode="close-pam"))
+            await started.ready
+            await started.ended
+        finally:
+            self._pam_closes.release()
 
 
 @implementer(IReadDescriptor)
