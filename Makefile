@@ -17,7 +17,7 @@ APT_PACKAGES := python3 python3-venv python3-dev gcc make libpam0g \
 DEB_PACKAGES := dpkg-dev debhelper dh-python python3-all python3-setuptools git
 APT_PACKAGES += $(DEB_PACKAGES)
 
-.PHONY: install system-packages run test deb clean
+.PHONY: install system-packages run test bench bench-profile deb clean
 
 install: system-packages $(STAMP)
 
@@ -52,6 +52,14 @@ run: install
 
 test: install
 	cd $(CURDIR) && PYTHONPATH=$(CURDIR) $(VENV)/bin/trial --temp-directory=$(CURDIR)/_trial_temp tests
+
+# Benchmarks (root; 15-25 min): figures, peers and ratios in one table, see bench/README.md.
+bench: install
+	PYTHONPATH=$(CURDIR) $(VENV)/bin/python bench/run.py $(BENCH_ARGS)
+
+bench-profile: install
+	$(VENV)/bin/pip install -q py-spy
+	PYTHONPATH=$(CURDIR) $(VENV)/bin/python bench/run.py --profile $(BENCH_ARGS)
 
 deb:
 	dpkg-buildpackage -us -uc -b

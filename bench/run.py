@@ -1,0 +1,377 @@
+#!/usr/bin/env python3
+"""``make bench``: every benchmark, one table against the project's targets.
+
+Runs, each as its own process with its own JSON in bench/results/:
+
+* bench/relay.py     throughput, CPU/GB and latency of the relays (Conch
+                     gateway, OpenSSH mode's nxcopy, OpenSSH + nc, socat,
+                     splice loop; it uses bench/relay_nxcopy.py's harness);
+* bench/sessions.py  nxgate's session timings with nxgate-client + memory;
+* bench/x2go.py      the same for X2Go (installed if missing, as root);
+* bench/scale.py     50/100 sessions, 200 parallel logins, a 10 000-row
+                     store, and where the session times go (phases);
+
+then prints ONE table: each figure, its peer (X2Go measured here, X2Go's
+reference figures from the issue, OpenSSH...), the ratio, the target and
+whether it is met, with the spread of the repeated measurements; and writes
+everything to bench/results/bench.json.
+
+    .venv/bin/python bench/run.py [--quick] [--profile] [--no-install] [--skip x2go,scale]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+RESULTS = os.path.join(HERE, "results")
+
+# The issue's X2Go figures (reference machine) and the targets.
+X2GO_REFERENCE = {"new_to_picture": 3.51, "suspend": 2.80, "resume_to_picture": 3.03, "terminate": 2.68,
+                  "session_mb": 38.0}
+TIME_TARGETS = [  # key, label, ratio target
+    ("new_to_picture", "login -> picture", 0.2),
+    ("suspend", "suspend", 0.3),
+    ("resume_to_picture", "resume -> picture", 0.15),
+    ("terminate", "terminate", 0.3),
+]
+
+
+def run_step(name: str, argv: list[str], log_dir: str) -> dict:
+    """Runs one benchmark; its output goes to the terminal and to a log."""
+    print(f"\n=== {name}: {' '.join(argv[1:])}", flush=True)
+    started = time.monotonic()
+    log_path = os.path.join(log_dir, f"{name}.log")
+    env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for line in process.stdout:
+            sys.stdout.buffer.write(line)
+            sys.stdout.flush()
+            log.write(line)
+        process.wait()
+    seconds = time.monotonic() - started
+    print(f"=== {name}: exit {process.returncode} after {seconds:.0f}s", flush=True)
+    return {"argv": argv, "exit_code": process.returncode, "seconds": seconds, "log": log_path}
+
+
+def load(path: str) -> dict | None:
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def spread_pct(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    if len(values) < 2:
+        return None
+    middle = statistics.median(values)
+    return (max(values) - min(values)) / middle * 100 if middle else None
+
+
+class Table:
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    def section(self, title: str) -> None:
+        self.rows.append({"section": title})
+
+    def add(self, measure: str, value, unit: str, peer=None, peer_label: str = "", ratio=None, target: str = "",
+            met: bool | None = None, spread: float | None = None, note: str = "") -> None:
+        self.rows.append({"measure": measure, "value": value, "unit": unit, "peer": peer, "peer_label": peer_label,
+                          "ratio": ratio, "target": target, "met": met, "spread_pct": spread, "note": note})
+
+    def print(self) -> None:
+        header = (f"{'measure':<40}{'nxgate':>10} {'unit':<6}{'peer':>10}  {'peer is':<22}{'ratio':>8}  "
+                  f"{'target':<22}{'met':<6}{'spread':>7}")
+        print(header)
+        print("=" * len(header))
+        for row in self.rows:
+            if "section" in row:
+                print(f"-- {row['section']}")
+                continue
+
+            def num(value) -> str:
+                if value is None:
+                    return "-"
+                if isinstance(value, str):
+                    return value
+                return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+
+            met = {True: "yes", False: "NO", None: ""}[row["met"]]
+            spread = "" if row["spread_pct"] is None else f"{row['spread_pct']:.0f}%"
+            ratio = "" if row["ratio"] is None else f"{row['ratio']:.2f}x"
+            print(f"{row['measure']:<40}{num(row['value']):>10} {row['unit']:<6}{num(row['peer']):>10}  "
+                  f"{row['peer_label']:<22}{ratio:>8}  {row['target']:<22}{met:<6}{spread:>7}")
+            if row["note"]:
+                print(f"{'':<4}{row['note']}")
+
+
+def ratio(a, b):
+    return None if a is None or b in (None, 0) else a / b
+
+
+def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, scale: dict | None) -> Table:
+    table = Table()
+    # ---------------------------------------------------------------- sessions
+    table.section("session operations (nxgate-client vs X2Go's pyhoca-cli, medians; 'here' = this machine)")
+    x2go_measured = bool(x2go and x2go.get("measured"))
+    for key, label, target in TIME_TARGETS:
+        ours = sessions["medians"].get(key) if sessions else None
+        spread = spread_pct([run[key] for run in sessions["runs"]]) if sessions else None
+        if x2go_measured:
+            peer = x2go["medians"][key]
+            table.add(f"{label}", ours, "s", peer, "X2Go measured here", ratio(ours, peer), f"<= {target}x X2Go",
+                      None if ours is None else ours <= target * peer, spread)
+        reference = X2GO_REFERENCE[key]
+        absolute = target * reference
+        table.add(f"{label} (vs reference)", ours, "s", reference, "X2Go reference (issue)", ratio(ours, reference),
+                  f"<= {absolute:.2f} s", None if ours is None else ours <= absolute)
+    if x2go_measured:
+        x2go_spread = {key: spread_pct([run[key] for run in x2go["runs"]]) for key, _, _ in TIME_TARGETS}
+        table.add("X2Go here: new/suspend/resume/terminate", "/".join(
+            f"{x2go['medians'][key]:.2f}" for key, _, _ in TIME_TARGETS), "s", note="spread " + ", ".join(
+            f"{key} {x2go_spread[key]:.0f}%" for key, _, _ in TIME_TARGETS if x2go_spread[key] is not None))
+    elif x2go:
+        table.add("X2Go", "not measured", "", note=f"{x2go.get('source')}: {x2go.get('reason')}")
+    # ------------------------------------------------------------------ memory
+    table.section("memory per session (attached application sessions, RSS)")
+    memory = (sessions or {}).get("memory") or {}
+    ours = None
+    if memory:
+        ours = memory["session_mb_agent_plus_program"] + max(0.0, memory.get("gateway_mb_per_session", 0.0))
+    x2mem = (x2go or {}).get("memory") or {}
+    if x2go_measured and x2mem:
+        table.add("agent + program (+ gateway share)", ours, "MB", x2mem["session_mb_with_sshd"],
+                  "X2Go here, all procs", ratio(ours, x2mem["session_mb_with_sshd"]), "below X2Go's",
+                  None if ours is None else ours < x2mem["session_mb_with_sshd"],
+                  note=f"X2Go here: agent {x2mem['agent_rss_mb_median']:.1f} MB, agent+program "
+                       f"{x2mem['session_mb_agent_plus_program']:.1f}, + wrapper scripts {x2mem['session_mb']:.1f}, "
+                       f"+ sshd/sftp-server {x2mem['session_mb_with_sshd']:.1f} ({x2mem['sessions']} sessions)")
+        table.add("agent + program only", memory.get("session_mb_agent_plus_program"), "MB",
+                  x2mem["session_mb_agent_plus_program"], "X2Go agent+program", ratio(
+                      memory.get("session_mb_agent_plus_program"), x2mem["session_mb_agent_plus_program"]),
+                  "(like for like)", None if not memory else
+                  memory["session_mb_agent_plus_program"] < x2mem["session_mb_agent_plus_program"],
+                  note=f"nxagent median {memory.get('agent_rss_mb_median', 0):.1f} MB vs x2goagent "
+                       f"{x2mem['agent_rss_mb_median']:.1f} MB")
+    table.add("agent + program (vs reference)", ours, "MB", X2GO_REFERENCE["session_mb"], "X2Go reference (issue)",
+              ratio(ours, X2GO_REFERENCE["session_mb"]), "below X2Go's",
+              None if ours is None else ours < X2GO_REFERENCE["session_mb"])
+    # ------------------------------------------------------------------- relay
+    if relay:
+        results = {row["relay"]: row for row in relay["results"]}
+
+        def figure(name: str, direction: str, key: str = "gb_per_s"):
+            row = results.get(name)
+            if not row or direction not in row["directions"]:
+                return None
+            return row["directions"][direction].get(key)
+
+        def spread_of(name: str, direction: str):
+            row = results.get(name)
+            if not row or direction not in row["directions"]:
+                return None
+            return spread_pct(row["directions"][direction]["all_gb_per_s"])
+
+        size_gib = relay["size"] / (1 << 30)
+        table.section(f"encrypted relay on loopback ({size_gib:g} GiB per run, median of {relay['repeat']})")
+        conch = "conch (gateway relay)"
+        for direction in ("up", "down"):
+            ours = figure(conch, direction)
+            if ours is None:
+                continue
+            for peer_name, label, is_target in (("sshd+nc aes128-ctr", "OpenSSH+nc same cipher", True),
+                                                ("sshd+nc (FreeNX/Neatx)", "OpenSSH+nc chacha20", False)):
+                peer = figure(peer_name, direction)
+                table.add(f"Conch relay {direction} GB/s", ours, "GB/s", peer, label, ratio(ours, peer),
+                          ">= 1.0x OpenSSH+nc" if is_target else "(info)",
+                          (None if peer is None else ours >= peer) if is_target else None,
+                          spread_of(conch, direction) if is_target else spread_of(peer_name, direction))
+            cpu, peer_cpu = figure(conch, direction, "cpu_s_per_gb"), figure("sshd+nc aes128-ctr", direction,
+                                                                                "cpu_s_per_gb")
+            table.add(f"Conch relay {direction} CPU s/GB", cpu, "s/GB", peer_cpu, "OpenSSH+nc same cipher",
+                      ratio(cpu, peer_cpu), "(info: lower is better)")
+        for name in ("sshd+nxcopy aes128-ctr", "sshd+nxcopy (OpenSSH mode)"):
+            for direction in ("up", "down"):
+                ours = figure(name, direction)
+                peer_name = "sshd+nc aes128-ctr" if "aes" in name else "sshd+nc (FreeNX/Neatx)"
+                peer = figure(peer_name, direction)
+                if ours is not None:
+                    table.add(f"OpenSSH mode {'aes' if 'aes' in name else 'chacha'} {direction} GB/s", ours, "GB/s",
+                              peer, "OpenSSH+nc same cipher", ratio(ours, peer), "(info)",
+                              spread=spread_of(name, direction))
+        for name, label in ((conch, "Conch"), ("sshd+nxcopy aes128-ctr", "OpenSSH mode"),
+                            ("sshd+nc aes128-ctr", "OpenSSH+nc")):
+            row = results.get(name)
+            if row:
+                table.add(f"{label} latency p50 / p99", f"{row['latency_p50_us']:.0f}/{row['latency_p99_us']:.0f}",
+                          "us", None, "1-byte round trips", None, "(info)", note=f"cipher: {row.get('algorithms', '')}")
+        table.section("plain relays on loopback (no SSH)")
+        nxcopy = figure("nxcopy (splice)", "up")
+        candidates = [(figure(n, "up"), n) for n in ("python os.splice loop", "socat -b 262144")]
+        candidates = [c for c in candidates if c[0] is not None]
+        if nxcopy is not None and candidates:
+            best, best_name = max(candidates)
+            table.add("nxcopy vs best(splice loop, socat 256k)", nxcopy, "GB/s", best, best_name,
+                      ratio(nxcopy, best), ">= 0.9x", nxcopy >= 0.9 * best, spread_of("nxcopy (splice)", "up"))
+        socat = figure("socat (default)", "up")
+        if nxcopy is not None and socat is not None:
+            table.add("nxcopy vs default socat", nxcopy, "GB/s", socat, "socat (default)", ratio(nxcopy, socat),
+                      ">= 2x", nxcopy >= 2 * socat, spread_of("socat (default)", "up"))
+        for name in ("nxcopy (splice)", "socat (default)", "socat -b 262144", "python os.splice loop",
+                     "direct (no relay)"):
+            row = results.get(name)
+            if row:
+                cpu = figure(name, "up", "cpu_s_per_gb")
+                table.add(f"  {name}", figure(name, "up"), "GB/s", None,
+                          "" if cpu is None else f"CPU {cpu:.2f} s/GB", None,
+                          f"p50/p99 {row['latency_p50_us']:.0f}/{row['latency_p99_us']:.0f} us")
+    # ------------------------------------------------------------------- scale
+    if scale:
+        table.section("scale")
+        logins = scale.get("logins")
+        if logins:
+            table.add(f"{logins['logins']} parallel logins: failures", logins["failures"], "", None, "", None, "0",
+                      logins["failures"] == 0,
+                      note="; ".join(logins.get("failure_examples", []))[:300])
+            table.add("  login time p50 / p99", f"{logins.get('total_p50_s', 0):.2f}/{logins.get('total_p99_s', 0):.2f}",
+                      "s", f"{logins.get('single_total_median_s', 0):.2f}", "one login alone", None, "(info)",
+                      note=f"phases p50/p99: ssh {logins.get('ssh_p50_s', 0):.2f}/{logins.get('ssh_p99_s', 0):.2f}, "
+                           f"PAM login {logins.get('login_p50_s', 0):.2f}/{logins.get('login_p99_s', 0):.2f}, "
+                           f"listsession {logins.get('listsession_p50_s', 0):.2f}/"
+                           f"{logins.get('listsession_p99_s', 0):.2f} s; "
+                           f"{logins.get('logins_per_second', 0):.0f} logins/s, pam_threads {logins['pam_threads']}")
+        sess = (scale.get("sessions") or {}).get("counts") or {}
+        for count, figures in sess.items():
+            table.add(f"{count} sessions: gateway RSS", figures["gateway_rss_mb"], "MB", None,
+                      f"{figures['gateway_mb_per_session']:.2f} MB/session", None, "(info)",
+                      note=f"per session: agent {figures['agent_rss_mb_median']:.1f} MB, agent+program "
+                           f"{figures['session_mb_agent_plus_program']:.1f} MB; gateway idle "
+                           f"{scale['sessions']['gateway_rss_mb_idle']:.1f} MB, {figures['gateway_fds']} fds")
+        store = scale.get("store")
+        if store:
+            table.add(f"listsession, {store['live']} live + {store['ended']} ended",
+                      store["list_with_ended"]["median_ms"], "ms", store["list_live_only"]["median_ms"],
+                      f"{store['live']} live only", ratio(store["list_with_ended"]["median_ms"],
+                                                          store["list_live_only"]["median_ms"]), "(info)")
+            table.add("gateway start (reconcile) with that store", store["start_s_with_ended"], "s",
+                      store["start_s_live_only"], f"{store['live']} live only",
+                      ratio(store["start_s_with_ended"], store["start_s_live_only"]), "(info)",
+                      spread=spread_pct(store["start_s_with_ended_all"]))
+            if store.get("dead"):
+                table.add(f"reconcile of {store['dead']} dead-agent rows", store["reconcile_dead_s"], "s", None,
+                          "start to all ended", None, "(info)")
+        phases = scale.get("phases")
+        if phases:
+            m = phases["medians"]
+            table.section("where the session time goes (server side, OpenSSH client; medians)")
+            for key, label in (("new_to_picture_openssh", "new -> picture without nxgate-client"),
+                               ("suspend_command", "suspend command (server)"),
+                               ("suspend:agent_suspending_to_suspended", "  nxagent suspending -> suspended"),
+                               ("resume_to_picture_openssh", "resume -> picture without nxgate-client"),
+                               ("resume:proxy_handshake_to_agent_resumed", "  proxy connect -> agent resumed"),
+                               ("terminate_command", "terminate command (server)"),
+                               ("terminate:agent_terminating_to_terminated", "  nxagent terminating -> gone"),
+                               ("new:proxy_handshake_to_agent_running", "  new: proxy connect -> agent running"),
+                               ("new:program_spawned_to_picture_seen", "  new: program spawned -> picture"),
+                               ("startsession_to_710", "  startsession -> 710 (agent up)"),
+                               ("login_login", "  NX login (PAM)")):
+                if key in m:
+                    table.add(label, m[key], "s", None, "", None, "(info)",
+                              spread=spread_pct(phases["spread"][key]) if key in phases.get("spread", {}) else None)
+            table.add("nxgate-client: import / --list", f"{phases['client_import_s']:.2f}/{phases['client_list_s']:.2f}",
+                      "s", f"{phases['python_start_s']:.2f}", "bare python start", None, "(info)")
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes and counts: a smoke run (minutes)")
+    parser.add_argument("--runs", type=int, default=5, help="session timing runs (nxgate and X2Go)")
+    parser.add_argument("--sessions", type=int, default=10, help="sessions for the memory figures (both)")
+    parser.add_argument("--size", default="2G", help="bytes per relay throughput run")
+    parser.add_argument("--repeat", type=int, default=3, help="relay throughput runs per row")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale")
+    parser.add_argument("--no-install", action="store_true", help="never apt-get install bench packages")
+    parser.add_argument("--profile", action="store_true", help="py-spy the gateway (relay, logins, sessions)")
+    parser.add_argument("--table-only", action="store_true", help="rebuild the table from bench/results/*.json")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0 and not args.table_only:
+        print("make bench needs root: the benchmarks create Unix users and run sshd and X2Go", file=sys.stderr)
+        return 2
+    os.makedirs(RESULTS, exist_ok=True)
+    python = sys.executable
+    skip = set(filter(None, args.skip.split(",")))
+    install = [] if args.no_install else ["--install"]
+    profile = ["--profile"] if args.profile else []
+    runs, sessions, size, repeat = args.runs, args.sessions, args.size, args.repeat
+    scale_args = []
+    if args.quick:
+        runs, sessions, size, repeat = 2, 3, "256M", 1
+        scale_args = ["--sessions", "5,10", "--logins", "40", "--ended", "1000", "--dead", "10", "--phase-runs", "2"]
+    steps = {
+        "relay": [python, os.path.join(HERE, "relay.py"), "--size", size, "--repeat", str(repeat),
+                  "--json", os.path.join(RESULTS, "relay.json"), *install, *profile],
+        "sessions": [python, os.path.join(HERE, "sessions.py"), "--runs", str(runs), "--sessions", str(sessions),
+                     "--json", os.path.join(RESULTS, "sessions.json")],
+        "x2go": [python, os.path.join(HERE, "x2go.py"), "--runs", str(runs), "--sessions", str(sessions),
+                 "--json", os.path.join(RESULTS, "x2go.json"), *install],
+        "scale": [python, os.path.join(HERE, "scale.py"), "--only", "sessions,logins,store,phases",
+                  "--json", os.path.join(RESULTS, "scale.json"), *scale_args, *profile],
+    }
+    log_dir = os.path.join(RESULTS, "logs")
+    os.makedirs(log_dir, exist_ok=True)
+    steps_run: dict[str, dict] = {}
+    started = time.time()
+    load_before = os.getloadavg()
+    if not args.table_only:
+        for name, step in steps.items():
+            if name in skip:
+                continue
+            # A step's old JSON must not pass for this run's.
+            path = step[step.index("--json") + 1]
+            if os.path.exists(path):
+                os.replace(path, path + ".previous")
+            steps_run[name] = run_step(name, step, log_dir)
+    relay = load(os.path.join(RESULTS, "relay.json"))
+    sessions_result = load(os.path.join(RESULTS, "sessions.json"))
+    x2go = load(os.path.join(RESULTS, "x2go.json"))
+    scale = load(os.path.join(RESULTS, "scale.json"))
+    table = build_table(relay, sessions_result, x2go, scale)
+    print()
+    print(f"nxgate benchmark — {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
+          f"load {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f}")
+    table.print()
+    if args.table_only:  # keep what the last full run said about its steps
+        steps_run = (load(os.path.join(RESULTS, "bench.json")) or {}).get("steps", {})
+    failed = [name for name, step in steps_run.items() if step["exit_code"] != 0]
+    if failed:
+        print(f"\nsteps that failed: {', '.join(failed)} (see bench/results/logs/)")
+    summary = {
+        "started": started, "seconds": time.time() - started, "cpus": os.cpu_count(), "kernel": platform.release(),
+        "load_before": load_before, "load_after": os.getloadavg(), "quick": args.quick,
+        "steps": steps_run, "table": table.rows,
+        "results": {"relay": relay, "sessions": sessions_result, "x2go": x2go, "scale": scale},
+        "x2go_reference": X2GO_REFERENCE,
+    }
+    out = os.path.join(RESULTS, "bench.json")
+    with open(out, "w") as handle:
+        json.dump(summary, handle, indent=2)
+        handle.write("\n")
+    print(f"\n(JSON: {out})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+#!/usr/bin/env python3
+"""X2Go on this machine, measured as the peer script measures it.
+
+The peer script (/work/shared/peers/x2go_bench.sh) drives X2Go's own
+command-line client, pyhoca-cli, against a private sshd with password
+authentication and takes screenshots of the client's screen:
+
+* new session -> picture: from starting ``pyhoca-cli -c APP -t application``
+  until the client screen shows more than 5000 magenta pixels;
+* suspend: how long ``pyhoca-cli -S NAME`` (a second client) takes; the first
+  client is then killed and the picture must go;
+* resume -> picture: from starting ``pyhoca-cli -R NAME`` to the picture;
+  that client is killed again;
+* terminate: how long ``pyhoca-cli -T NAME`` takes.
+
+Medians of --runs (>= 5).  Then the memory of --sessions concurrent
+application sessions (``xterm -geometry 40x10``, as bench/sessions.py starts
+for nxgate), attached: the x2goagent's RSS, agent + program, and everything
+the user runs per session (X2Go's wrapper scripts, sshd and sftp-server of the
+attached client included).
+
+The X2Go server runs as a Debian installation does: x2goserver's session
+scripts over sshd, and x2gocleansessions (started here in the foreground, as
+systemd would run it, and stopped at the end).
+
+Needs root.  With --install (make bench passes it) the Debian packages
+x2goserver, x2goserver-xsession and pyhoca-cli are installed if missing.  If
+X2Go cannot be installed or run, the reason is reported and the reference
+figures from the issue are used instead, marked "reference, not measured".
+
+    .venv/bin/python bench/x2go.py [--runs 5] [--sessions 10] [--install] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)
+sys.path.insert(0, HERE)
+
+from relay import PrivateSshd, ensure_packages  # noqa: E402
+
+from tests.harness.process import stop, wait_for  # noqa: E402
+from tests.harness.users import create_user  # noqa: E402
+from tests.harness.x11 import ClientScreen  # noqa: E402
+
+PACKAGES = ["x2goserver", "x2goserver-xsession", "pyhoca-cli"]
+MAGENTA = (255, 0, 255)
+APP = "xterm -bg magenta -fg magenta -geometry 200x60+0+0"
+# The figures given in the issue for X2Go on the reference machine.
+REFERENCE = {"new_to_picture": 3.51, "suspend": 2.80, "resume_to_picture": 3.03, "terminate": 2.68,
+             "session_mb": 38.0}
+
+
+def rss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def user_processes(user: str) -> list[tuple[int, str]]:
+    out = subprocess.run(["ps", "-u", user, "-o", "pid=,comm="], capture_output=True, text=True).stdout
+    processes = []
+    for line in out.splitlines():
+        pid, _, name = line.strip().partition(" ")
+        if pid.isdigit():
+            processes.append((int(pid), name.strip()))
+    return processes
+
+
+class X2GoBench:
+    def __init__(self) -> None:
+        self.cleanups: list = []
+        self.clients: list[subprocess.Popen] = []
+        self.user = None
+        try:
+            self._setup()
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self) -> None:
+        self.user = create_user(prefix="x2b")
+        self.cleanups.append(self.user.remove)
+        self.sshd = PrivateSshd(password_auth=True, max_startups="50:30:100",
+                                extra="Subsystem sftp /usr/lib/openssh/sftp-server\n")
+        self.cleanups.append(self.sshd.close)
+        self.workdir = tempfile.mkdtemp(prefix="nxgate-bench-x2go-")
+        self.cleanups.append(lambda: shutil.rmtree(self.workdir, ignore_errors=True))
+        self.cleaner = None
+        if shutil.which("x2gocleansessions") or os.path.exists("/usr/sbin/x2gocleansessions"):
+            # What x2goserver.service runs; -d keeps it in the foreground, so it is our child.
+            self.cleaner = subprocess.Popen(["/usr/sbin/x2gocleansessions", "-d"], stdin=subprocess.DEVNULL,
+                                            stdout=open(os.path.join(self.workdir, "cleansessions.log"), "wb"),
+                                            stderr=subprocess.STDOUT)
+            self.cleanups.append(lambda: stop(self.cleaner))
+        self.screen = ClientScreen(1024, 768)
+        self.cleanups.append(self.screen.close)
+        home = os.path.join(self.workdir, "client-home")
+        os.makedirs(home)
+        self.env = dict(os.environ, DISPLAY=self.screen.name, HOME=home)
+
+    # ------------------------------------------------------------ client
+    def cli(self, *args: str, log: str, wait: bool = True):
+        argv = ["pyhoca-cli", "--server", "127.0.0.1", "-p", str(self.sshd.port), "-l", self.user.name,
+                "--password", self.user.password, "--add-to-known-hosts", *args]
+        handle = open(os.path.join(self.workdir, log), "wb")
+        if wait:
+            try:
+                return subprocess.run(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=handle,
+                                      stderr=subprocess.STDOUT, timeout=120)
+            finally:
+                handle.close()
+        process = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=handle,
+                                   stderr=subprocess.STDOUT)
+        handle.close()
+        self.clients.append(process)
+        return process
+
+    def read_log(self, log: str) -> str:
+        with open(os.path.join(self.workdir, log), errors="replace") as handle:
+            return handle.read()
+
+    def magenta(self) -> int:
+        return self.screen.shot().count(MAGENTA)
+
+    def blank(self) -> None:
+        subprocess.run(["xsetroot", "-solid", "black"], env=self.env, check=False)
+
+    def picture_after(self, started: float, process: subprocess.Popen, log: str) -> float:
+        def seen() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"pyhoca-cli exited {process.returncode}: {self.read_log(log)[-1500:]}")
+            return self.magenta() > 5000
+
+        wait_for(seen, 60, "the X2Go picture", interval=0.02)
+        return time.monotonic() - started
+
+    def session_name(self, log: str) -> str:
+        def name() -> str | None:
+            match = re.search(r"Using session (\S+)", self.read_log(log))
+            return match.group(1) if match else None
+
+        return wait_for(name, 30, "the X2Go session name")
+
+    @staticmethod
+    def kill(process: subprocess.Popen) -> None:
+        process.terminate()  # the peer script: kill $pid (SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+    # -------------------------------------------------------------- runs
+    def one_run(self, index: int) -> dict[str, float | str]:
+        self.blank()
+        started = time.monotonic()
+        first = self.cli("-c", APP, "-t", "application", "-g", "1024x768", "-q", "lan", "--sound", "none",
+                         log=f"new{index}.log", wait=False)
+        new = self.picture_after(started, first, f"new{index}.log")
+        name = self.session_name(f"new{index}.log")
+        started = time.monotonic()
+        result = self.cli("-S", name, log=f"sus{index}.log")
+        suspend = time.monotonic() - started
+        if result.returncode != 0:
+            raise RuntimeError(f"suspend failed: {self.read_log(f'sus{index}.log')[-1500:]}")
+        self.kill(first)
+        wait_for(lambda: self.magenta() < 100, 30, "the picture to go")
+        self.blank()
+        time.sleep(1)
+        started = time.monotonic()
+        second = self.cli("-R", name, "-g", "1024x768", "-q", "lan", "--sound", "none", log=f"res{index}.log",
+                          wait=False)
+        resume = self.picture_after(started, second, f"res{index}.log")
+        self.kill(second)
+        time.sleep(1)
+        started = time.monotonic()
+        result = self.cli("-T", name, log=f"term{index}.log")
+        terminate = time.monotonic() - started
+        if result.returncode != 0:
+            raise RuntimeError(f"terminate failed: {self.read_log(f'term{index}.log')[-1500:]}")
+        wait_for(lambda: not [p for p, n in user_processes(self.user.name) if n == "x2goagent"], 30,
+                 "the x2goagent to end")
+        run = {"new_to_picture": new, "suspend": suspend, "resume_to_picture": resume, "terminate": terminate,
+               "session": name}
+        print(f"x2go run {index}: new->picture {new:.2f}s suspend {suspend:.2f}s resume->picture {resume:.2f}s "
+              f"terminate {terminate:.2f}s", flush=True)
+        return run
+
+    def memory(self, count: int) -> dict[str, float]:
+        """Per-session memory with ``count`` attached application sessions."""
+        clients = []
+        for index in range(count):
+            clients.append(self.cli("-c", f"xterm -geometry 40x10+{index * 3}+0", "-t", "application", "-g", "800x600",
+                                    "-q", "lan", "--sound", "none", log=f"mem{index}.log", wait=False))
+
+            def up(n=index + 1) -> bool:
+                return sum(1 for _, name in user_processes(self.user.name) if name == "xterm") >= n
+
+            wait_for(up, 120, f"X2Go session {index + 1} with its program")
+        time.sleep(3)
+        processes = user_processes(self.user.name)
+        by_name: dict[str, int] = {}
+        for pid, name in processes:
+            by_name[name] = by_name.get(name, 0) + rss_kb(pid)
+        agents = [rss_kb(pid) for pid, name in processes if name == "x2goagent"]
+        ssh_side = sum(kb for name, kb in by_name.items() if name in ("sshd", "sftp-server"))
+        everything = sum(by_name.values())
+        result = {
+            "sessions": count,
+            "agent_rss_mb_median": statistics.median(agents) / 1024,
+            "session_mb_agent_plus_program": (sum(agents) + by_name.get("xterm", 0)) / 1024 / count,
+            "session_mb": (everything - ssh_side) / 1024 / count,
+            "session_mb_with_sshd": everything / 1024 / count,
+            "rss_mb_by_process": {name: kb / 1024 for name, kb in sorted(by_name.items())},
+        }
+        for client in clients:
+            self.kill(client)
+        return result
+
+    def terminate_all(self) -> None:
+        """End every X2Go session of the bench user with X2Go's own scripts."""
+        out = subprocess.run(["runuser", "-u", self.user.name, "--", "x2golistsessions"], capture_output=True,
+                             text=True, timeout=60).stdout
+        for line in out.splitlines():
+            fields = line.split("|")
+            if len(fields) > 1:
+                subprocess.run(["runuser", "-u", self.user.name, "--", "x2goterminate-session", fields[1]],
+                               capture_output=True, timeout=60, check=False)
+
+    def close(self) -> None:
+        for client in self.clients:
+            if client.poll() is None:
+                self.kill(client)
+        try:
+            if self.user is not None:
+                self.terminate_all()
+        except Exception as error:  # noqa: BLE001
+            print(f"x2go cleanup: {error}", file=sys.stderr)
+        for cleanup in reversed(self.cleanups):
+            try:
+                cleanup()
+            except Exception as error:  # noqa: BLE001
+                print(f"cleanup: {error}", file=sys.stderr)
+
+
+def reference_result(reason: str) -> dict:
+    return {
+        "measured": False,
+        "source": "reference, not measured (figures from the issue)",
+        "reason": reason,
+        "medians": {key: REFERENCE[key] for key in ("new_to_picture", "suspend", "resume_to_picture", "terminate")},
+        "memory": {"session_mb": REFERENCE["session_mb"]},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--sessions", type=int, default=10, help="concurrent sessions for the memory figure")
+    parser.add_argument("--install", action="store_true", help="apt-get install X2Go if it is missing (root)")
+    parser.add_argument("--json", default=os.path.join(HERE, "results", "x2go.json"))
+    args = parser.parse_args(argv)
+    result: dict
+    if os.geteuid() != 0:
+        result = reference_result("bench/x2go.py needs root (it creates a user and runs sshd)")
+    else:
+        missing = ensure_packages(PACKAGES, args.install)
+        if missing:
+            why = "not installed" + ("" if args.install else " (run with --install)")
+            result = reference_result(f"Debian packages {' '.join(missing)} {why}")
+        else:
+            result = measure(args.runs, args.sessions)
+    os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    with open(args.json, "w") as handle:
+        json.dump(result, handle, indent=2)
+        handle.write("\n")
+    label = "measured" if result["measured"] else result["source"]
+    print(f"X2Go ({label}):")
+    for key, value in result["medians"].items():
+        print(f"  {key:<34}{value:>9.2f}s")
+    for key, value in result["memory"].items():
+        if isinstance(value, (int, float)):
+            print(f"  {key:<34}{value:>10.1f}")
+    if not result["measured"]:
+        print(f"  why not measured: {result['reason']}")
+    print(f"(JSON: {args.json})")
+    return 0
+
+
+def measure(runs: int, sessions: int) -> dict:
+    bench = None
+    try:
+        bench = X2GoBench()
+        load_before = os.getloadavg()
+        all_runs = [bench.one_run(index) for index in range(runs)]
+        keys = ("new_to_picture", "suspend", "resume_to_picture", "terminate")
+        medians = {key: statistics.median(run[key] for run in all_runs) for key in keys}
+        memory = bench.memory(sessions) if sessions else {}
+        return {"measured": True, "source": "measured on this machine", "runs": all_runs, "medians": medians,
+                "spread": {key: [min(run[key] for run in all_runs), max(run[key] for run in all_runs)]
+                           for key in keys},
+                "memory": memory, "load_before": load_before, "load_after": os.getloadavg(),
+                "versions": versions()}
+    except Exception as error:  # noqa: BLE001 - report exactly why, fall back
+        traceback.print_exc()
+        detail = f"{type(error).__name__}: {error}"
+        return reference_result(f"X2Go could not be run here: {detail}")
+    finally:
+        if bench is not None:
+            bench.close()
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for package in PACKAGES + ["nxagent"]:
+        result = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package], capture_output=True, text=True)
+        out[package] = result.stdout.strip()
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
