@@ -19,6 +19,7 @@ LINES = {
     "Session: Session terminated at 'Thu Dec  3 10:50:29 2026'.": AgentEvent.TERMINATED,
     "Session: Aborting session at 'Thu Dec  3 10:52:46 2026'.": AgentEvent.ABORTING,
     "Session: Session aborted at 'Thu Dec  3 10:52:46 2026'.": AgentEvent.ABORTED,
+    "Info: Waiting the watchdog process to complete.": AgentEvent.WATCHDOG_WAIT,
 }
 
 

@@ -10,6 +10,7 @@ import os
 import pwd
 import signal
 import subprocess
+import time
 
 from twisted.internet import defer
 from twisted.test.proto_helpers import MemoryReactorClock
@@ -221,6 +222,36 @@ class ManagerTests(TestCase):
         self.assertIn(f"NX> 900 Session id: {session_id} terminated.", reply.lines)
         self.assertEqual(self.store.get(session_id).state, State.TERMINATED)
         self.assertEqual(self.launcher.closed[0]["user"], ME)
+
+    def test_the_watchdog_the_agent_waits_for_is_killed(self):
+        """Only the agent's forked ``nxagent`` child: not its other children
+        (xkbcomp), and no pid from a log line a restarted gateway never saw."""
+        forks = ("import os, time\n"
+                 "parent = os.getpid()\n"
+                 "for name in ('nxagent', 'xkbcomp'):\n"
+                 "    if os.fork() == 0:\n"
+                 "        open('/proc/self/comm', 'w').write(name)\n"
+                 "        while os.getppid() == parent:\n"  # no orphans outlive the test
+                 "            time.sleep(0.1)\n"
+                 "        os._exit(0)\n"
+                 "time.sleep(600)\n")
+        self.patch(subprocess, "Popen", lambda argv, _popen=subprocess.Popen: _popen(["python3", "-c", forks]))
+        session_id, _ = self.started()
+        agent = self.manager.sessions[session_id].agent_pid
+        children = {}
+        for _ in range(100):
+            children = {name: processes.children_named(agent, name) for name in ("nxagent", "xkbcomp")}
+            if all(children.values()):
+                break
+            time.sleep(0.05)
+        (watchdog,) = children["nxagent"]
+        self.agent_says(session_id, STARTED, "Info: Waiting the watchdog process to complete.")
+        for _ in range(100):
+            if processes.children_named(agent, "nxagent") == []:
+                break
+            time.sleep(0.05)
+        self.assertEqual(processes.children_named(agent, "nxagent"), [])
+        self.assertIsNotNone(processes.start_time(children["xkbcomp"][0]))
 
     def test_client_that_never_connects(self):
         session_id, _ = self.started()

@@ -27,7 +27,6 @@ class AgentEvent(enum.Enum):
     ABORTED = "aborted"
     ERROR = "error"  # an "Error: ..." line; the text is kept
     COOKIE_MISMATCH = "cookie-mismatch"
-    WATCHDOG = "watchdog"  # "Watchdog running with pid 'N'"; the text is the pid
     WATCHDOG_WAIT = "watchdog-wait"  # the agent waits for its watchdog to end
 
 
@@ -50,7 +49,6 @@ _PATTERNS: list[tuple[re.Pattern[str], AgentEvent]] = [
     (re.compile(r"^Session: Aborting session at"), AgentEvent.ABORTING),
     (re.compile(r"^Session: Session aborted at"), AgentEvent.ABORTED),
     (re.compile(r"^Error: Authentication cookie '.*' doesn't match"), AgentEvent.COOKIE_MISMATCH),
-    (re.compile(r"^Info: Watchdog running with pid '(\d+)'"), AgentEvent.WATCHDOG),
     (re.compile(r"^Info: Waiting the watchdog process to complete"), AgentEvent.WATCHDOG_WAIT),
     (re.compile(r"^Error: (.*)"), AgentEvent.ERROR),
 ]

@@ -16,6 +16,7 @@ ended and cleaned up.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import secrets
@@ -84,7 +85,6 @@ class Runtime:
     connect_timer: Any = None
     last_error: str = ""
     app_starting: bool = False
-    watchdog_pid: int = 0
     secret: str | None = field(default=None, repr=False)  # for the program's stdin, until it has it
 
 
@@ -464,11 +464,8 @@ class SessionManager(service.Service):
         if event.event is AgentEvent.COOKIE_MISMATCH:
             log.warn("session {id}: a client offered a wrong cookie", id=session_id)
             return
-        if event.event is AgentEvent.WATCHDOG:
-            runtime.watchdog_pid = int(event.text)
-            return
         if event.event is AgentEvent.WATCHDOG_WAIT:
-            self._end_watchdog(session, runtime)
+            self._end_watchdog(session)
             return
         new = advance(session.state, event.event)
         if new is None:
@@ -492,14 +489,18 @@ class SessionManager(service.Service):
                 defer.ensureDeferred(self._start_program(session_id))
 
     @staticmethod
-    def _end_watchdog(session: Session, runtime: Runtime) -> None:
+    def _end_watchdog(session: Session) -> None:
         """nxagent waits for its watchdog, which waits for a client proxy that
         may never say goodbye (Neatx saw agents that never exit): end it.
-        Only a direct child of this session's agent is ever signalled."""
-        pid, runtime.watchdog_pid = runtime.watchdog_pid, 0
-        if pid and processes.parent_pid(pid) == session.agent_pid:
+        The watchdog is the agent's forked ``nxagent`` child, found in /proc
+        rather than from its log line, which a restarted gateway never saw.
+        SIGKILL, because a fresh watchdog sometimes still runs nxagent's
+        SIGTERM handler and lives on (one suspend in ~10 hung for 20 s); it
+        holds nothing to clean up."""
+        for pid in processes.children_named(session.agent_pid, "nxagent") if session.agent_pid else []:
             log.debug("session {id}: ending nxagent's watchdog {pid}", id=session.id, pid=pid)
-            os.kill(pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def _agent_exited(self, session_id: str) -> None:
         session = self.sessions.get(session_id)

@@ -66,6 +66,27 @@ def parent_pid(pid: int) -> int | None:
     return None if fields is None else int(fields[1])
 
 
+def children_named(pid: int, name: str) -> list[int]:
+    """Live direct children of ``pid`` whose command name is ``name``.
+
+    A scan of /proc: it runs about once per suspend, and unlike a pid kept
+    from a log line it also works after a gateway restart."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fields = _stat(int(entry))
+        if fields is None or fields[0] == b"Z" or int(fields[1]) != pid:
+            continue
+        try:
+            with open(f"/proc/{entry}/comm", "rb") as handle:
+                if handle.read().rstrip(b"\n") == name.encode():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
 class _Launch(protocol.ProcessProtocol):
     def __init__(self, request: dict[str, Any]) -> None:
         self.request = json.dumps(request).encode()
