@@ -229,6 +229,8 @@ class ViewerRun:
         self.stage = "connect"
         self.attach_wanted = False
         self.exit_code: int | None = None
+        self.canvas: XCanvas | None = None  # phase two: see open_display
+        self.reader: XReader | None = None
         self.timer = reactor.callLater(args.timeout, self.fail, ViewerError(
             "timeout", f"the {self.what} was not ready within {args.timeout:g}s"))
 
@@ -288,6 +290,29 @@ class ViewerRun:
 
     def say(self, text: str) -> None:
         print(f"{self.program}: {text}", file=sys.stderr, flush=True)
+
+    def open_display(self) -> bool:
+        """Phase two: the window on the session's display, and its events
+        read by the reactor.  False (and the viewer ends) without a display."""
+        try:
+            self.canvas = XCanvas(self.args.title)
+            self.display_opened()
+            window = self.canvas.window  # FocusOut: release held keys, or they stick on the remote side
+            mask = window.get_attributes().your_event_mask | self.canvas.X.FocusChangeMask
+            window.change_attributes(event_mask=mask)
+        except Exception as exc:
+            self.say(f"cannot draw on the display: {exc}")
+            self.finish(1)
+            return False
+        self.reader = XReader(self.canvas, self.x_event, self.x_lost)
+        self.reactor.addReader(self.reader)
+        return True
+
+    def display_opened(self) -> None:
+        """Engines read what they need of the new display here."""
+
+    def x_event(self, event: Any) -> None:
+        raise NotImplementedError
 
     def x_lost(self) -> None:
         if self.exit_code is None:

@@ -236,7 +236,6 @@ class Viewer(common.ViewerRun, rdp.RDPClientObserver):
         self.stage = "connect"  # connect, negotiate, tls | nla, nla-auth, rdp, ready
         self.controller: rdp.RDPClientController | None = None
         self.link: Link | None = None
-        self.canvas: common.XCanvas | None = None
         self.damage: list[tuple[int, int, int, int]] = []
         self.pending: list[tuple[str, tuple[Any, ...]]] = []
         self.pressed: set[tuple[int, bool]] = set()
@@ -356,16 +355,8 @@ class Viewer(common.ViewerRun, rdp.RDPClientObserver):
         self.attach_wanted = True
         if self.stage != "ready" or self.canvas is not None or self.exit_code is not None:
             return
-        try:
-            self.canvas = common.XCanvas(self.args.title)
-            window = self.canvas.window  # FocusOut: release held keys, or they stick on the remote side
-            window.change_attributes(event_mask=window.get_attributes().your_event_mask | self.canvas.X.FocusChangeMask)
-        except Exception as exc:
-            self.say(f"cannot draw on the display: {exc}")
-            self.finish(1)
+        if not self.open_display():
             return
-        self.reader = common.XReader(self.canvas, self.x_event, self.x_lost)
-        self.reactor.addReader(self.reader)
         self._damage(0, 0, self.width, self.height)
 
     def x_event(self, event: Any) -> None:

@@ -314,7 +314,6 @@ class Viewer(common.ViewerRun):
     def __init__(self, reactor: Any, args: Any, password: str, status: common.Status) -> None:
         super().__init__(reactor, args, password, status)
         self.client: Client | None = None
-        self.canvas: common.XCanvas | None = None
         self.stage = "version"  # how far the handshake got: version, auth, password, ready
         self.buttons = 0
         self.keys = PressedKeys()
@@ -344,20 +343,13 @@ class Viewer(common.ViewerRun):
         self.attach_wanted = True
         if self.stage != "ready" or self.canvas is not None or self.exit_code is not None or self.client is None:
             return
-        try:
-            self.canvas = common.XCanvas(self.args.title)
-            self.masks = self._modifier_masks()
-            window = self.canvas.window  # FocusOut: release held keys, or they stick on the remote side
-            mask = window.get_attributes().your_event_mask | self.canvas.X.FocusChangeMask
-            window.change_attributes(event_mask=mask)
-        except Exception as exc:
-            self.say(f"cannot draw on the display: {exc}")
-            self.finish(1)
+        if not self.open_display():
             return
-        self.reader = common.XReader(self.canvas, self.x_event, self.x_lost)
-        self.reactor.addReader(self.reader)
         self.client.framebufferUpdateRequest(incremental=False)
         self.reader.doRead()
+
+    def display_opened(self) -> None:
+        self.masks = self._modifier_masks()
 
     def _modifier_masks(self) -> tuple[int, int]:
         """The modifier bits of Num Lock and of AltGr on this display."""
