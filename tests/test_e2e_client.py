@@ -19,10 +19,10 @@ import tempfile
 from twisted.conch.ssh.keys import Key
 from twisted.trial.unittest import SkipTest, TestCase
 
-from tests.harness.gateway import REPO, Gateway
+from tests.harness.gateway import REPO, Gateway, user_and_gateway
 from tests.harness.process import stop, wait_for
 from tests.harness.shared import class_fixture
-from tests.harness.users import NEED_ROOT, create_user, is_root
+from tests.harness.users import NEED_ROOT, is_root
 
 RED = (255, 0, 0)
 BLACK = (0, 0, 0)
@@ -53,18 +53,7 @@ class ClientTestCase(TestCase):
         self.known_hosts = os.path.join(self.tmp, "known_hosts")
 
     def make_fixture(self):
-        user = create_user()
-        try:
-            gateway = Gateway(self.options).start()
-        except BaseException:
-            user.remove()
-            raise
-
-        def teardown():
-            gateway.stop()
-            user.remove()
-
-        return (user, gateway), teardown
+        return user_and_gateway(self.options)
 
     # -------------------------------------------------------------- helpers
     def env(self, password: str | None = None, **extra: str) -> dict[str, str]:

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from twisted.trial.unittest import SkipTest, TestCase
 
-from tests.harness.gateway import Gateway
+from tests.harness.gateway import user_and_gateway
 from tests.harness.process import stop, wait_for
 from tests.harness.shared import class_fixture
 from tests.harness.ssh import NXClient, askpass_env, ssh_argv
@@ -35,18 +35,7 @@ class GatewayTestCase(TestCase):
         self.user, self.gateway = class_fixture(type(self), self.make_fixture)
 
     def make_fixture(self):
-        user = create_user()
-        try:
-            gateway = Gateway(self.options).start()
-        except BaseException:
-            user.remove()
-            raise
-
-        def teardown():
-            gateway.stop()
-            user.remove()
-
-        return (user, gateway), teardown
+        return user_and_gateway(self.options)
 
     def client(self, **kwargs) -> NXClient:
         client = NXClient(self.gateway.port, **kwargs)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,7 @@ import tempfile
 from twisted.trial.unittest import SkipTest
 
 from tests.harness.gateway import REPO, Gateway, nx_key
+from tests.harness.net import free_port
 from tests.harness.process import stop, wait_for
 from tests.harness.shared import class_fixture
 from tests.harness.ssh import Attachment, NXClient, SessionInfo
@@ -47,12 +47,6 @@ Match User {user}
     ForceCommand {shell}
     SetEnv NXGATE_SOCKET={socket}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class OpenSSHModeTests(SessionTestCase):

@@ -8,8 +8,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 
 from tests.harness.process import stop, wait_for
+from tests.harness.users import TestUser, create_user
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
@@ -87,3 +89,21 @@ class Gateway:
             self.process = None
         if cleanup and not os.environ.get("NXGATE_KEEP_TEST_DIRS"):
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def user_and_gateway(options: dict[str, dict[str, str]] | None = None
+                     ) -> tuple[tuple[TestUser, Gateway], Callable[[], None]]:
+    """A fresh Unix user and a gateway, with the teardown of both: the
+    usual shared fixture of a login test class (see ``class_fixture``)."""
+    user = create_user()
+    try:
+        gateway = Gateway(options).start()
+    except BaseException:
+        user.remove()
+        raise
+
+    def teardown() -> None:
+        gateway.stop()
+        user.remove()
+
+    return (user, gateway), teardown

@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 
+from tests.harness.net import free_port, listening
 from tests.harness.process import stop, wait_for
 from tests.harness.viewer import ViewerProcess
 from tests.harness.x11 import ClientScreen
@@ -46,28 +47,6 @@ X224_CONFIRM_TLS = bytes.fromhex("03000013" "0ed000001234" "00" "020008000100000
 #: ls_* geometry (box 350x430 centred; fields at x 110, rows 26 px apart).
 USERNAME_FIELD = (451, 417, 200, 17)   # x, y, width, height (inside the border)
 PASSWORD_FIELD = (451, 443, 200, 17)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def listening(port: int) -> bool:
-    """Whether something listens on ``port`` (read from /proc, not probed:
-    a probe would be one more client in xrdp's log)."""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as handle:
-                rows = handle.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                return True
-    return False
 
 
 def hex_colour(colour: tuple[int, int, int]) -> str:

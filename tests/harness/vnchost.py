@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 
+from tests.harness.net import free_port, listening
 from tests.harness.process import Pipe, stop, wait_for
 from tests.harness.viewer import PYTHON, ViewerProcess
 from tests.harness.x11 import ClientScreen, _free_display
@@ -25,28 +25,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 ORANGE = (255, 128, 0)
 BLUE = (0, 0, 255)
 FIRST_HOST_DISPLAY = 700
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def listening(port: int) -> bool:
-    """Whether something listens on ``port`` (read from /proc: connecting
-    to probe would make the VNC server log a client)."""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as handle:
-                rows = handle.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                return True
-    return False
 
 
 def hex_colour(colour: tuple[int, int, int]) -> str:
