@@ -120,6 +120,16 @@ class SessionTestCase(TestCase):
     def wait_status(self, session_id: str, status: str | None, timeout: float = 20.0) -> None:
         wait_for(lambda: self.listing().get(session_id) == status, timeout, f"{session_id} to be {status}")
 
+    def suspended_session(self) -> SessionInfo:
+        """A desktop that drew on the client's screen, then lost its client."""
+        client = self.login()
+        info = self.start(client)
+        attachment = self.attach(client, info)
+        self.screen.wait_for_colour(RED, 20000)
+        attachment.detach()
+        self.wait_status(info.session_id, "Suspended")
+        return info
+
     def restore(self, client: NXClient, session_id: str) -> SessionInfo:
         reply = client.command(START.format(name="x", type="unix-console", extra="").replace(
             "startsession", "restoresession") + f' --id="{session_id}"', timeout=60)
@@ -223,12 +233,7 @@ class ConsoleSessionTests(SessionTestCase):
         self.assertNotIn(info.session_id, self.listing())
 
     def test_terminate_a_suspended_session(self):
-        client = self.login()
-        info = self.start(client)
-        attachment = self.attach(client, info)
-        self.screen.wait_for_colour(RED, 20000)
-        attachment.detach()
-        self.wait_status(info.session_id, "Suspended")
+        info = self.suspended_session()
         reply = self.login().command(f'terminate --sessionid="{info.session_id}"', timeout=30)
         self.assertIn(b"NX> 900 ", reply)
         wait_for(lambda: not agent_processes(self.user.name), 10, "the agent to end")
@@ -340,12 +345,7 @@ class LimitTests(SessionTestCase):
 
 class FailureTests(SessionTestCase):
     def test_agent_killed_behind_the_gateways_back(self):
-        client = self.login()
-        info = self.start(client)
-        attachment = self.attach(client, info)
-        self.screen.wait_for_colour(RED, 20000)
-        attachment.detach()
-        self.wait_status(info.session_id, "Suspended")
+        info = self.suspended_session()
         for pid in agent_processes(self.user.name):
             os.kill(pid, signal.SIGKILL)
         self.wait_status(info.session_id, None)
@@ -386,10 +386,15 @@ class RestartTests(SessionTestCase):
                                                            and statuses.get(parked.session_id) == "Suspended"),
                  30, "both sessions listed as suspended after the restart")
         for info in (live, parked):
+            # The dead gateway's client leaves its last picture; a new one must be drawn.
+            self.screen.wait_for_colour((0, 0, 0), 800 * 600 - 100)
             client = self.login()
             resumed = self.restore(client, info.session_id)
             attachment = self.attach(client, resumed)
             self.screen.wait_for_colour(RED, 20000)
+            # The picture comes before nxagent has finished resuming; a client
+            # that drops in between makes nxagent reset its X clients.
+            self.wait_status(info.session_id, "Running")
             attachment.detach()
             self.wait_status(info.session_id, "Suspended")
         self.assertIn("taken back", restarted.log())
