@@ -60,6 +60,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -92,6 +93,24 @@ def proc_ticks(pid: int) -> int:
         return 0
     fields = stat[stat.rindex(b")") + 2:].split()
     return int(fields[11]) + int(fields[12])
+
+
+def rss_kb(pid: int) -> int:
+    """Resident memory of a live process in KiB (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def pgrep(user: str, name: str) -> list[int]:
+    """Pids of ``user``'s processes called exactly ``name``."""
+    out = subprocess.run(["pgrep", "-u", user, "-x", name], capture_output=True, text=True).stdout
+    return [int(pid) for pid in out.split()]
 
 
 def children_map() -> dict[int, list[int]]:
@@ -437,6 +456,27 @@ def take_agent_port(display: int, timeout: float = 20.0) -> socket.socket:
 
 
 # -------------------------------------------------------------------- the paths
+def open_nx_stream(port: int, nx_user: str, user, extra: list[str],
+                   settled: Callable[[], None] = lambda: None) -> tuple[subprocess.Popen, socket.socket, str]:
+    """Log in as NX clients do, start a session, take its agent's port and
+    say ``bye``: the ssh process, our end of the relayed stream, ssh's stderr."""
+    argv = ["ssh", *SSH_COMMON, *extra, "-T", "-p", str(port), "-i", nx_key(),
+            "-o", "IdentitiesOnly=yes", "-o", "PubkeyAcceptedAlgorithms=+ssh-dss", f"{nx_user}@127.0.0.1"]
+    process, stderr_path = spawn_ssh(argv)
+    try:
+        dialogue = NXDialogue(process)
+        display = dialogue.start_session(user.name, user.password)
+        listener = take_agent_port(display)
+        time.sleep(0.3)  # let the gateway finish with the dead agent before the stream starts
+        dialogue.bye()
+        server = accept(listener)
+        settled()
+    except BaseException:
+        stop(process)
+        raise
+    return process, server, stderr_path
+
+
 class ConchPath:
     """ssh -> the gateway's Conch server -> its AgentRelay -> our server."""
 
@@ -444,19 +484,7 @@ class ConchPath:
         self.gateway, self.nx_user, self.user, self.extra = gateway, nx_user, user, extra
 
     def open(self) -> Stream:
-        argv = ["ssh", *SSH_COMMON, *self.extra, "-T", "-p", str(self.gateway.port), "-i", nx_key(),
-                "-o", "IdentitiesOnly=yes", "-o", "PubkeyAcceptedAlgorithms=+ssh-dss", f"{self.nx_user}@127.0.0.1"]
-        process, stderr_path = spawn_ssh(argv)
-        try:
-            dialogue = NXDialogue(process)
-            display = dialogue.start_session(self.user.name, self.user.password)
-            listener = take_agent_port(display)
-            time.sleep(0.3)  # let the gateway finish with the dead agent before the stream starts
-            dialogue.bye()
-            server = accept(listener)
-        except BaseException:
-            stop(process)
-            raise
+        process, server, stderr_path = open_nx_stream(self.gateway.port, self.nx_user, self.user, self.extra)
         gateway_pid = self.gateway.process.pid
         return Stream(process, server, lambda: [gateway_pid, process.pid], stderr_path)
 
@@ -472,21 +500,10 @@ class OpenSSHModePath:
         self.sshd, self.nx_user, self.user, self.extra = sshd, nx_user, user, extra
 
     def open(self) -> Stream:
-        argv = ["ssh", *SSH_COMMON, *self.extra, "-T", "-p", str(self.sshd.port), "-i", nx_key(),
-                "-o", "IdentitiesOnly=yes", "-o", "PubkeyAcceptedAlgorithms=+ssh-dss", f"{self.nx_user}@127.0.0.1"]
-        process, stderr_path = spawn_ssh(argv)
-        try:
-            dialogue = NXDialogue(process)
-            display = dialogue.start_session(self.user.name, self.user.password)
-            listener = take_agent_port(display)
-            time.sleep(0.3)
-            dialogue.bye()
-            server = accept(listener)
-            wait_for(lambda: "nxcopy" in [comm(p) for p in descendants(self.sshd.pid)], 10, "nxcopy")
-        except BaseException:
-            stop(process)
-            raise
         sshd_pid = self.sshd.pid
+        process, server, stderr_path = open_nx_stream(
+            self.sshd.port, self.nx_user, self.user, self.extra,
+            settled=lambda: wait_for(lambda: "nxcopy" in [comm(p) for p in descendants(sshd_pid)], 10, "nxcopy"))
         return Stream(process, server, lambda: [process.pid, sshd_pid, *descendants(sshd_pid)], stderr_path)
 
 

@@ -44,7 +44,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 sys.path.insert(0, HERE)
 
-from relay import CLK_TCK, PY_SPY, PySpy, print_profile, proc_ticks  # noqa: E402
+from relay import CLK_TCK, PY_SPY, PySpy, pgrep, print_profile, proc_ticks, rss_kb  # noqa: E402
 
 from tests.harness.gateway import Gateway  # noqa: E402
 from tests.harness.process import stop, wait_for  # noqa: E402
@@ -55,22 +55,6 @@ from tests.harness.x11 import ClientScreen  # noqa: E402
 START = ('startsession --session="{name}" --type="unix-application" --application="{app}" --geometry="{geometry}" '
          '--screeninfo="{geometry}x24+render" --link="lan" --encryption="1" --cache="16M" --images="64M" '
          '--keyboard="pc105/us" --client="linux" --media="0" --backingstore="1"')
-
-
-def rss_kb(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as handle:
-            for line in handle:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def pgrep(user: str, name: str) -> list[int]:
-    out = subprocess.run(["pgrep", "-u", user, "-x", name], capture_output=True, text=True).stdout
-    return [int(pid) for pid in out.split()]
 
 
 def pct(values: list[float], p: float) -> float:

@@ -22,6 +22,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from relay import pgrep, rss_kb  # noqa: E402
 from tests.harness.gateway import Gateway  # noqa: E402
 from tests.harness.process import wait_for  # noqa: E402
 from tests.harness.users import create_user  # noqa: E402
@@ -118,19 +119,6 @@ class Bench:
         self.screen.close()
         self.gateway.stop()
         self.user.remove()
-
-
-def rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as handle:
-        for line in handle:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
-def pgrep(user: str, name: str) -> list[int]:
-    out = subprocess.run(["pgrep", "-u", user, "-x", name], capture_output=True, text=True).stdout
-    return [int(pid) for pid in out.split()]
 
 
 def agents(user: str) -> list[int]:

@@ -50,7 +50,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 sys.path.insert(0, HERE)
 
-from relay import PrivateSshd, ensure_packages  # noqa: E402
+from relay import PrivateSshd, ensure_packages, rss_kb  # noqa: E402
 
 from tests.harness.process import stop, wait_for  # noqa: E402
 from tests.harness.users import create_user  # noqa: E402
@@ -62,17 +62,6 @@ APP = "xterm -bg magenta -fg magenta -geometry 200x60+0+0"
 # The figures given in the issue for X2Go on the reference machine.
 REFERENCE = {"new_to_picture": 3.51, "suspend": 2.80, "resume_to_picture": 3.03, "terminate": 2.68,
              "session_mb": 38.0}
-
-
-def rss_kb(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as handle:
-            for line in handle:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def user_processes(user: str) -> list[tuple[int, str]]:
