@@ -21,7 +21,7 @@ from nxgate.conversation import Client
 from nxgate.nx.errors import NXError
 from nxgate.nx.params import parse_params
 from nxgate.session import files, processes
-from nxgate.session.manager import RelayTarget, SessionManager
+from nxgate.session.manager import SIGHUP_RETRY_SECONDS, RelayTarget, SessionManager
 from nxgate.session.model import State
 from nxgate.session.processes import ProcessId
 from nxgate.session.request import display_settings, start_request
@@ -174,9 +174,13 @@ class ManagerTests(TestCase):
         d = defer.ensureDeferred(self.manager.restore(self.client, session_id,
                                                       display_settings(parse_params('--geometry="1280x1024"')), True))
         self.assertEqual(self.signals, [signal.SIGHUP])
-        self.reactor.advance(1.0)  # the first SIGHUP was ignored (the recipe's race)
+        self.reactor.advance(SIGHUP_RETRY_SECONDS)  # the first SIGHUP was ignored (the recipe's race)
         self.assertEqual(self.signals, [signal.SIGHUP, signal.SIGHUP])
-        self.agent_says(session_id, "Session: Resuming session at 'now'.", READY)
+        self.agent_says(session_id, "Session: Resuming session at 'now'.")
+        self.reactor.advance(5 * SIGHUP_RETRY_SECONDS)  # resuming: another SIGHUP would suspend it again
+        self.assertEqual(self.signals, [signal.SIGHUP, signal.SIGHUP])
+        self.assertNoResult(d)
+        self.agent_says(session_id, READY)
         reply = self.successResultOf(d)
         session = self.manager.sessions[session_id]
         self.assertNotEqual(session.cookie, old_cookie)

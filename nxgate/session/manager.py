@@ -51,8 +51,11 @@ from nxgate.shadow.policy import groups_of
 
 log = Logger(namespace="nxgate.session")
 
-SIGHUP_RETRY_SECONDS = 1.0
-SIGHUP_ATTEMPTS = 10
+#: A suspended agent that has not started resuming this long after a SIGHUP
+#: gets another one; one that started is left alone for RESUME_LISTEN_SECONDS.
+SIGHUP_RETRY_SECONDS = 0.25
+SIGHUP_ATTEMPTS = 40
+RESUME_LISTEN_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -386,16 +389,20 @@ class SessionManager(service.Service):
         """SIGHUP a suspended agent until it listens again.
 
         nxagent ignores a SIGHUP that comes right after it suspended (it is
-        still tearing down the old link), so the signal is repeated.
+        still tearing down the old link), which a take-over or a quick
+        reconnect always meets: the signal is repeated soon, but only until
+        the agent says it is resuming, as a SIGHUP then would suspend it again.
         """
         for attempt in range(SIGHUP_ATTEMPTS):
             self._signal_agent(self.sessions[session_id], signal.SIGHUP)
             try:
-                await self._wait_for(session_id, {State.WAITING}, SIGHUP_RETRY_SECONDS)
-                return
+                await self._wait_for(session_id, {State.RESUMING, State.WAITING}, SIGHUP_RETRY_SECONDS)
+                break
             except WaitTimeout:
                 log.debug("session {id}: SIGHUP {n} not taken yet", id=session_id, n=attempt + 1)
-        raise WaitTimeout(f"nxagent did not listen again after {SIGHUP_ATTEMPTS} SIGHUPs")
+        else:
+            raise WaitTimeout(f"nxagent did not resume after {SIGHUP_ATTEMPTS} SIGHUPs")
+        await self._wait_for(session_id, {State.WAITING}, RESUME_LISTEN_SECONDS)
 
     async def terminate_session(self, session_id: str, reason: str) -> None:
         """End a session and return when its agent is gone: SIGTERM, again
