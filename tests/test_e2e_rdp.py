@@ -25,19 +25,11 @@ class RDPTestCase(SessionTestCase):
 
     def make_fixture(self):
         host = RDPHost("tls")
-        type(self).options = {
+        return self.fixture_with_host(host, {
             "target win": {"protocol": "rdp", "host": "127.0.0.1", "port": str(host.port), "engine": self.engine,
                            "security": "tls"},
             "target gone": {"protocol": "rdp", "host": "127.0.0.1", "port": str(free_port())},  # nothing listens
-        }
-        (user, other, gateway, screen), teardown = super().make_fixture()
-        type(self).host = host
-
-        def both():
-            teardown()
-            host.close()
-
-        return (user, other, gateway, screen), both
+        })
 
     def start_windows(self, server: str = "win"):
         client = self.login()

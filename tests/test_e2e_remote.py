@@ -39,15 +39,7 @@ class VNCSessionTestCase(SessionTestCase):
         target = {"protocol": "vnc", "host": "127.0.0.1", "port": str(host.port)}
         if self.engine:
             target["engine"] = self.engine
-        type(self).options = {"remote": {"allow_any_host": self.allow_any_host}, "target lab": target}
-        (user, other, gateway, screen), teardown = super().make_fixture()
-        type(self).host = host
-
-        def both():
-            teardown()
-            host.close()
-
-        return (user, other, gateway, screen), both
+        return self.fixture_with_host(host, {"remote": {"allow_any_host": self.allow_any_host}, "target lab": target})
 
     def setUp(self):
         super().setUp()

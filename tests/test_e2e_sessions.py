@@ -80,6 +80,23 @@ class SessionTestCase(TestCase):
 
         return (user, other, gateway, screen), teardown
 
+    def fixture_with_host(self, host, options: dict[str, dict[str, str]]):
+        """The class fixture beside a remote test host (RDP, VNC) that the
+        gateway's ``options`` point at; the host is closed with it."""
+        type(self).options = options
+        try:
+            fixture, teardown = SessionTestCase.make_fixture(self)
+        except BaseException:
+            host.close()
+            raise
+        type(self).host = host
+
+        def both():
+            teardown()
+            host.close()
+
+        return fixture, both
+
     def end_all_sessions(self):
         """Leave no session behind for the next test."""
         for user in (self.user, self.other):
