@@ -205,6 +205,15 @@ def consumer(sock, size):
             os.close(fd)
 
 
+def close_all(lst, client, relay) -> None:
+    """The measurement's sockets closed, and its relay killed if still running."""
+    client.close()
+    lst.close()
+    if relay and relay.proc.returncode is None:
+        relay.proc.kill()
+        relay.proc.wait()
+
+
 def throughput(argv, size, client_kind, source):
     """Returns (seconds, relay cpu seconds or None, relay exit code or None)."""
     lst = listener()
@@ -240,11 +249,7 @@ def throughput(argv, size, client_kind, source):
         rc = relay.wait()
         return elapsed, relay.cpu(), rc
     finally:
-        client.close()
-        lst.close()
-        if relay and relay.proc.returncode is None:
-            relay.proc.kill()
-            relay.proc.wait()
+        close_all(lst, client, relay)
 
 
 def latency(argv, rounds, client_kind):
@@ -294,11 +299,7 @@ def latency(argv, rounds, client_kind):
         peer.close()
         return sorted(samples)
     finally:
-        client.close()
-        lst.close()
-        if relay and relay.proc.returncode is None:
-            relay.proc.kill()
-            relay.proc.wait()
+        close_all(lst, client, relay)
 
 
 def pct(samples, p):
