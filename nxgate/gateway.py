@@ -47,6 +47,14 @@ class ChannelTransport:
     def close(self) -> None:
         self.channel.finish(0)
 
+    def pause_input(self) -> None:
+        """Stop reading from the client's connection (the relay's agent is
+        behind).  After ``bye`` the connection carries only this channel."""
+        self.channel.conn.transport.transport.pauseProducing()
+
+    def resume_input(self) -> None:
+        self.channel.conn.transport.transport.resumeProducing()
+
 
 class ChannelShell:
     """The handler of an NX shell channel: feeds the conversation."""

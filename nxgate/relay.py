@@ -1,23 +1,57 @@
 """The raw NX stream after ``bye``: SSH channel <-> agent TCP port.
 
 From ``NX> 999 Bye.`` on, the channel carries only the client proxy's bytes;
-they go to the agent on 127.0.0.1:4000+N and back, byte for byte.  When the
-remote SSH window is full the agent connection is paused (the channel tells
-us), so a slow client cannot make the gateway buffer without bound.  Either
-side closing closes the other.
+they go to the agent on 127.0.0.1:4000+N and back, byte for byte.  Neither
+side can make the gateway buffer without bound: when the client's SSH window
+is full the agent connection is paused (the channel tells us), and when the
+agent reads slower than the client sends, the client's input is paused.
+Either side closing closes the other.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from twisted.internet import endpoints, protocol
+from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
+from zope.interface import implementer
 
 from nxgate import metrics
-from nxgate.conversation import ByteTransport, Client
+from nxgate.conversation import Client
 
 log = Logger(namespace="nxgate.relay")
+
+
+class ClientStream(Protocol):
+    """The client's end of the stream (an SSH session channel)."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+    def pause_input(self) -> None: ...
+
+    def resume_input(self) -> None: ...
+
+
+@implementer(IPushProducer)
+class _ClientInput:
+    """The client's input as seen by the agent connection: Twisted pauses it
+    when that connection's send buffer is full, resumes it once drained, and
+    stops it when the connection is gone (the client is never left paused)."""
+
+    def __init__(self, client: ClientStream) -> None:
+        self.client = client
+
+    def pauseProducing(self) -> None:
+        self.client.pause_input()
+
+    def resumeProducing(self) -> None:
+        self.client.resume_input()
+
+    def stopProducing(self) -> None:
+        self.client.resume_input()
 
 
 class _AgentSide(protocol.Protocol):
@@ -39,7 +73,7 @@ class _AgentSide(protocol.Protocol):
 class AgentRelay:
     """One client's stream to its session's agent."""
 
-    def __init__(self, reactor: Any, client: Client, target: Any, channel: ByteTransport, leftover: bytes) -> None:
+    def __init__(self, reactor: Any, client: Client, target: Any, channel: ClientStream, leftover: bytes) -> None:
         self.client = client
         self.target = target
         self.channel = channel
@@ -48,6 +82,7 @@ class AgentRelay:
         self.closed = False
         self.to_agent = len(leftover)
         self.to_client = 0
+        channel.pause_input()  # nothing piles up before the agent is connected
         endpoint = endpoints.TCP4ClientEndpoint(reactor, target.host, target.port, timeout=10)
         d = endpoints.connectProtocol(endpoint, _AgentSide(self))
         d.addErrback(self._failed)
@@ -63,6 +98,8 @@ class AgentRelay:
         for chunk in self.pending:
             transport.write(chunk)
         self.pending.clear()
+        transport.registerProducer(_ClientInput(self.channel), True)
+        self.channel.resume_input()
 
     def _failed(self, failure: Any) -> None:
         log.warn("cannot reach the agent of session {id}: {error}", id=self.target.session_id,
@@ -100,6 +137,7 @@ class AgentRelay:
         if self.closed:
             return
         self.closed = True
+        self.channel.resume_input()  # the client's goodbye must still be read
         self.channel.close()
         self._log_end("agent")
 

@@ -7,11 +7,14 @@ checks the pixels the session draws on the client's screen.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pwd
 import re
 import signal
+import socket
 import subprocess
+import threading
 import time
 
 from twisted.trial.unittest import SkipTest, TestCase
@@ -415,3 +418,83 @@ class RestartTests(SessionTestCase):
             attachment.detach()
             self.wait_status(info.session_id, "Suspended")
         self.assertIn("taken back", restarted.log())
+
+
+def gateway_rss_mb(pid: int) -> float:
+    return int(proc_status(pid)["VmRSS"].split()[0]) / 1024
+
+
+class RelayTests(SessionTestCase):
+    FLOOD = 128 * 1024 * 1024
+    CHUNK = 1024 * 1024
+
+    def take_agent_port(self, info: SessionInfo) -> socket.socket:
+        """End the session's agent and listen on its port: the test reads the
+        relayed stream (or not) at its own pace."""
+        for pid in agent_processes(self.user.name):
+            os.kill(pid, signal.SIGKILL)
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+        def bound() -> bool:
+            try:
+                listener.bind(("127.0.0.1", 4000 + info.display))
+            except OSError:
+                return False
+            return True
+
+        wait_for(bound, 10, "the agent's port to be free")
+        listener.listen(1)
+        self.addCleanup(listener.close)
+        return listener
+
+    def test_a_client_faster_than_its_agent_is_held_back_and_loses_nothing(self):
+        """Nothing reads the agent's end while the client floods the stream:
+        the gateway stops reading from the client instead of buffering it, and
+        once the agent end reads, every byte arrives, in order."""
+        client = self.login()
+        info = self.start(client)
+        listener = self.take_agent_port(info)
+        client.send("bye")
+        client.expect(b"NX> 999 Bye.\n")
+        listener.settimeout(20)
+        agent_end, _ = listener.accept()
+        self.addCleanup(agent_end.close)
+        gateway = self.gateway.process.pid
+        rss_before = gateway_rss_mb(gateway)
+        chunks = [hashlib.sha256(str(i).encode()).digest() * (self.CHUNK // 32) for i in range(self.FLOOD // self.CHUNK)]
+        sent = [0]
+
+        def flood():
+            stdin = client.process.stdin.fileno()
+            for chunk in chunks:
+                view = memoryview(chunk)
+                while view:
+                    written = os.write(stdin, view)
+                    view = view[written:]
+                    sent[0] += written
+
+        flooding = threading.Thread(target=flood, daemon=True)
+        flooding.start()
+        samples = [-1]
+
+        def stalled() -> bool:
+            samples.append(sent[0])
+            return samples[-1] == samples[-2] or sent[0] == self.FLOOD
+
+        wait_for(stalled, 60, "the client's flood to stall or finish", interval=1.0)
+        held_back, grown = sent[0], gateway_rss_mb(gateway) - rss_before
+        print(f"\n    flood held at {held_back / 2**20:.1f} MiB of {self.FLOOD / 2**20:.0f}; "
+              f"gateway RSS grew {grown:.1f} MB")
+        self.assertLess(held_back, self.FLOOD // 3)
+        self.assertLess(grown, 48)
+        digest, received = hashlib.sha256(), 0
+        agent_end.settimeout(30)
+        while received < self.FLOOD:
+            data = agent_end.recv(1 << 20)
+            self.assertTrue(data, f"the stream ended after {received} bytes")
+            digest.update(data)
+            received += len(data)
+        flooding.join(30)
+        self.assertEqual(digest.digest(), hashlib.sha256(b"".join(chunks)).digest())
+        self.assertNotIn(info.session_id, self.listing())  # the gateway still answers, its agent is gone
