@@ -73,6 +73,11 @@ class _AgentSide(protocol.Protocol):
 class AgentRelay:
     """One client's stream to its session's agent."""
 
+    #: What may wait for the agent before the client is held back: Twisted's
+    #: 64 KiB default paused and resumed the client thousands of times a
+    #: second during a bulk upload.
+    AGENT_BUFFER = 1024 * 1024
+
     def __init__(self, reactor: Any, client: Client, target: Any, channel: ClientStream, leftover: bytes) -> None:
         self.client = client
         self.target = target
@@ -98,6 +103,7 @@ class AgentRelay:
         for chunk in self.pending:
             transport.write(chunk)
         self.pending.clear()
+        transport.bufferSize = self.AGENT_BUFFER
         transport.registerProducer(_ClientInput(self.channel), True)
         self.channel.resume_input()
 
