@@ -504,7 +504,9 @@ class SessionManager(service.Service):
         SIGKILL, because a fresh watchdog sometimes still runs nxagent's
         SIGTERM handler and lives on (one suspend in ~10 hung for 20 s); it
         holds nothing to clean up."""
-        for pid in processes.children_named(session.agent_pid, "nxagent") if session.agent_pid else []:
+        if not session.agent_pid:
+            return
+        for pid in processes.children_named(session.agent_pid, "nxagent"):
             log.debug("session {id}: ending nxagent's watchdog {pid}", id=session.id, pid=pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

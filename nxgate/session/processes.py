@@ -61,11 +61,6 @@ def start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
-def parent_pid(pid: int) -> int | None:
-    fields = _stat(pid)
-    return None if fields is None else int(fields[1])
-
-
 def children_named(pid: int, name: str) -> list[int]:
     """Live direct children of ``pid`` whose command name is ``name``.
 
