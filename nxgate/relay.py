@@ -18,17 +18,13 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from nxgate import metrics
-from nxgate.conversation import Client
+from nxgate.conversation import ByteTransport, Client
 
 log = Logger(namespace="nxgate.relay")
 
 
-class ClientStream(Protocol):
+class ClientStream(ByteTransport, Protocol):
     """The client's end of the stream (an SSH session channel)."""
-
-    def write(self, data: bytes) -> None: ...
-
-    def close(self) -> None: ...
 
     def pause_input(self) -> None: ...
 
