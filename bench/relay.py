@@ -70,6 +70,7 @@ sys.path.insert(0, HERE)
 import relay_nxcopy as rn  # noqa: E402  (the local rows' harness)
 
 from tests.harness.gateway import Gateway, nx_key  # noqa: E402
+from tests.harness.net import listen_when_free  # noqa: E402
 from tests.harness.process import Pipe, stop, wait_for  # noqa: E402
 from tests.harness.users import create_user  # noqa: E402
 
@@ -440,19 +441,7 @@ def take_agent_port(display: int, timeout: float = 20.0) -> socket.socket:
     """SIGKILL the session's nxagent and listen on its port ourselves."""
     for pid in agent_pids(display):
         os.kill(pid, signal.SIGKILL)
-    listener = socket.socket()
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-
-    def bound() -> bool:
-        try:
-            listener.bind(("127.0.0.1", 4000 + display))
-            return True
-        except OSError:
-            return False
-
-    wait_for(bound, timeout, f"the port of display :{display} to be free", interval=0.02)
-    listener.listen(1)
-    return listener
+    return listen_when_free(4000 + display, timeout)
 
 
 # -------------------------------------------------------------------- the paths

@@ -20,6 +20,7 @@ import time
 from twisted.trial.unittest import SkipTest, TestCase
 
 from tests.harness.gateway import Gateway
+from tests.harness.net import listen_when_free
 from tests.harness.process import wait_for
 from tests.harness.shared import class_fixture
 from tests.harness.ssh import Attachment, NXClient, SessionInfo
@@ -433,18 +434,7 @@ class RelayTests(SessionTestCase):
         relayed stream (or not) at its own pace."""
         for pid in agent_processes(self.user.name):
             os.kill(pid, signal.SIGKILL)
-        listener = socket.socket()
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-
-        def bound() -> bool:
-            try:
-                listener.bind(("127.0.0.1", 4000 + info.display))
-            except OSError:
-                return False
-            return True
-
-        wait_for(bound, 10, "the agent's port to be free")
-        listener.listen(1)
+        listener = listen_when_free(4000 + info.display)
         self.addCleanup(listener.close)
         return listener
 

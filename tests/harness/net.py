@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 
 from nxgate.session.processes import listening_inodes
+from tests.harness.process import wait_for
 
 
 def free_port() -> int:
@@ -12,6 +13,28 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def listen_when_free(port: int, timeout: float = 10.0) -> socket.socket:
+    """A loopback listener on ``port``, once whoever held it has let go (an
+    agent the test killed, so that the test plays the agent's end)."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def bound() -> bool:
+        try:
+            listener.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+    try:
+        wait_for(bound, timeout, f"port {port} to be free", interval=0.02)
+    except BaseException:
+        listener.close()
+        raise
+    listener.listen(1)
+    return listener
 
 
 def listening(port: int) -> bool:
