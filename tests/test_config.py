@@ -1,6 +1,7 @@
 """Config loading: every problem at once, with its line; defaults documented."""
 
 import os
+import re
 
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -34,6 +35,37 @@ class ConfigTests(SynchronousTestCase):
         for line in config.describe().splitlines():
             if line.startswith("#") and "=" in line:
                 self.assertIn(line.split("=")[0].lstrip("#").strip() + " =", text)
+
+    def test_commented_values_in_shipped_config_are_the_built_in_defaults(self):
+        """``#option = value`` in conf/nxgate.conf claims "this is the default":
+        uncommenting all of them must give exactly the built-in config.
+        Examples (the [limits] and [target NAME] sections) are not defaults."""
+        lines, section = [], None
+        with open(os.path.join(REPO, "conf", "nxgate.conf")) as handle:
+            for raw in handle:
+                line = raw.strip()
+                if line.startswith("[") or line.startswith("#["):
+                    section = line.lstrip("#").strip("[]")
+                    example = section == "limits" or section.startswith("target ")
+                    if not example:
+                        lines.append(f"[{section}]")
+                elif re.fullmatch(r"#[a-z0-9_-]+ = ?.*", line) and not example:
+                    lines.append(line[1:])
+        built_in = config.load(None)
+        shown = config.load(self.write("\n".join(lines) + "\n"))
+        for section in ("server", "ssh", "auth", "shell", "sessions", "shadow", "remote", "metrics", "types"):
+            self.assertEqual(getattr(shown, section), getattr(built_in, section), section)
+
+    def test_command_line_overrides_survive_a_reload(self):
+        """``twistd nxgate --port``: reloading the unchanged file needs no restart."""
+        path = self.write("[server]\nlisten = tcp:4022\n[auth]\nfailed_login_delay = 1\n")
+        running = config.with_overrides(config.load(path), listen="tcp:4122", state_dir=None)
+        self.assertEqual(running.server.listen, "tcp:4122")
+        self.assertEqual(config.restart_needed(running, config.load(path)), [])
+        with open(path, "w") as handle:
+            handle.write("[server]\nlisten = tcp:4023\nstate_dir = /elsewhere\n[auth]\npam_threads = 2\n")
+        # The file's listen is still overridden; what else changed is reported.
+        self.assertEqual(config.restart_needed(running, config.load(path)), ["[server] state_dir", "[auth] pam_threads"])
 
     def test_values_are_converted_and_paths_resolved(self):
         path = self.write("[server]\nlisten = tcp:5000\nstate_dir = state\n[auth]\ndeny_users = root, nx  admin\n"
