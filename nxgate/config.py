@@ -255,6 +255,9 @@ class Config:
     # client's --application; an empty command disables a type.
     types: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_TYPES))
     source: str = "<built-in defaults>"
+    # [server] options given on twistd's command line (--port, --state-dir):
+    # they win over the file, also when the file is reloaded.
+    overrides: dict[str, str] = field(default_factory=dict)
 
     @property
     def server_name(self) -> str:
@@ -265,7 +268,36 @@ class Config:
 
 
 def _section_fields() -> list[dataclasses.Field[Any]]:
-    return [f for f in dataclasses.fields(Config) if f.name not in ("source", "types", "targets", "limits")]
+    return [f for f in dataclasses.fields(Config)
+            if f.name not in ("source", "types", "targets", "limits", "overrides")]
+
+
+def with_overrides(config: Config, **server_options: str | None) -> Config:
+    """``config`` with [server] values from the command line (empty ones are
+    not given).  They are remembered in ``overrides`` so that a reload of the
+    file applies them again instead of reporting them as changes."""
+    given = {key: value for key, value in server_options.items() if value}
+    if not given:
+        return config
+    return dataclasses.replace(config, server=dataclasses.replace(config.server, **given),
+                               overrides={**config.overrides, **given})
+
+
+# Settings the running gateway cannot change: where it listens and keeps its
+# state, its sockets and log files, the PAM thread pool, the SSH checkers.
+RESTART_NEEDED = (
+    ("server", "listen"), ("server", "state_dir"), ("server", "shell_socket"), ("server", "admin_socket"),
+    ("server", "audit_log"), ("auth", "pam_threads"), ("ssh", "user_logins"), ("metrics", "listen"),
+)
+
+
+def restart_needed(running: Config, reloaded: Config) -> list[str]:
+    """The settings that differ between the running config and a reloaded
+    one (with the running one's command-line overrides applied again) but
+    only take effect after a restart, as ``[section] option``."""
+    reloaded = with_overrides(reloaded, **running.overrides)
+    return [f"[{section}] {name}" for section, name in RESTART_NEEDED
+            if getattr(getattr(running, section), name) != getattr(getattr(reloaded, section), name)]
 
 
 _LIMIT_KEY = re.compile(r"(user|group)\.[A-Za-z0-9_.$@-]{1,64}")
@@ -390,6 +422,31 @@ def load(filename: str | None) -> Config:
     if problems:
         raise ConfigError(problems)
     return Config(source=filename, **sections)
+
+
+def describe_listen(endpoint: str) -> str:
+    """Where a Twisted server endpoint listens, in words for the start-up
+    log ("all interfaces, port 4022"): a newcomer must see at once that the
+    default is reachable from the network."""
+    kind, _, rest = endpoint.partition(":")
+    if kind.lower() not in ("tcp", "tcp6", "ssl"):
+        return endpoint
+    port, interface = "", ""
+    for part in re.split(r"(?<!\\):", rest):
+        key, equals, value = part.replace("\\:", ":").partition("=")
+        if equals and key == "interface":
+            interface = value
+        elif equals and key == "port":
+            port = value
+        elif not equals and not port:
+            port = part
+    if interface in ("", "0.0.0.0", "::"):
+        where = "all interfaces" + (" (IPv6 and IPv4)" if kind.lower() == "tcp6" or interface == "::" else "")
+    elif interface in ("127.0.0.1", "::1", "localhost"):
+        where = f"{interface} only (this machine)"
+    else:
+        where = interface
+    return f"{where}, port {port}"
 
 
 def describe() -> str:

@@ -149,18 +149,11 @@ class Gateway(service.MultiService):
         except configuration.ConfigError as error:
             return {"ok": False, "problems": error.problems}
         old = self.config
-        restart = [name for name, before, after in (
-            ("[server] listen", old.server.listen, new.server.listen),
-            ("[server] shell_socket", old.server.shell_socket, new.server.shell_socket),
-            ("[server] admin_socket", old.server.admin_socket, new.server.admin_socket),
-            ("[server] audit_log", old.server.audit_log, new.server.audit_log),
-            ("[auth] pam_threads", old.auth.pam_threads, new.auth.pam_threads),
-            ("[ssh] user_logins", old.ssh.user_logins, new.ssh.user_logins),
-            ("[metrics] listen", old.metrics.listen, new.metrics.listen),
-        ) if before != after]
-        # What came from the command line (--port, --state-dir) stays.
+        restart = configuration.restart_needed(old, new)
+        # Where it listens and keeps its state stays as it runs (with what
+        # came from the command line) until a restart.
         new = new.replace(server=dataclasses.replace(new.server, listen=old.server.listen,
-                                                     state_dir=old.server.state_dir))
+                                                     state_dir=old.server.state_dir), overrides=old.overrides)
         self.config = new
         self.authenticator.deny_users = tuple(new.auth.deny_users)
         self.authenticator.failed_login_delay = new.auth.failed_login_delay
@@ -217,8 +210,11 @@ class Gateway(service.MultiService):
         globalLogPublisher.addObserver(self.audit)
         self.authenticator.start()
         log.info(
-            "nxgate starting: listening on {listen}, state in {state_dir}, config {source}",
-            listen=self.config.server.listen, state_dir=self.config.server.state_dir, source=self.config.source,
+            "nxgate starting: listening on {where} ({listen}) for NX logins with the passwords of Unix accounts"
+            " (PAM service {pam}; never as {denied}); state in {state_dir}, config {source}",
+            where=configuration.describe_listen(self.config.server.listen), listen=self.config.server.listen,
+            pam=self.authenticator.service, denied=", ".join(self.config.auth.deny_users) or "-",
+            state_dir=self.config.server.state_dir, source=self.config.source,
         )
         super().startService()
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 from twisted.python import usage
@@ -32,12 +31,8 @@ class Options(usage.Options):
             config = configuration.load(filename)
         except configuration.ConfigError as error:
             raise usage.UsageError(str(error)) from None
-        server = config.server
-        if self["port"]:
-            server = dataclasses.replace(server, listen=self["port"])
-        if self["state-dir"]:
-            server = dataclasses.replace(server, state_dir=os.path.abspath(self["state-dir"]))
-        self.config = config.replace(server=server)
+        state_dir = self["state-dir"] and os.path.abspath(self["state-dir"])
+        self.config = configuration.with_overrides(config, listen=self["port"], state_dir=state_dir)
 
 
 def makeService(options: Options):  # type: ignore[no-untyped-def]

@@ -67,6 +67,14 @@ class ConfigTests(SynchronousTestCase):
         # The file's listen is still overridden; what else changed is reported.
         self.assertEqual(config.restart_needed(running, config.load(path)), ["[server] state_dir", "[auth] pam_threads"])
 
+    def test_listen_in_words(self):
+        """The start-up log says plainly whether the network can reach it."""
+        self.assertEqual(config.describe_listen("tcp:4022:backlog=1024"), "all interfaces, port 4022")
+        self.assertEqual(config.describe_listen("tcp:4122:interface=127.0.0.1"), "127.0.0.1 only (this machine), port 4122")
+        self.assertEqual(config.describe_listen("tcp:port=4022:interface=10.0.0.5"), "10.0.0.5, port 4022")
+        self.assertEqual(config.describe_listen("tcp6:4022:interface=\\:\\:"), "all interfaces (IPv6 and IPv4), port 4022")
+        self.assertEqual(config.describe_listen("unix:/run/x.sock"), "unix:/run/x.sock")
+
     def test_values_are_converted_and_paths_resolved(self):
         path = self.write("[server]\nlisten = tcp:5000\nstate_dir = state\n[auth]\ndeny_users = root, nx  admin\n"
                           "failed_login_delay = 0.5\n[ssh]\nuser_logins = no\n")

@@ -1,7 +1,7 @@
 """``nxgate-admin``: look at and act on a running gateway (as root).
 
     nxgate-admin [--socket PATH] [--json] sessions | show ID | terminate ID |
-                 suspend ID | drain on|off | reload | status
+                 suspend ID | drain on|off | reload | status  [--json]
 
 It talks to the gateway's root-only socket (``admin.sock`` in the state
 directory unless ``--socket`` or ``--state-dir`` says otherwise).
@@ -55,21 +55,42 @@ def show(command: str, result: Any) -> str:
     return str(result)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _global_options(parser: argparse.ArgumentParser, suppress: bool = False) -> None:
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument("--socket", default=default(None),
+                        help="the admin socket (default: admin.sock in the state directory)")
+    parser.add_argument("--state-dir", default=default(DEFAULT_STATE_DIR))
+    parser.add_argument("--json", action="store_true", default=default(False), help="print JSON")
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; the global options go before or after the command
+    (``nxgate-admin --json reload`` and ``nxgate-admin reload --json``)."""
     parser = argparse.ArgumentParser(prog="nxgate-admin", description="Look at and act on a running nxgate.")
-    parser.add_argument("--socket", help="the admin socket (default: admin.sock in the state directory)")
-    parser.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
-    parser.add_argument("--json", action="store_true", help="print JSON")
+    _global_options(parser)
+    # After the command the same options may appear again; SUPPRESS keeps a
+    # value given before the command when they do not.
+    common = argparse.ArgumentParser(add_help=False)
+    _global_options(common, suppress=True)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("status", help="version, node, draining, session count")
-    commands.add_parser("sessions", help="all live sessions of all users")
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=text, parents=[common])
+
+    command("status", "version, node, draining, session count")
+    command("sessions", "all live sessions of all users")
     for name, text in (("show", "one session in detail"), ("terminate", "end a session"),
                        ("suspend", "suspend a session wherever it is attached")):
-        commands.add_parser(name, help=text).add_argument("id")
-    drain = commands.add_parser("drain", help="refuse new sessions (on) or take them again (off)")
-    drain.add_argument("state", choices=("on", "off"))
-    commands.add_parser("reload", help="re-read and validate the config; a bad one changes nothing")
-    args = parser.parse_args(argv)
+        command(name, text).add_argument("id")
+    command("drain", "refuse new sessions (on) or take them again (off)").add_argument("state", choices=("on", "off"))
+    command("reload", "re-read and validate the config; a bad one changes nothing")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
     path = args.socket or os.path.join(args.state_dir, "admin.sock")
     extra: dict[str, Any] = {}
     if args.command in ("show", "terminate", "suspend"):

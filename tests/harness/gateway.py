@@ -57,10 +57,11 @@ class Gateway:
         self.process: subprocess.Popen | None = None
         self.port = 0
 
-    def start(self, timeout: float = 30.0) -> Gateway:
+    def start(self, timeout: float = 30.0, args: tuple[str, ...] = ()) -> Gateway:
+        """``args`` are more options of ``twistd nxgate`` (e.g. ``--port``)."""
         env = dict(os.environ, PYTHONPATH=REPO)
         self.process = subprocess.Popen(
-            [TWISTD, "--nodaemon", "--pidfile=", "--logfile", self.logfile, "nxgate", "--config", self.config],
+            [TWISTD, "--nodaemon", "--pidfile=", "--logfile", self.logfile, "nxgate", "--config", self.config, *args],
             cwd=self.workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
 
