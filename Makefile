@@ -5,6 +5,14 @@ PYTHON  ?= $(firstword $(wildcard /usr/bin/python3) python3)
 VENV    := $(CURDIR)/.venv
 STATE   ?= $(CURDIR)/.state
 STAMP   := $(VENV)/.installed
+# Where `make run` listens: every interface, port 4022, unless told otherwise
+# (`make run PORT=4122`, `make run LISTEN=tcp:4022:interface=127.0.0.1`).
+PORT    ?= 4022
+LISTEN  ?= tcp:$(PORT):backlog=1024
+# Where `make install` (as root) links the venv's commands, so that
+# nxgate-client and nxgate-admin are on PATH.
+BINDIR  ?= /usr/local/bin
+COMMANDS := nxgate-client nxgate-admin nxgate-config
 
 # Debian packages the gateway and its end-to-end tests need.
 APT_PACKAGES := python3 python3-venv python3-dev gcc make libpam0g \
@@ -17,9 +25,21 @@ APT_PACKAGES := python3 python3-venv python3-dev gcc make libpam0g \
 DEB_PACKAGES := dpkg-dev debhelper dh-python python3-all python3-setuptools git
 APT_PACKAGES += $(DEB_PACKAGES)
 
-.PHONY: install system-packages run test bench bench-profile deb clean
+.PHONY: install system-packages link-commands run test bench bench-profile deb clean
 
 install: system-packages $(STAMP)
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) -s link-commands; fi
+
+# Symlinks in $(BINDIR) to the venv's commands; a file there that is not a
+# symlink (someone else's nxgate-client) is left alone, with a word.
+link-commands:
+	@for c in $(COMMANDS); do \
+	  if [ -e "$(BINDIR)/$$c" ] && [ ! -L "$(BINDIR)/$$c" ]; then \
+	    echo "not linking $(BINDIR)/$$c: a file of that name is already there (use $(VENV)/bin/$$c)"; \
+	  elif [ "$$(readlink "$(BINDIR)/$$c")" != "$(VENV)/bin/$$c" ]; then \
+	    ln -sfn "$(VENV)/bin/$$c" "$(BINDIR)/$$c" && echo "linked $(BINDIR)/$$c -> $(VENV)/bin/$$c"; \
+	  fi; \
+	done
 
 # Installs the missing Debian packages when run as root; otherwise says what is missing.
 system-packages:
@@ -48,7 +68,7 @@ $(STAMP): setup.py requirements.txt helpers/nxcopy.c $(shell find nxgate twisted
 	touch $@
 
 run: install
-	$(VENV)/bin/twistd --nodaemon --pidfile= nxgate --config conf/nxgate.conf --state-dir $(STATE)
+	$(VENV)/bin/twistd --nodaemon --pidfile= nxgate --config conf/nxgate.conf --state-dir $(STATE) --port $(LISTEN)
 
 test: install
 	cd $(CURDIR) && PYTHONPATH=$(CURDIR) $(VENV)/bin/trial --temp-directory=$(CURDIR)/_trial_temp tests
