@@ -46,6 +46,9 @@ class Verdict(enum.Enum):
     ERROR = "error"
 
 
+DENIED_USER = "user is in deny_users"
+
+
 @dataclass(frozen=True)
 class AuthResult:
     """A PAM verdict.  ``reason`` is for the log only, never for the client."""
@@ -58,6 +61,19 @@ class AuthResult:
     def granted(self) -> bool:
         return self.verdict is Verdict.GRANTED
 
+    @property
+    def client_note(self) -> str:
+        """What the client may learn beyond "wrong password or login".
+
+        Only a refusal by policy (``deny_users``, root by default): it is
+        decided from the name alone, before any password or account lookup,
+        so saying it tells nobody whether an account exists or a password
+        was right, and it saves a newcomer trying root from guessing.
+        """
+        if self.verdict is Verdict.DENIED and self.reason == DENIED_USER:
+            return f"user '{self.username}' may not log in to this server; use an ordinary Unix account"
+        return ""
+
 
 def precheck(username: str, deny_users: Sequence[str], password: str | None = None) -> str | None:
     """Why a login must be refused without asking PAM, or None."""
@@ -69,7 +85,7 @@ def precheck(username: str, deny_users: Sequence[str], password: str | None = No
     if any(byte < 0x20 or byte == 0x7F for byte in raw):
         return "control character in user name"
     if username in deny_users:
-        return "user is in deny_users"
+        return DENIED_USER
     if password is not None:
         secret = encode(password)
         if not secret:

@@ -176,7 +176,8 @@ class Conversation:
                 user=result.username, address=self.address, reason=result.reason, attempt=attempt,
                 audit="login_failed",
             )
-        self._run(self.shell.authentication_finished(None, error=result.verdict is Verdict.ERROR))
+        self._run(self.shell.authentication_finished(None, error=result.verdict is Verdict.ERROR,
+                                                     note=result.client_note))
 
     def _logged_in(self, effect: nx.LoggedIn) -> None:
         self._disarm("login")

@@ -70,6 +70,19 @@ class AuthenticatorTests(SynchronousTestCase):
         self.assertEqual(results[0].reason, "user is in deny_users")
         self.assertEqual(self.calls, [])
 
+    def test_only_a_refusal_by_policy_is_explained_to_the_client(self):
+        """root learns why (the same whatever the password), nobody learns
+        whether an account exists or a password was right."""
+        authenticator = self.make(7)
+        results = []
+        for user, password in (("root", "pw"), ("root", ""), ("no-such-user-nxgate", "pw"), ("daemon", "bad")):
+            authenticator.password(user, password, None).addCallback(results.append)
+        self.clock.advance(2.0)
+        self.assertEqual([r.client_note for r in results], [
+            "user 'root' may not log in to this server; use an ordinary Unix account",
+            "user 'root' may not log in to this server; use an ordinary Unix account",
+            "", ""])
+
     def test_account_check_has_no_conversation(self):
         results = []
         self.make(0).account("daemon", "::1").addCallback(results.append)

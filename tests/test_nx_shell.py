@@ -136,6 +136,13 @@ class LoginTests(SynchronousTestCase):
         self.assertEqual(sent(effects), b"NX> 404 ERROR: wrong password or login\nNX> 105 ")
         self.assertEqual(d.say(b"login\n"), b"login\nNX> 101 User: ")
 
+    def test_a_refusal_by_policy_says_why_on_the_404_line(self):
+        d = Dialogue()
+        d.say(b"login\nroot\npw\n")
+        effects = d.shell.authentication_finished(None, note="user 'root' may not log in to this server")
+        self.assertEqual(sent(effects),
+                         b"NX> 404 ERROR: wrong password or login (user 'root' may not log in to this server)\nNX> 105 ")
+
     def test_attempt_limit_closes(self):
         d = Dialogue()
         for attempt in range(3):

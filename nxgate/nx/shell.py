@@ -181,11 +181,14 @@ class NXShell:
         self._process_buffer()
         return self._flush()
 
-    def authentication_finished(self, username: str | None, *, error: bool = False) -> list[Effect]:
+    def authentication_finished(self, username: str | None, *, error: bool = False, note: str = "") -> list[Effect]:
         """PAM's verdict: the canonical user name, or None for a failure.
 
         ``error`` marks a failure of the authentication machinery itself
-        (not a wrong password): the client gets ``NX> 503``.
+        (not a wrong password): the client gets ``NX> 503``.  ``note`` is a
+        safe explanation of a failure (e.g. root is refused by policy),
+        added in parentheses to the ``NX> 404`` line: clients key on the
+        code, and those that show the text (OpenNX) show the note too.
         """
         if self.state is State.CLOSED:
             return []
@@ -198,7 +201,7 @@ class NXShell:
             self.state = State.COMMAND
         else:
             self.failed_logins += 1
-            self._line("NX> 404 ERROR: wrong password or login")
+            self._line("NX> 404 ERROR: wrong password or login" + (f" ({note})" if note else ""))
             if self.failed_logins >= self.settings.max_login_attempts:
                 self._bye("too-many-login-failures")
             else:
