@@ -17,7 +17,7 @@ from twisted.trial.unittest import SkipTest
 
 from tests.harness.gateway import REPO, Gateway, nx_key
 from tests.harness.net import free_port
-from tests.harness.process import stop, wait_for
+from tests.harness.process import Pipe, stop, wait_for
 from tests.harness.shared import class_fixture
 from tests.harness.ssh import Attachment, NXClient, SessionInfo
 from tests.harness.users import NEED_ROOT, create_user, is_root
@@ -36,8 +36,14 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 AuthorizedKeysFile {dir}/keys/%u
 LogLevel VERBOSE
+# What a Debian machine's sshd does for everybody: a site banner before
+# authentication, the message of the day and the last login after it.
+Banner {dir}/banner
+PrintMotd yes
+PrintLastLog yes
 Match User {nx}
     PubkeyAcceptedAlgorithms +ssh-dss
+    Banner none
     AllowTcpForwarding no
     AllowAgentForwarding no
     X11Forwarding no
@@ -47,6 +53,7 @@ Match User {user}
     ForceCommand {shell}
     SetEnv NXGATE_SOCKET={socket}
 """
+SITE_BANNER = "Authorized users only. Activity is monitored (site banner)."
 
 
 class OpenSSHModeTests(SessionTestCase):
@@ -67,6 +74,10 @@ class OpenSSHModeTests(SessionTestCase):
         socket_path = os.path.join(directory, "shell.sock")
         nx, user, other = create_user(prefix="nxs"), create_user(), create_user()
         subprocess.run(["usermod", "--shell", NXGATE_SHELL, nx.name], check=True)
+        # As the README says: no motd, last login or PAM messages for nx.
+        nx_home = pwd.getpwnam(nx.name).pw_dir
+        subprocess.run(["install", "-m", "644", "-o", nx.name, "/dev/null", os.path.join(nx_home, ".hushlogin")],
+                       check=True)
         gateway = Gateway({"server": {"shell_socket": socket_path}, "ssh": {"nx_user": nx.name},
                            "sessions": {"display_base": "700", "display_limit": "100"}, "types": dict(TYPES)}).start()
         screen = ClientScreen(800, 600)
@@ -80,6 +91,8 @@ class OpenSSHModeTests(SessionTestCase):
         shutil.copy(os.path.join(REPO, "conf", "nx_authorized_keys"), os.path.join(keys, nx.name))
         shutil.copy(user_key + ".pub", os.path.join(keys, user.name))
         port = free_port()
+        with open(os.path.join(directory, "banner"), "w") as handle:
+            handle.write(SITE_BANNER + "\n")
         config = os.path.join(directory, "sshd_config")
         with open(config, "w") as handle:
             handle.write(SSHD_CONFIG.format(port=port, dir=directory, nx=nx.name, user=user.name,
@@ -130,6 +143,28 @@ class OpenSSHModeTests(SessionTestCase):
         self.assertIn("NX conversation from 127.0.0.1 through sshd (nx account)", self.gateway.log())
         attachment.detach()
         self.wait_status(info.session_id, "Suspended")
+
+    def test_greeting_is_the_first_thing_a_client_reads(self):
+        """Strict clients expect ``HELLO NXSERVER`` first: no site banner,
+        motd or last-login line on either stream, even for a client that
+        asks for a terminal (the settings documented in the README)."""
+        for attempt in range(2):  # the second login has a "last login" to print
+            process = subprocess.Popen(
+                ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-tt",
+                 "-i", nx_key(), "-o", "IdentitiesOnly=yes", "-o", "PubkeyAcceptedAlgorithms=+ssh-dss",
+                 "-p", str(self.sshd_port), f"{self.nx.name}@127.0.0.1"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            out = Pipe(process.stdout)
+            try:
+                first = out.read_until(b"NX> 105 ", 15)
+            finally:
+                process.stdin.close()
+                stop(process)
+                errors = process.stderr.read().decode(errors="replace")
+                process.stdout.close()
+                process.stderr.close()
+            self.assertTrue(first.startswith(b"HELLO NXSERVER - Version 3.5.0 - GPL"), (first, errors))
+            self.assertNotIn(SITE_BANNER, errors)
 
     def test_wrong_password_through_sshd(self):
         client = self.nx_client()
