@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from twisted.internet import defer
+from twisted.logger import Logger
 
 from nxgate.conversation import Client
 from nxgate.backends import remote
@@ -14,6 +15,8 @@ from nxgate.session import request
 from nxgate.session.manager import SessionManager
 from nxgate.session.remote import RemoteSessions
 from nxgate.shadow.service import ShadowService
+
+log = Logger(namespace="nxgate.commands")
 
 
 class SessionCommands:
@@ -37,6 +40,10 @@ class SessionCommands:
             return await self.shadow.attach(client, params)
         if command == "startsession":
             start = request.start_request(params)
+            if start.ignored:
+                log.info("startsession of {user} from {address}: ignored {ignored!r} (the server chooses the"
+                         " session id and display)", user=client.user, address=client.address,
+                         ignored=dict(start.ignored))
             if start.type in remote.PROTOCOLS:
                 return await self.remote.start(client, start, params)
             return await manager.start(client, start)

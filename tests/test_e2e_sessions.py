@@ -301,6 +301,17 @@ class ApplicationSessionTests(SessionTestCase):
         self.screen.xdotool("key", "Return")
         wait_for(lambda: os.path.exists(target) and "hello nx" in open(target).read(), 15, "typed text")
 
+    def test_start_chooses_its_own_id_and_display_and_says_it_ignored_the_clients(self):
+        """FreeNX and Neatx ignore a client's --id and --display on a start;
+        so does nxgate, but not silently."""
+        wanted = "0123456789ABCDEF0123456789ABCDEF"
+        client = self.login()
+        info = self.start(client, "unix-bluebox", extra=f'--id="{wanted}" --display="7"')
+        self.assertNotEqual(info.session_id, wanted)
+        self.assertNotEqual(info.display, 7)
+        self.assertIn(f"startsession of {self.user.name} from 127.0.0.1: ignored {{'id': '{wanted}', "
+                      f"'display': '7'}} (the server chooses the session id and display)", self.gateway.log())
+
     def test_missing_application_and_type(self):
         client = self.login()
         reply = client.command(START.format(name="x", type="unix-application",

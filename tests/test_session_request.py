@@ -42,6 +42,17 @@ class StartRequestTests(SynchronousTestCase):
         request = start_request(parse_params('--type="unix-console"'))
         self.assertEqual(request.display, DisplaySettings())
         self.assertEqual(request.name, "unix-console")
+        self.assertEqual(request.ignored, ())
+
+    def test_id_and_display_are_chosen_by_the_server_and_reported_ignored(self):
+        """As FreeNX and Neatx: a start never takes the client's id or display,
+        and is not refused for sending them (clients send them for restore and
+        attach); the gateway logs what it ignored."""
+        request = start_request(parse_params(
+            '--type="unix-console" --id="0123456789ABCDEF0123456789ABCDEF" --display="7" --session="mine"'))
+        self.assertEqual((request.type, request.name), ("unix-console", "mine"))
+        self.assertEqual(request.ignored, (("id", "0123456789ABCDEF0123456789ABCDEF"), ("display", "7")))
+        self.assertEqual(start_request(parse_params('--type="unix-console" --display=""')).ignored, ())
 
     def test_application_is_split_without_a_shell(self):
         request = start_request(parse_params('--type="unix-application" --application="sh -c \'echo $(id)\'"'))

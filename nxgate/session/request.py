@@ -6,6 +6,14 @@ that will reach nxagent's options line or a command line, and refuse bad
 values with a clear ``NX> 597`` rather than passing them on: a comma or colon
 smuggled into ``keyboard`` would otherwise add options of its own.
 Unknown parameters are ignored; missing ones get Neatx's defaults.
+
+A ``startsession`` never takes its session id or display from the client:
+the server chooses both (a random id, the first free display), as FreeNX and
+Neatx do; FreeNX even overrides a client's ``display`` with its own.  Real
+clients send ``--id`` only to restore or attach and ``--display`` only to
+attach (nxcl sends ``0`` there), so refusing them on a start could only
+break a client; they are reported in :attr:`StartRequest.ignored` and the
+gateway logs that it ignored them.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ LINKS = ("modem", "isdn", "adsl", "wan", "lan")
 CLIPBOARD = ("both", "client", "server", "none")
 MAX_NAME = 128
 MAX_APPLICATION = 4096
+# startsession parameters whose values the server chooses itself.
+SERVER_CHOSEN = ("id", "display")
 
 
 def invalid(name: str, value: str, why: str) -> NXError:
@@ -73,6 +83,8 @@ class StartRequest:
     encrypted: bool
     rootless: bool
     application: tuple[str, ...] = ()
+    # (key, value) of the parameters in SERVER_CHOSEN the client sent anyway.
+    ignored: tuple[tuple[str, str], ...] = ()
 
 
 def _flag(params: Params, name: str, default: bool) -> bool:
@@ -185,6 +197,7 @@ def start_request(params: Params) -> StartRequest:
         encrypted=_flag(params, "encryption", True),
         rootless=rootless and session_type in ("unix-application", "unix-console"),
         application=application,
+        ignored=tuple((key, params[key]) for key in SERVER_CHOSEN if params.get(key, "").strip()),
     )
 
 
