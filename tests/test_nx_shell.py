@@ -117,6 +117,13 @@ class LoginTests(SynchronousTestCase):
         self.assertEqual(sent(effects), b"NX> 103 Welcome to: gw.example user: alice\nNX> 105 ")
         self.assertEqual(others(effects), [nx.LoggedIn("alice", "password")])
 
+    def test_login_without_hello_is_accepted_as_freenx_and_neatx_do(self):
+        d = Dialogue()
+        self.assertEqual(d.say(b"login\n"), b"login\nNX> 101 User: ")
+        d.say(b"alice\nsecret\n")
+        self.assertEqual(others(d.effects), [nx.Authenticate("alice", "secret")])
+        self.assertIn(b"NX> 103 Welcome to: gw.example user: alice\n", sent(d.shell.authentication_finished("alice")))
+
     def test_password_never_in_repr(self):
         self.assertNotIn("secret", repr(nx.Authenticate("alice", "secret")))
 

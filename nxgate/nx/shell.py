@@ -10,6 +10,12 @@ dialogue is tested without a reactor (reference §2 and §7 are the contract).
 
 Lines typed ahead while a slow operation runs stay buffered and are handled
 in order afterwards: nxcl sends its next command early and must not lose it.
+
+``login`` without a ``hello`` first is accepted, as FreeNX and Neatx accept
+it (Neatx then runs at its own protocol version; so does this server, which
+answers nothing that depends on the client's version).  Every real client
+says ``hello`` first; refusing the others would protect nothing, since the
+password check is the same either way.
 """
 
 from __future__ import annotations
