@@ -9,7 +9,9 @@ and X11 forwarding.  The nx account can do nothing but speak NX.
 
 from __future__ import annotations
 
+import copy
 import struct
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -274,8 +276,77 @@ class NXRealm:
         return IConchUser, avatar, avatar.logout
 
 
+# The signature algorithms our user authentication verifies (Conch's
+# keys.Key), for ``server-sig-algs``: Conch would advertise its host key
+# algorithms instead, leaving out ECDSA and the NoMachine DSA key.
+USER_KEY_ALGORITHMS = (
+    b"ssh-ed25519", b"ecdsa-sha2-nistp256", b"ecdsa-sha2-nistp384", b"ecdsa-sha2-nistp521",
+    b"sk-ssh-ed25519@openssh.com", b"sk-ecdsa-sha2-nistp256@openssh.com",
+    b"rsa-sha2-512", b"rsa-sha2-256", b"ssh-rsa", b"ssh-dss",
+)
+
+# What SSHCiphers holds for the direction from the client to us.
+_INCOMING_CIPHER_STATE = ("inCipType", "inMACType", "decryptor", "decBlockSize", "inMAC", "verifyDigestSize")
+
+
 class NXServerTransport(transport.SSHServerTransport):
-    """The SSH transport, logging each connection with its peer."""
+    """The SSH transport, logging each connection with its peer.
+
+    Our new keys take effect for what we send right after our NEWKEYS, not
+    only once the client's NEWKEYS has arrived as in Conch, so that EXT_INFO
+    (``server-sig-algs``) is the very next packet, as OpenSSH's sshd sends
+    it (RFC 8308, section 2.4).  libssh 0.10 clients (Remmina) choose the
+    signature algorithm for an RSA key as soon as they have our NEWKEYS;
+    without ``rsa-sha2-*`` in ``server-sig-algs`` by then they fall back to
+    SHA-1 ``ssh-rsa`` and refuse to use their key.
+    """
+
+    _sending_new_keys = False
+
+    def sendPacket(self, messageType: int, payload: bytes) -> None:
+        super().sendPacket(messageType, payload)
+        if messageType == transport.MSG_NEWKEYS:
+            self._start_sending_with_new_keys()
+
+    def _start_sending_with_new_keys(self) -> None:
+        """RFC 4253, section 7.3: after our NEWKEYS we send with the new
+        keys and compression; we still read with the old until the client's
+        NEWKEYS.  Conch keeps both directions in one SSHCiphers, so ours is
+        the new one with the old incoming half."""
+        sending = copy.copy(self.nextEncryptions)
+        for name in _INCOMING_CIPHER_STATE:
+            setattr(sending, name, getattr(self.currentEncryptions, name))
+        self.currentEncryptions = sending
+        self.outgoingCompression = zlib.compressobj(6) if self.outgoingCompressionType == b"zlib" else None
+        self._sending_new_keys = True
+
+    def sendExtInfo(self, extensions: list[tuple[bytes, bytes]]) -> None:
+        super().sendExtInfo([
+            (name, b",".join(USER_KEY_ALGORITHMS) if name == b"server-sig-algs" else value)
+            for name, value in extensions
+        ])
+
+    def _allowedKeyExchangeMessageType(self, messageType: int) -> bool:
+        # EXT_INFO may follow our NEWKEYS before the key exchange completes.
+        if messageType == transport.MSG_EXT_INFO and self._sending_new_keys:
+            return True
+        return super()._allowedKeyExchangeMessageType(messageType)
+
+    def _newKeys(self) -> None:
+        """The client's NEWKEYS: now read with the new keys too.  Conch would
+        also start a fresh outgoing compressor here, in the middle of the
+        zlib stream we began at our NEWKEYS; it must go on."""
+        if not self._sending_new_keys:  # a NEWKEYS before ours: Conch's way
+            super()._newKeys()
+            return
+        compressor, kind = self.outgoingCompression, self.outgoingCompressionType
+        self.outgoingCompressionType = None  # Conch starts no compressor for this
+        try:
+            super()._newKeys()
+        finally:
+            self.outgoingCompressionType = kind
+            self.outgoingCompression = compressor
+            self._sending_new_keys = False
 
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()

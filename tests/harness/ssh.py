@@ -44,12 +44,14 @@ def askpass_env(password: str) -> dict[str, str]:
 
 
 class NXClient:
-    """One NX conversation over ``ssh -T nx@host`` (as nxssh: no command)."""
+    """One NX conversation over ``ssh -T nx@host`` (as nxssh: no command),
+    or over another client program given as ``argv`` that carries the
+    dialogue on its stdin and stdout."""
 
     def __init__(self, port: int, user: str = "nx", key: str | None = NX_KEY, extra: list[str] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, argv: list[str] | None = None) -> None:
         self.process = subprocess.Popen(
-            ssh_argv(port, user, key, ["-T", *(extra or [])]),
+            argv or ssh_argv(port, user, key, ["-T", *(extra or [])]),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
         )
         self.out = Pipe(self.process.stdout)
@@ -127,6 +129,20 @@ class SessionInfo:
         return cls(full_id, full_id[-32:], int(field("705")), field("701"), field("706"), reply)
 
 
+def start_nxproxy(info: SessionInfo, screen_name: str, workdir: str, port: int) -> tuple[subprocess.Popen, str]:
+    """nxproxy drawing a session on ``screen_name``, its stream connected to
+    127.0.0.1:``port`` (where a client relays it to the SSH channel); and its log."""
+    home = tempfile.mkdtemp(prefix="nxproxy-", dir=workdir)
+    log = os.path.join(home, "proxy.log")
+    proxy = subprocess.Popen(
+        ["nxproxy", "-S", f"nx/nx,connect=127.0.0.1,port={port},"
+                          f"cookie={info.cookie},id={info.full_id}:{info.display}"],
+        env={"DISPLAY": screen_name, "NX_HOME": home, "PATH": "/usr/bin:/bin"},
+        stdin=subprocess.DEVNULL, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+    )
+    return proxy, log
+
+
 class Attachment:
     """nxproxy drawing a session on a client screen, through this NX
     conversation's SSH channel: what nxssh-based clients do after ``bye``."""
@@ -136,14 +152,7 @@ class Attachment:
         listener = socket.socket()
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
-        home = tempfile.mkdtemp(prefix="nxproxy-", dir=workdir)
-        self.proxy_log = os.path.join(home, "proxy.log")
-        self.proxy = subprocess.Popen(
-            ["nxproxy", "-S", f"nx/nx,connect=127.0.0.1,port={listener.getsockname()[1]},"
-                              f"cookie={info.cookie},id={info.full_id}:{info.display}"],
-            env={"DISPLAY": screen_name, "NX_HOME": home, "PATH": "/usr/bin:/bin"},
-            stdin=subprocess.DEVNULL, stdout=open(self.proxy_log, "wb"), stderr=subprocess.STDOUT,
-        )
+        self.proxy, self.proxy_log = start_nxproxy(info, screen_name, workdir, listener.getsockname()[1])
         listener.settimeout(20)
         self.conn, _ = listener.accept()
         listener.close()

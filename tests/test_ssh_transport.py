@@ -1,0 +1,161 @@
+"""Unit tests of the gateway's SSH transport around key exchange.
+
+A Conch client and our server transport talk over in-memory transports.
+What matters to libssh 0.10 clients (Remmina): when they have our NEWKEYS
+they must already have ``server-sig-algs`` (RFC 8308 EXT_INFO), because
+they choose the RSA signature algorithm right then and would otherwise
+fall back to SHA-1 ``ssh-rsa`` and refuse it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from twisted.conch.ssh import keys, service, transport
+from twisted.internet import defer
+from twisted.internet.testing import StringTransport
+from twisted.trial.unittest import TestCase
+
+from nxgate.ssh.server import NXSSHFactory
+
+ECHO = 192  # a message number for the test services (local extensions)
+
+
+class _EchoService(service.SSHService):
+    """The server side: sends back what it gets."""
+
+    name = b"ssh-userauth"
+
+    def packetReceived(self, messageNum: int, packet: bytes) -> None:
+        self.transport.sendPacket(messageNum, packet)
+
+
+class _RecordingService(service.SSHService):
+    """The client side: keeps what it gets."""
+
+    name = b"ssh-userauth"
+
+    def __init__(self) -> None:
+        self.received: list[bytes] = []
+
+    def packetReceived(self, messageNum: int, packet: bytes) -> None:
+        self.received.append(packet)
+
+
+class _Client(transport.SSHClientTransport):
+    service_requested: _RecordingService | None = None
+
+    def verifyHostKey(self, hostKey: bytes, fingerprint: bytes) -> defer.Deferred[bool]:
+        return defer.succeed(True)
+
+    def connectionSecure(self) -> None:  # Conch calls it after every key exchange
+        if self.service_requested is None:
+            self.service_requested = _RecordingService()
+            self.requestService(self.service_requested)
+
+
+class ExtInfoOrderTests(TestCase):
+    def setUp(self) -> None:
+        host_key = keys.Key(ed25519.Ed25519PrivateKey.generate())
+        factory = NXSSHFactory(None, {b"ssh-ed25519": host_key}, 120, 6)
+        factory.services = {b"ssh-userauth": _EchoService}
+        factory.primes = None
+        self.server = factory.buildProtocol(None)
+        self.server_wire = StringTransport()
+        self.client = _Client()
+        self.client_wire = StringTransport()
+        # What the client knew of server-sig-algs each time the server got its NEWKEYS.
+        self.known_at_client_newkeys: list[dict[bytes, bytes]] = []
+        received_newkeys = self.server.ssh_NEWKEYS
+
+        def ssh_NEWKEYS(packet: bytes) -> None:
+            self.known_at_client_newkeys.append(dict(self.client.peerExtensions))
+            received_newkeys(packet)
+
+        self.server.ssh_NEWKEYS = ssh_NEWKEYS
+
+    def connect(self, compression: bytes = b"none") -> None:
+        self.client.supportedCompressions = [compression]
+        self.server.makeConnection(self.server_wire)
+        self.client.makeConnection(self.client_wire)
+        self.pump()
+        self.assertIsNotNone(self.client.service_requested)
+        self.assertIsInstance(self.server.service, _EchoService)
+
+    def pump(self) -> None:
+        """Deliver until both sides are quiet; everything the server has sent
+        reaches the client before anything more of the client's reaches the
+        server, as when the server's packets arrive together."""
+        while True:
+            moved = False
+            for wire, receiver in ((self.server_wire, self.client), (self.client_wire, self.server)):
+                data = wire.value()
+                wire.clear()
+                if data:
+                    receiver.dataReceived(data)
+                    moved = True
+            if not moved:
+                return
+
+    def echo(self, size: int = 20000) -> None:
+        """A round trip through the encrypted (and maybe compressed) link."""
+        payload = os.urandom(size // 2) + b"x" * (size // 2)
+        self.client.sendPacket(ECHO, payload)
+        self.pump()
+        assert self.client.service_requested is not None
+        self.assertEqual(self.client.service_requested.received[-1:], [payload])
+        self.assertFalse(self.client_wire.disconnecting or self.server_wire.disconnecting)
+
+    def test_ext_info_reaches_the_client_before_its_newkeys_does_the_server(self) -> None:
+        self.connect()
+        [known] = self.known_at_client_newkeys
+        self.assertIn(b"server-sig-algs", known)
+        self.assertIn(b"rsa-sha2-256", known[b"server-sig-algs"].split(b","))
+        self.assertTrue(self.server.isEncrypted("both"))
+        self.echo()
+
+    def test_server_sig_algs_lists_the_user_key_algorithms(self) -> None:
+        """Not our host key algorithms (only ed25519 here): what user
+        authentication verifies, the NoMachine DSA key included."""
+        self.connect()
+        advertised = self.client.peerExtensions[b"server-sig-algs"].split(b",")
+        for name in (b"rsa-sha2-512", b"rsa-sha2-256", b"ssh-ed25519", b"ecdsa-sha2-nistp256", b"ssh-dss"):
+            self.assertIn(name, advertised)
+
+    def test_no_ext_info_for_a_client_without_extension_negotiation(self) -> None:
+        self.client.supportedKeyExchanges = [
+            name for name in self.client.supportedKeyExchanges if name != b"ext-info-c"
+        ]
+        self.client._EXT_INFO_C = b"no-ext-info"  # Conch adds it to its KEXINIT otherwise
+        self.connect()
+        self.assertEqual(self.client.peerExtensions, {})
+        self.echo()
+
+    def test_zlib_stream_goes_on_across_newkeys_and_rekeying(self) -> None:
+        """With "zlib" our compressor starts at our NEWKEYS (the EXT_INFO is
+        already compressed); it must not restart at the client's."""
+        self.connect(b"zlib")
+        self.assertEqual(self.server.outgoingCompressionType, b"zlib")
+        self.echo()
+        # A rekeying, with a reply queued by the server while it runs.
+        self.client.sendKexInit()
+        self.server.dataReceived(self.client_wire.value())
+        self.client_wire.clear()
+        queued = b"queued during the key exchange" * 100
+        self.server.sendPacket(ECHO, queued)
+        self.pump()
+        self.assertEqual(self.server._keyExchangeState, self.server._KEY_EXCHANGE_NONE)
+        assert self.client.service_requested is not None
+        self.assertIn(queued, self.client.service_requested.received)
+        self.echo()
+        self.echo(1000)
+
+    def test_rekeying_without_compression(self) -> None:
+        self.connect()
+        self.echo()
+        for _ in range(2):
+            self.client.sendKexInit()
+            self.pump()
+            self.echo()
+        self.assertEqual(len(self.known_at_client_newkeys), 3)
