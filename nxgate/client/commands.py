@@ -36,7 +36,6 @@ _SESSION_ID = re.compile(r"[0-9A-F]{32}")
 ROOTLESS_TYPES = frozenset({"unix-console", "unix-application"})
 # The session types of a remote desktop (reference §2.5, §6.2): RDP and VNC.
 RDP, VNC, SHADOW = "windows", "vnc", "shadow"
-MASK = "********"
 
 
 def escape(value: str) -> str:
@@ -50,13 +49,8 @@ def escape(value: str) -> str:
     return "".join(out)
 
 
-def format_params(pairs: Iterable[tuple[str, str]], masked: bool = False) -> str:
-    """``masked``: the form shown in traces, secret values replaced."""
-    return " ".join(f'--{key}="{MASK if masked and value and key in SECRET_KEYS else escape(value)}"'
-                    for key, value in pairs)
-
-
-SECRET_KEYS = frozenset({"agent_password"})
+def format_params(pairs: Iterable[tuple[str, str]]) -> str:
+    return " ".join(f'--{key}="{escape(value)}"' for key, value in pairs)
 
 
 @dataclass(frozen=True)
@@ -138,8 +132,8 @@ def normalize_session_id(text: str) -> str | None:
     return candidate
 
 
-def start_command(params: SessionParameters, masked: bool = False) -> str:
-    return "startsession " + format_params(params.pairs(), masked)
+def start_command(params: SessionParameters) -> str:
+    return "startsession " + format_params(params.pairs())
 
 
 def restore_command(session_id: str, params: SessionParameters) -> str:

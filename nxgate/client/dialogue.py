@@ -40,7 +40,7 @@ _PROMPT_LINES = {prompt.decode().rstrip(): code for prompt, code in PROMPTS.item
 _MESSAGE = re.compile(r"NX> (\d+)(?: (.*))?$")
 _BANNER = re.compile(r"HELLO NXSERVER - Version (\S+)", re.IGNORECASE)
 _FIELD = re.compile(r"[^:]*:\s*(.*)$")
-MASK = commands.MASK
+MASK = "********"
 
 # Codes that carry session secrets; their values are masked in traces.
 _SECRET_CODES = frozenset({701, 706})
@@ -94,12 +94,14 @@ Request = ListSessions | StartSession | RestoreSession | TerminateSession | Susp
 ATTACHING = (StartSession, RestoreSession, ShadowSession)
 
 
-def command_line(request: Request, masked: bool = False) -> str:
-    """The first command of ``request``; ``masked``: as shown in traces."""
-    if isinstance(request, (ListSessions, ShadowSession)):
-        return commands.list_shadow_command() if isinstance(request, ShadowSession) else commands.list_command()
+def command_line(request: Request) -> str:
+    """The first command of ``request`` (a shadow starts with its listing)."""
+    if isinstance(request, ListSessions):
+        return commands.list_command()
+    if isinstance(request, ShadowSession):
+        return commands.list_shadow_command()
     if isinstance(request, StartSession):
-        return commands.start_command(request.params, masked)
+        return commands.start_command(request.params)
     if isinstance(request, RestoreSession):
         return commands.restore_command(request.session_id, request.params)
     if isinstance(request, SuspendSession):
@@ -437,7 +439,7 @@ class ClientDialogue:
                 self._fail("the server did not confirm the login (no NX> 103)")
                 return
             self.phase = Phase.COMMAND
-            self._send(command_line(self.request), shown=command_line(self.request, masked=True))
+            self._send(command_line(self.request))
         elif phase is Phase.COMMAND:
             self._prompted = True
             self._command_done()
