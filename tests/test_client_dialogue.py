@@ -20,7 +20,8 @@ from nxgate.client import cli, commands
 from nxgate.client import dialogue as nx
 from nxgate.client.knownhosts import KnownHosts, Verdict, preferred_algorithms
 from nxgate.client.proxy import proxy_environment, proxy_options
-from nxgate.nx.listing import ListedSession, format_session_list
+from nxgate.backends.remote import parse_server
+from nxgate.nx.listing import DASHES, HEADER, ListedSession, format_session_list
 from nxgate.nx.params import parse_params
 
 BANNER = b"HELLO NXSERVER - Version 3.5.0 - GPL\nNX> 105 "
@@ -526,6 +527,167 @@ class ParameterTests(SynchronousTestCase):
             self.assertIsNone(commands.normalize_session_id(bad), bad)
 
 
+# --------------------------------------------------------------------- shadow
+OTHER_ID = "FEDCBA9876543210FEDCBA9876543210"
+SHADOW_PARAMS = commands.SessionParameters(name="helping", type="shadow", width=800, height=600)
+
+
+def shadow_listing(*rows: tuple[int, str, str]) -> bytes:
+    """nxgate's reply to ``listsession --type="shadow"``: (display, id, name)
+    rows, ending at the prompt without a capacity line (reference §2.4)."""
+    lines = ['listsession --type="shadow"', "NX> 127 Session list of user 'bob':", HEADER, DASHES]
+    lines += [ListedSession(display, "unix-console", sid, "--D--PSA", 24, "800x600", "Running", name).row()
+              for display, sid, name in rows]
+    return ("\n".join(lines) + "\n\nNX> 105 ").encode()
+
+
+ATTACH_TAIL = ('--session="helping" --type="shadow" --geometry="800x600" --link="lan" --keyboard="pc105/us" '
+               '--encryption="1" --cache="16M" --images="64M" --backingstore="1" --media="0" --client="linux"')
+
+
+class ShadowTests(SynchronousTestCase):
+    def shadow(self, session_id: str | None = None, view_only: bool = False) -> Server:
+        server = Server(nx.ShadowSession(session_id, SHADOW_PARAMS, view_only))
+        self.assertEqual(server.login(), b'listsession --type="shadow"\n')
+        return server
+
+    def test_named_session_attached_with_its_listed_display(self):
+        server = self.shadow(SESSION_ID)
+        command = server.say(shadow_listing((1002, OTHER_ID, "other alice"), (1001, SESSION_ID, "desk alice")))
+        self.assertEqual(command, f'attachsession --id="{SESSION_ID}" --display="1001" {ATTACH_TAIL}\n'.encode())
+        self.assertEqual(server.results(), [])
+        server.say(command + NXGATE_START_REPLY.replace(b"unix-console", b"shadow"))
+        (ready,) = server.results()
+        self.assertEqual((ready.info.session_id, ready.info.session_type), (SESSION_ID, "shadow"))
+        self.assertEqual(sent(server.client.proxy_connected()), b"bye\n")
+
+    def test_named_session_not_listed_is_left_to_the_server(self):
+        server = self.shadow(SESSION_ID)
+        command = server.say(shadow_listing())
+        self.assertTrue(command.startswith(f'attachsession --id="{SESSION_ID}" --display="0" '.encode()), command)
+        server.say(f"NX> 596 Error: Could not find shadowed session {SESSION_ID}. Session failed.\n"
+                   "NX> 500 ERROR: Last operation failed.\nNX> 105 ".encode())
+        (failed,) = server.results()
+        self.assertTrue(failed.lines[0].startswith("NX> 596 Error: Could not find shadowed session"))
+
+    def test_view_only(self):
+        server = self.shadow(SESSION_ID, view_only=True)
+        self.assertTrue(server.say(shadow_listing((1001, SESSION_ID, "desk alice"))).endswith(
+            b'--client="linux" --viewonly="1"\n'))
+
+    def test_the_only_session_is_picked(self):
+        server = self.shadow()
+        command = server.say(shadow_listing((1001, SESSION_ID, "desk alice")))
+        self.assertTrue(command.startswith(f'attachsession --id="{SESSION_ID}" --display="1001" '.encode()), command)
+        self.assertEqual(server.results(), [nx.Notice(
+            f"shadowing {SESSION_ID} (desk alice), the only session you may shadow")])
+
+    def test_several_sessions_make_the_user_choose(self):
+        server = self.shadow()
+        self.assertEqual(server.say(shadow_listing((1001, SESSION_ID, "desk alice"), (1002, OTHER_ID, "x bob"))), b"")
+        (choices,) = server.results()
+        self.assertEqual([(row.session_id, row.display, row.name) for row in choices.sessions],
+                         [(SESSION_ID, "1001", "desk alice"), (OTHER_ID, "1002", "x bob")])
+        self.assertEqual(server.client.phase, nx.Phase.CHOOSING)
+        self.assertEqual(sent(server.client.choose(OTHER_ID)),
+                         f'attachsession --id="{OTHER_ID}" --display="1002" {ATTACH_TAIL}\n'.encode())
+        self.assertRaises(RuntimeError, server.client.choose, OTHER_ID)
+
+    def test_choosing_nothing_quits(self):
+        server = self.shadow()
+        server.say(shadow_listing((1001, SESSION_ID, "a alice"), (1002, OTHER_ID, "b bob")))
+        self.assertEqual(sent(server.client.quit()), b"quit\n")
+        server.say(b"quit\nNX> 999 Bye.\n")
+        self.assertEqual(server.client.phase, nx.Phase.DONE)
+
+    def test_nothing_to_shadow(self):
+        server = self.shadow()
+        server.say(shadow_listing())
+        self.assertEqual(server.results(), [nx.Failed(("the server lists no session that you may shadow",))])
+
+    def test_owner_asked_then_refuses(self):
+        server = self.shadow(SESSION_ID)
+        server.say(shadow_listing((1001, SESSION_ID, "desk alice")))
+        server.say(b"NX> 726 Asking user for authorization to attach to session\n")
+        self.assertEqual(server.results(), [nx.Notice("Asking user for authorization to attach to session")])
+        server.say(b"NX> 596 Error: Authorization refused by user: alice.\nNX> 500 ERROR: Last operation failed.\n"
+                   b"NX> 105 ")
+        self.assertEqual(server.results(), [nx.Failed(("NX> 596 Error: Authorization refused by user: alice.",
+                                                       "NX> 500 ERROR: Last operation failed."))])
+
+    def test_freenx_shadow_listing(self):
+        server = self.shadow()
+        command = server.say(
+            b'listsession --type="shadow"\nNX> 127 Sessions list of user \'bob\' for reconnect:\n\n' + HEADER.encode()
+            + b"\n" + DASHES.encode() + b"\n1001    unix-kde         " + SESSION_ID.encode()
+            + b" --D--PSA    24 1024x768       Running     kde alice (Shadowed)\n\n\nNX> 105 ")
+        self.assertTrue(command.startswith(f'attachsession --id="{SESSION_ID}" --display="1001" '.encode()), command)
+
+    def test_pick(self):
+        rows = (nx.ListedSession("1001", "unix-console", SESSION_ID, "--D--PSA", "24", "800x600", "Running", "a"),
+                nx.ListedSession("1002", "unix-kde", OTHER_ID, "--D--PSA", "24", "800x600", "Running", "b"))
+        self.assertEqual(nx.pick(rows, "2\n"), rows[1])
+        self.assertEqual(nx.pick(rows, SESSION_ID.lower()), rows[0])
+        self.assertEqual(nx.pick(rows, f"gw-1002-{OTHER_ID}"), rows[1])
+        for bad in ("0", "3", "-1", "x", "0123456789ABCDEF0123456789ABCDEE"):
+            self.assertIsNone(nx.pick(rows, bad), bad)
+
+
+# ------------------------------------------------------------- remote desktops
+SECRET = 'pa ss:"w%rd'
+
+
+class RemoteDesktopTests(SynchronousTestCase):
+    def test_rdp_parameters_as_opennx_sends_them(self):
+        remote = commands.RemoteDesktop("win.example:3390", "bob", "CORP", SECRET)
+        line = commands.start_command(commands.SessionParameters(name="w", type="windows", remote=remote))
+        self.assertTrue(line.startswith(
+            'startsession --session="w" --type="windows" --agent_server="win.example%3A3390" --agent_domain="CORP" '
+            '--agent_user="bob" --agent_password="pa%20ss%3A%22w%25rd" --geometry="1024x768" '
+            '--screeninfo="1024x768x24+render" '), line)
+        parsed = parse_params(line.partition(" ")[2])  # the server's own parser
+        self.assertEqual((parsed["agent_server"], parsed["agent_password"]), ("win.example:3390", SECRET))
+        self.assertEqual(parse_server("rdp", parsed["agent_server"]), ("win.example", 3390))
+
+    def test_rdp_without_user_shows_the_login_screen(self):
+        keys = dict(commands.SessionParameters(type="windows", remote=commands.RemoteDesktop("office")).pairs())
+        self.assertEqual((keys["agent_server"], keys["agent_domain"]), ("office", ""))
+        self.assertNotIn("agent_user", keys)
+        self.assertNotIn("agent_password", keys)
+
+    def test_vnc_sends_server_and_password_only(self):
+        remote = commands.RemoteDesktop("lab.example:1", password=SECRET)
+        line = commands.start_command(commands.SessionParameters(type="vnc", remote=remote))
+        self.assertIn(' --type="vnc" --agent_server="lab.example%3A1" --agent_password="pa%20ss%3A%22w%25rd" ', line)
+        self.assertNotIn("agent_user", line)
+        parsed = parse_params(line.partition(" ")[2])
+        self.assertEqual(parse_server("vnc", parsed["agent_server"]), ("lab.example", 5901))
+        self.assertEqual(parse_server("vnc", "h::5999"), ("h", 5999))
+
+    def test_remote_desktop_only_for_its_types(self):
+        keys = dict(commands.SessionParameters(type="unix-kde", remote=commands.RemoteDesktop("x", "u")).pairs())
+        self.assertNotIn("agent_server", keys)
+
+    def test_password_in_no_trace_and_no_repr(self):
+        remote = commands.RemoteDesktop("win", "bob", "", SECRET)
+        params = commands.SessionParameters(name="w", type="windows", remote=remote)
+        server = Server(nx.StartSession(params))
+        server.greet()
+        server.say(b"login\nNX> 101 User: ")
+        server.say(b"alice\nNX> 102 Password: ")
+        events = server.client.data_received(b"**********\nNX> 103 Welcome to: gw user: alice\nNX> 105 ")
+        self.assertIn(b'--agent_password="pa%20ss%3A%22w%25rd"', sent(events))  # on the wire, of course
+        # FreeNX echoes the command verbatim; no trace shows the password, raw or escaped.
+        events += server.client.data_received(sent(events).rstrip(b"\n") + b"\n" + b"NX> 596 Error: " +
+                                              SECRET.encode() + b" is wrong\nNX> 105 ")
+        shown = "\n".join(traces(events))
+        self.assertIn('--agent_password="********"', shown)
+        for secret in (SECRET, commands.escape(SECRET)):
+            self.assertNotIn(secret, shown)
+            self.assertNotIn(secret, repr(events))
+        self.assertNotIn(SECRET, repr(params))
+
+
 # ----------------------------------------------------------- command-line helpers
 class CommandLineTests(SynchronousTestCase):
     ENV = {"DISPLAY": ":5"}
@@ -564,6 +726,59 @@ class CommandLineTests(SynchronousTestCase):
         self.assertTrue(options.known_hosts.endswith(os.path.join(".config", "nxgate", "known_hosts")))
         self.assertIsNone(cli.parse_options(["--list", "--accept-any-host-key", "a@gw"], {}).known_hosts)
 
+    def test_shadow(self):
+        options = cli.parse_options(["--shadow", "--geometry", "800x600", "bob@gw"], self.ENV)
+        self.assertEqual(options.request, nx.ShadowSession(None, commands.SessionParameters(type="shadow", width=800,
+                                                                                              height=600)))
+        self.assertTrue(options.attaches)
+        options = cli.parse_options(["--shadow", f"gw-1001-{SESSION_ID}", "--view-only", "bob@gw"], self.ENV)
+        self.assertEqual((options.request.session_id, options.request.view_only), (SESSION_ID, True))
+        for args in (["--view-only"], ["--shadow", "nope"], ["--shadow", "--type", "unix-kde"], ["--list", "--view-only"]):
+            self.assertRaises(cli.UsageError, cli.parse_options, [*args, "bob@gw"], self.ENV)
+        self.patch(sys, "stderr", io.StringIO())
+        self.assertRaises(SystemExit, cli.parse_options, ["--shadow", "--list", "bob@gw"], self.ENV)
+        self.assertRaises(cli.UsageError, cli.parse_options, ["--shadow", "bob@gw"], {})  # no DISPLAY
+        self.assertRaises(SystemExit, cli.parse_options, ["--list"], {})  # no target
+        self.assertRaises(SystemExit, cli.parse_options, ["--shadow", SESSION_ID], self.ENV)
+
+    def test_rdp(self):
+        env = dict(self.ENV, NXGATE_REMOTE_PASSWORD=SECRET)
+        options = cli.parse_options(["--rdp", "win.example:3390", "--remote-user", "bob", "--domain", "CORP",
+                                     "--geometry", "1280x800", "alice@gw"], env)
+        params = options.request.params
+        self.assertEqual((params.type, params.width, params.remote),
+                         ("windows", 1280, commands.RemoteDesktop("win.example:3390", "bob", "CORP", SECRET)))
+        self.assertIsNone(options.remote_password_prompt)
+        # Without the variable the password is asked, once the options are known.
+        options = cli.parse_options(["--rdp", "[fd00::1]:3390", "--remote-user", "bob", "alice@gw"], self.ENV)
+        self.assertEqual(options.remote_password_prompt, "Password for the remote desktop [fd00::1]:3390: ")
+        options = options.with_remote_password(SECRET)
+        self.assertEqual((options.request.params.remote.password, options.remote_password_prompt), (SECRET, None))
+        # No user: the host's login screen; no password to ask.
+        options = cli.parse_options(["--rdp", "office", "alice@gw"], self.ENV)
+        self.assertEqual(options.request.params.remote, commands.RemoteDesktop("office"))
+        self.assertIsNone(options.remote_password_prompt)
+
+    def test_vnc(self):
+        options = cli.parse_options(["--vnc", "lab.example:1", "alice@gw"], self.ENV)
+        self.assertEqual(options.request.params.type, "vnc")
+        self.assertEqual(options.remote_password_prompt, "Password for the remote desktop lab.example:1: ")
+        # An empty variable: a VNC host without a password, nothing asked.
+        options = cli.parse_options(["--vnc", "127.0.0.1::5999", "alice@gw"], dict(self.ENV, NXGATE_REMOTE_PASSWORD=""))
+        self.assertEqual((options.request.params.remote, options.remote_password_prompt),
+                         (commands.RemoteDesktop("127.0.0.1::5999"), None))
+
+    def test_remote_desktop_usage_errors(self):
+        for args in (["--vnc", "h:1", "--remote-user", "u"], ["--domain", "D"], ["--rdp", "h", "--type", "unix-kde"],
+                     ["--rdp", "bad host"], ["--rdp", "h::1"], ["--vnc", "h:x"], ["--rdp", "h", "--remote-user", " "],
+                     ["--rdp", "h\x01"], ["--vnc", "h:1", "--rootless"]):
+            self.assertRaises(cli.UsageError, cli.parse_options, [*args, "alice@gw"], self.ENV)
+        self.patch(sys, "stderr", io.StringIO())
+        for args in (["--rdp", "h", "--vnc", "h:1"], ["--rdp", "h", "--resume", SESSION_ID], ["--vnc", "h", "--shadow"]):
+            self.assertRaises(SystemExit, cli.parse_options, [*args, "alice@gw"], self.ENV)
+        self.assertEqual(cli.parse_options(["--rdp", "h", "--type", "windows", "a@gw"], self.ENV).request.params.type,
+                         "windows")
+
     def test_nxproxy_options_and_environment(self):
         info = nx.SessionInfo(f"gw.example-1001-{SESSION_ID}", SESSION_ID, 1001, COOKIE)
         self.assertEqual(proxy_options(info, "my desk, x:1", 5000),
@@ -571,11 +786,13 @@ class CommandLineTests(SynchronousTestCase):
                          f"connect=127.0.0.1,port=5000:1001")
         self.assertRaises(ValueError, proxy_options,
                           nx.SessionInfo("x", SESSION_ID, 1, "abc,connect=evil"), "s", 1)
-        env = proxy_environment({"DISPLAY": ":0", "HOME": "/home/a", "NXGATE_PASSWORD": "pw", "LC_ALL": "C"}, "/t")
+        env = proxy_environment({"DISPLAY": ":0", "HOME": "/home/a", "NXGATE_PASSWORD": "pw", "LC_ALL": "C",
+                                 "NXGATE_REMOTE_PASSWORD": "rpw"}, "/t")
         self.assertEqual(env["NX_HOME"], "/t")
         self.assertEqual(env["XAUTHORITY"], "/home/a/.Xauthority")
         self.assertEqual(env["LC_ALL"], "C")
         self.assertNotIn("NXGATE_PASSWORD", env)
+        self.assertNotIn("NXGATE_REMOTE_PASSWORD", env)
 
 
 class KnownHostsTests(SynchronousTestCase):

@@ -7,6 +7,7 @@ says what to change, before anything connects anywhere.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import getpass
 import os
 import re
@@ -17,7 +18,9 @@ from nxgate.client import commands
 from nxgate.client.dialogue import (
     ListSessions,
     Request,
+    ATTACHING,
     RestoreSession,
+    ShadowSession,
     StartSession,
     SuspendSession,
     TerminateSession,
@@ -30,6 +33,13 @@ _TARGET = re.compile(r"(?:(?P<user>[^@]+)@)?(?P<host>\[[^\]]+\]|[^:@\[\]]+)(?::(
 _GEOMETRY = re.compile(r"(\d{2,5})x(\d{2,5})$")
 _TYPE = re.compile(r"[a-z][a-z0-9-]{0,31}$")
 _DIMENSIONS = re.compile(rb"dimensions:\s+(\d+)x(\d+) pixels")
+# A host name, an IPv4 address or a bracketed IPv6 one; the server checks it properly.
+_HOST = r"(?:\[[0-9A-Fa-f:.]+\]|[^\s:\[\]\x00-\x1f\x7f]+)"
+_RDP_SERVER = re.compile(_HOST + r"(?::\d{1,5})?$")
+_VNC_SERVER = re.compile(_HOST + r"(?:::?\d{1,5})?$")
+PASSWORD_VARIABLE = "NXGATE_PASSWORD"
+REMOTE_PASSWORD_VARIABLE = "NXGATE_REMOTE_PASSWORD"
+PASSWORD_VARIABLES = (PASSWORD_VARIABLE, REMOTE_PASSWORD_VARIABLE)
 
 
 class UsageError(Exception):
@@ -47,6 +57,9 @@ class Options:
     known_hosts: str | None  # None: accept any host key
     nxproxy: str
     verbose: bool
+    # The prompt for the remote desktop's password, when it must be asked
+    # (it is not in $NXGATE_REMOTE_PASSWORD); see with_remote_password.
+    remote_password_prompt: str | None = None
 
     @property
     def legacy_free(self) -> bool:
@@ -55,24 +68,45 @@ class Options:
 
     @property
     def attaches(self) -> bool:
-        return isinstance(self.request, (StartSession, RestoreSession))
+        return isinstance(self.request, ATTACHING)
+
+    def with_remote_password(self, password: str) -> Options:
+        """These options with the remote desktop password the user typed."""
+        request = self.request
+        assert isinstance(request, StartSession) and request.params.remote is not None
+        remote = dataclasses.replace(request.params.remote, password=password)
+        params = dataclasses.replace(request.params, remote=remote)
+        return dataclasses.replace(self, request=StartSession(params), remote_password_prompt=None)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nxgate-client",
-        description="Start, resume, list or terminate NX 3 sessions on an NX server (nxgate, FreeNX, Neatx).",
-        epilog="The password comes from $NXGATE_PASSWORD or is asked on the terminal. "
+        usage="%(prog)s [options] user@host[:port]",
+        description="Start, resume, list or terminate NX 3 sessions on an NX server (nxgate, FreeNX, Neatx); "
+                    "shadow a running session; reach RDP and VNC desktops through the server.",
+        epilog="The password comes from $NXGATE_PASSWORD or is asked on the terminal; that of an RDP or VNC "
+               "desktop from $NXGATE_REMOTE_PASSWORD or is asked too (never give a password on the command line). "
                "Exit codes: 0 ok, 1 NX error, 2 usage error, 3 SSH connection, host key or authentication failure.",
     )
-    parser.add_argument("target", metavar="user@host[:port]", help="the Unix user to log in as, and the server")
+    # Optional for argparse only: "--shadow alice@host" must not take the target for an id (see _parse).
+    parser.add_argument("target", metavar="user@host[:port]", nargs="?",
+                        help="the Unix user to log in as, and the server")
     modes = parser.add_mutually_exclusive_group()
     modes.add_argument("--list", action="store_true", help="list your suspended and running sessions")
     modes.add_argument("--resume", metavar="ID", help="resume the session with this id and attach to it")
     modes.add_argument("--terminate", metavar="ID", help="terminate the session with this id")
     modes.add_argument("--suspend", metavar="ID", help="suspend the session with this id (wherever it is attached)")
+    modes.add_argument("--shadow", metavar="ID", nargs="?", const="",
+                       help="watch or help in a running session (yours, or another user's if the server allows);"
+                            " without ID: the only one there is, or choose from the list")
+    modes.add_argument("--rdp", metavar="HOST[:PORT]",
+                       help="a Windows desktop over RDP, through the server; or the name of one the admin defined")
+    modes.add_argument("--vnc", metavar="HOST[:DISPLAY]",
+                       help="a VNC desktop through the server (HOST::PORT for a port number);"
+                            " or the name of one the admin defined")
     new = parser.add_argument_group("new sessions (the default mode)")
-    new.add_argument("--type", default="unix-console", help="session type (default: %(default)s)")
+    new.add_argument("--type", help="session type (default: unix-console)")
     new.add_argument("--application", metavar="CMD", help="the program of a unix-application session")
     new.add_argument("--geometry", metavar="WxH", help="session size (default: the size of $DISPLAY's screen)")
     new.add_argument("--name", default="nxgate-client", help="session name (default: %(default)s)")
@@ -82,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("--rootless", action="store_true", help="show the windows of a console or application"
                      " session as windows of your desktop")
     new.add_argument("--fullscreen", action="store_true", help="full-screen session")
+    new.add_argument("--view-only", action="store_true", help="with --shadow: only watch, never type or click")
+    new.add_argument("--remote-user", metavar="USER",
+                     help="with --rdp: log in as USER (without: the host's own login screen)")
+    new.add_argument("--domain", metavar="DOMAIN", help="with --rdp: the Windows domain of --remote-user")
     ssh = parser.add_argument_group("connection")
     ssh.add_argument("--port", type=int, help=f"SSH port of the server (default: {DEFAULT_PORT})")
     ssh.add_argument("--ssh-user", default=NX_USER,
@@ -95,6 +133,19 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the nxproxy program (default: %(default)s)")
     parser.add_argument("--verbose", "-v", action="store_true", help="show the NX dialogue on stderr")
     return parser
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """argparse, and the target back where it belongs when ``--shadow`` (whose
+    id is optional) swallowed it."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.target is None:
+        if args.shadow and commands.normalize_session_id(args.shadow) is None:
+            args.target, args.shadow = args.shadow, ""
+        else:
+            parser.error("the following arguments are required: user@host[:port]")
+    return args
 
 
 def parse_target(text: str, port_option: int | None) -> tuple[str, str, int]:
@@ -116,7 +167,7 @@ def screen_size(environ: dict[str, str]) -> tuple[int, int]:
     """The size of the $DISPLAY screen, from xdpyinfo; 1024x768 without one."""
     if not environ.get("DISPLAY"):
         return DEFAULT_GEOMETRY
-    env = {name: value for name, value in environ.items() if name != "NXGATE_PASSWORD"}
+    env = {name: value for name, value in environ.items() if name not in PASSWORD_VARIABLES}
     try:
         result = subprocess.run(["xdpyinfo"], capture_output=True, timeout=10, env=env, check=False)
     except (OSError, subprocess.TimeoutExpired):
@@ -132,14 +183,48 @@ def _session_id(text: str, option: str) -> str:
     return session_id
 
 
+def _session_type(args: argparse.Namespace) -> str:
+    """--type, or the type that --rdp, --vnc or --shadow mean."""
+    implied = commands.RDP if args.rdp is not None else commands.VNC if args.vnc is not None else \
+        commands.SHADOW if args.shadow is not None else None
+    if implied is None:
+        return args.type or "unix-console"
+    if args.type is not None and args.type != implied:
+        raise UsageError(f"--type {args.type} does not go with --{'rdp' if implied == commands.RDP else implied}")
+    return implied
+
+
+def remote_desktop(args: argparse.Namespace, environ: dict[str, str]) -> tuple[commands.RemoteDesktop | None, bool]:
+    """The RDP or VNC host, and whether its password must still be asked."""
+    if args.remote_user is not None and args.rdp is None:
+        raise UsageError("--remote-user is only for --rdp (VNC knows passwords only)")
+    if args.domain is not None and args.rdp is None:
+        raise UsageError("--domain is only for --rdp")
+    if args.rdp is None and args.vnc is None:
+        return None, False
+    server = (args.rdp if args.rdp is not None else args.vnc).strip()
+    pattern, form = (_RDP_SERVER, "HOST[:PORT]") if args.rdp is not None else (_VNC_SERVER, "HOST[:DISPLAY]")
+    if not pattern.match(server):
+        raise UsageError(f"--{'rdp' if args.rdp is not None else 'vnc'}: expected {form} or a name, got {server!r}")
+    user = (args.remote_user or "").strip()
+    if args.remote_user is not None and not user:
+        raise UsageError("--remote-user must not be empty")
+    # RDP without a user shows the host's login screen: nothing to ask.
+    wanted = args.vnc is not None or bool(user)
+    password = environ.get(REMOTE_PASSWORD_VARIABLE) if wanted else None
+    remote = commands.RemoteDesktop(server, user, (args.domain or "").strip(), password or "")
+    return remote, wanted and password is None
+
+
 def session_parameters(args: argparse.Namespace, environ: dict[str, str]) -> commands.SessionParameters:
-    if not _TYPE.match(args.type):
-        raise UsageError(f"--type: {args.type!r} is not a session type (such as unix-console or unix-kde)")
-    if args.type == "unix-application" and not (args.application or "").strip():
+    session_type = _session_type(args)
+    if not _TYPE.match(session_type):
+        raise UsageError(f"--type: {session_type!r} is not a session type (such as unix-console or unix-kde)")
+    if session_type == "unix-application" and not (args.application or "").strip():
         raise UsageError("--type unix-application needs --application CMD")
-    if args.application is not None and args.type != "unix-application":
+    if args.application is not None and session_type != "unix-application":
         raise UsageError("--application is only for --type unix-application")
-    if args.rootless and args.type not in commands.ROOTLESS_TYPES:
+    if args.rootless and session_type not in commands.ROOTLESS_TYPES:
         raise UsageError("--rootless is only for unix-console and unix-application sessions")
     if not args.name.strip():
         raise UsageError("--name must not be empty")
@@ -151,7 +236,7 @@ def session_parameters(args: argparse.Namespace, environ: dict[str, str]) -> com
     else:
         width, height = screen_size(environ)
     return commands.SessionParameters(
-        name=args.name.strip(), type=args.type, width=width, height=height, link=args.link,
+        name=args.name.strip(), type=session_type, width=width, height=height, link=args.link,
         keyboard=args.keyboard, application=args.application, rootless=args.rootless,
         fullscreen=args.fullscreen,
     )
@@ -159,8 +244,11 @@ def session_parameters(args: argparse.Namespace, environ: dict[str, str]) -> com
 
 def parse_options(argv: list[str], environ: dict[str, str]) -> Options:
     """Raises UsageError, or SystemExit for --help and argparse's own errors."""
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
     user, host, port = parse_target(args.target, args.port)
+    if args.view_only and args.shadow is None:
+        raise UsageError("--view-only is only for --shadow")
+    remote, ask_password = remote_desktop(args, environ)
     request: Request
     if args.list:
         request = ListSessions()
@@ -170,9 +258,13 @@ def parse_options(argv: list[str], environ: dict[str, str]) -> Options:
         request = SuspendSession(_session_id(args.suspend, "--suspend"))
     elif args.resume is not None:
         request = RestoreSession(_session_id(args.resume, "--resume"), session_parameters(args, environ))
+    elif args.shadow is not None:
+        session_id = _session_id(args.shadow, "--shadow") if args.shadow else None
+        request = ShadowSession(session_id, session_parameters(args, environ), args.view_only)
     else:
-        request = StartSession(session_parameters(args, environ))
-    if isinstance(request, (StartSession, RestoreSession)) and not environ.get("DISPLAY"):
+        params = session_parameters(args, environ)
+        request = StartSession(dataclasses.replace(params, remote=remote) if remote is not None else params)
+    if isinstance(request, ATTACHING) and not environ.get("DISPLAY"):
         raise UsageError("DISPLAY is not set: nxproxy needs an X display to draw the session on")
     if not args.ssh_user:
         raise UsageError("--ssh-user must not be empty")
@@ -183,4 +275,5 @@ def parse_options(argv: list[str], environ: dict[str, str]) -> Options:
     return Options(
         user=user, host=host, port=port, request=request, ssh_user=args.ssh_user, identity=identity,
         known_hosts=known_hosts, nxproxy=args.nxproxy, verbose=args.verbose,
+        remote_password_prompt=f"Password for the remote desktop {remote.server}: " if ask_password and remote else None,
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 CLIENT_VERSION = "3.5.0"
 HELLO = f"hello NXCLIENT - Version {CLIENT_VERSION}"
@@ -34,6 +34,8 @@ _SESSION_ID = re.compile(r"[0-9A-F]{32}")
 
 # Session types whose windows can be shown rootless (reference §2.5, Neatx, OpenNX).
 ROOTLESS_TYPES = frozenset({"unix-console", "unix-application"})
+# The session types of a remote desktop (reference §2.5, §6.2): RDP and VNC.
+RDP, VNC, SHADOW = "windows", "vnc", "shadow"
 
 
 def escape(value: str) -> str:
@@ -52,6 +54,31 @@ def format_params(pairs: Iterable[tuple[str, str]]) -> str:
 
 
 @dataclass(frozen=True)
+class RemoteDesktop:
+    """The RDP or VNC host of a ``windows``/``vnc`` session.
+
+    ``server`` is what the server gets as ``agent_server``: ``host[:port]``
+    for RDP, ``host:display`` or ``host::port`` for VNC, or the name of a
+    target the admin defined."""
+
+    server: str
+    user: str = ""
+    domain: str = ""
+    password: str = field(default="", repr=False)
+
+    def pairs(self, session_type: str) -> list[tuple[str, str]]:
+        """What OpenNX sends (reference §2.5): for RDP the domain, and user and
+        password only when logging in as someone (no user: the host's own
+        login screen); for VNC the password only."""
+        if session_type == VNC:
+            return [("agent_server", self.server), ("agent_password", self.password)]
+        pairs = [("agent_server", self.server), ("agent_domain", self.domain)]
+        if self.user:
+            pairs += [("agent_user", self.user), ("agent_password", self.password)]
+        return pairs
+
+
+@dataclass(frozen=True)
 class SessionParameters:
     """What ``startsession`` and ``restoresession`` say about the session and
     this client's screen."""
@@ -66,13 +93,16 @@ class SessionParameters:
     application: str | None = None
     rootless: bool = False
     fullscreen: bool = False
+    remote: RemoteDesktop | None = None  # for windows and vnc sessions
 
     def pairs(self) -> list[tuple[str, str]]:
-        pairs = [
-            ("session", self.name),
-            ("type", self.type),
-            ("geometry", f"{self.width}x{self.height}"),
-            ("screeninfo", f"{self.width}x{self.height}x{self.depth}+render"),
+        pairs = [("session", self.name), ("type", self.type)]
+        if self.remote is not None and self.type in (RDP, VNC):
+            pairs += self.remote.pairs(self.type)
+        pairs.append(("geometry", f"{self.width}x{self.height}"))
+        if self.type != SHADOW:  # no client sends one to attach (Remmina, OpenNX)
+            pairs.append(("screeninfo", f"{self.width}x{self.height}x{self.depth}+render"))
+        pairs += [
             ("link", self.link),
             ("keyboard", self.keyboard),
             ("encryption", "1"),
@@ -110,8 +140,24 @@ def restore_command(session_id: str, params: SessionParameters) -> str:
     return "restoresession " + format_params([("id", session_id), *params.pairs()])
 
 
+def attach_command(session_id: str, display: str, params: SessionParameters, view_only: bool = False) -> str:
+    """Shadow a session: its id and display from the shadow listing, as
+    Remmina and OpenNX send them (reference §2.5; nxgate looks the display up
+    itself), and this client's own display settings.  ``viewonly`` asks for
+    watching only, whatever the server would allow."""
+    pairs = [("id", session_id), ("display", display), *params.pairs()]
+    if view_only:
+        pairs.append(("viewonly", "1"))
+    return "attachsession " + format_params(pairs)
+
+
 def list_command() -> str:
     return "listsession " + format_params([("status", "suspended,running")])
+
+
+def list_shadow_command() -> str:
+    """Only the type, as OpenNX and Remmina send it (reference §2.4)."""
+    return "listsession " + format_params([("type", SHADOW)])
 
 
 def terminate_command(session_id: str) -> str:

@@ -78,12 +78,28 @@ class SuspendSession:
     session_id: str
 
 
-Request = ListSessions | StartSession | RestoreSession | TerminateSession | SuspendSession
+@dataclass(frozen=True)
+class ShadowSession:
+    """List what may be shadowed (``listsession --type="shadow"``), then
+    attach to ``session_id``, or to the session the user picks from the list
+    (:class:`ShadowChoices`, answered with :meth:`ClientDialogue.choose`)."""
+
+    session_id: str | None
+    params: commands.SessionParameters
+    view_only: bool = False
+
+
+Request = ListSessions | StartSession | RestoreSession | TerminateSession | SuspendSession | ShadowSession
+# Requests that end attached to a session, drawn by nxproxy.
+ATTACHING = (StartSession, RestoreSession, ShadowSession)
 
 
 def command_line(request: Request) -> str:
+    """The first command of ``request`` (a shadow starts with its listing)."""
     if isinstance(request, ListSessions):
         return commands.list_command()
+    if isinstance(request, ShadowSession):
+        return commands.list_shadow_command()
     if isinstance(request, StartSession):
         return commands.start_command(request.params)
     if isinstance(request, RestoreSession):
@@ -159,6 +175,22 @@ class Suspended:
 
 
 @dataclass(frozen=True)
+class ShadowChoices:
+    """Several sessions may be shadowed and none was named: ask the user,
+    then call :meth:`ClientDialogue.choose` (or :meth:`ClientDialogue.quit`)."""
+
+    sessions: tuple[ListedSession, ...]
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something the user should know while waiting, such as the server
+    asking the owner of a session for permission to shadow it (``NX> 726``)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class SessionReady:
     """The session waits for our proxy; call :meth:`ClientDialogue.proxy_connected`
     once nxproxy is connected to the local end."""
@@ -182,7 +214,7 @@ class Failed:
     lines: tuple[str, ...]
 
 
-Event = Send | Trace | Listed | Terminated | Suspended | SessionReady | Switched | Failed
+Event = Send | Trace | Listed | Terminated | Suspended | ShadowChoices | Notice | SessionReady | Switched | Failed
 
 
 class Phase(enum.Enum):
@@ -192,6 +224,7 @@ class Phase(enum.Enum):
     SET_AUTH = "set auth mode"
     LOGIN = "login"
     COMMAND = "command"
+    CHOOSING = "choosing a session to shadow"
     READY = "waiting for the proxy"
     BYE = "bye"
     SWITCHED = "switched"
@@ -243,6 +276,10 @@ class ClientDialogue:
         self._table_started = False
         self._rows: list[ListedSession] = []
         self._capacity_reached = False
+        self._attaching = False  # a ShadowSession past its listing
+        # Secret values (as sent and as typed) that no trace may show: a
+        # server may echo the command line verbatim (FreeNX).
+        self._secrets = _secrets(request)
 
     # ------------------------------------------------------------ public API
     @property
@@ -276,6 +313,22 @@ class ClientDialogue:
             raise RuntimeError(f"no session is waiting (phase: {self.phase.value})")
         self.phase = Phase.BYE
         self._send("bye")
+        return self._flush()
+
+    def choose(self, session_id: str) -> list[Event]:
+        """The user picked the session to shadow (an id from :class:`ShadowChoices`)."""
+        if self.phase is not Phase.CHOOSING:
+            raise RuntimeError(f"no choice is pending (phase: {self.phase.value})")
+        self.phase = Phase.COMMAND
+        self._attach(session_id)
+        return self._flush()
+
+    def quit(self) -> list[Event]:
+        """End the conversation politely (the user chose nothing)."""
+        if self.phase is not Phase.CHOOSING:
+            raise RuntimeError(f"nothing to quit (phase: {self.phase.value})")
+        self.phase = Phase.QUITTING
+        self._send("quit")
         return self._flush()
 
     def connection_lost(self) -> list[Event]:
@@ -346,7 +399,7 @@ class ClientDialogue:
         if code == 999:
             self._bye_line(text)
         elif is_error(code):
-            self._errors.append(text)
+            self._errors.append(self._hidden(text))
         else:
             self._message(code, rest, text)
 
@@ -400,7 +453,9 @@ class ClientDialogue:
         elif phase is Phase.COMMAND:
             self._lines.append(text)
             self._fields.setdefault(code, _field_value(rest))
-            if isinstance(self.request, ListSessions):
+            if code == 726:
+                self._events.append(Notice(rest))
+            if self._listing:
                 if code == 147:
                     self._capacity_reached = True
             elif code == 710 and self._prompted:
@@ -412,7 +467,7 @@ class ClientDialogue:
             match = _BANNER.match(text)
             if match:
                 self.server_version = match.group(1)
-        elif self.phase is Phase.COMMAND and isinstance(self.request, ListSessions):
+        elif self.phase is Phase.COMMAND and self._listing:
             if text.startswith("---"):
                 self._table_started = True  # rows follow the dashes under the header
             elif self._table_started and text.strip():
@@ -428,10 +483,18 @@ class ClientDialogue:
         else:
             self._fail_unless_told(f"the server ended the conversation: {text}")
 
+    @property
+    def _listing(self) -> bool:
+        """The current command is a ``listsession``."""
+        return isinstance(self.request, ListSessions) or (isinstance(self.request, ShadowSession)
+                                                          and not self._attaching)
+
     def _command_done(self) -> None:
         request = self.request
         if isinstance(request, ListSessions):
             self._finish(Listed(tuple(self._rows), self._capacity_reached))
+        elif isinstance(request, ShadowSession) and not self._attaching:
+            self._shadow_listed(request)
         elif isinstance(request, TerminateSession):
             self._finish(Terminated(request.session_id, tuple(self._lines)))
         elif isinstance(request, SuspendSession):
@@ -447,6 +510,30 @@ class ClientDialogue:
             self.phase = Phase.READY
             self._events.append(SessionReady(info))
         # else: 700 but no 710 yet; the status is on its way.
+
+    def _shadow_listed(self, request: ShadowSession) -> None:
+        rows = tuple(self._rows)
+        if request.session_id is not None:
+            self._attach(request.session_id)
+        elif not rows:
+            self._fail("the server lists no session that you may shadow")
+        elif len(rows) == 1:
+            row = rows[0]
+            self._events.append(Notice(f"shadowing {row.session_id} ({row.name}), the only session you may shadow"))
+            self._attach(row.session_id)
+        else:
+            self.phase = Phase.CHOOSING
+            self._events.append(ShadowChoices(rows))
+
+    def _attach(self, session_id: str) -> None:
+        """``attachsession`` with the display the listing gave (nxcl's 0 if it
+        listed no such session: the server decides)."""
+        request = self.request
+        assert isinstance(request, ShadowSession)
+        display = next((row.display for row in self._rows if row.session_id == session_id), "0")
+        self._attaching = True
+        self._fields, self._lines, self._prompted = {}, [], False
+        self._send(commands.attach_command(session_id, display, request.params, request.view_only))
 
     def _finish(self, result: Event) -> None:
         self._events.append(result)
@@ -473,7 +560,13 @@ class ClientDialogue:
         self._events.append(Send(line.encode("utf-8", _ENCODE_ERRORS) + b"\n"))
 
     def _trace(self, source: str, text: str) -> None:
-        self._events.append(Trace(source, text))
+        self._events.append(Trace(source, self._hidden(text)))
+
+    def _hidden(self, text: str) -> str:
+        """``text`` without the secrets of the request, for showing."""
+        for secret in self._secrets:
+            text = text.replace(secret, MASK)
+        return text
 
     def _get_password(self) -> str:
         if callable(self._password):
@@ -493,6 +586,15 @@ class ClientDialogue:
         if code in _SECRET_CODES:
             return text.partition(":")[0] + ": " + MASK
         return text
+
+
+def _secrets(request: Request) -> tuple[str, ...]:
+    """The remote desktop password as typed and as escaped on the wire."""
+    params = getattr(request, "params", None)
+    remote = params.remote if params is not None else None
+    if remote is None or not remote.password:
+        return ()
+    return tuple(sorted({commands.escape(remote.password), remote.password}, key=len, reverse=True))
 
 
 def _field_value(rest: str) -> str:
@@ -532,6 +634,17 @@ def session_info(fields: dict[int, str]) -> SessionInfo:
         proxy_ip=fields.get(702, ""),
         status=fields.get(710, ""),
     )
+
+
+def pick(sessions: tuple[ListedSession, ...], answer: str) -> ListedSession | None:
+    """The session a user's answer names: its number in the list as shown
+    (from 1), or its id (bare or in the ``host-display-ID`` form)."""
+    answer = answer.strip()
+    if answer.isdigit():
+        index = int(answer) - 1
+        return sessions[index] if 0 <= index < len(sessions) else None
+    session_id = commands.normalize_session_id(answer)
+    return next((row for row in sessions if row.session_id == session_id), None)
 
 
 def parse_row(text: str) -> ListedSession | None:

@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from importlib import resources
 from typing import Any, TextIO
@@ -58,7 +59,7 @@ class PasswordSource:
 
     def __init__(self, user: str, host: str, environ: dict[str, str]) -> None:
         self.prompt = f"Password for {user}@{host}: "
-        self._value = environ.get("NXGATE_PASSWORD")
+        self._value = environ.get(cli.PASSWORD_VARIABLE)
 
     def __call__(self) -> str:
         if self._value is None:
@@ -87,7 +88,7 @@ class ClientRun:
 
     def __init__(self, reactor: Any, options: cli.Options, keys: list[Key], password: Callable[[], str],
                  nxproxy: str | None, environ: dict[str, str], out: TextIO = sys.stdout,
-                 err: TextIO = sys.stderr) -> None:
+                 err: TextIO = sys.stderr, stdin: TextIO = sys.stdin) -> None:
         self.reactor = reactor
         self.options = options
         self.keys = keys
@@ -96,6 +97,7 @@ class ClientRun:
         self.environ = environ
         self.out = out
         self.err = err
+        self.stdin = stdin
         self.dialogue = dialogue.ClientDialogue(options.user, password, options.request)
         self.done: defer.Deferred[int] = defer.Deferred()
         self.channel: ShellChannel | None = None
@@ -194,6 +196,10 @@ class ClientRun:
         elif isinstance(event, dialogue.Suspended):
             self.out.write(f"Session {event.session_id} suspended.\n")
             self._quit_then(OK)
+        elif isinstance(event, dialogue.Notice):
+            self.say(event.text)
+        elif isinstance(event, dialogue.ShadowChoices):
+            self._choose(event.sessions)
         elif isinstance(event, dialogue.SessionReady):
             self._session_ready(event.info)
         elif isinstance(event, dialogue.Switched):
@@ -205,6 +211,50 @@ class ClientRun:
                 else:
                     self.say(line)
             self.finish(NX_ERROR)
+
+    def _choose(self, sessions: tuple[dialogue.ListedSession, ...]) -> None:
+        """Several sessions may be shadowed: ask which on the terminal, or,
+        without one, show them and stop (the user names one with --shadow ID)."""
+        self._disarm("dialogue")
+        interactive = self.stdin.isatty()
+        table = self.err if interactive else self.out
+        for number, row in enumerate(sessions, 1):
+            prefix = f"{number:>3}  " if interactive else ""
+            table.write(f"{prefix}{row.session_id} {row.display} {row.session_type} {row.status} {row.name}\n")
+        table.flush()
+        if not interactive:
+            self.say("several sessions may be shadowed; name one with --shadow ID")
+            self._run(self.dialogue.quit)
+            self._quit_then(NX_ERROR)
+            return
+        # A daemon thread: a blocked read must not keep the process alive after Ctrl-C.
+        threading.Thread(target=self._ask_choice, args=(sessions,), daemon=True).start()
+
+    def _ask_choice(self, sessions: tuple[dialogue.ListedSession, ...]) -> None:
+        """In a thread: read answers until one names a session (or none is given)."""
+        while True:
+            self.err.write(f"Which session to shadow (1-{len(sessions)}, or an id; nothing to cancel)? ")
+            self.err.flush()
+            answer = self.stdin.readline()
+            if not answer.strip():
+                self.reactor.callFromThread(self._chosen, None)
+                return
+            row = dialogue.pick(sessions, answer)
+            if row is not None:
+                self.reactor.callFromThread(self._chosen, row.session_id)
+                return
+            self.err.write(f"{answer.strip()!r} is not one of them\n")
+
+    def _chosen(self, session_id: str | None) -> None:
+        if self._finishing:
+            return
+        if session_id is None:
+            self.say("no session chosen")
+            self._run(self.dialogue.quit)
+            self._quit_then(NX_ERROR)
+            return
+        self._arm("dialogue", DIALOGUE_TIMEOUT, self._dialogue_timeout)
+        self._run(self.dialogue.choose, session_id)
 
     def _quit_then(self, code: int) -> None:
         """The dialogue sent ``quit``: wait a moment for the server to close."""
@@ -405,14 +455,16 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:  # argparse: --help (0) or a usage error (2)
         return int(exit_.code or 0)
     password = PasswordSource(options.user, options.host, environ)
-    if options.ssh_user == cli.NX_USER or not keys:
-        # Needed for certain (NX login, or SSH password): ask before connecting,
-        # so the prompt does not race the server's timeouts.
-        try:
+    # Passwords needed for certain (NX login, SSH password, the remote desktop's)
+    # are asked before connecting, so that the prompts do not race the server's timeouts.
+    try:
+        if options.ssh_user == cli.NX_USER or not keys:
             password()
-        except (EOFError, KeyboardInterrupt):
-            print(f"\n{PROG}: no password given", file=sys.stderr)
-            return USAGE
+        if options.remote_password_prompt is not None:
+            options = options.with_remote_password(getpass.getpass(options.remote_password_prompt))
+    except (EOFError, KeyboardInterrupt):
+        print(f"\n{PROG}: no password given", file=sys.stderr)
+        return USAGE
     from twisted.internet import reactor
 
     run = ClientRun(reactor, options, keys, password, nxproxy, environ)
