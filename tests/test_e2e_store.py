@@ -136,7 +136,7 @@ class ClientBytesTests(StoreTestCase):
         forged = "2026-12-03T10:00:00+0000 [nxgate#info] NX login: user 'root' from 192.0.2.66"
         line = START.replace("{name}", "x").replace('--link="lan"', '--link="lan%0A' + forged.replace(" ", "%20") + '"')
         reply = client.command(line.replace("{extra}", ""))
-        self.assertIn(b"NX> 597 ", reply)
+        self.assertIn(b"NX> 597 Error: Invalid value 'lan\\x0a2026-12-03t10:00:00+0000 [nxgate#info] nx login", reply)
         mentions = [text for text in self.gateway.log().split("\n") if "192.0.2.66" in text]
         self.assertTrue(mentions)
         for text in mentions:

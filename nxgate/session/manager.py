@@ -161,6 +161,9 @@ class SessionManager(service.Service):
             if loop.running:
                 loop.stop()
         self.flush()
+        if self.unsaved:
+            log.error("{count} session change(s) could not be written to the store before stopping; the next start "
+                      "learns the state of running sessions from their agents' logs", count=len(self.unsaved))
         for runtime in self.runtime.values():
             self._stop_watching(runtime)
         self.notifier.loseConnection()
