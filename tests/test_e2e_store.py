@@ -15,11 +15,12 @@ import re
 import signal
 import sqlite3
 import subprocess
+import sys
 import tempfile
 
 from twisted.trial.unittest import SkipTest, TestCase
 
-from tests.harness.gateway import Gateway
+from tests.harness.gateway import REPO, Gateway
 from tests.harness.process import wait_for
 from tests.harness.shared import class_fixture
 from tests.harness.ssh import NXClient, SessionInfo
@@ -59,6 +60,13 @@ def stored_state(state_dir: str, session_id: str) -> str | None:
 def audit_records(state_dir: str) -> list[dict]:
     with open(os.path.join(state_dir, "audit.log"), encoding="utf-8") as handle:
         return [json.loads(line) for line in handle]
+
+
+def admin_status(state_dir: str) -> dict:
+    result = subprocess.run([sys.executable, "-m", "nxgate.admin.cli", "--socket", os.path.join(state_dir, "admin.sock"),
+                             "--json", "status"], capture_output=True, text=True, timeout=60, check=True,
+                            env=dict(os.environ, PYTHONPATH=REPO), cwd="/")
+    return json.loads(result.stdout)["result"]
 
 
 def listed(reply: bytes) -> dict[str, bytes]:
@@ -192,6 +200,7 @@ class FullDiskTests(StoreTestCase):
         self.assertIn(f"NX> 900 Session id: {running.session_id} terminated.".encode(), reply)
         self.assertNotIn(running.session_id, listed(client.command('listsession --status="suspended,running"')))
         self.assertEqual(stored_state(self.gateway.state_dir, running.session_id), "waiting")
+        self.assertEqual(admin_status(self.gateway.state_dir)["unsaved_changes"], 1)
         # Space returns: the store catches up without a restart, and starts work.
         os.unlink(self.filler)
         wait_for(lambda: stored_state(self.gateway.state_dir, running.session_id) in ("terminated", "failed"), 20,
@@ -236,6 +245,9 @@ class DamagedStoreTests(StoreTestCase):
         self.assertIn("the session store does not know it", log)
         orphans = [r for r in audit_records(state_dir) if r["event"] == "session_orphan"]
         self.assertEqual([(r["session"], r["display"]) for r in orphans], [(lost.session_id, lost.display)])
+        unknown = admin_status(state_dir)["unknown_sessions"]
+        self.assertEqual([(u["id"], u["user"], u["display"]) for u in unknown],
+                         [(lost.session_id, self.user.name, lost.display)])
         client = self.login(gateway, self.user)
         self.assertNotEqual(self.start(client, "new").display, lost.display)
 
