@@ -271,7 +271,8 @@ class SessionManager(service.Service):
                               f"Error: Session {session.id} cannot be resumed while it is {session.state.value}.",
                               last_operation_failed=True)
             session = self._update(
-                session.id, cookie=secrets.token_hex(16), client_address=client.address, encrypted=encrypted,
+                session.id, cookie=secrets.token_hex(16), client_address=printable(client.address),
+                encrypted=encrypted,
                 geometry=settings.geometry, depth=settings.depth, render=settings.render,
                 fullscreen=settings.fullscreen, options={**session.options, "display": settings.as_dict()},
             )
