@@ -43,7 +43,8 @@ def agent_processes(user: str) -> list[int]:
 def end_agents(*users) -> None:
     for user in users:
         for pid in agent_processes(user.name):
-            os.kill(pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
     for user in users:
         wait_for(lambda u=user: not agent_processes(u.name), 20, "the agents to end")
 
@@ -214,35 +215,48 @@ class FullDiskTests(StoreTestCase):
 class DamagedStoreTests(StoreTestCase):
     """The store lost or damaged between two runs while agents ran on."""
 
+    options = {**OPTIONS, "sessions": {**OPTIONS["sessions"], "store_backup_interval": "1"}}
+
     def setUp(self):
         super().setUp()
         self.user = create_user()
         self.addCleanup(self.user.remove)
         self.addCleanup(end_agents, self.user)
-        self.gateway = Gateway(OPTIONS).start()
+        self.gateway = Gateway(self.options).start()
         self.addCleanup(self.gateway.stop)
+        self.backup = os.path.join(self.gateway.state_dir, "nxgate.sqlite.backup")
 
     def restart(self) -> Gateway:
         """A new gateway on the same state directory (the old one stopped)."""
         self.gateway.stop(cleanup=False)
-        gateway = Gateway(OPTIONS, state_dir=self.gateway.state_dir)
+        gateway = Gateway(self.options, state_dir=self.gateway.state_dir)
         self.addCleanup(gateway.stop)
         return gateway
+
+    def backed_up(self, session_id: str) -> bool:
+        if not os.path.exists(self.backup):
+            return False
+        db = sqlite3.connect(f"file:{self.backup}?mode=ro", uri=True)
+        try:
+            return db.execute("SELECT 1 FROM sessions WHERE id=?", (session_id,)).fetchone() is not None
+        finally:
+            db.close()
 
     def test_a_truncated_store_reports_the_sessions_it_lost(self):
         client = self.login(self.gateway, self.user)
         lost = self.start(client)
         client.close()
+        wait_for(lambda: self.backed_up(lost.session_id), 10, "the periodic backup")
         state_dir = self.gateway.state_dir
         gateway = self.restart()
         os.truncate(os.path.join(state_dir, "nxgate.sqlite"), 0)
         for suffix in ("-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(state_dir, "nxgate.sqlite" + suffix))
-        gateway.start()
-        log = gateway.log()
-        self.assertIn(f"session {lost.session_id} of {self.user.name} (display :{lost.display}", log)
-        self.assertIn("the session store does not know it", log)
+        gateway.start()  # it listens before its services start: wait for the report
+        report = f"session {lost.session_id} of {self.user.name} (display :{lost.display}, nxagent pid"
+        wait_for(lambda: report in gateway.log(), 10, "the report of the lost session")
+        self.assertIn("runs but the session store does not know it", gateway.log())
         orphans = [r for r in audit_records(state_dir) if r["event"] == "session_orphan"]
         self.assertEqual([(r["session"], r["display"]) for r in orphans], [(lost.session_id, lost.display)])
         unknown = admin_status(state_dir)["unknown_sessions"]
@@ -250,8 +264,12 @@ class DamagedStoreTests(StoreTestCase):
                          [(lost.session_id, self.user.name, lost.display)])
         client = self.login(gateway, self.user)
         self.assertNotEqual(self.start(client, "new").display, lost.display)
+        # The backup, the one copy that still knows the lost session, is kept.
+        wait_for(lambda: "session store not backed up" in gateway.log(), 10, "a skipped backup")
+        self.assertTrue(self.backed_up(lost.session_id))
 
     def test_a_damaged_store_stops_the_start_with_one_line(self):
+        wait_for(lambda: os.path.exists(self.backup), 10, "the periodic backup")
         state_dir = self.gateway.state_dir
         gateway = self.restart()
         with open(os.path.join(state_dir, "nxgate.sqlite"), "wb") as handle:

@@ -489,11 +489,15 @@ class LostStoreTests(ReconcileTests):
         self.assertEqual([(e["id"], e["display"], e["pid"]) for e in reports], [("C" * 32, 3200, process.pid)])
         self.assertFalse(os.path.exists(dead))
         self.assertNotEqual(manager._allocate_display(), 3200)
+        manager.backup()  # the old backup may be the one copy that knows the session: kept
+        self.assertFalse(os.path.exists(self.store.backup_path))
         process.kill()
         process.wait()
         manager.housekeeping()
         self.assertEqual(manager.orphans, {})
         self.assertFalse(os.path.exists(self.layout.agent_files("C" * 32).directory))
+        manager.backup()
+        self.assertTrue(os.path.exists(self.store.backup_path))
 
 
 def wait_until(predicate, timeout=5.0):

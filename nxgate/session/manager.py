@@ -48,13 +48,13 @@ from nxgate.nx.errors import NXError
 from nxgate.nx.listing import ListedSession, format_session_list, session_options
 from nxgate.nx.params import Params
 from nxgate.nx.shell import Reply
+from nxgate.safetext import printable
 from nxgate.session import files, processes
 from nxgate.session.follow import LogFollower
 from nxgate.session.model import Session, State, advance, listed_status
 from nxgate.session.processes import ExitWatch, LaunchError, ProcessId
 from nxgate.session.programs import login_environment, session_command
 from nxgate.session.request import DisplaySettings, StartRequest
-from nxgate.safetext import printable
 from nxgate.session.store import SessionStore, StoreError, StoreUnavailable, storage_reason
 from nxgate.shadow.policy import groups_of
 
@@ -136,7 +136,7 @@ class SessionManager(service.Service):
         self.runtime: dict[str, Runtime] = {}
         self.draining = False  # set by the admin: no new sessions, existing ones carry on
         self.unsaved: dict[str, Session] = {}  # the latest record of each session the store refused
-        self.orphans: dict[int, Orphan] = {}  # display -> what the store did not know about at start
+        self.orphans: dict[str, Orphan] = {}  # id -> a running session the store did not know at start
         self._housekeeping = task.LoopingCall(self.housekeeping)
         self._housekeeping.clock = reactor
         self._retry = task.LoopingCall(self.flush)
@@ -152,7 +152,8 @@ class SessionManager(service.Service):
         self.reconcile()
         self._housekeeping.start(60, now=False)
         if self.settings.store_backup_interval > 0:
-            self._backup.start(self.settings.store_backup_interval, now=True)
+            # Not now: a store that lost its rows must not replace a good backup at once.
+            self._backup.start(self.settings.store_backup_interval, now=False)
 
     def stopService(self) -> None:
         """Stop watching; the sessions themselves carry on without us."""
@@ -807,7 +808,7 @@ class SessionManager(service.Service):
             except (OSError, KeyError):
                 user = "?"
             display = processes.display_argument(agent.pid) or 0
-            self.orphans[display] = Orphan(session_id, user, display, agent)
+            self.orphans[session_id] = Orphan(session_id, user, display, agent)
             log.error(
                 "session {id} of {user} (display :{display}, nxagent pid {pid}) runs but the session store does "
                 "not know it (was {store} lost or replaced?); its display stays reserved while it runs. Its user "
@@ -818,11 +819,11 @@ class SessionManager(service.Service):
 
     def _forget_orphans(self) -> None:
         """Free the displays of unknown sessions whose agent has ended."""
-        for display, orphan in list(self.orphans.items()):
+        for session_id, orphan in list(self.orphans.items()):
             if not orphan.agent.alive():
-                del self.orphans[display]
-                log.info("unknown session {id} of {user} on display :{display} has ended", id=orphan.session_id,
-                         user=orphan.user, display=display)
+                del self.orphans[session_id]
+                log.info("unknown session {id} of {user} on display :{display} has ended", id=session_id,
+                         user=orphan.user, display=orphan.display)
                 files.remove_tree(os.path.join(self.layout.sessions, orphan.session_id))
 
     # -------------------------------------------------------- housekeeping
@@ -852,7 +853,12 @@ class SessionManager(service.Service):
 
     def backup(self) -> None:
         """Copy the store to its backup file (periodic; a failure waits for
-        the next period)."""
+        the next period).  Not while sessions run that the store lost: the
+        backup may be the one copy that still knows them."""
+        if self.orphans:
+            log.warn("session store not backed up: it does not know {count} running session(s), and "
+                     "{path} may", count=len(self.orphans), path=self.store.backup_path)
+            return
         try:
             path = self.store.backup()
         except (StoreError, OSError) as error:
@@ -908,7 +914,7 @@ class SessionManager(service.Service):
                           last_operation_failed=True)
 
     def _allocate_display(self) -> int:
-        taken = {s.display for s in self.sessions.values()} | set(self.orphans)
+        taken = {s.display for s in self.sessions.values()} | {o.display for o in self.orphans.values()}
         first, count = self.settings.display_base, self.settings.display_limit
         for display in range(first, first + count):
             if display not in taken and display + 4000 < 65536 and files.display_available(display):

@@ -156,6 +156,7 @@ class SessionStore:
                 copy = sqlite3.connect(temporary)
                 try:
                     self.db.backup(copy)
+                    copy.execute("PRAGMA journal_mode=DELETE")  # one self-contained file to copy back
                 finally:
                     copy.close()
             os.replace(temporary, target)
