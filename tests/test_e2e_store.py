@@ -60,7 +60,7 @@ def stored_state(state_dir: str, session_id: str) -> str | None:
 
 def audit_records(state_dir: str) -> list[dict]:
     with open(os.path.join(state_dir, "audit.log"), encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle]
+        return [json.loads(line) for line in handle if line.strip()]
 
 
 def admin_status(state_dir: str) -> dict:
@@ -179,14 +179,17 @@ class FullDiskTests(StoreTestCase):
         os.rmdir(self.mount)
 
     def fill_disk(self):
-        with open(self.filler, "wb") as handle:
+        """Fill the tmpfs, and the last block of the audit log too (with
+        empty lines), so that its next line finds no space either."""
+        for path, data in ((self.filler, b"\0" * 65536), (os.path.join(self.gateway.state_dir, "audit.log"), b"\n")):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
                 while True:
-                    handle.write(b"\0" * 65536)
-                    handle.flush()
+                    os.write(fd, data)
             except OSError:
                 pass
-        os.statvfs(self.mount)
+            finally:
+                os.close(fd)
 
     def test_a_full_disk_refuses_starts_cleanly_and_loses_nothing(self):
         client = self.login(self.gateway, self.user)
@@ -214,6 +217,10 @@ class FullDiskTests(StoreTestCase):
         self.assertEqual(stored_state(self.gateway.state_dir, first.session_id), "waiting")
         self.assertEqual(stored_state(self.gateway.state_dir, second.session_id), "waiting")
         self.assertIn("the session store can be written again", self.gateway.log())
+        # The audit log lost what came while the disk was full, says so, and goes on.
+        events = [r["event"] for r in audit_records(self.gateway.state_dir)]
+        self.assertIn("audit_lost", events)
+        self.assertEqual(events[events.index("audit_lost") + 1:].count("session_start"), 2)
 
 
 class DamagedStoreTests(StoreTestCase):
