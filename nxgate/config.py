@@ -172,6 +172,8 @@ class SessionsSection:
     terminate_timeout: float = option(10.0, number(1, 600), "seconds for nxagent to end before it is killed")
     expire_suspended_after: float = option(0.0, number(0, 1e6), "hours after which suspended sessions end (0: never)")
     history_days: float = option(7.0, number(0, 3650), "days that ended sessions stay in the store and their logs are kept")
+    store_backup_interval: float = option(3600.0, number(0, 1e7),
+                                          "seconds between online backups of the session store (0: none)")
     allow_unencrypted: bool = option(False, boolean, "let clients use unencrypted sessions (agent port open to them)")
     nxagent: str = option("nxagent", nonempty, "the nxagent program")
     agent_extra_options: tuple[str, ...] = option((), words, "extra nxagent command line options")

@@ -39,5 +39,10 @@ def makeService(options: Options):  # type: ignore[no-untyped-def]
     from twisted.internet import reactor
 
     from nxgate.gateway import Gateway
+    from nxgate.session.store import StoreError
 
-    return Gateway(options.config, reactor)
+    try:
+        return Gateway(options.config, reactor)
+    except StoreError as error:
+        # One line that says what to do, not a traceback (twistd prints it and exits 1).
+        raise SystemExit(f"nxgate: {error}") from None

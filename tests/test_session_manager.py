@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import signal
+import sqlite3
 import subprocess
 import time
 
 from twisted.internet import defer
+from twisted.logger import globalLogPublisher
 from twisted.test.proto_helpers import MemoryReactorClock
 from twisted.trial.unittest import TestCase
 
@@ -350,3 +353,156 @@ class ReconcileTests(TestCase):
         self.assertNotIn(session.id, manager.sessions)
         self.assertFalse(os.path.exists(self.layout.agent_files(session.id).directory))
         self.assertEqual(len(self.launcher.closed), 1)
+
+
+class FullDisk:
+    """A SQLite connection whose writes fail with SQLITE_FULL while ``full``."""
+
+    def __init__(self, db):
+        self.db = db
+        self.full = False
+
+    def _check(self, sql):
+        if self.full and not sql.lstrip().upper().startswith(("SELECT", "PRAGMA")):
+            error = sqlite3.OperationalError("database or disk is full")
+            error.sqlite_errorcode = sqlite3.SQLITE_FULL
+            raise error
+
+    def execute(self, sql, *args):
+        self._check(sql)
+        return self.db.execute(sql, *args)
+
+    def executemany(self, sql, *args):
+        self._check(sql)
+        return self.db.executemany(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.db, name)
+
+
+class StoreFailureTests(ManagerTests):
+    """Memory and store never disagree for long: a start the store refuses
+    holds nothing, and later writes it refuses are kept and retried."""
+
+    def fill_store(self):
+        """Make every write fail as SQLite does on a full disk."""
+        if not isinstance(self.store.db, FullDisk):
+            self.store.db = FullDisk(self.store.db)
+        self.store.db.full = True
+
+    def free_store(self):
+        self.store.db.full = False
+
+    def start_refused(self, params='--type="unix-console" --session="t"'):
+        d = defer.ensureDeferred(self.manager.start(self.client, start_request(parse_params(params))))
+        return self.failureResultOf(d, NXError).value
+
+    def test_a_start_the_store_refuses_holds_nothing_and_says_why(self):
+        self.fill_store()
+        for _ in range(3):  # beyond max_sessions_per_user=2: nothing is held
+            error = self.start_refused()
+            self.assertEqual((error.code, error.text),
+                             (596, "Error: Session startup failed: the server's storage is full."))
+            self.assertTrue(error.last_operation_failed)
+        self.assertEqual(self.manager.sessions, {})
+        self.assertEqual(self.manager.runtime, {})
+        self.assertEqual(self.launcher.requests, [])
+        self.free_store()
+        self.started()
+        self.started()  # both places in the limit are free again
+
+    def test_names_that_are_not_utf8_or_hold_controls_are_kept_escaped(self):
+        for raw, kept in (("bad\udcff", "bad\\xff"), ("esc%1B[31m", "esc\\x1b[31m"), ("caf\u00e9", "caf\u00e9")):
+            d, session_id = self.start(f'--type="unix-console" --session="{raw}"')
+            self.agent_says(session_id, READY)
+            self.successResultOf(d)
+            self.assertEqual(self.manager.sessions[session_id].name, kept)
+            self.assertEqual(self.store.get(session_id).name, kept)
+            listing = "\n".join(self.manager.list(self.client, parse_params("")).lines)
+            self.assertIn(kept, listing)
+            self.agent_says(session_id, TERMINATED)
+
+    def test_terminate_on_a_full_disk_ends_the_session_and_the_store_catches_up(self):
+        session_id, _ = self.started()
+        self.agent_says(session_id, STARTED)
+        self.fill_store()
+        d = defer.ensureDeferred(self.manager.terminate(self.client, session_id))
+        self.agent_says(session_id, TERMINATED)
+        self.reactor.pump([1] * 12)  # the stand-in agent lingers and is killed
+        self.assertIn(f"NX> 900 Session id: {session_id} terminated.", self.successResultOf(d).lines)
+        self.assertNotIn(session_id, self.manager.sessions)
+        self.assertEqual(self.store.get(session_id).state, State.RUNNING)  # refused, kept in memory
+        self.assertIn(session_id, self.manager.unsaved)
+        other, _ = self.started_once_space_returns()
+        self.assertEqual(self.store.get(session_id).state, State.TERMINATED)
+        self.assertEqual(self.store.get(session_id).failure, "user request")
+        self.assertEqual(self.manager.unsaved, {})
+        self.assertEqual(self.store.get(other).state, State.WAITING)
+
+    def started_once_space_returns(self):
+        self.reactor.advance(60)  # retries while the disk is full change nothing
+        self.assertNotEqual(self.manager.unsaved, {})
+        self.free_store()
+        self.reactor.advance(5)  # the next retry writes what was kept
+        return self.started()
+
+    def test_agent_events_on_a_full_disk_reach_the_store_later(self):
+        session_id, _ = self.started()
+        self.fill_store()
+        self.agent_says(session_id, STARTED, SUSPENDED)
+        self.assertEqual(self.manager.sessions[session_id].state, State.SUSPENDED)
+        self.assertEqual(self.store.get(session_id).state, State.WAITING)
+        self.free_store()
+        self.reactor.advance(5)
+        self.assertEqual(self.store.get(session_id), self.manager.sessions[session_id])
+
+
+class LostStoreTests(ReconcileTests):
+    """A store that lost its rows (truncated, replaced): what still runs is
+    found in the session directories, reported and its display kept."""
+
+    def orphan_agent(self, session_id, display):
+        """A stand-in nxagent (a copy of sh by that name, waiting on its
+        stdin) running in a session directory, as the launcher starts agents."""
+        directory = self.layout.agent_files(session_id).directory
+        os.mkdir(directory, 0o700)
+        program = os.path.join(os.path.abspath(self.mktemp()), "nxagent")
+        os.makedirs(os.path.dirname(program))
+        shutil.copy("/bin/sh", program)
+        process = subprocess.Popen([program, "-c", "read line", f":{display}"], cwd=directory, stdin=subprocess.PIPE)
+        self.addCleanup(lambda: (process.kill(), process.wait(), process.stdin.close()))
+        wait_until(lambda: processes.display_argument(process.pid) == display)
+        return process
+
+    def test_unknown_agents_are_reported_and_their_displays_kept(self):
+        process = self.orphan_agent("C" * 32, 3200)
+        dead = self.layout.agent_files("D" * 32).directory
+        os.mkdir(dead, 0o700)
+        events = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        manager = self.manager()
+        manager.reconcile()
+        (orphan,) = manager.orphans.values()
+        self.assertEqual((orphan.session_id, orphan.display, orphan.agent.pid), ("C" * 32, 3200, process.pid))
+        reports = [e for e in events if e.get("audit") == "session_orphan"]
+        self.assertEqual([(e["id"], e["display"], e["pid"]) for e in reports], [("C" * 32, 3200, process.pid)])
+        self.assertFalse(os.path.exists(dead))
+        self.assertNotEqual(manager._allocate_display(), 3200)
+        manager.backup()  # the old backup may be the one copy that knows the session: kept
+        self.assertFalse(os.path.exists(self.store.backup_path))
+        process.kill()
+        process.wait()
+        manager.housekeeping()
+        self.assertEqual(manager.orphans, {})
+        self.assertFalse(os.path.exists(self.layout.agent_files("C" * 32).directory))
+        manager.backup()
+        self.assertTrue(os.path.exists(self.store.backup_path))
+
+
+def wait_until(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.01)

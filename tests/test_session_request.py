@@ -66,6 +66,11 @@ class StartRequestTests(SynchronousTestCase):
             with self.subTest(bad=bad):
                 self.assertEqual(self.assertRaises(NXError, start_request, parse_params(bad)).code, 597)
 
+    def test_a_refused_value_is_echoed_on_one_line(self):
+        error = self.assertRaises(NXError, start_request, parse_params('--type="unix-kde" --link="lan%0ANX> 999 Bye."'))
+        self.assertEqual(error.text, "Error: Invalid value 'lan\\x0anx> 999 bye.' for parameter 'link': expected one "
+                                     "of modem, isdn, adsl, wan, lan.")
+
     def test_missing_type_and_application(self):
         self.assertIn("type missing", self.assertRaises(NXError, start_request, parse_params('--session="x"')).text)
         error = self.assertRaises(NXError, start_request, parse_params('--type="unix-application"'))

@@ -6,7 +6,15 @@ import sqlite3
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.session.model import Session, State
-from nxgate.session.store import SCHEMA_VERSION, SessionStore, StoreError
+from nxgate.session import store as store_module
+from nxgate.session.store import (
+    SCHEMA_VERSION,
+    STORAGE_FULL,
+    SessionStore,
+    StoreCorrupt,
+    StoreError,
+    StoreUnavailable,
+)
 
 
 def session(sid="A" * 32, user="alice", state=State.SUSPENDED, changed=100.0):
@@ -60,3 +68,72 @@ class StoreTests(SynchronousTestCase):
         self.store.close()
         self.store = SessionStore(self.path)
         self.assertEqual(self.store.get("A" * 32).name, "desk 1")
+
+
+class FailureTests(SynchronousTestCase):
+    """Every failure is a StoreError kind the manager can act on."""
+
+    def setUp(self):
+        self.path = os.path.abspath(self.mktemp())
+
+    def open(self):
+        store = SessionStore(self.path)
+        self.addCleanup(store.close)
+        return store
+
+    def test_text_that_is_not_utf8_is_a_store_error(self):
+        error = self.assertRaises(StoreError, self.open().insert, session(sid="B" * 32).evolve(name="bad\udcff"))
+        self.assertIn("not valid text", str(error))
+
+    def test_a_full_disk_says_so(self):
+        store = self.open()
+        (pages,) = store.db.execute("PRAGMA page_count").fetchone()
+        store.db.execute(f"PRAGMA max_page_count={pages}")
+        with self.assertRaises(StoreUnavailable) as caught:
+            for n in range(1000):
+                store.insert(session(sid=f"{n:032X}"))
+        self.assertEqual(caught.exception.reason, STORAGE_FULL)
+        self.assertIn("database or disk is full", str(caught.exception))
+
+    def test_a_file_that_is_not_a_database_names_itself_and_the_way_back(self):
+        with open(self.path, "wb") as handle:
+            handle.write(b"this is no SQLite file, just some bytes " * 200)
+        error = self.assertRaises(StoreCorrupt, SessionStore, self.path)
+        self.assertIn(self.path, str(error))
+        self.assertIn("file is not a database", str(error))
+        self.assertIn("no backup", str(error))
+        self.assertNotIn("\n", str(error))
+
+    def test_a_truncated_file_is_refused_and_the_backup_named(self):
+        store = SessionStore(self.path)
+        for n in range(300):
+            store.insert(session(sid=f"{n:032X}", user=f"user{n}"))
+        store.backup()
+        store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        store.close()
+        with open(self.path, "r+b") as handle:
+            handle.truncate(os.path.getsize(self.path) // 2)
+        error = self.assertRaises(StoreCorrupt, SessionStore, self.path)
+        self.assertIn(f"copy the backup {self.path}.backup to {self.path}", str(error))
+
+    def test_backup_is_a_private_consistent_copy(self):
+        store = self.open()
+        store.insert(session())
+        path = store.backup()
+        self.assertEqual(path, self.path + ".backup")
+        self.assertEqual(os.stat(path).st_mode & 0o777, 0o600)
+        copy = SessionStore(path)
+        self.addCleanup(copy.close)
+        self.assertEqual(copy.get("A" * 32), session())
+        self.assertEqual([name for name in os.listdir(os.path.dirname(path)) if name.endswith(".tmp")], [])
+
+    def test_a_schema_migration_keeps_a_copy_of_the_old_store(self):
+        self.open().insert(session())
+        self.patch(store_module, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+        self.patch(store_module, "_MIGRATIONS", {**store_module._MIGRATIONS,
+                                                 SCHEMA_VERSION + 1: "ALTER TABLE sessions ADD COLUMN note TEXT"})
+        self.open()
+        old = sqlite3.connect(f"{self.path}.schema-{SCHEMA_VERSION}")
+        self.addCleanup(old.close)
+        self.assertEqual(old.execute("PRAGMA user_version").fetchone()[0], SCHEMA_VERSION)
+        self.assertEqual(old.execute("SELECT name FROM sessions").fetchall(), [("desk 1",)])

@@ -84,7 +84,12 @@ class AdminProtocol(LineOnlyReceiver):
         live = [s for s in manager.sessions.values() if s.state.live]
         return {"version": __version__, "node": self.gateway.config.server_name, "draining": manager.draining,
                 "sessions": len(live), "config": self.gateway.config.source,
-                "up_since": _iso(self.gateway.started)}
+                "up_since": _iso(self.gateway.started),
+                # Writes the store refused (a full disk), retried until it takes them.
+                "unsaved_changes": len(manager.unsaved),
+                # Agents running in session directories the store did not know at start.
+                "unknown_sessions": [{"id": o.session_id, "user": o.user, "display": o.display, "pid": o.agent.pid}
+                                     for o in manager.orphans.values()]}
 
     async def do_sessions(self) -> list[dict[str, Any]]:
         manager = self.gateway.sessions

@@ -12,6 +12,14 @@ they live on.  When it starts again, :meth:`SessionManager.reconcile` finds
 them (by pid and process start time), replays their logs to learn their
 state and follows them again; sessions whose agent died meanwhile are marked
 ended and cleaned up.
+
+Memory is authoritative for live sessions; the store follows it.  A start
+is refused (nothing held) when its first record cannot be stored.  Later
+writes that fail (a full disk) are kept and retried every few seconds, so
+sessions carry on and end normally meanwhile and the store catches up
+without a restart once space returns.  At start, session directories and
+agents the store does not know (a store lost or replaced) are reported and
+their displays never handed out again while their agent lives.
 """
 
 from __future__ import annotations
@@ -40,13 +48,14 @@ from nxgate.nx.errors import NXError
 from nxgate.nx.listing import ListedSession, format_session_list, session_options
 from nxgate.nx.params import Params
 from nxgate.nx.shell import Reply
+from nxgate.safetext import printable
 from nxgate.session import files, processes
 from nxgate.session.follow import LogFollower
 from nxgate.session.model import Session, State, advance, listed_status
 from nxgate.session.processes import ExitWatch, LaunchError, ProcessId
 from nxgate.session.programs import login_environment, session_command
 from nxgate.session.request import DisplaySettings, StartRequest
-from nxgate.session.store import SessionStore
+from nxgate.session.store import SessionStore, StoreError, StoreUnavailable, storage_reason
 from nxgate.shadow.policy import groups_of
 
 log = Logger(namespace="nxgate.session")
@@ -56,6 +65,8 @@ log = Logger(namespace="nxgate.session")
 SIGHUP_RETRY_SECONDS = 0.25
 SIGHUP_ATTEMPTS = 40
 RESUME_LISTEN_SECONDS = 10.0
+#: How often writes the store refused (a full disk) are tried again.
+STORE_RETRY_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,16 @@ class RelayTarget:
     session_id: str
     host: str
     port: int
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """A live agent in a session directory the store does not know."""
+
+    session_id: str
+    user: str
+    display: int
+    agent: ProcessId
 
 
 class SessionEnded(Exception):
@@ -114,8 +135,14 @@ class SessionManager(service.Service):
         self.sessions: dict[str, Session] = {}
         self.runtime: dict[str, Runtime] = {}
         self.draining = False  # set by the admin: no new sessions, existing ones carry on
+        self.unsaved: dict[str, Session] = {}  # the latest record of each session the store refused
+        self.orphans: dict[str, Orphan] = {}  # id -> a running session the store did not know at start
         self._housekeeping = task.LoopingCall(self.housekeeping)
         self._housekeeping.clock = reactor
+        self._retry = task.LoopingCall(self.flush)
+        self._retry.clock = reactor
+        self._backup = task.LoopingCall(self.backup)
+        self._backup.clock = reactor
 
     # ------------------------------------------------------------ service
     def startService(self) -> None:
@@ -124,12 +151,20 @@ class SessionManager(service.Service):
         self.notifier.startReading()
         self.reconcile()
         self._housekeeping.start(60, now=False)
+        if self.settings.store_backup_interval > 0:
+            # Not now: a store that lost its rows must not replace a good backup at once.
+            self._backup.start(self.settings.store_backup_interval, now=False)
 
     def stopService(self) -> None:
         """Stop watching; the sessions themselves carry on without us."""
         super().stopService()
-        if self._housekeeping.running:
-            self._housekeeping.stop()
+        for loop in (self._housekeeping, self._retry, self._backup):
+            if loop.running:
+                loop.stop()
+        self.flush()
+        if self.unsaved:
+            log.error("{count} session change(s) could not be written to the store before stopping; the next start "
+                      "learns the state of running sessions from their agents' logs", count=len(self.unsaved))
         for runtime in self.runtime.values():
             self._stop_watching(runtime)
         self.notifier.loseConnection()
@@ -153,8 +188,9 @@ class SessionManager(service.Service):
         now = self.reactor.seconds()
         return Session(
             id=secrets.token_hex(16).upper(), user=client.user, uid=user.pw_uid, gid=user.pw_gid,
-            type=session_type, name=name, display=self._allocate_display(), server_name=self.config.server_name,
-            cookie=secrets.token_hex(16), created=now, changed=now, client_address=client.address,
+            type=session_type, name=printable(name), display=self._allocate_display(),
+            server_name=self.config.server_name, cookie=secrets.token_hex(16), created=now, changed=now,
+            client_address=printable(client.address),
             geometry=settings.geometry, depth=settings.depth, render=settings.render,
             fullscreen=settings.fullscreen, rootless=rootless, encrypted=encrypted,
         )
@@ -169,8 +205,15 @@ class SessionManager(service.Service):
         ``judge``d before the client is answered.  The secret lives in
         memory only, until the program has it."""
         session = session.evolve(options={**session.options, "display": settings.as_dict(), "plan": plan.as_dict()})
+        try:
+            self.store.insert(session)
+        except StoreError as error:
+            # Nothing is held yet: no display, no place in the user's limit.
+            log.error("session {id} for {user} not started: the session store refused it: {error}",
+                      id=session.id, user=session.user, error=str(error))
+            raise NXError(errors.SESSION_FAILED, f"Error: Session startup failed: {storage_reason(error)}.",
+                          last_operation_failed=True) from None
         self.sessions[session.id] = session
-        self.store.insert(session)
         runtime = self.runtime[session.id] = Runtime(self.layout.agent_files(session.id), secret=secret)
         log.info(
             "starting session {id} ({type}, display :{display}) for {user} from {address}",
@@ -191,12 +234,21 @@ class SessionManager(service.Service):
                     await self.terminate_session(session.id, failure.text)
                     raise failure
         except (LaunchError, OSError, SessionEnded, WaitTimeout) as error:
-            reason = runtime.last_error or str(error) or type(error).__name__
+            reason = runtime.last_error or storage_reason(error)
             log.warn("session {id} for {user} failed to start: {reason}", id=session.id, user=session.user, reason=reason)
             await self._end(session.id, State.FAILED, f"start failed: {reason}")
             raise NXError(
                 errors.SESSION_FAILED, f"Error: Session startup failed: {reason}", last_operation_failed=True
             ) from None
+        except NXError:
+            raise
+        except Exception:
+            # A bug must not leave a phantom holding a display and a place
+            # in the user's limit: end the session, then answer.
+            log.failure("session {id} for {user} failed to start", id=session.id, user=session.user)
+            await self._end(session.id, State.FAILED, "start failed: internal error")
+            raise NXError(errors.SESSION_FAILED, "Error: Session startup failed: internal error (see the server "
+                          "log).", last_operation_failed=True) from None
         self._expect_client(session.id)
         return self._ready_reply(self._own_listener(session.id), "starting", client.local_address)
 
@@ -220,7 +272,8 @@ class SessionManager(service.Service):
                               f"Error: Session {session.id} cannot be resumed while it is {session.state.value}.",
                               last_operation_failed=True)
             session = self._update(
-                session.id, cookie=secrets.token_hex(16), client_address=client.address, encrypted=encrypted,
+                session.id, cookie=secrets.token_hex(16), client_address=printable(client.address),
+                encrypted=encrypted,
                 geometry=settings.geometry, depth=settings.depth, render=settings.render,
                 fullscreen=settings.fullscreen, options={**session.options, "display": settings.as_dict()},
             )
@@ -552,8 +605,53 @@ class SessionManager(service.Service):
     def _update(self, session_id: str, **changes: Any) -> Session:
         session = self.sessions[session_id].evolve(**changes)
         self.sessions[session_id] = session
-        self.store.update(session)
+        self._save(session)
         return session
+
+    def _save(self, session: Session) -> None:
+        """Write ``session`` to the store, or keep it for :meth:`flush` if
+        the store cannot take it now; memory goes on either way."""
+        if self.unsaved:
+            self.unsaved.pop(session.id, None)
+            self.unsaved[session.id] = session  # keep the order of writes
+            return
+        try:
+            self._write(session)
+        except StoreUnavailable as error:
+            self.unsaved[session.id] = session
+            log.error("the session store cannot be written ({error}); session changes are kept in memory and "
+                      "written when it can be (tried every {seconds:g} s)", error=str(error),
+                      seconds=STORE_RETRY_SECONDS)
+            if not self._retry.running:
+                self._retry.start(STORE_RETRY_SECONDS, now=False)
+
+    def _write(self, session: Session) -> None:
+        try:
+            self.store.update(session)
+        except StoreUnavailable:
+            raise
+        except StoreError:
+            self.store.insert(session)  # its row is gone: memory is authoritative
+
+    def flush(self) -> None:
+        """Write the session changes the store refused earlier, in order."""
+        written = 0
+        while self.unsaved:
+            session_id, session = next(iter(self.unsaved.items()))
+            try:
+                self._write(session)
+            except StoreUnavailable as error:
+                log.debug("the session store still cannot be written: {error}", error=str(error))
+                return
+            except StoreError as error:
+                log.error("session {id}: the store refused its record: {error}", id=session_id, error=str(error))
+            del self.unsaved[session_id]
+            written += 1
+        if self._retry.running:
+            self._retry.stop()
+        if written:
+            log.info("the session store can be written again: {count} kept session change(s) written",
+                     count=written)
 
     def _set_failure_reason(self, session_id: str, reason: str) -> None:
         if not self.sessions[session_id].failure:
@@ -683,6 +781,50 @@ class SessionManager(service.Service):
                 runtime.app_watch = ExitWatch(self.reactor, program, lambda sid=session.id: self._program_exited(sid))
             log.info("session {id} of {user} taken back ({state})", id=session.id, user=session.user,
                      state=self.sessions[session.id].state.value, audit="session_reattach")
+        self._find_orphans()
+
+    def _find_orphans(self) -> None:
+        """Report what the store should know but does not (it was lost,
+        truncated or replaced): agents still running in session
+        directories, whose displays are then never handed out while they
+        live, and directories of sessions whose agent is gone, removed."""
+        try:
+            names = os.listdir(self.layout.sessions)
+        except OSError:
+            names = []
+        agents = processes.agents_in(self.layout.sessions)
+        for session_id in sorted(set(names) | set(agents)):
+            if session_id in self.sessions:
+                continue
+            directory = os.path.join(self.layout.sessions, session_id)
+            agent = agents.get(session_id)
+            if agent is None:
+                log.warn("session directory {path} belongs to no known session and no nxagent runs in it; "
+                         "removing it", path=directory)
+                files.remove_tree(directory)
+                continue
+            try:
+                user = pwd.getpwuid(os.stat(f"/proc/{agent.pid}").st_uid).pw_name
+            except (OSError, KeyError):
+                user = "?"
+            display = processes.display_argument(agent.pid) or 0
+            self.orphans[session_id] = Orphan(session_id, user, display, agent)
+            log.error(
+                "session {id} of {user} (display :{display}, nxagent pid {pid}) runs but the session store does "
+                "not know it (was {store} lost or replaced?); its display stays reserved while it runs. Its user "
+                "cannot reach it: end it with 'kill {pid}', or stop nxgate and restore the store from {backup}",
+                id=session_id, user=user, display=display, pid=agent.pid, store=self.store.path,
+                backup=self.store.backup_path, audit="session_orphan",
+            )
+
+    def _forget_orphans(self) -> None:
+        """Free the displays of unknown sessions whose agent has ended."""
+        for session_id, orphan in list(self.orphans.items()):
+            if not orphan.agent.alive():
+                del self.orphans[session_id]
+                log.info("unknown session {id} of {user} on display :{display} has ended", id=session_id,
+                         user=orphan.user, display=orphan.display)
+                files.remove_tree(os.path.join(self.layout.sessions, orphan.session_id))
 
     # -------------------------------------------------------- housekeeping
     def housekeeping(self) -> None:
@@ -695,15 +837,34 @@ class SessionManager(service.Service):
                     log.info("session {id} of {user} was suspended too long; ending it", id=session.id,
                              user=session.user, audit="session_expire")
                     defer.ensureDeferred(self.terminate_session(session.id, "suspended too long"))
-        old = self.store.ended_before(now - self.settings.history_days * 86400)
-        for session in old:
-            agent_files = self.layout.agent_files(session.id)
-            for path in (agent_files.log, agent_files.app_log):
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
-        self.store.delete(session.id for session in old)
+        self._forget_orphans()
+        try:
+            old = self.store.ended_before(now - self.settings.history_days * 86400)
+            for session in old:
+                agent_files = self.layout.agent_files(session.id)
+                for path in (agent_files.log, agent_files.app_log):
+                    try:
+                        os.unlink(path)
+                    except FileNotFoundError:
+                        pass
+            self.store.delete(session.id for session in old)
+        except StoreError as error:
+            log.warn("housekeeping of the session store postponed: {error}", error=str(error))
+
+    def backup(self) -> None:
+        """Copy the store to its backup file (periodic; a failure waits for
+        the next period).  Not while sessions run that the store lost: the
+        backup may be the one copy that still knows them."""
+        if self.orphans:
+            log.warn("session store not backed up: it does not know {count} running session(s), and "
+                     "{path} may", count=len(self.orphans), path=self.store.backup_path)
+            return
+        try:
+            path = self.store.backup()
+        except (StoreError, OSError) as error:
+            log.warn("the session store could not be backed up: {error}", error=str(error))
+            return
+        log.debug("session store backed up to {path}", path=path)
 
     # ------------------------------------------------------------ helpers
     def _owned(self, client: Client, session_id: str) -> Session:
@@ -753,7 +914,7 @@ class SessionManager(service.Service):
                           last_operation_failed=True)
 
     def _allocate_display(self) -> int:
-        taken = {s.display for s in self.sessions.values()}
+        taken = {s.display for s in self.sessions.values()} | {o.display for o in self.orphans.values()}
         first, count = self.settings.display_base, self.settings.display_limit
         for display in range(first, first + count):
             if display not in taken and display + 4000 < 65536 and files.display_available(display):

@@ -82,6 +82,52 @@ def children_named(pid: int, name: str) -> list[int]:
     return found
 
 
+def agents_in(directory: str, name: str = "nxagent") -> dict[str, ProcessId]:
+    """Live ``name`` processes working in a subdirectory of ``directory``,
+    by that subdirectory's name (a session id); the first of a family (an
+    agent, not its forked watchdog).
+
+    Agents run in their session directory, so this finds them without the
+    session store: what :meth:`SessionManager.reconcile` needs when the
+    store lost them."""
+    family: dict[str, dict[int, tuple[int, int]]] = {}  # id -> pid -> (parent, started)
+    prefix = os.path.join(os.path.abspath(directory), "")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{entry}/cwd").removesuffix(" (deleted)")
+            with open(f"/proc/{entry}/comm", "rb") as handle:
+                comm = handle.read().rstrip(b"\n")
+        except OSError:
+            continue
+        fields = _stat(int(entry))
+        session_id = cwd[len(prefix):]
+        if comm != name.encode() or not cwd.startswith(prefix) or "/" in session_id or fields is None \
+                or fields[0] == b"Z":
+            continue
+        family.setdefault(session_id, {})[int(entry)] = (int(fields[1]), int(fields[19]))
+    found = {}
+    for session_id, members in family.items():
+        roots = [pid for pid, (parent, _) in members.items() if parent not in members] or list(members)
+        eldest = min(roots)
+        found[session_id] = ProcessId(eldest, members[eldest][1])
+    return found
+
+
+def display_argument(pid: int) -> int | None:
+    """The X display number on a process's command line (``:N``)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            argv = handle.read().split(b"\0")
+    except OSError:
+        return None
+    for arg in reversed(argv):
+        if arg.startswith(b":") and arg[1:].isdigit():
+            return int(arg[1:])
+    return None
+
+
 class _Launch(protocol.ProcessProtocol):
     def __init__(self, request: dict[str, Any]) -> None:
         self.request = json.dumps(request).encode()

@@ -26,6 +26,7 @@ from typing import Any
 from nxgate.nx import errors
 from nxgate.nx.errors import NXError
 from nxgate.nx.params import Params
+from nxgate.safetext import printable
 
 _GEOMETRY = re.compile(r"(\d{2,5})x(\d{2,5})(?:\+(-?\d{1,5})\+(-?\d{1,5}))?")
 _SCREENINFO = re.compile(r"(\d{2,5})x(\d{2,5})x(\d{1,2})((?:\+[a-z]+)*)")
@@ -42,7 +43,8 @@ SERVER_CHOSEN = ("id", "display")
 
 
 def invalid(name: str, value: str, why: str) -> NXError:
-    shown = value if len(value) <= 80 else value[:77] + "..."
+    # The value goes back to the client in an NX> line: %0A must not end it.
+    shown = printable(value if len(value) <= 80 else value[:77] + "...")
     return NXError(errors.BAD_PARAMETERS, f"Error: Invalid value '{shown}' for parameter '{name}': {why}.")
 
 

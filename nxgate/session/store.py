@@ -5,14 +5,24 @@ Only the session manager writes it.  The schema carries a version
 a newer nxgate is refused rather than misread.  Writes are small and run on
 the reactor thread (WAL journal, no fsync per commit), which keeps "one
 owner of state" literal: there is no second writer to race with.
+
+Failures are typed for the caller: :class:`StoreUnavailable` is a write or
+read that failed but may work later (a full disk, an I/O error) and
+carries the words a client may see; :class:`StoreCorrupt` is a file that is
+not a usable database, refused at open with the way to recover.  Backups
+are online copies (SQLite's backup API) taken before a schema migration
+and, by the session manager, periodically: ``nxgate.sqlite.backup`` beside
+the store.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import fields
 from typing import Any
 
@@ -59,50 +69,143 @@ LIVE_STATES = tuple(state.value for state in State if state.live)
 
 
 class StoreError(Exception):
-    pass
+    """The store cannot do what was asked."""
+
+
+class StoreUnavailable(StoreError):
+    """A read or write failed for a reason that may pass (a full disk, an
+    I/O error).  ``reason`` is fit for a client: it names the cause, not
+    the file."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason} ({detail})")
+        self.reason = reason
+        self.detail = detail
+
+
+class StoreCorrupt(StoreError):
+    """The file is not a usable SQLite database; the message says what to do."""
+
+
+STORAGE_FULL = "the server's storage is full"
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def storage_reason(error: BaseException) -> str:
+    """Words for a client about a failure to write state (any layer)."""
+    if isinstance(error, StoreUnavailable):
+        return error.reason
+    if isinstance(error, OSError) and error.errno in _FULL_ERRNOS:
+        return STORAGE_FULL
+    return str(error) or type(error).__name__
 
 
 class SessionStore:
     def __init__(self, path: str) -> None:
+        self.path = path
+        self.backup_path = path + ".backup"
         new = not os.path.exists(path)
         if new:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute("PRAGMA busy_timeout=5000")
+        try:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("PRAGMA busy_timeout=5000")
+            problems = [row[0] for row in self.db.execute("PRAGMA quick_check")]
+        except sqlite3.DatabaseError as error:
+            self.db.close()
+            raise self._corrupt(str(error)) from None
+        if problems != ["ok"]:
+            self.db.close()
+            raise self._corrupt("; ".join(problems[:3]))
         os.chmod(path, 0o600)
         self._migrate()
+
+    def _corrupt(self, detail: str) -> StoreCorrupt:
+        aside = f"move {self.path} and its -wal and -shm files aside"
+        if os.path.exists(self.backup_path):
+            how = f"{aside} and copy the backup {self.backup_path} to {self.path}"
+        else:
+            how = f"{aside} (there is no backup) and start with an empty store"
+        return StoreCorrupt(f"the session store {self.path} is damaged ({detail}); to recover, {how}. Sessions "
+                            f"still running that the store does not know are reported at start.")
 
     def _migrate(self) -> None:
         (version,) = self.db.execute("PRAGMA user_version").fetchone()
         if version > SCHEMA_VERSION:
             raise StoreError(f"the session store has schema {version}; this nxgate knows up to {SCHEMA_VERSION}")
+        if 0 < version < SCHEMA_VERSION:
+            self.backup(f"{self.path}.schema-{version}")
         for target in range(version + 1, SCHEMA_VERSION + 1):
             self.db.executescript(f"BEGIN; {_MIGRATIONS[target]}; PRAGMA user_version={target}; COMMIT;")
 
     def close(self) -> None:
         self.db.close()
 
+    def backup(self, target: str | None = None) -> str:
+        """An online copy of the store (consistent while it is written),
+        replacing ``target`` (default: the periodic backup) atomically."""
+        target = target or self.backup_path
+        temporary = f"{target}.{os.getpid()}.tmp"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        try:
+            with self._guard():
+                copy = sqlite3.connect(temporary)
+                try:
+                    self.db.backup(copy)
+                    copy.execute("PRAGMA journal_mode=DELETE")  # one self-contained file to copy back
+                finally:
+                    copy.close()
+            os.replace(temporary, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+        return target
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """SQLite's and Python's failures as :class:`StoreError` kinds."""
+        try:
+            yield
+        except sqlite3.DatabaseError as error:
+            code = getattr(error, "sqlite_errorcode", None)
+            if code == sqlite3.SQLITE_FULL:
+                raise StoreUnavailable(STORAGE_FULL, str(error)) from None
+            if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+                raise StoreUnavailable("the server's session store is damaged", str(error)) from None
+            raise StoreUnavailable("the server's session store cannot be used", str(error)) from None
+        except OSError as error:
+            raise StoreUnavailable(storage_reason(error), str(error)) from None
+        except UnicodeEncodeError as error:
+            raise StoreError(f"a value is not valid text: {error}") from None
+
     # ------------------------------------------------------------- writes
     def insert(self, session: Session) -> None:
         values = _to_row(session)
         marks = ",".join("?" for _ in _COLUMNS)
-        self.db.execute(f"INSERT INTO sessions ({','.join(_COLUMNS)}) VALUES ({marks})", values)
+        with self._guard():
+            self.db.execute(f"INSERT INTO sessions ({','.join(_COLUMNS)}) VALUES ({marks})", values)
 
     def update(self, session: Session) -> None:
         values = _to_row(session)
         assignments = ",".join(f"{column}=?" for column in _COLUMNS[1:])
-        cursor = self.db.execute(f"UPDATE sessions SET {assignments} WHERE id=?", values[1:] + [values[0]])
+        with self._guard():
+            cursor = self.db.execute(f"UPDATE sessions SET {assignments} WHERE id=?", values[1:] + [values[0]])
         if cursor.rowcount != 1:
             raise StoreError(f"no session {session.id} to update")
 
     def delete(self, session_ids: Iterable[str]) -> None:
-        self.db.executemany("DELETE FROM sessions WHERE id=?", [(sid,) for sid in session_ids])
+        with self._guard():
+            self.db.executemany("DELETE FROM sessions WHERE id=?", [(sid,) for sid in session_ids])
 
     # -------------------------------------------------------------- reads
     def get(self, session_id: str) -> Session | None:
-        row = self.db.execute(f"SELECT {','.join(_COLUMNS)} FROM sessions WHERE id=?", (session_id,)).fetchone()
+        with self._guard():
+            row = self.db.execute(f"SELECT {','.join(_COLUMNS)} FROM sessions WHERE id=?", (session_id,)).fetchone()
         return None if row is None else _from_row(row)
 
     def live(self, user: str | None = None) -> list[Session]:
@@ -112,18 +215,21 @@ class SessionStore:
         if user is not None:
             query += " AND user=?"
             args.append(user)
-        return [_from_row(row) for row in self.db.execute(query + " ORDER BY created", args)]
+        with self._guard():
+            return [_from_row(row) for row in self.db.execute(query + " ORDER BY created", args)]
 
     def ended_before(self, timestamp: float) -> list[Session]:
         marks = ",".join("?" for _ in LIVE_STATES)
-        rows = self.db.execute(
-            f"SELECT {','.join(_COLUMNS)} FROM sessions WHERE state NOT IN ({marks}) AND changed < ?",
-            [*LIVE_STATES, timestamp],
-        )
+        with self._guard():
+            rows = self.db.execute(
+                f"SELECT {','.join(_COLUMNS)} FROM sessions WHERE state NOT IN ({marks}) AND changed < ?",
+                [*LIVE_STATES, timestamp],
+            ).fetchall()
         return [_from_row(row) for row in rows]
 
     def count(self) -> int:
-        (total,) = self.db.execute("SELECT COUNT(*) FROM sessions").fetchone()
+        with self._guard():
+            (total,) = self.db.execute("SELECT COUNT(*) FROM sessions").fetchone()
         return total
 
 
