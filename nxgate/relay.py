@@ -1,7 +1,8 @@
-"""The raw NX stream after ``bye``: SSH channel <-> agent TCP port.
+"""The raw NX stream after ``bye``: SSH channel <-> the agent's Unix socket.
 
 From ``NX> 999 Bye.`` on, the channel carries only the client proxy's bytes;
-they go to the agent on 127.0.0.1:4000+N and back, byte for byte.  Neither
+they go to the agent's socket (:mod:`nxgate.agentsocket`) and back, byte for
+byte.  Neither
 side can make the gateway buffer without bound: when the client's SSH window
 is full the agent connection is paused (the channel tells us), and when the
 agent reads slower than the client sends, the client's input is paused.
@@ -12,12 +13,14 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from twisted.internet import endpoints, protocol
+import socket
+
+from twisted.internet import protocol
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from nxgate import metrics
+from nxgate import agentsocket, metrics
 from nxgate.conversation import ByteTransport, Client
 
 log = Logger(namespace="nxgate.relay")
@@ -84,18 +87,25 @@ class AgentRelay:
         self.to_agent = len(leftover)
         self.to_client = 0
         channel.pause_input()  # nothing piles up before the agent is connected
-        endpoint = endpoints.TCP4ClientEndpoint(reactor, target.host, target.port, timeout=10)
-        d = endpoints.connectProtocol(endpoint, _AgentSide(self))
-        d.addErrback(self._failed)
         log.info("relaying {user}'s stream from {address} to session {id}", user=client.user,
                  address=client.address, id=target.session_id)
+        try:
+            sock = agentsocket.connect(target.path, target.uid)
+        except OSError as error:
+            # Not from inside the constructor: the caller does not hold the relay yet.
+            reactor.callLater(0, self._failed, str(error))
+            return
+        try:
+            factory = protocol.Factory.forProtocol(lambda: _AgentSide(self))
+            reactor.adoptStreamConnection(sock.fileno(), socket.AF_UNIX, factory)
+        finally:
+            sock.close()  # the reactor holds its own copy of the descriptor
 
     def connected(self, transport: Any) -> None:
         if self.closed:
             transport.loseConnection()
             return
         self.agent = transport
-        transport.setTcpNoDelay(True)  # keystrokes and X round trips must not wait for Nagle
         for chunk in self.pending:
             transport.write(chunk)
         self.pending.clear()
@@ -103,9 +113,8 @@ class AgentRelay:
         transport.registerProducer(_ClientInput(self.channel), True)
         self.channel.resume_input()
 
-    def _failed(self, failure: Any) -> None:
-        log.warn("cannot reach the agent of session {id}: {error}", id=self.target.session_id,
-                 error=failure.getErrorMessage())
+    def _failed(self, error: str) -> None:
+        log.warn("cannot reach the agent of session {id}: {error}", id=self.target.session_id, error=error)
         self.agent_closed()
 
     # client side -------------------------------------------------------

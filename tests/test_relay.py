@@ -3,7 +3,7 @@ tests/test_e2e_sessions.py RelayTests floods a real one."""
 
 from __future__ import annotations
 
-from twisted.internet.testing import MemoryReactor, StringTransport
+from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.conversation import Client
@@ -38,8 +38,9 @@ class AgentConnection(StringTransport):
 class FlowControlTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.channel = FakeChannel()
-        self.relay = AgentRelay(MemoryReactor(), Client("alice", "192.0.2.1"),
-                                RelayTarget("S" * 32, "127.0.0.1", 4001), self.channel, b"early")
+        # Nothing listens there: the test connects the relay by hand.
+        self.relay = AgentRelay(MemoryReactorClock(), Client("alice", "192.0.2.1"),
+                                RelayTarget("S" * 32, "/nonexistent/agent.sock", 1000), self.channel, b"early")
         self.agent = AgentConnection()
 
     def test_client_input_waits_for_the_agent_connection(self) -> None:
