@@ -22,7 +22,7 @@ import time
 
 from twisted.trial.unittest import SkipTest, TestCase
 
-from tests.harness.gateway import Gateway
+from tests.harness.gateway import REPO, Gateway
 from tests.harness.net import listen_unix_when_free
 from tests.harness.process import wait_for
 from tests.harness.shared import class_fixture
@@ -425,6 +425,47 @@ class LocalStrangerTests(SessionTestCase):
         self.attach(client, resumed)
         self.screen.wait_for_colour(RED, 20000)
         self.wait_status(info.session_id, "Running")
+
+
+class LeftoverTests(SessionTestCase):
+    """When a session ends, everything it started ends, also what left its
+    process group and session (gpg-agent after an XFCE session)."""
+
+    options = {"types": {"unix-leaky": f"python3 {os.path.join(REPO, 'tests', 'fixtures', 'leaky_session.py')}"}}
+
+    def processes_named(self, name: str) -> list[int]:
+        result = subprocess.run(["pgrep", "-u", self.user.name, "-x", name], capture_output=True, text=True)
+        return [int(pid) for pid in result.stdout.split()]
+
+    def users_own_process(self) -> int:
+        """A process of the same user that no session started: it stays."""
+        entry = pwd.getpwnam(self.user.name)
+
+        def become():
+            os.setresgid(entry.pw_gid, entry.pw_gid, entry.pw_gid)
+            os.setresuid(entry.pw_uid, entry.pw_uid, entry.pw_uid)
+
+        process = subprocess.Popen(["python3", "-c", "open('/proc/self/comm', 'w').write('nxkeep')\n"
+                                    "import time\nwhile True: time.sleep(60)"], preexec_fn=become)
+        self.addCleanup(lambda: (process.kill(), process.wait()))
+        wait_for(lambda: self.processes_named("nxkeep"), 10, "the user's own process")
+        return process.pid
+
+    def test_a_daemon_the_session_started_ends_with_it(self):
+        own = self.users_own_process()
+        client = self.login()
+        info = self.start(client, session_type="unix-leaky")
+        self.attach(client, info)
+        self.screen.wait_for_colour(RED, 20000)
+        (daemon,) = wait_for(lambda: self.processes_named("nxleak"), 20, "the session's daemon")
+        (term,) = self.processes_named("xterm")
+        self.assertEqual(proc_status(daemon)["PPid"], "1")
+        self.assertNotEqual(os.getsid(daemon), os.getsid(term))  # out of the program's session and group
+        reply = self.login().command(f'terminate --sessionid="{info.session_id}"', timeout=60)
+        self.assertIn(f"NX> 900 Session id: {info.session_id} terminated.".encode(), reply)
+        wait_for(lambda: not self.processes_named("nxleak"), 15, "the session's daemon to end")
+        self.assertEqual(self.processes_named("nxkeep"), [own])
+        self.assertRegex(self.gateway.log(), rf"session {info.session_id} of \S+: ending \d+ processes it started")
 
 
 class LimitTests(SessionTestCase):

@@ -56,6 +56,8 @@ log = Logger(namespace="nxgate.session")
 SIGHUP_RETRY_SECONDS = 0.25
 SIGHUP_ATTEMPTS = 40
 RESUME_LISTEN_SECONDS = 10.0
+#: How long what a session left behind has between SIGTERM and SIGKILL.
+LEFTOVER_GRACE_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -298,7 +300,8 @@ class SessionManager(service.Service):
             "argv": nxagent.agent_argv(self.settings.nxagent, session, agent_files, plan,
                                        self.settings.agent_extra_options),
             "env": login_environment(user, self.settings),
-            "env_fixed": nxagent.agent_environment(session, agent_files, {}),
+            "env_fixed": {**nxagent.agent_environment(session, agent_files, {}),
+                          processes.SESSION_MARKER: session.id},
             "cwd": agent_files.directory,
             "log": agent_files.log,
             "pam": self._pam_request(session) if plan.pam else None,
@@ -341,7 +344,8 @@ class SessionManager(service.Service):
             "user": user.pw_name,
             "argv": list(plan.program),
             "env": login_environment(user, self.settings),
-            "env_fixed": nxagent.x11_environment(session, runtime.files, dict(plan.program_env)),
+            "env_fixed": {**nxagent.x11_environment(session, runtime.files, dict(plan.program_env)),
+                          processes.SESSION_MARKER: session.id},
             "cwd": user.pw_dir,
             "log": runtime.files.app_log,
             "stdin": secret,
@@ -655,6 +659,7 @@ class SessionManager(service.Service):
             self._stop_watching(runtime)
             self._cancel_connect_timer(runtime)
         self._kill_program(session)
+        self._end_leftovers(session)
         agent = ProcessId(session.agent_pid, session.agent_started)
         if agent.alive():
             # It said it terminated; it should be gone in a moment.
@@ -688,6 +693,33 @@ class SessionManager(service.Service):
                 os.killpg(program.pid, signal.SIGTERM)
             except OSError:
                 pass
+
+    def _end_leftovers(self, session: Session) -> None:
+        """Whatever the session started ends with it, also daemons that left
+        its process group (gpg-agent, dbus-daemon): SIGTERM now, SIGKILL to
+        what is still there after LEFTOVER_GRACE_SECONDS.  They are found by
+        the session's marker in their environment (processes.tagged_processes)."""
+
+        def signal_all(signum: int) -> int:
+            tagged = processes.tagged_processes(session.id, session.uid)
+            for process in tagged:
+                if process.alive():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(process.pid, signum)
+            return len(tagged)
+
+        left = signal_all(signal.SIGTERM)
+        if left:
+            log.info("session {id} of {user}: ending {count} processes it started", id=session.id,
+                     user=session.user, count=left)
+            self.reactor.callLater(LEFTOVER_GRACE_SECONDS, self._kill_leftovers, session, signal_all)
+
+    @staticmethod
+    def _kill_leftovers(session: Session, signal_all: Callable[[int], int]) -> None:
+        left = signal_all(signal.SIGKILL)
+        if left:
+            log.warn("session {id} of {user}: killed {count} processes that ignored SIGTERM", id=session.id,
+                     user=session.user, count=left)
 
     # ------------------------------------------------------------ restart
     def reconcile(self) -> None:
