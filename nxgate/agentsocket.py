@@ -23,9 +23,16 @@ import os
 import socket
 import stat
 import struct
+from collections.abc import Callable
+from typing import Any
 
 SOCKET_NAME = "agent.sock"
 _UCRED = struct.Struct("3i")
+#: A resumed agent that the gateway makes listen again (it suspended itself
+#: after a failed connection) has no socket for a moment: a client that
+#: comes just then waits this long for it.
+WAIT_SECONDS = 3.0
+_RETRY_INTERVAL = 0.1
 
 
 class AgentSocketError(OSError):
@@ -55,3 +62,26 @@ def connect(path: str, owner: int) -> socket.socket:
         return sock
     finally:
         os.close(fd)
+
+
+def connect_soon(reactor: Any, path: str, owner: int, done: Callable[[socket.socket | None, str], None],
+                 wait: float = WAIT_SECONDS) -> None:
+    """:func:`connect`, retried for ``wait`` seconds while nothing listens at
+    ``path`` yet; then ``done(sock, "")`` or ``done(None, why)``, always from
+    the reactor, never from inside this call."""
+    deadline = reactor.seconds() + wait
+
+    def attempt() -> None:
+        try:
+            sock = connect(path, owner)
+        except (FileNotFoundError, ConnectionRefusedError) as error:
+            if reactor.seconds() < deadline:
+                reactor.callLater(_RETRY_INTERVAL, attempt)
+            else:
+                done(None, str(error))
+        except OSError as error:
+            done(None, str(error))
+        else:
+            done(sock, "")
+
+    reactor.callLater(0, attempt)

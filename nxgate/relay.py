@@ -89,15 +89,19 @@ class AgentRelay:
         channel.pause_input()  # nothing piles up before the agent is connected
         log.info("relaying {user}'s stream from {address} to session {id}", user=client.user,
                  address=client.address, id=target.session_id)
-        try:
-            sock = agentsocket.connect(target.path, target.uid)
-        except OSError as error:
-            # Not from inside the constructor: the caller does not hold the relay yet.
-            reactor.callLater(0, self._failed, str(error))
+        self.reactor = reactor
+        agentsocket.connect_soon(reactor, target.path, target.uid, self._reached)
+
+    def _reached(self, sock: socket.socket | None, error: str) -> None:
+        if sock is None:
+            self._failed(error)
+            return
+        if self.closed:  # the client left while the agent was not listening yet
+            sock.close()
             return
         try:
             factory = protocol.Factory.forProtocol(lambda: _AgentSide(self))
-            reactor.adoptStreamConnection(sock.fileno(), socket.AF_UNIX, factory)
+            self.reactor.adoptStreamConnection(sock.fileno(), socket.AF_UNIX, factory)
         finally:
             sock.close()  # the reactor holds its own copy of the descriptor
 

@@ -75,6 +75,7 @@ class ShellProtocol(protocol.Protocol):
         self.conversation: Conversation | None = None
         self.preauthenticated: str | None = None
         self.agent: socket.socket | None = None  # handed to the shell; ours to close once sent
+        self.lost = False
 
     def connectionMade(self) -> None:
         uid = peer_uid(self.transport)
@@ -117,21 +118,28 @@ class ShellProtocol(protocol.Protocol):
             self.conversation.eof_received()
 
     def _hand_over(self, client: Client, target: Any, _transport: Any, leftover: bytes) -> _HandedOver:
-        try:
-            self.agent = agentsocket.connect(target.path, target.uid)
-        except OSError as error:
-            log.warn("cannot reach the agent of session {id}: {error}", id=target.session_id, error=str(error))
-            self.transport.write(shellproto.frame(shellproto.EXIT, b"1"))
+        def reached(sock: socket.socket | None, error: str) -> None:
+            if sock is None:
+                log.warn("cannot reach the agent of session {id}: {error}", id=target.session_id, error=error)
+                self.transport.write(shellproto.frame(shellproto.EXIT, b"1"))
+                self.transport.loseConnection()
+                return
+            if self.lost:  # nxgate-shell is gone already
+                sock.close()
+                return
+            self.agent = sock
+            self.transport.sendFileDescriptor(sock.fileno())
+            message = {"leftover": base64.b64encode(leftover).decode()}
+            self.transport.write(shellproto.frame(shellproto.SWITCH, json.dumps(message).encode()))
             self.transport.loseConnection()
-            return _HandedOver()
-        self.transport.sendFileDescriptor(self.agent.fileno())
-        message = {"leftover": base64.b64encode(leftover).decode()}
-        self.transport.write(shellproto.frame(shellproto.SWITCH, json.dumps(message).encode()))
-        self.transport.loseConnection()
-        log.info("handed {user}'s stream for session {id} to nxgate-shell", user=client.user, id=target.session_id)
+            log.info("handed {user}'s stream for session {id} to nxgate-shell", user=client.user,
+                     id=target.session_id)
+
+        agentsocket.connect_soon(self.gateway.reactor, target.path, target.uid, reached)
         return _HandedOver()
 
     def connectionLost(self, reason: Any) -> None:
+        self.lost = True
         if self.agent is not None:
             self.agent.close()
             self.agent = None

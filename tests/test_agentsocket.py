@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
+from twisted.internet.task import Clock
 from twisted.trial.unittest import SkipTest, TestCase
 
 from nxgate import agentsocket
@@ -59,3 +60,45 @@ class ConnectTests(TestCase):
         self.assertIn("belongs to uid 54321", str(error))
         server.setblocking(False)
         self.assertRaises(BlockingIOError, server.accept)
+
+
+class ConnectSoonTests(TestCase):
+    """A resumed agent that is made to listen again has no socket for a
+    moment; a client that comes just then waits for it."""
+
+    def setUp(self):
+        self.dir = self.mktemp()
+        os.mkdir(self.dir, 0o700)
+        self.path = os.path.join(self.dir, "agent.sock")
+        self.clock = Clock()
+        self.results = []
+        agentsocket.connect_soon(self.clock, self.path, os.getuid(), lambda sock, error: self.results.append((sock, error)))
+
+    def test_waits_for_the_agent_to_listen_again(self):
+        self.assertEqual(self.results, [])  # never from inside the call
+        self.clock.advance(0)
+        self.clock.advance(1)
+        self.assertEqual(self.results, [])
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(self.path)
+        server.listen()
+        self.addCleanup(server.close)
+        self.clock.advance(0.1)
+        ((sock, error),) = self.results
+        self.addCleanup(sock.close)
+        self.assertEqual(error, "")
+        self.assertEqual(sock.getpeername(), self.path)
+
+    def test_gives_up_after_a_while(self):
+        self.clock.pump([0.1] * 40)
+        ((sock, error),) = self.results
+        self.assertIsNone(sock)
+        self.assertIn("No such file", error)
+
+    def test_anything_but_a_missing_listener_fails_at_once(self):
+        with open(self.path, "w"):
+            pass
+        self.clock.advance(0)
+        ((sock, error),) = self.results
+        self.assertIsNone(sock)
+        self.assertIn("not a socket", error)

@@ -421,7 +421,7 @@ class LocalStrangerTests(SessionTestCase):
         probe.close()
         wait_for(lambda: f"session {info.session_id}: its agent suspended itself before" in self.gateway.log(), 20,
                  "the failed connection to be noticed")
-        self.wait_status(info.session_id, "Running")  # listening again
+        # At once: the relay waits for the agent to listen again.
         self.attach(client, resumed)
         self.screen.wait_for_colour(RED, 20000)
         self.wait_status(info.session_id, "Running")
