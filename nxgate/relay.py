@@ -2,18 +2,17 @@
 
 From ``NX> 999 Bye.`` on, the channel carries only the client proxy's bytes;
 they go to the agent's socket (:mod:`nxgate.agentsocket`) and back, byte for
-byte.  Neither
-side can make the gateway buffer without bound: when the client's SSH window
-is full the agent connection is paused (the channel tells us), and when the
-agent reads slower than the client sends, the client's input is paused.
+byte.  Neither side can make the gateway buffer without bound: when the
+client's SSH window is full the agent connection is paused (the channel
+tells us), and when the agent reads slower than the client sends, the
+client's input is paused.
 Either side closing closes the other.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
-
 import socket
+from typing import Any, Protocol
 
 from twisted.internet import protocol
 from twisted.internet.interfaces import IPushProducer

@@ -3,6 +3,8 @@ tests/test_e2e_sessions.py RelayTests floods a real one."""
 
 from __future__ import annotations
 
+import socket
+
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -64,3 +66,11 @@ class FlowControlTests(SynchronousTestCase):
         self.relay.agent_closed()
         self.assertFalse(self.channel.paused)
         self.assertTrue(self.channel.closed)
+
+    def test_a_client_that_left_before_the_agent_listened_gets_no_connection(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX)
+        self.addCleanup(theirs.close)
+        self.relay.close()
+        self.relay._reached(ours, "")
+        self.assertEqual(ours.fileno(), -1)  # closed, not adopted
+        self.assertEqual(theirs.recv(1), b"")
