@@ -12,10 +12,10 @@ as nxssh has; the far end is this program's own sink/echo server standing
 where the session's agent would listen):
 
 * ``conch``: ssh -> the real gateway (``twistd nxgate``) -> its AgentRelay ->
-  127.0.0.1:4000+display.  The client logs in as NX clients do, starts a
+  the agent's Unix socket.  The client logs in as NX clients do, starts a
   ``unix-application`` session, and once the gateway has answered (710) this
   program SIGKILLs the session's nxagent, binds its own server to the
-  agent's port and sends ``bye``: the gateway then relays the channel to us.
+  agent's socket and sends ``bye``: the gateway then relays the channel to us.
 * ``sshd+nxcopy``: the OpenSSH mode, end to end: ssh -> a private sshd ->
   ``nxgate-shell`` (the nx account's login shell) -> the gateway's shell
   socket for the dialogue -> after ``bye`` nxgate-shell execs ``nxcopy``,
@@ -70,7 +70,7 @@ sys.path.insert(0, HERE)
 import relay_nxcopy as rn  # noqa: E402  (the local rows' harness)
 
 from tests.harness.gateway import Gateway, nx_key  # noqa: E402
-from tests.harness.net import listen_when_free  # noqa: E402
+from tests.harness.net import listen_unix_when_free  # noqa: E402
 from tests.harness.process import Pipe, stop, wait_for  # noqa: E402
 from tests.harness.users import create_user  # noqa: E402
 
@@ -438,10 +438,14 @@ def agent_pids(display: int) -> list[int]:
 
 
 def take_agent_port(display: int, timeout: float = 20.0) -> socket.socket:
-    """SIGKILL the session's nxagent and listen on its port ourselves."""
+    """SIGKILL the session's nxagent and listen on its socket ourselves."""
+    path = ""
     for pid in agent_pids(display):
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            argv = handle.read().decode().split("\0")
+        path = os.path.join(os.path.dirname(argv[argv.index("-options") + 1]), "agent.sock")
         os.kill(pid, signal.SIGKILL)
-    return listen_when_free(4000 + display, timeout)
+    return listen_unix_when_free(path, timeout)
 
 
 # -------------------------------------------------------------------- the paths

@@ -1,23 +1,25 @@
-"""The raw NX stream after ``bye``: SSH channel <-> agent TCP port.
+"""The raw NX stream after ``bye``: SSH channel <-> the agent's Unix socket.
 
 From ``NX> 999 Bye.`` on, the channel carries only the client proxy's bytes;
-they go to the agent on 127.0.0.1:4000+N and back, byte for byte.  Neither
-side can make the gateway buffer without bound: when the client's SSH window
-is full the agent connection is paused (the channel tells us), and when the
-agent reads slower than the client sends, the client's input is paused.
+they go to the agent's socket (:mod:`nxgate.agentsocket`) and back, byte for
+byte.  Neither side can make the gateway buffer without bound: when the
+client's SSH window is full the agent connection is paused (the channel
+tells us), and when the agent reads slower than the client sends, the
+client's input is paused.
 Either side closing closes the other.
 """
 
 from __future__ import annotations
 
+import socket
 from typing import Any, Protocol
 
-from twisted.internet import endpoints, protocol
+from twisted.internet import protocol
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from nxgate import metrics
+from nxgate import agentsocket, metrics
 from nxgate.conversation import ByteTransport, Client
 
 log = Logger(namespace="nxgate.relay")
@@ -84,18 +86,29 @@ class AgentRelay:
         self.to_agent = len(leftover)
         self.to_client = 0
         channel.pause_input()  # nothing piles up before the agent is connected
-        endpoint = endpoints.TCP4ClientEndpoint(reactor, target.host, target.port, timeout=10)
-        d = endpoints.connectProtocol(endpoint, _AgentSide(self))
-        d.addErrback(self._failed)
         log.info("relaying {user}'s stream from {address} to session {id}", user=client.user,
                  address=client.address, id=target.session_id)
+        self.reactor = reactor
+        agentsocket.connect_soon(reactor, target.path, target.uid, self._reached)
+
+    def _reached(self, sock: socket.socket | None, error: str) -> None:
+        if sock is None:
+            self._failed(error)
+            return
+        if self.closed:  # the client left while the agent was not listening yet
+            sock.close()
+            return
+        try:
+            factory = protocol.Factory.forProtocol(lambda: _AgentSide(self))
+            self.reactor.adoptStreamConnection(sock.fileno(), socket.AF_UNIX, factory)
+        finally:
+            sock.close()  # the reactor holds its own copy of the descriptor
 
     def connected(self, transport: Any) -> None:
         if self.closed:
             transport.loseConnection()
             return
         self.agent = transport
-        transport.setTcpNoDelay(True)  # keystrokes and X round trips must not wait for Nagle
         for chunk in self.pending:
             transport.write(chunk)
         self.pending.clear()
@@ -103,9 +116,8 @@ class AgentRelay:
         transport.registerProducer(_ClientInput(self.channel), True)
         self.channel.resume_input()
 
-    def _failed(self, failure: Any) -> None:
-        log.warn("cannot reach the agent of session {id}: {error}", id=self.target.session_id,
-                 error=failure.getErrorMessage())
+    def _failed(self, error: str) -> None:
+        log.warn("cannot reach the agent of session {id}: {error}", id=self.target.session_id, error=error)
         self.agent_closed()
 
     # client side -------------------------------------------------------

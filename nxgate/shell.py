@@ -2,8 +2,9 @@
 
 sshd starts it for every NX client (``ForceCommand nxgate-shell``).  It
 carries the NX conversation to the gateway's local socket — login and
-session management happen there — and after ``bye`` it connects to the
-session's agent and ``exec``s ``nxcopy``, so the bulk stream goes
+session management happen there — and after ``bye`` it gets the gateway's
+connection to the session's agent (it could not reach the agent's socket
+itself) and ``exec``s ``nxcopy``, so the bulk stream goes
 sshd <-> nxcopy <-> agent without Python.  It imports nothing heavy: it
 runs once per connection.
 """
@@ -42,12 +43,14 @@ def fail(message: str) -> int:
     return 1
 
 
-def switch(message: dict[str, object], stdin: int, stdout: int) -> int:
-    """Connect to the agent, send what the client already sent, become nxcopy."""
+def switch(message: dict[str, object], agent_fd: int | None, stdin: int, stdout: int) -> int:
+    """Send what the client already sent to the agent, become nxcopy."""
     nxcopy = find_nxcopy()
     if nxcopy is None:
         return fail("nxcopy not found")
-    agent = socket.create_connection((str(message["host"]), int(message["port"])), timeout=10)  # type: ignore[arg-type]
+    if agent_fd is None:
+        return fail("the gateway sent no connection to the agent")
+    agent = socket.socket(fileno=agent_fd)
     agent.setblocking(True)
     leftover = base64.b64decode(str(message.get("leftover", "")))
     if leftover:
@@ -60,6 +63,7 @@ def switch(message: dict[str, object], stdin: int, stdout: int) -> int:
 
 def relay(conn: socket.socket, stdin: int, stdout: int) -> int:
     deframer = shellproto.Deframer()
+    received: list[int] = []  # descriptors from the gateway: the agent connection
     selector = selectors.DefaultSelector()
     selector.register(stdin, selectors.EVENT_READ, "client")
     selector.register(conn, selectors.EVENT_READ, "gateway")
@@ -73,7 +77,8 @@ def relay(conn: socket.socket, stdin: int, stdout: int) -> int:
                     conn.sendall(shellproto.frame(shellproto.EOF))
                     selector.unregister(stdin)
                 continue
-            data = conn.recv(65536)
+            data, fds, _flags, _address = socket.recv_fds(conn, 65536, 4)
+            received.extend(fds)
             if not data:
                 return 0
             for kind, payload in deframer.feed(data):
@@ -82,7 +87,10 @@ def relay(conn: socket.socket, stdin: int, stdout: int) -> int:
                 elif kind == shellproto.SWITCH:
                     selector.close()
                     conn.close()
-                    return switch(json.loads(payload), stdin, stdout)
+                    agent_fd = received.pop(0) if received else None
+                    for extra in received:
+                        os.close(extra)
+                    return switch(json.loads(payload), agent_fd, stdin, stdout)
                 elif kind == shellproto.EXIT:
                     return int(payload or b"0")
 

@@ -2,16 +2,17 @@
 
 In the OpenSSH deployment mode sshd runs ``nxgate-shell`` for the nx
 account; it carries the NX conversation to the gateway over a Unix socket
-and, after ``bye``, gets told where the session's agent listens, so that it
+and, after ``bye``, gets a connection to the session's agent, so that it
 can hand the bulk stream to ``nxcopy`` and leave Python out of the way.
 Every message is one type byte, a 4-byte big-endian length and a payload:
 
 * ``H`` shell -> gateway, first: JSON ``{"remote": "<client address>"}``
 * ``D`` both ways: conversation bytes
 * ``E`` shell -> gateway: the client sent EOF
-* ``S`` gateway -> shell: JSON ``{"host", "port", "leftover"}`` — switch to
-  the raw stream; ``leftover`` (base64) are stream bytes the client sent
-  after ``bye`` that must reach the agent first
+* ``S`` gateway -> shell: JSON ``{"leftover"}`` — switch to the raw stream
+  on the connection to the agent that came with it (SCM_RIGHTS, sent with
+  the frame or before it); ``leftover`` (base64) are stream bytes the client
+  sent after ``bye`` that must reach the agent first
 * ``X`` gateway -> shell: the conversation is over; payload: exit status
 """
 

@@ -6,8 +6,10 @@ session management happen exactly as for the built-in SSH server.  The
 kernel tells us who connected (SO_PEERCRED): the nx account gets the usual
 NX login; any other user (sshd's ForceCommand for users who log in as
 themselves) is already authenticated as that user, as with legacy-free
-logins; root and unknown users are refused.  After ``bye`` the shell is
-told where the agent listens and relays the stream itself (with nxcopy).
+logins; root and unknown users are refused.  After ``bye`` the gateway
+connects to the session's agent (whose socket only root and the session's
+user can reach, see :mod:`nxgate.agentsocket`) and passes the connection to
+the shell (SCM_RIGHTS), which relays the stream itself (with nxcopy).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 from twisted.internet import protocol
 from twisted.logger import Logger
 
-from nxgate import shellproto
+from nxgate import agentsocket, shellproto
 from nxgate.conversation import Client, Conversation
 
 log = Logger(namespace="nxgate.shell")
@@ -72,6 +74,8 @@ class ShellProtocol(protocol.Protocol):
         self.deframer = shellproto.Deframer()
         self.conversation: Conversation | None = None
         self.preauthenticated: str | None = None
+        self.agent: socket.socket | None = None  # handed to the shell; ours to close once sent
+        self.lost = False
 
     def connectionMade(self) -> None:
         uid = peer_uid(self.transport)
@@ -114,13 +118,31 @@ class ShellProtocol(protocol.Protocol):
             self.conversation.eof_received()
 
     def _hand_over(self, client: Client, target: Any, _transport: Any, leftover: bytes) -> _HandedOver:
-        message = {"host": target.host, "port": target.port, "leftover": base64.b64encode(leftover).decode()}
-        self.transport.write(shellproto.frame(shellproto.SWITCH, json.dumps(message).encode()))
-        self.transport.loseConnection()
-        log.info("handed {user}'s stream for session {id} to nxgate-shell", user=client.user, id=target.session_id)
+        def reached(sock: socket.socket | None, error: str) -> None:
+            if sock is None:
+                log.warn("cannot reach the agent of session {id}: {error}", id=target.session_id, error=error)
+                self.transport.write(shellproto.frame(shellproto.EXIT, b"1"))
+                self.transport.loseConnection()
+                return
+            if self.lost:  # nxgate-shell is gone already
+                sock.close()
+                return
+            self.agent = sock
+            self.transport.sendFileDescriptor(sock.fileno())
+            message = {"leftover": base64.b64encode(leftover).decode()}
+            self.transport.write(shellproto.frame(shellproto.SWITCH, json.dumps(message).encode()))
+            self.transport.loseConnection()
+            log.info("handed {user}'s stream for session {id} to nxgate-shell", user=client.user,
+                     id=target.session_id)
+
+        agentsocket.connect_soon(self.gateway.reactor, target.path, target.uid, reached)
         return _HandedOver()
 
     def connectionLost(self, reason: Any) -> None:
+        self.lost = True
+        if self.agent is not None:
+            self.agent.close()
+            self.agent = None
         if self.conversation is not None:
             self.conversation.connection_lost()
 

@@ -9,6 +9,7 @@ LINES = {
     "Session: Starting session at 'Thu Dec  3 10:50:25 2026'.": AgentEvent.STARTING,
     "Info: Waiting for connection from '127.0.0.1' on socket 'tcp:*:4150'.": AgentEvent.WAITING,
     "Info: Waiting for connection from '127.0.0.1' on port '4150'.": AgentEvent.WAITING,
+    "Info: Waiting for connection from this host on socket 'unix:/var/lib/nxgate/sessions/A/agent.sock'.": AgentEvent.WAITING,
     "Session: Session started at 'Thu Dec  3 10:50:26 2026'.": AgentEvent.RUNNING,
     "Session: Session resumed at 'Thu Dec  3 10:50:26 2026'.": AgentEvent.RUNNING,
     "Session: Display failure detected at 'Thu Dec  3 10:50:26 2026'.": AgentEvent.DISPLAY_FAILURE,

@@ -6,7 +6,8 @@ Twisted 22.4, python-pam 2.0.2, ...), starts the *installed* gateway the way
 its systemd unit does (Debian's ``/usr/bin/python3``, not the venv), logs in
 over the real OpenSSH client as a real Unix user, starts a session, draws it
 on an Xvfb client screen with nxproxy through the gateway, terminates it, and
-purges the package again.
+purges the package again.  Before that, it installs and purges the package
+over an admin's own /etc/pam.d/nxgate, which must survive both.
 
 It installs and removes system packages, so it only runs when asked:
 
@@ -19,6 +20,7 @@ NXGATE_KEEP_TEST_DIRS=1 to keep the build directory and the gateway's log.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
@@ -39,6 +41,7 @@ ENABLE = "NXGATE_TEST_DEB"
 # Debian 12 installs units in /lib, later releases in /usr/lib.
 UNITS = ("/lib/systemd/system/nxgate.service", "/usr/lib/systemd/system/nxgate.service")
 CONFIG = "/etc/nxgate/nxgate.conf"
+PAM_SERVICE = "/etc/pam.d/nxgate"
 # The installed programs see nothing of the test's environment (no PYTHONPATH
 # pointing at the checkout, no venv): as under systemd.
 SYSTEM_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root"}
@@ -134,18 +137,16 @@ class DebianPackageTests(TestCase):
 
     def test_build_install_login_purge(self):
         deb = self.build()
+        self.keep_real_pam_service()
         self.addCleanup(self.purge_quietly)
-        install = ["apt-get", "install", "-y", "-q", "--reinstall", deb]
-        try:
-            run(install, self.log)
-        except AssertionError:  # stale or missing package lists: once more, after an update
-            run(["apt-get", "update", "-q"], self.log)
-            run(install, self.log)
+        self.admins_pam_service_survives(deb)
+        os.unlink(PAM_SERVICE)  # a fresh machine: the package installs the PAM service, and purges it
+        self.install(deb)
         self.check_installed_files()
         self.use_installed_gateway()
         run(["apt-get", "purge", "-y", "-q", "nxgate"], self.log)
         self.assertFalse(installed("nxgate"))
-        for path in ("/etc/nxgate", "/var/lib/nxgate", "/usr/lib/nxgate", "/etc/pam.d/nxgate", *UNITS):
+        for path in ("/etc/nxgate", "/var/lib/nxgate", "/usr/lib/nxgate", PAM_SERVICE, *UNITS):
             self.assertFalse(os.path.lexists(path), f"{path} is still there after the purge")
         # The package's trigger had python3-twisted rebuild its plugin cache.
         for cache in glob.glob("/usr/lib/python3/dist-packages/twisted/plugins/dropin.cache"):
@@ -153,6 +154,51 @@ class DebianPackageTests(TestCase):
                 self.assertNotIn(b"nxgate", handle.read())
 
     # ------------------------------------------------------------------ steps
+    def install(self, deb: str) -> None:
+        install = ["apt-get", "install", "-y", "-q", "--reinstall", deb]
+        try:
+            run(install, self.log)
+        except AssertionError:  # stale or missing package lists: once more, after an update
+            run(["apt-get", "update", "-q"], self.log)
+            run(install, self.log)
+
+    def keep_real_pam_service(self) -> None:
+        """This machine's own /etc/pam.d/nxgate (other gateways on it log in
+        with it) comes back as it was, whatever the test does to it."""
+        try:
+            with open(PAM_SERVICE, "rb") as handle:
+                saved: bytes | None = handle.read()
+        except FileNotFoundError:
+            saved = None
+
+        def restore():
+            if saved is None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(PAM_SERVICE)
+                return
+            with open(PAM_SERVICE + ".nxgate-test", "wb") as handle:
+                handle.write(saved)
+            os.chmod(PAM_SERVICE + ".nxgate-test", 0o644)
+            os.replace(PAM_SERVICE + ".nxgate-test", PAM_SERVICE)
+
+        self.addCleanup(restore)
+
+    def admins_pam_service_survives(self, deb: str) -> None:
+        """A PAM service that was there before the package (``make install``
+        puts one there) is the admin's: install and purge leave it alone."""
+        with open(os.path.join(REPO, "conf", "pam.d", "nxgate"), "rb") as handle:
+            admins = handle.read() + b"# the admin's own line, kept by the package\n"
+        with open(PAM_SERVICE + ".nxgate-test", "wb") as handle:
+            handle.write(admins)
+        os.chmod(PAM_SERVICE + ".nxgate-test", 0o644)
+        os.replace(PAM_SERVICE + ".nxgate-test", PAM_SERVICE)
+        self.install(deb)
+        with open(PAM_SERVICE, "rb") as handle:
+            self.assertEqual(handle.read(), admins)
+        run(["apt-get", "purge", "-y", "-q", "nxgate"], self.log)
+        with open(PAM_SERVICE, "rb") as handle:
+            self.assertEqual(handle.read(), admins, "the purge changed or removed the admin's PAM service")
+
     def build(self) -> str:
         source = os.path.join(self.workdir, "nxgate")
         copy_checkout(source)
@@ -171,12 +217,17 @@ class DebianPackageTests(TestCase):
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 
     def check_installed_files(self):
-        for path in (CONFIG, "/etc/nxgate/nx_authorized_keys", "/etc/pam.d/nxgate"):
+        for path in (CONFIG, "/etc/nxgate/nx_authorized_keys", PAM_SERVICE):
             self.assertTrue(os.path.isfile(path), path)
         with open("/var/lib/dpkg/info/nxgate.conffiles", encoding="utf-8") as handle:
             conffiles = handle.read().split()
-        for path in (CONFIG, "/etc/nxgate/nx_authorized_keys", "/etc/pam.d/nxgate"):
+        for path in (CONFIG, "/etc/nxgate/nx_authorized_keys"):
             self.assertIn(path, conffiles)
+        # Not a conffile (dpkg would purge an admin's own), but the package's.
+        self.assertNotIn(PAM_SERVICE, conffiles)
+        with open(PAM_SERVICE, "rb") as installed_file, \
+                open(os.path.join(REPO, "conf", "pam.d", "nxgate"), "rb") as shipped:
+            self.assertEqual(installed_file.read(), shipped.read())
 
         state = os.stat("/var/lib/nxgate")
         self.assertEqual((stat.S_IMODE(state.st_mode), state.st_uid), (0o711, 0))

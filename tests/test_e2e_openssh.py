@@ -25,6 +25,9 @@ from tests.harness.x11 import ClientScreen
 from tests.test_e2e_sessions import RED, START, TYPES, SessionTestCase
 
 NXGATE_SHELL = os.path.join(os.path.dirname(sys.executable), "nxgate-shell")
+# nxgate-shell is the venv's (made by make install in the main checkout): it
+# must run this checkout's code and nxcopy, as the gateway does.
+THIS_CHECKOUT = f"PYTHONPATH={REPO} NXGATE_NXCOPY={os.path.join(REPO, 'helpers', 'nxcopy')}"
 SSHD_CONFIG = """\
 ListenAddress 127.0.0.1
 Port {port}
@@ -48,10 +51,10 @@ Match User {nx}
     AllowAgentForwarding no
     X11Forwarding no
     PermitTunnel no
-    SetEnv NXGATE_SOCKET={socket}
+    SetEnv NXGATE_SOCKET={socket} {this_checkout}
 Match User {user}
     ForceCommand {shell}
-    SetEnv NXGATE_SOCKET={socket}
+    SetEnv NXGATE_SOCKET={socket} {this_checkout}
 """
 SITE_BANNER = "Authorized users only. Activity is monitored (site banner)."
 
@@ -96,7 +99,7 @@ class OpenSSHModeTests(SessionTestCase):
         config = os.path.join(directory, "sshd_config")
         with open(config, "w") as handle:
             handle.write(SSHD_CONFIG.format(port=port, dir=directory, nx=nx.name, user=user.name,
-                                            shell=NXGATE_SHELL, socket=socket_path))
+                                            shell=NXGATE_SHELL, socket=socket_path, this_checkout=THIS_CHECKOUT))
         sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-f", config, "-E", os.path.join(directory, "sshd.log")])
         wait_for(lambda: subprocess.run(["ssh-keyscan", "-p", str(port), "127.0.0.1"], capture_output=True).stdout,
                  15, "sshd to listen")

@@ -7,10 +7,13 @@ checks the pixels the session draws on the client's screen.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import pwd
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,8 +22,8 @@ import time
 
 from twisted.trial.unittest import SkipTest, TestCase
 
-from tests.harness.gateway import Gateway
-from tests.harness.net import listen_when_free
+from tests.harness.gateway import REPO, Gateway
+from tests.harness.net import listen_unix_when_free
 from tests.harness.process import wait_for
 from tests.harness.shared import class_fixture
 from tests.harness.ssh import Attachment, NXClient, SessionInfo
@@ -105,7 +108,8 @@ class SessionTestCase(TestCase):
         """Leave no session behind for the next test."""
         for user in (self.user, self.other):
             for pid in agent_processes(user.name):
-                os.kill(pid, signal.SIGTERM)
+                with contextlib.suppress(ProcessLookupError):  # a watchdog that ended with its agent
+                    os.kill(pid, signal.SIGTERM)
         for user in (self.user, self.other):
             wait_for(lambda u=user: not agent_processes(u.name), 20, "the agents to end")
 
@@ -355,6 +359,126 @@ class IsolationTests(SessionTestCase):
         self.assertIn(f"{self.other.name} from 127.0.0.1 asked for session {info.session_id}", self.gateway.log())
 
 
+# Another local user at the session's agent: where it listened before
+# (127.0.0.1:4000+N), and at its socket, whose path is in everyone's ps.
+STRANGER = """
+import json, socket, sys
+tried = {}
+for name, family, address in (("tcp", socket.AF_INET, ("127.0.0.1", int(sys.argv[1]))),
+                              ("unix", socket.AF_UNIX, sys.argv[2])):
+    probe = socket.socket(family)
+    try:
+        probe.connect(address)
+        probe.sendall(b"NXPROXY-1.5.0-3.5.0\\ncookie=00000000000000000000000000000000\\n")
+        tried[name] = "connected"
+    except OSError as error:
+        tried[name] = type(error).__name__
+    finally:
+        probe.close()
+print(json.dumps(tried))
+"""
+
+
+class LocalStrangerTests(SessionTestCase):
+    """Other local Unix users can neither reach a session's agent nor read
+    whose it is from ``ps``; a failed connection does not cost a resume."""
+
+    def agent_socket(self, info: SessionInfo) -> str:
+        return os.path.join(self.gateway.state_dir, "sessions", info.session_id, "agent.sock")
+
+    def stranger_tries(self, info: SessionInfo) -> dict[str, str]:
+        result = subprocess.run(["runuser", "-u", self.other.name, "--", "python3", "-c", STRANGER,
+                                 str(4000 + info.display), self.agent_socket(info)],
+                                capture_output=True, text=True, timeout=30, check=True)
+        return json.loads(result.stdout)
+
+    def test_a_stranger_cannot_reach_a_waiting_or_resuming_agent(self):
+        client = self.login()
+        info = self.start(client, name="Quarterly-Plans")
+        self.assertEqual(self.stranger_tries(info), {"tcp": "ConnectionRefusedError", "unix": "PermissionError"})
+        agents = agent_processes(self.user.name)  # the agent and its watchdog
+        self.assertTrue(agents)
+        for agent in agents:
+            with open(f"/proc/{agent}/cmdline", "rb") as handle:
+                argv = handle.read().decode()
+            self.assertIn(f":{info.display}", argv)
+            self.assertNotIn(self.user.name, argv)
+            self.assertNotIn("Quarterly-Plans", argv)
+        attachment = self.attach(client, info)
+        self.screen.wait_for_colour(RED, 20000)
+        self.wait_status(info.session_id, "Running")
+        attachment.detach()
+        self.wait_status(info.session_id, "Suspended")
+        self.screen.wait_for_colour((0, 0, 0), 800 * 600 - 100)
+
+        client = self.login()
+        resumed = self.restore(client, info.session_id)
+        self.assertEqual(self.stranger_tries(info), {"tcp": "ConnectionRefusedError", "unix": "PermissionError"})
+        self.attach(client, resumed)
+        self.screen.wait_for_colour(RED, 20000)
+        self.wait_status(info.session_id, "Running")
+
+    def test_a_failed_connection_does_not_cost_the_resume(self):
+        """What only root or the user himself can still do (a stale client
+        with an old cookie, a probe): the resumed agent suspends itself
+        again, and the gateway makes it listen again for the real client."""
+        info = self.suspended_session()
+        self.screen.wait_for_colour((0, 0, 0), 800 * 600 - 100)
+        client = self.login()
+        resumed = self.restore(client, info.session_id)
+        probe = socket.socket(socket.AF_UNIX)
+        probe.connect(self.agent_socket(info))
+        probe.sendall(b"NXPROXY-1.5.0-3.5.0\ncookie=00000000000000000000000000000000\n")
+        probe.close()
+        wait_for(lambda: f"session {info.session_id}: its agent suspended itself before" in self.gateway.log(), 20,
+                 "the failed connection to be noticed")
+        # At once: the relay waits for the agent to listen again.
+        self.attach(client, resumed)
+        self.screen.wait_for_colour(RED, 20000)
+        self.wait_status(info.session_id, "Running")
+
+
+class LeftoverTests(SessionTestCase):
+    """When a session ends, everything it started ends, also what left its
+    process group and session (gpg-agent after an XFCE session)."""
+
+    options = {"types": {"unix-leaky": f"python3 {os.path.join(REPO, 'tests', 'fixtures', 'leaky_session.py')}"}}
+
+    def processes_named(self, name: str) -> list[int]:
+        result = subprocess.run(["pgrep", "-u", self.user.name, "-x", name], capture_output=True, text=True)
+        return [int(pid) for pid in result.stdout.split()]
+
+    def users_own_process(self) -> int:
+        """A process of the same user that no session started: it stays."""
+        entry = pwd.getpwnam(self.user.name)
+
+        def become():
+            os.setresgid(entry.pw_gid, entry.pw_gid, entry.pw_gid)
+            os.setresuid(entry.pw_uid, entry.pw_uid, entry.pw_uid)
+
+        process = subprocess.Popen(["python3", "-c", "open('/proc/self/comm', 'w').write('nxkeep')\n"
+                                    "import time\nwhile True: time.sleep(60)"], preexec_fn=become)
+        self.addCleanup(lambda: (process.kill(), process.wait()))
+        wait_for(lambda: self.processes_named("nxkeep"), 10, "the user's own process")
+        return process.pid
+
+    def test_a_daemon_the_session_started_ends_with_it(self):
+        own = self.users_own_process()
+        client = self.login()
+        info = self.start(client, session_type="unix-leaky")
+        self.attach(client, info)
+        self.screen.wait_for_colour(RED, 20000)
+        (daemon,) = wait_for(lambda: self.processes_named("nxleak"), 20, "the session's daemon")
+        (term,) = self.processes_named("xterm")
+        self.assertEqual(proc_status(daemon)["PPid"], "1")
+        self.assertNotEqual(os.getsid(daemon), os.getsid(term))  # out of the program's session and group
+        reply = self.login().command(f'terminate --sessionid="{info.session_id}"', timeout=60)
+        self.assertIn(f"NX> 900 Session id: {info.session_id} terminated.".encode(), reply)
+        wait_for(lambda: not self.processes_named("nxleak"), 15, "the session's daemon to end")
+        self.assertEqual(self.processes_named("nxkeep"), [own])
+        self.assertRegex(self.gateway.log(), rf"session {info.session_id} of \S+: ending \d+ processes it started")
+
+
 class LimitTests(SessionTestCase):
     options = {"sessions": {"max_sessions_per_user": "1"}}
 
@@ -441,11 +565,13 @@ class RelayTests(SessionTestCase):
     CHUNK = 1024 * 1024
 
     def take_agent_port(self, info: SessionInfo) -> socket.socket:
-        """End the session's agent and listen on its port: the test reads the
-        relayed stream (or not) at its own pace."""
+        """End the session's agent and listen on its socket: the test reads
+        the relayed stream (or not) at its own pace."""
         for pid in agent_processes(self.user.name):
             os.kill(pid, signal.SIGKILL)
-        listener = listen_when_free(4000 + info.display)
+        path = os.path.join(self.gateway.state_dir, "sessions", info.session_id, "agent.sock")
+        listener = listen_unix_when_free(path)
+        self.addCleanup(shutil.rmtree, os.path.dirname(path), True)
         self.addCleanup(listener.close)
         return listener
 

@@ -3,7 +3,9 @@ tests/test_e2e_sessions.py RelayTests floods a real one."""
 
 from __future__ import annotations
 
-from twisted.internet.testing import MemoryReactor, StringTransport
+import socket
+
+from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.conversation import Client
@@ -38,8 +40,9 @@ class AgentConnection(StringTransport):
 class FlowControlTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.channel = FakeChannel()
-        self.relay = AgentRelay(MemoryReactor(), Client("alice", "192.0.2.1"),
-                                RelayTarget("S" * 32, "127.0.0.1", 4001), self.channel, b"early")
+        # Nothing listens there: the test connects the relay by hand.
+        self.relay = AgentRelay(MemoryReactorClock(), Client("alice", "192.0.2.1"),
+                                RelayTarget("S" * 32, "/nonexistent/agent.sock", 1000), self.channel, b"early")
         self.agent = AgentConnection()
 
     def test_client_input_waits_for_the_agent_connection(self) -> None:
@@ -63,3 +66,11 @@ class FlowControlTests(SynchronousTestCase):
         self.relay.agent_closed()
         self.assertFalse(self.channel.paused)
         self.assertTrue(self.channel.closed)
+
+    def test_a_client_that_left_before_the_agent_listened_gets_no_connection(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX)
+        self.addCleanup(theirs.close)
+        self.relay.close()
+        self.relay._reached(ours, "")
+        self.assertEqual(ours.fileno(), -1)  # closed, not adopted
+        self.assertEqual(theirs.recv(1), b"")

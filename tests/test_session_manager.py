@@ -6,12 +6,14 @@ fed by the test; the real nxagent runs in the end-to-end tests.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pwd
 import shutil
 import signal
 import sqlite3
 import subprocess
+import tempfile
 import time
 
 from twisted.internet import defer
@@ -35,6 +37,13 @@ READY = "Info: Waiting for connection from '127.0.0.1' on socket 'tcp:*:7000'."
 STARTED = "Session: Session started at 'now'."
 SUSPENDED = "Session: Session suspended at 'now'."
 TERMINATED = "Session: Session terminated at 'now'."
+
+
+def short_state_dir(test: TestCase) -> str:
+    """Agents' socket paths must fit in sun_path; trial's temp paths do not."""
+    path = tempfile.mkdtemp(prefix="nxgate-unit-")
+    test.addCleanup(shutil.rmtree, path, True)
+    return os.path.join(path, "state")
 
 
 class FakeNotifier:
@@ -80,8 +89,7 @@ class FakeLauncher:
 class ManagerTests(TestCase):
     def setUp(self):
         self.reactor = MemoryReactorClock()
-        state = self.mktemp()
-        layout = files.StateLayout(state)
+        layout = files.StateLayout(short_state_dir(self))
         layout.prepare()
         sessions = SessionsSection(display_base=3100, display_limit=20, max_sessions_per_user=2,
                                    connect_timeout=30, agent_start_timeout=5)
@@ -119,7 +127,8 @@ class ManagerTests(TestCase):
         self.agent_says(session_id, "Session: Starting session at 'now'.", READY)
         reply = self.successResultOf(d)
         session = self.manager.sessions[session_id]
-        self.assertEqual(reply.relay, RelayTarget(session_id, "127.0.0.1", 4000 + session.display))
+        agent_socket = os.path.join(self.manager.layout.sessions, session_id, "agent.sock")
+        self.assertEqual(reply.relay, RelayTarget(session_id, agent_socket, os.getuid()))
         self.assertIn(f"NX> 701 Proxy cookie: {session.cookie}", reply.lines)
         self.assertIn(f"NX> 706 Agent cookie: {session.cookie}", reply.lines)
         self.assertEqual(self.store.get(session_id).state, State.WAITING)
@@ -127,13 +136,17 @@ class ManagerTests(TestCase):
         self.assertEqual(agent_request["user"], ME)
         self.assertNotIn(session.cookie, " ".join(agent_request["argv"]))
         with open(os.path.join(self.manager.layout.sessions, session_id, "options")) as options:
-            self.assertIn(f"cookie={session.cookie}", options.read())
+            line = options.read()
+        self.assertIn(f"cookie={session.cookie}", line)
+        self.assertIn(f",listen=unix:{agent_socket},", line)  # no TCP port for other local users
         mode = os.stat(os.path.join(self.manager.layout.sessions, session_id)).st_mode & 0o777
         self.assertEqual(mode, 0o700)
 
     def test_a_port_taken_by_another_process_is_never_relayed_to(self):
+        """Unencrypted sessions still listen on TCP (their client comes to the port)."""
+        self.manager.settings = dataclasses.replace(self.manager.settings, allow_unencrypted=True)
         self.listening = False
-        d, session_id = self.start()
+        d, session_id = self.start('--type="unix-console" --encryption="0"')
         self.agent_says(session_id, READY)
         self.assertIn("its port is in use by another process", self.failureResultOf(d, NXError).value.text)
         self.assertEqual(self.signals, [signal.SIGTERM])
@@ -191,6 +204,50 @@ class ManagerTests(TestCase):
         self.assertEqual(session.geometry, "1280x1024")
         with open(os.path.join(self.manager.layout.sessions, session_id, "authority"), "rb") as authority:
             self.assertIn(bytes.fromhex(session.cookie), authority.read())
+
+    def resumed(self):
+        """A session that was attached, suspended and now waits for its resuming client."""
+        session_id, _ = self.started()
+        self.agent_says(session_id, STARTED, "Session: Display failure detected at 'now'.", SUSPENDED)
+        d = defer.ensureDeferred(self.manager.restore(self.client, session_id, display_settings(parse_params("")), True))
+        self.agent_says(session_id, "Session: Resuming session at 'now'.", READY)
+        self.successResultOf(d)
+        self.signals.clear()
+        return session_id
+
+    def test_a_failed_connection_during_a_resume_does_not_cost_the_resume(self):
+        """A wrong cookie (or a connection that closes at once) makes the
+        resumed nxagent suspend again: it is made to listen again, and the
+        right client still gets in while the connect timeout runs."""
+        session_id = self.resumed()
+        self.agent_says(session_id, "Error: Authentication cookie 'x' doesn't match 'y'.",
+                        "Session: Display failure detected at 'now'.", "Session: Suspending session at 'now'.",
+                        SUSPENDED)
+        self.assertEqual(self.signals, [signal.SIGHUP])
+        self.agent_says(session_id, "Session: Resuming session at 'now'.", READY)
+        self.assertEqual(self.manager.sessions[session_id].state, State.WAITING)
+        self.agent_says(session_id, "Session: Session resumed at 'now'.")
+        self.assertEqual(self.manager.sessions[session_id].state, State.RUNNING)
+        self.reactor.advance(60)
+        self.assertEqual(self.signals, [signal.SIGHUP])
+
+    def test_after_the_connect_timeout_a_resumed_session_stays_suspended(self):
+        session_id = self.resumed()
+        self.reactor.advance(30)  # connect_timeout: no client came back
+        self.assertEqual(self.signals, [signal.SIGHUP])
+        self.agent_says(session_id, "Session: Suspending session at 'now'.", SUSPENDED)
+        self.reactor.advance(10)
+        self.assertEqual(self.signals, [signal.SIGHUP])
+        self.assertEqual(self.manager.sessions[session_id].state, State.SUSPENDED)
+
+    def test_take_over_of_a_waiting_resume_is_not_undone(self):
+        session_id = self.resumed()
+        d = defer.ensureDeferred(self.manager.restore(self.client, session_id, display_settings(parse_params("")), True))
+        self.assertEqual(self.signals, [signal.SIGHUP])
+        self.agent_says(session_id, "Session: Suspending session at 'now'.", SUSPENDED)
+        self.agent_says(session_id, "Session: Resuming session at 'now'.", READY)
+        self.successResultOf(d)
+        self.assertEqual(self.signals, [signal.SIGHUP, signal.SIGHUP])
 
     def test_take_over_suspends_first(self):
         session_id, _ = self.started()
@@ -310,7 +367,7 @@ class ReconcileTests(TestCase):
 
     def setUp(self):
         self.reactor = MemoryReactorClock()
-        self.layout = files.StateLayout(self.mktemp())
+        self.layout = files.StateLayout(short_state_dir(self))
         self.layout.prepare()
         self.store = SessionStore(self.layout.database)
         self.addCleanup(self.store.close)

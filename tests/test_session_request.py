@@ -94,19 +94,22 @@ class SessionIdTests(SynchronousTestCase):
             self.assertRaises(NXError, session_id, parse_params(text), "id")
 
 
+TCP = nxagent.listen_tcp("127.0.0.1")
+
+
 class OptionsTests(SynchronousTestCase):
     session = Session(id="A" * 32, user="alice", uid=1000, gid=1000, type="unix-kde", name="desk", display=1001,
                       server_name="gw.example", cookie="c0ffee" * 5 + "00")
 
     def test_options_line(self):
-        line = nxagent.options_line(self.session, DisplaySettings(link="adsl", fullscreen=True), "127.0.0.1")
+        line = nxagent.options_line(self.session, DisplaySettings(link="adsl", fullscreen=True), TCP)
         self.assertTrue(line.startswith("nx/nx,link=adsl,cache=16M,images=64M,accept=127.0.0.1,cookie="))
         self.assertIn(f",id=gw.example-1001-{'A' * 32},", line)
         self.assertIn(",type=desktop,geometry=800x600,resize=1,fullscreen=1:1001\n", line)
         self.assertEqual(line.count(":"), 1)
 
     def test_rootless_has_no_geometry(self):
-        line = nxagent.options_line(self.session.evolve(rootless=True), DisplaySettings(), "127.0.0.1")
+        line = nxagent.options_line(self.session.evolve(rootless=True), DisplaySettings(), TCP)
         self.assertIn("menu=1", line)
         self.assertNotIn("geometry", line)
 
@@ -114,7 +117,7 @@ class OptionsTests(SynchronousTestCase):
         plan = nxagent.AgentPlan(mode="-S", extra_options=(("shadow", ":1001"), ("shadowmode", "0")),
                                  persistent=False)
         shadow = self.session.evolve(type="shadow", display=1002)
-        line = nxagent.options_line(shadow, DisplaySettings(), "127.0.0.1", plan.extra_options)
+        line = nxagent.options_line(shadow, DisplaySettings(), TCP, plan.extra_options)
         self.assertIn(",type=shadow,shadow=:1001,shadowmode=0,", line)
         self.assertTrue(line.endswith(":1002\n"))
         files = nxagent.AgentFiles("/s/B", "/l/B.agent.log", "/l/B.session.log")
@@ -122,10 +125,27 @@ class OptionsTests(SynchronousTestCase):
         self.assertIn("-S", argv)
         self.assertIn("-nopersistent", argv)
         self.assertEqual(nxagent.AgentPlan.from_dict(plan.as_dict()), plan)
-        self.assertRaises(ValueError, nxagent.options_line, shadow, DisplaySettings(), "x", (("shadowmode", ":1"),))
+        self.assertRaises(ValueError, nxagent.options_line, shadow, DisplaySettings(), TCP, (("shadowmode", ":1"),))
 
     def test_unsafe_value_is_refused(self):
-        self.assertRaises(ValueError, nxagent.options_line, self.session, DisplaySettings(keyboard="a,b"), "x")
+        self.assertRaises(ValueError, nxagent.options_line, self.session, DisplaySettings(keyboard="a,b"), TCP)
+
+    def test_listening_on_a_unix_socket_only(self):
+        line = nxagent.options_line(self.session, DisplaySettings(), nxagent.listen_unix("/s/A/agent.sock"))
+        self.assertIn(",listen=unix:/s/A/agent.sock,cookie=", line)
+        self.assertNotIn("accept=", line)  # nxagent refuses accept= with listen=
+        self.assertTrue(line.endswith(":1001\n"))
+        self.assertEqual(nxagent.AgentFiles("/s/A", "/l/a", "/l/b").socket, "/s/A/agent.sock")
+        for bad in ("/s/A/a,b", "/s/A/a:b", "/" + "x" * 107):
+            self.assertRaises(ValueError, nxagent.options_line, self.session, DisplaySettings(),
+                              nxagent.listen_unix(bad))
+
+    def test_ps_shows_neither_user_nor_session_name(self):
+        files = nxagent.AgentFiles("/s/A", "/l/A.agent.log", "/l/A.session.log")
+        argv = " ".join(nxagent.agent_argv("nxagent", self.session, files, nxagent.AgentPlan()))
+        self.assertNotIn("alice", argv)
+        self.assertNotIn("desk", argv)
+        self.assertIn("-name NX - gw.example:1001 ", argv)
 
     def test_argv_and_environment(self):
         files = nxagent.AgentFiles("/s/A", "/l/A.agent.log", "/l/A.session.log")

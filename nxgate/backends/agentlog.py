@@ -38,7 +38,7 @@ class LogEvent:
 
 _PATTERNS: list[tuple[re.Pattern[str], AgentEvent]] = [
     (re.compile(r"^Session: Starting session at"), AgentEvent.STARTING),
-    (re.compile(r"^Info: Waiting for connection from '[^']*' on (?:port|socket) '"), AgentEvent.WAITING),
+    (re.compile(r"^Info: Waiting for connection from (?:'[^']*'|this host) on (?:port|socket) '"), AgentEvent.WAITING),
     (re.compile(r"^Session: Session (?:started|resumed) at"), AgentEvent.RUNNING),
     (re.compile(r"^Session: Display failure detected at"), AgentEvent.DISPLAY_FAILURE),
     (re.compile(r"^Session: Suspending session at"), AgentEvent.SUSPENDING),

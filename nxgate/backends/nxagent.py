@@ -12,10 +12,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from nxgate.agentsocket import SOCKET_NAME
 from nxgate.session.model import Session
 from nxgate.session.request import DisplaySettings
 
 PRODUCT = "nxgate"
+#: sun_path holds 108 bytes with the terminating NUL.
+MAX_SOCKET_PATH = 107
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,12 @@ class AgentFiles:
     def authority(self) -> str:
         return os.path.join(self.directory, "authority")
 
+    @property
+    def socket(self) -> str:
+        """Where the agent listens for the client's proxy (see
+        :mod:`nxgate.agentsocket`)."""
+        return os.path.join(self.directory, SOCKET_NAME)
+
 
 def session_kind(session_type: str) -> str:
     """The session type as nxcomp knows it (it warns about others)."""
@@ -97,14 +106,25 @@ def session_kind(session_type: str) -> str:
             "shadow": "shadow"}.get(session_type, "desktop")
 
 
-def options_line(session: Session, settings: DisplaySettings, accept: str,
+def listen_unix(path: str) -> tuple[str, str]:
+    """The agent listens on a Unix socket only (no TCP port at all)."""
+    return ("listen", f"unix:{path}")
+
+
+def listen_tcp(client_address: str) -> tuple[str, str]:
+    """The agent listens on TCP 4000+N for one client address (unencrypted
+    sessions, whose client connects to the agent directly)."""
+    return ("accept", client_address)
+
+
+def options_line(session: Session, settings: DisplaySettings, listen: tuple[str, str],
                  extra: tuple[tuple[str, str], ...] = ()) -> str:
     """The one-line options file: ``nx/nx,key=value,...:display``."""
     items: list[tuple[str, str]] = [
         ("link", settings.link),
         ("cache", settings.cache),
         ("images", settings.images),
-        ("accept", accept),
+        listen,
         ("cookie", session.cookie),
         ("id", session.full_id),
         ("keyboard", settings.keyboard),
@@ -134,6 +154,10 @@ def options_line(session: Session, settings: DisplaySettings, accept: str,
     for key, value in items:
         if key == "shadow" and value.startswith(":") and value[1:].isdigit():
             continue  # the one option whose value is a display
+        if key == "listen" and value.startswith("unix:/"):
+            value = value[len("unix:"):]  # and the one with a colon of its own
+            if len(value.encode()) > MAX_SOCKET_PATH:
+                raise ValueError(f"agent socket path too long ({len(value.encode())} > {MAX_SOCKET_PATH} bytes): {value}")
         if any(ch in value for ch in ",:=\n") or not value:
             raise ValueError(f"unsafe value for agent option {key}: {value!r}")
     body = ",".join(f"{key}={value}" for key, value in items)
@@ -141,8 +165,12 @@ def options_line(session: Session, settings: DisplaySettings, accept: str,
 
 
 def caption(session: Session) -> str:
-    """The window title on the client (``-name``)."""
-    return f"NX - {session.user}@{session.server_name}:{session.display} - {session.name}"
+    """The window title on the client (``-name``).
+
+    It is in the agent's argv, which every local user sees in ``ps``, so it
+    names neither the user nor the session (nxagent reads no title from its
+    options file); the display number is in argv anyway."""
+    return f"NX - {session.server_name}:{session.display}"
 
 
 def agent_argv(executable: str, session: Session, files: AgentFiles, plan: AgentPlan,

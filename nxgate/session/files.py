@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from twisted.logger import Logger
 
-from nxgate.backends.nxagent import AgentFiles
+from nxgate.backends.nxagent import MAX_SOCKET_PATH, AgentFiles
 
 log = Logger(namespace="nxgate.session")
 
@@ -57,6 +57,10 @@ class StateLayout:
         return os.path.join(self.root, "sessions")
 
     def prepare(self) -> None:
+        socket_path = self.agent_files("0" * 32).socket
+        if len(socket_path.encode()) > MAX_SOCKET_PATH:
+            raise RuntimeError(f"state directory {self.root} is too long: agents' sockets ({socket_path}) may "
+                               f"have at most {MAX_SOCKET_PATH} bytes; choose a shorter state_dir")
         for path, mode in ((self.root, 0o711), (self.logs, 0o700), (self.sessions, 0o711)):
             os.makedirs(path, mode=mode, exist_ok=True)
             st = os.lstat(path)

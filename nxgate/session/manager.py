@@ -67,15 +67,18 @@ SIGHUP_ATTEMPTS = 40
 RESUME_LISTEN_SECONDS = 10.0
 #: How often writes the store refused (a full disk) are tried again.
 STORE_RETRY_SECONDS = 5.0
+#: How long what a session left behind has between SIGTERM and SIGKILL.
+LEFTOVER_GRACE_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
 class RelayTarget:
-    """Where the client's stream goes after ``bye``."""
+    """Where the client's stream goes after ``bye``: the agent's Unix socket,
+    owned by ``uid`` (see :mod:`nxgate.agentsocket`)."""
 
     session_id: str
-    host: str
-    port: int
+    path: str
+    uid: int
 
 
 @dataclass(frozen=True)
@@ -263,6 +266,7 @@ class SessionManager(service.Service):
             if session.state in (State.RUNNING, State.WAITING, State.RESUMING) and session.ever_attached:
                 log.info("session {id} is attached elsewhere: suspending it for {address}", id=session.id,
                          address=client.address, audit="session_takeover")
+                self._cancel_connect_timer(runtime)  # this suspend is wanted (see _listen_again)
                 self._signal_agent(session, signal.SIGHUP)
                 await self._wait_for(session.id, {State.SUSPENDED}, self.settings.suspend_timeout)
             elif session.state is State.SUSPENDING:
@@ -349,7 +353,8 @@ class SessionManager(service.Service):
             "argv": nxagent.agent_argv(self.settings.nxagent, session, agent_files, plan,
                                        self.settings.agent_extra_options),
             "env": login_environment(user, self.settings),
-            "env_fixed": nxagent.agent_environment(session, agent_files, {}),
+            "env_fixed": {**nxagent.agent_environment(session, agent_files, {}),
+                          processes.SESSION_MARKER: session.id},
             "cwd": agent_files.directory,
             "log": agent_files.log,
             "pam": self._pam_request(session) if plan.pam else None,
@@ -360,10 +365,13 @@ class SessionManager(service.Service):
 
     def _write_agent_files(self, session: Session, agent_files: nxagent.AgentFiles, settings: DisplaySettings) -> None:
         plan = self._plan(session)
-        accept = "127.0.0.1" if session.encrypted else session.client_address
+        # Encrypted sessions reach their agent through the gateway only;
+        # an unencrypted one's client connects to its TCP port directly.
+        listen = (nxagent.listen_unix(agent_files.socket) if session.encrypted
+                  else nxagent.listen_tcp(session.client_address))
         authority = b"".join(files.xauthority(display, cookie)
                              for display, cookie in ((session.display, session.cookie), *plan.extra_cookies))
-        options = nxagent.options_line(session, settings, accept, plan.extra_options)
+        options = nxagent.options_line(session, settings, listen, plan.extra_options)
         files.write_user_file(agent_files.authority, authority, session.uid, session.gid)
         files.write_user_file(agent_files.options, options.encode(), session.uid, session.gid)
 
@@ -389,7 +397,8 @@ class SessionManager(service.Service):
             "user": user.pw_name,
             "argv": list(plan.program),
             "env": login_environment(user, self.settings),
-            "env_fixed": nxagent.x11_environment(session, runtime.files, dict(plan.program_env)),
+            "env_fixed": {**nxagent.x11_environment(session, runtime.files, dict(plan.program_env)),
+                          processes.SESSION_MARKER: session.id},
             "cwd": user.pw_dir,
             "log": runtime.files.app_log,
             "stdin": secret,
@@ -535,6 +544,11 @@ class SessionManager(service.Service):
             changes["ever_attached"] = True
         reason = session.failure or runtime.last_error or "nxagent ended"
         self._transition(session_id, new, **changes)
+        if new is State.SUSPENDED and self._awaiting_client(runtime):
+            log.warn("session {id}: its agent suspended itself before the client came (a failed connection, or "
+                     "nxagent's own timeout); listening again", id=session_id)
+            defer.ensureDeferred(self._listen_again(session_id))
+            return
         if not new.live:
             # Waiters may have cleaned up already; _end does nothing twice.
             defer.ensureDeferred(self._end(session_id, new, reason))
@@ -594,6 +608,30 @@ class SessionManager(service.Service):
                     defer.ensureDeferred(self.terminate_session(session_id, "no client connected"))
 
         runtime.connect_timer = self.reactor.callLater(self.settings.connect_timeout, check)
+
+    @staticmethod
+    def _awaiting_client(runtime: Runtime) -> bool:
+        return runtime.connect_timer is not None and runtime.connect_timer.active()
+
+    async def _listen_again(self, session_id: str) -> None:
+        """A resumed agent that suspended itself again before its client
+        came listens again, as long as that client may still come: one bad
+        connection (a wrong cookie, a connection that closed at once) must
+        not cost the user his resume.  nxagent also gives up waiting by
+        itself after about 20 seconds, shorter than the connect timeout."""
+        runtime = self.runtime.get(session_id)
+        if runtime is None:
+            return
+        await runtime.lock.acquire()
+        try:
+            session = self.sessions.get(session_id)
+            if session is None or session.state is not State.SUSPENDED or not self._awaiting_client(runtime):
+                return
+            await self._sighup_until_listening(session_id)
+        except (SessionEnded, WaitTimeout) as error:
+            log.warn("session {id}: could not make its agent listen again: {error}", id=session_id, error=str(error))
+        finally:
+            runtime.lock.release()
 
     @staticmethod
     def _cancel_connect_timer(runtime: Runtime) -> None:
@@ -719,6 +757,7 @@ class SessionManager(service.Service):
             self._stop_watching(runtime)
             self._cancel_connect_timer(runtime)
         self._kill_program(session)
+        self._end_leftovers(session)
         agent = ProcessId(session.agent_pid, session.agent_started)
         if agent.alive():
             # It said it terminated; it should be gone in a moment.
@@ -752,6 +791,33 @@ class SessionManager(service.Service):
                 os.killpg(program.pid, signal.SIGTERM)
             except OSError:
                 pass
+
+    def _end_leftovers(self, session: Session) -> None:
+        """Whatever the session started ends with it, also daemons that left
+        its process group (gpg-agent, dbus-daemon): SIGTERM now, SIGKILL to
+        what is still there after LEFTOVER_GRACE_SECONDS.  They are found by
+        the session's marker in their environment (processes.tagged_processes)."""
+
+        def signal_all(signum: int) -> int:
+            tagged = processes.tagged_processes(session.id, session.uid)
+            for process in tagged:
+                if process.alive():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(process.pid, signum)
+            return len(tagged)
+
+        left = signal_all(signal.SIGTERM)
+        if left:
+            log.info("session {id} of {user}: ending {count} processes it started", id=session.id,
+                     user=session.user, count=left)
+            self.reactor.callLater(LEFTOVER_GRACE_SECONDS, self._kill_leftovers, session, signal_all)
+
+    @staticmethod
+    def _kill_leftovers(session: Session, signal_all: Callable[[int], int]) -> None:
+        left = signal_all(signal.SIGKILL)
+        if left:
+            log.warn("session {id} of {user}: killed {count} processes that ignored SIGTERM", id=session.id,
+                     user=session.user, count=left)
 
     # ------------------------------------------------------------ restart
     def reconcile(self) -> None:
@@ -925,6 +991,8 @@ class SessionManager(service.Service):
     def _own_listener(self, session_id: str) -> Session:
         """The session, once it is sure its port is held by its own agent."""
         session = self.sessions[session_id]
+        if session.encrypted:
+            return session  # its socket is in the user's private directory (nxgate.agentsocket)
         if not processes.listens(session.agent_pid, session.port):
             log.error("session {id}: port {port} is not held by its agent (pid {pid}); not relaying there",
                       id=session_id, port=session.port, pid=session.agent_pid)
@@ -939,7 +1007,8 @@ class SessionManager(service.Service):
             proxy_ip="127.0.0.1" if session.encrypted else local_address, encrypted=session.encrypted,
             status=status,
         )
-        relay = RelayTarget(session.id, "127.0.0.1", session.port) if session.encrypted else None
+        relay = (RelayTarget(session.id, self.layout.agent_files(session.id).socket, session.uid)
+                 if session.encrypted else None)
         return Reply(lines, relay)
 
 

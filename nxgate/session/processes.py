@@ -128,6 +128,53 @@ def display_argument(pid: int) -> int | None:
     return None
 
 
+#: In the environment of everything a session starts (its agent, its
+#: program, and whatever they start in turn): the session's id.  When the
+#: session ends, whatever still carries it is ended too (see
+#: :func:`tagged_processes`).
+SESSION_MARKER = "NXGATE_SESSION"
+
+
+def tagged_processes(session_id: str, uid: int) -> list[ProcessId]:
+    """The live processes of ``uid`` that carry ``session_id`` as their
+    :data:`SESSION_MARKER`: daemons a session started (gpg-agent, dbus)
+    that left its process group and session with setsid and double forks.
+
+    /proc/PID/environ is the environment the process was started with;
+    only a program started with a cleaned environment (``env -i``, su,
+    sudo) loses the marker.  Other users' and root's processes are never
+    listed, whatever their environment says."""
+    needle = f"\0{SESSION_MARKER}={session_id}\0".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            if _uids(pid) != {uid}:
+                continue  # not the user's, or setuid to someone else
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                environ = b"\0" + handle.read()
+        except OSError:
+            continue
+        if needle in environ:
+            process = ProcessId.of(pid)
+            if process is not None:
+                found.append(process)
+    return found
+
+
+def _uids(pid: int) -> set[int]:
+    """Real, effective, saved and filesystem uid of ``pid`` (from status:
+    the owner of /proc/PID is root for a non-dumpable process such as
+    ssh-agent)."""
+    with open(f"/proc/{pid}/status", "rb") as handle:
+        for line in handle:
+            if line.startswith(b"Uid:"):
+                return {int(field) for field in line.split()[1:]}
+    return set()
+
+
 class _Launch(protocol.ProcessProtocol):
     def __init__(self, request: dict[str, Any]) -> None:
         self.request = json.dumps(request).encode()

@@ -1,7 +1,8 @@
-"""Loopback ports for test servers."""
+"""Loopback ports and Unix sockets for test servers."""
 
 from __future__ import annotations
 
+import os
 import socket
 
 from nxgate.session.processes import listening_inodes
@@ -34,6 +35,25 @@ def listen_when_free(port: int, timeout: float = 10.0) -> socket.socket:
         listener.close()
         raise
     listener.listen(1)
+    return listener
+
+
+def listen_unix_when_free(path: str, timeout: float = 10.0) -> socket.socket:
+    """A listener at ``path``, an agent's socket in its session directory,
+    once the gateway has cleaned up after the agent the test killed (it
+    removes the directory), so that the test plays the agent's end.  The
+    directory is made again, root's: the gateway relays to a socket of the
+    session's user or of root."""
+    directory = os.path.dirname(path)
+    wait_for(lambda: not os.path.exists(directory), timeout, f"{directory} to be removed", interval=0.02)
+    os.mkdir(directory, 0o700)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(path)
+        listener.listen(1)
+    except BaseException:
+        listener.close()
+        raise
     return listener
 
 
