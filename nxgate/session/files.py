@@ -10,6 +10,7 @@ for a symlink cannot make root write elsewhere.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import shutil
 import socket
@@ -26,6 +27,9 @@ log = Logger(namespace="nxgate.session")
 X_LOCK = "/tmp/.X{n}-lock"
 X_SOCKET_DIR = "/tmp/.X11-unix"
 X_SOCKET = "/tmp/.X11-unix/X{n}"
+#: Where gateways on one machine claim displays (root's: /run is not
+#: world-writable, so no local user can hold a claim).
+DISPLAY_CLAIMS = "/run/nxgate/displays"
 FAMILY_WILD = 0xFFFF
 FAMILY_LOCAL = 256
 
@@ -207,6 +211,44 @@ def _port_free(port: int) -> bool:
         finally:
             probe.close()
     return True
+
+
+_claims: dict[int, int] = {}  # display -> the fd that holds its flock
+
+
+def claim_display(display: int, directory: str = DISPLAY_CLAIMS) -> bool:
+    """Claim display ``N`` for this process against other gateways on the
+    machine, until :func:`release_display`.
+
+    Between choosing a free display and its agent taking the X lock there is
+    a window in which another gateway (a second node, a test) could choose
+    it too; an flock on a file of our own closes it, and ends with the
+    process that held it.  A claim this process already holds is granted
+    again: within one gateway the session manager decides."""
+    if display in _claims:
+        return True
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        fd = os.open(os.path.join(directory, str(display)),
+                     os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as error:
+        log.warn("cannot claim display :{display} in {directory} ({error}); choosing it unclaimed",
+                 display=display, directory=directory, error=str(error))
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    _claims[display] = fd
+    return True
+
+
+def release_display(display: int) -> None:
+    """Give up this process's claim on display ``N`` (if it holds one)."""
+    fd = _claims.pop(display, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def display_available(display: int) -> bool:

@@ -211,7 +211,8 @@ class SessionManager(service.Service):
         try:
             self.store.insert(session)
         except StoreError as error:
-            # Nothing is held yet: no display, no place in the user's limit.
+            # Nothing is held but the display's claim: no place in the user's limit.
+            files.release_display(session.display)
             log.error("session {id} for {user} not started: the session store refused it: {error}",
                       id=session.id, user=session.user, error=str(error))
             raise NXError(errors.SESSION_FAILED, f"Error: Session startup failed: {storage_reason(error)}.",
@@ -747,6 +748,7 @@ class SessionManager(service.Service):
             self._transition(session_id, final)
         session = self.sessions.pop(session_id)
         runtime = self.runtime.pop(session_id, None)
+        files.release_display(session.display)
         log.info("session {id} of {user} ended ({state}: {reason})", id=session_id, user=session.user,
                  state=final.value, reason=session.failure or reason, audit="session_end")
         if "shadow" in session.options:
@@ -826,6 +828,7 @@ class SessionManager(service.Service):
             agent = ProcessId(session.agent_pid, session.agent_started)
             self.sessions[session.id] = session
             runtime = self.runtime[session.id] = Runtime(self.layout.agent_files(session.id))
+            files.claim_display(session.display)
             if not agent.alive():
                 log.warn("session {id} of {user}: nxagent ended while the gateway was away", id=session.id,
                          user=session.user)
@@ -983,8 +986,11 @@ class SessionManager(service.Service):
         taken = {s.display for s in self.sessions.values()} | {o.display for o in self.orphans.values()}
         first, count = self.settings.display_base, self.settings.display_limit
         for display in range(first, first + count):
-            if display not in taken and display + 4000 < 65536 and files.display_available(display):
+            if display in taken or display + 4000 >= 65536 or not files.claim_display(display):
+                continue
+            if files.display_available(display):
                 return display
+            files.release_display(display)
         raise NXError(errors.SESSION_FAILED, "Error: Display limit exceeded: no free display for a new session.",
                       last_operation_failed=True)
 
