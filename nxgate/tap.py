@@ -44,5 +44,11 @@ def makeService(options: Options):  # type: ignore[no-untyped-def]
     from twisted.internet import reactor
 
     from nxgate.gateway import Gateway
+    from nxgate.instance import StartupError
 
-    return Gateway(options.config, reactor)
+    try:
+        return Gateway(options.config, reactor)
+    except StartupError as error:
+        # twistd has not started logging or forked yet: stderr is the
+        # admin's terminal (or the service manager's journal).
+        raise SystemExit(f"nxgate: {error}") from None

@@ -57,12 +57,26 @@ class Gateway:
         self.process: subprocess.Popen | None = None
         self.port = 0
 
-    def start(self, timeout: float = 30.0) -> Gateway:
-        env = dict(os.environ, PYTHONPATH=REPO)
-        self.process = subprocess.Popen(
+    def _spawn(self) -> subprocess.Popen:
+        return subprocess.Popen(
             [TWISTD, "--nodaemon", "--pidfile=", "--logfile", self.logfile, "nxgate", "--config", self.config],
-            cwd=self.workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            cwd=self.workdir, env=dict(os.environ, PYTHONPATH=REPO), stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
+
+    def start_refused(self, timeout: float = 30.0) -> tuple[int, str]:
+        """Run a gateway that is expected to refuse to start: (exit status, stderr)."""
+        process = self._spawn()
+        try:
+            _, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop(process)
+            process.stderr.close()
+            raise AssertionError(f"the gateway did not refuse to start: {self.log()}") from None
+        return process.returncode, err.decode(errors="replace")
+
+    def start(self, timeout: float = 30.0) -> Gateway:
+        self.process = self._spawn()
 
         def listening() -> int | None:
             if self.process.poll() is not None:
