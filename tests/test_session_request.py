@@ -55,6 +55,14 @@ class StartRequestTests(SynchronousTestCase):
             with self.subTest(bad=bad):
                 self.assertEqual(self.assertRaises(NXError, start_request, parse_params(bad)).code, 597)
 
+    def test_refusals_quote_the_value_as_the_client_wrote_it(self):
+        for bad, shown in (('--type="unix-kde" --link="Fast"', "'Fast'"),
+                           ('--type="unix-kde" --encryption="Maybe"', "'Maybe'"),
+                           ('--type="Unix KDE"', "'Unix KDE'")):
+            with self.subTest(bad=bad):
+                self.assertIn(shown, self.assertRaises(NXError, start_request, parse_params(bad)).text)
+        self.assertIn("'Not-An-Id'", self.assertRaises(NXError, session_id, parse_params('--id="Not-An-Id"'), "id").text)
+
     def test_missing_type_and_application(self):
         self.assertIn("type missing", self.assertRaises(NXError, start_request, parse_params('--session="x"')).text)
         error = self.assertRaises(NXError, start_request, parse_params('--type="unix-application"'))
