@@ -42,10 +42,10 @@ Match User {nx}
     AllowAgentForwarding no
     X11Forwarding no
     PermitTunnel no
-    SetEnv NXGATE_SOCKET={socket}
+    SetEnv NXGATE_SOCKET={socket} PYTHONPATH={repo}
 Match User {user}
     ForceCommand {shell}
-    SetEnv NXGATE_SOCKET={socket}
+    SetEnv NXGATE_SOCKET={socket} PYTHONPATH={repo}
 """
 
 
@@ -83,7 +83,7 @@ class OpenSSHModeTests(SessionTestCase):
         config = os.path.join(directory, "sshd_config")
         with open(config, "w") as handle:
             handle.write(SSHD_CONFIG.format(port=port, dir=directory, nx=nx.name, user=user.name,
-                                            shell=NXGATE_SHELL, socket=socket_path))
+                                            shell=NXGATE_SHELL, socket=socket_path, repo=REPO))
         sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-f", config, "-E", os.path.join(directory, "sshd.log")])
         wait_for(lambda: subprocess.run(["ssh-keyscan", "-p", str(port), "127.0.0.1"], capture_output=True).stdout,
                  15, "sshd to listen")
