@@ -246,6 +246,13 @@ class SSHRefusalTests(GatewayTestCase):
         wait_for(lambda: "refused b'agent forwarding' for 'nx' from 127.0.0.1" in self.gateway.log(), 10,
                  "the refusal in the log")
 
+    def test_keepalives_are_answered_without_log_lines(self):
+        client = self.client(extra=["-o", "ServerAliveInterval=1"])
+        client.greet()
+        time.sleep(3.5)  # three probes from ssh
+        self.assertEqual(client.command("hello NXCLIENT - Version 3.0.0").count(b"NX> 134"), 1)
+        self.assertNotIn("keepalive", self.gateway.log())
+
     def test_agent_and_x11_forwarding_do_not_break_the_shell(self):
         client = self.client(extra=["-A", "-X"])
         client.greet()

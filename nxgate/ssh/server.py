@@ -32,6 +32,8 @@ log = Logger(namespace="nxgate.ssh")
 OPEN_ADMINISTRATIVELY_PROHIBITED = 1
 MSG_USERAUTH_INFO_REQUEST = 60
 MODULI_FILE = "/etc/ssh/moduli"
+#: OpenSSH clients' ServerAliveInterval probe (global or on a channel).
+KEEPALIVE = b"keepalive@openssh.com"
 
 # Makes the NX conversation for a channel: (avatar, channel) -> handler
 # with data_received(bytes), eof_received() and connection_lost().
@@ -157,6 +159,8 @@ class NXAvatar(ConchUser):
         return super().lookupChannel(channelType, windowSize, maxPacket, data)
 
     def gotGlobalRequest(self, requestType: bytes, data: bytes) -> int:
+        if requestType == KEEPALIVE:
+            return 0  # any answer tells the client we are alive; no log line every interval
         log.warn(
             "refused global request {kind!r} for {user!r}", kind=requestType, user=self.principal.ssh_user
         )
@@ -275,6 +279,8 @@ class NXSessionChannel(SSHChannel):
         if requestType == b"auth-agent-req@openssh.com":
             self._refuse(b"agent forwarding")
             return 0
+        if requestType == KEEPALIVE:
+            return 0  # as for the global one
         return super().requestReceived(requestType, data)
 
     def _refuse(self, what: bytes) -> None:
