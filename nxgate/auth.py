@@ -23,6 +23,7 @@ from __future__ import annotations
 import enum
 import os
 import pwd
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -38,6 +39,25 @@ log = Logger()
 
 MAX_USERNAME_BYTES = 256
 MAX_PASSWORD_BYTES = 4096
+
+
+_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
+_DOMAIN = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
+#: What a user name can look like: POSIX and Samba names (``bob``,
+#: ``host$``), ``DOMAIN\user`` and ``user@example.org``.
+_USER_NAME = re.compile(rf"(?:{_DOMAIN}\\)?{_NAME}\$?|{_NAME}@{_DOMAIN}")
+
+
+def loggable_user(username: str) -> str:
+    """``username`` as the log may show it.
+
+    A user who types the password at the ``User:`` prompt sends it as the
+    user name; it must not end up in the log (or the audit log).  What
+    cannot be a user name is shown only by its length.
+    """
+    if _USER_NAME.fullmatch(username):
+        return username
+    return f"<masked {len(username)} chars>"
 
 
 class Verdict(enum.Enum):
@@ -192,7 +212,7 @@ class Authenticator:
                 elif outcome.verdict is Verdict.DENIED:
                     for kind in self.throttle.failed(remote_host, outcome.username):
                         log.warn("login throttling: blocking the {kind} of {user!r} from {address}", kind=kind,
-                                 user=outcome.username, address=remote_host, reason="throttled",
+                                 user=loggable_user(outcome.username), address=remote_host, reason="throttled",
                                  audit="login_throttled")
             return outcome
 

@@ -18,7 +18,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from nxgate.auth import AuthResult, Authenticator, Verdict
+from nxgate.auth import AuthResult, Authenticator, Verdict, loggable_user
 from nxgate.nx import shell as nx
 from nxgate.nx.errors import NXError
 from nxgate.nx.params import Params
@@ -168,12 +168,12 @@ class Conversation:
         if result.verdict is Verdict.ERROR:
             log.error(
                 "NX login error for user {user!r} from {address}: {reason}",
-                user=result.username, address=self.address, reason=result.reason,
+                user=loggable_user(result.username), address=self.address, reason=result.reason,
             )
         else:
             log.warn(
                 "NX login failed for user {user!r} from {address}: {reason} (attempt {attempt})",
-                user=result.username, address=self.address, reason=result.reason, attempt=attempt,
+                user=loggable_user(result.username), address=self.address, reason=result.reason, attempt=attempt,
                 audit="login_failed",
             )
         self._run(self.shell.authentication_finished(None, error=result.verdict is Verdict.ERROR,

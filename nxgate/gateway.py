@@ -21,6 +21,7 @@ from nxgate.commands import SessionCommands
 from nxgate.config import Config
 from nxgate.logs import filter_global_log
 from nxgate.conversation import Client, Conversation
+from nxgate.instance import check_port_free, claim_unix_socket, lock_state_dir, record_pid
 from nxgate.nx.shell import ShellSettings
 from nxgate.relay import AgentRelay
 from nxgate.session.files import StateLayout
@@ -103,6 +104,12 @@ class Gateway(service.MultiService):
         self.started = reactor.seconds()
         self.layout = StateLayout(config.server.state_dir)
         self.layout.prepare()
+        # Before anything else touches the state or its sockets: a second
+        # gateway on the same directory stops here (see nxgate.instance).
+        self.lock_fd = lock_state_dir(self.layout.root)
+        check_port_free(config.server.listen, "[server] listen, or --port")
+        if config.metrics.listen:
+            check_port_free(config.metrics.listen, "[metrics] listen")
         self.throttle = Throttle(reactor, config.auth.throttle_per_address, config.auth.throttle_per_account,
                                  config.auth.throttle_window, config.auth.throttle_block)
         self.authenticator = Authenticator(
@@ -122,19 +129,19 @@ class Gateway(service.MultiService):
         self.ssh_factory = self._ssh_factory()
         strports.service(config.server.listen, self.ssh_factory).setServiceParent(self)
         if config.server.shell_socket:
-            self._listen_unix(config.server.shell_socket, 0o666, ShellFactory(self))
+            self._listen_unix(config.server.shell_socket, 0o666, ShellFactory(self), "[server] shell_socket")
         self._listen_unix(config.server.admin_socket or os.path.join(self.layout.root, "admin.sock"), 0o600,
-                          AdminFactory(self))
+                          AdminFactory(self), "[server] admin_socket")
         if config.metrics.listen:
             if not metrics.available():
                 raise RuntimeError("[metrics] listen is set but prometheus-client is not installed")
             strports.service(config.metrics.listen, Site(metrics.resource(self.sessions))).setServiceParent(self)
 
-    def _listen_unix(self, path: str, mode: int, factory: Any) -> None:
-        """A Unix socket; a stale one from a previous run is removed."""
+    def _listen_unix(self, path: str, mode: int, factory: Any, setting: str) -> None:
+        """A Unix socket; a stale one from a previous run is removed, a live
+        one (another gateway's) never."""
         os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
-        if os.path.exists(path):
-            os.unlink(path)
+        claim_unix_socket(path, setting)
         endpoint = f"unix:{quoteStringArgument(path)}:mode={mode:o}:lockfile=0"
         strports.service(endpoint, factory).setServiceParent(self)
 
@@ -205,6 +212,7 @@ class Gateway(service.MultiService):
         return AgentRelay(self.reactor, client, target, transport, leftover)
 
     def startService(self) -> None:
+        record_pid(self.lock_fd)  # twistd may have forked since the lock was taken
         filter_global_log(self.config.server.log_level)
         self.audit = AuditLog(self.config.server.audit_log or os.path.join(self.layout.root, "audit.log"))
         globalLogPublisher.addObserver(self.audit)

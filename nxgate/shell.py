@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     if args:  # sshd passes "-c COMMAND" when the client asked for one
         return fail("this account only speaks NX; commands are refused")
     path = os.environ.get("NXGATE_SOCKET", DEFAULT_SOCKET)
-    remote = (os.environ.get("SSH_CONNECTION") or os.environ.get("SSH_CLIENT") or "unknown").split()[0]
+    words = (os.environ.get("SSH_CONNECTION") or os.environ.get("SSH_CLIENT") or "").split()
+    remote = words[0] if words else None
     stdin, stdout = 0, 1
     saved = None
     if os.isatty(stdin):
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:
         os.write(stdout, b"NX> 500 ERROR: The NX service is not running on this server.\nNX> 999 Bye.\n")
         return fail(f"cannot reach the gateway at {path}: {error}")
-    conn.sendall(shellproto.frame(shellproto.HELLO, json.dumps({"remote": remote}).encode()))
+    conn.sendall(shellproto.frame(shellproto.HELLO, shellproto.hello_payload(remote)))
     try:
         return relay(conn, stdin, stdout)
     finally:

@@ -69,6 +69,15 @@ def peer_uid(transport: Any) -> int | None:
 
 
 class ShellProtocol(protocol.Protocol):
+    """One nxgate-shell connection.
+
+    Who connected comes from the kernel (SO_PEERCRED) only.  The client
+    address in the hello is the shell's claim: for the nx account it is
+    sshd's word (sshd runs nxgate-shell as that account's only command), so
+    it serves for PAM, throttling and fail2ban like the built-in server's
+    peer address; from any other local user it is shown marked as a claim.
+    """
+
     def __init__(self, gateway: Any) -> None:
         self.gateway = gateway
         self.deframer = shellproto.Deframer()
@@ -76,9 +85,11 @@ class ShellProtocol(protocol.Protocol):
         self.preauthenticated: str | None = None
         self.agent: socket.socket | None = None  # handed to the shell; ours to close once sent
         self.lost = False
+        self.uid: int | None = None
+        self.done = False
 
     def connectionMade(self) -> None:
-        uid = peer_uid(self.transport)
+        self.uid = uid = peer_uid(self.transport)
         nx_user = self.gateway.config.ssh.nx_user
         try:
             name = pwd.getpwuid(uid).pw_name if uid is not None else None
@@ -86,43 +97,69 @@ class ShellProtocol(protocol.Protocol):
             name = None
         if name is None or uid == 0:
             log.warn("refused a shell socket connection from uid {uid}", uid=uid)
-            self.transport.loseConnection()
+            self._drop()
         elif name != nx_user:
             if not self.gateway.config.ssh.user_logins:
                 log.warn("refused {user} on the shell socket: user logins are disabled", user=name)
-                self.transport.loseConnection()
+                self._drop()
                 return
             self.preauthenticated = name
 
     def dataReceived(self, data: bytes) -> None:
         try:
             for kind, payload in self.deframer.feed(data):
+                if self.done:
+                    return
                 self._frame(kind, payload)
-        except (shellproto.FramingError, ValueError, KeyError) as error:
-            log.warn("bad data from nxgate-shell: {error}", error=str(error))
-            self.transport.loseConnection()
+        except shellproto.FramingError as error:
+            log.warn("bad data from nxgate-shell (uid {uid}): {error}", uid=self.uid, error=str(error))
+            self._drop()
 
     def _frame(self, kind: bytes, payload: bytes) -> None:
-        if kind == shellproto.HELLO and self.conversation is None:
-            remote = str(json.loads(payload).get("remote", "unknown"))[:100]
-            log.info("NX conversation from {address} through sshd ({who})", address=remote,
-                     who=self.preauthenticated or "nx account")
-            self.conversation = self.gateway.conversation(_Frames(self.transport), remote, self.preauthenticated,
-                                                          self._hand_over)
-            self.conversation.start()
-        elif self.conversation is None:
-            raise shellproto.FramingError("no hello first")
+        if self.conversation is None:
+            if kind != shellproto.HELLO:
+                raise shellproto.FramingError("no hello first")
+            self._hello(payload)
         elif kind == shellproto.DATA:
             self.conversation.data_received(payload)
         elif kind == shellproto.EOF:
             self.conversation.eof_received()
+        else:
+            raise shellproto.FramingError(f"unexpected frame {kind!r}")
+
+    def _hello(self, payload: bytes) -> None:
+        who = self.preauthenticated or "nx account"
+        try:
+            hello = shellproto.parse_hello(payload)
+        except shellproto.HelloError as error:
+            log.warn("refused a malformed hello on the shell socket from uid {uid} ({who}): {error}",
+                     uid=self.uid, who=who, error=str(error))
+            self.transport.write(shellproto.frame(
+                shellproto.DATA, b"NX> 500 ERROR: Malformed greeting from nxgate-shell.\nNX> 999 Bye.\n"))
+            self.transport.write(shellproto.frame(shellproto.EXIT, b"1"))
+            self._drop()
+            return
+        claimed = hello.claimed_address
+        if self.preauthenticated is None:
+            address = claimed or "unknown"
+        else:
+            address = f"{claimed} (claimed by uid {self.uid})" if claimed else f"local uid {self.uid}"
+        log.info("NX conversation through sshd for uid {uid} ({who}), client address {claimed_address} "
+                 "as nxgate-shell reports it", uid=self.uid, who=who, claimed_address=claimed or "not given")
+        self.conversation = self.gateway.conversation(_Frames(self.transport), address, self.preauthenticated,
+                                                      self._hand_over)
+        self.conversation.start()
+
+    def _drop(self) -> None:
+        self.done = True
+        self.transport.loseConnection()
 
     def _hand_over(self, client: Client, target: Any, _transport: Any, leftover: bytes) -> _HandedOver:
         def reached(sock: socket.socket | None, error: str) -> None:
             if sock is None:
                 log.warn("cannot reach the agent of session {id}: {error}", id=target.session_id, error=error)
                 self.transport.write(shellproto.frame(shellproto.EXIT, b"1"))
-                self.transport.loseConnection()
+                self._drop()
                 return
             if self.lost:  # nxgate-shell is gone already
                 sock.close()
@@ -131,7 +168,7 @@ class ShellProtocol(protocol.Protocol):
             self.transport.sendFileDescriptor(sock.fileno())
             message = {"leftover": base64.b64encode(leftover).decode()}
             self.transport.write(shellproto.frame(shellproto.SWITCH, json.dumps(message).encode()))
-            self.transport.loseConnection()
+            self._drop()
             log.info("handed {user}'s stream for session {id} to nxgate-shell", user=client.user,
                      id=target.session_id)
 

@@ -39,10 +39,13 @@ def makeService(options: Options):  # type: ignore[no-untyped-def]
     from twisted.internet import reactor
 
     from nxgate.gateway import Gateway
+    from nxgate.instance import StartupError
     from nxgate.session.store import StoreError
 
     try:
         return Gateway(options.config, reactor)
-    except StoreError as error:
-        # One line that says what to do, not a traceback (twistd prints it and exits 1).
+    except (StartupError, StoreError) as error:
+        # One line that says what to do, not a traceback: twistd has not
+        # started logging or forked yet, so stderr is the admin's terminal
+        # (or the service manager's journal).
         raise SystemExit(f"nxgate: {error}") from None

@@ -13,6 +13,19 @@ def immediate(reactor, pool, function, *args):
     return defer.maybeDeferred(function, *args)
 
 
+class LoggableUserTests(SynchronousTestCase):
+    def test_user_names_are_shown(self):
+        for name in ("bob", "nx-user.1", "_svc", "HOST$", "LOWESTOFT\\mjs04", "bob@example.org", "Bob2"):
+            with self.subTest(name=name):
+                self.assertEqual(auth.loggable_user(name), name)
+
+    def test_what_cannot_be_a_user_name_is_masked(self):
+        for secret in ("hunter2!", "correct horse", "p@ss:word", "Zx9#kd", "a" * 65, "x\ny", "DOM\\a\\b",
+                       "-rf", "bad\udcffname", ""):
+            with self.subTest(secret=secret):
+                self.assertEqual(auth.loggable_user(secret), f"<masked {len(secret)} chars>")
+
+
 class PrecheckTests(SynchronousTestCase):
     def test_refusals(self):
         self.assertEqual(auth.precheck("", ()), "empty user name")

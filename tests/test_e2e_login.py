@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from twisted.trial.unittest import SkipTest, TestCase
 
 from tests.harness.gateway import user_and_gateway
+from tests.harness.net import free_port
 from tests.harness.process import stop, wait_for
 from tests.harness.shared import class_fixture
 from tests.harness.ssh import NXClient, askpass_env, ssh_argv
@@ -108,6 +109,15 @@ class LoginTests(GatewayTestCase):
         self.assertIn(b"NX> 103", client.login(self.user.name, self.user.password))
         wait_for(lambda: "LOWESTOFT" in self.gateway.log(), 5, "the refusal in the log")
         self.assertIn("NX login failed for user 'LOWESTOFT\\\\mjs04' from 127.0.0.1", self.gateway.log())
+
+    def test_password_typed_as_user_name_is_not_logged(self):
+        client = self.client()
+        client.greet()
+        self.assertIn(b"NX> 404", client.login("Tr0ub4dor&3 horse", "whatever"))
+        wait_for(lambda: "NX login failed for user '<masked 17 chars>'" in self.gateway.log(), 10, "the masked name")
+        self.assertNotIn("Tr0ub4dor", self.gateway.log())
+        with open(os.path.join(self.gateway.state_dir, "audit.log"), encoding="utf-8") as audit:
+            self.assertNotIn("Tr0ub4dor", audit.read())
 
     def test_empty_password_is_refused_without_pam(self):
         client = self.client()
@@ -212,6 +222,36 @@ class SSHRefusalTests(GatewayTestCase):
         self.assertEqual(conn.recv(100), b"")
         conn.close()
         wait_for(lambda: "refused b'direct-tcpip' channel" in self.gateway.log(), 5, "the refusal in the log")
+
+    def test_refused_jump_forwarding_is_one_info_line(self):
+        target = free_port()
+        result = self.run_ssh(ssh_argv(self.gateway.port, extra=["-W", f"127.0.0.1:{target}"]))
+        self.assertNotEqual(result.returncode, 0)
+        wanted = f"[nxgate.ssh#info] refused b'direct-tcpip' channel to b'127.0.0.1':{target} for 'nx' from 127.0.0.1"
+        wait_for(lambda: wanted in self.gateway.log(), 10, "the refusal in the log")
+        log = self.gateway.log()
+        self.assertEqual(len([line for line in log.splitlines() if f":{target}" in line]), 1)
+        self.assertNotIn("channel open failed", log)
+        self.assertNotIn("#critical]", log)
+        self.assertNotIn("Traceback", log)
+
+    def test_agent_forwarding_refusal_is_logged(self):
+        agent_socket = os.path.join(self.gateway.workdir, "agent.sock")
+        agent = subprocess.Popen(["ssh-agent", "-D", "-a", agent_socket], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(stop, agent)
+        wait_for(lambda: os.path.exists(agent_socket), 10, "ssh-agent")
+        client = self.client(extra=["-A"], env=dict(os.environ, SSH_AUTH_SOCK=agent_socket))
+        client.greet()
+        wait_for(lambda: "refused b'agent forwarding' for 'nx' from 127.0.0.1" in self.gateway.log(), 10,
+                 "the refusal in the log")
+
+    def test_keepalives_are_answered_without_log_lines(self):
+        client = self.client(extra=["-o", "ServerAliveInterval=1"])
+        client.greet()
+        time.sleep(3.5)  # three probes from ssh
+        self.assertEqual(client.command("hello NXCLIENT - Version 3.0.0").count(b"NX> 134"), 1)
+        self.assertNotIn("keepalive", self.gateway.log())
 
     def test_agent_and_x11_forwarding_do_not_break_the_shell(self):
         client = self.client(extra=["-A", "-X"])

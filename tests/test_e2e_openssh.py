@@ -143,7 +143,8 @@ class OpenSSHModeTests(SessionTestCase):
         self.assertIn("--fd", relays)
         self.assertNotIn("python", subprocess.run(["pgrep", "-u", self.nx.name, "-a", "."], capture_output=True,
                                                  text=True).stdout)
-        self.assertIn("NX conversation from 127.0.0.1 through sshd (nx account)", self.gateway.log())
+        self.assertIn(f"NX conversation through sshd for uid {pwd.getpwnam(self.nx.name).pw_uid} (nx account), "
+                      "client address 127.0.0.1 as nxgate-shell reports it", self.gateway.log())
         attachment.detach()
         self.wait_status(info.session_id, "Suspended")
 

@@ -68,8 +68,16 @@ class StartRequestTests(SynchronousTestCase):
 
     def test_a_refused_value_is_echoed_on_one_line(self):
         error = self.assertRaises(NXError, start_request, parse_params('--type="unix-kde" --link="lan%0ANX> 999 Bye."'))
-        self.assertEqual(error.text, "Error: Invalid value 'lan\\x0anx> 999 bye.' for parameter 'link': expected one "
+        self.assertEqual(error.text, "Error: Invalid value 'lan\\x0aNX> 999 Bye.' for parameter 'link': expected one "
                                      "of modem, isdn, adsl, wan, lan.")
+
+    def test_refusals_quote_the_value_as_the_client_wrote_it(self):
+        for bad, shown in (('--type="unix-kde" --link="Fast"', "'Fast'"),
+                           ('--type="unix-kde" --encryption="Maybe"', "'Maybe'"),
+                           ('--type="Unix KDE"', "'Unix KDE'")):
+            with self.subTest(bad=bad):
+                self.assertIn(shown, self.assertRaises(NXError, start_request, parse_params(bad)).text)
+        self.assertIn("'Not-An-Id'", self.assertRaises(NXError, session_id, parse_params('--id="Not-An-Id"'), "id").text)
 
     def test_missing_type_and_application(self):
         self.assertIn("type missing", self.assertRaises(NXError, start_request, parse_params('--session="x"')).text)

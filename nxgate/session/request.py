@@ -90,20 +90,22 @@ class StartRequest:
 
 
 def _flag(params: Params, name: str, default: bool) -> bool:
-    value = params.get(name, "").strip().lower()
+    given = params.get(name, "").strip()
+    value = given.lower()
     if value == "":
         return default
     if value in ("1", "true", "yes", "on"):
         return True
     if value in ("0", "false", "no", "off"):
         return False
-    raise invalid(name, value, "expected 0 or 1")
+    raise invalid(name, given, "expected 0 or 1")  # as the client wrote it
 
 
 def _choice(params: Params, name: str, choices: tuple[str, ...], default: str) -> str:
-    value = params.get(name, "").strip().lower() or default
+    given = params.get(name, "").strip()
+    value = given.lower() or default
     if value not in choices:
-        raise invalid(name, value, "expected one of " + ", ".join(choices))
+        raise invalid(name, given, "expected one of " + ", ".join(choices))
     return value
 
 
@@ -170,11 +172,12 @@ def display_settings(params: Params) -> DisplaySettings:
 
 def start_request(params: Params) -> StartRequest:
     """Validate a ``startsession``; raises NXError for bad or missing values."""
-    session_type = params.get("type", "").strip().lower()
+    given_type = params.get("type", "").strip()
+    session_type = given_type.lower()
     if not session_type:
         raise NXError(errors.GENERIC_ERROR, "Error: Session type missing.", last_operation_failed=True)
     if not _TYPE.fullmatch(session_type):
-        raise invalid("type", session_type, "not a session type")
+        raise invalid("type", given_type, "not a session type")
     name = " ".join(params.get("session", "").split())[:MAX_NAME] or session_type
     application: tuple[str, ...] = ()
     if session_type == "unix-application":
@@ -210,9 +213,9 @@ def session_id(params: Params, *keys: str) -> str:
     whose last 32 characters are the id.
     """
     for key in keys:
-        value = params.get(key, "").strip().upper()
+        value = params.get(key, "").strip()
         if value:
-            candidate = value[-32:]
+            candidate = value[-32:].upper()
             if _ID.fullmatch(candidate):
                 return candidate
             raise invalid(key, value, "not a session id")

@@ -32,7 +32,7 @@ from twisted.internet import defer, threads
 from twisted.logger import Logger
 from zope.interface import Interface, implementer
 
-from nxgate.auth import AuthResult, Authenticator, Prompt
+from nxgate.auth import AuthResult, Authenticator, Prompt, loggable_user
 from nxgate.ssh import authorized_keys
 from nxgate.ssh.authorized_keys import AuthorizedKey
 
@@ -260,6 +260,7 @@ def _require(result: AuthResult, address: str | None, method: str) -> None:
         return
     log.warn(
         "SSH login failed for user {user!r} from {address} ({method}): {reason}",
-        user=result.username, address=address, method=method, reason=result.reason, audit="login_failed",
+        user=loggable_user(result.username), address=address, method=method, reason=result.reason,
+        audit="login_failed",
     )
     raise UnauthorizedLogin(result.reason)

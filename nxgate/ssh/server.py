@@ -34,6 +34,8 @@ log = Logger(namespace="nxgate.ssh")
 OPEN_ADMINISTRATIVELY_PROHIBITED = 1
 MSG_USERAUTH_INFO_REQUEST = 60
 MODULI_FILE = "/etc/ssh/moduli"
+#: OpenSSH clients' ServerAliveInterval probe (global or on a channel).
+KEEPALIVE = b"keepalive@openssh.com"
 
 # Makes the NX conversation for a channel: (avatar, channel) -> handler
 # with data_received(bytes), eof_received() and connection_lost().
@@ -137,18 +139,30 @@ class NXAvatar(ConchUser):
         self.open_channels = 0
         self.channelLookup[b"session"] = NXSessionChannel
 
-    def lookupChannel(self, channelType: bytes, windowSize: int, maxPacket: int, data: bytes) -> SSHChannel:
-        if channelType != b"session":
-            log.warn(
-                "refused {kind!r} channel for {user!r} (only the NX shell is offered)",
-                kind=channelType, user=self.principal.ssh_user,
-            )
-            raise ConchError(OPEN_ADMINISTRATIVELY_PROHIBITED, "only NX sessions are offered here")
+    def refusal(self, channel_type: bytes, data: bytes, address: str) -> str | None:
+        """Why a channel of ``channel_type`` is refused (after one INFO line
+        in the log), or None.  Refused here, before Conch would log each
+        refusal as a CRITICAL traceback: the nx key is public, so anyone
+        could fill the log with ``ssh -W`` or ``-L`` attempts."""
+        user = self.principal.ssh_user
+        if channel_type != b"session":
+            log.info("refused {kind!r} channel{target} for {user!r} from {address} (only the NX shell is offered)",
+                     kind=channel_type[:64], target=_forward_target(channel_type, data), user=user, address=address)
+            return "only NX sessions are offered here"
         if self.open_channels >= self.max_channels:
-            raise ConchError(OPEN_ADMINISTRATIVELY_PROHIBITED, "too many channels")
+            log.info("refused a session channel for {user!r} from {address}: {limit} are open already",
+                     user=user, address=address, limit=self.max_channels)
+            return "too many channels"
+        return None
+
+    def lookupChannel(self, channelType: bytes, windowSize: int, maxPacket: int, data: bytes) -> SSHChannel:
+        if channelType != b"session" or self.open_channels >= self.max_channels:  # see NXConnection
+            raise ConchError(OPEN_ADMINISTRATIVELY_PROHIBITED, "refused")
         return super().lookupChannel(channelType, windowSize, maxPacket, data)
 
     def gotGlobalRequest(self, requestType: bytes, data: bytes) -> int:
+        if requestType == KEEPALIVE:
+            return 0  # any answer tells the client we are alive; no log line every interval
         log.warn(
             "refused global request {kind!r} for {user!r}", kind=requestType, user=self.principal.ssh_user
         )
@@ -156,6 +170,39 @@ class NXAvatar(ConchUser):
 
     def logout(self) -> None:
         log.debug("SSH logout of {user!r}", user=self.principal.ssh_user)
+
+
+def _forward_target(channel_type: bytes, data: bytes) -> str:
+    """`` to b'host':port`` for a forwarding channel, for the log."""
+    if channel_type not in (b"direct-tcpip", b"forwarded-tcpip"):
+        return ""
+    try:
+        host, rest = common.getNS(data)
+        (port,) = struct.unpack(">L", rest[:4])
+    except (struct.error, ValueError, IndexError):
+        return ""
+    return f" to {host[:100]!r}:{port}"
+
+
+class NXConnection(connection.SSHConnection):
+    """The connection service; refuses unwanted channels quietly (see
+    :meth:`NXAvatar.refusal`)."""
+
+    def ssh_CHANNEL_OPEN(self, packet: bytes) -> None:
+        channel_type, rest = common.getNS(packet)
+        avatar = getattr(self.transport, "avatar", None)
+        if avatar is not None and len(rest) >= 12:
+            peer = self.transport.transport.getPeer()
+            reason = avatar.refusal(channel_type, rest[12:], getattr(peer, "host", str(peer)))
+            if reason is not None:
+                (sender,) = struct.unpack(">L", rest[:4])
+                self.transport.sendPacket(
+                    connection.MSG_CHANNEL_OPEN_FAILURE,
+                    struct.pack(">2L", sender, OPEN_ADMINISTRATIVELY_PROHIBITED)
+                    + common.NS(reason.encode()) + common.NS(b""),
+                )
+                return
+        super().ssh_CHANNEL_OPEN(packet)
 
 
 class NXSessionChannel(SSHChannel):
@@ -229,8 +276,18 @@ class NXSessionChannel(SSHChannel):
         self._refuse(b"X11 forwarding")
         return 0
 
+    def requestReceived(self, requestType: bytes, data: bytes) -> int:
+        # OpenSSH's name cannot be a method name (request_auth_agent_req@...).
+        if requestType == b"auth-agent-req@openssh.com":
+            self._refuse(b"agent forwarding")
+            return 0
+        if requestType == KEEPALIVE:
+            return 0  # as for the global one
+        return super().requestReceived(requestType, data)
+
     def _refuse(self, what: bytes) -> None:
-        log.warn("refused {what!r} for {user!r}", what=what, user=self.avatar.principal.ssh_user)
+        log.warn("refused {what!r} for {user!r} from {address}", what=what, user=self.avatar.principal.ssh_user,
+                 address=self.peer)
 
     def write_stderr(self, data: bytes) -> None:
         self.writeExtended(connection.EXTENDED_DATA_STDERR, data)
@@ -366,7 +423,7 @@ class NXSSHFactory(factory.SSHFactory):
 
     services = {
         b"ssh-userauth": NXUserAuthServer,
-        b"ssh-connection": connection.SSHConnection,
+        b"ssh-connection": NXConnection,
     }
 
     def __init__(

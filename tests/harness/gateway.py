@@ -57,13 +57,27 @@ class Gateway:
         self.process: subprocess.Popen | None = None
         self.port = 0
 
+    def _spawn(self, args: tuple[str, ...] = ()) -> subprocess.Popen:
+        return subprocess.Popen(
+            [TWISTD, "--nodaemon", "--pidfile=", "--logfile", self.logfile, "nxgate", "--config", self.config, *args],
+            cwd=self.workdir, env=dict(os.environ, PYTHONPATH=REPO), stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+
+    def start_refused(self, timeout: float = 30.0) -> tuple[int, str]:
+        """Run a gateway that is expected to refuse to start: (exit status, stderr)."""
+        process = self._spawn()
+        try:
+            _, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop(process)
+            process.stderr.close()
+            raise AssertionError(f"the gateway did not refuse to start: {self.log()}") from None
+        return process.returncode, err.decode(errors="replace")
+
     def start(self, timeout: float = 30.0, args: tuple[str, ...] = ()) -> Gateway:
         """``args`` are more options of ``twistd nxgate`` (e.g. ``--port``)."""
-        env = dict(os.environ, PYTHONPATH=REPO)
-        self.process = subprocess.Popen(
-            [TWISTD, "--nodaemon", "--pidfile=", "--logfile", self.logfile, "nxgate", "--config", self.config, *args],
-            cwd=self.workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )
+        self.process = self._spawn(args)
 
         def listening() -> int | None:
             if self.process.poll() is not None:
