@@ -1,0 +1,31 @@
+"""The session service as front doors see it."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from nxgate.sessions.caller import Caller
+from nxgate.sessions.requests import RestoreRequest, ShadowRequest, StartRequest
+from nxgate.sessions.results import Listing, ProgressCallback, Ready, SessionView, ShadowTarget
+
+
+class SessionAPI(Protocol):
+    """Every call checks the caller may do it and raises
+    :class:`nxgate.sessions.errors.SessionError` when not."""
+
+    async def start(self, caller: Caller, request: StartRequest) -> Ready: ...
+
+    async def restore(self, caller: Caller, request: RestoreRequest) -> Ready: ...
+
+    async def attach_shadow(self, caller: Caller, request: ShadowRequest,
+                            progress: ProgressCallback = lambda progress: None) -> Ready: ...
+
+    async def suspend(self, caller: Caller, session_id: str) -> SessionView: ...
+
+    async def terminate(self, caller: Caller, session_id: str) -> SessionView: ...
+
+    async def list(self, caller: Caller) -> Listing: ...
+
+    async def show(self, caller: Caller, session_id: str) -> SessionView: ...
+
+    async def shadow_targets(self, caller: Caller) -> tuple[ShadowTarget, ...]: ...

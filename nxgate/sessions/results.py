@@ -1,0 +1,99 @@
+"""What the session service answers (never a cookie, except in Ready)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nxgate.session.model import Session, State, listed_status  # moved to nxgate.sessions by the layout change
+
+
+@dataclass(frozen=True)
+class StreamTarget:
+    """Where the client's stream goes after the dialogue: the agent's Unix
+    socket, owned by ``uid`` (see :mod:`nxgate.agentsocket`)."""
+
+    session_id: str
+    path: str
+    uid: int
+
+
+@dataclass(frozen=True)
+class SessionView:
+    """One session as callers may see it."""
+
+    id: str
+    full_id: str
+    user: str
+    type: str
+    name: str
+    display: int
+    state: State
+    geometry: str
+    depth: int
+    render: bool
+    fullscreen: bool
+    rootless: bool
+    encrypted: bool
+    client_address: str
+    created: float
+    changed: float
+    attached_before: bool
+    agent_pid: int
+    failure: str
+    options: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def status(self) -> str | None:
+        """The one word NX clients list (Running/Suspended), None if not listed."""
+        return listed_status(self.state)
+
+    @classmethod
+    def of(cls, session: Session) -> SessionView:
+        options = {key: value for key, value in session.options.items() if key not in ("plan",)}
+        return cls(
+            id=session.id, full_id=session.full_id, user=session.user, type=session.type, name=session.name,
+            display=session.display, state=session.state, geometry=session.geometry, depth=session.depth,
+            render=session.render, fullscreen=session.fullscreen, rootless=session.rootless,
+            encrypted=session.encrypted, client_address=session.client_address, created=session.created,
+            changed=session.changed, attached_before=session.ever_attached, agent_pid=session.agent_pid,
+            failure=session.failure, options=options,
+        )
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A session that waits for its client: what the client needs to connect."""
+
+    view: SessionView
+    cookie: str = field(repr=False)
+    resumed: bool
+    stream: StreamTarget | None  # None: an unencrypted session, the client connects itself
+
+
+@dataclass(frozen=True)
+class Listing:
+    sessions: tuple[SessionView, ...]
+    capacity_reached: bool
+
+
+@dataclass(frozen=True)
+class ShadowTarget:
+    """A display the caller may shadow (no cookie, no authority path)."""
+
+    id: str
+    owner: str
+    display: int
+    name: str
+    type: str
+
+
+class Progress(str, enum.Enum):
+    """Something a long operation wants the caller to know while it waits."""
+
+    ASKING_OWNER = "asking_owner"
+
+
+ProgressCallback = Callable[[Progress], None]
