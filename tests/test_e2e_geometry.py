@@ -10,12 +10,11 @@ the session's X authority), and the Screen column of ``listsession``.
 from __future__ import annotations
 
 import re
-import subprocess
 
 from tests.harness.process import wait_for
 from tests.harness.ssh import SessionInfo
-from tests.harness.x11 import ClientScreen
-from tests.test_e2e_sessions import RED, SessionTestCase, agent_processes, proc_environ
+from tests.harness.x11 import ClientScreen, session_screen_size
+from tests.test_e2e_sessions import RED, SessionTestCase, agent_processes
 
 COMMON = ('--session="size" --type="unix-console" --link="lan" --encryption="1" --cache="16M" --images="64M" '
           '--keyboard="pc105/us" --client="linux" --media="0" --backingstore="1"')
@@ -43,13 +42,8 @@ class SizeMeasures(SessionTestCase):
         return SessionInfo.parse(reply)
 
     def agent_size(self, info: SessionInfo) -> tuple[int, int]:
-        """nxagent's own screen, read with the session's X authority."""
         (agent,) = agent_processes(self.user.name)
-        env = {"PATH": "/usr/bin:/bin", "XAUTHORITY": proc_environ(agent)["XAUTHORITY"]}
-        out = subprocess.run(["xdpyinfo", "-display", f":{info.display}"], env=env, capture_output=True,
-                             text=True).stdout
-        width, height = re.search(r"dimensions:\s+(\d+)x(\d+) pixels", out).groups()
-        return int(width), int(height)
+        return session_screen_size(info.display, agent)
 
     def listed(self, info: SessionInfo) -> tuple[str, str]:
         """(options, screen) of the session in listsession."""

@@ -53,6 +53,19 @@ class Screenshot:
             handle.write(f"P6 {self.width} {self.height} 255\n".encode() + rgb)
 
 
+def session_screen_size(display: int, agent_pid: int) -> tuple[int, int]:
+    """The size of nxagent's own screen, asked with the session's X authority
+    (the ``XAUTHORITY`` the agent runs with)."""
+    with open(f"/proc/{agent_pid}/environ", "rb") as handle:
+        environ = dict(entry.split(b"=", 1) for entry in handle.read().split(b"\0") if b"=" in entry)
+    env = {"PATH": "/usr/bin:/bin", "XAUTHORITY": environ[b"XAUTHORITY"].decode()}
+    out = subprocess.run(["xdpyinfo", "-display", f":{display}"], env=env, capture_output=True, text=True).stdout
+    match = re.search(r"dimensions:\s+(\d+)x(\d+) pixels", out)
+    if match is None:
+        raise AssertionError(f"xdpyinfo :{display} failed")
+    return int(match.group(1)), int(match.group(2))
+
+
 class ClientScreen:
     """An Xvfb standing in for the NX client's screen.
 
