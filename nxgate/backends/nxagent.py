@@ -98,15 +98,17 @@ def session_kind(session_type: str) -> str:
 
 
 def geometry_options(settings: DisplaySettings) -> list[tuple[str, str]]:
-    """The size options of a desktop (nx-libs 3.5.99, measured; see the
-    geometry section of nxagent-recipe.md).
+    """The size options of a desktop (nx-libs 3.5.99.26, measured; README
+    "Session size"; tests/test_e2e_geometry.py).
 
-    ``geometry=WxH`` sizes the window on the client, but nxagent reads it
-    only once per agent: at a resume the first size stays (the client's
-    window manager then fits it into the new screen).  ``fullscreen=1`` is
-    ignored at a resume; ``geometry=fullscreen`` is not, so a full-screen
-    request says both.  ``resize=1`` makes the desktop follow the window
-    whenever the client (or its window manager) resizes it."""
+    ``geometry=WxH`` sizes the window on the client, provided a window
+    manager runs there (without one nxagent forces full screen, Screen.c),
+    and nxagent reads it only once per agent: at a resume the first size
+    stays (the client's window manager then fits it into the new screen).
+    ``fullscreen=1`` is ignored at a resume; ``geometry=fullscreen`` is not,
+    so a full-screen request says both.  ``resize=1`` makes the desktop
+    follow the window whenever the client (or its window manager) resizes
+    it."""
     if settings.fullscreen:
         return [("geometry", "fullscreen"), ("fullscreen", "1"), ("resize", "1")]
     return [("geometry", settings.geometry), ("resize", "1")]
