@@ -34,6 +34,14 @@ class ParseTests(SynchronousTestCase):
                      "  close_session         : Ctrl+Alt+t", "Warning: Cannot read keystroke file 'x'."):
             self.assertIsNone(parse_line(line))
 
+    def test_screen_size_lines(self):
+        # As nxagent 3.5.99.26 prints them at start, resume and window resizes.
+        event = parse_line("Info: Screen [0] resized to geometry [1024x768] fullscreen [0].")
+        self.assertEqual((event.event, event.text, event.fullscreen), (AgentEvent.SCREEN, "1024x768", False))
+        event = parse_line("Info: Screen [0] resized to geometry [1280x800] fullscreen [1].")
+        self.assertEqual((event.event, event.text, event.fullscreen), (AgentEvent.SCREEN, "1280x800", True))
+        self.assertIsNone(parse_line("Info: Screen [0] resized to geometry [1280x800,x=1] fullscreen [1]."))
+
     def test_errors_keep_their_text(self):
         event = parse_line("Error: Aborting session with 'Unable to open display 'nx/nx,options=/x:151''.")
         self.assertEqual(event.event, AgentEvent.ERROR)

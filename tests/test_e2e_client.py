@@ -344,6 +344,31 @@ class SessionTests(ClientTestCase):
         self.assertEqual(os.stat(home).st_mode & 0o777, 0o700)
         self.assertEqual(environ[b"DISPLAY"].decode(), self.screen.name)
 
+    def test_the_window_has_the_requested_size(self):
+        """On a desktop with a window manager, --geometry is the size of the
+        session's window and of its screen, --fullscreen the whole screen."""
+        from tests.harness.x11 import ClientScreen, session_screen_size
+
+        screen = ClientScreen(1280, 800, window_manager=True)
+        self.addCleanup(screen.close)
+        for args, expected in ((("--geometry", "1024x768"), (1024, 768)), (("--fullscreen",), (1280, 800))):
+            process = subprocess.Popen(self.argv(*args), env=self.env(DISPLAY=screen.name), stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.addCleanup(stop, process)
+            screen.wait_for_colour(RED, 20000, timeout=60)
+            session_id, (display, _, _, _) = self.only_session()
+            (agent,) = agent_processes(self.user.name)
+
+            def sizes(display=int(display), agent=agent):
+                window = screen.agent_window()
+                return (window and window[:2]), session_screen_size(display, agent)
+
+            wait_for(lambda: sizes() == (expected, expected), 20, f"window and screen of {expected} with {args}",
+                     interval=0.2)
+            print(f"\n    nxgate-client {' '.join(args)} on a 1280x800 client: {expected[0]}x{expected[1]}")
+            stop(process)
+            self.end_all_sessions()
+
     def test_rootless_application_session_at_the_screen_size(self):
         process = self.attach("--type", "unix-application", "--rootless", "--verbose",
                               "--application", "xterm -bg #ff0000 -geometry 40x10+0+0 -e sh -c 'sleep 600'",

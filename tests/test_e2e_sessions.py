@@ -63,6 +63,8 @@ class SessionTestCase(TestCase):
 
     timeout = 240
     options: dict[str, dict[str, str]] = {}
+    screen_size = (800, 600)  # the client screen shared by the class's tests
+    window_manager = False
 
     def setUp(self):
         if not is_root():
@@ -77,7 +79,7 @@ class SessionTestCase(TestCase):
             options.setdefault(section, {}).update(values)
         user, other = create_user(), create_user()
         gateway = Gateway(options).start()
-        screen = ClientScreen(800, 600)
+        screen = ClientScreen(*self.screen_size, window_manager=self.window_manager)
 
         def teardown():
             screen.close()

@@ -337,6 +337,23 @@ class ManagerTests(TestCase):
         self.assertEqual((error.code, error.text), (599, f"Server capacity: reached for user: {ME}"))
         self.assertTrue(error.last_operation_failed)
 
+    def test_listing_shows_the_size_nxagent_reports(self):
+        d, session_id = self.start('--type="unix-console" --geometry="1280x800" --screeninfo="1280x800x24+render"')
+        self.agent_says(session_id, READY, STARTED)
+        self.successResultOf(d)
+
+        def row():
+            lines = self.manager.list(self.client, parse_params("")).lines
+            (line,) = [line for line in lines if session_id in line]
+            return line.split()[3], line.split()[5]  # options, screen
+
+        self.assertEqual(row(), ("-RD--PSA", "1280x800"))
+        self.agent_says(session_id, "Info: Screen [0] resized to geometry [1280x776] fullscreen [0].")
+        self.assertEqual(row(), ("-RD--PSA", "1280x776"))
+        self.assertEqual(self.store.get(session_id).geometry, "1280x776")
+        self.agent_says(session_id, "Info: Screen [0] resized to geometry [1024x768] fullscreen [1].")
+        self.assertEqual(row(), ("FRD--PSA", "1024x768"))
+
     def test_long_suspended_sessions_expire_and_history_is_pruned(self):
         self.manager.settings = self.config.sessions.__class__(
             **{**self.config.sessions.__dict__, "expire_suspended_after": 1.0, "history_days": 1.0})
@@ -400,6 +417,15 @@ class ReconcileTests(TestCase):
         self.assertEqual(manager.sessions[session.id].state, State.SUSPENDED)
         self.assertEqual(self.store.get(session.id).state, State.SUSPENDED)
         self.assertIn(session.id, "\n".join(manager.list(Client(ME, "x"), parse_params("")).lines))
+
+    def test_the_logged_screen_size_is_taken_back(self):
+        agent = self.successResultOf(defer.ensureDeferred(self.launcher.start({})))
+        session = self.leave_session(agent, [READY, STARTED, "Info: Screen [0] resized to geometry [900x700] "
+                                             "fullscreen [0]."], State.RUNNING)
+        manager = self.manager()
+        manager.reconcile()
+        self.assertEqual(manager.sessions[session.id].geometry, "900x700")
+        self.assertEqual(self.store.get(session.id).geometry, "900x700")
 
     def test_dead_agent_is_marked_ended_and_cleaned_up(self):
         gone = ProcessId(os.getpid(), 1)  # a start time that no live process has

@@ -38,6 +38,37 @@ class StartRequestTests(SynchronousTestCase):
         self.assertTrue(settings.fullscreen)
         self.assertEqual(settings.geometry, "1920x1080")
 
+    def test_what_real_clients_send_for_the_size(self):
+        """Each client's size parameters (reference §2.5 and the clients' source):
+        the session's size, full screen or not, depth and RENDER."""
+        cases = {
+            # NoMachine 3.x nxclient: a window with a position, or the full screen.
+            '--geometry="1024x768+0+0" --screeninfo="1280x1024x24+render"': ("1024x768", False, 24, True),
+            '--geometry="fullscreen" --screeninfo="1280x1024x24+render"': ("1280x1024", True, 24, True),
+            # OpenNX 0.16: the size it computed, plus --fullscreen and +fullscreen for full screen.
+            '--geometry="1280x1024" --fullscreen="1" --screeninfo="1280x1024x24+render+fullscreen"':
+                ("1280x1024", True, 24, True),
+            '--geometry="800x600" --screeninfo="800x600x24+render"': ("800x600", False, 24, True),
+            # Older OpenNX: "available" (the work area) and "fullscreen".
+            '--geometry="available" --screeninfo="1280x800x24+render"': ("1280x800", False, 24, True),
+            # nxcl / QtNX.
+            '--geometry="1024x768+0+0" --screeninfo="1024x768x16+render"': ("1024x768", False, 16, True),
+            # Remmina: screeninfo 0x0 unless the profile has a custom resolution.
+            '--geometry="1280x800" --screeninfo="0x0x24+render"': ("1280x800", False, 24, True),
+            '--geometry="0x0" --screeninfo="0x0x24+render"': ("800x600", False, 24, True),
+            # nxgate-client.
+            '--geometry="1280x800" --screeninfo="1280x800x24+render" --fullscreen="1"': ("1280x800", True, 24, True),
+            '--geometry="1024x768" --screeninfo="1024x768x24"': ("1024x768", False, 24, False),
+            # Only a screeninfo: its size.
+            '--screeninfo="1152x864x24+render"': ("1152x864", False, 24, True),
+            '--geometry="1024x768-0+0"': ("1024x768", False, 24, True),
+        }
+        for params, (geometry, fullscreen, depth, render) in cases.items():
+            with self.subTest(params=params):
+                settings = display_settings(parse_params(params))
+                self.assertEqual((settings.geometry, settings.fullscreen, settings.depth, settings.render),
+                                 (geometry, fullscreen, depth, render))
+
     def test_defaults(self):
         request = start_request(parse_params('--type="unix-console"'))
         self.assertEqual(request.display, DisplaySettings())
@@ -62,7 +93,9 @@ class StartRequestTests(SynchronousTestCase):
         for bad in ('--type="unix-kde" --keyboard="pc105/us,accept=0.0.0.0"', '--type="unix-kde" --link="fast"',
                     '--type="unix-kde" --geometry="huge"', '--type="unix-kde" --geometry="10x10"',
                     '--type="unix-kde" --cache="lots"', '--type="unix kde"', '--type="unix-kde" --encryption="maybe"',
-                    '--type="unix-kde" --screeninfo="800x600x7"', '--type="unix-application" --application="x \'"'):
+                    '--type="unix-kde" --screeninfo="800x600x7"',
+                    '--type="unix-kde" --geometry="1024x768,x=1"', '--type="unix-kde" --screeninfo="800x600x24,x"',
+                    '--type="unix-kde" --geometry="100000x768"', '--type="unix-application" --application="x \'"'):
             with self.subTest(bad=bad):
                 self.assertEqual(self.assertRaises(NXError, start_request, parse_params(bad)).code, 597)
 
@@ -113,7 +146,7 @@ class OptionsTests(SynchronousTestCase):
         line = nxagent.options_line(self.session, DisplaySettings(link="adsl", fullscreen=True), TCP)
         self.assertTrue(line.startswith("nx/nx,link=adsl,cache=16M,images=64M,accept=127.0.0.1,cookie="))
         self.assertIn(f",id=gw.example-1001-{'A' * 32},", line)
-        self.assertIn(",type=desktop,geometry=800x600,resize=1,fullscreen=1:1001\n", line)
+        self.assertIn(",type=desktop,geometry=fullscreen,fullscreen=1,resize=1:1001\n", line)
         self.assertEqual(line.count(":"), 1)
 
     def test_rootless_has_no_geometry(self):

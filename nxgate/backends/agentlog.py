@@ -28,12 +28,14 @@ class AgentEvent(enum.Enum):
     ERROR = "error"  # an "Error: ..." line; the text is kept
     COOKIE_MISMATCH = "cookie-mismatch"
     WATCHDOG_WAIT = "watchdog-wait"  # the agent waits for its watchdog to end
+    SCREEN = "screen"  # the desktop's size changed; text is WxH
 
 
 @dataclass(frozen=True)
 class LogEvent:
     event: AgentEvent
     text: str = ""
+    fullscreen: bool = False  # for SCREEN: whether the client shows it full screen
 
 
 _PATTERNS: list[tuple[re.Pattern[str], AgentEvent]] = [
@@ -54,8 +56,16 @@ _PATTERNS: list[tuple[re.Pattern[str], AgentEvent]] = [
 ]
 
 
+# The real size of the session's screen, printed at start, at every resume
+# and whenever the desktop follows the client's window (resize=1).
+_SCREEN = re.compile(r"^Info: Screen \[0\] resized to geometry \[(\d{1,5}x\d{1,5})\] fullscreen \[([01])\]")
+
+
 def parse_line(line: str) -> LogEvent | None:
     """The event a log line announces, or None for the many other lines."""
+    screen = _SCREEN.search(line)
+    if screen:
+        return LogEvent(AgentEvent.SCREEN, screen.group(1), screen.group(2) == "1")
     for pattern, event in _PATTERNS:
         match = pattern.search(line)
         if match:

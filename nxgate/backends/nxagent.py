@@ -117,6 +117,23 @@ def listen_tcp(client_address: str) -> tuple[str, str]:
     return ("accept", client_address)
 
 
+def geometry_options(settings: DisplaySettings) -> list[tuple[str, str]]:
+    """The size options of a desktop (nx-libs 3.5.99.26, measured; README
+    "Session size"; tests/test_e2e_geometry.py).
+
+    ``geometry=WxH`` sizes the window on the client, provided a window
+    manager runs there (without one nxagent forces full screen, Screen.c),
+    and nxagent reads it only once per agent: at a resume the first size
+    stays (the client's window manager then fits it into the new screen).
+    ``fullscreen=1`` is ignored at a resume; ``geometry=fullscreen`` is not,
+    so a full-screen request says both.  ``resize=1`` makes the desktop
+    follow the window whenever the client (or its window manager) resizes
+    it."""
+    if settings.fullscreen:
+        return [("geometry", "fullscreen"), ("fullscreen", "1"), ("resize", "1")]
+    return [("geometry", settings.geometry), ("resize", "1")]
+
+
 def options_line(session: Session, settings: DisplaySettings, listen: tuple[str, str],
                  extra: tuple[tuple[str, str], ...] = ()) -> str:
     """The one-line options file: ``nx/nx,key=value,...:display``."""
@@ -147,10 +164,7 @@ def options_line(session: Session, settings: DisplaySettings, listen: tuple[str,
     if session.rootless:
         items.append(("menu", "1"))
     else:
-        items.append(("geometry", settings.geometry))
-        items.append(("resize", "1"))
-        if settings.fullscreen:
-            items.append(("fullscreen", "1"))
+        items.extend(geometry_options(settings))
     for key, value in items:
         if key == "shadow" and value.startswith(":") and value[1:].isdigit():
             continue  # the one option whose value is a display

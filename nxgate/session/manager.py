@@ -537,6 +537,9 @@ class SessionManager(service.Service):
         if event.event is AgentEvent.WATCHDOG_WAIT:
             self._end_watchdog(session)
             return
+        if event.event is AgentEvent.SCREEN:
+            self._screen_changed(session, event)
+            return
         new = advance(session.state, event.event)
         if new is None:
             return
@@ -562,6 +565,16 @@ class SessionManager(service.Service):
             elif not session.app_pid and not runtime.app_starting and not plan.program_early:
                 runtime.app_starting = True
                 defer.ensureDeferred(self._start_program(session_id))
+
+    def _screen_changed(self, session: Session, event: LogEvent) -> None:
+        """Keep the size nxagent reports, which the list shows: it can differ
+        from the request (a window manager fitting the window into the
+        client's screen, a resize by the user, a resume)."""
+        if (session.geometry, session.fullscreen) == (event.text, event.fullscreen):
+            return
+        self._update(session.id, geometry=event.text, fullscreen=event.fullscreen)
+        log.info("session {id} of {user}: screen {geometry}{mode}", id=session.id, user=session.user,
+                 geometry=event.text, mode=" full screen" if event.fullscreen else "")
 
     @staticmethod
     def _end_watchdog(session: Session) -> None:
@@ -842,6 +855,8 @@ class SessionManager(service.Service):
             runtime.follower = follower
             if replay.state is not session.state:
                 self._transition(session.id, replay.state, ever_attached=session.ever_attached or replay.attached)
+            if replay.screen is not None:
+                self._screen_changed(self.sessions[session.id], replay.screen)
             self._watch_agent(session.id, agent)
             program = ProcessId(session.app_pid, session.app_started)
             if session.app_pid and not program.alive():
@@ -1024,10 +1039,14 @@ class ReplayState:
     def __init__(self) -> None:
         self.state = State.CREATED
         self.attached = False
+        self.screen: LogEvent | None = None
 
     def feed(self, line: str) -> None:
         event = parse_line(line)
         if event is None:
+            return
+        if event.event is AgentEvent.SCREEN:
+            self.screen = event
             return
         new = advance(self.state, event.event)
         if new is not None:

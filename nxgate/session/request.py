@@ -28,8 +28,10 @@ from nxgate.nx.errors import NXError
 from nxgate.nx.params import Params
 from nxgate.safetext import printable
 
-_GEOMETRY = re.compile(r"(\d{2,5})x(\d{2,5})(?:\+(-?\d{1,5})\+(-?\d{1,5}))?")
-_SCREENINFO = re.compile(r"(\d{2,5})x(\d{2,5})x(\d{1,2})((?:\+[a-z]+)*)")
+# X geometry: WxH with an optional window position (+X+Y, -X-Y, ...).  A size
+# of 0 means "not given": Remmina sends 0x0 for "use the window size".
+_GEOMETRY = re.compile(r"(\d{1,5})x(\d{1,5})(?:[+-]-?\d{1,5}[+-]-?\d{1,5})?")
+_SCREENINFO = re.compile(r"(\d{1,5})x(\d{1,5})x(\d{1,2})((?:\+[a-z]+)*)")
 _SIZE = re.compile(r"(\d{1,4})M")
 _SAFE_WORD = re.compile(r"[A-Za-z0-9_./()+-]{1,64}")  # nothing that is special in an options line
 _TYPE = re.compile(r"[a-z][a-z0-9-]{0,31}")
@@ -124,18 +126,39 @@ def _word(name: str, value: str, default: str) -> str:
     return value
 
 
+def _window_size(params: Params) -> tuple[int, int, bool]:
+    """(width, height, fullscreen) from ``--geometry``; 0x0 if not given.
+
+    Clients send ``WxH``, ``WxH+X+Y`` (NoMachine), ``fullscreen`` (nxcl,
+    older OpenNX), ``available`` (older OpenNX: a window as large as the
+    client's work area) or ``0x0`` (Remmina without a custom size).  For
+    ``available`` the client's screen size is asked for and the client's
+    window manager fits the window into its work area; nxagent (resize=1)
+    then takes the window's size."""
+    text = params.get("geometry", "").strip()
+    if not text or text.lower() == "available":
+        return 0, 0, False
+    if text.lower() == "fullscreen":
+        return 0, 0, True
+    match = _GEOMETRY.fullmatch(text)
+    if match is None:
+        raise invalid("geometry", text, "expected WxH, WxH+X+Y, fullscreen or available")
+    width, height = int(match.group(1)), int(match.group(2))
+    return (width, height, False) if width and height else (0, 0, False)
+
+
 def display_settings(params: Params) -> DisplaySettings:
-    """The display part of a start or restore request."""
-    fullscreen = _flag(params, "fullscreen", False)
-    geometry_text = params.get("geometry", "").strip()
-    width = height = 0
-    if geometry_text.lower() == "fullscreen":
-        fullscreen = True
-    elif geometry_text:
-        match = _GEOMETRY.fullmatch(geometry_text)
-        if match is None:
-            raise invalid("geometry", geometry_text, "expected WxH, WxH+X+Y or fullscreen")
-        width, height = int(match.group(1)), int(match.group(2))
+    """The display part of a start or restore request.
+
+    FreeNX's rule: the session's size comes from ``--geometry``;
+    ``--screeninfo`` (the client's screen, ``WxHxD[+render][+fullscreen]``)
+    gives the depth and RENDER, and the size only when the geometry says
+    nothing, is ``available`` or asks for the full screen.  A full-screen
+    session gets the client's whole screen whatever size is written here:
+    nxagent sizes it from the client's display, and the list shows what
+    nxagent reports (:mod:`nxgate.backends.agentlog`)."""
+    width, height, fullscreen = _window_size(params)
+    fullscreen = _flag(params, "fullscreen", False) or fullscreen
     depth, render = 24, True
     screeninfo = params.get("screeninfo", "").strip()
     if screeninfo:
@@ -146,14 +169,15 @@ def display_settings(params: Params) -> DisplaySettings:
         render = "+render" in match.group(4)
         if "+fullscreen" in match.group(4):
             fullscreen = True
-        if not width:
-            width, height = int(match.group(1)), int(match.group(2))
+        screen_width, screen_height = int(match.group(1)), int(match.group(2))
+        if screen_width and screen_height and (fullscreen or not width):
+            width, height = screen_width, screen_height
     if depth not in (8, 15, 16, 24, 32):
         raise invalid("screeninfo", screeninfo, "depth must be 8, 15, 16, 24 or 32")
     if not width:
         width, height = 800, 600
     if not (64 <= width <= 16384 and 64 <= height <= 16384):
-        raise invalid("geometry", geometry_text or screeninfo, "size out of range")
+        raise invalid("geometry", params.get("geometry", "") or screeninfo, "size out of range")
     keyboard = params.get("keyboard", "").strip() or params.get("kbtype", "")
     return DisplaySettings(
         geometry=f"{width}x{height}",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import array
 import os
+import re
 import subprocess
 import sys
 import time
@@ -52,10 +53,28 @@ class Screenshot:
             handle.write(f"P6 {self.width} {self.height} 255\n".encode() + rgb)
 
 
-class ClientScreen:
-    """An Xvfb standing in for the NX client's screen."""
+def session_screen_size(display: int, agent_pid: int) -> tuple[int, int]:
+    """The size of nxagent's own screen, asked with the session's X authority
+    (the ``XAUTHORITY`` the agent runs with)."""
+    with open(f"/proc/{agent_pid}/environ", "rb") as handle:
+        environ = dict(entry.split(b"=", 1) for entry in handle.read().split(b"\0") if b"=" in entry)
+    env = {"PATH": "/usr/bin:/bin", "XAUTHORITY": environ[b"XAUTHORITY"].decode()}
+    out = subprocess.run(["xdpyinfo", "-display", f":{display}"], env=env, capture_output=True, text=True).stdout
+    match = re.search(r"dimensions:\s+(\d+)x(\d+) pixels", out)
+    if match is None:
+        raise AssertionError(f"xdpyinfo :{display} failed")
+    return int(match.group(1)), int(match.group(2))
 
-    def __init__(self, width: int = 1024, height: int = 768) -> None:
+
+class ClientScreen:
+    """An Xvfb standing in for the NX client's screen.
+
+    With ``window_manager`` it runs xfwm4, as a client's desktop does: nxagent
+    shows a windowed session in a window of the requested size only when a
+    window manager runs there; on a bare X server it always goes full screen.
+    """
+
+    def __init__(self, width: int = 1024, height: int = 768, window_manager: bool = False) -> None:
         # -noreset: an X server resets when its last client leaves and drops
         # connections that arrive meanwhile; a screenshot is often that client.
         self.width, self.height = width, height
@@ -64,7 +83,32 @@ class ClientScreen:
             ["Xvfb", f":{self.display}", "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp", "-ac", "-noreset"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
+        self.window_manager: subprocess.Popen | None = None
         wait_for(self._ready, 15, f"Xvfb :{self.display}")
+        if window_manager:
+            self.window_manager = subprocess.Popen(
+                ["xfwm4", "--compositor=off", "--sm-client-disable"], env=self._env(),
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            )
+            wait_for(self._managed, 15, f"a window manager on :{self.display}")
+
+    def _env(self) -> dict[str, str]:
+        return dict(os.environ, DISPLAY=self.name)
+
+    def _managed(self) -> bool:
+        if self.window_manager is not None and self.window_manager.poll() is not None:
+            raise AssertionError(f"xfwm4 on :{self.display} exited")
+        return "window id #" in subprocess.run(["xprop", "-root", "_NET_SUPPORTING_WM_CHECK"], env=self._env(),
+                                               capture_output=True, text=True).stdout
+
+    def agent_window(self) -> tuple[int, int, str] | None:
+        """(width, height, window id) of nxagent's top-level window here, if any."""
+        tree = subprocess.run(["xwininfo", "-root", "-tree"], env=self._env(), capture_output=True, text=True).stdout
+        for line in tree.splitlines():
+            match = re.search(r"^\s*(0x[0-9a-f]+) .*\(\"NXAgent\" \"NXAgent\"\)\s+(\d+)x(\d+)", line)
+            if match:
+                return int(match.group(2)), int(match.group(3)), match.group(1)
+        return None
 
     @property
     def name(self) -> str:
@@ -103,4 +147,6 @@ class ClientScreen:
         subprocess.run(["xdotool", *args], env=dict(os.environ, DISPLAY=self.name), check=True)
 
     def close(self) -> None:
+        if self.window_manager is not None:
+            stop(self.window_manager)
         stop(self.process)
