@@ -260,10 +260,20 @@ class Config:
     # [server] options given on twistd's command line (--port, --state-dir):
     # they win over the file, also when the file is reloaded.
     overrides: dict[str, str] = field(default_factory=dict)
+    # This host's FQDN, looked up once when the config is made (at load,
+    # and again only by a reload), because socket.getfqdn() may ask DNS and
+    # server_name is read on the reactor thread at every session start.
+    # Empty when [server] server_name is given.
+    host_name: str = field(default="", compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.server.server_name and not self.host_name:
+            object.__setattr__(self, "host_name", socket.getfqdn().lower())
 
     @property
     def server_name(self) -> str:
-        return self.server.server_name or socket.getfqdn().lower()
+        """The configured server_name, else this host's FQDN (resolved once)."""
+        return self.server.server_name or self.host_name
 
     def replace(self, **sections: Any) -> Config:
         return dataclasses.replace(self, **sections)
@@ -271,7 +281,7 @@ class Config:
 
 def _section_fields() -> list[dataclasses.Field[Any]]:
     return [f for f in dataclasses.fields(Config)
-            if f.name not in ("source", "types", "targets", "limits", "overrides")]
+            if f.name not in ("source", "types", "targets", "limits", "overrides", "host_name")]
 
 
 def with_overrides(config: Config, **server_options: str | None) -> Config:

@@ -114,3 +114,48 @@ class ConfigTests(SynchronousTestCase):
     def test_config_is_frozen(self):
         c = config.load(None)
         self.assertRaises(Exception, setattr, c.server, "listen", "x")
+
+
+class ServerNameTests(SynchronousTestCase):
+    """server_name is read on the reactor thread at every session start;
+    the FQDN look-up (which may ask DNS) happens once, when the config is made."""
+
+    def setUp(self):
+        self.lookups = []
+
+        def getfqdn(name=""):
+            self.lookups.append(name)
+            return "Host.Example.ORG"
+
+        self.patch(config.socket, "getfqdn", getfqdn)
+
+    def write(self, text):
+        path = self.mktemp()
+        with open(path, "w") as handle:
+            handle.write(text)
+        return path
+
+    def test_the_fqdn_is_looked_up_once_at_load(self):
+        loaded = config.load(self.write("[server]\nlisten = tcp:4022\n"))
+        self.assertEqual(len(self.lookups), 1)
+        for _ in range(3):
+            self.assertEqual(loaded.server_name, "host.example.org")
+        overridden = config.with_overrides(loaded, listen="tcp:5022")
+        self.assertEqual(overridden.server_name, "host.example.org")
+        self.assertEqual(len(self.lookups), 1)
+
+    def test_a_configured_name_needs_no_lookup(self):
+        loaded = config.load(self.write("[server]\nserver_name = nx.example.org\n"))
+        self.assertEqual(loaded.server_name, "nx.example.org")
+        self.assertEqual(config.with_overrides(loaded, listen="tcp:5022").server_name, "nx.example.org")
+        self.assertEqual(self.lookups, [])
+
+    def test_a_reload_looks_it_up_again(self):
+        path = self.write("[sessions]\n")
+        config.load(path)
+        config.load(path)
+        self.assertEqual(len(self.lookups), 2)
+
+    def test_the_resolved_name_does_not_count_as_a_setting(self):
+        self.assertEqual(config.Config(), config.Config(host_name="elsewhere"))
+        self.assertNotIn("host_name", config.describe())
