@@ -97,6 +97,12 @@ class AuthResult:
 
 def precheck(username: str, deny_users: Sequence[str], password: str | None = None) -> str | None:
     """Why a login must be refused without asking PAM, or None."""
+    return policy_refusal(username, deny_users, password) or account_refusal(username)
+
+
+def policy_refusal(username: str, deny_users: Sequence[str], password: str | None = None) -> str | None:
+    """The part of :func:`precheck` decided from the request alone: cheap,
+    so it runs on the reactor and a refused request never takes a PAM thread."""
     raw = encode(username)
     if not raw:
         return "empty user name"
@@ -112,6 +118,13 @@ def precheck(username: str, deny_users: Sequence[str], password: str | None = No
             return "empty password"  # never let 'nullok' accounts in remotely
         if len(secret) > MAX_PASSWORD_BYTES or b"\0" in secret:
             return "unacceptable password"
+    return None
+
+
+def account_refusal(username: str) -> str | None:
+    """The part of :func:`precheck` that asks the user database (NSS: files,
+    but also LDAP or sssd, which may take seconds), so it runs in the PAM
+    thread, never on the reactor."""
     try:
         pwd.getpwnam(username)
     except KeyError:
@@ -184,13 +197,13 @@ class Authenticator:
         self.pool.stop()
 
     def password(self, username: str, password: str, remote_host: str | None) -> defer.Deferred[AuthResult]:
-        refusal = self._throttled(username, remote_host) or precheck(username, self.deny_users, password)
+        refusal = self._throttled(username, remote_host) or policy_refusal(username, self.deny_users, password)
         return self._counted(self._run(username, refusal, password_responder(password), remote_host), remote_host)
 
     def conversation(self, username: str, respond: Responder, remote_host: str | None) -> defer.Deferred[AuthResult]:
         """Authenticate with an interactive conversation (``respond`` runs in
         the PAM thread and may block on the client)."""
-        refusal = self._throttled(username, remote_host) or precheck(username, self.deny_users)
+        refusal = self._throttled(username, remote_host) or policy_refusal(username, self.deny_users)
         return self._counted(self._run(username, refusal, respond, remote_host), remote_host)
 
     def _throttled(self, username: str, remote_host: str | None) -> str | None:
@@ -220,24 +233,28 @@ class Authenticator:
 
     def account(self, username: str, remote_host: str | None) -> defer.Deferred[AuthResult]:
         """Account checks only, for users who proved themselves with a key."""
-        return self._run(username, precheck(username, self.deny_users), None, remote_host)
+        return self._run(username, policy_refusal(username, self.deny_users), None, remote_host)
 
     def _run(
         self, username: str, refusal: str | None, respond: Responder | None, remote_host: str | None
     ) -> defer.Deferred[AuthResult]:
+        """``refusal`` comes from the reactor-side checks (throttle, policy);
+        the account look-up and PAM run in the PAM thread pool."""
         started = self.reactor.seconds()
         if refusal is not None:
             result: defer.Deferred[AuthResult] = defer.succeed(AuthResult(Verdict.DENIED, username, refusal))
         else:
-            result = threads.deferToThreadPool(
-                self.reactor, self.pool, self._transaction, self.service, username, respond, remote_host
-            )
-            result.addCallbacks(
-                lambda outcome: self._verdict(username, *outcome),
-                lambda failure: AuthResult(Verdict.ERROR, username, failure.getErrorMessage()),
-            )
+            result = threads.deferToThreadPool(self.reactor, self.pool, self._attempt, username, respond, remote_host)
+            result.addErrback(lambda failure: AuthResult(Verdict.ERROR, username, failure.getErrorMessage()))
         result.addCallback(self._delay_denial, started)
         return result
+
+    def _attempt(self, username: str, respond: Responder | None, remote_host: str | None) -> AuthResult:
+        """In the PAM thread: the account look-up, then the PAM transaction."""
+        refusal = account_refusal(username)
+        if refusal is not None:
+            return AuthResult(Verdict.DENIED, username, refusal)
+        return self._verdict(username, *self._transaction(self.service, username, respond, remote_host))
 
     @staticmethod
     def _verdict(username: str, code: int, message: str) -> AuthResult:

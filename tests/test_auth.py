@@ -110,3 +110,50 @@ class AuthenticatorTests(SynchronousTestCase):
         results = []
         a.password("daemon", "pw", None).addCallback(results.append)
         self.assertEqual(results[0].verdict, Verdict.ERROR)
+
+
+class AccountLookupOffTheReactorTests(SynchronousTestCase):
+    """The user database (NSS: LDAP, sssd) may take seconds: the account
+    look-up of every login runs in the PAM thread, not on the reactor."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.queued = []
+        self.lookups = []
+        real = auth.pwd.getpwnam
+
+        def getpwnam(name):
+            self.lookups.append(name)
+            return real(name)
+
+        def later(reactor, pool, function, *args):
+            self.queued.append((function, args))
+            return defer.Deferred()
+
+        self.patch(auth.pwd, "getpwnam", getpwnam)
+        self.patch(auth.threads, "deferToThreadPool", later)
+        self.authenticator = Authenticator(self.clock, "nxgate", deny_users=("root",), failed_login_delay=0,
+                                           transaction=lambda *args: (0, "ok"))
+
+    def test_no_lookup_on_the_reactor(self):
+        for start in (lambda: self.authenticator.password("daemon", "pw", None),
+                      lambda: self.authenticator.conversation("daemon", lambda prompts: [], None),
+                      lambda: self.authenticator.account("daemon", None)):
+            start()
+        self.assertEqual(self.lookups, [])
+        self.assertEqual(len(self.queued), 3)
+        function, args = self.queued[0]
+        self.assertTrue(function(*args).granted)  # what the PAM thread runs
+        self.assertEqual(self.lookups, ["daemon"])
+
+    def test_an_unknown_account_is_refused_in_the_thread_without_pam(self):
+        self.authenticator.password("no-such-user-nxgate", "pw", None)
+        function, args = self.queued[0]
+        outcome = function(*args)
+        self.assertEqual((outcome.verdict, outcome.reason), (Verdict.DENIED, "no such Unix account"))
+
+    def test_a_refusal_by_policy_takes_no_thread(self):
+        results = []
+        self.authenticator.password("root", "pw", None).addCallback(results.append)
+        self.assertEqual(results[0].reason, "user is in deny_users")
+        self.assertEqual((self.queued, self.lookups), ([], []))
