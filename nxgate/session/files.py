@@ -17,6 +17,7 @@ import socket
 import stat
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from twisted.logger import Logger
 
@@ -111,8 +112,60 @@ def write_user_file(path: str, data: bytes, uid: int, gid: int, mode: int = 0o60
 
 
 def remove_tree(path: str) -> None:
-    """Remove a session directory without following links inside it."""
-    shutil.rmtree(path, ignore_errors=True)
+    """Remove a session directory without following links inside it.
+
+    The user can fill the directory (millions of files), so this may take
+    long: callers on the reactor run it through their ``blocking`` (a
+    thread); it is thread-safe, and what it cannot remove is logged, not
+    raised."""
+
+    def failed(function: Any, name: str, error: Any) -> None:
+        exc = error[1] if isinstance(error, tuple) else error
+        if isinstance(exc, FileNotFoundError):
+            return  # gone already, or removed meanwhile
+        log.warn("cannot remove {path} ({error}) while removing {top}", path=name, error=str(exc), top=path)
+
+    shutil.rmtree(path, onerror=failed)
+
+
+def read_regular_file(path: str, limit: int, owners: tuple[int, ...] | None = None) -> bytes | None:
+    """At most ``limit`` bytes of ``path`` if it is a regular file, else None.
+
+    For files in places a user controls (a home directory, /tmp): a FIFO
+    planted there must not block the gateway (``O_NONBLOCK``; its opening
+    then succeeds and ``S_ISREG`` refuses it), a link must not make root
+    read elsewhere (``O_NOFOLLOW``), and a huge file costs at most
+    ``limit`` bytes.  ``owners``: the uids the file may belong to.  Why a
+    file is refused goes to the debug log (a missing one says nothing)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        log.debug("cannot read {path}: {error}", path=path, error=str(error))
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            log.debug("not reading {path}: not a regular file", path=path)
+            return None
+        if owners is not None and st.st_uid not in owners:
+            log.debug("not reading {path}: it belongs to uid {uid}", path=path, uid=st.st_uid)
+            return None
+        chunks: list[bytes] = []
+        left = limit
+        while left > 0:
+            chunk = os.read(fd, min(left, 65536))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError as error:
+        log.debug("cannot read {path}: {error}", path=path, error=str(error))
+        return None
+    finally:
+        os.close(fd)
 
 
 def xauthority(display: int, cookie_hex: str) -> bytes:
@@ -173,17 +226,19 @@ def ensure_x_socket_dir() -> None:
 
 
 def _lock_holder(display: int) -> int | None:
-    """The pid in a display's lock file, 0 if unreadable, None if no lock."""
-    try:
-        with open(X_LOCK.format(n=display), "rb") as handle:
-            text = handle.read(64).strip()
-    except FileNotFoundError:
+    """The pid in a display's lock file, 0 if unreadable, None if no lock.
+
+    The lock lives in /tmp, where any user may put a FIFO or a link in its
+    place: it is read with :func:`read_regular_file`, and anything but a
+    regular file holding a pid counts as taken."""
+    path = X_LOCK.format(n=display)
+    if not os.path.lexists(path):
         return None
-    except OSError:
-        return 0
+    data = read_regular_file(path, 64)
     try:
-        return int(text)
+        return int((data or b"").strip())
     except ValueError:
+        log.debug("display :{display} taken: its lock {path} holds no pid", display=display, path=path)
         return 0
 
 
@@ -197,11 +252,23 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+_missing_families: set[int] = set()
+
+
+def _no_family(family: int, error: OSError) -> None:
+    """Say once that an address family cannot be probed (no IPv6, say)."""
+    if family not in _missing_families:
+        _missing_families.add(family)
+        log.debug("cannot probe ports of address family {family}: {error}", family=socket.AddressFamily(family).name,
+                  error=str(error))
+
+
 def _port_free(port: int) -> bool:
     for family, address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
         try:
             probe = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:
+        except OSError as error:
+            _no_family(family, error)
             continue
         try:
             probe.bind((address, port))

@@ -4,6 +4,13 @@ Its owner is the user running the X server, or, for a server started as
 root by a display manager, the user logged in on that display (utmp).
 Its cookie comes from the server's ``-auth`` file or the owner's
 ``~/.Xauthority``; an X server without authorization needs none.
+
+:func:`find_console` blocks (user database look-ups, /proc, utmp, files in
+the owner's home and in /tmp): callers on the reactor run it in a thread,
+``blocking(find_console, spec)`` (see :mod:`nxgate.threads`), or call
+:func:`find_console_with`.  The files a user controls are read with
+:func:`nxgate.session.files.read_regular_file`, so a FIFO or a link put in
+their place neither hangs the thread nor makes root read elsewhere.
 """
 
 from __future__ import annotations
@@ -12,6 +19,9 @@ import os
 import pwd
 import struct
 from dataclasses import dataclass
+from typing import Any
+
+from twisted.logger import Logger
 
 from nxgate.session import files
 from nxgate.session.processes import ProcessId
@@ -19,6 +29,12 @@ from nxgate.session.processes import ProcessId
 UTMP = "/var/run/utmp"
 UTMP_RECORD = struct.Struct("hi32s4s32s256shhiii4i20s")
 USER_PROCESS = 7
+#: utmp holds one 384-byte record per login; more than this is not a utmp.
+MAX_UTMP_BYTES = 4 << 20
+#: An X authority file holds a few entries of ~50 bytes each.
+MAX_XAUTHORITY_BYTES = 1 << 20
+
+log = Logger(namespace="nxgate.shadow")
 
 
 @dataclass(frozen=True)
@@ -29,6 +45,7 @@ class Console:
     gid: int
     cookie: str | None
     server: ProcessId
+    home: str = ""  # the owner's home directory (where ~/.Xauthority is)
 
 
 def parse_display(spec: str) -> int | None:
@@ -42,10 +59,12 @@ def parse_display(spec: str) -> int | None:
 
 
 def _server_pid(display: int) -> int | None:
+    """The pid in the display's lock file (in /tmp: any user may plant one)."""
+    data = files.read_regular_file(files.X_LOCK.format(n=display), 64)
     try:
-        with open(files.X_LOCK.format(n=display), "rb") as handle:
-            return int(handle.read(64).strip())
-    except (OSError, ValueError):
+        return int((data or b"").strip()) or None
+    except ValueError:
+        log.debug("the lock of display :{display} holds no pid", display=display)
         return None
 
 
@@ -55,7 +74,8 @@ def _uid_of(pid: int) -> int | None:
             for line in handle:
                 if line.startswith("Uid:"):
                     return int(line.split()[1])
-    except OSError:
+    except OSError as error:
+        log.debug("no owner for X server pid {pid}: {error}", pid=pid, error=str(error))
         return None
     return None
 
@@ -63,10 +83,9 @@ def _uid_of(pid: int) -> int | None:
 def _utmp_user(display: int) -> str | None:
     """The user logged in on display ``:N`` according to utmp."""
     wanted = f":{display}".encode()
-    try:
-        with open(UTMP, "rb") as handle:
-            data = handle.read()
-    except OSError:
+    data = files.read_regular_file(UTMP, MAX_UTMP_BYTES)
+    if data is None:
+        log.debug("no user for display :{display}: {utmp} cannot be read", display=display, utmp=UTMP)
         return None
     user = None
     for offset in range(0, len(data) - UTMP_RECORD.size + 1, UTMP_RECORD.size):
@@ -81,26 +100,30 @@ def _auth_file(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             args = handle.read().split(b"\0")
-    except OSError:
+    except OSError as error:
+        log.debug("no -auth file for X server pid {pid}: {error}", pid=pid, error=str(error))
         return None
     for index, arg in enumerate(args[:-1]):
         if arg == b"-auth":
-            return args[index + 1].decode()
+            return args[index + 1].decode("utf-8", "surrogateescape")
     return None
 
 
-def _read_cookie(path: str | None, display: int) -> str | None:
+def _read_cookie(path: str | None, display: int, owners: tuple[int, ...] | None = None) -> str | None:
+    """The display's cookie in the X authority file ``path``: a regular file
+    (no FIFO, no link), belonging to one of ``owners`` if given, read bounded."""
     if not path:
         return None
-    try:
-        with open(path, "rb") as handle:
-            return files.cookie_in_xauthority(handle.read(1 << 20), display)
-    except OSError:
+    data = files.read_regular_file(path, MAX_XAUTHORITY_BYTES, owners)
+    if data is None:
         return None
+    return files.cookie_in_xauthority(data, display)
 
 
 def find_console(spec: str) -> Console | None:
-    """The console display if one is configured, running and owned by a user."""
+    """The console display if one is configured, running and owned by a user.
+
+    Blocking (NSS, /proc, utmp, the owner's files): run it in a thread."""
     display = parse_display(spec)
     if display is None:
         return None
@@ -110,15 +133,26 @@ def find_console(spec: str) -> Console | None:
         return None
     uid = _uid_of(pid)
     name = None
-    if uid:
-        name = pwd.getpwuid(uid).pw_name
-    else:
-        name = _utmp_user(display)
-    if not name:
-        return None
     try:
+        if uid:
+            name = pwd.getpwuid(uid).pw_name
+        else:
+            name = _utmp_user(display)
+        if not name:
+            return None
         owner = pwd.getpwnam(name)
-    except KeyError:
+    except (KeyError, UnicodeEncodeError):
+        log.debug("the console :{display} has no known owner (uid {uid}, user {user!r})", display=display, uid=uid,
+                  user=name)
         return None
-    cookie = _read_cookie(_auth_file(pid), display) or _read_cookie(os.path.join(owner.pw_dir, ".Xauthority"), display)
-    return Console(display, owner.pw_name, owner.pw_uid, owner.pw_gid, cookie, server)
+    # The -auth file is named on the X server's command line (by root or by
+    # the owner); the file in the home directory must be the owner's or root's.
+    cookie = _read_cookie(_auth_file(pid), display) or _read_cookie(
+        os.path.join(owner.pw_dir, ".Xauthority"), display, (owner.pw_uid, 0))
+    return Console(display, owner.pw_name, owner.pw_uid, owner.pw_gid, cookie, server, owner.pw_dir)
+
+
+def find_console_with(blocking: Any, spec: str) -> Any:
+    """:func:`find_console` run through ``blocking`` (a
+    :data:`nxgate.threads.Blocking`): a Deferred of the Console or None."""
+    return blocking(find_console, spec)
