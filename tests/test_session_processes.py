@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import SkipTest, TestCase
 
 from nxgate.session import processes
@@ -43,3 +45,54 @@ class TaggedProcessesTests(TestCase):
         theirs = self.spawn({processes.SESSION_MARKER: SESSION}, uid=nobody)
         self.assertNotIn(theirs, self.found(0))
         self.assertIn(theirs, self.found(nobody))
+
+
+class SendSignalTests(TestCase):
+    """Signals go to a process only while it still is the one we mean: a
+    recycled pid never gets root's SIGKILL."""
+
+    def setUp(self):
+        self.events = []
+        globalLogPublisher.addObserver(self.events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+
+    def child(self, *argv: str) -> subprocess.Popen:
+        process = subprocess.Popen(list(argv) or ["sleep", "600"])
+        self.addCleanup(lambda: (process.kill(), process.wait()))
+        return process
+
+    def logged(self) -> list[str]:
+        return [formatEvent(event) for event in self.events]
+
+    def test_a_wrong_start_time_gets_no_signal(self):
+        """Our own pid with another start time: what a recycled pid looks like."""
+        me = processes.ProcessId(os.getpid(), 1)
+        self.assertFalse(processes.send_signal(me, signal.SIGKILL))  # we are still here to see it
+        self.assertTrue(any(f"pid {os.getpid()}" in line and "SIGKILL" in line for line in self.logged()))
+
+    def test_a_recycled_pid_keeps_running(self):
+        child = self.child()
+        started = processes.start_time(child.pid)
+        self.assertFalse(processes.send_signal(processes.ProcessId(child.pid, started + 1), signal.SIGKILL))
+        self.assertIsNone(child.poll())
+
+    def test_the_right_process_gets_it(self):
+        child = self.child()
+        self.assertTrue(processes.send_signal(processes.ProcessId.of(child.pid), signal.SIGTERM))
+        self.assertEqual(child.wait(10), -signal.SIGTERM)
+
+    def test_an_ended_process_is_no_error(self):
+        child = self.child("true")
+        identity = processes.ProcessId.of(child.pid) or processes.ProcessId(child.pid, 0)
+        child.wait(10)
+        self.assertFalse(processes.send_signal(identity, signal.SIGKILL))
+        self.assertFalse(processes.send_signal(processes.ProcessId(0, 0), signal.SIGKILL))
+
+    def test_a_group_is_signalled_only_while_its_leader_lives(self):
+        leader = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        self.addCleanup(lambda: (leader.kill(), leader.wait()))
+        identity = processes.ProcessId.of(leader.pid)
+        self.assertFalse(processes.signal_group(processes.ProcessId(leader.pid, identity.started + 1), signal.SIGTERM))
+        self.assertIsNone(leader.poll())
+        self.assertTrue(processes.signal_group(identity, signal.SIGTERM))
+        self.assertEqual(leader.wait(10), -signal.SIGTERM)

@@ -44,13 +44,78 @@ class ProcessId:
         return self.pid > 0 and start_time(self.pid) == self.started
 
 
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
+
+
+def send_signal(process: ProcessId, signum: int) -> bool:
+    """Send ``signum`` to ``process`` if it still is that process; whether
+    it was sent.
+
+    A pid alone is not enough: between a check and ``kill()`` the process
+    can exit and its pid go to another (root's SIGKILL would then hit an
+    innocent process).  A pidfd pins the process: once it is open, the pid
+    cannot be reused while we hold it, so the start-time check made after
+    opening it holds until the signal goes through the same pidfd."""
+    if process.pid <= 0:
+        return False
+    name = _signal_name(signum)
+    try:
+        fd = os.pidfd_open(process.pid)
+    except ProcessLookupError:
+        log.debug("not sending {signal} to pid {pid}: it has exited", signal=name, pid=process.pid)
+        return False
+    except OSError as error:
+        log.warn("cannot send {signal} to pid {pid}: {error}", signal=name, pid=process.pid, error=str(error))
+        return False
+    try:
+        if not process.alive():
+            log.debug("not sending {signal} to pid {pid}: the process has ended (the pid is free or "
+                      "another process's now)", signal=name, pid=process.pid)
+            return False
+        signal.pidfd_send_signal(fd, signum)
+        return True
+    except ProcessLookupError:
+        log.debug("not sending {signal} to pid {pid}: it has exited", signal=name, pid=process.pid)
+        return False
+    except OSError as error:
+        log.warn("cannot send {signal} to pid {pid}: {error}", signal=name, pid=process.pid, error=str(error))
+        return False
+    finally:
+        os.close(fd)
+
+
+def signal_group(leader: ProcessId, signum: int) -> bool:
+    """Send ``signum`` to the process group that ``leader`` leads, if the
+    leader still is that process; whether it was sent.
+
+    There is no pidfd for a group: the start-time check and ``killpg`` leave
+    a small window, which is why only a group whose leader we started (a
+    session program, in its own group) is signalled this way."""
+    if leader.pid <= 0 or not leader.alive():
+        return False
+    try:
+        os.killpg(leader.pid, signum)
+        return True
+    except ProcessLookupError:
+        log.debug("not sending {signal} to process group {pid}: it has ended", signal=_signal_name(signum),
+                  pid=leader.pid)
+    except OSError as error:
+        log.warn("cannot send {signal} to process group {pid}: {error}", signal=_signal_name(signum),
+                 pid=leader.pid, error=str(error))
+    return False
+
+
 def _stat(pid: int) -> list[bytes] | None:
     """Fields 3 and up of /proc/PID/stat (the name, field 2, may hold spaces)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
     except OSError:
-        return None
+        return None  # gone (a /proc race: it ended meanwhile): no log, this is routine
     return stat[stat.rindex(b")") + 2 :].split()
 
 
@@ -78,7 +143,7 @@ def children_named(pid: int, name: str) -> list[int]:
                 if handle.read().rstrip(b"\n") == name.encode():
                     found.append(int(entry))
         except OSError:
-            continue
+            continue  # it ended meanwhile (a /proc race), routine in a scan
     return found
 
 
@@ -100,7 +165,7 @@ def agents_in(directory: str, name: str = "nxagent") -> dict[str, ProcessId]:
             with open(f"/proc/{entry}/comm", "rb") as handle:
                 comm = handle.read().rstrip(b"\n")
         except OSError:
-            continue
+            continue  # ended meanwhile, or a kernel thread without cwd: routine in a scan
         fields = _stat(int(entry))
         session_id = cwd[len(prefix):]
         if comm != name.encode() or not cwd.startswith(prefix) or "/" in session_id or fields is None \
@@ -121,7 +186,7 @@ def display_argument(pid: int) -> int | None:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             argv = handle.read().split(b"\0")
     except OSError:
-        return None
+        return None  # ended meanwhile (a /proc race)
     for arg in reversed(argv):
         if arg.startswith(b":") and arg[1:].isdigit():
             return int(arg[1:])
@@ -156,7 +221,7 @@ def tagged_processes(session_id: str, uid: int) -> list[ProcessId]:
             with open(f"/proc/{pid}/environ", "rb") as handle:
                 environ = b"\0" + handle.read()
         except OSError:
-            continue
+            continue  # ended meanwhile (a /proc race), routine in a scan
         if needle in environ:
             process = ProcessId.of(pid)
             if process is not None:
@@ -335,7 +400,7 @@ def listening_inodes(port: int) -> set[int]:
                     if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
                         inodes.add(int(fields[9]))
         except (OSError, StopIteration, ValueError, IndexError):
-            continue
+            continue  # no IPv6 (no tcp6 table), or a line changing under us: the other table still counts
     return inodes
 
 
@@ -351,12 +416,12 @@ def listens(pid: int, port: int) -> bool:
     try:
         descriptors = os.listdir(f"/proc/{pid}/fd")
     except OSError:
-        return False
+        return False  # the agent ended meanwhile: then it holds no port
     for fd in descriptors:
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
-            continue
+            continue  # the descriptor closed meanwhile (a /proc race)
         if target.startswith("socket:[") and int(target[8:-1]) in inodes:
             return True
     return False
