@@ -89,3 +89,8 @@ class LineSplitter:
             lines.append(self._partial[: self.max_line])
             self._partial = b""
         return [line.decode("utf-8", "replace").rstrip("\r") for line in lines]
+
+    @property
+    def pending(self) -> int:
+        """How many bytes fed so far belong to a line not complete yet."""
+        return len(self._partial)
