@@ -1,11 +1,17 @@
 """authorized_keys parsing: options that restrict are honoured or refuse the key."""
 
+import os
+import pwd
+import shutil
+import tempfile
 import time
 
 from twisted.conch.ssh import keys
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.ssh import authorized_keys as ak
+from nxgate.ssh import checkers
 from nxgate.ssh.checkers import NOMACHINE_PUBLIC_KEY
 
 ED = keys.Key.fromString(
@@ -57,3 +63,43 @@ class ParseTests(SynchronousTestCase):
         self.assertTrue(ak.address_matches("::1", "::1"))
         self.assertTrue(ak.address_matches("2001:db8::5", "2001:db8::/32"))
         self.assertFalse(ak.address_matches("2001:db9::5", "2001:db8::/32"))
+
+
+class ReadUserKeysTests(SynchronousTestCase):
+    """A user's own authorized_keys that is not taken says why in the log;
+    only a missing file is silent."""
+
+    def setUp(self):
+        self.checkers = checkers
+        self.home = tempfile.mkdtemp(prefix="nxgate-keys-")
+        self.addCleanup(shutil.rmtree, self.home)
+        os.chmod(self.home, 0o755)
+        os.mkdir(os.path.join(self.home, ".ssh"), 0o700)
+        entry = pwd.getpwuid(os.getuid())
+        fake = pwd.struct_passwd((entry.pw_name, "x", entry.pw_uid, entry.pw_gid, "", self.home, "/bin/sh"))
+        self.patch(checkers.pwd, "getpwnam", lambda name: fake)
+        self.events = []
+        globalLogPublisher.addObserver(self.events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+
+    def warnings(self):
+        return [formatEvent(e) for e in self.events if e.get("log_level").name == "warn"]
+
+    def test_a_missing_file_is_silent(self):
+        self.assertEqual(self.checkers.read_user_keys("someone"), [])
+        self.assertEqual(self.warnings(), [])
+
+    def test_a_link_is_refused_and_logged(self):
+        target = os.path.join(self.home, "keys")
+        with open(target, "w") as handle:
+            handle.write(NOMACHINE_PUBLIC_KEY + "\n")
+        os.symlink(target, os.path.join(self.home, ".ssh", "authorized_keys"))
+        self.assertEqual(self.checkers.read_user_keys("someone"), [])
+        (warning,) = self.warnings()
+        self.assertIn("authorized_keys", warning)
+
+    def test_a_fifo_is_refused_and_logged(self):
+        os.mkfifo(os.path.join(self.home, ".ssh", "authorized_keys2"))
+        self.assertEqual(self.checkers.read_user_keys("someone"), [])
+        (warning,) = self.warnings()
+        self.assertIn("not a regular file", warning)

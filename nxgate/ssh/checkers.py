@@ -116,11 +116,17 @@ def read_user_keys(username: str) -> list[AuthorizedKey]:
         path = os.path.join(ssh_dir, name)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
+        except FileNotFoundError:
+            continue  # the usual case: no such file, nothing to say
+        except OSError as error:
+            # A link (ELOOP), a permission problem: the user wonders why his
+            # key is not taken, the log must say.
+            log.warn("ignoring {path}: {error}", path=path, error=error.strerror or str(error))
             continue
         with os.fdopen(fd, "rb") as handle:
             st = os.fstat(handle.fileno())
             if not stat.S_ISREG(st.st_mode):
+                log.warn("ignoring {path}: not a regular file", path=path)
                 continue
             unsafe = [p for p in (home, ssh_dir) if not _safe_owner(os.stat(p), entry.pw_uid)]
             if not _safe_owner(st, entry.pw_uid) or unsafe:
