@@ -15,8 +15,10 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from twisted.conch.ssh import keys, service, transport
 from twisted.internet import defer
 from twisted.internet.testing import StringTransport
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
+from nxgate.ssh import server
 from nxgate.ssh.server import NXSSHFactory
 
 ECHO = 192  # a message number for the test services (local extensions)
@@ -159,3 +161,15 @@ class ExtInfoOrderTests(TestCase):
             self.pump()
             self.echo()
         self.assertEqual(len(self.known_at_client_newkeys), 3)
+
+
+class ModuliTests(TestCase):
+    """Without OpenSSH's moduli file old clients lose group exchange: say so."""
+
+    def test_a_missing_moduli_file_is_logged(self) -> None:
+        events: list = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        self.patch(server, "MODULI_FILE", "/nonexistent/nxgate-moduli")
+        self.assertIsNone(NXSSHFactory(None, {}, 120, 6).getPrimes())
+        self.assertTrue(any("/nonexistent/nxgate-moduli" in formatEvent(e) for e in events))

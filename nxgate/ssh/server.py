@@ -444,5 +444,8 @@ class NXSSHFactory(factory.SSHFactory):
         """
         try:
             return primes.parseModuliFile(MODULI_FILE)
-        except OSError:
+        except OSError as error:
+            # Conch asks once, when the factory starts: one line per start.
+            log.info("no Diffie-Hellman group-exchange for old clients: cannot read {path} ({error})",
+                     path=MODULI_FILE, error=error.strerror or str(error))
             return None
