@@ -4,7 +4,13 @@ launcher, and noticing when they exit, even after a gateway restart.
 A process started by this gateway is also our child, but after a restart it
 is not; a Linux pidfd works for both, so exits are always observed the same
 way: the pidfd becomes readable.  A process is identified by its pid *and*
-its start time (from /proc), so a recycled pid is never mistaken for it.
+its start time (from /proc), so a recycled pid is never mistaken for it,
+and signals go through :func:`send_signal` (a pidfd), never ``os.kill``.
+
+The /proc scans (:func:`children_named`, :func:`agents_in`,
+:func:`tagged_processes`, :func:`listens`) read every process's files:
+they are thread-safe, and callers on the reactor run them through their
+``blocking`` (:mod:`nxgate.threads`).
 """
 
 from __future__ import annotations

@@ -19,9 +19,10 @@ import os
 import pwd
 import struct
 from dataclasses import dataclass
-from typing import Any
-
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
+
+from nxgate.threads import Blocking
 
 from nxgate.session import files
 from nxgate.session.processes import ProcessId
@@ -152,7 +153,7 @@ def find_console(spec: str) -> Console | None:
     return Console(display, owner.pw_name, owner.pw_uid, owner.pw_gid, cookie, server, owner.pw_dir)
 
 
-def find_console_with(blocking: Any, spec: str) -> Any:
+def find_console_with(blocking: Blocking, spec: str) -> Deferred[Console | None]:
     """:func:`find_console` run through ``blocking`` (a
     :data:`nxgate.threads.Blocking`): a Deferred of the Console or None."""
     return blocking(find_console, spec)
