@@ -63,9 +63,10 @@ def send_signal(process: ProcessId, signum: int) -> bool:
 
     A pid alone is not enough: between a check and ``kill()`` the process
     can exit and its pid go to another (root's SIGKILL would then hit an
-    innocent process).  A pidfd pins the process: once it is open, the pid
-    cannot be reused while we hold it, so the start-time check made after
-    opening it holds until the signal goes through the same pidfd."""
+    innocent process).  A pidfd refers to one process, not to a number: the
+    start-time check made after opening it proves it is the process we
+    mean, and a signal sent through it reaches that process or nobody
+    (ESRCH once it has exited, even if its pid is in use again)."""
     if process.pid <= 0:
         return False
     name = _signal_name(signum)

@@ -19,13 +19,13 @@ import os
 import pwd
 import struct
 from dataclasses import dataclass
+
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
-from nxgate.threads import Blocking
-
 from nxgate.session import files
 from nxgate.session.processes import ProcessId
+from nxgate.threads import Blocking
 
 UTMP = "/var/run/utmp"
 UTMP_RECORD = struct.Struct("hi32s4s32s256shhiii4i20s")
