@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import SkipTest, TestCase
@@ -96,3 +97,25 @@ class SendSignalTests(TestCase):
         self.assertIsNone(leader.poll())
         self.assertTrue(processes.signal_group(identity, signal.SIGTERM))
         self.assertEqual(leader.wait(10), -signal.SIGTERM)
+
+
+class ChildrenTests(TestCase):
+    def test_named_children_carry_their_start_time(self):
+        parent = subprocess.Popen(["sh", "-c", "sleep 600 & sleep 600 & wait"])
+
+        def stop():
+            for child in processes.named_children(parent.pid, "sleep"):
+                processes.send_signal(child, signal.SIGKILL)
+            parent.kill()
+            parent.wait()
+
+        self.addCleanup(stop)
+        for _ in range(100):
+            children = processes.named_children(parent.pid, "sleep")
+            if len(children) == 2:
+                break
+            time.sleep(0.05)
+        self.assertEqual(len(children), 2)
+        for child in children:
+            self.assertTrue(child.alive())
+        self.assertEqual(sorted(processes.children_named(parent.pid, "sleep")), sorted(c.pid for c in children))

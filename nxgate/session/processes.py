@@ -7,7 +7,7 @@ way: the pidfd becomes readable.  A process is identified by its pid *and*
 its start time (from /proc), so a recycled pid is never mistaken for it,
 and signals go through :func:`send_signal` (a pidfd), never ``os.kill``.
 
-The /proc scans (:func:`children_named`, :func:`agents_in`,
+The /proc scans (:func:`named_children`, :func:`agents_in`,
 :func:`tagged_processes`, :func:`listens`) read every process's files:
 they are thread-safe, and callers on the reactor run them through their
 ``blocking`` (:mod:`nxgate.threads`).
@@ -138,6 +138,12 @@ def children_named(pid: int, name: str) -> list[int]:
 
     A scan of /proc: it runs about once per suspend, and unlike a pid kept
     from a log line it also works after a gateway restart."""
+    return [child.pid for child in named_children(pid, name)]
+
+
+def named_children(pid: int, name: str) -> list[ProcessId]:
+    """:func:`children_named` with each child's start time, as the scan saw
+    it: what :func:`send_signal` needs to be sure it signals that child."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -148,7 +154,7 @@ def children_named(pid: int, name: str) -> list[int]:
         try:
             with open(f"/proc/{entry}/comm", "rb") as handle:
                 if handle.read().rstrip(b"\n") == name.encode():
-                    found.append(int(entry))
+                    found.append(ProcessId(int(entry), int(fields[19])))
         except OSError:
             continue  # it ended meanwhile (a /proc race), routine in a scan
     return found
