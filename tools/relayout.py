@@ -215,9 +215,13 @@ def _indent_of(lines: list[str], node: ast.stmt) -> str:
     return line[: len(line) - len(line.lstrip())]
 
 
-def _from_import(module: str, names: list[tuple[str, str | None]]) -> str:
+def _from_import(module: str, names: list[tuple[str, str | None]], indent: str = "") -> str:
     parts = [name if alias is None or alias == name else f"{name} as {alias}" for name, alias in names]
-    return f"from {module} import {', '.join(parts)}"
+    line = f"from {module} import {', '.join(parts)}"
+    if len(indent) + len(line) <= 110:
+        return line
+    inner = "".join(f"{indent}    {part},\n" for part in parts)
+    return f"from {module} import (\n{inner}{indent})"
 
 
 def import_ranges(tree: ast.AST) -> list[tuple[int, int]]:
@@ -235,7 +239,50 @@ def _comment_start(code: str) -> int | None:
     return None
 
 
-def rewrite_imports(source: str, known: set[str], moves: dict[str, str]) -> tuple[list[str], set[int]]:
+def _from_groups(module: str, names: list[tuple[str, str | None]], known: set[str],
+                 moves: dict[str, str]) -> tuple[dict[str, list[tuple[str, str | None]]], bool]:
+    """``from module import names`` regrouped by the new module of each name, and whether anything moved."""
+    groups: dict[str, list[tuple[str, str | None]]] = {}
+    changed = False
+    for name, asname in names:
+        full = f"{module}.{name}"
+        new = rename_module(full, moves)
+        parent, _, last = new.rpartition(".")
+        # A module imported by its old short name keeps that name: `from nxgate.auth import pam as auth`.
+        local = asname or (name if full in known else None)
+        groups.setdefault(parent, []).append((last, local))
+        changed |= new != full
+    return groups, changed
+
+
+# `from nxgate.x import a, b as c` inside a string (code run with `python -c`): one line, no parentheses.
+FROM_IN_TEXT = re.compile(r"^(?P<indent>\s*)from\s+(?P<module>nxgate(?:\.\w+)*)\s+import\s+"
+                          r"(?P<names>\w+(?:\s+as\s+\w+)?(?:\s*,\s*\w+(?:\s+as\s+\w+)?)*)\s*$")
+
+
+def rewrite_from_in_text(line: str, known: set[str], moves: dict[str, str]) -> str:
+    match = FROM_IN_TEXT.match(line.rstrip("\n"))
+    if not match:
+        return line
+    names = []
+    for part in match.group("names").split(","):
+        words = part.split()
+        names.append((words[0], words[2] if len(words) == 3 else None))
+    groups, changed = _from_groups(match.group("module"), names, known, moves)
+    if not changed:
+        return line
+    indent = match.group("indent")
+    return "".join(f"{indent}{_from_import(m, n)}\n" for m, n in groups.items())
+
+
+def _only_statement(tree: ast.AST, node: ast.stmt) -> bool:
+    """Whether ``node`` is the whole body of a block (removing it would leave the block empty)."""
+    return any(isinstance(parent, ast.AST) and getattr(parent, "body", None) == [node] and parent is not tree
+               for parent in ast.walk(tree))
+
+
+def rewrite_imports(source: str, known: set[str], moves: dict[str, str],
+                    own: str | None = None) -> tuple[list[str], set[int]]:
     """Rewrites every import statement whose module moved; returns the text and the lines it wrote.
 
     ``known`` holds the old module paths that exist, so ``from nxgate import auth`` is seen as a module.
@@ -255,18 +302,24 @@ def rewrite_imports(source: str, known: set[str], moves: dict[str, str]) -> tupl
                 statements.append(f"import {new} as {a.asname}" if a.asname else f"import {new}")
             edits.append((node.lineno, node.end_lineno, statements))
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            groups: dict[str, list[tuple[str, str | None]]] = {}
-            changed = False
-            for a in node.names:
-                full = f"{node.module}.{a.name}"
-                new = rename_module(full, moves)
-                parent, _, last = new.rpartition(".")
-                # A module imported by its old short name keeps that name: `from nxgate.auth import pam as auth`.
-                local = a.asname or (a.name if full in known else None)
-                groups.setdefault(parent, []).append((last, local))
-                changed |= new != full
-            if changed:
-                edits.append((node.lineno, node.end_lineno, [_from_import(m, n) for m, n in groups.items()]))
+            groups, changed = _from_groups(node.module, [(a.name, a.asname) for a in node.names], known, moves)
+            if own is not None and own in groups:
+                # Names a split brings home (sessions/requests.py re-importing StartRequest): nothing to import.
+                del groups[own]
+                changed = True
+            if not changed:
+                continue
+            if len(groups) == 1 and all(local is None or local == last
+                                        for last, local in next(iter(groups.values()))) \
+                    and [last for last, _ in next(iter(groups.values()))] == [a.name for a in node.names]:
+                # Only the module moved: change it in place, keeping the statement's own layout.
+                first = lines[node.lineno - 1]
+                lines[node.lineno - 1] = re.sub(rf"\bfrom\s+{re.escape(node.module)}\s+import\b",
+                                                f"from {next(iter(groups))} import", first, count=1)
+                continue
+            indent = re.match(r"\s*", lines[node.lineno - 1]).group(0)
+            edits.append((node.lineno, node.end_lineno, [_from_import(m, n, indent) for m, n in groups.items()]
+                          or ([f"pass  # {node.module}'s names now live here"] if _only_statement(tree, node) else [])))
     protected = {line for start, end in import_ranges(tree) for line in range(start, end + 1)}
     for start, end, statements in sorted(edits, reverse=True):
         first = lines[start - 1]
@@ -277,14 +330,19 @@ def rewrite_imports(source: str, known: set[str], moves: dict[str, str]) -> tupl
             if at is not None:
                 comment = "  " + first[at:].strip()
         text = "".join(f"{indent}{s}{comment if i == len(statements) - 1 else ''}\n" for i, s in enumerate(statements))
+        if not statements:
+            comment = ""
         lines[start - 1:end] = [text] + [""] * (end - start)
     return lines, protected
 
 
-def rewrite_python(source: str, known: set[str], moves: dict[str, str]) -> str:
-    """Import statements through :func:`rewrite_imports`, every other line through :func:`rewrite_paths`."""
-    lines, protected = rewrite_imports(source, known, moves)
-    return "".join(line if number in protected else rewrite_paths(line, moves)
+def rewrite_python(source: str, known: set[str], moves: dict[str, str], own: str | None = None) -> str:
+    """Import statements through :func:`rewrite_imports`, every other line through :func:`rewrite_paths`.
+
+    ``own`` is the file's new module path: imports from itself (after a split) are dropped.
+    """
+    lines, protected = rewrite_imports(source, known, moves, own)
+    return "".join(line if number in protected else rewrite_paths(rewrite_from_in_text(line, known, moves), moves)
                    for number, line in enumerate(lines, start=1))
 
 
@@ -442,8 +500,10 @@ def main(argv: list[str] | None = None) -> int:
     if not options.dry_run and git("status", "--porcelain", "--untracked-files=no", capture=True).strip():
         problems.append("the tree has uncommitted changes: commit or stash them first")
     if problems:
-        for problem in problems:
+        for problem in problems[:3]:
             print(f"refused: {problem}", file=sys.stderr)
+        if len(problems) > 3:
+            print(f"refused: ... and {len(problems) - 3} more", file=sys.stderr)
         return 1
     module_map = {module_of(old): module_of(new) for old, new in moves.items()}
     known = {module_of(path) for path in git("ls-files", "--", "nxgate", "tests", capture=True).splitlines()
@@ -460,7 +520,8 @@ def main(argv: list[str] | None = None) -> int:
         if path.endswith(".py"):
             own = module_of(path) if path.startswith(("nxgate/", "tests/")) else None
             updated = rename_names(updated, own, known)
-            updated = rewrite_python(updated, known, module_map)
+            updated = rewrite_python(updated, known, module_map,
+                                     rename_module(own, module_map) if own is not None else None)
         else:
             updated = rewrite_paths(updated, module_map)
         if updated != text:
