@@ -12,9 +12,9 @@ rule is a pure function of ``{module: imports}``.
 
 Until the Phase 2 move lands, the real tree is checked through the move's own mapping
 (``tools/relayout.py``: ``MOVES`` and ``SYMBOL_MOVES``), so each module and each import is judged under its
-new name.  After the move that mapping changes nothing, and the test runs without the script.  A rule the tree still breaks is marked ``todo`` with
-the reason, and its report lists every violation; remove the ``todo`` when the rule holds (trial then
-reports an unexpected success).
+new name.  After the move that mapping changes nothing, and the test runs without the script.  A rule the
+tree still breaks is marked ``todo`` with the reason, and its report lists every violation; remove the
+``todo`` when the rule holds (trial then reports an unexpected success).
 """
 
 from __future__ import annotations
