@@ -199,7 +199,7 @@ def read_tree(sources: Mapping[str, str] | None = None) -> tuple[dict[str, froze
     """
     if os.path.exists(os.path.join(REPO, "tools", "relayout.py")):
         relayout = _relayout()
-        moves = relayout.module_moves()
+        moves = relayout.module_moves(REPO)
 
         def renamed(name: str) -> str:
             return relayout.rename_module(name, moves)

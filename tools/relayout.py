@@ -183,10 +183,11 @@ def module_of(path: str) -> str:
     return ".".join(parts)
 
 
-def module_moves() -> dict[str, str]:
-    """Old module path -> new module path, for every moved file and every moved package."""
-    result = {module_of(old): module_of(new) for old, new in MOVES.items()}
-    return result
+def module_moves(root: str | None = None) -> dict[str, str]:
+    """Old module path -> new module path, for every file in :data:`MOVES` (under ``root``: only for the
+    files still there, so that after the move ``nxgate.auth``, now a package, is not mapped again)."""
+    return {module_of(old): module_of(new) for old, new in MOVES.items()
+            if root is None or os.path.exists(os.path.join(root, old))}
 
 
 def rename_module(name: str, moves: dict[str, str] | None = None) -> str:
@@ -208,11 +209,6 @@ def rename_module(name: str, moves: dict[str, str] | None = None) -> str:
 
 # --------------------------------------------------------------------------------------------------------------
 # Import statements
-
-
-def _indent_of(lines: list[str], node: ast.stmt) -> str:
-    line = lines[node.lineno - 1]
-    return line[: len(line) - len(line.lstrip())]
 
 
 def _from_import(module: str, names: list[tuple[str, str | None]], indent: str = "") -> str:
