@@ -165,9 +165,19 @@ HAND_WORK = [
     "nx/client_commands.py: cut escape and format_params into nx/params.py (one codec: check nx/params has no twin)",
     "nx/client_dialogue.py: cut parse_row (and ParsedRow) into nx/listing.py",
     "gateway.py: cut ChannelTransport and ChannelHandler into doors/conch/channel.py",
-    "sessions/shadow_sessions.py: CONSENT_PROGRAM is dirname(__file__)/consent.py; consent.py is now in node/",
-    "doors/openssh/login_shell.py: the source-checkout nxcopy path is dirname(nxgate/)/helpers; now 2 levels deeper",
+    "any FIXUPS line the run reports as not found (CONSENT_PROGRAM, nxgate-shell's source-checkout nxcopy path)",
     "README.md: the architecture section describes the old files (P3-D rewrites it)",
+]
+
+# Paths computed from __file__ that a move breaks: (new file, exact old text, new text).  Applied only when
+# the old text is found; otherwise the run says so and the item stays hand work.
+FIXUPS = [
+    ("nxgate/sessions/shadow_sessions.py",
+     'CONSENT_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "consent.py")',
+     'CONSENT_PROGRAM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "node", "consent.py")'),
+    ("nxgate/doors/openssh/login_shell.py",
+     'os.path.join(os.path.dirname(here), "helpers", "nxcopy"),  # a source checkout',
+     'os.path.join(here, "..", "..", "..", "helpers", "nxcopy"),  # a source checkout'),
 ]
 
 SPLIT_IMPORTS = True  # False (--no-split-imports): split symbols stay with their file, for a working tree now
@@ -577,6 +587,19 @@ def main(argv: list[str] | None = None) -> int:
         with open(target, "w", encoding="utf-8") as handle:
             handle.write(text)
         git("add", target)
+    for path, before, after in FIXUPS:
+        if not os.path.exists(path):
+            print(f"fixup  {path}: not there, check by hand", file=sys.stderr)
+            continue
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        if text.count(before) != 1:
+            print(f"fixup  {path}: {before!r} not found once, fix by hand", file=sys.stderr)
+            continue
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text.replace(before, after))
+        git("add", path)
+        print(f"fixup  {path}")
     print("\nLeft for hand work:")
     for item in HAND_WORK:
         print(f"  - {item}")
