@@ -23,8 +23,12 @@ What it does, and nothing else (no logic changes):
 The symbols that a split moves (:data:`SYMBOL_MOVES`) are imported from their new module, but the script
 does not cut the code itself: that is the hand work listed in :data:`HAND_WORK` and printed at the end.
 
+4. Fixes the two paths computed from ``__file__`` that the move breaks (:data:`FIXUPS`).
+
 It refuses to run when any new path already exists, or the tree has uncommitted changes, so a second run
-does nothing.  ``tests/test_layering.py`` reads :data:`MOVES` and :data:`SYMBOL_MOVES` to check the
+does nothing.  ``--no-split-imports`` leaves split names importable from their file's new home, so the tree
+works (and the tests pass) before the hand cuts; without it, imports already point where the cuts will put
+the names.  Delete this script once the move has landed: the layering test then runs without it.  ``tests/test_layering.py`` reads :data:`MOVES` and :data:`SYMBOL_MOVES` to check the
 import rules against the layout before the move lands.
 """
 
