@@ -116,6 +116,11 @@ def options_line(session: Session, settings: DisplaySettings, accept: str,
         ("shmem", "1"),
         ("shpix", "1"),
         ("strict", "0"),
+        # Lossless image compression on every link: by default nxcomp packs
+        # a desktop session's images "adaptive" (JPEG at quality 9 on a LAN,
+        # 3 on a modem), which makes text that reaches the agent as an image
+        # (browsers, many toolkits) blocky and faint on the client.
+        ("pack", "lossless"),
         # No cleanup timeout: a suspend or terminate takes 0.6 s instead of
         # 1.1 s.  nxagent then waits for its watchdog instead, which the
         # session manager ends (see _end_watchdog).
@@ -145,6 +150,16 @@ def caption(session: Session) -> str:
     return f"NX - {session.user}@{session.server_name}:{session.display} - {session.name}"
 
 
+#: X extensions the agent must not offer.  With XFIXES, nxagent's own
+#: framebuffer and the client's picture drift apart under a reparenting
+#: window manager (xfwm4): windows come back from under another one with
+#: their text missing or in the wrong colour (faint), the cursor a pale
+#: box, and the agent's framebuffer -- what shadows and screenshots read --
+#: shows the desktop where a terminal is.  Measured with
+#: tests/test_e2e_text.py; XFCE, xterm and our viewers do fine without it.
+DISABLED_EXTENSIONS = ("XFIXES",)
+
+
 def agent_argv(executable: str, session: Session, files: AgentFiles, plan: AgentPlan,
                extra: tuple[str, ...] = ()) -> list[str]:
     return [
@@ -156,6 +171,7 @@ def agent_argv(executable: str, session: Session, files: AgentFiles, plan: Agent
         *(() if plan.persistent else ("-nopersistent",)),
         "-nolisten", "tcp",
         "-auth", files.authority,
+        *(arg for name in DISABLED_EXTENSIONS for arg in ("-extension", name)),
         *extra,
         f":{session.display}",
     ]
