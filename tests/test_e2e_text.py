@@ -52,8 +52,18 @@ class TextPictureTests(SessionTestCase):
             '--link="lan"', f'--link="{link}"'), timeout=60)
         self.assertIn(b"NX> 710 Session status: running", reply, reply)
         info = SessionInfo.parse(reply)
-        self.attach(client, info)
+        self.attachment = self.attach(client, info)
         return info
+
+    def suspend_and_resume(self, info: SessionInfo) -> SessionInfo:
+        """Drop the client, then resume from a fresh one (new proxy, new
+        caches): what a user coming back tomorrow does."""
+        self.attachment.detach()
+        self.wait_status(info.session_id, "Suspended", timeout=30)
+        client = self.login()
+        resumed = self.restore(client, info.session_id)
+        self.attachment = self.attach(client, resumed)
+        return resumed
 
     def authority(self, info: SessionInfo) -> str:
         return os.path.join(self.gateway.state_dir, "sessions", info.session_id, "authority")
@@ -123,9 +133,11 @@ class TextPictureTests(SessionTestCase):
                                            "-geometry", "40x10+0+0", "-e", "sleep", "2"))
         cover.wait(30)
 
-    def check_text(self, info: SessionInfo, term: tuple[str, ...], what: str, covers: int = 2) -> None:
+    def check_text(self, info: SessionInfo, term: tuple[str, ...], what: str, covers: int = 2,
+                   resume: bool = False) -> None:
         """The text as drawn equals the client's; each time a window covered
-        it and went away, the client shows that same text again."""
+        it and went away, the client shows that same text again; with
+        ``resume``, also after the session was suspended and resumed."""
         term_process, region = self.show_text(info, term, f"{TITLE}-{what}")
         drawn = self.wait_equal("the client's text to equal the session's", lambda: self.pictures(info, region))
         self.verdict(info, f"{what}-drawn", drawn)
@@ -135,6 +147,11 @@ class TextPictureTests(SessionTestCase):
             again = self.wait_equal("the text back on the client after an expose",
                                     lambda: (reference, self.pictures(info, region)[1]), timeout=10)
             self.verdict(info, f"{what}-exposed-{round_}", again)
+        if resume:
+            self.suspend_and_resume(info)
+            again = self.wait_equal("the text on the client after a resume",
+                                    lambda: (reference, self.pictures(info, region)[1]))
+            self.verdict(info, f"{what}-resumed", again)
         stop(term_process)
 
     def check_image_text(self, info: SessionInfo) -> None:
@@ -180,7 +197,7 @@ class TextPictureTests(SessionTestCase):
         info = self.start_session("unix-xfce")
         self.wait_for_xfce(info)
         self.check_image_text(info)
-        self.check_text(info, XFT_TERM, "xft", covers=3)
+        self.check_text(info, XFT_TERM, "xft", covers=3, resume=True)
         self.check_text(info, CORE_TERM, "core", covers=3)
 
     def test_text_in_an_xfce_session_over_a_modem_link(self):

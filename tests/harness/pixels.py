@@ -91,7 +91,13 @@ def windows(display: str, authority: str | None = None) -> Iterator[tuple[str, s
     env = dict(os.environ, DISPLAY=display)
     if authority is not None:
         env["XAUTHORITY"] = authority
-    out = subprocess.run(["xwininfo", "-root", "-tree"], env=env, capture_output=True, text=True, check=True).stdout
+    for _ in range(5):  # a window that goes while xwininfo walks the tree fails the walk
+        result = subprocess.run(["xwininfo", "-root", "-tree"], env=env, capture_output=True, text=True)
+        if result.returncode == 0:
+            break
+    else:
+        raise AssertionError(f"xwininfo on {display} failed: {result.stderr.strip()}")
+    out = result.stdout
     for line in out.splitlines():
         match = _TREE_LINE.match(line)
         if match:
