@@ -1,10 +1,15 @@
 """The shadow window's size: the X setup exchange and the fitting (pure)."""
 
+import os
+import shutil
 import struct
+import tempfile
 
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.internet import defer, protocol, reactor
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from nxgate.shadow.screen import Incomplete, screen_size, setup_request, shadow_geometry
+from nxgate.session import files
+from nxgate.shadow.screen import Incomplete, screen_size, setup_request, shadow_geometry, watched_size
 
 
 def setup_reply(width: int, height: int, vendor: bytes = b"NoMachine", formats: int = 7, status: int = 1) -> bytes:
@@ -65,3 +70,41 @@ class GeometryTests(SynchronousTestCase):
 
     def test_never_below_the_minimum(self):
         self.assertEqual(shadow_geometry((16000, 100), (640, 480)), (640, 64))
+
+
+class WatchedSizeTests(TestCase):
+    """watched_size against a stand-in X server on a UNIX socket."""
+
+    def serve(self, reply: bytes | None) -> int:
+        directory = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, directory, True)
+        self.patch(files, "X_SOCKET", os.path.join(directory, "X{n}"))
+        received: list[bytes] = []
+        self.received = received
+
+        class FakeX(protocol.Protocol):
+            def dataReceived(self, data: bytes) -> None:
+                received.append(data)
+                if reply is not None:
+                    self.transport.write(reply[:5])  # in two pieces, as a socket may deliver it
+                    self.transport.write(reply[5:])
+
+        factory = protocol.Factory.forProtocol(FakeX)
+        port = reactor.listenUNIX(files.X_SOCKET.format(n=42), factory)
+        self.addCleanup(port.stopListening)
+        return 42
+
+    @defer.inlineCallbacks
+    def test_size_from_the_setup_reply(self):
+        display = self.serve(setup_reply(1366, 768))
+        size = yield defer.ensureDeferred(watched_size(reactor, display, "00" * 16, timeout=5))
+        self.assertEqual(size, (1366, 768))
+        self.assertEqual(b"".join(self.received), setup_request("00" * 16))
+
+    @defer.inlineCallbacks
+    def test_no_answer_or_no_server_gives_none(self):
+        display = self.serve(None)
+        size = yield defer.ensureDeferred(watched_size(reactor, display, None, timeout=0.3))
+        self.assertIsNone(size)
+        size = yield defer.ensureDeferred(watched_size(reactor, 43, None, timeout=0.3))
+        self.assertIsNone(size)
