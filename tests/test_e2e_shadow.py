@@ -15,6 +15,7 @@ from tests.harness.ssh import SessionInfo
 from tests.harness.users import create_user
 from tests.harness.x11 import ClientScreen
 from tests.test_e2e_sessions import RED, SessionTestCase
+from tests.test_e2e_text import XFT_TERM, InSession, shows_text
 
 TK_GREY = (217, 217, 217)  # the consent dialog's background
 ADMINS = "nxgatetestadmins"
@@ -192,7 +193,7 @@ class ConsoleTests(ShadowTestCase):
         self.assertFalse(any(name.startswith("Console") for name in self.shadow_rows(carol).values()))
 
 
-class ShadowPictureTests(ShadowTestCase):
+class ShadowPictureTests(InSession, ShadowTestCase):
     """The viewer sees the whole watched screen: 1:1 when his window has
     room for it, uniformly scaled to fit when it has not; never a crop.
 
@@ -289,6 +290,42 @@ class ShadowPictureTests(ShadowTestCase):
             raise AssertionError(f"only {shares[0]:.1%} of the pixels equal in {self.window(viewer)}; viewer: "
                                  f"{self.saved(viewer.shot(), 'viewer')}") from None
         self.assertIn(f"shadow of :{info.display} ({master.width}x{master.height})", self.gateway.log())
+        self.keep(viewer)
+
+    def test_an_xfce_desktop_with_its_text(self):
+        """The helper sees the desktop the owner sees, text included: the
+        shadow reads the watched agent's framebuffer, which XFIXES made
+        show the wallpaper where a terminal was."""
+        client = self.login()
+        info = self.start(client, "unix-xfce")
+        self.attach(client, info)
+        self.wait_for_xfce(info)
+        _, region = self.show_text(info, XFT_TERM, "nxgate-shadow-text")
+        authority = self.authority(info)
+        wait_for(lambda: shows_text(pixels.crop(pixels.grab(f":{info.display}", authority), region)), 20,
+                 "the text in the watched session's framebuffer", interval=0.5)
+        viewer = ClientScreen(1024, 768)
+        self.addCleanup(viewer.close)
+        wm = pixels.start_window_manager(viewer.name)
+        self.addCleanup(stop, wm)
+        shadow_client = self.login()
+        shadow_client.send(f'attachsession --type="shadow" --id="{info.session_id}" --display="0" '
+                           f'--geometry="1000x700" --link="lan" --encryption="1"')
+        self.attach(shadow_client, SessionInfo.parse(shadow_client.prompt(timeout=40)), viewer)
+        shares: list[float] = [0.0]
+
+        def same() -> bool:
+            window, watched = self.window(viewer), pixels.grab(f":{info.display}", authority)
+            seen = pixels.crop(viewer.shot(), window)
+            shares[:] = [pixels.equal_share(seen, watched)]
+            text = pixels.crop(seen, region)
+            return shares[0] >= 0.99 and shows_text(text)
+
+        try:
+            wait_for(same, 30, "the XFCE desktop and its text in the viewer's window", interval=0.5)
+        except AssertionError:
+            raise AssertionError(f"only {shares[0]:.1%} of the pixels equal in {self.window(viewer)}; viewer: "
+                                 f"{self.saved(viewer.shot(), 'viewer')}") from None
         self.keep(viewer)
 
     def test_whole_screen_scaled_to_fit_a_smaller_window(self):

@@ -43,27 +43,8 @@ def shows_text(shot: Screenshot) -> bool:
     return shot.count((0, 0, 0)) >= 0.4 * area and shot.count((255, 255, 255)) >= 0.004 * area
 
 
-class TextPictureTests(SessionTestCase):
-    """A session's text on the client equals what the session drew (>= 99%)."""
-
-    def start_session(self, session_type: str, link: str = "lan", extra: str = "") -> SessionInfo:
-        client = self.login()
-        reply = client.command(START.format(name="text", type=session_type, extra=extra).replace(
-            '--link="lan"', f'--link="{link}"'), timeout=60)
-        self.assertIn(b"NX> 710 Session status: running", reply, reply)
-        info = SessionInfo.parse(reply)
-        self.attachment = self.attach(client, info)
-        return info
-
-    def suspend_and_resume(self, info: SessionInfo) -> SessionInfo:
-        """Drop the client, then resume from a fresh one (new proxy, new
-        caches): what a user coming back tomorrow does."""
-        self.attachment.detach()
-        self.wait_status(info.session_id, "Suspended", timeout=30)
-        client = self.login()
-        resumed = self.restore(client, info.session_id)
-        self.attachment = self.attach(client, resumed)
-        return resumed
+class InSession:
+    """Running programs in a test's session, as its user, and waiting for XFCE."""
 
     def authority(self, info: SessionInfo) -> str:
         return os.path.join(self.gateway.state_dir, "sessions", info.session_id, "authority")
@@ -87,6 +68,46 @@ class TextPictureTests(SessionTestCase):
         return term_process, wait_for(
             lambda: pixels.find_window(f":{info.display}", title, self.authority(info), min_size=100),
             60, "the xterm on the session's screen", interval=0.3)
+
+    def wait_for_xfce(self, info: SessionInfo) -> None:
+        def desktop_up() -> bool:
+            names = {name for _, name, _ in pixels.windows(f":{info.display}", self.authority(info))}
+            return any("xfce4-panel" in name for name in names) and "Desktop" in names
+
+        wait_for(desktop_up, 90, "the XFCE panel and desktop", interval=1)
+        # Then until the desktop stops changing for a while: XFCE's pieces
+        # start together and restack and redraw for some seconds.
+        last: list = [None, 0]
+
+        def settled() -> bool:
+            shot = pixels.grab(f":{info.display}", self.authority(info)).rgba
+            last[:] = [shot, last[1] + 1 if shot == last[0] else 0]
+            return last[1] >= 4
+
+        wait_for(settled, 60, "the XFCE desktop to settle", interval=0.5)
+
+
+class TextPictureTests(InSession, SessionTestCase):
+    """A session's text on the client equals what the session drew (>= 99%)."""
+
+    def start_session(self, session_type: str, link: str = "lan", extra: str = "") -> SessionInfo:
+        client = self.login()
+        reply = client.command(START.format(name="text", type=session_type, extra=extra).replace(
+            '--link="lan"', f'--link="{link}"'), timeout=60)
+        self.assertIn(b"NX> 710 Session status: running", reply, reply)
+        info = SessionInfo.parse(reply)
+        self.attachment = self.attach(client, info)
+        return info
+
+    def suspend_and_resume(self, info: SessionInfo) -> SessionInfo:
+        """Drop the client, then resume from a fresh one (new proxy, new
+        caches): what a user coming back tomorrow does."""
+        self.attachment.detach()
+        self.wait_status(info.session_id, "Suspended", timeout=30)
+        client = self.login()
+        resumed = self.restore(client, info.session_id)
+        self.attachment = self.attach(client, resumed)
+        return resumed
 
     def pictures(self, info: SessionInfo, region: Rect) -> tuple[Screenshot, Screenshot]:
         """The region as the session drew it (nxagent's framebuffer, clipped
@@ -168,23 +189,6 @@ class TextPictureTests(SessionTestCase):
         drawn = self.wait_equal("the client's image of text to equal the session's", lambda: self.pictures(info, region))
         self.verdict(info, "image", drawn)
         stop(viewer)
-
-    def wait_for_xfce(self, info: SessionInfo) -> None:
-        def desktop_up() -> bool:
-            names = {name for _, name, _ in pixels.windows(f":{info.display}", self.authority(info))}
-            return any("xfce4-panel" in name for name in names) and "Desktop" in names
-
-        wait_for(desktop_up, 90, "the XFCE panel and desktop", interval=1)
-        # Then until the desktop stops changing for a while: XFCE's pieces
-        # start together and restack and redraw for some seconds.
-        last: list = [None, 0]
-
-        def settled() -> bool:
-            shot = pixels.grab(f":{info.display}", self.authority(info)).rgba
-            last[:] = [shot, last[1] + 1 if shot == last[0] else 0]
-            return last[1] >= 4
-
-        wait_for(settled, 60, "the XFCE desktop to settle", interval=0.5)
 
     # ---------------------------------------------------------------- tests
     def test_text_in_an_application_session(self):
