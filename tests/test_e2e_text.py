@@ -6,10 +6,12 @@ are compared with the same place in the NX window on the client's screen,
 then again after another window covered it and went away.
 
 What this caught (issue 10, "text drawn faint and blocky" in XFCE):
-- with XFIXES offered by nxagent, under xfwm4 the agent's framebuffer showed
-  the desktop where the xterm was (0% equal, every run), and a window that
-  had been covered came back on the client with its text missing or drawn
-  in grey (#B8B8B8 for #FFFFFF) and the cursor a pale box (1 run in 2);
+- xfwm4 composites by default, and on nxagent that goes wrong: the agent's
+  framebuffer showed the desktop where the xterm was (0% equal, every run),
+  and a window that had been covered came back on the client with its text
+  missing or drawn in grey (#B8B8B8 for #FFFFFF) and the cursor a pale box
+  (1 run in 2).  Without XFIXES no compositing manager runs (with XFIXES
+  and xfwm4's compositing switched off in its settings, all was right too);
 - with nxcomp's default "adaptive" pack, a desktop session's images are
   JPEG (quality 3 over a modem): text in an image arrived blocky and faint
   (65% of its pixels equal).

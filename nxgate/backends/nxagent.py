@@ -150,13 +150,15 @@ def caption(session: Session) -> str:
     return f"NX - {session.user}@{session.server_name}:{session.display} - {session.name}"
 
 
-#: X extensions the agent must not offer.  With XFIXES, nxagent's own
-#: framebuffer and the client's picture drift apart under a reparenting
-#: window manager (xfwm4): windows come back from under another one with
-#: their text missing or in the wrong colour (faint), the cursor a pale
-#: box, and the agent's framebuffer -- what shadows and screenshots read --
-#: shows the desktop where a terminal is.  Measured with
-#: tests/test_e2e_text.py; XFCE, xterm and our viewers do fine without it.
+#: X extensions the agent must not offer.  XFCE's window manager composites
+#: by default (xfwm4 use_compositing=true), and on nxagent that goes wrong:
+#: the agent's framebuffer -- what shadows and screenshots read -- shows the
+#: wallpaper where a terminal is, and a window that was covered comes back
+#: on the client with its text missing or grey and the cursor a pale box.
+#: Compositing managers need XFIXES; without it xfwm4 runs uncomposited and
+#: the picture is exact (tests/test_e2e_text.py).  Switching compositing off
+#: in xfwm4's own settings fixed it as well, but only for XFCE, and a user
+#: can switch it back on; this holds for any desktop.
 DISABLED_EXTENSIONS = ("XFIXES",)
 
 
