@@ -144,11 +144,14 @@ class ShadowService:
     async def _shadow_settings(self, params: Params, target: Target) -> DisplaySettings:
         """The viewer's display settings with the shadow window's size: the
         watched screen at 1:1, or scaled to fit the viewer's window (see
-        :mod:`nxgate.shadow.screen`).  Never full screen: nxagent would
-        stretch the watched screen to the client's whole screen."""
+        :mod:`nxgate.shadow.screen`).  Full screen only where the client's
+        screen has the watched screen's size: otherwise nxagent would stretch
+        the watched screen to the client's whole screen."""
         settings = display_settings(params)
         area_w, area_h = (int(n) for n in settings.geometry.split("x"))
         watched = await screen.watched_size(self.manager.reactor, target.display, target.cookie)
+        if settings.fullscreen and watched == (area_w, area_h):
+            return settings  # a full screen of the watched screen's size: 1:1, with no window frame
         width, height = screen.shadow_geometry(watched, (area_w, area_h))
         log.info("shadow of :{display} ({watched}) in a viewer area of {area}: window {width}x{height}",
                  display=target.display, watched="unknown size" if watched is None else "x".join(map(str, watched)),
