@@ -43,6 +43,8 @@ class SessionView:
     attached_before: bool
     agent_pid: int
     failure: str
+    node: str = ""
+    program_pid: int = 0
     options: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -59,7 +61,7 @@ class SessionView:
             render=session.render, fullscreen=session.fullscreen, rootless=session.rootless,
             encrypted=session.encrypted, client_address=session.client_address, created=session.created,
             changed=session.changed, attached_before=session.ever_attached, agent_pid=session.agent_pid,
-            failure=session.failure, options=options,
+            failure=session.failure, node=session.server_name, program_pid=session.app_pid, options=options,
         )
 
 
