@@ -114,7 +114,8 @@ def remote_desktop(session_type: str, request: RemoteRequest | None, config: Con
     target = config.targets.get(server.lower())
     if target is not None:
         if target.protocol != protocol:
-            raise refused(Kind.INVALID_REQUEST, f"'{server}' is a {target.protocol.upper()} desktop, not {protocol.upper()}.")
+            raise refused(Kind.INVALID_REQUEST,
+                          f"'{server}' is a {target.protocol.upper()} desktop, not {protocol.upper()}.")
         return _from_target(server.lower(), target, config, user, domain, password)
     if not settings.allow_any_host:
         names = ", ".join(f"{name} ({t.protocol})" for name, t in sorted(config.targets.items())) or "none"
@@ -129,7 +130,8 @@ def _from_target(name: str, target: TargetSection, config: Config, user: str, do
     protocol = target.protocol
     engine = target.engine or (config.remote.rdp_engine if protocol == "rdp" else config.remote.vnc_engine)
     if engine not in ENGINES[protocol]:
-        raise refused(Kind.UNAVAILABLE, f"Target '{name}' has engine {engine}, which does not speak {protocol.upper()}.")
+        raise refused(Kind.UNAVAILABLE,
+                      f"Target '{name}' has engine {engine}, which does not speak {protocol.upper()}.")
     return RemoteDesktop(
         protocol, target.host, target.port or DEFAULT_PORTS[protocol], engine,
         target.security or config.remote.rdp_security,
@@ -201,4 +203,5 @@ def viewer_failure(desktop: RemoteDesktop, status: str) -> SessionError | None:
         return None
     kind, _, message = status.removeprefix("error ").partition(":")
     template = FAILURES.get(kind.strip(), "The remote desktop {address} failed: {message}")
-    return refused(Kind.REMOTE_FAILED, template.format(address=desktop.target or desktop.address, message=message.strip() or status))
+    return refused(Kind.REMOTE_FAILED,
+                   template.format(address=desktop.target or desktop.address, message=message.strip() or status))
