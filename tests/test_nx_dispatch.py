@@ -251,9 +251,10 @@ class DispatchTests(SynchronousTestCase):
         self.assertTrue(lines[3].endswith("desk bob"))
         self.assertEqual(lines[-1], "")  # no 147/148 line
         said = []
-        self.run_command(SessionError(Kind.REFUSED_BY_OWNER, "Authorization refused by user: bob."),
-                         "attachsession", f'--id="{ID}"', said.append)
+        _, d = self.run_command(SessionError(Kind.REFUSED_BY_OWNER, "Authorization refused by user: bob."),
+                                "attachsession", f'--id="{ID}"', said.append)
         self.assertEqual(said, ["NX> 726 Asking user for authorization to attach to session"])
+        self.assertEqual(self.failureResultOf(d, NXError).value.text, "Error: Authorization refused by user: bob.")
 
     def test_parse_errors_and_unknown_commands_stay_nx(self):
         service, d = self.run_command(None, "startsession", "")
@@ -268,6 +269,7 @@ class DispatchTests(SynchronousTestCase):
     def test_remote_values_reach_the_service_raw(self):
         service, d = self.run_command(SessionError(Kind.REMOTE_FAILED, "x"), "startsession",
                                       '--type="vnc" --agent_server="lab" --agent_password="s3cret"')
+        self.failureResultOf(d, NXError)
         request = service.calls[0][2]
         self.assertEqual((request.remote.server, request.remote.password), ("lab", "s3cret"))
         self.assertNotIn("s3cret", repr(request))
