@@ -36,7 +36,7 @@ class TigerScreen(ClientScreen):
 
     def __init__(self, width: int, height: int, port: int, password_file: str | None, log: str) -> None:
         self.width, self.height = width, height
-        self.window_manager = None  # ClientScreen.close and _ready look for one
+        self.window_manager = None  # none: a VNC host's desktop is drawn by the test itself
         self.display = _free_display(FIRST_HOST_DISPLAY + (os.getpid() % 50) * 10)
         security = ["-SecurityTypes", "VncAuth", "-PasswordFile", password_file] if password_file else \
             ["-SecurityTypes", "None"]
