@@ -10,20 +10,23 @@ from twisted.trial.unittest import TestCase
 
 from nxgate.admin.server import AdminProtocol
 from nxgate.session.model import State
+from nxgate.sessions.errors import Kind, SessionError
 from tests import test_session_manager as manager_tests
 
 MISSING = "0" * 32
 
 
 class Gateway:
-    def __init__(self, sessions):
+    def __init__(self, sessions, config):
         self.sessions = sessions
+        self.config = config
+        self.started = 0.0
 
 
 class AdminErrorTests(TestCase):
     def setUp(self):
         manager_tests.ManagerTests.setUp(self)
-        self.admin = AdminProtocol(Gateway(self.manager))
+        self.admin = AdminProtocol(Gateway(self.manager, self.config))
 
     def ask(self, command, **args):
         line = json.dumps({"command": command, "args": args}).encode()
@@ -50,6 +53,15 @@ class AdminErrorTests(TestCase):
         (row,) = self.ask("sessions")["result"]
         self.assertEqual(row["id"], session_id)
         self.assertEqual(self.ask("show", id=f"host-1-{session_id}")["result"]["state"], "waiting")
+
+    def test_status_and_draining_through_the_service(self):
+        self.assertEqual(self.ask("drain", on=True)["result"], {"draining": True})
+        status = self.ask("status")["result"]
+        self.assertEqual((status["draining"], status["sessions"], status["unsaved_changes"], status["unknown_sessions"]),
+                         (True, 0, 0, []))
+        d = defer.ensureDeferred(self.manager.set_draining(manager_tests.caller(), False))
+        self.assertEqual(self.failureResultOf(d, SessionError).value.kind, Kind.NOT_ALLOWED)  # users may not
+        self.assertTrue(self.manager.draining)
 
     def test_bad_arguments_are_invalid_requests(self):
         self.assertEqual(self.ask("suspend", bogus=1)["kind"], "invalid_request")

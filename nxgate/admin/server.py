@@ -103,16 +103,15 @@ class AdminProtocol(LineOnlyReceiver):
 
     # ------------------------------------------------------------ commands
     async def do_status(self) -> dict[str, Any]:
-        manager = self.gateway.sessions
-        live = [s for s in manager.sessions.values() if s.state.live]
-        return {"version": __version__, "node": self.gateway.config.server_name, "draining": manager.draining,
-                "sessions": len(live), "config": self.gateway.config.source,
+        status = await self.gateway.sessions.status(ADMIN)
+        return {"version": __version__, "node": self.gateway.config.server_name, "draining": status.draining,
+                "sessions": status.live, "config": self.gateway.config.source,
                 "up_since": _iso(self.gateway.started),
                 # Writes the store refused (a full disk), retried until it takes them.
-                "unsaved_changes": len(manager.unsaved),
+                "unsaved_changes": status.unsaved_changes,
                 # Agents running in session directories the store did not know at start.
-                "unknown_sessions": [{"id": o.session_id, "user": o.user, "display": o.display, "pid": o.agent.pid}
-                                     for o in manager.orphans.values()]}
+                "unknown_sessions": [{"id": u.id, "user": u.user, "display": u.display, "pid": u.agent_pid}
+                                     for u in status.unknown_sessions]}
 
     async def do_sessions(self) -> list[dict[str, Any]]:
         listing = await self.gateway.sessions.list(ADMIN)
@@ -138,7 +137,7 @@ class AdminProtocol(LineOnlyReceiver):
         return {"id": view.id, "state": view.state.value}
 
     async def do_drain(self, on: bool) -> dict[str, Any]:
-        self.gateway.sessions.draining = bool(on)
+        on = await self.gateway.sessions.set_draining(ADMIN, bool(on))
         log.info("admin turns draining {state}: {what}", state="on" if on else "off",
                  what="no new sessions" if on else "new sessions welcome", command=f"drain {'on' if on else 'off'}",
                  admin="root", audit="admin_action")

@@ -53,7 +53,8 @@ from nxgate.session.store import STORAGE_FULL, SessionStore, StoreError, StoreUn
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequest, StartRequest
-from nxgate.sessions.results import Listing, ProgressCallback, Ready, SessionView, ShadowTarget, StreamTarget
+from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionView, ShadowTarget,
+                                     StreamTarget, UnknownSession)
 
 log = Logger(namespace="nxgate.session")
 
@@ -312,6 +313,25 @@ class SessionManager(service.Service):
 
     async def show(self, caller: Caller, session_id: str) -> SessionView:
         return SessionView.of(self._owned(caller, session_id))
+
+    async def status(self, caller: Caller) -> ServiceStatus:
+        self._admin_only(caller, "see the service's status")
+        return ServiceStatus(
+            draining=self.draining, live=sum(1 for s in self.sessions.values() if s.state.live),
+            unsaved_changes=len(self.unsaved),
+            unknown_sessions=tuple(UnknownSession(o.session_id, o.user, o.display, o.agent.pid)
+                                   for o in self.orphans.values()))
+
+    async def set_draining(self, caller: Caller, on: bool) -> bool:
+        """Draining: no new sessions, the running ones carry on."""
+        self._admin_only(caller, "drain the server")
+        self.draining = bool(on)
+        return self.draining
+
+    @staticmethod
+    def _admin_only(caller: Caller, what: str) -> None:
+        if not caller.admin:
+            raise SessionError(Kind.NOT_ALLOWED, f"Only the admin may {what}.")
 
     async def shadow_targets(self, caller: Caller) -> tuple[ShadowTarget, ...]:
         """The displays ``caller`` may shadow."""

@@ -6,7 +6,7 @@ from typing import Protocol
 
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.requests import RestoreRequest, ShadowRequest, StartRequest
-from nxgate.sessions.results import Listing, ProgressCallback, Ready, SessionView, ShadowTarget
+from nxgate.sessions.results import Listing, ProgressCallback, Ready, ServiceStatus, SessionView, ShadowTarget
 
 
 class SessionAPI(Protocol):
@@ -31,3 +31,7 @@ class SessionAPI(Protocol):
     async def show(self, caller: Caller, session_id: str) -> SessionView: ...
 
     async def shadow_targets(self, caller: Caller) -> tuple[ShadowTarget, ...]: ...
+
+    async def status(self, caller: Caller) -> ServiceStatus: ...  # admin only
+
+    async def set_draining(self, caller: Caller, on: bool) -> bool: ...  # admin only

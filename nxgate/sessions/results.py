@@ -92,6 +92,26 @@ class ShadowTarget:
     type: str
 
 
+@dataclass(frozen=True)
+class UnknownSession:
+    """A live agent in a session directory the store did not know at start."""
+
+    id: str
+    user: str
+    display: int
+    agent_pid: int
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """How the session service stands (for the admin)."""
+
+    draining: bool
+    live: int
+    unsaved_changes: int  # writes the store refused (a full disk), retried until it takes them
+    unknown_sessions: tuple[UnknownSession, ...]
+
+
 class Progress(str, enum.Enum):
     """Something a long operation wants the caller to know while it waits."""
 
