@@ -8,11 +8,14 @@ import re
 import subprocess
 import time
 
+from tests.harness import pixels
+from tests.harness.pixels import Pattern, Rect
 from tests.harness.process import stop, wait_for
 from tests.harness.ssh import SessionInfo
 from tests.harness.users import create_user
 from tests.harness.x11 import ClientScreen
 from tests.test_e2e_sessions import RED, SessionTestCase
+from tests.test_e2e_text import XFT_TERM, InSession, shows_text
 
 TK_GREY = (217, 217, 217)  # the consent dialog's background
 ADMINS = "nxgatetestadmins"
@@ -188,3 +191,159 @@ class ConsoleTests(ShadowTestCase):
         carol = create_user()
         self.addCleanup(carol.remove)
         self.assertFalse(any(name.startswith("Console") for name in self.shadow_rows(carol).values()))
+
+
+class ShadowPictureTests(InSession, ShadowTestCase):
+    """The viewer sees the whole watched screen: 1:1 when his window has
+    room for it, uniformly scaled to fit when it has not; never a crop.
+
+    The watched screen is a console (an Xvfb of a chosen size, run by the
+    user) showing a test card; the viewer's screen has a window manager,
+    as a user's desktop has."""
+
+    CONSOLE = 692
+    options = {"shadow": {"admin_groups": ADMINS, "console_display": f":{CONSOLE}", "consent_timeout": "8"}}
+
+    def start_console(self, width: int, height: int) -> Pattern:
+        entry = pwd.getpwnam(self.user.name)
+        console = subprocess.Popen(
+            ["Xvfb", f":{self.CONSOLE}", "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp", "-noreset"],
+            user=entry.pw_uid, group=entry.pw_gid, extra_groups=[], cwd="/",
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(stop, console)
+        env = dict(os.environ, DISPLAY=f":{self.CONSOLE}")
+        wait_for(lambda: subprocess.run(["xdpyinfo"], env=env, capture_output=True).returncode == 0, 15, "the console")
+        pattern = Pattern(width, height)
+        pixels.paint_root(f":{self.CONSOLE}", None, pattern, self.gateway.workdir)
+        card = pixels.grab(f":{self.CONSOLE}")
+        self.assertEqual(pattern.mismatches(card, Rect(0, 0, width, height)), [])  # the card is up
+        return pattern
+
+    def watch(self, viewer: ClientScreen, geometry: str) -> None:
+        """Shadow the console from ``viewer`` asking for a ``geometry`` window."""
+        wm = pixels.start_window_manager(viewer.name)
+        self.addCleanup(stop, wm)
+        (console_id,) = [sid for sid, name in self.shadow_rows(self.user).items() if name.startswith("Console")]
+        client = self.login()
+        client.send(f'attachsession --type="shadow" --id="{console_id}" --display="0" --geometry="{geometry}" '
+                    f'--screeninfo="{viewer.width}x{viewer.height}x24+render" --link="lan" --encryption="1"')
+        shadow = SessionInfo.parse(client.prompt(timeout=40))
+        self.attach(client, shadow, viewer)
+
+    @staticmethod
+    def window(viewer: ClientScreen) -> Rect:
+        """Where the NX window is now (the window manager moves it into its frame)."""
+        return pixels.find_window(viewer.name, "NX - ", min_size=64) or Rect(0, 0, 0, 0)
+
+    def saved(self, shot, name: str) -> str:
+        return pixels.save_png(shot, os.path.join(self.gateway.workdir, f"{self.id().rsplit('.', 1)[-1]}-{name}.png"))
+
+    def keep(self, viewer: ClientScreen) -> None:
+        """With NXGATE_KEEP_TEST_DIRS, keep the viewer's picture to look at."""
+        if os.environ.get("NXGATE_KEEP_TEST_DIRS"):
+            print(f"\n    viewer's picture: {self.saved(viewer.shot(), 'viewer')}")
+
+    def test_whole_screen_at_one_to_one_when_the_window_has_room(self):
+        self.start_console(640, 480)
+        viewer = ClientScreen(1024, 768)
+        self.addCleanup(viewer.close)
+        self.watch(viewer, "1000x700")
+        watched = pixels.grab(f":{self.CONSOLE}")
+        shares: list[float] = [0.0]
+
+        def same() -> bool:
+            window = self.window(viewer)
+            shares[:] = [pixels.equal_share(pixels.crop(viewer.shot(), window), watched)]
+            return (window.width, window.height) == (640, 480) and shares[0] >= 0.99
+
+        try:
+            wait_for(same, 20, "the watched screen at 1:1 in the viewer's window", interval=0.3)
+        except AssertionError:
+            raise AssertionError(f"only {shares[0]:.1%} of the pixels equal in {self.window(viewer)}; viewer: "
+                                 f"{self.saved(viewer.shot(), 'viewer')}") from None
+        self.keep(viewer)
+
+    def test_a_session_at_one_to_one(self):
+        """A session (an nxagent, which wants its cookie) as the watched screen."""
+        info = self.master()
+        authority = os.path.join(self.gateway.state_dir, "sessions", info.session_id, "authority")
+        master = pixels.grab(f":{info.display}", authority)
+        pixels.paint_root(f":{info.display}", authority, Pattern(master.width, master.height), self.gateway.workdir)
+        viewer = ClientScreen(1024, 768)
+        self.addCleanup(viewer.close)
+        wm = pixels.start_window_manager(viewer.name)
+        self.addCleanup(stop, wm)
+        client = self.login()
+        client.send(f'attachsession --type="shadow" --id="{info.session_id}" --display="0" --geometry="1000x700" '
+                    f'--link="lan" --encryption="1"')
+        self.attach(client, SessionInfo.parse(client.prompt(timeout=40)), viewer)
+        shares: list[float] = [0.0]
+
+        def same() -> bool:
+            window, watched = self.window(viewer), pixels.grab(f":{info.display}", authority)
+            shares[:] = [pixels.equal_share(pixels.crop(viewer.shot(), window), watched)]
+            return (window.width, window.height) == (watched.width, watched.height) and shares[0] >= 0.99
+
+        try:
+            wait_for(same, 20, "the session at 1:1 in the viewer's window", interval=0.3)
+        except AssertionError:
+            raise AssertionError(f"only {shares[0]:.1%} of the pixels equal in {self.window(viewer)}; viewer: "
+                                 f"{self.saved(viewer.shot(), 'viewer')}") from None
+        self.assertIn(f"shadow of :{info.display} ({master.width}x{master.height})", self.gateway.log())
+        self.keep(viewer)
+
+    def test_an_xfce_desktop_with_its_text(self):
+        """The helper sees the desktop the owner sees, text included: the
+        shadow reads the watched agent's framebuffer, which XFIXES made
+        show the wallpaper where a terminal was."""
+        client = self.login()
+        info = self.start(client, "unix-xfce")
+        self.attach(client, info)
+        self.wait_for_xfce(info)
+        _, region = self.show_text(info, XFT_TERM, "nxgate-shadow-text")
+        authority = self.authority(info)
+        wait_for(lambda: shows_text(pixels.crop(pixels.grab(f":{info.display}", authority), region)), 20,
+                 "the text in the watched session's framebuffer", interval=0.5)
+        viewer = ClientScreen(1024, 768)
+        self.addCleanup(viewer.close)
+        wm = pixels.start_window_manager(viewer.name)
+        self.addCleanup(stop, wm)
+        shadow_client = self.login()
+        shadow_client.send(f'attachsession --type="shadow" --id="{info.session_id}" --display="0" '
+                           f'--geometry="1000x700" --link="lan" --encryption="1"')
+        self.attach(shadow_client, SessionInfo.parse(shadow_client.prompt(timeout=40)), viewer)
+        shares: list[float] = [0.0]
+
+        def same() -> bool:
+            window, watched = self.window(viewer), pixels.grab(f":{info.display}", authority)
+            seen = pixels.crop(viewer.shot(), window)
+            shares[:] = [pixels.equal_share(seen, watched)]
+            text = pixels.crop(seen, region)
+            return shares[0] >= 0.99 and shows_text(text)
+
+        try:
+            wait_for(same, 30, "the XFCE desktop and its text in the viewer's window", interval=0.5)
+        except AssertionError:
+            raise AssertionError(f"only {shares[0]:.1%} of the pixels equal in {self.window(viewer)}; viewer: "
+                                 f"{self.saved(viewer.shot(), 'viewer')}") from None
+        self.keep(viewer)
+
+    def test_whole_screen_scaled_to_fit_a_smaller_window(self):
+        pattern = self.start_console(1024, 768)
+        viewer = ClientScreen(800, 600)
+        self.addCleanup(viewer.close)
+        self.watch(viewer, "800x560")
+        wrong: list = []
+
+        def complete() -> bool:
+            window = self.window(viewer)
+            wrong[:] = pattern.mismatches(viewer.shot(), window)
+            # 746x560: the card's aspect, inside the window asked for
+            return (window.width, window.height) == pixels.fit(1024, 768, 800, 560) and not wrong
+
+        try:
+            wait_for(complete, 20, "the whole test card, scaled, in the viewer's window", interval=0.3)
+        except AssertionError:
+            raise AssertionError(f"{len(wrong)} probes wrong in {self.window(viewer)}, e.g. {wrong[:3]}; viewer: "
+                                 f"{self.saved(viewer.shot(), 'viewer')}") from None
+        self.keep(viewer)

@@ -149,6 +149,7 @@ class OptionsTests(SynchronousTestCase):
         self.assertIn(f",id=gw.example-1001-{'A' * 32},", line)
         self.assertIn(",type=desktop,geometry=fullscreen,fullscreen=1,resize=1:1001\n", line)
         self.assertEqual(line.count(":"), 1)
+        self.assertIn(",pack=lossless,", line)  # never JPEG: text in images stays sharp
 
     def test_rootless_has_no_geometry(self):
         line = nxagent.options_line(self.session.evolve(rootless=True), DisplaySettings(), TCP)
@@ -195,6 +196,7 @@ class OptionsTests(SynchronousTestCase):
         self.assertEqual(argv[:5], ["nxagent", "-display", "nx/nx,options=/s/A/options:1001", "-options", "/s/A/options"])
         self.assertEqual(argv[-1], ":1001")
         self.assertIn("-D", argv)
+        self.assertIn("-extension XFIXES", " ".join(argv))  # see nxagent.DISABLED_EXTENSIONS
         self.assertNotIn(self.session.cookie, " ".join(argv))
         env = nxagent.agent_environment(self.session, files, {"HOME": "/home/alice"})
         self.assertEqual(env["XAUTHORITY"], "/s/A/authority")

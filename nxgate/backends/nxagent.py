@@ -154,6 +154,11 @@ def options_line(session: Session, settings: DisplaySettings, listen: tuple[str,
         ("shmem", "1"),
         ("shpix", "1"),
         ("strict", "0"),
+        # Lossless image compression on every link: by default nxcomp packs
+        # a desktop session's images "adaptive" (JPEG at quality 9 on a LAN,
+        # 3 on a modem), which makes text that reaches the agent as an image
+        # (browsers, many toolkits) blocky and faint on the client.
+        ("pack", "lossless"),
         # No cleanup timeout: a suspend or terminate takes 0.6 s instead of
         # 1.1 s.  nxagent then waits for its watchdog instead, which the
         # session manager ends (see _end_watchdog).
@@ -188,6 +193,18 @@ def caption(session: Session) -> str:
     return f"NX - {session.server_name}:{session.display}"
 
 
+#: X extensions the agent must not offer.  XFCE's window manager composites
+#: by default (xfwm4 use_compositing=true), and on nxagent that goes wrong:
+#: the agent's framebuffer -- what shadows and screenshots read -- shows the
+#: wallpaper where a terminal is, and a window that was covered comes back
+#: on the client with its text missing or grey and the cursor a pale box.
+#: Compositing managers need XFIXES; without it xfwm4 runs uncomposited and
+#: the picture is exact (tests/test_e2e_text.py).  Switching compositing off
+#: in xfwm4's own settings fixed it as well, but only for XFCE, and a user
+#: can switch it back on; this holds for any desktop.
+DISABLED_EXTENSIONS = ("XFIXES",)
+
+
 def agent_argv(executable: str, session: Session, files: AgentFiles, plan: AgentPlan,
                extra: tuple[str, ...] = ()) -> list[str]:
     return [
@@ -199,6 +216,7 @@ def agent_argv(executable: str, session: Session, files: AgentFiles, plan: Agent
         *(() if plan.persistent else ("-nopersistent",)),
         "-nolisten", "tcp",
         "-auth", files.authority,
+        *(arg for name in DISABLED_EXTENSIONS for arg in ("-extension", name)),
         *extra,
         f":{session.display}",
     ]

@@ -11,6 +11,7 @@ ends; when the watched session ends, it ends itself.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import pwd
@@ -25,9 +26,9 @@ from nxgate.session.model import State
 from nxgate.session.programs import login_environment
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
-from nxgate.sessions.requests import ShadowRequest
+from nxgate.sessions.requests import DisplaySettings, ShadowRequest
 from nxgate.sessions.results import Progress, ProgressCallback, Ready, ShadowTarget
-from nxgate.shadow import console, policy
+from nxgate.shadow import console, policy, screen
 
 if TYPE_CHECKING:
     from nxgate.session.manager import SessionManager
@@ -122,7 +123,7 @@ class ShadowService:
             persistent=False,
             pam=False,
         )
-        settings = request.display
+        settings = await self._shadow_settings(request.display, target)
         session = self.manager.new_session(caller, "shadow", f"Shadow of {target.name}", settings, True,
                                            run_as=target.owner)
         session = session.evolve(options={"shadow": {"target": target.id, "owner": target.owner, "mode": mode}})
@@ -130,6 +131,19 @@ class ShadowService:
                  user=caller.user, address=caller.address, target=target.id, owner=target.owner, mode=mode,
                  id=session.id, audit="shadow_attach")
         return await self.manager.launch(caller, session, settings, plan)
+
+    async def _shadow_settings(self, settings: DisplaySettings, target: Target) -> DisplaySettings:
+        """The viewer's display settings with the shadow window's size: the
+        watched screen at 1:1, or scaled to fit the viewer's window (see
+        :mod:`nxgate.shadow.screen`).  Never full screen: nxagent would
+        stretch the watched screen to the client's whole screen."""
+        area_w, area_h = (int(n) for n in settings.geometry.split("x"))
+        watched = await screen.watched_size(self.manager.reactor, target.display, target.cookie)
+        width, height = screen.shadow_geometry(watched, (area_w, area_h))
+        log.info("shadow of :{display} ({watched}) in a viewer area of {area}: window {width}x{height}",
+                 display=target.display, watched="unknown size" if watched is None else "x".join(map(str, watched)),
+                 area=settings.geometry, width=width, height=height)
+        return dataclasses.replace(settings, geometry=f"{width}x{height}", fullscreen=False)
 
     async def _ask(self, caller: Caller, target: Target, mode: str) -> bool | None:
         """Show the consent dialog as the owner, on her display.
