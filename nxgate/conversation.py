@@ -1,17 +1,17 @@
 """The thin Twisted wrapper around the pure NX shell core.
 
 A :class:`Conversation` owns one :class:`~nxgate.nx.shell.NXShell` and
-carries out its effects: it writes bytes, runs PAM, calls the session
-commands, arms the login and idle timers, and hands the byte stream to a
-relay after ``bye``.  It knows nothing about SSH: anything with ``write``
+carries out its effects: it writes bytes, runs PAM, resolves the logged-in
+user into a :class:`~nxgate.sessions.caller.Caller` (in a thread, once per
+login), has the NX dispatcher carry out the session commands, arms the
+login and idle timers, and hands the byte stream to a relay after ``bye``.  It knows nothing about SSH: anything with ``write``
 and ``close`` can carry a conversation (the Conch channel, or the local
 socket of the OpenSSH deployment mode).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from twisted.internet import defer
@@ -22,6 +22,9 @@ from nxgate.auth import AuthResult, Authenticator, Verdict, loggable_user
 from nxgate.nx import shell as nx
 from nxgate.nx.errors import NXError
 from nxgate.nx.params import Params
+from nxgate.sessions.caller import Caller
+from nxgate.threads import Blocking, inline
+from nxgate.users import resolve_caller
 
 log = Logger(namespace="nxgate.conversation")
 
@@ -42,24 +45,16 @@ class Relay(Protocol):
     def close(self) -> None: ...
 
 
-@dataclass(frozen=True)
-class Client:
-    """Who is on the other end, for commands and logs."""
-
-    user: str
-    address: str
-    local_address: str = "127.0.0.1"  # where the client reached us (NX> 702)
-    # Sends a status line to the client while its command runs.
-    progress: Callable[[str], None] = field(default=lambda line: None, compare=False, repr=False)
-
-
 class Commands(Protocol):
-    """The session commands (``listsession``, ``startsession``, ...)."""
+    """The session commands (``listsession``, ``startsession``, ...):
+    :class:`nxgate.nx.dispatch.NXDispatcher`.  ``progress`` sends a status
+    line to the client while the command runs."""
 
-    def execute(self, client: Client, command: str, params: Params) -> defer.Deferred[nx.Reply]: ...
+    def execute(self, caller: Caller, command: str, params: Params,
+                progress: Callable[[str], None]) -> Coroutine[Any, Any, nx.Reply]: ...
 
 
-RelayFactory = Callable[[Client, Any, ByteTransport, bytes], Relay]
+RelayFactory = Callable[[Caller, Any, ByteTransport, bytes], Relay]
 
 
 class Conversation:
@@ -74,9 +69,13 @@ class Conversation:
         relay_factory: RelayFactory | None = None,
         preauthenticated_user: str | None = None,
         local_address: str = "127.0.0.1",
+        door: str = "nx",
+        blocking: Blocking = inline,
     ) -> None:
         self.reactor = reactor
         self.local_address = local_address
+        self.door = door
+        self.blocking = blocking
         self.settings = settings
         self.transport = transport
         self.address = address
@@ -88,11 +87,39 @@ class Conversation:
         self._timers: dict[str, Any] = {}
         self._closed = False
         self._eof = False
+        # The logged-in caller, once resolved; commands that come before wait.
+        self.caller: Caller | None = None
+        self._caller_failure: Failure | None = None
+        self._waiting_for_caller: list[defer.Deferred[Caller]] = []
 
-    @property
-    def client(self) -> Client:
-        assert self.shell.user is not None
-        return Client(self.shell.user, self.address, self.local_address, self._progress)
+    def _resolve_caller(self, user: str) -> None:
+        """Look the user up once, off the reactor thread (pwd, the group list)."""
+        d = self.blocking(resolve_caller, user, self.address, self.local_address, self.door)
+        d.addCallbacks(self._caller_resolved, self._caller_unresolved)
+
+    def _caller_resolved(self, caller: Caller) -> None:
+        self.caller = caller
+        waiting, self._waiting_for_caller = self._waiting_for_caller, []
+        for d in waiting:
+            d.callback(caller)
+
+    def _caller_unresolved(self, failure: Failure) -> None:
+        self._caller_failure = failure
+        waiting, self._waiting_for_caller = self._waiting_for_caller, []
+        for d in waiting:
+            d.errback(failure)
+
+    def _caller_ready(self) -> defer.Deferred[Caller]:
+        """A Deferred of its own for each command: fired at once when the
+        caller is known, else when it is (commands run one at a time, so
+        typed-ahead commands keep their order)."""
+        if self.caller is not None:
+            return defer.succeed(self.caller)
+        if self._caller_failure is not None:
+            return defer.fail(self._caller_failure)
+        d: defer.Deferred[Caller] = defer.Deferred()
+        self._waiting_for_caller.append(d)
+        return d
 
     def _progress(self, line: str) -> None:
         if not self._closed:
@@ -181,6 +208,7 @@ class Conversation:
 
     def _logged_in(self, effect: nx.LoggedIn) -> None:
         self._disarm("login")
+        self._resolve_caller(effect.username)
         log.info(
             "NX login: user {user!r} from {address} ({method})",
             user=effect.username, address=self.address, method=effect.method, audit="login",
@@ -188,7 +216,9 @@ class Conversation:
 
     def _execute(self, effect: nx.Execute) -> None:
         log.debug("{user} runs {command} {params!r}", user=self.shell.user, command=effect.command, params=effect.params)
-        d = defer.maybeDeferred(self.commands.execute, self.client, effect.command, effect.params)
+        d = self._caller_ready()
+        d.addCallback(lambda caller: defer.ensureDeferred(
+            self.commands.execute(caller, effect.command, effect.params, self._progress)))
         d.addErrback(self._command_error, effect.command)
         d.addCallback(lambda result: None if self._closed else self._run(self.shell.command_finished(result)))
         d.addErrback(self._unexpected, effect.command)
@@ -209,7 +239,8 @@ class Conversation:
         if self.relay_factory is None:
             self.transport.close()
             return
-        self.relay = self.relay_factory(self.client, effect.target, self.transport, effect.leftover)
+        assert self.caller is not None  # a command prepared the relay
+        self.relay = self.relay_factory(self.caller, effect.target, self.transport, effect.leftover)
 
     # ------------------------------------------------------------- timers
     def _touch(self) -> None:

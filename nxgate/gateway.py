@@ -17,16 +17,19 @@ from nxgate import metrics
 from nxgate.admin.server import AdminFactory
 from nxgate.audit import AuditLog
 from nxgate.auth import Authenticator
-from nxgate.commands import SessionCommands
 from nxgate.config import Config
 from nxgate.logs import filter_global_log
-from nxgate.conversation import Client, Conversation
+from nxgate.conversation import Conversation
 from nxgate.instance import check_port_free, claim_unix_socket, lock_state_dir, record_pid
+from nxgate.nx.dispatch import NXDispatcher
 from nxgate.nx.shell import ShellSettings
 from nxgate.relay import AgentRelay
 from nxgate.session.files import StateLayout
-from nxgate.session.manager import RelayTarget, SessionManager
+from nxgate.session.manager import SessionManager
 from nxgate.session.store import SessionStore
+from nxgate.sessions.caller import Caller
+from nxgate.sessions.results import StreamTarget
+from nxgate.threads import in_thread
 from nxgate.throttle import Throttle
 from nxgate.shellsocket import ShellFactory
 from nxgate.shadow.service import ShadowService
@@ -123,8 +126,8 @@ class Gateway(service.MultiService):
         self.store = SessionStore(self.layout.database)
         self.sessions = SessionManager(reactor, config, self.store, self.layout)
         self.sessions.setServiceParent(self)
-        self.shadow = ShadowService(self.sessions, config)
-        self.commands = SessionCommands(self.sessions, self.shadow)
+        self.shadow = self.sessions.shadow = ShadowService(self.sessions, config)
+        self.commands = NXDispatcher(self.sessions)
         self.shell_settings = shell_settings(config)
         self.ssh_factory = self._ssh_factory()
         strports.service(config.server.listen, self.ssh_factory).setServiceParent(self)
@@ -194,21 +197,22 @@ class Gateway(service.MultiService):
         return NXSSHFactory(portal, host_keys, ssh.login_grace_time, ssh.max_auth_tries)
 
     def conversation(self, transport: Any, address: str, preauthenticated_user: str | None,
-                     relay_factory: Any, local_address: str = "127.0.0.1") -> Conversation:
+                     relay_factory: Any, local_address: str = "127.0.0.1", door: str = "nx") -> Conversation:
         """A new NX conversation (not started) over ``transport``."""
         return Conversation(
             self.reactor, self.shell_settings, transport, address, self.authenticator, self.commands,
             relay_factory=relay_factory, preauthenticated_user=preauthenticated_user, local_address=local_address,
+            door=door, blocking=in_thread(self.reactor),
         )
 
     def _open_shell(self, avatar: NXAvatar, channel: NXSessionChannel) -> ChannelShell:
         conversation = self.conversation(ChannelTransport(channel), channel.peer, avatar.principal.unix_user,
-                                         self._relay, channel.local_address)
+                                         self._relay, channel.local_address, door="nx-conch")
         handler = ChannelShell(conversation, channel)
         conversation.start()
         return handler
 
-    def _relay(self, client: Client, target: RelayTarget, transport: ChannelTransport, leftover: bytes) -> AgentRelay:
+    def _relay(self, client: Caller, target: StreamTarget, transport: ChannelTransport, leftover: bytes) -> AgentRelay:
         return AgentRelay(self.reactor, client, target, transport, leftover)
 
     def startService(self) -> None:

@@ -20,7 +20,8 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from nxgate import agentsocket, metrics
-from nxgate.conversation import ByteTransport, Client
+from nxgate.conversation import ByteTransport
+from nxgate.sessions.caller import Caller
 
 log = Logger(namespace="nxgate.relay")
 
@@ -76,7 +77,7 @@ class AgentRelay:
     #: second during a bulk upload.
     AGENT_BUFFER = 1024 * 1024
 
-    def __init__(self, reactor: Any, client: Client, target: Any, channel: ClientStream, leftover: bytes) -> None:
+    def __init__(self, reactor: Any, client: Caller, target: Any, channel: ClientStream, leftover: bytes) -> None:
         self.client = client
         self.target = target
         self.channel = channel

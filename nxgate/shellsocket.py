@@ -25,7 +25,8 @@ from twisted.internet import protocol
 from twisted.logger import Logger
 
 from nxgate import agentsocket, shellproto
-from nxgate.conversation import Client, Conversation
+from nxgate.conversation import Conversation
+from nxgate.sessions.caller import Caller
 
 log = Logger(namespace="nxgate.shell")
 
@@ -147,14 +148,14 @@ class ShellProtocol(protocol.Protocol):
         log.info("NX conversation through sshd for uid {uid} ({who}), client address {claimed_address} "
                  "as nxgate-shell reports it", uid=self.uid, who=who, claimed_address=claimed or "not given")
         self.conversation = self.gateway.conversation(_Frames(self.transport), address, self.preauthenticated,
-                                                      self._hand_over)
+                                                      self._hand_over, door="nx-openssh")
         self.conversation.start()
 
     def _drop(self) -> None:
         self.done = True
         self.transport.loseConnection()
 
-    def _hand_over(self, client: Client, target: Any, _transport: Any, leftover: bytes) -> _HandedOver:
+    def _hand_over(self, client: Caller, target: Any, _transport: Any, leftover: bytes) -> _HandedOver:
         def reached(sock: socket.socket | None, error: str) -> None:
             if sock is None:
                 log.warn("cannot reach the agent of session {id}: {error}", id=target.session_id, error=error)

@@ -68,6 +68,9 @@ class OperationsTests(SessionTestCase):
         missing = self.admin("show", info.session_id, check=False)
         self.assertEqual(missing.returncode, 1)
         self.assertIn("no live session", missing.stderr)
+        # The JSON answer says what kind of failure it is, in the session service's words, not NX's.
+        gone = json.loads(self.admin("--json", "suspend", info.session_id, check=False).stdout)
+        self.assertEqual(gone, {"ok": False, "error": f"no live session {info.session_id}", "kind": "not_found"})
         actions = [(r["event"], r.get("command"), r.get("session")) for r in self.audit() if r["event"] == "admin_action"]
         self.assertIn(("admin_action", "suspend", info.session_id), actions)
         self.assertIn(("admin_action", "terminate", info.session_id), actions)

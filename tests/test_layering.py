@@ -299,8 +299,7 @@ class TreeTests(TestCase):
         self.assertRule(l1_service_layers_ignore_the_front)
 
     test_l1_service_layers_ignore_the_front.todo = (  # type: ignore[attr-defined]
-        "issue 12 P1: the session layer still raises NXError and builds replies; backends.nxagent imports "
-        "the stream's agentsocket")
+        "issue 12: backends.nxagent imports the stream's agentsocket (SOCKET_NAME)")
 
     def test_l2_node_and_backends_use_only_the_vocabulary(self) -> None:
         self.assertRule(l2_node_and_backends_use_only_the_vocabulary)
@@ -311,17 +310,11 @@ class TreeTests(TestCase):
     def test_l3_nx_core_is_pure(self) -> None:
         self.assertRule(l3_nx_core_is_pure)
 
-    test_l3_nx_core_is_pure.todo = (  # type: ignore[attr-defined]
-        "issue 12 P1-A: commands.py (to become nx/dispatch.py) still drives the manager itself, with Twisted")
-
     def test_l4_vocabulary_stands_alone(self) -> None:
         self.assertRule(l4_vocabulary_stands_alone)
 
     def test_l5_doors_receive_the_service(self) -> None:
         self.assertRule(l5_doors_receive_the_service)
-
-    test_l5_doors_receive_the_service.todo = (  # type: ignore[attr-defined]
-        "issue 12 P1-D: the admin door still reads Session and State from sessions.model")
 
     def test_l6_login_shell_starts_fast(self) -> None:
         self.assertRule(l6_login_shell_starts_fast)

@@ -8,9 +8,9 @@ import socket
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.conversation import Client
 from nxgate.relay import AgentRelay
-from nxgate.session.manager import RelayTarget
+from nxgate.sessions.caller import Caller
+from nxgate.sessions.results import StreamTarget
 
 
 class FakeChannel:
@@ -41,8 +41,8 @@ class FlowControlTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.channel = FakeChannel()
         # Nothing listens there: the test connects the relay by hand.
-        self.relay = AgentRelay(MemoryReactorClock(), Client("alice", "192.0.2.1"),
-                                RelayTarget("S" * 32, "/nonexistent/agent.sock", 1000), self.channel, b"early")
+        self.relay = AgentRelay(MemoryReactorClock(), Caller("alice", address="192.0.2.1"),
+                                StreamTarget("S" * 32, "/nonexistent/agent.sock", 1000), self.channel, b"early")
         self.agent = AgentConnection()
 
     def test_client_input_waits_for_the_agent_connection(self) -> None:

@@ -4,9 +4,11 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.backends import remote
 from nxgate.config import Config, RemoteSection, TargetSection
-from nxgate.nx.errors import NXError
+from nxgate.nx.dispatch import as_nx
 from nxgate.nx.params import parse_params
-from nxgate.session.request import DisplaySettings
+from nxgate.nx.requests import remote_request
+from nxgate.sessions.errors import Kind, SessionError
+from nxgate.sessions.requests import DisplaySettings
 
 OPEN = Config(remote=RemoteSection(allow_any_host=True))
 TARGETS = Config(targets={
@@ -31,12 +33,13 @@ class AddressTests(SynchronousTestCase):
 
     def test_bad_addresses(self):
         for text in ("host:x", "bad host", "host:70000", "-host", "a;b", "host::"):
-            self.assertRaises(NXError, remote.parse_server, "vnc", text)
+            error = self.assertRaises(SessionError, remote.parse_server, "vnc", text)
+            self.assertEqual(error.kind, Kind.INVALID_REQUEST)
 
 
 class RequestTests(SynchronousTestCase):
     def request(self, config, text, session_type="windows"):
-        return remote.remote_desktop(session_type, parse_params(text), config)
+        return remote.remote_desktop(session_type, remote_request(parse_params(text)), config)
 
     def test_any_host_when_allowed(self):
         desktop = self.request(OPEN, '--agent_server="win:3390" --agent_user="bob" --agent_password="p w"'
@@ -50,9 +53,10 @@ class RequestTests(SynchronousTestCase):
         self.assertEqual((desktop.host, desktop.port, desktop.engine), ("host", 5902, "vnc"))
 
     def test_only_targets_by_default(self):
-        error = self.assertRaises(NXError, self.request, TARGETS, '--agent_server="evil.example"')
-        self.assertIn("not a remote desktop this server serves. Available: lab (vnc), office (rdp).", error.text)
-        self.assertEqual(error.code, 596)
+        error = self.assertRaises(SessionError, self.request, TARGETS, '--agent_server="evil.example"')
+        self.assertEqual(error.kind, Kind.NOT_ALLOWED)
+        self.assertEqual(as_nx(error).lines()[0], "NX> 596 Error: 'evil.example' is not a remote desktop this server"
+                                                  " serves. Available: lab (vnc), office (rdp).")
 
     def test_target_with_fixed_credentials(self):
         desktop = self.request(TARGETS, '--agent_server="Office" --agent_user="me" --agent_password="mine"')
@@ -61,16 +65,17 @@ class RequestTests(SynchronousTestCase):
         self.assertEqual((desktop.user, desktop.password, desktop.target), ("svc", "fixed-secret", "office"))
 
     def test_target_of_the_other_protocol(self):
-        self.assertIn("is a VNC desktop", self.assertRaises(NXError, self.request, TARGETS,
-                                                             '--agent_server="lab"').text)
+        self.assertIn("is a VNC desktop", self.assertRaises(SessionError, self.request, TARGETS,
+                                                             '--agent_server="lab"').message)
 
     def test_empty_server_and_control_characters(self):
-        self.assertRaises(NXError, self.request, OPEN, '--agent_server=""')
-        self.assertRaises(NXError, self.request, OPEN, '--agent_server="h" --agent_user="a%0Ab"')
+        for params in ('--agent_server=""', '--agent_server="h" --agent_user="a%0Ab"', ""):
+            error = self.assertRaises(SessionError, self.request, OPEN, params)
+            self.assertEqual(error.kind, Kind.INVALID_REQUEST)
 
     def test_disabled(self):
         config = Config(remote=RemoteSection(enabled=False, allow_any_host=True))
-        self.assertIn("not available", self.assertRaises(NXError, self.request, config, '--agent_server="h"').text)
+        self.assertIn("not available", self.assertRaises(SessionError, self.request, config, '--agent_server="h"').message)
 
 
 class ViewerCommandTests(SynchronousTestCase):
@@ -105,9 +110,10 @@ class ViewerCommandTests(SynchronousTestCase):
         desktop = remote.RemoteDesktop("vnc", "h", 5901, "vnc")
         self.assertIsNone(remote.viewer_failure(desktop, "ready 1024x768"))
         error = remote.viewer_failure(desktop, "error auth: wrong password")
-        self.assertEqual(error.lines(), ["NX> 596 Error: The remote desktop h:5901 refused the login: wrong password",
+        self.assertEqual(error.kind, Kind.REMOTE_FAILED)
+        self.assertEqual(as_nx(error).lines(), ["NX> 596 Error: The remote desktop h:5901 refused the login: wrong password",
                                          "NX> 500 ERROR: Last operation failed."])
-        self.assertIn("did not answer in time", remote.viewer_failure(desktop, "error timeout: 15 s").text)
+        self.assertIn("did not answer in time", remote.viewer_failure(desktop, "error timeout: 15 s").message)
 
     def test_missing_engine_library(self):
         desktop = remote.RemoteDesktop("vnc", "h", 5901, "vnc")

@@ -22,17 +22,28 @@ from twisted.test.proto_helpers import MemoryReactorClock
 from twisted.trial.unittest import TestCase
 
 from nxgate.config import Config, SessionsSection
-from nxgate.conversation import Client
+from nxgate.nx.dispatch import NXDispatcher
 from nxgate.nx.errors import NXError
 from nxgate.nx.params import parse_params
 from nxgate.session import files, processes
-from nxgate.session.manager import SIGHUP_RETRY_SECONDS, RelayTarget, SessionManager
+from nxgate.session.manager import SIGHUP_RETRY_SECONDS, SessionManager
 from nxgate.session.model import State
 from nxgate.session.processes import ProcessId
-from nxgate.session.request import display_settings, start_request
+from nxgate.nx.requests import start_request
 from nxgate.session.store import SessionStore
+from nxgate.sessions.caller import Caller
+from nxgate.sessions.results import StreamTarget
 
 ME = pwd.getpwuid(os.getuid()).pw_name
+
+
+def caller(user=ME, address="192.0.2.1", groups=frozenset()):
+    return Caller(user, os.getuid(), os.getgid(), groups, address)
+
+
+def nx(manager, who, command, params=""):
+    """``command`` through the NX dispatcher: what the client gets on the wire."""
+    return defer.ensureDeferred(NXDispatcher(manager).execute(who, command, parse_params(params)))
 READY = "Info: Waiting for connection from '127.0.0.1' on socket 'tcp:*:7000'."
 STARTED = "Session: Session started at 'now'."
 SUSPENDED = "Session: Session suspended at 'now'."
@@ -103,14 +114,14 @@ class ManagerTests(TestCase):
         self.patch(self.manager, "_signal_agent", lambda session, signum: self.signals.append(signum))
         self.listening = True  # the stand-in agents hold no port; the real check runs end to end
         self.patch(processes, "listens", lambda pid, port: self.listening)
-        self.client = Client(ME, "192.0.2.1")
+        self.client = caller()
 
     def agent_says(self, session_id, *lines):
         for line in lines:
             self.manager._agent_line(session_id, line)
 
     def start(self, params='--type="unix-console" --session="t"'):
-        d = defer.ensureDeferred(self.manager.start(self.client, start_request(parse_params(params))))
+        d = nx(self.manager, self.client, "startsession", params)
         (session_id,) = [s.id for s in self.manager.sessions.values() if s.id not in getattr(self, "_seen", set())]
         self._seen = getattr(self, "_seen", set()) | {session_id}
         return d, session_id
@@ -128,7 +139,7 @@ class ManagerTests(TestCase):
         reply = self.successResultOf(d)
         session = self.manager.sessions[session_id]
         agent_socket = os.path.join(self.manager.layout.sessions, session_id, "agent.sock")
-        self.assertEqual(reply.relay, RelayTarget(session_id, agent_socket, os.getuid()))
+        self.assertEqual(reply.relay, StreamTarget(session_id, agent_socket, os.getuid()))
         self.assertIn(f"NX> 701 Proxy cookie: {session.cookie}", reply.lines)
         self.assertIn(f"NX> 706 Agent cookie: {session.cookie}", reply.lines)
         self.assertEqual(self.store.get(session_id).state, State.WAITING)
@@ -178,7 +189,7 @@ class ManagerTests(TestCase):
     def test_unknown_type_names_the_available_ones(self):
         error = self.assertRaises(NXError, start_request, parse_params('--type="unix kde"'))
         self.assertEqual(error.code, 597)
-        d = defer.ensureDeferred(self.manager.start(self.client, start_request(parse_params('--type="unix-kde"'))))
+        d = nx(self.manager, self.client, "startsession", '--type="unix-kde"')
         text = self.failureResultOf(d, NXError).value.text
         self.assertIn("unix-kde", text)
         self.assertIn("Available types: unix-application, unix-console", text)
@@ -187,8 +198,7 @@ class ManagerTests(TestCase):
         session_id, first = self.started()
         old_cookie = self.manager.sessions[session_id].cookie
         self.agent_says(session_id, STARTED, "Session: Display failure detected at 'now'.", SUSPENDED)
-        d = defer.ensureDeferred(self.manager.restore(self.client, session_id,
-                                                      display_settings(parse_params('--geometry="1280x1024"')), True))
+        d = nx(self.manager, self.client, "restoresession", f'--id="{session_id}" --geometry="1280x1024"')
         self.assertEqual(self.signals, [signal.SIGHUP])
         self.reactor.advance(SIGHUP_RETRY_SECONDS)  # the first SIGHUP was ignored (the recipe's race)
         self.assertEqual(self.signals, [signal.SIGHUP, signal.SIGHUP])
@@ -209,7 +219,7 @@ class ManagerTests(TestCase):
         """A session that was attached, suspended and now waits for its resuming client."""
         session_id, _ = self.started()
         self.agent_says(session_id, STARTED, "Session: Display failure detected at 'now'.", SUSPENDED)
-        d = defer.ensureDeferred(self.manager.restore(self.client, session_id, display_settings(parse_params("")), True))
+        d = nx(self.manager, self.client, "restoresession", f'--id="{session_id}"')
         self.agent_says(session_id, "Session: Resuming session at 'now'.", READY)
         self.successResultOf(d)
         self.signals.clear()
@@ -242,7 +252,7 @@ class ManagerTests(TestCase):
 
     def test_take_over_of_a_waiting_resume_is_not_undone(self):
         session_id = self.resumed()
-        d = defer.ensureDeferred(self.manager.restore(self.client, session_id, display_settings(parse_params("")), True))
+        d = nx(self.manager, self.client, "restoresession", f'--id="{session_id}"')
         self.assertEqual(self.signals, [signal.SIGHUP])
         self.agent_says(session_id, "Session: Suspending session at 'now'.", SUSPENDED)
         self.agent_says(session_id, "Session: Resuming session at 'now'.", READY)
@@ -252,7 +262,7 @@ class ManagerTests(TestCase):
     def test_take_over_suspends_first(self):
         session_id, _ = self.started()
         self.agent_says(session_id, STARTED)
-        d = defer.ensureDeferred(self.manager.restore(self.client, session_id, display_settings(parse_params("")), True))
+        d = nx(self.manager, self.client, "restoresession", f'--id="{session_id}"')
         self.assertEqual(self.signals, [signal.SIGHUP])
         self.assertNoResult(d)
         self.agent_says(session_id, "Session: Suspending session at 'now'.", SUSPENDED)
@@ -262,18 +272,18 @@ class ManagerTests(TestCase):
 
     def test_other_users_sessions_do_not_exist(self):
         session_id, _ = self.started()
-        stranger = Client("someone-else", "198.51.100.9")
-        for call in (lambda: self.manager.restore(stranger, session_id, display_settings(parse_params("")), True),
-                     lambda: self.manager.terminate(stranger, session_id),
-                     lambda: self.manager.suspend(stranger, session_id)):
+        stranger = caller("someone-else", "198.51.100.9")
+        for call in (lambda: nx(self.manager, stranger, "restoresession", f'--id="{session_id}"'),
+                     lambda: nx(self.manager, stranger, "terminate", f'--sessionid="{session_id}"'),
+                     lambda: nx(self.manager, stranger, "suspend", f'--sessionid="{session_id}"')):
             error = self.failureResultOf(defer.ensureDeferred(call()), NXError).value
             self.assertEqual(error.text, f"Error: Could not find session {session_id}.")
-        self.assertNotIn(session_id, "\n".join(self.manager.list(stranger, parse_params("")).lines))
+        self.assertNotIn(session_id, "\n".join(self.successResultOf(nx(self.manager, stranger, "listsession")).lines))
         self.assertEqual(self.signals, [])
 
     def test_terminate_escalates(self):
         session_id, _ = self.started()
-        d = defer.ensureDeferred(self.manager.terminate(self.client, session_id))
+        d = nx(self.manager, self.client, "terminate", f'--sessionid="{session_id}"')
         self.assertEqual(self.signals, [signal.SIGTERM])
         self.reactor.advance(2)
         self.assertEqual(self.signals, [signal.SIGTERM, signal.SIGTERM])
@@ -326,13 +336,13 @@ class ManagerTests(TestCase):
         first, _ = self.started()
         self.agent_says(first, STARTED, SUSPENDED)
         second, _ = self.started()
-        lines = self.manager.list(self.client, parse_params('--status="suspended,running"')).lines
+        lines = self.successResultOf(nx(self.manager, self.client, "listsession", '--status="suspended,running"')).lines
         self.assertTrue(any(first in line and "Suspended" in line for line in lines))
         self.assertTrue(any(second in line and "Running" in line for line in lines))
         self.assertEqual(lines[-1], f"NX> 147 Server capacity: reached for user: {ME}")
-        only_suspended = self.manager.list(self.client, parse_params('--status="suspended"')).lines
+        only_suspended = self.successResultOf(nx(self.manager, self.client, "listsession", '--status="suspended"')).lines
         self.assertFalse(any(second in line for line in only_suspended))
-        d = defer.ensureDeferred(self.manager.start(self.client, start_request(parse_params('--type="unix-console"'))))
+        d = nx(self.manager, self.client, "startsession", '--type="unix-console"')
         error = self.failureResultOf(d, NXError).value
         self.assertEqual((error.code, error.text), (599, f"Server capacity: reached for user: {ME}"))
         self.assertTrue(error.last_operation_failed)
@@ -343,7 +353,7 @@ class ManagerTests(TestCase):
         self.successResultOf(d)
 
         def row():
-            lines = self.manager.list(self.client, parse_params("")).lines
+            lines = self.successResultOf(nx(self.manager, self.client, "listsession")).lines
             (line,) = [line for line in lines if session_id in line]
             return line.split()[3], line.split()[5]  # options, screen
 
@@ -373,8 +383,7 @@ class ManagerTests(TestCase):
         self.assertFalse(os.path.exists(self.manager.layout.agent_files(session_id).log))
 
     def test_unencrypted_refused_by_default(self):
-        d = defer.ensureDeferred(self.manager.start(
-            self.client, start_request(parse_params('--type="unix-console" --encryption="0"'))))
+        d = nx(self.manager, self.client, "startsession", '--type="unix-console" --encryption="0"')
         self.assertEqual(self.failureResultOf(d, NXError).value.text, "Unencrypted sessions are not allowed.")
         self.assertEqual(self.manager.sessions, {})
 
@@ -416,7 +425,7 @@ class ReconcileTests(TestCase):
         manager.reconcile()
         self.assertEqual(manager.sessions[session.id].state, State.SUSPENDED)
         self.assertEqual(self.store.get(session.id).state, State.SUSPENDED)
-        self.assertIn(session.id, "\n".join(manager.list(Client(ME, "x"), parse_params("")).lines))
+        self.assertIn(session.id, "\n".join(self.successResultOf(nx(manager, caller(ME, "x"), "listsession")).lines))
 
     def test_the_logged_screen_size_is_taken_back(self):
         agent = self.successResultOf(defer.ensureDeferred(self.launcher.start({})))
@@ -477,7 +486,7 @@ class StoreFailureTests(ManagerTests):
         self.store.db.full = False
 
     def start_refused(self, params='--type="unix-console" --session="t"'):
-        d = defer.ensureDeferred(self.manager.start(self.client, start_request(parse_params(params))))
+        d = nx(self.manager, self.client, "startsession", params)
         return self.failureResultOf(d, NXError).value
 
     def test_a_start_the_store_refuses_holds_nothing_and_says_why(self):
@@ -501,7 +510,7 @@ class StoreFailureTests(ManagerTests):
             self.successResultOf(d)
             self.assertEqual(self.manager.sessions[session_id].name, kept)
             self.assertEqual(self.store.get(session_id).name, kept)
-            listing = "\n".join(self.manager.list(self.client, parse_params("")).lines)
+            listing = "\n".join(self.successResultOf(nx(self.manager, self.client, "listsession")).lines)
             self.assertIn(kept, listing)
             self.agent_says(session_id, TERMINATED)
 
@@ -509,7 +518,7 @@ class StoreFailureTests(ManagerTests):
         session_id, _ = self.started()
         self.agent_says(session_id, STARTED)
         self.fill_store()
-        d = defer.ensureDeferred(self.manager.terminate(self.client, session_id))
+        d = nx(self.manager, self.client, "terminate", f'--sessionid="{session_id}"')
         self.agent_says(session_id, TERMINATED)
         self.reactor.pump([1] * 12)  # the stand-in agent lingers and is killed
         self.assertIn(f"NX> 900 Session id: {session_id} terminated.", self.successResultOf(d).lines)

@@ -3,8 +3,9 @@
 nxagent reads its session options from a file named with ``-options`` and
 in ``DISPLAY=nx/nx,options=FILE:N``; on SIGHUP it reads the file again,
 which is how a suspended session gets a new cookie before a resume
-(nxagent-recipe.md).  Every value here was validated by
-:mod:`nxgate.session.request`, so none can carry a ``,`` or ``:`` of its own.
+(nxagent-recipe.md).  Every value here was validated by the door that
+parsed the request (the NX one's ``requests`` module), so none can carry a
+``,`` or ``:`` of its own.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from nxgate.agentsocket import SOCKET_NAME
 from nxgate.session.model import Session
-from nxgate.session.request import DisplaySettings
+from nxgate.sessions.requests import DisplaySettings
 
 PRODUCT = "nxgate"
 #: sun_path holds 108 bytes with the terminating NUL.

@@ -17,10 +17,8 @@ import re
 from dataclasses import dataclass, field
 
 from nxgate.config import Config, TargetSection
-from nxgate.nx import errors
-from nxgate.nx.errors import NXError
-from nxgate.nx.params import Params
-from nxgate.session.request import DisplaySettings
+from nxgate.sessions.errors import Kind, SessionError
+from nxgate.sessions.requests import DisplaySettings, RemoteRequest
 
 PROTOCOLS = {"windows": "rdp", "vnc": "vnc"}
 DEFAULT_PORTS = {"rdp": 3389, "vnc": 5900}
@@ -52,8 +50,8 @@ class RemoteDesktop:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
-def refused(text: str) -> NXError:
-    return NXError(errors.SESSION_FAILED, text, last_operation_failed=True)
+def refused(kind: Kind, text: str) -> SessionError:
+    return SessionError(kind, text)
 
 
 def _is_ip(text: str) -> bool:
@@ -80,48 +78,48 @@ def parse_server(protocol: str, text: str) -> tuple[str, int]:
     elif "::" in text:
         host, _, port_text = text.partition("::")
         if not port_text.isdigit():
-            raise refused(f"Error: Invalid remote desktop address '{text}'.")
+            raise refused(Kind.INVALID_REQUEST, f"Invalid remote desktop address '{text}'.")
         port = int(port_text)
     elif ":" in text:
         host, _, port_text = text.partition(":")
         if not port_text.isdigit():
-            raise refused(f"Error: Invalid remote desktop address '{text}'.")
+            raise refused(Kind.INVALID_REQUEST, f"Invalid remote desktop address '{text}'.")
         number = int(port_text)
         # VNC's host:N is display N (port 5900+N); larger numbers are ports.
         port = 5900 + number if protocol == "vnc" and number < 100 else number
     else:
         host, port = text, DEFAULT_PORTS[protocol]
     if not _valid_host(host) or not 0 < port < 65536:
-        raise refused(f"Error: Invalid remote desktop address '{text}'.")
+        raise refused(Kind.INVALID_REQUEST, f"Invalid remote desktop address '{text}'.")
     return host, port
 
 
-def _field(params: Params, name: str) -> str:
-    value = params.get(name, "")
+def _field(name: str, value: str) -> str:
     if not _FIELD.fullmatch(value):
-        raise refused(f"Error: Invalid value for parameter '{name}'.")
+        raise refused(Kind.INVALID_REQUEST, f"Invalid value for parameter '{name}'.")
     return value
 
 
-def remote_desktop(session_type: str, params: Params, config: Config) -> RemoteDesktop:
-    """The remote desktop a windows/vnc start asks for, or an NX error."""
+def remote_desktop(session_type: str, request: RemoteRequest | None, config: Config) -> RemoteDesktop:
+    """The remote desktop a windows/vnc start asks for, or a SessionError."""
     protocol = PROTOCOLS[session_type]
     settings = config.remote
     if not settings.enabled:
-        raise refused(f"Error: Session type '{session_type}' is not available on this server.")
-    server = params.get("agent_server", "").strip()
-    if not server:
-        raise refused("Error: No remote desktop given (agent_server is empty).")
-    user, domain, password = _field(params, "agent_user"), _field(params, "agent_domain"), params.get(
-        "agent_password", "")
+        raise refused(Kind.UNAVAILABLE, f"Session type '{session_type}' is not available on this server.")
+    server = request.server.strip() if request is not None else ""
+    if request is None or not server:
+        raise refused(Kind.INVALID_REQUEST, "No remote desktop given (agent_server is empty).")
+    user, domain = _field("agent_user", request.user), _field("agent_domain", request.domain)
+    password = request.password
     target = config.targets.get(server.lower())
     if target is not None:
         if target.protocol != protocol:
-            raise refused(f"Error: '{server}' is a {target.protocol.upper()} desktop, not {protocol.upper()}.")
+            raise refused(Kind.INVALID_REQUEST,
+                          f"'{server}' is a {target.protocol.upper()} desktop, not {protocol.upper()}.")
         return _from_target(server.lower(), target, config, user, domain, password)
     if not settings.allow_any_host:
         names = ", ".join(f"{name} ({t.protocol})" for name, t in sorted(config.targets.items())) or "none"
-        raise refused(f"Error: '{server}' is not a remote desktop this server serves. Available: {names}.")
+        raise refused(Kind.NOT_ALLOWED, f"'{server}' is not a remote desktop this server serves. Available: {names}.")
     host, port = parse_server(protocol, server)
     engine = settings.rdp_engine if protocol == "rdp" else settings.vnc_engine
     return RemoteDesktop(protocol, host, port, engine, settings.rdp_security, user, domain, password)
@@ -132,7 +130,8 @@ def _from_target(name: str, target: TargetSection, config: Config, user: str, do
     protocol = target.protocol
     engine = target.engine or (config.remote.rdp_engine if protocol == "rdp" else config.remote.vnc_engine)
     if engine not in ENGINES[protocol]:
-        raise refused(f"Error: Target '{name}' has engine {engine}, which does not speak {protocol.upper()}.")
+        raise refused(Kind.UNAVAILABLE,
+                      f"Target '{name}' has engine {engine}, which does not speak {protocol.upper()}.")
     return RemoteDesktop(
         protocol, target.host, target.port or DEFAULT_PORTS[protocol], engine,
         target.security or config.remote.rdp_security,
@@ -150,7 +149,7 @@ def missing_engine(desktop: RemoteDesktop) -> str | None:
     if library is None or importlib.util.find_spec(library) is not None:
         return None
     other = {"rdpy": "freerdp", "vnc": "tightvnc"}[desktop.engine]
-    return (f"Error: The {desktop.engine} engine is not installed on this server ({library} is missing); "
+    return (f"The {desktop.engine} engine is not installed on this server ({library} is missing); "
             f"the admin can install it or use the {other} engine.")
 
 
@@ -190,18 +189,19 @@ def viewer_command(desktop: RemoteDesktop, display: DisplaySettings, config: Con
 
 
 FAILURES = {
-    "unreachable": "Error: Cannot connect to the remote desktop {address}: {message}",
-    "auth": "Error: The remote desktop {address} refused the login: {message}",
-    "tls": "Error: Secure connection to the remote desktop {address} failed: {message}",
-    "protocol": "Error: The remote desktop {address} broke the protocol: {message}",
-    "timeout": "Error: The remote desktop {address} did not answer in time: {message}",
+    "unreachable": "Cannot connect to the remote desktop {address}: {message}",
+    "auth": "The remote desktop {address} refused the login: {message}",
+    "tls": "Secure connection to the remote desktop {address} failed: {message}",
+    "protocol": "The remote desktop {address} broke the protocol: {message}",
+    "timeout": "The remote desktop {address} did not answer in time: {message}",
 }
 
 
-def viewer_failure(desktop: RemoteDesktop, status: str) -> NXError | None:
-    """The NX error for a viewer's status line, or None for ``ready``."""
+def viewer_failure(desktop: RemoteDesktop, status: str) -> SessionError | None:
+    """The failure a viewer's status line reports, or None for ``ready``."""
     if status.startswith("ready"):
         return None
     kind, _, message = status.removeprefix("error ").partition(":")
-    template = FAILURES.get(kind.strip(), "Error: The remote desktop {address} failed: {message}")
-    return refused(template.format(address=desktop.target or desktop.address, message=message.strip() or status))
+    template = FAILURES.get(kind.strip(), "The remote desktop {address} failed: {message}")
+    return refused(Kind.REMOTE_FAILED,
+                   template.format(address=desktop.target or desktop.address, message=message.strip() or status))

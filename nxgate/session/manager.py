@@ -42,21 +42,19 @@ from nxgate.auth import resolve_service
 from nxgate.backends import nxagent
 from nxgate.backends.agentlog import AgentEvent, LogEvent, parse_line
 from nxgate.config import Config
-from nxgate.conversation import Client
-from nxgate.nx import errors, replies
-from nxgate.nx.errors import NXError
-from nxgate.nx.listing import ListedSession, format_session_list, session_options
-from nxgate.nx.params import Params
-from nxgate.nx.shell import Reply
 from nxgate.safetext import printable
 from nxgate.session import files, processes
 from nxgate.session.follow import LogFollower
-from nxgate.session.model import Session, State, advance, listed_status
+from nxgate.session.model import Session, State, advance
 from nxgate.session.processes import ExitWatch, LaunchError, ProcessId
 from nxgate.session.programs import login_environment, session_command
-from nxgate.session.request import DisplaySettings, StartRequest
-from nxgate.session.store import SessionStore, StoreError, StoreUnavailable, storage_reason
-from nxgate.shadow.policy import groups_of
+from nxgate.session.remote import PROTOCOLS, RemoteSessions
+from nxgate.session.store import STORAGE_FULL, SessionStore, StoreError, StoreUnavailable, storage_reason
+from nxgate.sessions.caller import Caller
+from nxgate.sessions.errors import Kind, SessionError
+from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequest, StartRequest
+from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionView, ShadowTarget,
+                                     StreamTarget, UnknownSession)
 
 log = Logger(namespace="nxgate.session")
 
@@ -69,16 +67,6 @@ RESUME_LISTEN_SECONDS = 10.0
 STORE_RETRY_SECONDS = 5.0
 #: How long what a session left behind has between SIGTERM and SIGKILL.
 LEFTOVER_GRACE_SECONDS = 5.0
-
-
-@dataclass(frozen=True)
-class RelayTarget:
-    """Where the client's stream goes after ``bye``: the agent's Unix socket,
-    owned by ``uid`` (see :mod:`nxgate.agentsocket`)."""
-
-    session_id: str
-    path: str
-    uid: int
 
 
 @dataclass(frozen=True)
@@ -146,6 +134,9 @@ class SessionManager(service.Service):
         self._retry.clock = reactor
         self._backup = task.LoopingCall(self.backup)
         self._backup.clock = reactor
+        self.remote = RemoteSessions(self)
+        # Shadowing (nxgate.shadow.service.ShadowService), set by the gateway.
+        self.shadow: Any = None
 
     # ------------------------------------------------------------ service
     def startService(self) -> None:
@@ -173,34 +164,47 @@ class SessionManager(service.Service):
         self.notifier.loseConnection()
 
     # ----------------------------------------------------------- commands
-    async def start(self, client: Client, request: StartRequest) -> Reply:
+    async def start(self, caller: Caller, request: StartRequest) -> Ready:
+        """A new session for ``caller``, once its agent waits for the client
+        (the remote desktop types go to :class:`RemoteSessions`)."""
+        if request.ignored:
+            log.info("startsession of {user} from {address}: ignored {ignored!r} (the server chooses the"
+                     " session id and display)", user=caller.user, address=caller.address,
+                     ignored=dict(request.ignored))
+        if request.type in PROTOCOLS:
+            return await self.remote.start(caller, request)
         program = session_command(request, self.config.types, self.settings)
         if not request.encrypted and not self.settings.allow_unencrypted:
-            raise NXError(errors.SESSION_FAILED, "Unencrypted sessions are not allowed.", last_operation_failed=True)
+            raise SessionError(Kind.ENCRYPTION_REQUIRED, "Unencrypted sessions are not allowed.")
         plan = nxagent.AgentPlan(mode="-R" if request.rootless else "-D", program=program)
-        session = self.new_session(client, request.type, request.name, request.display, request.encrypted,
+        session = self.new_session(caller, request.type, request.name, request.display, request.encrypted,
                                    rootless=request.rootless)
-        return await self.launch(client, session, request.display, plan)
+        return await self.launch(caller, session, request.display, plan)
 
-    def new_session(self, client: Client, session_type: str, name: str, settings: DisplaySettings,
+    def new_session(self, caller: Caller, session_type: str, name: str, settings: DisplaySettings,
                     encrypted: bool, rootless: bool = False, run_as: str = "") -> Session:
-        """A session record for ``client`` with a fresh id, cookie and display
-        (not stored yet).  Its processes run as ``run_as`` (default: the client)."""
-        self._check_capacity(client.user)
-        user = pwd.getpwnam(run_as or client.user)
+        """A session record for ``caller`` with a fresh id, cookie and display
+        (not stored yet).  Its processes run as ``run_as`` (default: the caller,
+        whose uid and gid were resolved at login)."""
+        self._check_capacity(caller)
+        if run_as:
+            owner = pwd.getpwnam(run_as)
+            uid, gid = owner.pw_uid, owner.pw_gid
+        else:
+            uid, gid = caller.uid, caller.gid
         now = self.reactor.seconds()
         return Session(
-            id=secrets.token_hex(16).upper(), user=client.user, uid=user.pw_uid, gid=user.pw_gid,
+            id=secrets.token_hex(16).upper(), user=caller.user, uid=uid, gid=gid,
             type=session_type, name=printable(name), display=self._allocate_display(),
             server_name=self.config.server_name, cookie=secrets.token_hex(16), created=now, changed=now,
-            client_address=printable(client.address),
+            client_address=printable(caller.address),
             geometry=settings.geometry, depth=settings.depth, render=settings.render,
             fullscreen=settings.fullscreen, rootless=rootless, encrypted=encrypted,
         )
 
-    async def launch(self, client: Client, session: Session, settings: DisplaySettings,
+    async def launch(self, caller: Caller, session: Session, settings: DisplaySettings,
                      plan: nxagent.AgentPlan, secret: str | None = None,
-                     judge: Callable[[str], NXError | None] | None = None) -> Reply:
+                     judge: Callable[[str], SessionError | None] | None = None) -> Ready:
         """Start a new session's agent and answer once it listens.
 
         With ``plan.program_early`` the program (a viewer) starts as soon as
@@ -215,14 +219,15 @@ class SessionManager(service.Service):
             files.release_display(session.display)
             log.error("session {id} for {user} not started: the session store refused it: {error}",
                       id=session.id, user=session.user, error=str(error))
-            raise NXError(errors.SESSION_FAILED, f"Error: Session startup failed: {storage_reason(error)}.",
-                          last_operation_failed=True) from None
+            reason = storage_reason(error)
+            raise SessionError(Kind.STORAGE_FULL if reason == STORAGE_FULL else Kind.UNAVAILABLE,
+                               f"Session startup failed: {reason}.") from None
         self.sessions[session.id] = session
         runtime = self.runtime[session.id] = Runtime(self.layout.agent_files(session.id), secret=secret)
         log.info(
             "starting session {id} ({type}, display :{display}) for {user} from {address}",
             id=session.id, type=session.type, display=session.display, user=session.user,
-            address=client.address, audit="session_start",
+            address=caller.address, audit="session_start",
         )
         try:
             launched = self.reactor.seconds()
@@ -234,77 +239,109 @@ class SessionManager(service.Service):
                 failure = judge(status) if judge is not None else None
                 if failure is not None:
                     log.warn("session {id} for {user}: {failure}", id=session.id, user=session.user,
-                             failure=failure.text)
-                    await self.terminate_session(session.id, failure.text)
+                             failure=failure.message)
+                    await self.terminate_session(session.id, failure.message)
                     raise failure
         except (LaunchError, OSError, SessionEnded, WaitTimeout) as error:
             reason = runtime.last_error or storage_reason(error)
             log.warn("session {id} for {user} failed to start: {reason}", id=session.id, user=session.user, reason=reason)
             await self._end(session.id, State.FAILED, f"start failed: {reason}")
-            raise NXError(
-                errors.SESSION_FAILED, f"Error: Session startup failed: {reason}", last_operation_failed=True
-            ) from None
-        except NXError:
+            raise SessionError(Kind.FAILED_TO_START, f"Session startup failed: {reason}") from None
+        except SessionError:
             raise
         except Exception:
             # A bug must not leave a phantom holding a display and a place
             # in the user's limit: end the session, then answer.
             log.failure("session {id} for {user} failed to start", id=session.id, user=session.user)
             await self._end(session.id, State.FAILED, "start failed: internal error")
-            raise NXError(errors.SESSION_FAILED, "Error: Session startup failed: internal error (see the server "
-                          "log).", last_operation_failed=True) from None
+            raise SessionError(Kind.INTERNAL,
+                               "Session startup failed: internal error (see the server log).") from None
         self._expect_client(session.id)
-        return self._ready_reply(self._own_listener(session.id), "starting", client.local_address)
+        return self._ready(self._own_listener(session.id), resumed=False)
 
-    async def restore(self, client: Client, session_id: str, settings: DisplaySettings, encrypted: bool) -> Reply:
-        session = self._owned(client, session_id)
+    async def restore(self, caller: Caller, request: RestoreRequest) -> Ready:
+        session_id, settings, encrypted = request.session_id, request.display, request.encrypted
+        session = self._owned(caller, session_id)
         if not encrypted and not self.settings.allow_unencrypted:
-            raise NXError(errors.SESSION_FAILED, "Unencrypted sessions are not allowed.", last_operation_failed=True)
+            raise SessionError(Kind.ENCRYPTION_REQUIRED, "Unencrypted sessions are not allowed.")
         runtime = self.runtime[session.id]
         await runtime.lock.acquire()
         try:
-            session = self._owned(client, session_id)
+            session = self._owned(caller, session_id)
             if session.state in (State.RUNNING, State.WAITING, State.RESUMING) and session.ever_attached:
                 log.info("session {id} is attached elsewhere: suspending it for {address}", id=session.id,
-                         address=client.address, audit="session_takeover")
+                         address=caller.address, audit="session_takeover")
                 self._cancel_connect_timer(runtime)  # this suspend is wanted (see _listen_again)
                 self._signal_agent(session, signal.SIGHUP)
                 await self._wait_for(session.id, {State.SUSPENDED}, self.settings.suspend_timeout)
             elif session.state is State.SUSPENDING:
                 await self._wait_for(session.id, {State.SUSPENDED}, self.settings.suspend_timeout)
             elif session.state is not State.SUSPENDED:
-                raise NXError(errors.SESSION_FAILED,
-                              f"Error: Session {session.id} cannot be resumed while it is {session.state.value}.",
-                              last_operation_failed=True)
+                raise SessionError(Kind.WRONG_STATE,
+                                   f"Session {session.id} cannot be resumed while it is {session.state.value}.",
+                                   session_id=session.id)
             session = self._update(
-                session.id, cookie=secrets.token_hex(16), client_address=printable(client.address),
+                session.id, cookie=secrets.token_hex(16), client_address=printable(caller.address),
                 encrypted=encrypted,
                 geometry=settings.geometry, depth=settings.depth, render=settings.render,
                 fullscreen=settings.fullscreen, options={**session.options, "display": settings.as_dict()},
             )
             self._write_agent_files(session, runtime.files, settings)
             log.info("resuming session {id} of {user} for {address}", id=session.id, user=session.user,
-                     address=client.address, audit="session_resume")
+                     address=caller.address, audit="session_resume")
             await self._sighup_until_listening(session.id)
         except (SessionEnded, WaitTimeout) as error:
-            raise NXError(errors.SESSION_FAILED, f"Error: Session resume failed: {error}",
-                          last_operation_failed=True) from None
+            raise SessionError(Kind.FAILED_TO_RESUME, f"Session resume failed: {error}",
+                               session_id=session_id) from None
         finally:
             runtime.lock.release()
         self._expect_client(session.id)
-        return self._ready_reply(self._own_listener(session.id), "resuming", client.local_address)
+        return self._ready(self._own_listener(session.id), resumed=True)
 
-    async def terminate(self, client: Client, session_id: str) -> Reply:
-        session = self._owned(client, session_id)
+    async def terminate(self, caller: Caller, session_id: str, reason: str = "user request") -> SessionView:
+        session = self._owned(caller, session_id)
         log.info("terminating session {id} of {user} on request from {address}", id=session.id,
-                 user=session.user, address=client.address, audit="session_terminate")
-        await self.terminate_session(session.id, "user request")
-        return Reply(replies.terminated(session.id))
+                 user=session.user, address=caller.address, audit="session_terminate")
+        await self.terminate_session(session.id, reason)
+        return SessionView.of(self.sessions.get(session.id, session))
 
-    async def suspend(self, client: Client, session_id: str) -> Reply:
-        session = self._owned(client, session_id)
+    async def suspend(self, caller: Caller, session_id: str) -> SessionView:
+        """Suspend the caller's session (one already suspended stays so)."""
+        session = self._owned(caller, session_id)
         await self.suspend_session(session.id)
-        return Reply(replies.suspended(session.id))
+        return SessionView.of(self.sessions.get(session.id, session))
+
+    async def show(self, caller: Caller, session_id: str) -> SessionView:
+        return SessionView.of(self._owned(caller, session_id))
+
+    async def status(self, caller: Caller) -> ServiceStatus:
+        self._admin_only(caller, "see the service's status")
+        return ServiceStatus(
+            draining=self.draining, live=sum(1 for s in self.sessions.values() if s.state.live),
+            unsaved_changes=len(self.unsaved),
+            unknown_sessions=tuple(UnknownSession(o.session_id, o.user, o.display, o.agent.pid)
+                                   for o in self.orphans.values()))
+
+    async def set_draining(self, caller: Caller, on: bool) -> bool:
+        """Draining: no new sessions, the running ones carry on."""
+        self._admin_only(caller, "drain the server")
+        self.draining = bool(on)
+        return self.draining
+
+    @staticmethod
+    def _admin_only(caller: Caller, what: str) -> None:
+        if not caller.admin:
+            raise SessionError(Kind.NOT_ALLOWED, f"Only the admin may {what}.")
+
+    async def shadow_targets(self, caller: Caller) -> tuple[ShadowTarget, ...]:
+        """The displays ``caller`` may shadow."""
+        return self.shadow.targets(caller)
+
+    async def attach_shadow(self, caller: Caller, request: ShadowRequest,
+                            progress: ProgressCallback = lambda progress: None) -> Ready:
+        """A shadow session of ``request.target_id`` for ``caller``; ``progress``
+        hears when the owner is asked."""
+        return await self.shadow.attach(caller, request, progress)
 
     async def suspend_session(self, session_id: str) -> None:
         """Suspend a running session wherever it is attached (SIGHUP)."""
@@ -314,30 +351,17 @@ class SessionManager(service.Service):
             try:
                 await self._wait_for(session.id, {State.SUSPENDED}, self.settings.suspend_timeout)
             except (SessionEnded, WaitTimeout) as error:
-                raise NXError(errors.SESSION_FAILED, f"Error: Session suspend failed: {error}",
-                              last_operation_failed=True) from None
+                raise SessionError(Kind.FAILED_TO_SUSPEND, f"Session suspend failed: {error}",
+                                   session_id=session_id) from None
         elif session.state is not State.SUSPENDED:
-            raise NXError(errors.SESSION_FAILED, f"Error: Session {session.id} is {session.state.value}.",
-                          last_operation_failed=True)
+            raise SessionError(Kind.WRONG_STATE, f"Session {session.id} is {session.state.value}.",
+                               session_id=session_id)
 
-    def list(self, client: Client, params: Params) -> Reply:
-        wanted_status = {s.strip().lower() for s in params.get("status", "").split(",") if s.strip()}
-        wanted_types = {t.strip().lower() for t in params.get("type", "").split(",") if t.strip()}
-        rows = []
-        for session in self._live_of(client.user):
-            status = listed_status(session.state)
-            if status is None or (wanted_status and status.lower() not in wanted_status):
-                continue
-            if wanted_types and session.type not in wanted_types:
-                continue
-            rows.append(ListedSession(
-                display=session.display, session_type=session.type, session_id=session.id,
-                options=session_options(fullscreen=session.fullscreen, render=session.render,
-                                        virtual_desktop=not session.rootless),
-                depth=session.depth, screen=session.geometry, status=status, name=session.name,
-            ))
-        lines = format_session_list(client.user, rows, capacity_reached=self._at_capacity(client.user))
-        return Reply(tuple(lines))
+    async def list(self, caller: Caller) -> Listing:
+        """The caller's live sessions, oldest first (an admin's: everyone's)."""
+        live = sorted((s for s in self.sessions.values() if s.state.live and caller.owns(s.user)),
+                      key=lambda s: s.created)
+        return Listing(tuple(SessionView.of(s) for s in live), capacity_reached=self._at_capacity(caller))
 
     # ------------------------------------------------------- agent control
     async def _start_agent(self, session: Session, runtime: Runtime, settings: DisplaySettings,
@@ -951,51 +975,47 @@ class SessionManager(service.Service):
         log.debug("session store backed up to {path}", path=path)
 
     # ------------------------------------------------------------ helpers
-    def _owned(self, client: Client, session_id: str) -> Session:
-        """The client's own live session; others' sessions do not exist for him."""
+    def _owned(self, caller: Caller, session_id: str) -> Session:
+        """The caller's own live session; others' sessions do not exist for him
+        (NOT_YOURS carries the same words as NOT_FOUND)."""
         session = self.sessions.get(session_id)
-        if session is None or session.user != client.user or not session.state.live:
-            if session is not None and session.user != client.user:
-                log.warn("{user} from {address} asked for session {id} of another user", user=client.user,
-                         address=client.address, id=session_id, audit="session_denied")
-            raise NXError(errors.SESSION_FAILED, f"Error: Could not find session {session_id}.",
-                          last_operation_failed=True)
+        if session is not None and session.state.live and not caller.owns(session.user):
+            log.warn("{user} from {address} asked for session {id} of another user", user=caller.user,
+                     address=caller.address, id=session_id, audit="session_denied")
+            raise SessionError(Kind.NOT_YOURS, f"Could not find session {session_id}.", session_id=session_id)
+        if session is None or not session.state.live:
+            raise SessionError(Kind.NOT_FOUND, f"Could not find session {session_id}.", session_id=session_id)
         return session
 
-    def _live_of(self, user: str) -> list[Session]:
-        return sorted((s for s in self.sessions.values() if s.user == user and s.state.live), key=lambda s: s.created)
-
-    def user_limit(self, user: str) -> int:
+    def user_limit(self, user: str, groups: frozenset[str] = frozenset()) -> int:
         """How many live sessions ``user`` may have (0: no limit): his own
-        ``[limits] user.NAME``, else the largest ``group.NAME`` of his groups,
-        else ``max_sessions_per_user``."""
+        ``[limits] user.NAME``, else the largest ``group.NAME`` of his
+        ``groups`` (resolved at login), else ``max_sessions_per_user``."""
         limits = self.config.limits
         if f"user.{user}" in limits:
             return limits[f"user.{user}"]
-        by_group = [limits[f"group.{group}"] for group in groups_of(user) if f"group.{group}" in limits]
+        by_group = [limits[f"group.{group}"] for group in sorted(groups) if f"group.{group}" in limits]
         if by_group:
             return 0 if 0 in by_group else max(by_group)
         return self.settings.max_sessions_per_user
 
-    def _at_capacity(self, user: str) -> bool:
+    def _at_capacity(self, caller: Caller) -> bool:
         try:
-            self._check_capacity(user)
-        except NXError:
+            self._check_capacity(caller)
+        except SessionError:
             return True
         return False
 
-    def _check_capacity(self, user: str) -> None:
+    def _check_capacity(self, caller: Caller) -> None:
         live = [s for s in self.sessions.values() if s.state.live]
         if self.draining:
-            raise NXError(errors.LIMIT_REACHED, "This server takes no new sessions at the moment (maintenance).",
-                          last_operation_failed=True)
+            raise SessionError(Kind.LIMIT_REACHED, "This server takes no new sessions at the moment (maintenance).")
         if self.settings.max_sessions and len(live) >= self.settings.max_sessions:
-            raise NXError(errors.LIMIT_REACHED, "Reached the maximum number of concurrent sessions on this server.",
-                          last_operation_failed=True)
-        per_user = self.user_limit(user)
+            raise SessionError(Kind.LIMIT_REACHED, "Reached the maximum number of concurrent sessions on this server.")
+        user = caller.user
+        per_user = self.user_limit(user, caller.groups)
         if per_user and sum(1 for s in live if s.user == user) >= per_user:
-            raise NXError(errors.LIMIT_REACHED, f"Server capacity: reached for user: {user}",
-                          last_operation_failed=True)
+            raise SessionError(Kind.LIMIT_REACHED, f"Server capacity: reached for user: {user}")
 
     def _allocate_display(self) -> int:
         taken = {s.display for s in self.sessions.values()} | {o.display for o in self.orphans.values()}
@@ -1006,8 +1026,7 @@ class SessionManager(service.Service):
             if files.display_available(display):
                 return display
             files.release_display(display)
-        raise NXError(errors.SESSION_FAILED, "Error: Display limit exceeded: no free display for a new session.",
-                      last_operation_failed=True)
+        raise SessionError(Kind.FAILED_TO_START, "Display limit exceeded: no free display for a new session.")
 
     def _own_listener(self, session_id: str) -> Session:
         """The session, once it is sure its port is held by its own agent."""
@@ -1018,19 +1037,16 @@ class SessionManager(service.Service):
             log.error("session {id}: port {port} is not held by its agent (pid {pid}); not relaying there",
                       id=session_id, port=session.port, pid=session.agent_pid)
             defer.ensureDeferred(self.terminate_session(session_id, "its port was taken by another process"))
-            raise NXError(errors.SESSION_FAILED, "Error: Session startup failed: its port is in use by another "
-                          "process.", last_operation_failed=True)
+            raise SessionError(Kind.FAILED_TO_START, "Session startup failed: its port is in use by another "
+                               "process.", session_id=session_id)
         return session
 
-    def _ready_reply(self, session: Session, status: str, local_address: str) -> Reply:
-        lines = replies.session_ready(
-            full_id=session.full_id, display=session.display, session_type=session.type, cookie=session.cookie,
-            proxy_ip="127.0.0.1" if session.encrypted else local_address, encrypted=session.encrypted,
-            status=status,
-        )
-        relay = (RelayTarget(session.id, self.layout.agent_files(session.id).socket, session.uid)
-                 if session.encrypted else None)
-        return Reply(lines, relay)
+    def _ready(self, session: Session, resumed: bool) -> Ready:
+        """What the client needs to reach ``session``: an encrypted one's
+        stream goes through the gateway to the agent's socket."""
+        stream = (StreamTarget(session.id, self.layout.agent_files(session.id).socket, session.uid)
+                  if session.encrypted else None)
+        return Ready(SessionView.of(session), session.cookie, resumed, stream)
 
 
 class ReplayState:

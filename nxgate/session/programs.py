@@ -9,9 +9,8 @@ import shutil
 from collections.abc import Mapping
 
 from nxgate.config import SessionsSection
-from nxgate.nx import errors
-from nxgate.nx.errors import NXError
-from nxgate.session.request import StartRequest
+from nxgate.sessions.errors import Kind, SessionError
+from nxgate.sessions.requests import StartRequest
 
 DESKTOP_WITHOUT_XSESSION = ("x-session-manager",)
 # Types that are one program in a window, not a desktop: no X session script.
@@ -49,7 +48,7 @@ def available_types(types: Mapping[str, tuple[str, ...]], settings: SessionsSect
 
 
 def session_command(request: StartRequest, types: Mapping[str, tuple[str, ...]], settings: SessionsSection) -> tuple[str, ...]:
-    """The argv of the session's program, or an NX error naming what exists.
+    """The argv of the session's program, or an error naming what exists.
 
     Desktops start through the system's X session script (which sets up
     the user's environment, agents and ~/.xsessionrc) when it is there.
@@ -64,13 +63,13 @@ def session_command(request: StartRequest, types: Mapping[str, tuple[str, ...]],
     if missing is not None:
         available = ", ".join(available_types(types, settings))
         if request.type == "unix-application":
-            text = f"Error: Application '{missing}' is not installed on this server."
+            text = f"Application '{missing}' is not installed on this server."
         elif missing == "(unknown type)":
-            text = f"Error: Session type '{request.type}' is not supported. Available types: {available}."
+            text = f"Session type '{request.type}' is not supported. Available types: {available}."
         else:
-            text = (f"Error: Session type '{request.type}' is not available on this server: {missing} is not"
+            text = (f"Session type '{request.type}' is not available on this server: {missing} is not"
                     f" installed. Available types: {available}.")
-        raise NXError(errors.SESSION_FAILED, text, last_operation_failed=True)
+        raise SessionError(Kind.UNAVAILABLE, text)
     if request.type in PLAIN_TYPES or argv[0] == settings.xsession:
         return argv
     if settings.use_xsession and os.access(settings.xsession, os.X_OK):

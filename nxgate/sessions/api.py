@@ -6,12 +6,14 @@ from typing import Protocol
 
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.requests import RestoreRequest, ShadowRequest, StartRequest
-from nxgate.sessions.results import Listing, ProgressCallback, Ready, SessionView, ShadowTarget
+from nxgate.sessions.results import Listing, ProgressCallback, Ready, ServiceStatus, SessionView, ShadowTarget
 
 
 class SessionAPI(Protocol):
     """Every call checks the caller may do it and raises
-    :class:`nxgate.sessions.errors.SessionError` when not."""
+    :class:`nxgate.sessions.errors.SessionError` when not (a session of
+    someone else is NOT_YOURS, with NOT_FOUND's words).  Implemented, for
+    now, by :class:`nxgate.session.manager.SessionManager`."""
 
     async def start(self, caller: Caller, request: StartRequest) -> Ready: ...
 
@@ -20,12 +22,16 @@ class SessionAPI(Protocol):
     async def attach_shadow(self, caller: Caller, request: ShadowRequest,
                             progress: ProgressCallback = lambda progress: None) -> Ready: ...
 
-    async def suspend(self, caller: Caller, session_id: str) -> SessionView: ...
+    async def suspend(self, caller: Caller, session_id: str) -> SessionView: ...  # a suspended one: no-op
 
-    async def terminate(self, caller: Caller, session_id: str) -> SessionView: ...
+    async def terminate(self, caller: Caller, session_id: str, reason: str = "user request") -> SessionView: ...
 
-    async def list(self, caller: Caller) -> Listing: ...
+    async def list(self, caller: Caller) -> Listing: ...  # live sessions, oldest first; an admin's: everyone's
 
     async def show(self, caller: Caller, session_id: str) -> SessionView: ...
 
     async def shadow_targets(self, caller: Caller) -> tuple[ShadowTarget, ...]: ...
+
+    async def status(self, caller: Caller) -> ServiceStatus: ...  # admin only
+
+    async def set_draining(self, caller: Caller, on: bool) -> bool: ...  # admin only

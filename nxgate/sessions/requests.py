@@ -1,22 +1,65 @@
-"""What callers ask the session service for (typed, already validated)."""
+"""What callers ask the session service for (typed, already validated by
+the door that parsed them: :mod:`nxgate.nx.requests` for NX clients)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from nxgate.session.request import DisplaySettings, StartRequest  # moved here by the layout change
-
-__all__ = ["DisplaySettings", "StartRequest", "RemoteRequest", "RestoreRequest", "ShadowRequest"]
+from typing import Any
 
 
 @dataclass(frozen=True)
 class RemoteRequest:
-    """An RDP or VNC desktop asked for by a client (its agent_* values, raw)."""
+    """An RDP or VNC desktop asked for by a client (its agent_* values, raw:
+    :func:`nxgate.backends.remote.remote_desktop` validates them)."""
 
     server: str
     user: str = ""
     domain: str = ""
     password: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True)
+class DisplaySettings:
+    """How the agent should present the session to this client.
+
+    Kept with the session and replaced on every restore: the client may come
+    back from another machine with another screen, keyboard and link.
+    """
+
+    geometry: str = "800x600"
+    fullscreen: bool = False
+    depth: int = 24
+    render: bool = True
+    keyboard: str = "pc105/us"
+    link: str = "lan"
+    cache: str = "16M"
+    images: str = "64M"
+    clipboard: str = "both"
+    client: str = "unknown"
+    backingstore: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> DisplaySettings:
+        known = {k: v for k, v in values.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    type: str
+    name: str
+    display: DisplaySettings
+    encrypted: bool
+    rootless: bool
+    application: tuple[str, ...] = ()
+    # (key, value) of the parameters the server chooses itself that the client sent anyway.
+    ignored: tuple[tuple[str, str], ...] = ()
+    # For the remote desktop types (windows, vnc): what the client named.
+    remote: RemoteRequest | None = None
+
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,8 @@ class SessionView:
     attached_before: bool
     agent_pid: int
     failure: str
+    node: str = ""
+    program_pid: int = 0
     options: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -59,7 +61,7 @@ class SessionView:
             render=session.render, fullscreen=session.fullscreen, rootless=session.rootless,
             encrypted=session.encrypted, client_address=session.client_address, created=session.created,
             changed=session.changed, attached_before=session.ever_attached, agent_pid=session.agent_pid,
-            failure=session.failure, options=options,
+            failure=session.failure, node=session.server_name, program_pid=session.app_pid, options=options,
         )
 
 
@@ -88,6 +90,26 @@ class ShadowTarget:
     display: int
     name: str
     type: str
+
+
+@dataclass(frozen=True)
+class UnknownSession:
+    """A live agent in a session directory the store did not know at start."""
+
+    id: str
+    user: str
+    display: int
+    agent_pid: int
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """How the session service stands (for the admin)."""
+
+    draining: bool
+    live: int
+    unsaved_changes: int  # writes the store refused (a full disk), retried until it takes them
+    unknown_sessions: tuple[UnknownSession, ...]
 
 
 class Progress(str, enum.Enum):

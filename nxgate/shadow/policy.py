@@ -1,9 +1,7 @@
-"""Who may shadow whom, and how (pure, but for the group lookup)."""
+"""Who may shadow whom, and how (pure: the viewer's groups come with the caller)."""
 
 from __future__ import annotations
 
-import grp
-import pwd
 from dataclasses import dataclass
 
 from nxgate.config import ShadowSection
@@ -33,16 +31,3 @@ def decide(viewer: str, viewer_groups: frozenset[str], owner: str, settings: Sha
         return Decision(True, ask_owner=ask, interactive=interactive)
     return Decision(False, reason=f"{viewer} may not shadow other users' sessions")
 
-
-def groups_of(user: str) -> frozenset[str]:
-    """The names of ``user``'s primary and supplementary groups."""
-    try:
-        entry = pwd.getpwnam(user)
-    except KeyError:
-        return frozenset()
-    names = {group.gr_name for group in grp.getgrall() if user in group.gr_mem}
-    try:
-        names.add(grp.getgrgid(entry.pw_gid).gr_name)
-    except KeyError:
-        pass
-    return frozenset(names)

@@ -16,28 +16,26 @@ import hashlib
 import os
 import pwd
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
 from nxgate.backends import nxagent
 from nxgate.config import Config
-from nxgate.conversation import Client
-from nxgate.nx import errors
-from nxgate.nx.errors import NXError
-from nxgate.nx.listing import HEADER, DASHES, ListedSession, session_options
-from nxgate.nx.params import Params
-from nxgate.nx.shell import Reply
-from nxgate.session.manager import SessionManager
 from nxgate.session.model import State
 from nxgate.session.programs import login_environment
-from nxgate.session.request import DisplaySettings, display_settings, session_id
+from nxgate.sessions.caller import Caller
+from nxgate.sessions.errors import Kind, SessionError
+from nxgate.sessions.requests import DisplaySettings, ShadowRequest
+from nxgate.sessions.results import Progress, ProgressCallback, Ready, ShadowTarget
 from nxgate.shadow import console, policy, screen
+
+if TYPE_CHECKING:
+    from nxgate.session.manager import SessionManager
 
 log = Logger(namespace="nxgate.shadow")
 
 CONSENT_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "consent.py")
-ASKING = "NX> 726 Asking user for authorization to attach to session"
 
 
 @dataclass(frozen=True)
@@ -53,11 +51,9 @@ class Target:
     authority: str  # the X authority file the owner's programs use for it
     log: str  # where the consent dialog's output goes
 
-    def row(self, geometry: str = "800x600", depth: int = 24) -> ListedSession:
-        # OpenNX takes the last word of the name as the owner's name.
-        return ListedSession(display=self.display, session_type=self.type, session_id=self.id,
-                             options=session_options(fullscreen=False, render=True, virtual_desktop=True),
-                             depth=depth, screen=geometry, status="Running", name=f"{self.name} {self.owner}")
+    def view(self) -> ShadowTarget:
+        """What the viewer may know of it (no cookie, no authority path)."""
+        return ShadowTarget(self.id, self.owner, self.display, self.name, self.type)
 
 
 class ShadowService:
@@ -83,47 +79,42 @@ class ShadowService:
                                   os.path.join(self.manager.layout.logs, f"console-{local.display}.log")))
         return targets
 
-    def _visible(self, client: Client) -> list[tuple[Target, policy.Decision]]:
-        groups = policy.groups_of(client.user)
+    def _visible(self, caller: Caller) -> list[tuple[Target, policy.Decision]]:
         result = []
         for target in self._targets():
-            decision = policy.decide(client.user, groups, target.owner, self.settings)
+            decision = policy.decide(caller.user, caller.groups, target.owner, self.settings)
             if decision.allowed:
                 result.append((target, decision))
         return result
 
     # ----------------------------------------------------------- commands
-    def list(self, client: Client) -> Reply:
-        """The shadowable sessions, ending at the prompt (no 147/148 line)."""
-        rows = [target.row() for target, _ in self._visible(client)]
-        lines = [f"NX> {errors.SESSION_LIST} Session list of user '{client.user}':", HEADER, DASHES]
-        lines.extend(row.row() for row in rows)
-        lines.append("")
-        return Reply(tuple(lines))
+    def targets(self, caller: Caller) -> tuple[ShadowTarget, ...]:
+        """The displays ``caller`` may shadow."""
+        return tuple(target.view() for target, _ in self._visible(caller))
 
-    async def attach(self, client: Client, params: Params) -> Reply:
-        wanted = session_id(params, "id", "sessionid")
-        found = [(t, d) for t, d in self._visible(client) if t.id == wanted]
+    async def attach(self, caller: Caller, request: ShadowRequest,
+                     progress: ProgressCallback = lambda progress: None) -> Ready:
+        wanted = request.target_id
+        found = [(t, d) for t, d in self._visible(caller) if t.id == wanted]
         if not found:
-            log.warn("{user} from {address} may not shadow {id} (or it does not exist)", user=client.user,
-                     address=client.address, id=wanted, audit="shadow_denied")
-            raise NXError(errors.SESSION_FAILED, f"Error: Could not find shadowed session {wanted}. Session failed.",
-                          last_operation_failed=True)
+            log.warn("{user} from {address} may not shadow {id} (or it does not exist)", user=caller.user,
+                     address=caller.address, id=wanted, audit="shadow_denied")
+            raise SessionError(Kind.NOT_FOUND, f"Could not find shadowed session {wanted}. Session failed.",
+                               session_id=wanted)
         target, _ = found[0]
-        view_only = params.get("viewonly", "") == "1" or params.get("shadowmode", "") == "0"
-        decision = policy.decide(client.user, policy.groups_of(client.user), target.owner, self.settings, view_only)
+        decision = policy.decide(caller.user, caller.groups, target.owner, self.settings, request.view_only)
         mode = "interactive" if decision.interactive else "view-only"
         if decision.ask_owner:
-            client.progress(ASKING)
-            answer = await self._ask(client, target, mode)
+            progress(Progress.ASKING_OWNER)
+            answer = await self._ask(caller, target, mode)
             if answer is not True:
                 why = "no answer" if answer is None else "refused"
                 log.info("shadow of {id} ({owner}) for {user} from {address}: {why}", id=target.id,
-                         owner=target.owner, user=client.user, address=client.address, why=why,
+                         owner=target.owner, user=caller.user, address=caller.address, why=why,
                          audit="shadow_refused")
                 suffix = "" if answer is False else f" (no answer within {self.settings.consent_timeout:g} seconds)"
-                raise NXError(errors.SESSION_FAILED, f"Error: Authorization refused by user: {target.owner}.{suffix}",
-                              last_operation_failed=True)
+                raise SessionError(Kind.REFUSED_BY_OWNER, f"Authorization refused by user: {target.owner}.{suffix}",
+                                   session_id=wanted)
         plan = nxagent.AgentPlan(
             mode="-S",
             extra_options=(("shadow", f":{target.display}"), ("shadowmode", "1" if decision.interactive else "0")),
@@ -132,22 +123,21 @@ class ShadowService:
             persistent=False,
             pam=False,
         )
-        settings = await self._shadow_settings(params, target)
-        session = self.manager.new_session(client, "shadow", f"Shadow of {target.name}", settings, True,
+        settings = await self._shadow_settings(request.display, target)
+        session = self.manager.new_session(caller, "shadow", f"Shadow of {target.name}", settings, True,
                                            run_as=target.owner)
         session = session.evolve(options={"shadow": {"target": target.id, "owner": target.owner, "mode": mode}})
         log.info("shadow attach: {user} from {address} watches {target} of {owner} ({mode}) as session {id}",
-                 user=client.user, address=client.address, target=target.id, owner=target.owner, mode=mode,
+                 user=caller.user, address=caller.address, target=target.id, owner=target.owner, mode=mode,
                  id=session.id, audit="shadow_attach")
-        return await self.manager.launch(client, session, settings, plan)
+        return await self.manager.launch(caller, session, settings, plan)
 
-    async def _shadow_settings(self, params: Params, target: Target) -> DisplaySettings:
+    async def _shadow_settings(self, settings: DisplaySettings, target: Target) -> DisplaySettings:
         """The viewer's display settings with the shadow window's size: the
         watched screen at 1:1, or scaled to fit the viewer's window (see
         :mod:`nxgate.shadow.screen`).  Full screen only where the client's
         screen has the watched screen's size: otherwise nxagent would stretch
         the watched screen to the client's whole screen."""
-        settings = display_settings(params)
         area_w, area_h = (int(n) for n in settings.geometry.split("x"))
         watched = await screen.watched_size(self.manager.reactor, target.display, target.cookie)
         if settings.fullscreen and watched == (area_w, area_h):
@@ -158,14 +148,14 @@ class ShadowService:
                  area=settings.geometry, width=width, height=height)
         return dataclasses.replace(settings, geometry=f"{width}x{height}", fullscreen=False)
 
-    async def _ask(self, client: Client, target: Target, mode: str) -> bool | None:
+    async def _ask(self, caller: Caller, target: Target, mode: str) -> bool | None:
         """Show the consent dialog as the owner, on her display.
 
         True: allowed; False: refused; None: no answer in time."""
         owner = pwd.getpwnam(target.owner)
         request: dict[str, Any] = {
             "user": owner.pw_name,
-            "argv": [self.settings.dialog_python, CONSENT_PROGRAM, client.user, client.address, mode, target.name],
+            "argv": [self.settings.dialog_python, CONSENT_PROGRAM, caller.user, caller.address, mode, target.name],
             "env": login_environment(owner, self.config.sessions),
             "env_fixed": {"DISPLAY": f":{target.display}", "XAUTHORITY": target.authority},
             "cwd": owner.pw_dir,

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
-from typing import Any
 
 from nxgate.nx import errors
 from nxgate.nx.errors import NXError
 from nxgate.nx.params import Params
+from nxgate.sessions.requests import DisplaySettings, RemoteRequest, RestoreRequest, ShadowRequest, StartRequest
 from nxgate.safetext import printable
 
 # X geometry: WxH with an optional window position (+X+Y, -X-Y, ...).  A size
@@ -42,53 +41,13 @@ MAX_NAME = 128
 MAX_APPLICATION = 4096
 # startsession parameters whose values the server chooses itself.
 SERVER_CHOSEN = ("id", "display")
+REMOTE_KEYS = ("agent_server", "agent_user", "agent_domain", "agent_password")
 
 
 def invalid(name: str, value: str, why: str) -> NXError:
     # The value goes back to the client in an NX> line: %0A must not end it.
     shown = printable(value if len(value) <= 80 else value[:77] + "...")
     return NXError(errors.BAD_PARAMETERS, f"Error: Invalid value '{shown}' for parameter '{name}': {why}.")
-
-
-@dataclass(frozen=True)
-class DisplaySettings:
-    """How the agent should present the session to this client.
-
-    Kept with the session and replaced on every restore: the client may come
-    back from another machine with another screen, keyboard and link.
-    """
-
-    geometry: str = "800x600"
-    fullscreen: bool = False
-    depth: int = 24
-    render: bool = True
-    keyboard: str = "pc105/us"
-    link: str = "lan"
-    cache: str = "16M"
-    images: str = "64M"
-    clipboard: str = "both"
-    client: str = "unknown"
-    backingstore: bool = True
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> DisplaySettings:
-        known = {k: v for k, v in values.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
-
-
-@dataclass(frozen=True)
-class StartRequest:
-    type: str
-    name: str
-    display: DisplaySettings
-    encrypted: bool
-    rootless: bool
-    application: tuple[str, ...] = ()
-    # (key, value) of the parameters in SERVER_CHOSEN the client sent anyway.
-    ignored: tuple[tuple[str, str], ...] = ()
 
 
 def _flag(params: Params, name: str, default: bool) -> bool:
@@ -227,7 +186,31 @@ def start_request(params: Params) -> StartRequest:
         rootless=rootless and session_type in ("unix-application", "unix-console"),
         application=application,
         ignored=tuple((key, params[key]) for key in SERVER_CHOSEN if params.get(key, "").strip()),
+        remote=remote_request(params),
     )
+
+
+def remote_request(params: Params) -> RemoteRequest | None:
+    """The agent_* values of a start, raw (the service validates them for
+    the remote desktop types); None when the client sent none."""
+    if not any(key in params for key in REMOTE_KEYS):
+        return None
+    return RemoteRequest(server=params.get("agent_server", ""), user=params.get("agent_user", ""),
+                         domain=params.get("agent_domain", ""), password=params.get("agent_password", ""))
+
+
+def restore_request(params: Params) -> RestoreRequest:
+    """Validate a ``restoresession``."""
+    return RestoreRequest(session_id=session_id(params, "id", "restore", "sessionid"),
+                          display=display_settings(params),
+                          encrypted=params.get("encryption", "1").strip() != "0")
+
+
+def shadow_request(params: Params) -> ShadowRequest:
+    """Validate an ``attachsession`` (shadowing)."""
+    target = session_id(params, "id", "sessionid")
+    view_only = params.get("viewonly", "") == "1" or params.get("shadowmode", "") == "0"
+    return ShadowRequest(target_id=target, display=display_settings(params), view_only=view_only)
 
 
 def session_id(params: Params, *keys: str) -> str:
