@@ -15,6 +15,7 @@ import tempfile
 from twisted.trial.unittest import SkipTest, TestCase
 
 from tests.harness.gateway import Gateway
+from tests.harness.process import wait_for
 from tests.harness.users import NEED_ROOT, is_root
 
 
@@ -94,11 +95,14 @@ class StartupRefusalTests(TestCase):
     def test_stale_sockets_of_a_dead_gateway_are_replaced(self):
         first = Gateway()
         first.start()
+        admin_socket = os.path.join(first.state_dir, "admin.sock")
+        # The SSH port may listen a moment before the admin socket exists.
+        wait_for(lambda: os.path.exists(admin_socket), 15, "the first gateway's admin socket")
         first.process.kill()  # SIGKILL: no chance to remove its sockets
         first.process.wait()
         first.process.stderr.close()
         first.process = None
-        self.assertTrue(os.path.exists(os.path.join(first.state_dir, "admin.sock")))
+        self.assertTrue(os.path.exists(admin_socket))
         second = Gateway(state_dir=first.state_dir).start()
         self.addCleanup(first.stop)
         self.addCleanup(second.stop)
