@@ -26,7 +26,8 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-SOCKET_NAME = "agent.sock"
+from nxgate.backends.nxagent import SOCKET_NAME  # noqa: F401  (named where the agent is told to listen)
+
 _UCRED = struct.Struct("3i")
 #: A resumed agent that the gateway makes listen again (it suspended itself
 #: after a failed connection) has no socket for a moment: a client that

@@ -8,8 +8,10 @@ from typing import Any
 
 from twisted.application import service, strports
 from twisted.cred.portal import Portal
+from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import quoteStringArgument
 from twisted.logger import Logger, globalLogPublisher
+from twisted.python.failure import Failure
 from twisted.web.server import Site
 
 from nxgate import config as configuration
@@ -30,6 +32,7 @@ from nxgate.session.store import SessionStore
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.results import StreamTarget
 from nxgate.threads import in_thread
+from nxgate.users import UserDirectory
 from nxgate.throttle import Throttle
 from nxgate.shellsocket import ShellFactory
 from nxgate.shadow.service import ShadowService
@@ -97,6 +100,20 @@ def shell_settings(config: Config) -> ShellSettings:
     )
 
 
+def read_config(source: str) -> tuple[Config, list[Any]]:
+    """Load and check the config file at ``source`` and the nx account's
+    keys it names (blocking: file reads, the host name look-up).  Raises
+    ConfigError with every problem, a key file that cannot be read included."""
+    new = configuration.load(source if os.path.exists(source) else None)
+    try:
+        nx_keys = checkers.load_nx_keys(new.ssh.nx_authorized_keys)
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise configuration.ConfigError(
+            [f"[ssh] nx_authorized_keys: cannot read {new.ssh.nx_authorized_keys}: {reason}"]) from error
+    return new, nx_keys
+
+
 class Gateway(service.MultiService):
     """Everything one ``twistd nxgate`` runs."""
 
@@ -105,6 +122,8 @@ class Gateway(service.MultiService):
         self.config = config
         self.reactor = reactor
         self.started = reactor.seconds()
+        self.blocking = in_thread(reactor)
+        self.users = UserDirectory(self.blocking)
         self.layout = StateLayout(config.server.state_dir)
         self.layout.prepare()
         # Before anything else touches the state or its sockets: a second
@@ -126,7 +145,7 @@ class Gateway(service.MultiService):
         self.store = SessionStore(self.layout.database)
         self.sessions = SessionManager(reactor, config, self.store, self.layout)
         self.sessions.setServiceParent(self)
-        self.shadow = self.sessions.shadow = ShadowService(self.sessions, config)
+        self.shadow = self.sessions.shadow = ShadowService(self.sessions, config, self.blocking, self.users)
         self.commands = NXDispatcher(self.sessions)
         self.shell_settings = shell_settings(config)
         self.ssh_factory = self._ssh_factory()
@@ -148,16 +167,25 @@ class Gateway(service.MultiService):
         endpoint = f"unix:{quoteStringArgument(path)}:mode={mode:o}:lockfile=0"
         strports.service(endpoint, factory).setServiceParent(self)
 
-    def reload(self) -> dict[str, Any]:
+    def reload(self) -> Deferred[dict[str, Any]]:
         """Re-read the config file; apply what can change while running.
 
+        Reading and checking the file (and the nx account's keys, and the
+        host name it resolves) is disk and DNS work, so it runs through
+        ``blocking``; the answer is then applied on the reactor, in one turn.
         A bad file changes nothing.  Where the gateway listens and keeps its
         state, and the PAM thread count, need a restart (the answer says so).
         """
-        try:
-            new = configuration.load(self.config.source if os.path.exists(self.config.source) else None)
-        except configuration.ConfigError as error:
-            return {"ok": False, "problems": error.problems}
+        def refused(failure: Failure) -> dict[str, Any]:
+            failure.trap(configuration.ConfigError)
+            return {"ok": False, "problems": failure.value.problems}
+
+        d = self.blocking(read_config, self.config.source)
+        d.addCallbacks(lambda loaded: self.apply(*loaded), refused)
+        return d
+
+    def apply(self, new: Config, nx_keys: list[Any]) -> dict[str, Any]:
+        """Apply a configuration :func:`read_config` loaded and checked (on the reactor)."""
         old = self.config
         restart = configuration.restart_needed(old, new)
         # Where it listens and keeps its state stays as it runs (with what
@@ -176,7 +204,8 @@ class Gateway(service.MultiService):
         self.ssh_factory.max_auth_tries = new.ssh.max_auth_tries
         for checker in self.checkers:
             checker.nx_user = new.ssh.nx_user
-        self.key_checker.nx_keys = checkers.load_nx_keys(new.ssh.nx_authorized_keys)
+        self.key_checker.nx_keys = nx_keys
+        self.users.forget()
         filter_global_log(new.server.log_level)
         log.info("configuration reloaded from {source}", source=new.source)
         return {"ok": True, "source": new.source, "restart_needed_for": restart}
@@ -202,7 +231,7 @@ class Gateway(service.MultiService):
         return Conversation(
             self.reactor, self.shell_settings, transport, address, self.authenticator, self.commands,
             relay_factory=relay_factory, preauthenticated_user=preauthenticated_user, local_address=local_address,
-            door=door, blocking=in_thread(self.reactor),
+            door=door, blocking=self.blocking,
         )
 
     def _open_shell(self, avatar: NXAvatar, channel: NXSessionChannel) -> ChannelShell:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import json
-import pwd
 import socket
 import struct
 from typing import Any
@@ -88,27 +87,60 @@ class ShellProtocol(protocol.Protocol):
         self.lost = False
         self.uid: int | None = None
         self.done = False
+        # Frames that came before the peer's account was known, in order.
+        self.early: list[tuple[bytes, bytes]] | None = []
+        self.early_bytes = 0
 
     def connectionMade(self) -> None:
+        """Who connected: the uid from the kernel, its name from NSS (in a
+        thread, through the gateway's user directory: NSS may be LDAP).
+        Frames that arrive meanwhile wait, in order, until the name is known."""
         self.uid = uid = peer_uid(self.transport)
-        nx_user = self.gateway.config.ssh.nx_user
-        try:
-            name = pwd.getpwuid(uid).pw_name if uid is not None else None
-        except KeyError:
-            name = None
-        if name is None or uid == 0:
-            log.warn("refused a shell socket connection from uid {uid}", uid=uid)
-            self._drop()
-        elif name != nx_user:
+        if uid is None or uid == 0:
+            self._refuse()
+            return
+        d = self.gateway.users.by_uid(uid)
+        d.addCallbacks(self._known, lambda failure: self._refuse())  # the directory logged why
+        d.addErrback(lambda failure: (log.failure("shell socket connection from uid {uid}", failure, uid=uid),
+                                      self._drop()))
+
+    def _refuse(self) -> None:
+        log.warn("refused a shell socket connection from uid {uid}", uid=self.uid)
+        self._drop()
+
+    def _known(self, entry: Any) -> None:
+        if self.lost or self.done:
+            return
+        name = entry.pw_name
+        if name != self.gateway.config.ssh.nx_user:
             if not self.gateway.config.ssh.user_logins:
                 log.warn("refused {user} on the shell socket: user logins are disabled", user=name)
                 self._drop()
                 return
             self.preauthenticated = name
+        early, self.early = self.early or [], None
+        self._frames(early)
 
     def dataReceived(self, data: bytes) -> None:
         try:
-            for kind, payload in self.deframer.feed(data):
+            frames = list(self.deframer.feed(data))
+        except shellproto.FramingError as error:
+            log.warn("bad data from nxgate-shell (uid {uid}): {error}", uid=self.uid, error=str(error))
+            self._drop()
+            return
+        if self.early is None:
+            self._frames(frames)
+            return
+        self.early.extend(frames)
+        self.early_bytes += sum(len(payload) for _, payload in frames)
+        if self.early_bytes > shellproto.MAX_FRAME:
+            log.warn("nxgate-shell (uid {uid}) sent {size} bytes before its account was known", uid=self.uid,
+                     size=self.early_bytes)
+            self._drop()
+
+    def _frames(self, frames: list[tuple[bytes, bytes]]) -> None:
+        try:
+            for kind, payload in frames:
                 if self.done:
                     return
                 self._frame(kind, payload)

@@ -66,3 +66,88 @@ class AdminErrorTests(TestCase):
     def test_bad_arguments_are_invalid_requests(self):
         self.assertEqual(self.ask("suspend", bogus=1)["kind"], "invalid_request")
         self.assertEqual(self.ask("nonsense")["kind"], "invalid_request")
+
+
+#: The arguments each admin command takes; a new command fails the test below until it is listed here.
+ARGS = {"status": {}, "sessions": {}, "show": {"id": MISSING}, "terminate": {"id": MISSING},
+        "suspend": {"id": MISSING}, "drain": {"on": True}, "reload": {}}
+
+
+class Refusing:
+    """A session service that refuses every call with ``error``."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def __getattr__(self, name):
+        async def refuse(*args, **kwargs):
+            raise self.error
+        return refuse
+
+
+class RefusingGateway:
+    def __init__(self, error):
+        self.sessions = Refusing(error)
+        self.config = None
+        self.started = 0.0
+        self.error = error
+
+    def reload(self):
+        return defer.fail(self.error)
+
+
+class ErrorPathTests(TestCase):
+    """Every admin command's failure is JSON with a kind, and no NX text anywhere."""
+
+    def ask(self, gateway, command):
+        line = json.dumps({"command": command, "args": ARGS[command]}).encode()
+        d = defer.ensureDeferred(AdminProtocol(gateway)._handle(line))
+        d.addErrback(AdminProtocol._unexpected)  # as lineReceived does
+        return self.successResultOf(d)
+
+    def assertClean(self, answer, kind):
+        text = json.dumps(answer)
+        self.assertEqual((answer["ok"], answer["kind"]), (False, kind), text)
+        self.assertNotIn("NX>", text)
+        self.assertFalse(answer["error"].startswith("Error"), text)
+        self.assertIn(answer["kind"], {k.value for k in Kind})
+
+    def test_every_command_is_covered(self):
+        self.assertEqual(sorted(name[3:] for name in dir(AdminProtocol) if name.startswith("do_")), sorted(ARGS))
+
+    def test_every_kind_from_every_command(self):
+        for kind in Kind:
+            for command in ARGS:
+                answer = self.ask(RefusingGateway(SessionError(kind, f"Something about {MISSING}.")), command)
+                shown = Kind.NOT_FOUND if kind is Kind.NOT_YOURS else kind
+                self.assertClean(answer, shown.value)
+                if kind in (Kind.NOT_FOUND, Kind.NOT_YOURS) and "id" in ARGS[command]:
+                    self.assertEqual(answer["error"], f"no live session {MISSING}")
+
+    def test_a_bug_is_an_internal_error_from_every_command(self):
+        for command in ARGS:
+            answer = self.ask(RefusingGateway(RuntimeError("NX> 500 boom")), command)
+            self.assertEqual(answer, {"ok": False, "error": "internal error (see the server log)", "kind": "internal"})
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), len(ARGS))
+
+    def test_a_refused_reload_is_an_invalid_request(self):
+        class Gateway:
+            def reload(self):
+                return defer.succeed({"ok": False, "problems": ["[auth] failed_login_delay: not a number"]})
+
+        answer = self.ask(Gateway(), "reload")
+        self.assertClean(answer, "invalid_request")
+        self.assertIn("failed_login_delay", answer["error"])
+
+    def test_a_reload_that_answers_late(self):
+        pending: defer.Deferred = defer.Deferred()
+
+        class Gateway:
+            def reload(self):
+                return pending
+
+        line = json.dumps({"command": "reload", "args": {}}).encode()
+        d = defer.ensureDeferred(AdminProtocol(Gateway())._handle(line))
+        self.assertNoResult(d)
+        pending.callback({"ok": True, "source": "/etc/nxgate.conf", "restart_needed_for": []})
+        self.assertEqual(self.successResultOf(d)["result"]["source"], "/etc/nxgate.conf")

@@ -298,14 +298,10 @@ class TreeTests(TestCase):
     def test_l1_service_layers_ignore_the_front(self) -> None:
         self.assertRule(l1_service_layers_ignore_the_front)
 
-    test_l1_service_layers_ignore_the_front.todo = (  # type: ignore[attr-defined]
-        "issue 12: backends.nxagent imports the stream's agentsocket (SOCKET_NAME)")
 
     def test_l2_node_and_backends_use_only_the_vocabulary(self) -> None:
         self.assertRule(l2_node_and_backends_use_only_the_vocabulary)
 
-    test_l2_node_and_backends_use_only_the_vocabulary.todo = (  # type: ignore[attr-defined]
-        "issue 12 P1-C: backends.nxagent takes sessions.model.Session, not an AgentSession Protocol")
 
     def test_l3_nx_core_is_pure(self) -> None:
         self.assertRule(l3_nx_core_is_pure)

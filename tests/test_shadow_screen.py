@@ -8,7 +8,7 @@ import tempfile
 from twisted.internet import defer, protocol, reactor
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from nxgate.session import files
+from nxgate.shadow import screen
 from nxgate.shadow.screen import Incomplete, screen_size, setup_request, shadow_geometry, watched_size
 
 
@@ -78,7 +78,7 @@ class WatchedSizeTests(TestCase):
     def serve(self, reply: bytes | None) -> int:
         directory = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, directory, True)
-        self.patch(files, "X_SOCKET", os.path.join(directory, "X{n}"))
+        self.patch(screen, "X_SOCKET", os.path.join(directory, "X{n}"))
         received: list[bytes] = []
         self.received = received
 
@@ -90,7 +90,7 @@ class WatchedSizeTests(TestCase):
                     self.transport.write(reply[5:])
 
         factory = protocol.Factory.forProtocol(FakeX)
-        port = reactor.listenUNIX(files.X_SOCKET.format(n=42), factory)
+        port = reactor.listenUNIX(screen.X_SOCKET.format(n=42), factory)
         self.addCleanup(port.stopListening)
         return 42
 

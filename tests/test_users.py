@@ -9,11 +9,12 @@ import pwd
 
 from twisted.internet import defer
 from twisted.internet.testing import MemoryReactorClock
+from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.conversation import Conversation
 from nxgate.nx.shell import Reply, ShellSettings
-from nxgate.users import group_names, resolve_caller
+from nxgate.users import UserDirectory, group_names, resolve_caller
 
 ME = pwd.getpwuid(os.getuid())
 
@@ -90,3 +91,70 @@ class ConversationCallerTests(SynchronousTestCase):
         self.assertEqual(commands.calls, [])
         self.assertIn(b"NX> 500 ERROR: Internal error.", transport.data)
         self.flushLoggedErrors(KeyError)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+class Counting:
+    """A ``blocking`` that runs the work at once and counts the calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, function, *args):
+        self.calls.append((function.__name__, args))
+        return defer.maybeDeferred(function, *args)
+
+
+class DirectoryTests(SynchronousTestCase):
+    def setUp(self):
+        self.clock = Clock()
+        self.blocking = Counting()
+        self.users = UserDirectory(self.blocking, ttl=60, now=self.clock)
+
+    def test_lookups_run_through_blocking_and_are_cached_for_the_ttl(self):
+        self.assertEqual(self.successResultOf(self.users.lookup(ME.pw_name)).pw_uid, ME.pw_uid)
+        self.assertEqual(self.successResultOf(self.users.by_uid(ME.pw_uid)).pw_name, ME.pw_name)
+        self.clock.now += 59
+        self.successResultOf(self.users.lookup(ME.pw_name))
+        self.successResultOf(self.users.by_uid(ME.pw_uid))
+        self.assertEqual(self.blocking.calls, [("getpwnam", (ME.pw_name,)), ("getpwuid", (ME.pw_uid,))])
+        self.clock.now += 2  # past the 60 seconds: asked again
+        self.successResultOf(self.users.lookup(ME.pw_name))
+        self.assertEqual(len(self.blocking.calls), 3)
+        self.users.forget()
+        self.successResultOf(self.users.by_uid(ME.pw_uid))
+        self.assertEqual(len(self.blocking.calls), 4)
+
+    def test_a_failed_lookup_is_logged_and_not_cached(self):
+        events = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        self.failureResultOf(self.users.lookup("no-such-user-nxgate"), KeyError)
+        self.failureResultOf(self.users.lookup("no-such-user-nxgate"), KeyError)
+        self.assertEqual(len(self.blocking.calls), 2)
+        self.assertTrue([e for e in events if e.get("log_namespace") == "nxgate.users"
+                         and e.get("value") == "no-such-user-nxgate"])
+
+    def test_an_unexpected_failure_is_logged_with_its_traceback(self):
+        def broken(function, *args):
+            return defer.fail(OSError("nss is down"))
+
+        users = UserDirectory(broken, now=self.clock)
+        self.failureResultOf(users.by_uid(12345), OSError)
+        self.assertEqual(len(self.flushLoggedErrors(OSError)), 1)
+
+    def test_an_answer_that_comes_late(self):
+        pending = defer.Deferred()
+        users = UserDirectory(lambda function, *args: pending, now=self.clock)
+        d = users.lookup(ME.pw_name)
+        self.assertNoResult(d)
+        pending.callback(ME)
+        self.assertIs(self.successResultOf(d), ME)
+        self.assertIs(self.successResultOf(users.lookup(ME.pw_name)), ME)  # cached: the stale Deferred is not reused

@@ -46,10 +46,8 @@ def error_answer(error: SessionError, asked_for: str) -> dict[str, Any]:
     words for the admin (never NX wire text).  A session of someone else is
     no such thing to the admin either way: both say "no live session"."""
     if error.kind in (Kind.NOT_FOUND, Kind.NOT_YOURS):
-        text = f"no live session {asked_for}"
-    else:
-        text = error.message
-    return {"ok": False, "error": text, "kind": error.kind.value}
+        return {"ok": False, "error": f"no live session {asked_for}", "kind": Kind.NOT_FOUND.value}
+    return {"ok": False, "error": error.message, "kind": error.kind.value}
 
 
 def _iso(timestamp: float) -> str:
@@ -144,7 +142,7 @@ class AdminProtocol(LineOnlyReceiver):
         return {"draining": bool(on)}
 
     async def do_reload(self) -> dict[str, Any]:
-        result = self.gateway.reload()
+        result = await self.gateway.reload()
         log.info("admin reloads the configuration: {outcome}", outcome="applied" if result["ok"] else "refused",
                  command="reload", admin="root", reason="; ".join(result.get("problems", [])),
                  audit="admin_action")

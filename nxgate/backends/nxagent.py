@@ -12,12 +12,43 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Protocol
 
-from nxgate.agentsocket import SOCKET_NAME
-from nxgate.session.model import Session
 from nxgate.sessions.requests import DisplaySettings
 
+#: The agent's Unix socket in the session directory.  It is named here,
+#: where the agent is told to listen, and the stream's connector imports it
+#: (backends know nothing of the stream that connects to them).
+SOCKET_NAME = "agent.sock"
+
 PRODUCT = "nxgate"
+
+
+class AgentSession(Protocol):
+    """What the agent's options, argv and environment need of a session.
+
+    A Protocol rather than the session model, so that the backend does not
+    depend on the session layer's record: any object with these fields
+    (the stored session, a test's stand-in) will do."""
+
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def display(self) -> int: ...
+
+    @property
+    def cookie(self) -> str: ...
+
+    @property
+    def rootless(self) -> bool: ...
+
+    @property
+    def server_name(self) -> str: ...
+
+    @property
+    def full_id(self) -> str: ...
+
 #: sun_path holds 108 bytes with the terminating NUL.
 MAX_SOCKET_PATH = 107
 
@@ -135,7 +166,7 @@ def geometry_options(settings: DisplaySettings) -> list[tuple[str, str]]:
     return [("geometry", settings.geometry), ("resize", "1")]
 
 
-def options_line(session: Session, settings: DisplaySettings, listen: tuple[str, str],
+def options_line(session: AgentSession, settings: DisplaySettings, listen: tuple[str, str],
                  extra: tuple[tuple[str, str], ...] = ()) -> str:
     """The one-line options file: ``nx/nx,key=value,...:display``."""
     items: list[tuple[str, str]] = [
@@ -184,7 +215,7 @@ def options_line(session: Session, settings: DisplaySettings, listen: tuple[str,
     return f"nx/nx,{body}:{session.display}\n"
 
 
-def caption(session: Session) -> str:
+def caption(session: AgentSession) -> str:
     """The window title on the client (``-name``).
 
     It is in the agent's argv, which every local user sees in ``ps``, so it
@@ -205,7 +236,7 @@ def caption(session: Session) -> str:
 DISABLED_EXTENSIONS = ("XFIXES",)
 
 
-def agent_argv(executable: str, session: Session, files: AgentFiles, plan: AgentPlan,
+def agent_argv(executable: str, session: AgentSession, files: AgentFiles, plan: AgentPlan,
                extra: tuple[str, ...] = ()) -> list[str]:
     return [
         executable,
@@ -222,7 +253,7 @@ def agent_argv(executable: str, session: Session, files: AgentFiles, plan: Agent
     ]
 
 
-def agent_environment(session: Session, files: AgentFiles, base: dict[str, str]) -> dict[str, str]:
+def agent_environment(session: AgentSession, files: AgentFiles, base: dict[str, str]) -> dict[str, str]:
     """The agent's environment: the user's login environment plus NX's own."""
     env = dict(base)
     env.update(
@@ -235,7 +266,7 @@ def agent_environment(session: Session, files: AgentFiles, base: dict[str, str])
     return env
 
 
-def x11_environment(session: Session, files: AgentFiles, base: dict[str, str]) -> dict[str, str]:
+def x11_environment(session: AgentSession, files: AgentFiles, base: dict[str, str]) -> dict[str, str]:
     """The environment of programs that run inside the session."""
     env = dict(base)
     env.update(DISPLAY=f":{session.display}", XAUTHORITY=files.authority)

@@ -335,7 +335,7 @@ class SessionManager(service.Service):
 
     async def shadow_targets(self, caller: Caller) -> tuple[ShadowTarget, ...]:
         """The displays ``caller`` may shadow."""
-        return self.shadow.targets(caller)
+        return await self.shadow.targets(caller)
 
     async def attach_shadow(self, caller: Caller, request: ShadowRequest,
                             progress: ProgressCallback = lambda progress: None) -> Ready:

@@ -25,7 +25,7 @@ from typing import Any
 from twisted.internet import defer, endpoints, protocol
 from twisted.logger import Logger
 
-from nxgate.session import files
+from nxgate.session.files import X_SOCKET
 
 log = Logger(namespace="nxgate.shadow")
 
@@ -126,7 +126,7 @@ async def watched_size(reactor: Any, display: int, cookie: str | None, timeout: 
     """The size of X display ``:display``'s first screen, or None if it
     cannot be had within ``timeout`` seconds (the shadow then falls back
     to the viewer's size)."""
-    endpoint = endpoints.UNIXClientEndpoint(reactor, files.X_SOCKET.format(n=display), timeout=timeout)
+    endpoint = endpoints.UNIXClientEndpoint(reactor, X_SOCKET.format(n=display), timeout=timeout)
     reader = _SetupReply(setup_request(cookie))
     try:
         await endpoints.connectProtocol(endpoint, reader)

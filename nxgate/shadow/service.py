@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import pwd
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +28,8 @@ from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.requests import DisplaySettings, ShadowRequest
 from nxgate.sessions.results import Progress, ProgressCallback, Ready, ShadowTarget
 from nxgate.shadow import console, policy, screen
+from nxgate.threads import Blocking, in_thread
+from nxgate.users import UserDirectory
 
 if TYPE_CHECKING:
     from nxgate.session.manager import SessionManager
@@ -57,45 +58,53 @@ class Target:
 
 
 class ShadowService:
-    def __init__(self, manager: SessionManager, config: Config) -> None:
+    """Lists, asks and attaches.  Nothing here blocks the reactor: finding
+    the console (``/proc``, utmp, NSS, the owner's ``~/.Xauthority``) runs
+    through ``blocking``, and the owner's account comes from ``users``."""
+
+    def __init__(self, manager: SessionManager, config: Config, blocking: Blocking | None = None,
+                 users: UserDirectory | None = None) -> None:
         self.manager = manager
         self.config = config
         self.settings = config.shadow
+        self.blocking = blocking if blocking is not None else in_thread(manager.reactor)
+        self.users = users if users is not None else UserDirectory(self.blocking)
 
     # ------------------------------------------------------------ targets
-    def _targets(self) -> list[Target]:
+    async def _targets(self) -> list[Target]:
+        # The console first (in a thread): the sessions are then read in the
+        # same reactor turn as the caller uses them, not from before a wait.
+        local = await console.find_console_with(self.blocking, self.settings.console_display)
         targets = []
         for session in self.manager.sessions.values():
             if session.state is State.RUNNING and session.type != "shadow" and session.ever_attached:
                 agent_files = self.manager.layout.agent_files(session.id)
                 targets.append(Target(session.id, session.user, session.display, session.cookie, session.name,
                                       session.type, agent_files.authority, agent_files.app_log))
-        local = console.find_console(self.settings.console_display)
         if local is not None:
             digest = hashlib.sha256(f"console:{self.config.server_name}:{local.display}".encode()).hexdigest()
-            home = pwd.getpwnam(local.owner).pw_dir
             targets.append(Target(digest[:32].upper(), local.owner, local.display, local.cookie,
-                                  f"Console :{local.display}", "console", os.path.join(home, ".Xauthority"),
+                                  f"Console :{local.display}", "console", os.path.join(local.home, ".Xauthority"),
                                   os.path.join(self.manager.layout.logs, f"console-{local.display}.log")))
         return targets
 
-    def _visible(self, caller: Caller) -> list[tuple[Target, policy.Decision]]:
+    async def _visible(self, caller: Caller) -> list[tuple[Target, policy.Decision]]:
         result = []
-        for target in self._targets():
+        for target in await self._targets():
             decision = policy.decide(caller.user, caller.groups, target.owner, self.settings)
             if decision.allowed:
                 result.append((target, decision))
         return result
 
     # ----------------------------------------------------------- commands
-    def targets(self, caller: Caller) -> tuple[ShadowTarget, ...]:
+    async def targets(self, caller: Caller) -> tuple[ShadowTarget, ...]:
         """The displays ``caller`` may shadow."""
-        return tuple(target.view() for target, _ in self._visible(caller))
+        return tuple(target.view() for target, _ in await self._visible(caller))
 
     async def attach(self, caller: Caller, request: ShadowRequest,
                      progress: ProgressCallback = lambda progress: None) -> Ready:
         wanted = request.target_id
-        found = [(t, d) for t, d in self._visible(caller) if t.id == wanted]
+        found = [(t, d) for t, d in await self._visible(caller) if t.id == wanted]
         if not found:
             log.warn("{user} from {address} may not shadow {id} (or it does not exist)", user=caller.user,
                      address=caller.address, id=wanted, audit="shadow_denied")
@@ -152,7 +161,7 @@ class ShadowService:
         """Show the consent dialog as the owner, on her display.
 
         True: allowed; False: refused; None: no answer in time."""
-        owner = pwd.getpwnam(target.owner)
+        owner = await self.users.lookup(target.owner)
         request: dict[str, Any] = {
             "user": owner.pw_name,
             "argv": [self.settings.dialog_python, CONSENT_PROGRAM, caller.user, caller.address, mode, target.name],
