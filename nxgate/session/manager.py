@@ -42,6 +42,7 @@ from nxgate.auth import resolve_service
 from nxgate.backends import nxagent
 from nxgate.backends.agentlog import AgentEvent, LogEvent, parse_line
 from nxgate.config import Config
+from nxgate.node.displays import DisplayAllocator, NoFreeDisplay
 from nxgate.safetext import printable
 from nxgate.session import files, processes
 from nxgate.session.follow import LogFollower
@@ -52,6 +53,7 @@ from nxgate.session.remote import PROTOCOLS, RemoteSessions
 from nxgate.session.store import STORAGE_FULL, SessionStore, StoreError, StoreUnavailable, storage_reason
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
+from nxgate.sessions.limits import Limits
 from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequest, StartRequest
 from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionView, ShadowTarget,
                                      StreamTarget, UnknownSession)
@@ -125,9 +127,12 @@ class SessionManager(service.Service):
         self.pam_service = resolve_service(config.auth.pam_service)
         self.sessions: dict[str, Session] = {}
         self.runtime: dict[str, Runtime] = {}
-        self.draining = False  # set by the admin: no new sessions, existing ones carry on
+        self.limits = Limits(lambda: self.config)
         self.unsaved: dict[str, Session] = {}  # the latest record of each session the store refused
         self.orphans: dict[str, Orphan] = {}  # id -> a running session the store did not know at start
+        self.displays = DisplayAllocator(
+            lambda: (self.settings.display_base, self.settings.display_limit),
+            lambda: [s.display for s in self.sessions.values()] + [o.display for o in self.orphans.values()])
         self._housekeeping = task.LoopingCall(self.housekeeping)
         self._housekeeping.clock = reactor
         self._retry = task.LoopingCall(self.flush)
@@ -186,7 +191,7 @@ class SessionManager(service.Service):
         """A session record for ``caller`` with a fresh id, cookie and display
         (not stored yet).  Its processes run as ``run_as`` (default: the caller,
         whose uid and gid were resolved at login)."""
-        self._check_capacity(caller)
+        self.limits.check(caller, self.sessions.values())
         if run_as:
             owner = pwd.getpwnam(run_as)
             uid, gid = owner.pw_uid, owner.pw_gid
@@ -216,7 +221,7 @@ class SessionManager(service.Service):
             self.store.insert(session)
         except StoreError as error:
             # Nothing is held but the display's claim: no place in the user's limit.
-            files.release_display(session.display)
+            self.displays.release(session.display)
             log.error("session {id} for {user} not started: the session store refused it: {error}",
                       id=session.id, user=session.user, error=str(error))
             reason = storage_reason(error)
@@ -361,7 +366,7 @@ class SessionManager(service.Service):
         """The caller's live sessions, oldest first (an admin's: everyone's)."""
         live = sorted((s for s in self.sessions.values() if s.state.live and caller.owns(s.user)),
                       key=lambda s: s.created)
-        return Listing(tuple(SessionView.of(s) for s in live), capacity_reached=self._at_capacity(caller))
+        return Listing(tuple(SessionView.of(s) for s in live), capacity_reached=self.limits.at_capacity(caller, self.sessions.values()))
 
     # ------------------------------------------------------- agent control
     async def _start_agent(self, session: Session, runtime: Runtime, settings: DisplaySettings,
@@ -785,7 +790,7 @@ class SessionManager(service.Service):
             self._transition(session_id, final)
         session = self.sessions.pop(session_id)
         runtime = self.runtime.pop(session_id, None)
-        files.release_display(session.display)
+        self.displays.release(session.display)
         log.info("session {id} of {user} ended ({state}: {reason})", id=session_id, user=session.user,
                  state=final.value, reason=session.failure or reason, audit="session_end")
         if "shadow" in session.options:
@@ -865,7 +870,7 @@ class SessionManager(service.Service):
             agent = ProcessId(session.agent_pid, session.agent_started)
             self.sessions[session.id] = session
             runtime = self.runtime[session.id] = Runtime(self.layout.agent_files(session.id))
-            files.claim_display(session.display)
+            self.displays.claim(session.display)
             if not agent.alive():
                 log.warn("session {id} of {user}: nxagent ended while the gateway was away", id=session.id,
                          user=session.user)
@@ -987,46 +992,20 @@ class SessionManager(service.Service):
             raise SessionError(Kind.NOT_FOUND, f"Could not find session {session_id}.", session_id=session_id)
         return session
 
-    def user_limit(self, user: str, groups: frozenset[str] = frozenset()) -> int:
-        """How many live sessions ``user`` may have (0: no limit): his own
-        ``[limits] user.NAME``, else the largest ``group.NAME`` of his
-        ``groups`` (resolved at login), else ``max_sessions_per_user``."""
-        limits = self.config.limits
-        if f"user.{user}" in limits:
-            return limits[f"user.{user}"]
-        by_group = [limits[f"group.{group}"] for group in sorted(groups) if f"group.{group}" in limits]
-        if by_group:
-            return 0 if 0 in by_group else max(by_group)
-        return self.settings.max_sessions_per_user
+    @property
+    def draining(self) -> bool:
+        return self.limits.draining
 
-    def _at_capacity(self, caller: Caller) -> bool:
-        try:
-            self._check_capacity(caller)
-        except SessionError:
-            return True
-        return False
-
-    def _check_capacity(self, caller: Caller) -> None:
-        live = [s for s in self.sessions.values() if s.state.live]
-        if self.draining:
-            raise SessionError(Kind.LIMIT_REACHED, "This server takes no new sessions at the moment (maintenance).")
-        if self.settings.max_sessions and len(live) >= self.settings.max_sessions:
-            raise SessionError(Kind.LIMIT_REACHED, "Reached the maximum number of concurrent sessions on this server.")
-        user = caller.user
-        per_user = self.user_limit(user, caller.groups)
-        if per_user and sum(1 for s in live if s.user == user) >= per_user:
-            raise SessionError(Kind.LIMIT_REACHED, f"Server capacity: reached for user: {user}")
+    @draining.setter
+    def draining(self, on: bool) -> None:
+        self.limits.draining = on
 
     def _allocate_display(self) -> int:
-        taken = {s.display for s in self.sessions.values()} | {o.display for o in self.orphans.values()}
-        first, count = self.settings.display_base, self.settings.display_limit
-        for display in range(first, first + count):
-            if display in taken or display + 4000 >= 65536 or not files.claim_display(display):
-                continue
-            if files.display_available(display):
-                return display
-            files.release_display(display)
-        raise SessionError(Kind.FAILED_TO_START, "Display limit exceeded: no free display for a new session.")
+        try:
+            return self.displays.allocate()
+        except NoFreeDisplay:
+            raise SessionError(Kind.FAILED_TO_START,
+                               "Display limit exceeded: no free display for a new session.") from None
 
     def _own_listener(self, session_id: str) -> Session:
         """The session, once it is sure its port is held by its own agent."""
