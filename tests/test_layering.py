@@ -321,6 +321,3 @@ class TreeTests(TestCase):
 
     def test_l7_no_unwatched_deferreds(self) -> None:
         self.assertRule(l7_no_unwatched_deferreds, which=1)
-
-    test_l7_no_unwatched_deferreds.todo = (  # type: ignore[attr-defined]
-        "issue 12 P3-A: the manager's background work is not yet run through background()")

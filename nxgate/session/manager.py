@@ -24,7 +24,6 @@ their displays never handed out again while their agent lives.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pwd
 import secrets
@@ -53,6 +52,7 @@ from nxgate.session.remote import PROTOCOLS, RemoteSessions
 from nxgate.session.store import STORAGE_FULL, SessionStore, StoreError, StoreUnavailable, storage_reason
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
+from nxgate.sessions.lifecycle import Action, Background, Op, SessionEnded, WaitTimeout, action
 from nxgate.sessions.limits import Limits
 from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequest, StartRequest
 from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionView, ShadowTarget,
@@ -79,14 +79,6 @@ class Orphan:
     user: str
     display: int
     agent: ProcessId
-
-
-class SessionEnded(Exception):
-    """The session ended while an operation waited for it."""
-
-
-class WaitTimeout(Exception):
-    """The session did not reach a state in time; the text says which."""
 
 
 @dataclass
@@ -128,6 +120,7 @@ class SessionManager(service.Service):
         self.sessions: dict[str, Session] = {}
         self.runtime: dict[str, Runtime] = {}
         self.limits = Limits(lambda: self.config)
+        self.background = Background()
         self.unsaved: dict[str, Session] = {}  # the latest record of each session the store refused
         self.orphans: dict[str, Orphan] = {}  # id -> a running session the store did not know at start
         self.displays = DisplayAllocator(
@@ -273,15 +266,16 @@ class SessionManager(service.Service):
         await runtime.lock.acquire()
         try:
             session = self._owned(caller, session_id)
-            if session.state in (State.RUNNING, State.WAITING, State.RESUMING) and session.ever_attached:
+            todo = action(Op.RESTORE, session.state, session.ever_attached)
+            if todo is Action.TAKE_OVER:
                 log.info("session {id} is attached elsewhere: suspending it for {address}", id=session.id,
                          address=caller.address, audit="session_takeover")
                 self._cancel_connect_timer(runtime)  # this suspend is wanted (see _listen_again)
                 self._signal_agent(session, signal.SIGHUP)
                 await self._wait_for(session.id, {State.SUSPENDED}, self.settings.suspend_timeout)
-            elif session.state is State.SUSPENDING:
+            elif todo is Action.WAIT_SUSPENDED_THEN_RESUME:
                 await self._wait_for(session.id, {State.SUSPENDED}, self.settings.suspend_timeout)
-            elif session.state is not State.SUSPENDED:
+            elif todo is not Action.RESUME:
                 raise SessionError(Kind.WRONG_STATE,
                                    f"Session {session.id} cannot be resumed while it is {session.state.value}.",
                                    session_id=session.id)
@@ -351,14 +345,15 @@ class SessionManager(service.Service):
     async def suspend_session(self, session_id: str) -> None:
         """Suspend a running session wherever it is attached (SIGHUP)."""
         session = self.sessions[session_id]
-        if session.state is State.RUNNING:
+        todo = action(Op.SUSPEND, session.state)
+        if todo is Action.SIGHUP_AND_WAIT:
             self._signal_agent(session, signal.SIGHUP)
             try:
                 await self._wait_for(session.id, {State.SUSPENDED}, self.settings.suspend_timeout)
             except (SessionEnded, WaitTimeout) as error:
                 raise SessionError(Kind.FAILED_TO_SUSPEND, f"Session suspend failed: {error}",
                                    session_id=session_id) from None
-        elif session.state is not State.SUSPENDED:
+        elif todo is Action.REFUSE:
             raise SessionError(Kind.WRONG_STATE, f"Session {session.id} is {session.state.value}.",
                                session_id=session_id)
 
@@ -464,18 +459,14 @@ class SessionManager(service.Service):
         if session is None or not session.state.live:
             return
         log.info("session {id}: its program ended; ending the session", id=session_id)
-        defer.ensureDeferred(self.terminate_session(session_id, "session program ended"))
+        self.background(self.terminate_session(session_id, "session program ended"), "ending it", session_id)
 
     @staticmethod
     def _signal_program(session: Session, signum: int) -> None:
-        program = ProcessId(session.app_pid, session.app_started)
-        if program.alive():
-            os.kill(program.pid, signum)
+        processes.send_signal(ProcessId(session.app_pid, session.app_started), signum)
 
     def _signal_agent(self, session: Session, signum: int) -> None:
-        agent = ProcessId(session.agent_pid, session.agent_started)
-        if agent.alive():
-            os.kill(agent.pid, signum)
+        processes.send_signal(ProcessId(session.agent_pid, session.agent_started), signum)
 
     async def _sighup_until_listening(self, session_id: str) -> None:
         """SIGHUP a suspended agent until it listens again.
@@ -507,7 +498,7 @@ class SessionManager(service.Service):
         await self._terminate_agent(session_id, session, agent, reason)
         if not await self._gone(agent, 5.0):
             log.warn("session {id}: nxagent still running after it ended; killing it", id=session_id)
-            os.kill(agent.pid, signal.SIGKILL)
+            processes.send_signal(agent, signal.SIGKILL)  # the pidfd re-checks it is still that agent
             await self._gone(agent, 5.0)
 
     async def _terminate_agent(self, session_id: str, session: Session, agent: ProcessId, reason: str) -> None:
@@ -580,11 +571,11 @@ class SessionManager(service.Service):
         if new is State.SUSPENDED and self._awaiting_client(runtime):
             log.warn("session {id}: its agent suspended itself before the client came (a failed connection, or "
                      "nxagent's own timeout); listening again", id=session_id)
-            defer.ensureDeferred(self._listen_again(session_id))
+            self.background(self._listen_again(session_id), "listening again", session_id)
             return
         if not new.live:
             # Waiters may have cleaned up already; _end does nothing twice.
-            defer.ensureDeferred(self._end(session_id, new, reason))
+            self.background(self._end(session_id, new, reason), "recording its end", session_id)
             return
         if new is State.RUNNING:
             self._cancel_connect_timer(runtime)
@@ -593,7 +584,7 @@ class SessionManager(service.Service):
                 self._signal_program(session, plan.attach_signal)  # the viewer may draw now
             elif not session.app_pid and not runtime.app_starting and not plan.program_early:
                 runtime.app_starting = True
-                defer.ensureDeferred(self._start_program(session_id))
+                self.background(self._start_program(session_id), "starting its program", session_id)
 
     def _screen_changed(self, session: Session, event: LogEvent) -> None:
         """Keep the size nxagent reports, which the list shows: it can differ
@@ -616,10 +607,9 @@ class SessionManager(service.Service):
         holds nothing to clean up."""
         if not session.agent_pid:
             return
-        for pid in processes.children_named(session.agent_pid, "nxagent"):
-            log.debug("session {id}: ending nxagent's watchdog {pid}", id=session.id, pid=pid)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        for child in processes.named_children(session.agent_pid, "nxagent"):
+            log.debug("session {id}: ending nxagent's watchdog {pid}", id=session.id, pid=child.pid)
+            processes.send_signal(child, signal.SIGKILL)
 
     def _agent_exited(self, session_id: str) -> None:
         session = self.sessions.get(session_id)
@@ -629,7 +619,7 @@ class SessionManager(service.Service):
             final, reason = State.TERMINATED, session.failure or "nxagent ended"
         else:
             final, reason = State.FAILED, self.runtime[session_id].last_error or "nxagent ended before a client connected"
-        defer.ensureDeferred(self._end(session_id, final, reason))
+        self.background(self._end(session_id, final, reason), "recording its end", session_id)
 
     def _watch_agent(self, session_id: str, agent: ProcessId) -> None:
         self.runtime[session_id].agent_watch = ExitWatch(self.reactor, agent, lambda: self._agent_exited(session_id))
@@ -648,7 +638,8 @@ class SessionManager(service.Service):
                     self._signal_agent(session, signal.SIGHUP)
                 else:
                     log.info("session {id}: no client connected; ending it", id=session_id)
-                    defer.ensureDeferred(self.terminate_session(session_id, "no client connected"))
+                    self.background(self.terminate_session(session_id, "no client connected"), "ending it",
+                                    session_id)
 
         runtime.connect_timer = self.reactor.callLater(self.settings.connect_timeout, check)
 
@@ -668,7 +659,8 @@ class SessionManager(service.Service):
         await runtime.lock.acquire()
         try:
             session = self.sessions.get(session_id)
-            if session is None or session.state is not State.SUSPENDED or not self._awaiting_client(runtime):
+            if (session is None or action(Op.LISTEN_AGAIN, session.state) is not Action.RESUME
+                    or not self._awaiting_client(runtime)):
                 return
             await self._sighup_until_listening(session_id)
         except (SessionEnded, WaitTimeout) as error:
@@ -824,17 +816,12 @@ class SessionManager(service.Service):
     def _kill_if_alive(process: ProcessId) -> None:
         if process.alive():
             log.warn("nxagent pid {pid} lingered after its session ended; killing it", pid=process.pid)
-            os.kill(process.pid, signal.SIGKILL)
+            processes.send_signal(process, signal.SIGKILL)
 
     @staticmethod
     def _kill_program(session: Session) -> None:
         """The session program leads its own process group: end all of it."""
-        program = ProcessId(session.app_pid, session.app_started)
-        if program.alive():
-            try:
-                os.killpg(program.pid, signal.SIGTERM)
-            except OSError:
-                pass
+        processes.signal_group(ProcessId(session.app_pid, session.app_started), signal.SIGTERM)
 
     def _end_leftovers(self, session: Session) -> None:
         """Whatever the session started ends with it, also daemons that left
@@ -845,9 +832,7 @@ class SessionManager(service.Service):
         def signal_all(signum: int) -> int:
             tagged = processes.tagged_processes(session.id, session.uid)
             for process in tagged:
-                if process.alive():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(process.pid, signum)
+                processes.send_signal(process, signum)
             return len(tagged)
 
         left = signal_all(signal.SIGTERM)
@@ -875,7 +860,8 @@ class SessionManager(service.Service):
                 log.warn("session {id} of {user}: nxagent ended while the gateway was away", id=session.id,
                          user=session.user)
                 final = State.TERMINATED if session.ever_attached else State.FAILED
-                defer.ensureDeferred(self._end(session.id, final, "nxagent ended while the gateway was away"))
+                self.background(self._end(session.id, final, "nxagent ended while the gateway was away"),
+                                "recording its end", session.id)
                 continue
             # The follower first reads the whole log (the replay), then follows it live.
             replay = ReplayState()
@@ -889,7 +875,8 @@ class SessionManager(service.Service):
             self._watch_agent(session.id, agent)
             program = ProcessId(session.app_pid, session.app_started)
             if session.app_pid and not program.alive():
-                defer.ensureDeferred(self.terminate_session(session.id, "session program ended while the gateway was away"))
+                self.background(self.terminate_session(session.id, "session program ended while the gateway was away"),
+                                "ending it", session.id)
             elif session.app_pid:
                 runtime.app_watch = ExitWatch(self.reactor, program, lambda sid=session.id: self._program_exited(sid))
             log.info("session {id} of {user} taken back ({state})", id=session.id, user=session.user,
@@ -949,7 +936,8 @@ class SessionManager(service.Service):
                 if session.state is State.SUSPENDED and now - session.changed > hours * 3600:
                     log.info("session {id} of {user} was suspended too long; ending it", id=session.id,
                              user=session.user, audit="session_expire")
-                    defer.ensureDeferred(self.terminate_session(session.id, "suspended too long"))
+                    self.background(self.terminate_session(session.id, "suspended too long"), "expiring it",
+                                    session.id)
         self._forget_orphans()
         try:
             old = self.store.ended_before(now - self.settings.history_days * 86400)
@@ -1015,7 +1003,8 @@ class SessionManager(service.Service):
         if not processes.listens(session.agent_pid, session.port):
             log.error("session {id}: port {port} is not held by its agent (pid {pid}); not relaying there",
                       id=session_id, port=session.port, pid=session.agent_pid)
-            defer.ensureDeferred(self.terminate_session(session_id, "its port was taken by another process"))
+            self.background(self.terminate_session(session_id, "its port was taken by another process"),
+                            "ending it", session_id)
             raise SessionError(Kind.FAILED_TO_START, "Session startup failed: its port is in use by another "
                                "process.", session_id=session_id)
         return session
