@@ -124,7 +124,7 @@ class Gateway(service.MultiService):
             throttle=self.throttle,
         )
         self.store = SessionStore(self.layout.database)
-        self.sessions = SessionManager(reactor, config, self.store, self.layout)
+        self.sessions = SessionManager(reactor, config, self.store, self.layout, blocking=in_thread(reactor))
         self.sessions.setServiceParent(self)
         self.shadow = self.sessions.shadow = ShadowService(self.sessions, config)
         self.commands = NXDispatcher(self.sessions)

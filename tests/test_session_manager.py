@@ -26,7 +26,8 @@ from nxgate.nx.dispatch import NXDispatcher
 from nxgate.nx.errors import NXError
 from nxgate.nx.params import parse_params
 from nxgate.session import files, processes
-from nxgate.session.manager import SIGHUP_RETRY_SECONDS, SessionManager
+from nxgate.node.supervisor import SIGHUP_RETRY_SECONDS
+from nxgate.session.manager import SessionManager
 from nxgate.session.model import State
 from nxgate.session.processes import ProcessId
 from nxgate.nx.requests import start_request
@@ -108,12 +109,20 @@ class ManagerTests(TestCase):
         self.store = SessionStore(layout.database)
         self.addCleanup(self.store.close)
         self.launcher = FakeLauncher(self)
-        self.manager = SessionManager(self.reactor, self.config, self.store, layout,
-                                      notifier=FakeNotifier(), launcher=self.launcher)
         self.signals = []
-        self.patch(self.manager, "_signal_agent", lambda session, signum: self.signals.append(signum))
+
+        def record_signal(process, signum):
+            """Signals to the stand-in agents are recorded; a SIGKILL (a lingering
+            agent, a watchdog) is sent for real, as the tests check it took."""
+            if signum == signal.SIGKILL:
+                return processes.send_signal(process, signum)
+            self.signals.append(signum)
+            return True
+
         self.listening = True  # the stand-in agents hold no port; the real check runs end to end
-        self.patch(processes, "listens", lambda pid, port: self.listening)
+        self.manager = SessionManager(self.reactor, self.config, self.store, layout,
+                                      notifier=FakeNotifier(), launcher=self.launcher,
+                                      send_signal=record_signal, listens=lambda pid, port: self.listening)
         self.client = caller()
 
     def agent_says(self, session_id, *lines):

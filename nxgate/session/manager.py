@@ -46,8 +46,9 @@ from nxgate.safetext import printable
 from nxgate.session import files, processes
 from nxgate.session.follow import LogFollower
 from nxgate.session.model import Session, State, advance
+from nxgate.node.supervisor import AgentSupervisor, Orphan, SendSignal
 from nxgate.session.processes import ExitWatch, LaunchError, ProcessId
-from nxgate.session.programs import login_environment, session_command
+from nxgate.session.programs import session_command
 from nxgate.session.remote import PROTOCOLS, RemoteSessions
 from nxgate.session.store import STORAGE_FULL, SessionStore, StoreError, StoreUnavailable, storage_reason
 from nxgate.sessions.caller import Caller
@@ -55,30 +56,14 @@ from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.lifecycle import Action, Background, Op, SessionEnded, WaitTimeout, action
 from nxgate.sessions.limits import Limits
 from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequest, StartRequest
+from nxgate.threads import Blocking, inline
 from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionView, ShadowTarget,
                                      StreamTarget, UnknownSession)
 
 log = Logger(namespace="nxgate.session")
 
-#: A suspended agent that has not started resuming this long after a SIGHUP
-#: gets another one; one that started is left alone for RESUME_LISTEN_SECONDS.
-SIGHUP_RETRY_SECONDS = 0.25
-SIGHUP_ATTEMPTS = 40
-RESUME_LISTEN_SECONDS = 10.0
 #: How often writes the store refused (a full disk) are tried again.
 STORE_RETRY_SECONDS = 5.0
-#: How long what a session left behind has between SIGTERM and SIGKILL.
-LEFTOVER_GRACE_SECONDS = 5.0
-
-
-@dataclass(frozen=True)
-class Orphan:
-    """A live agent in a session directory the store does not know."""
-
-    session_id: str
-    user: str
-    display: int
-    agent: ProcessId
 
 
 @dataclass
@@ -108,7 +93,14 @@ class SessionManager(service.Service):
         layout: files.StateLayout,
         notifier: inotify.INotify | None = None,
         launcher: processes.Launcher | None = None,
+        *,
+        blocking: Blocking = inline,
+        send_signal: SendSignal = processes.send_signal,
+        listens: Callable[[int, int], bool] | None = None,
     ) -> None:
+        """``blocking`` runs the work that must not hold the reactor (the
+        gateway passes a thread pool); ``send_signal`` and ``listens`` go to
+        the AgentSupervisor (tests record signals and fake the port check)."""
         self.reactor = reactor
         self.config = config
         self.settings = config.sessions
@@ -122,7 +114,9 @@ class SessionManager(service.Service):
         self.limits = Limits(lambda: self.config)
         self.background = Background()
         self.unsaved: dict[str, Session] = {}  # the latest record of each session the store refused
-        self.orphans: dict[str, Orphan] = {}  # id -> a running session the store did not know at start
+        self.supervisor = AgentSupervisor(reactor, lambda: self.config, layout, self.launcher, self.notifier,
+                                          self.pam_service, blocking=blocking, send_signal=send_signal,
+                                          listens=listens)
         self.displays = DisplayAllocator(
             lambda: (self.settings.display_base, self.settings.display_limit),
             lambda: [s.display for s in self.sessions.values()] + [o.display for o in self.orphans.values()])
@@ -285,7 +279,7 @@ class SessionManager(service.Service):
                 geometry=settings.geometry, depth=settings.depth, render=settings.render,
                 fullscreen=settings.fullscreen, options={**session.options, "display": settings.as_dict()},
             )
-            self._write_agent_files(session, runtime.files, settings)
+            self.supervisor.write_agent_files(session, runtime.files, settings)
             log.info("resuming session {id} of {user} for {address}", id=session.id, user=session.user,
                      address=caller.address, audit="session_resume")
             await self._sighup_until_listening(session.id)
@@ -366,46 +360,10 @@ class SessionManager(service.Service):
     # ------------------------------------------------------- agent control
     async def _start_agent(self, session: Session, runtime: Runtime, settings: DisplaySettings,
                            plan: nxagent.AgentPlan) -> None:
-        agent_files = runtime.files
-        files.make_session_dir(agent_files.directory, session.uid, session.gid)
-        self._write_agent_files(session, agent_files, settings)
-        for path in (agent_files.log, agent_files.app_log):
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
-        runtime.follower = LogFollower(self.notifier, agent_files.log, lambda line: self._agent_line(session.id, line))
-        user = pwd.getpwuid(session.uid)
-        request = {
-            "user": user.pw_name,
-            "argv": nxagent.agent_argv(self.settings.nxagent, session, agent_files, plan,
-                                       self.settings.agent_extra_options),
-            "env": login_environment(user, self.settings),
-            "env_fixed": {**nxagent.agent_environment(session, agent_files, {}),
-                          processes.SESSION_MARKER: session.id},
-            "cwd": agent_files.directory,
-            "log": agent_files.log,
-            "pam": self._pam_request(session) if plan.pam else None,
-        }
-        agent = await self.launcher.start(request)
+        agent, runtime.follower = await self.supervisor.spawn(
+            session, runtime.files, settings, plan, lambda line: self._agent_line(session.id, line))
         session = self._update(session.id, agent_pid=agent.pid, agent_started=agent.started)
         self._watch_agent(session.id, agent)
-
-    def _write_agent_files(self, session: Session, agent_files: nxagent.AgentFiles, settings: DisplaySettings) -> None:
-        plan = self._plan(session)
-        # Encrypted sessions reach their agent through the gateway only;
-        # an unencrypted one's client connects to its TCP port directly.
-        listen = (nxagent.listen_unix(agent_files.socket) if session.encrypted
-                  else nxagent.listen_tcp(session.client_address))
-        authority = b"".join(files.xauthority(display, cookie)
-                             for display, cookie in ((session.display, session.cookie), *plan.extra_cookies))
-        options = nxagent.options_line(session, settings, listen, plan.extra_options)
-        files.write_user_file(agent_files.authority, authority, session.uid, session.gid)
-        files.write_user_file(agent_files.options, options.encode(), session.uid, session.gid)
-
-    @staticmethod
-    def _plan(session: Session) -> nxagent.AgentPlan:
-        return nxagent.AgentPlan.from_dict(session.options.get("plan", {}))
-
-    def _pam_request(self, session: Session) -> dict[str, Any]:
-        return {"service": self.pam_service, "rhost": session.client_address, "tty": f":{session.display}"}
 
     async def _start_program(self, session_id: str, report: bool = False) -> str:
         """Start the session's program; with ``report``, return its status line
@@ -413,37 +371,25 @@ class SessionManager(service.Service):
         remote connect timeout."""
         session = self.sessions[session_id]
         runtime = self.runtime[session_id]
-        plan = self._plan(session)
+        plan = self.supervisor.plan(session)
         if not plan.program:
             return ""
-        user = pwd.getpwuid(session.uid)
         secret, runtime.secret = runtime.secret, None
-        request = {
-            "user": user.pw_name,
-            "argv": list(plan.program),
-            "env": login_environment(user, self.settings),
-            "env_fixed": {**nxagent.x11_environment(session, runtime.files, dict(plan.program_env)),
-                          processes.SESSION_MARKER: session.id},
-            "cwd": user.pw_dir,
-            "log": runtime.files.app_log,
-            "stdin": secret,
-            "status_fd": report,
-        }
         try:
-            started, status = await self.launcher.start_reporting(request)
-        except (LaunchError, OSError) as error:
+            started, status = await self.supervisor.start_program(session, runtime.files, secret, report)
+        except (LaunchError, OSError, KeyError) as error:
             log.warn("session {id}: could not start {program}: {error}", id=session_id,
                      program=plan.program[0], error=str(error))
             await self.terminate_session(session_id, "session program failed to start")
             return f"error protocol: could not start {plan.program[0]}"
         if session_id not in self.runtime:
             # The session ended while the program started; it has no display left.
-            self._kill_program(session.evolve(app_pid=started.pid, app_started=started.started))
+            self.supervisor.end_program_group(session.evolve(app_pid=started.pid, app_started=started.started))
             return "error protocol: the session ended"
         log.info("session {id}: started {program} (pid {pid})", id=session_id, program=plan.program[0],
                  pid=started.pid)
         self._update(session_id, app_pid=started.pid, app_started=started.started)
-        runtime.app_watch = ExitWatch(self.reactor, started, lambda: self._program_exited(session_id))
+        runtime.app_watch = self.supervisor.watch_exit(started, lambda: self._program_exited(session_id))
         if not report:
             return ""
         status.addTimeout(self.config.remote.connect_timeout + 10, self.reactor)
@@ -461,45 +407,26 @@ class SessionManager(service.Service):
         log.info("session {id}: its program ended; ending the session", id=session_id)
         self.background(self.terminate_session(session_id, "session program ended"), "ending it", session_id)
 
-    @staticmethod
-    def _signal_program(session: Session, signum: int) -> None:
-        processes.send_signal(ProcessId(session.app_pid, session.app_started), signum)
-
     def _signal_agent(self, session: Session, signum: int) -> None:
-        processes.send_signal(ProcessId(session.agent_pid, session.agent_started), signum)
+        self.supervisor.signal_agent(session, signum)
 
     async def _sighup_until_listening(self, session_id: str) -> None:
-        """SIGHUP a suspended agent until it listens again.
-
-        nxagent ignores a SIGHUP that comes right after it suspended (it is
-        still tearing down the old link), which a take-over or a quick
-        reconnect always meets: the signal is repeated soon, but only until
-        the agent says it is resuming, as a SIGHUP then would suspend it again.
-        """
-        for attempt in range(SIGHUP_ATTEMPTS):
-            self._signal_agent(self.sessions[session_id], signal.SIGHUP)
-            try:
-                await self._wait_for(session_id, {State.RESUMING, State.WAITING}, SIGHUP_RETRY_SECONDS)
-                break
-            except WaitTimeout:
-                log.debug("session {id}: SIGHUP {n} not taken yet", id=session_id, n=attempt + 1)
-        else:
-            raise WaitTimeout(f"nxagent did not resume after {SIGHUP_ATTEMPTS} SIGHUPs")
-        await self._wait_for(session_id, {State.WAITING}, RESUME_LISTEN_SECONDS)
+        """SIGHUP a suspended agent until it listens again (see AgentSupervisor.resend_sighup)."""
+        await self.supervisor.resend_sighup(
+            lambda: self.sessions[session_id],
+            lambda states, seconds: self._wait_for(session_id, states, seconds), WaitTimeout)
 
     async def terminate_session(self, session_id: str, reason: str) -> None:
         """End a session and return when its agent is gone: SIGTERM, again
-        after 2 s, SIGKILL at the timeout."""
+        after 2 s, SIGKILL at the timeout (unlocked: it pre-empts, see
+        nxgate.sessions.lifecycle)."""
         session = self.sessions.get(session_id)
         if session is None or not session.state.live:
             return
         self._set_failure_reason(session_id, reason)
         agent = ProcessId(session.agent_pid, session.agent_started)
         await self._terminate_agent(session_id, session, agent, reason)
-        if not await self._gone(agent, 5.0):
-            log.warn("session {id}: nxagent still running after it ended; killing it", id=session_id)
-            processes.send_signal(agent, signal.SIGKILL)  # the pidfd re-checks it is still that agent
-            await self._gone(agent, 5.0)
+        await self.supervisor.kill_lingering(session_id, agent)
 
     async def _terminate_agent(self, session_id: str, session: Session, agent: ProcessId, reason: str) -> None:
         if not agent.alive():
@@ -521,20 +448,6 @@ class SessionManager(service.Service):
             await self._wait_for(session_id, {State.TERMINATED, State.FAILED}, 5.0)
         except SessionEnded:
             pass
-
-    async def _gone(self, process: ProcessId, timeout: float) -> bool:
-        """Whether ``process`` exits within ``timeout`` seconds."""
-        if not process.alive():
-            return True
-        exited: defer.Deferred[bool] = defer.Deferred()
-        watch = ExitWatch(self.reactor, process, lambda: exited.called or exited.callback(True))
-        exited.addTimeout(timeout, self.reactor)
-        try:
-            return await exited
-        except defer.TimeoutError:
-            return False
-        finally:
-            watch.stop()
 
     # -------------------------------------------------------- agent events
     def _agent_line(self, session_id: str, line: str) -> None:
@@ -579,9 +492,9 @@ class SessionManager(service.Service):
             return
         if new is State.RUNNING:
             self._cancel_connect_timer(runtime)
-            plan = self._plan(session)
+            plan = self.supervisor.plan(session)
             if plan.program_early and plan.attach_signal and not session.ever_attached:
-                self._signal_program(session, plan.attach_signal)  # the viewer may draw now
+                self.supervisor.signal_program(session, plan.attach_signal)  # the viewer may draw now
             elif not session.app_pid and not runtime.app_starting and not plan.program_early:
                 runtime.app_starting = True
                 self.background(self._start_program(session_id), "starting its program", session_id)
@@ -596,20 +509,9 @@ class SessionManager(service.Service):
         log.info("session {id} of {user}: screen {geometry}{mode}", id=session.id, user=session.user,
                  geometry=event.text, mode=" full screen" if event.fullscreen else "")
 
-    @staticmethod
-    def _end_watchdog(session: Session) -> None:
-        """nxagent waits for its watchdog, which waits for a client proxy that
-        may never say goodbye (Neatx saw agents that never exit): end it.
-        The watchdog is the agent's forked ``nxagent`` child, found in /proc
-        rather than from its log line, which a restarted gateway never saw.
-        SIGKILL, because a fresh watchdog sometimes still runs nxagent's
-        SIGTERM handler and lives on (one suspend in ~10 hung for 20 s); it
-        holds nothing to clean up."""
-        if not session.agent_pid:
-            return
-        for child in processes.named_children(session.agent_pid, "nxagent"):
-            log.debug("session {id}: ending nxagent's watchdog {pid}", id=session.id, pid=child.pid)
-            processes.send_signal(child, signal.SIGKILL)
+    def _end_watchdog(self, session: Session) -> None:
+        self.supervisor.end_watchdog(session).addErrback(
+            lambda failure: log.failure("session {id}: ending its watchdog failed", failure, id=session.id))
 
     def _agent_exited(self, session_id: str) -> None:
         session = self.sessions.get(session_id)
@@ -622,7 +524,7 @@ class SessionManager(service.Service):
         self.background(self._end(session_id, final, reason), "recording its end", session_id)
 
     def _watch_agent(self, session_id: str, agent: ProcessId) -> None:
-        self.runtime[session_id].agent_watch = ExitWatch(self.reactor, agent, lambda: self._agent_exited(session_id))
+        self.runtime[session_id].agent_watch = self.supervisor.watch_exit(agent, lambda: self._agent_exited(session_id))
 
     def _expect_client(self, session_id: str) -> None:
         """End a session whose client never connects after start or resume."""
@@ -792,19 +694,7 @@ class SessionManager(service.Service):
         if runtime is not None:
             self._stop_watching(runtime)
             self._cancel_connect_timer(runtime)
-        self._kill_program(session)
-        self._end_leftovers(session)
-        agent = ProcessId(session.agent_pid, session.agent_started)
-        if agent.alive():
-            # It said it terminated; it should be gone in a moment.
-            self.reactor.callLater(5, self._kill_if_alive, agent)
-        agent_files = self.layout.agent_files(session_id)
-        files.remove_tree(agent_files.directory)
-        if session.agent_pid and self._plan(session).pam:
-            try:
-                await self.launcher.close_pam({"user": session.user, "pam": self._pam_request(session)})
-            except (LaunchError, OSError) as error:
-                log.warn("session {id}: closing the PAM session failed: {error}", id=session_id, error=str(error))
+        await self.supervisor.clean_up(session)
 
     @staticmethod
     def _stop_watching(runtime: Runtime) -> None:
@@ -812,50 +702,23 @@ class SessionManager(service.Service):
             if watcher is not None:
                 watcher.stop()
 
-    @staticmethod
-    def _kill_if_alive(process: ProcessId) -> None:
-        if process.alive():
-            log.warn("nxagent pid {pid} lingered after its session ended; killing it", pid=process.pid)
-            processes.send_signal(process, signal.SIGKILL)
-
-    @staticmethod
-    def _kill_program(session: Session) -> None:
-        """The session program leads its own process group: end all of it."""
-        processes.signal_group(ProcessId(session.app_pid, session.app_started), signal.SIGTERM)
-
-    def _end_leftovers(self, session: Session) -> None:
-        """Whatever the session started ends with it, also daemons that left
-        its process group (gpg-agent, dbus-daemon): SIGTERM now, SIGKILL to
-        what is still there after LEFTOVER_GRACE_SECONDS.  They are found by
-        the session's marker in their environment (processes.tagged_processes)."""
-
-        def signal_all(signum: int) -> int:
-            tagged = processes.tagged_processes(session.id, session.uid)
-            for process in tagged:
-                processes.send_signal(process, signum)
-            return len(tagged)
-
-        left = signal_all(signal.SIGTERM)
-        if left:
-            log.info("session {id} of {user}: ending {count} processes it started", id=session.id,
-                     user=session.user, count=left)
-            self.reactor.callLater(LEFTOVER_GRACE_SECONDS, self._kill_leftovers, session, signal_all)
-
-    @staticmethod
-    def _kill_leftovers(session: Session, signal_all: Callable[[int], int]) -> None:
-        left = signal_all(signal.SIGKILL)
-        if left:
-            log.warn("session {id} of {user}: killed {count} processes that ignored SIGTERM", id=session.id,
-                     user=session.user, count=left)
-
     # ------------------------------------------------------------ restart
-    def reconcile(self) -> None:
-        """Take back the sessions of a previous gateway run."""
+    def reconcile(self) -> defer.Deferred[None]:
+        """Take back the sessions of a previous gateway run (fired when done;
+        at once with an inline ``blocking``)."""
+        return defer.ensureDeferred(self._reconcile())
+
+    async def _reconcile(self) -> None:
+        # Every stored session is registered and holds its display first, in
+        # one turn: no start meanwhile can be given one of their displays.
+        taken_back = []
         for session in self.store.live():
-            agent = ProcessId(session.agent_pid, session.agent_started)
             self.sessions[session.id] = session
-            runtime = self.runtime[session.id] = Runtime(self.layout.agent_files(session.id))
+            self.runtime[session.id] = Runtime(self.layout.agent_files(session.id))
             self.displays.claim(session.display)
+            taken_back.append(session)
+        for session in taken_back:
+            agent = ProcessId(session.agent_pid, session.agent_started)
             if not agent.alive():
                 log.warn("session {id} of {user}: nxagent ended while the gateway was away", id=session.id,
                          user=session.user)
@@ -863,12 +726,15 @@ class SessionManager(service.Service):
                 self.background(self._end(session.id, final, "nxagent ended while the gateway was away"),
                                 "recording its end", session.id)
                 continue
-            # The follower first reads the whole log (the replay), then follows it live.
-            replay = ReplayState()
-            follower = LogFollower(self.notifier, runtime.files.log, replay.feed)
-            follower.on_line = lambda line, sid=session.id: self._agent_line(sid, line)
-            runtime.follower = follower
-            if replay.state is not session.state:
+            adopted = await self.supervisor.adopt(session, lambda line, sid=session.id: self._agent_line(sid, line))
+            runtime = self.runtime.get(session.id)
+            if runtime is None:  # ended meanwhile
+                if adopted.follower is not None:
+                    adopted.follower.stop()
+                continue
+            runtime.follower = adopted.follower
+            replay = adopted.replay
+            if replay.state is not self.sessions[session.id].state:
                 self._transition(session.id, replay.state, ever_attached=session.ever_attached or replay.attached)
             if replay.screen is not None:
                 self._screen_changed(self.sessions[session.id], replay.screen)
@@ -878,53 +744,12 @@ class SessionManager(service.Service):
                 self.background(self.terminate_session(session.id, "session program ended while the gateway was away"),
                                 "ending it", session.id)
             elif session.app_pid:
-                runtime.app_watch = ExitWatch(self.reactor, program, lambda sid=session.id: self._program_exited(sid))
+                runtime.app_watch = self.supervisor.watch_exit(
+                    program, lambda sid=session.id: self._program_exited(sid))
             log.info("session {id} of {user} taken back ({state})", id=session.id, user=session.user,
                      state=self.sessions[session.id].state.value, audit="session_reattach")
-        self._find_orphans()
-
-    def _find_orphans(self) -> None:
-        """Report what the store should know but does not (it was lost,
-        truncated or replaced): agents still running in session
-        directories, whose displays are then never handed out while they
-        live, and directories of sessions whose agent is gone, removed."""
-        try:
-            names = os.listdir(self.layout.sessions)
-        except OSError:
-            names = []
-        agents = processes.agents_in(self.layout.sessions)
-        for session_id in sorted(set(names) | set(agents)):
-            if session_id in self.sessions:
-                continue
-            directory = os.path.join(self.layout.sessions, session_id)
-            agent = agents.get(session_id)
-            if agent is None:
-                log.warn("session directory {path} belongs to no known session and no nxagent runs in it; "
-                         "removing it", path=directory)
-                files.remove_tree(directory)
-                continue
-            try:
-                user = pwd.getpwuid(os.stat(f"/proc/{agent.pid}").st_uid).pw_name
-            except (OSError, KeyError):
-                user = "?"
-            display = processes.display_argument(agent.pid) or 0
-            self.orphans[session_id] = Orphan(session_id, user, display, agent)
-            log.error(
-                "session {id} of {user} (display :{display}, nxagent pid {pid}) runs but the session store does "
-                "not know it (was {store} lost or replaced?); its display stays reserved while it runs. Its user "
-                "cannot reach it: end it with 'kill {pid}', or stop nxgate and restore the store from {backup}",
-                id=session_id, user=user, display=display, pid=agent.pid, store=self.store.path,
-                backup=self.store.backup_path, audit="session_orphan",
-            )
-
-    def _forget_orphans(self) -> None:
-        """Free the displays of unknown sessions whose agent has ended."""
-        for session_id, orphan in list(self.orphans.items()):
-            if not orphan.agent.alive():
-                del self.orphans[session_id]
-                log.info("unknown session {id} of {user} on display :{display} has ended", id=session_id,
-                         user=orphan.user, display=orphan.display)
-                files.remove_tree(os.path.join(self.layout.sessions, orphan.session_id))
+        await self.supervisor.find_orphans(lambda session_id: session_id in self.sessions, self.store.path,
+                                           self.store.backup_path)
 
     # -------------------------------------------------------- housekeeping
     def housekeeping(self) -> None:
@@ -938,7 +763,7 @@ class SessionManager(service.Service):
                              user=session.user, audit="session_expire")
                     self.background(self.terminate_session(session.id, "suspended too long"), "expiring it",
                                     session.id)
-        self._forget_orphans()
+        self.background(self.supervisor.forget_orphans(), "forgetting ended unknown sessions")
         try:
             old = self.store.ended_before(now - self.settings.history_days * 86400)
             for session in old:
@@ -981,6 +806,11 @@ class SessionManager(service.Service):
         return session
 
     @property
+    def orphans(self) -> dict[str, Orphan]:
+        """Running sessions the store did not know at start (the supervisor's)."""
+        return self.supervisor.orphans
+
+    @property
     def draining(self) -> bool:
         return self.limits.draining
 
@@ -1000,7 +830,7 @@ class SessionManager(service.Service):
         session = self.sessions[session_id]
         if session.encrypted:
             return session  # its socket is in the user's private directory (nxgate.agentsocket)
-        if not processes.listens(session.agent_pid, session.port):
+        if not self.supervisor.listens(session):
             log.error("session {id}: port {port} is not held by its agent (pid {pid}); not relaying there",
                       id=session_id, port=session.port, pid=session.agent_pid)
             self.background(self.terminate_session(session_id, "its port was taken by another process"),
@@ -1016,23 +846,3 @@ class SessionManager(service.Service):
                   if session.encrypted else None)
         return Ready(SessionView.of(session), session.cookie, resumed, stream)
 
-
-class ReplayState:
-    """Replays a whole agent log to learn where a session stands now."""
-
-    def __init__(self) -> None:
-        self.state = State.CREATED
-        self.attached = False
-        self.screen: LogEvent | None = None
-
-    def feed(self, line: str) -> None:
-        event = parse_line(line)
-        if event is None:
-            return
-        if event.event is AgentEvent.SCREEN:
-            self.screen = event
-            return
-        new = advance(self.state, event.event)
-        if new is not None:
-            self.state = new
-            self.attached = self.attached or new is State.RUNNING
