@@ -143,9 +143,11 @@ class SessionStore:
     def close(self) -> None:
         self.db.close()
 
-    def backup(self, target: str | None = None) -> str:
+    def backup(self, target: str | None = None, source: sqlite3.Connection | None = None) -> str:
         """An online copy of the store (consistent while it is written),
-        replacing ``target`` (default: the periodic backup) atomically."""
+        replacing ``target`` (default: the periodic backup) atomically.
+        ``source``: a connection of its own to copy from, for a copy made in
+        another thread (a connection belongs to the thread that opened it)."""
         target = target or self.backup_path
         temporary = f"{target}.{os.getpid()}.tmp"
         with contextlib.suppress(FileNotFoundError):
@@ -155,7 +157,7 @@ class SessionStore:
             with self._guard():
                 copy = sqlite3.connect(temporary)
                 try:
-                    self.db.backup(copy)
+                    (source or self.db).backup(copy)
                     copy.execute("PRAGMA journal_mode=DELETE")  # one self-contained file to copy back
                 finally:
                     copy.close()
