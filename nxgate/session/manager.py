@@ -24,7 +24,6 @@ their displays never handed out again while their agent lives.
 
 from __future__ import annotations
 
-import os
 import pwd
 import secrets
 import signal
@@ -33,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from twisted.application import service
-from twisted.internet import defer, inotify, task
+from twisted.internet import defer, inotify
 from twisted.logger import Logger
 
 from nxgate import metrics
@@ -50,21 +49,20 @@ from nxgate.node.supervisor import AgentSupervisor, Orphan, SendSignal
 from nxgate.session.processes import ExitWatch, LaunchError, ProcessId
 from nxgate.session.programs import session_command
 from nxgate.session.remote import PROTOCOLS, RemoteSessions
-from nxgate.session.store import STORAGE_FULL, SessionStore, StoreError, StoreUnavailable, storage_reason
+from nxgate.session.store import STORAGE_FULL, SessionStore, StoreError, storage_reason
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.lifecycle import Action, Background, Op, SessionEnded, WaitTimeout, action
 from nxgate.sessions.limits import Limits
 from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequest, StartRequest
+from nxgate.sessions.housekeeping import Housekeeping
+from nxgate.sessions.store.adapter import SyncStoreAdapter
+from nxgate.sessions.writer import StoreWriter
 from nxgate.threads import Blocking, inline
 from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionView, ShadowTarget,
                                      StreamTarget, UnknownSession)
 
 log = Logger(namespace="nxgate.session")
-
-#: How often writes the store refused (a full disk) are tried again.
-STORE_RETRY_SECONDS = 5.0
-
 
 @dataclass
 class Runtime:
@@ -104,7 +102,9 @@ class SessionManager(service.Service):
         self.reactor = reactor
         self.config = config
         self.settings = config.sessions
-        self.store = store
+        self.db = store  # the synchronous SQLite store, for the gateway's open/close
+        self.store = SyncStoreAdapter(store, blocking)
+        self.writer = StoreWriter(self.store, reactor)
         self.layout = layout
         self.notifier = notifier or inotify.INotify(reactor)
         self.launcher = launcher or processes.Launcher(reactor)
@@ -113,19 +113,14 @@ class SessionManager(service.Service):
         self.runtime: dict[str, Runtime] = {}
         self.limits = Limits(lambda: self.config)
         self.background = Background()
-        self.unsaved: dict[str, Session] = {}  # the latest record of each session the store refused
         self.supervisor = AgentSupervisor(reactor, lambda: self.config, layout, self.launcher, self.notifier,
                                           self.pam_service, blocking=blocking, send_signal=send_signal,
                                           listens=listens)
         self.displays = DisplayAllocator(
             lambda: (self.settings.display_base, self.settings.display_limit),
             lambda: [s.display for s in self.sessions.values()] + [o.display for o in self.orphans.values()])
-        self._housekeeping = task.LoopingCall(self.housekeeping)
-        self._housekeeping.clock = reactor
-        self._retry = task.LoopingCall(self.flush)
-        self._retry.clock = reactor
-        self._backup = task.LoopingCall(self.backup)
-        self._backup.clock = reactor
+        self.housekeeper = Housekeeping(reactor, lambda: self.settings, self.store, layout, self.supervisor,
+                                        lambda: self.sessions.values(), self.terminate_session, self.background)
         self.remote = RemoteSessions(self)
         # Shadowing (nxgate.shadow.service.ShadowService), set by the gateway.
         self.shadow: Any = None
@@ -135,19 +130,15 @@ class SessionManager(service.Service):
         super().startService()
         files.ensure_x_socket_dir()
         self.notifier.startReading()
-        self.reconcile()
-        self._housekeeping.start(60, now=False)
-        if self.settings.store_backup_interval > 0:
-            # Not now: a store that lost its rows must not replace a good backup at once.
-            self._backup.start(self.settings.store_backup_interval, now=False)
+        self.background(self._reconcile(), "taking back the sessions of the previous run")
+        self.housekeeper.startService()
 
     def stopService(self) -> None:
         """Stop watching; the sessions themselves carry on without us."""
         super().stopService()
-        for loop in (self._housekeeping, self._retry, self._backup):
-            if loop.running:
-                loop.stop()
-        self.flush()
+        self.housekeeper.stopService()
+        self.writer.stop()
+        self.writer.flush()
         if self.unsaved:
             log.error("{count} session change(s) could not be written to the store before stopping; the next start "
                       "learns the state of running sessions from their agents' logs", count=len(self.unsaved))
@@ -204,17 +195,20 @@ class SessionManager(service.Service):
         ``judge``d before the client is answered.  The secret lives in
         memory only, until the program has it."""
         session = session.evolve(options={**session.options, "display": settings.as_dict(), "plan": plan.as_dict()})
+        # Memory first, in this turn (limits and display were decided in it
+        # too): no other start can take the same place while the store answers.
+        self.sessions[session.id] = session
         try:
-            self.store.insert(session)
+            await self.writer.insert_first(session)
         except StoreError as error:
-            # Nothing is held but the display's claim: no place in the user's limit.
+            # Nothing is held: no display, no place in the user's limit.
+            del self.sessions[session.id]
             self.displays.release(session.display)
             log.error("session {id} for {user} not started: the session store refused it: {error}",
                       id=session.id, user=session.user, error=str(error))
             reason = storage_reason(error)
             raise SessionError(Kind.STORAGE_FULL if reason == STORAGE_FULL else Kind.UNAVAILABLE,
                                f"Session startup failed: {reason}.") from None
-        self.sessions[session.id] = session
         runtime = self.runtime[session.id] = Runtime(self.layout.agent_files(session.id), secret=secret)
         log.info(
             "starting session {id} ({type}, display :{display}) for {user} from {address}",
@@ -580,53 +574,17 @@ class SessionManager(service.Service):
     def _update(self, session_id: str, **changes: Any) -> Session:
         session = self.sessions[session_id].evolve(**changes)
         self.sessions[session_id] = session
-        self._save(session)
+        self.writer.save(session)
         return session
 
-    def _save(self, session: Session) -> None:
-        """Write ``session`` to the store, or keep it for :meth:`flush` if
-        the store cannot take it now; memory goes on either way."""
-        if self.unsaved:
-            self.unsaved.pop(session.id, None)
-            self.unsaved[session.id] = session  # keep the order of writes
-            return
-        try:
-            self._write(session)
-        except StoreUnavailable as error:
-            self.unsaved[session.id] = session
-            log.error("the session store cannot be written ({error}); session changes are kept in memory and "
-                      "written when it can be (tried every {seconds:g} s)", error=str(error),
-                      seconds=STORE_RETRY_SECONDS)
-            if not self._retry.running:
-                self._retry.start(STORE_RETRY_SECONDS, now=False)
+    @property
+    def unsaved(self) -> dict[str, Session]:
+        """Session changes not in the store yet (it refused them: a full disk)."""
+        return self.writer.unsaved
 
-    def _write(self, session: Session) -> None:
-        try:
-            self.store.update(session)
-        except StoreUnavailable:
-            raise
-        except StoreError:
-            self.store.insert(session)  # its row is gone: memory is authoritative
-
-    def flush(self) -> None:
+    def flush(self) -> defer.Deferred[int]:
         """Write the session changes the store refused earlier, in order."""
-        written = 0
-        while self.unsaved:
-            session_id, session = next(iter(self.unsaved.items()))
-            try:
-                self._write(session)
-            except StoreUnavailable as error:
-                log.debug("the session store still cannot be written: {error}", error=str(error))
-                return
-            except StoreError as error:
-                log.error("session {id}: the store refused its record: {error}", id=session_id, error=str(error))
-            del self.unsaved[session_id]
-            written += 1
-        if self._retry.running:
-            self._retry.stop()
-        if written:
-            log.info("the session store can be written again: {count} kept session change(s) written",
-                     count=written)
+        return self.writer.flush()
 
     def _set_failure_reason(self, session_id: str, reason: str) -> None:
         if not self.sessions[session_id].failure:
@@ -712,7 +670,7 @@ class SessionManager(service.Service):
         # Every stored session is registered and holds its display first, in
         # one turn: no start meanwhile can be given one of their displays.
         taken_back = []
-        for session in self.store.live():
+        for session in await self.store.live():
             self.sessions[session.id] = session
             self.runtime[session.id] = Runtime(self.layout.agent_files(session.id))
             self.displays.claim(session.display)
@@ -752,45 +710,12 @@ class SessionManager(service.Service):
                                            self.store.backup_path)
 
     # -------------------------------------------------------- housekeeping
-    def housekeeping(self) -> None:
+    def housekeeping(self) -> defer.Deferred[None]:
         """Expire long-suspended sessions and forget old ended ones."""
-        now = self.reactor.seconds()
-        hours = self.settings.expire_suspended_after
-        if hours > 0:
-            for session in list(self.sessions.values()):
-                if session.state is State.SUSPENDED and now - session.changed > hours * 3600:
-                    log.info("session {id} of {user} was suspended too long; ending it", id=session.id,
-                             user=session.user, audit="session_expire")
-                    self.background(self.terminate_session(session.id, "suspended too long"), "expiring it",
-                                    session.id)
-        self.background(self.supervisor.forget_orphans(), "forgetting ended unknown sessions")
-        try:
-            old = self.store.ended_before(now - self.settings.history_days * 86400)
-            for session in old:
-                agent_files = self.layout.agent_files(session.id)
-                for path in (agent_files.log, agent_files.app_log):
-                    try:
-                        os.unlink(path)
-                    except FileNotFoundError:
-                        pass
-            self.store.delete(session.id for session in old)
-        except StoreError as error:
-            log.warn("housekeeping of the session store postponed: {error}", error=str(error))
+        return self.housekeeper.run()
 
-    def backup(self) -> None:
-        """Copy the store to its backup file (periodic; a failure waits for
-        the next period).  Not while sessions run that the store lost: the
-        backup may be the one copy that still knows them."""
-        if self.orphans:
-            log.warn("session store not backed up: it does not know {count} running session(s), and "
-                     "{path} may", count=len(self.orphans), path=self.store.backup_path)
-            return
-        try:
-            path = self.store.backup()
-        except (StoreError, OSError) as error:
-            log.warn("the session store could not be backed up: {error}", error=str(error))
-            return
-        log.debug("session store backed up to {path}", path=path)
+    def backup(self) -> defer.Deferred[None]:
+        return self.housekeeper.backup()
 
     # ------------------------------------------------------------ helpers
     def _owned(self, caller: Caller, session_id: str) -> Session:
