@@ -27,7 +27,7 @@ from nxgate.nx.errors import NXError
 from nxgate.nx.params import parse_params
 from nxgate.session import files, processes
 from nxgate.node.supervisor import SIGHUP_RETRY_SECONDS
-from nxgate.session.manager import SessionManager
+from nxgate.sessions.service import SessionService
 from nxgate.session.model import State
 from nxgate.session.processes import ProcessId
 from nxgate.nx.requests import start_request
@@ -120,7 +120,7 @@ class ManagerTests(TestCase):
             return True
 
         self.listening = True  # the stand-in agents hold no port; the real check runs end to end
-        self.manager = SessionManager(self.reactor, self.config, self.store, layout,
+        self.manager = SessionService(self.reactor, self.config, self.store, layout,
                                       notifier=FakeNotifier(), launcher=self.launcher,
                                       send_signal=record_signal, listens=lambda pid, port: self.listening)
         self.client = caller()
@@ -410,7 +410,7 @@ class ReconcileTests(TestCase):
 
     def manager(self):
         config = Config(sessions=SessionsSection(display_base=3200), types={"unix-console": ("true",)})
-        return SessionManager(self.reactor, config, self.store, self.layout, notifier=FakeNotifier(),
+        return SessionService(self.reactor, config, self.store, self.layout, notifier=FakeNotifier(),
                               launcher=self.launcher)
 
     def leave_session(self, agent: ProcessId, log_lines: list[str], state: State):
