@@ -279,6 +279,31 @@ class ManagerTests(TestCase):
         self.agent_says(session_id, READY)
         self.successResultOf(d)
 
+    def test_a_restore_during_the_start_waits_for_it_then_decides(self):
+        """Start holds the session's lock until ready: a restore meanwhile
+        waits, then sees a session that never had a client (refused)."""
+        d, session_id = self.start()
+        restore = nx(self.manager, self.client, "restoresession", f'--id="{session_id}"')
+        self.assertNoResult(restore)
+        self.agent_says(session_id, READY)
+        self.successResultOf(d)
+        self.assertIn("cannot be resumed while it is waiting", self.failureResultOf(restore, NXError).value.text)
+        self.assertEqual(self.signals, [])
+
+    def test_terminate_pre_empts_a_take_over(self):
+        """Terminate never queues behind the lock: the waiting restore fails cleanly."""
+        session_id, _ = self.started()
+        self.agent_says(session_id, STARTED)
+        restore = nx(self.manager, self.client, "restoresession", f'--id="{session_id}"')
+        self.assertEqual(self.signals, [signal.SIGHUP])
+        terminate = nx(self.manager, self.client, "terminate", f'--sessionid="{session_id}"')
+        self.assertEqual(self.signals, [signal.SIGHUP, signal.SIGTERM])
+        self.agent_says(session_id, TERMINATED)
+        self.assertIn("Session resume failed: the session terminated",
+                      self.failureResultOf(restore, NXError).value.text)
+        self.reactor.pump([1] * 12)  # the stand-in agent lingers and is killed
+        self.assertIn(f"NX> 900 Session id: {session_id} terminated.", self.successResultOf(terminate).lines)
+
     def test_other_users_sessions_do_not_exist(self):
         session_id, _ = self.started()
         stranger = caller("someone-else", "198.51.100.9")

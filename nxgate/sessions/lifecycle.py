@@ -228,40 +228,46 @@ class Lifecycle:
             raise SessionError(Kind.STORAGE_FULL if reason == STORAGE_FULL else Kind.UNAVAILABLE,
                                f"Session startup failed: {reason}.") from None
         runtime = self.runtime[session.id] = Runtime(self.layout.agent_files(session.id), secret=secret)
-        log.info(
-            "starting session {id} ({type}, display :{display}) for {user} from {address}",
-            id=session.id, type=session.type, display=session.display, user=session.user,
-            address=caller.address, audit="session_start",
-        )
+        # A new session's lock is free: held from registration until it is
+        # ready, so a restore or suspend of it waits and then sees its state.
+        runtime.lock.acquire()
         try:
-            launched = self.reactor.seconds()
-            await self._start_agent(session, runtime, settings, plan)
-            await self._wait_for(session.id, {State.WAITING}, self.settings.agent_start_timeout)
-            metrics.agent_started(self.reactor.seconds() - launched)
-            if plan.program_early:
-                status = await self._start_program(session.id, report=True)
-                failure = judge(status) if judge is not None else None
-                if failure is not None:
-                    log.warn("session {id} for {user}: {failure}", id=session.id, user=session.user,
-                             failure=failure.message)
-                    await self.terminate_session(session.id, failure.message)
-                    raise failure
-        except (LaunchError, OSError, SessionEnded, WaitTimeout) as error:
-            reason = runtime.last_error or storage_reason(error)
-            log.warn("session {id} for {user} failed to start: {reason}", id=session.id, user=session.user, reason=reason)
-            await self._end(session.id, State.FAILED, f"start failed: {reason}")
-            raise SessionError(Kind.FAILED_TO_START, f"Session startup failed: {reason}") from None
-        except SessionError:
-            raise
-        except Exception:
-            # A bug must not leave a phantom holding a display and a place
-            # in the user's limit: end the session, then answer.
-            log.failure("session {id} for {user} failed to start", id=session.id, user=session.user)
-            await self._end(session.id, State.FAILED, "start failed: internal error")
-            raise SessionError(Kind.INTERNAL,
-                               "Session startup failed: internal error (see the server log).") from None
-        self._expect_client(session.id)
-        return self._own_listener(session.id)
+            log.info(
+                "starting session {id} ({type}, display :{display}) for {user} from {address}",
+                id=session.id, type=session.type, display=session.display, user=session.user,
+                address=caller.address, audit="session_start",
+            )
+            try:
+                launched = self.reactor.seconds()
+                await self._start_agent(session, runtime, settings, plan)
+                await self._wait_for(session.id, {State.WAITING}, self.settings.agent_start_timeout)
+                metrics.agent_started(self.reactor.seconds() - launched)
+                if plan.program_early:
+                    status = await self._start_program(session.id, report=True)
+                    failure = judge(status) if judge is not None else None
+                    if failure is not None:
+                        log.warn("session {id} for {user}: {failure}", id=session.id, user=session.user,
+                                 failure=failure.message)
+                        await self.terminate_session(session.id, failure.message)
+                        raise failure
+            except (LaunchError, OSError, SessionEnded, WaitTimeout) as error:
+                reason = runtime.last_error or storage_reason(error)
+                log.warn("session {id} for {user} failed to start: {reason}", id=session.id, user=session.user, reason=reason)
+                await self._end(session.id, State.FAILED, f"start failed: {reason}")
+                raise SessionError(Kind.FAILED_TO_START, f"Session startup failed: {reason}") from None
+            except SessionError:
+                raise
+            except Exception:
+                # A bug must not leave a phantom holding a display and a place
+                # in the user's limit: end the session, then answer.
+                log.failure("session {id} for {user} failed to start", id=session.id, user=session.user)
+                await self._end(session.id, State.FAILED, "start failed: internal error")
+                raise SessionError(Kind.INTERNAL,
+                                   "Session startup failed: internal error (see the server log).") from None
+            self._expect_client(session.id)
+            return self._own_listener(session.id)
+        finally:
+            runtime.lock.release()
 
     async def resume(self, caller: Caller, request: RestoreRequest, owned: Callable[[], Session]) -> Session:
         """Resume a session for ``caller`` under its lock (``owned()`` looks it
@@ -306,15 +312,24 @@ class Lifecycle:
     async def suspend_session(self, session_id: str) -> None:
         """Suspend a running session wherever it is attached (SIGHUP)."""
         session = self.sessions[session_id]
-        todo = action(Op.SUSPEND, session.state)
-        if todo is Action.SIGHUP_AND_WAIT:
-            self._signal_agent(session, signal.SIGHUP)
+        if action(Op.SUSPEND, session.state) is Action.SIGHUP_AND_WAIT:
+            runtime = self.runtime[session_id]
+            await runtime.lock.acquire()
             try:
-                await self._wait_for(session.id, {State.SUSPENDED}, self.settings.suspend_timeout)
+                session = self.sessions.get(session_id, session)  # looked up again under the lock
+                if action(Op.SUSPEND, session.state) is Action.SIGHUP_AND_WAIT:
+                    self._signal_agent(session, signal.SIGHUP)
+                    await self._wait_for(session.id, {State.SUSPENDED}, self.settings.suspend_timeout)
+                    return
             except (SessionEnded, WaitTimeout) as error:
                 raise SessionError(Kind.FAILED_TO_SUSPEND, f"Session suspend failed: {error}",
                                    session_id=session_id) from None
-        elif todo is Action.REFUSE:
+            finally:
+                runtime.lock.release()
+        if not session.state.live:
+            raise SessionError(Kind.FAILED_TO_SUSPEND, f"Session suspend failed: the session {session.state.value}",
+                               session_id=session_id)
+        if action(Op.SUSPEND, session.state) is Action.REFUSE:
             raise SessionError(Kind.WRONG_STATE, f"Session {session.id} is {session.state.value}.",
                                session_id=session_id)
 
