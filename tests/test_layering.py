@@ -305,7 +305,8 @@ class TreeTests(TestCase):
         self.assertRule(l2_node_and_backends_use_only_the_vocabulary)
 
     test_l2_node_and_backends_use_only_the_vocabulary.todo = (  # type: ignore[attr-defined]
-        "issue 12 P1-C: backends.nxagent takes sessions.model.Session, not an AgentSession Protocol")
+        "issue 12 P1-C: backends.nxagent takes sessions.model.Session, not an AgentSession Protocol; "
+        "node.supervisor takes sessions.model Session/State (and advance, for the log replay)")
 
     def test_l3_nx_core_is_pure(self) -> None:
         self.assertRule(l3_nx_core_is_pure)
