@@ -632,3 +632,64 @@ def wait_until(predicate, timeout=5.0):
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.01)
+
+
+class LateStoreTests(TestCase):
+    """The service against a store whose every answer comes a reactor turn
+    later (as a database server's would): nobody assumes a store call has
+    fired, and the store ends up with memory's records, written in order."""
+
+    start = ManagerTests.start
+    agent_says = ManagerTests.agent_says
+
+    def setUp(self):
+        ManagerTests.setUp(self)
+        from nxgate.sessions.store.adapter import SyncStoreAdapter
+
+        adapter = SyncStoreAdapter(self.store)
+        reactor = self.reactor
+        self.writes = []
+        test = self
+
+        class LateStore:
+            path, backup_path = adapter.path, adapter.backup_path
+
+            def __getattr__(self, name):
+                def call(*args):
+                    if name in ("insert", "update"):
+                        test.writes.append((name, args[0].id, args[0].state))
+                    answer = defer.Deferred()
+                    reactor.callLater(0, lambda: getattr(adapter, name)(*args).chainDeferred(answer))
+                    return answer
+                return call
+
+        self.manager = SessionService(self.reactor, self.config, self.store, self.manager.layout,
+                                      notifier=FakeNotifier(), launcher=self.launcher,
+                                      send_signal=self.manager.supervisor.send_signal,
+                                      listens=lambda pid, port: self.listening, async_store=LateStore())
+
+    def test_a_start_waits_for_the_store_and_the_store_follows_memory(self):
+        d, session_id = self.start()
+        self.assertEqual(self.launcher.requests, [])  # no agent before the store took the record
+        self.assertIsNone(self.store.get(session_id))
+        self.reactor.advance(0)
+        self.assertEqual(len(self.launcher.requests), 1)
+        self.agent_says(session_id, READY)
+        self.successResultOf(d)
+        self.agent_says(session_id, STARTED, SUSPENDED)
+        for _ in range(10):
+            self.reactor.advance(0)
+        self.assertEqual(self.store.get(session_id), self.manager.sessions[session_id])
+        states = [state for name, sid, state in self.writes if sid == session_id]
+        self.assertEqual(states[0], State.CREATED)
+        self.assertEqual(states[-1], State.SUSPENDED)
+        self.assertEqual(self.manager.unsaved, {})
+
+    def test_a_second_start_while_the_store_answers_does_not_take_the_same_place(self):
+        """Memory decides admission in one turn: the limit (2 per user) and the
+        displays hold while the store has not answered yet."""
+        first = [self.start() for _ in range(2)]
+        self.assertEqual(len({self.manager.sessions[sid].display for _, sid in first}), 2)
+        refused = nx(self.manager, self.client, "startsession", '--type="unix-console" --session="t"')
+        self.assertEqual(self.failureResultOf(refused, NXError).value.code, 599)
+        self.reactor.advance(0)

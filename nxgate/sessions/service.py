@@ -40,6 +40,7 @@ from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequ
 from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionView, ShadowTarget,
                                      StreamTarget, UnknownSession)
 from nxgate.sessions.store.adapter import SyncStoreAdapter
+from nxgate.sessions.store.interface import SessionStore
 from nxgate.sessions.writer import StoreWriter
 from nxgate.threads import Blocking, inline
 
@@ -61,15 +62,18 @@ class SessionService(service.Service):
         blocking: Blocking = inline,
         send_signal: SendSignal = processes.send_signal,
         listens: Callable[[int, int], bool] | None = None,
+        async_store: SessionStore | None = None,
     ) -> None:
         """``blocking`` runs the work that must not hold the reactor (the
         gateway passes a thread pool); ``send_signal`` and ``listens`` go to
-        the AgentSupervisor (tests record signals and fake the port check)."""
+        the AgentSupervisor (tests record signals and fake the port check).
+        ``async_store``: the store behind the asynchronous interface (default:
+        ``store`` through :class:`SyncStoreAdapter`)."""
         self.reactor = reactor
         self.config = config
         self.settings = config.sessions
         self.db = store  # the synchronous SQLite store, for the gateway's open/close
-        self.store = SyncStoreAdapter(store, blocking)
+        self.store: SessionStore = async_store or SyncStoreAdapter(store, blocking)
         self.writer = StoreWriter(self.store, reactor)
         self.layout = layout
         self.notifier = notifier or inotify.INotify(reactor)
