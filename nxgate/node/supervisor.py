@@ -188,10 +188,11 @@ class AgentSupervisor:
     def watch_exit(self, process: ProcessId, on_exit: Callable[[], None]) -> ExitWatch:
         return ExitWatch(self.reactor, process, on_exit)
 
-    def listens(self, session: Session) -> bool:
-        """Whether the agent itself holds its session's TCP port."""
+    def listens(self, session: Session) -> defer.Deferred[bool]:
+        """Whether the agent itself holds its session's TCP port (a scan of
+        /proc/net/tcp{,6} and the agent's fds: through ``blocking``)."""
         check = self._listens or processes.listens
-        return check(session.agent_pid, session.port)
+        return self.blocking(check, session.agent_pid, session.port)
 
     # ------------------------------------------------------------ signals
     def signal_agent(self, session: Session, signum: int) -> bool:

@@ -265,7 +265,7 @@ class Lifecycle:
                 raise SessionError(Kind.INTERNAL,
                                    "Session startup failed: internal error (see the server log).") from None
             self._expect_client(session.id)
-            return self._own_listener(session.id)
+            return await self._own_listener(session.id)
         finally:
             runtime.lock.release()
 
@@ -307,7 +307,7 @@ class Lifecycle:
         finally:
             runtime.lock.release()
         self._expect_client(session.id)
-        return self._own_listener(session.id)
+        return await self._own_listener(session.id)
 
     async def suspend_session(self, session_id: str) -> None:
         """Suspend a running session wherever it is attached (SIGHUP)."""
@@ -687,12 +687,12 @@ class Lifecycle:
         await self.supervisor.find_orphans(lambda session_id: session_id in self.sessions, self.store.path,
                                            self.store.backup_path)
 
-    def _own_listener(self, session_id: str) -> Session:
+    async def _own_listener(self, session_id: str) -> Session:
         """The session, once it is sure its port is held by its own agent."""
         session = self.sessions[session_id]
         if session.encrypted:
             return session  # its socket is in the user's private directory (nxgate.agentsocket)
-        if not self.supervisor.listens(session):
+        if not await self.supervisor.listens(session):
             log.error("session {id}: port {port} is not held by its agent (pid {pid}); not relaying there",
                       id=session_id, port=session.port, pid=session.agent_pid)
             self.background(self.terminate_session(session_id, "its port was taken by another process"),
