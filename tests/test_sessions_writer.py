@@ -124,3 +124,15 @@ class AdapterTests(TestCase):
         self.assertEqual([s.id for s in self.successResultOf(store.live())], ["A"])
         self.assertEqual(self.successResultOf(store.backup()), db.backup_path)
         self.assertTrue(os.path.exists(db.backup_path))
+
+    def test_pruning_reads_a_bounded_step_oldest_first(self):
+        path = self.mktemp()
+        os.makedirs(path)
+        db = SessionStore(os.path.join(path, "s.sqlite"))
+        self.addCleanup(db.close)
+        store = SyncStoreAdapter(db)
+        for n in range(5):
+            self.successResultOf(store.insert(record(f"E{n}", State.TERMINATED, changed=float(10 - n))))
+        self.successResultOf(store.insert(record("L", State.RUNNING, changed=0.0)))
+        step = self.successResultOf(store.ended_before(100.0, limit=3))
+        self.assertEqual([s.id for s in step], ["E4", "E3", "E2"])

@@ -220,12 +220,15 @@ class SessionStore:
         with self._guard():
             return [_from_row(row) for row in self.db.execute(query + " ORDER BY created", args)]
 
-    def ended_before(self, timestamp: float) -> list[Session]:
+    def ended_before(self, timestamp: float, limit: int = 500) -> list[Session]:
+        """Ended sessions last changed before ``timestamp``, oldest first, at
+        most ``limit`` of them (housekeeping prunes in bounded steps)."""
         marks = ",".join("?" for _ in LIVE_STATES)
         with self._guard():
             rows = self.db.execute(
-                f"SELECT {','.join(_COLUMNS)} FROM sessions WHERE state NOT IN ({marks}) AND changed < ?",
-                [*LIVE_STATES, timestamp],
+                f"SELECT {','.join(_COLUMNS)} FROM sessions WHERE state NOT IN ({marks}) AND changed < ?"
+                " ORDER BY changed LIMIT ?",
+                [*LIVE_STATES, timestamp, limit],
             ).fetchall()
         return [_from_row(row) for row in rows]
 

@@ -54,8 +54,8 @@ class SyncStoreAdapter:
     def live(self, user: str | None = None) -> defer.Deferred[list[Session]]:
         return self._now(self.db.live, user)
 
-    def ended_before(self, timestamp: float) -> defer.Deferred[list[Session]]:
-        return self._now(self.db.ended_before, timestamp)
+    def ended_before(self, timestamp: float, limit: int = 500) -> defer.Deferred[list[Session]]:
+        return self._now(self.db.ended_before, timestamp, limit)
 
     def count(self) -> defer.Deferred[int]:
         return self._now(self.db.count)
