@@ -27,7 +27,7 @@ from nxgate.nx.dispatch import NXDispatcher
 from nxgate.nx.shell import ShellSettings
 from nxgate.relay import AgentRelay
 from nxgate.session.files import StateLayout
-from nxgate.session.manager import SessionManager
+from nxgate.sessions.service import SessionService
 from nxgate.session.store import SessionStore
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.results import StreamTarget
@@ -143,7 +143,7 @@ class Gateway(service.MultiService):
             throttle=self.throttle,
         )
         self.store = SessionStore(self.layout.database)
-        self.sessions = SessionManager(reactor, config, self.store, self.layout)
+        self.sessions = SessionService(reactor, config, self.store, self.layout, blocking=in_thread(reactor))
         self.sessions.setServiceParent(self)
         self.shadow = self.sessions.shadow = ShadowService(self.sessions, config, self.blocking, self.users)
         self.commands = NXDispatcher(self.sessions)

@@ -26,7 +26,8 @@ from nxgate.nx.dispatch import NXDispatcher
 from nxgate.nx.errors import NXError
 from nxgate.nx.params import parse_params
 from nxgate.session import files, processes
-from nxgate.session.manager import SIGHUP_RETRY_SECONDS, SessionManager
+from nxgate.node.supervisor import SIGHUP_RETRY_SECONDS
+from nxgate.sessions.service import SessionService
 from nxgate.session.model import State
 from nxgate.session.processes import ProcessId
 from nxgate.nx.requests import start_request
@@ -108,12 +109,20 @@ class ManagerTests(TestCase):
         self.store = SessionStore(layout.database)
         self.addCleanup(self.store.close)
         self.launcher = FakeLauncher(self)
-        self.manager = SessionManager(self.reactor, self.config, self.store, layout,
-                                      notifier=FakeNotifier(), launcher=self.launcher)
         self.signals = []
-        self.patch(self.manager, "_signal_agent", lambda session, signum: self.signals.append(signum))
+
+        def record_signal(process, signum):
+            """Signals to the stand-in agents are recorded; a SIGKILL (a lingering
+            agent, a watchdog) is sent for real, as the tests check it took."""
+            if signum == signal.SIGKILL:
+                return processes.send_signal(process, signum)
+            self.signals.append(signum)
+            return True
+
         self.listening = True  # the stand-in agents hold no port; the real check runs end to end
-        self.patch(processes, "listens", lambda pid, port: self.listening)
+        self.manager = SessionService(self.reactor, self.config, self.store, layout,
+                                      notifier=FakeNotifier(), launcher=self.launcher,
+                                      send_signal=record_signal, listens=lambda pid, port: self.listening)
         self.client = caller()
 
     def agent_says(self, session_id, *lines):
@@ -270,6 +279,31 @@ class ManagerTests(TestCase):
         self.agent_says(session_id, READY)
         self.successResultOf(d)
 
+    def test_a_restore_during_the_start_waits_for_it_then_decides(self):
+        """Start holds the session's lock until ready: a restore meanwhile
+        waits, then sees a session that never had a client (refused)."""
+        d, session_id = self.start()
+        restore = nx(self.manager, self.client, "restoresession", f'--id="{session_id}"')
+        self.assertNoResult(restore)
+        self.agent_says(session_id, READY)
+        self.successResultOf(d)
+        self.assertIn("cannot be resumed while it is waiting", self.failureResultOf(restore, NXError).value.text)
+        self.assertEqual(self.signals, [])
+
+    def test_terminate_pre_empts_a_take_over(self):
+        """Terminate never queues behind the lock: the waiting restore fails cleanly."""
+        session_id, _ = self.started()
+        self.agent_says(session_id, STARTED)
+        restore = nx(self.manager, self.client, "restoresession", f'--id="{session_id}"')
+        self.assertEqual(self.signals, [signal.SIGHUP])
+        terminate = nx(self.manager, self.client, "terminate", f'--sessionid="{session_id}"')
+        self.assertEqual(self.signals, [signal.SIGHUP, signal.SIGTERM])
+        self.agent_says(session_id, TERMINATED)
+        self.assertIn("Session resume failed: the session terminated",
+                      self.failureResultOf(restore, NXError).value.text)
+        self.reactor.pump([1] * 12)  # the stand-in agent lingers and is killed
+        self.assertIn(f"NX> 900 Session id: {session_id} terminated.", self.successResultOf(terminate).lines)
+
     def test_other_users_sessions_do_not_exist(self):
         session_id, _ = self.started()
         stranger = caller("someone-else", "198.51.100.9")
@@ -401,7 +435,7 @@ class ReconcileTests(TestCase):
 
     def manager(self):
         config = Config(sessions=SessionsSection(display_base=3200), types={"unix-console": ("true",)})
-        return SessionManager(self.reactor, config, self.store, self.layout, notifier=FakeNotifier(),
+        return SessionService(self.reactor, config, self.store, self.layout, notifier=FakeNotifier(),
                               launcher=self.launcher)
 
     def leave_session(self, agent: ProcessId, log_lines: list[str], state: State):
@@ -598,3 +632,64 @@ def wait_until(predicate, timeout=5.0):
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.01)
+
+
+class LateStoreTests(TestCase):
+    """The service against a store whose every answer comes a reactor turn
+    later (as a database server's would): nobody assumes a store call has
+    fired, and the store ends up with memory's records, written in order."""
+
+    start = ManagerTests.start
+    agent_says = ManagerTests.agent_says
+
+    def setUp(self):
+        ManagerTests.setUp(self)
+        from nxgate.sessions.store.adapter import SyncStoreAdapter
+
+        adapter = SyncStoreAdapter(self.store)
+        reactor = self.reactor
+        self.writes = []
+        test = self
+
+        class LateStore:
+            path, backup_path = adapter.path, adapter.backup_path
+
+            def __getattr__(self, name):
+                def call(*args):
+                    if name in ("insert", "update"):
+                        test.writes.append((name, args[0].id, args[0].state))
+                    answer = defer.Deferred()
+                    reactor.callLater(0, lambda: getattr(adapter, name)(*args).chainDeferred(answer))
+                    return answer
+                return call
+
+        self.manager = SessionService(self.reactor, self.config, self.store, self.manager.layout,
+                                      notifier=FakeNotifier(), launcher=self.launcher,
+                                      send_signal=self.manager.supervisor.send_signal,
+                                      listens=lambda pid, port: self.listening, async_store=LateStore())
+
+    def test_a_start_waits_for_the_store_and_the_store_follows_memory(self):
+        d, session_id = self.start()
+        self.assertEqual(self.launcher.requests, [])  # no agent before the store took the record
+        self.assertIsNone(self.store.get(session_id))
+        self.reactor.advance(0)
+        self.assertEqual(len(self.launcher.requests), 1)
+        self.agent_says(session_id, READY)
+        self.successResultOf(d)
+        self.agent_says(session_id, STARTED, SUSPENDED)
+        for _ in range(10):
+            self.reactor.advance(0)
+        self.assertEqual(self.store.get(session_id), self.manager.sessions[session_id])
+        states = [state for name, sid, state in self.writes if sid == session_id]
+        self.assertEqual(states[0], State.CREATED)
+        self.assertEqual(states[-1], State.SUSPENDED)
+        self.assertEqual(self.manager.unsaved, {})
+
+    def test_a_second_start_while_the_store_answers_does_not_take_the_same_place(self):
+        """Memory decides admission in one turn: the limit (2 per user) and the
+        displays hold while the store has not answered yet."""
+        first = [self.start() for _ in range(2)]
+        self.assertEqual(len({self.manager.sessions[sid].display for _, sid in first}), 2)
+        refused = nx(self.manager, self.client, "startsession", '--type="unix-console" --session="t"')
+        self.assertEqual(self.failureResultOf(refused, NXError).value.code, 599)
+        self.reactor.advance(0)

@@ -143,9 +143,11 @@ class SessionStore:
     def close(self) -> None:
         self.db.close()
 
-    def backup(self, target: str | None = None) -> str:
+    def backup(self, target: str | None = None, source: sqlite3.Connection | None = None) -> str:
         """An online copy of the store (consistent while it is written),
-        replacing ``target`` (default: the periodic backup) atomically."""
+        replacing ``target`` (default: the periodic backup) atomically.
+        ``source``: a connection of its own to copy from, for a copy made in
+        another thread (a connection belongs to the thread that opened it)."""
         target = target or self.backup_path
         temporary = f"{target}.{os.getpid()}.tmp"
         with contextlib.suppress(FileNotFoundError):
@@ -155,7 +157,7 @@ class SessionStore:
             with self._guard():
                 copy = sqlite3.connect(temporary)
                 try:
-                    self.db.backup(copy)
+                    (source or self.db).backup(copy)
                     copy.execute("PRAGMA journal_mode=DELETE")  # one self-contained file to copy back
                 finally:
                     copy.close()
@@ -218,12 +220,15 @@ class SessionStore:
         with self._guard():
             return [_from_row(row) for row in self.db.execute(query + " ORDER BY created", args)]
 
-    def ended_before(self, timestamp: float) -> list[Session]:
+    def ended_before(self, timestamp: float, limit: int = 500) -> list[Session]:
+        """Ended sessions last changed before ``timestamp``, oldest first, at
+        most ``limit`` of them (housekeeping prunes in bounded steps)."""
         marks = ",".join("?" for _ in LIVE_STATES)
         with self._guard():
             rows = self.db.execute(
-                f"SELECT {','.join(_COLUMNS)} FROM sessions WHERE state NOT IN ({marks}) AND changed < ?",
-                [*LIVE_STATES, timestamp],
+                f"SELECT {','.join(_COLUMNS)} FROM sessions WHERE state NOT IN ({marks}) AND changed < ?"
+                " ORDER BY changed LIMIT ?",
+                [*LIVE_STATES, timestamp, limit],
             ).fetchall()
         return [_from_row(row) for row in rows]
 

@@ -1,0 +1,396 @@
+"""The local agent supervisor: every process the sessions of this node run.
+
+It starts a session's nxagent (its files, the PAM request, the plan) and
+program through the launcher, signals them, ends what they leave behind,
+cleans up after them, and after a gateway restart takes back the agents
+still running (replaying their logs) or reports those the store does not
+know.  It holds no session state: the life cycle passes it the session
+record and decides what happens next.
+
+Every signal goes through the injected ``send_signal`` (default:
+:func:`processes.send_signal`, a pidfd after a start-time check), so no
+signal, not even the last SIGKILL of a terminate, reaches a recycled pid.
+Work that may take long on the reactor thread (user look-ups, /proc scans,
+removing a directory the user can fill, replaying a long log) goes through
+the injected ``blocking`` (:mod:`nxgate.threads`).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from twisted.internet import defer, inotify
+from twisted.logger import Logger
+
+from nxgate.backends import nxagent
+from nxgate.backends.agentlog import AgentEvent, LogEvent, parse_line
+from nxgate.config import Config
+from nxgate.session import files, processes
+from nxgate.session.follow import LogFollower, replay
+from nxgate.session.model import Session, State, advance
+from nxgate.session.processes import ExitWatch, LaunchError, ProcessId
+from nxgate.session.programs import login_environment
+from nxgate.sessions.requests import DisplaySettings
+from nxgate.threads import Blocking, inline
+
+log = Logger(namespace="nxgate.session")
+
+#: A suspended agent that has not started resuming this long after a SIGHUP
+#: gets another one; one that started is left alone for RESUME_LISTEN_SECONDS.
+SIGHUP_RETRY_SECONDS = 0.25
+SIGHUP_ATTEMPTS = 40
+RESUME_LISTEN_SECONDS = 10.0
+#: How long what a session left behind has between SIGTERM and SIGKILL.
+LEFTOVER_GRACE_SECONDS = 5.0
+
+SendSignal = Callable[[ProcessId, int], bool]
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """A live agent in a session directory the store does not know."""
+
+    session_id: str
+    user: str
+    display: int
+    agent: ProcessId
+
+
+class ReplayState:
+    """Replays a whole agent log to learn where a session stands now.
+    Touches nothing else, so it can run in a thread."""
+
+    def __init__(self) -> None:
+        self.state = State.CREATED
+        self.attached = False
+        self.screen: LogEvent | None = None
+
+    def feed(self, line: str) -> None:
+        event = parse_line(line)
+        if event is None:
+            return
+        if event.event is AgentEvent.SCREEN:
+            self.screen = event
+            return
+        new = advance(self.state, event.event)
+        if new is not None:
+            self.state = new
+            self.attached = self.attached or new is State.RUNNING
+
+
+@dataclass
+class Adopted:
+    """What :meth:`AgentSupervisor.adopt` learnt of a running agent."""
+
+    replay: ReplayState
+    follower: LogFollower | None
+
+
+class AgentSupervisor:
+    def __init__(
+        self,
+        reactor: Any,
+        config: Callable[[], Config],
+        layout: files.StateLayout,
+        launcher: processes.Launcher,
+        notifier: inotify.INotify,
+        pam_service: str,
+        blocking: Blocking = inline,
+        send_signal: SendSignal = processes.send_signal,
+        listens: Callable[[int, int], bool] | None = None,
+    ) -> None:
+        self.reactor = reactor
+        self.config = config
+        self.layout = layout
+        self.launcher = launcher
+        self.notifier = notifier
+        self.pam_service = pam_service
+        self.blocking = blocking
+        self.send_signal = send_signal
+        self._listens = listens
+        self.orphans: dict[str, Orphan] = {}  # id -> a running session the store did not know at start
+
+    @property
+    def settings(self) -> Any:
+        return self.config().sessions
+
+    # -------------------------------------------------------------- start
+    @staticmethod
+    def plan(session: Session) -> nxagent.AgentPlan:
+        return nxagent.AgentPlan.from_dict(session.options.get("plan", {}))
+
+    def pam_request(self, session: Session) -> dict[str, Any]:
+        return {"service": self.pam_service, "rhost": session.client_address, "tty": f":{session.display}"}
+
+    def write_agent_files(self, session: Session, agent_files: nxagent.AgentFiles, settings: DisplaySettings) -> None:
+        """The agent's cookie and options (rewritten before each resume)."""
+        plan = self.plan(session)
+        # Encrypted sessions reach their agent through the gateway only;
+        # an unencrypted one's client connects to its TCP port directly.
+        listen = (nxagent.listen_unix(agent_files.socket) if session.encrypted
+                  else nxagent.listen_tcp(session.client_address))
+        authority = b"".join(files.xauthority(display, cookie)
+                             for display, cookie in ((session.display, session.cookie), *plan.extra_cookies))
+        options = nxagent.options_line(session, settings, listen, plan.extra_options)
+        files.write_user_file(agent_files.authority, authority, session.uid, session.gid)
+        files.write_user_file(agent_files.options, options.encode(), session.uid, session.gid)
+
+    async def spawn(self, session: Session, agent_files: nxagent.AgentFiles, settings: DisplaySettings,
+                    plan: nxagent.AgentPlan, on_line: Callable[[str], None]) -> tuple[ProcessId, LogFollower]:
+        """Start ``session``'s agent; its log lines go to ``on_line``."""
+        files.make_session_dir(agent_files.directory, session.uid, session.gid)
+        self.write_agent_files(session, agent_files, settings)
+        for path in (agent_files.log, agent_files.app_log):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+        follower = LogFollower(self.notifier, agent_files.log, on_line, reactor=self.reactor)
+        try:
+            user = await self.blocking(pwd.getpwuid, session.uid)
+            request = {
+                "user": user.pw_name,
+                "argv": nxagent.agent_argv(self.settings.nxagent, session, agent_files, plan,
+                                           self.settings.agent_extra_options),
+                "env": login_environment(user, self.settings),
+                "env_fixed": {**nxagent.agent_environment(session, agent_files, {}),
+                              processes.SESSION_MARKER: session.id},
+                "cwd": agent_files.directory,
+                "log": agent_files.log,
+                "pam": self.pam_request(session) if plan.pam else None,
+            }
+            return await self.launcher.start(request), follower
+        except BaseException:
+            follower.stop()
+            raise
+
+    async def start_program(self, session: Session, agent_files: nxagent.AgentFiles, secret: str | None,
+                            report: bool) -> tuple[ProcessId, defer.Deferred[str]]:
+        """Start the session's program (raises LaunchError or OSError); with
+        ``report``, the Deferred gives its status line."""
+        plan = self.plan(session)
+        user = await self.blocking(pwd.getpwuid, session.uid)
+        request = {
+            "user": user.pw_name,
+            "argv": list(plan.program),
+            "env": login_environment(user, self.settings),
+            "env_fixed": {**nxagent.x11_environment(session, agent_files, dict(plan.program_env)),
+                          processes.SESSION_MARKER: session.id},
+            "cwd": user.pw_dir,
+            "log": agent_files.app_log,
+            "stdin": secret,
+            "status_fd": report,
+        }
+        return await self.launcher.start_reporting(request)
+
+    def watch_exit(self, process: ProcessId, on_exit: Callable[[], None]) -> ExitWatch:
+        return ExitWatch(self.reactor, process, on_exit)
+
+    def listens(self, session: Session) -> defer.Deferred[bool]:
+        """Whether the agent itself holds its session's TCP port (a scan of
+        /proc/net/tcp{,6} and the agent's fds: through ``blocking``)."""
+        check = self._listens or processes.listens
+        return self.blocking(check, session.agent_pid, session.port)
+
+    # ------------------------------------------------------------ signals
+    def signal_agent(self, session: Session, signum: int) -> bool:
+        return self.send_signal(ProcessId(session.agent_pid, session.agent_started), signum)
+
+    def signal_program(self, session: Session, signum: int) -> bool:
+        return self.send_signal(ProcessId(session.app_pid, session.app_started), signum)
+
+    @staticmethod
+    def end_program_group(session: Session) -> None:
+        """The session program leads its own process group: end all of it."""
+        processes.signal_group(ProcessId(session.app_pid, session.app_started), signal.SIGTERM)
+
+    async def resend_sighup(self, session: Callable[[], Session],
+                            taken: Callable[[set[State], float], Awaitable[Any]],
+                            timeout_error: type[Exception]) -> None:
+        """SIGHUP a suspended agent until it listens again.
+
+        nxagent ignores a SIGHUP that comes right after it suspended (it is
+        still tearing down the old link), which a take-over or a quick
+        reconnect always meets: the signal is repeated soon, but only until
+        the agent says it is resuming, as a SIGHUP then would suspend it
+        again.  ``taken(states, seconds)`` waits for the session to reach
+        one of ``states`` and raises ``timeout_error`` if it does not."""
+        for attempt in range(SIGHUP_ATTEMPTS):
+            current = session()
+            self.signal_agent(current, signal.SIGHUP)
+            try:
+                await taken({State.RESUMING, State.WAITING}, SIGHUP_RETRY_SECONDS)
+                break
+            except timeout_error:
+                log.debug("session {id}: SIGHUP {n} not taken yet", id=current.id, n=attempt + 1)
+        else:
+            raise timeout_error(f"nxagent did not resume after {SIGHUP_ATTEMPTS} SIGHUPs")
+        await taken({State.WAITING}, RESUME_LISTEN_SECONDS)
+
+    async def gone(self, process: ProcessId, timeout: float) -> bool:
+        """Whether ``process`` exits within ``timeout`` seconds."""
+        if not process.alive():
+            return True
+        exited: defer.Deferred[bool] = defer.Deferred()
+        watch = ExitWatch(self.reactor, process, lambda: exited.called or exited.callback(True))
+        exited.addTimeout(timeout, self.reactor)
+        try:
+            return await exited
+        except defer.TimeoutError:
+            return False
+        finally:
+            watch.stop()
+
+    async def kill_lingering(self, session_id: str, agent: ProcessId) -> None:
+        """The tail of a terminate: an agent that said it ended but lives on
+        gets SIGKILL (through the pidfd, so only if it still is that agent)."""
+        if not await self.gone(agent, 5.0):
+            log.warn("session {id}: nxagent still running after it ended; killing it", id=session_id)
+            self.send_signal(agent, signal.SIGKILL)
+            await self.gone(agent, 5.0)
+
+    def end_watchdog(self, session: Session) -> defer.Deferred[None]:
+        """nxagent waits for its watchdog, which waits for a client proxy that
+        may never say goodbye (Neatx saw agents that never exit): end it.
+        The watchdog is the agent's forked ``nxagent`` child, found in /proc
+        rather than from its log line, which a restarted gateway never saw.
+        SIGKILL, because a fresh watchdog sometimes still runs nxagent's
+        SIGTERM handler and lives on (one suspend in ~10 hung for 20 s); it
+        holds nothing to clean up."""
+        if not session.agent_pid:
+            return defer.succeed(None)
+
+        def kill(children: list[ProcessId]) -> None:
+            for child in children:
+                log.debug("session {id}: ending nxagent's watchdog {pid}", id=session.id, pid=child.pid)
+                self.send_signal(child, signal.SIGKILL)
+
+        return self.blocking(processes.named_children, session.agent_pid, "nxagent").addCallback(kill)
+
+    def end_leftovers(self, session: Session) -> defer.Deferred[None]:
+        """Whatever the session started ends with it, also daemons that left
+        its process group (gpg-agent, dbus-daemon): SIGTERM now, SIGKILL to
+        what is still there after LEFTOVER_GRACE_SECONDS.  They are found by
+        the session's marker in their environment (processes.tagged_processes)."""
+
+        def signal_all(tagged: list[ProcessId], signum: int) -> int:
+            for process in tagged:
+                self.send_signal(process, signum)
+            return len(tagged)
+
+        def scan() -> defer.Deferred[list[ProcessId]]:
+            return self.blocking(processes.tagged_processes, session.id, session.uid)
+
+        def later() -> None:
+            def killed(left: int) -> None:
+                if left:
+                    log.warn("session {id} of {user}: killed {count} processes that ignored SIGTERM",
+                             id=session.id, user=session.user, count=left)
+            scan().addCallback(signal_all, signal.SIGKILL).addCallback(killed).addErrback(
+                lambda failure: log.failure("session {id}: ending its leftovers failed", failure, id=session.id))
+
+        def first(left: int) -> None:
+            if left:
+                log.info("session {id} of {user}: ending {count} processes it started", id=session.id,
+                         user=session.user, count=left)
+                self.reactor.callLater(LEFTOVER_GRACE_SECONDS, later)
+
+        return scan().addCallback(signal_all, signal.SIGTERM).addCallback(first)
+
+    def kill_if_alive(self, process: ProcessId) -> None:
+        if process.alive():
+            log.warn("nxagent pid {pid} lingered after its session ended; killing it", pid=process.pid)
+            self.send_signal(process, signal.SIGKILL)
+
+    # ------------------------------------------------------------ the end
+    def remove(self, directory: str) -> defer.Deferred[None]:
+        return self.blocking(files.remove_tree, directory).addErrback(
+            lambda failure: log.failure("cannot remove {path}", failure, path=directory))
+
+    async def clean_up(self, session: Session) -> None:
+        """Everything an ended session leaves behind: its program's group, its
+        leftovers, a lingering agent, its directory and its PAM session."""
+        self.end_program_group(session)
+        try:
+            await self.end_leftovers(session)
+        except Exception:
+            log.failure("session {id}: ending its leftovers failed", id=session.id)
+        agent = ProcessId(session.agent_pid, session.agent_started)
+        if agent.alive():
+            # It said it terminated; it should be gone in a moment.
+            self.reactor.callLater(5, self.kill_if_alive, agent)
+        await self.remove(self.layout.agent_files(session.id).directory)
+        if session.agent_pid and self.plan(session).pam:
+            try:
+                await self.launcher.close_pam({"user": session.user, "pam": self.pam_request(session)})
+            except (LaunchError, OSError) as error:
+                log.warn("session {id}: closing the PAM session failed: {error}", id=session.id, error=str(error))
+
+    # ------------------------------------------------------------ restart
+    async def adopt(self, session: Session, on_line: Callable[[str], None]) -> Adopted:
+        """Take back a running agent: replay its log (in a thread) to learn
+        its state, then follow the log from where the replay stopped."""
+        agent_files = self.layout.agent_files(session.id)
+        state = ReplayState()
+        try:
+            offset = await self.blocking(replay, agent_files.log, state.feed)
+        except OSError as error:
+            log.warn("session {id}: its log {path} cannot be read ({error}); its state stays as stored",
+                     id=session.id, path=agent_files.log, error=str(error))
+            state.state, state.attached = session.state, session.ever_attached
+            return Adopted(state, None)
+        follower = LogFollower(self.notifier, agent_files.log, on_line, offset=offset, reactor=self.reactor)
+        return Adopted(state, follower)
+
+    async def find_orphans(self, known: Callable[[str], bool], store_location: str,
+                           backup_location: str | None) -> None:
+        """Report what the store should know but does not (it was lost,
+        truncated or replaced): agents still running in session
+        directories, whose displays are then never handed out while they
+        live, and directories of sessions whose agent is gone, removed."""
+        try:
+            names = os.listdir(self.layout.sessions)
+        except OSError as error:
+            log.error("cannot list {path} ({error}): sessions the store does not know stay unseen",
+                      path=self.layout.sessions, error=str(error))
+            names = []
+        agents = await self.blocking(processes.agents_in, self.layout.sessions)
+        for session_id in sorted(set(names) | set(agents)):
+            if known(session_id):
+                continue
+            directory = os.path.join(self.layout.sessions, session_id)
+            agent = agents.get(session_id)
+            if agent is None:
+                log.warn("session directory {path} belongs to no known session and no nxagent runs in it; "
+                         "removing it", path=directory)
+                await self.remove(directory)
+                continue
+            user = await self.blocking(_owner_of, agent.pid)
+            display = processes.display_argument(agent.pid) or 0
+            self.orphans[session_id] = Orphan(session_id, user, display, agent)
+            log.error(
+                "session {id} of {user} (display :{display}, nxagent pid {pid}) runs but the session store does "
+                "not know it (was {store} lost or replaced?); its display stays reserved while it runs. Its user "
+                "cannot reach it: end it with 'kill {pid}', or stop nxgate and restore the store from {backup}",
+                id=session_id, user=user, display=display, pid=agent.pid, store=store_location,
+                backup=backup_location, audit="session_orphan",
+            )
+
+    async def forget_orphans(self) -> None:
+        """Free the displays of unknown sessions whose agent has ended."""
+        for session_id, orphan in list(self.orphans.items()):
+            if not orphan.agent.alive():
+                del self.orphans[session_id]
+                log.info("unknown session {id} of {user} on display :{display} has ended", id=session_id,
+                         user=orphan.user, display=orphan.display)
+                await self.remove(os.path.join(self.layout.sessions, orphan.session_id))
+
+
+def _owner_of(pid: int) -> str:
+    try:
+        return pwd.getpwuid(os.stat(f"/proc/{pid}").st_uid).pw_name
+    except (OSError, KeyError) as error:
+        log.debug("owner of pid {pid} unknown: {error}", pid=pid, error=str(error))
+        return "?"

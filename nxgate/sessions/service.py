@@ -1,0 +1,287 @@
+"""The session service: the one API every front door uses (:class:`nxgate.sessions.api.SessionAPI`).
+
+It composes the parts and adds what is about callers: who may see and act
+on a session (the owner check, the admin), admission (limits, then a
+display, then registration, in one reactor turn), and the domain results
+doors render (Ready, SessionView, Listing, ServiceStatus).  What a session
+does over its life is the :class:`Lifecycle`'s; its processes are the
+:class:`AgentSupervisor`'s; the clock's work is :class:`Housekeeping`'s;
+the store is written through the :class:`StoreWriter`.
+"""
+
+from __future__ import annotations
+
+import pwd
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from twisted.application import service
+from twisted.internet import defer, inotify
+from twisted.logger import Logger
+
+from nxgate.auth import resolve_service
+from nxgate.backends import nxagent
+from nxgate.config import Config
+from nxgate.node.displays import DisplayAllocator, NoFreeDisplay
+from nxgate.node.supervisor import AgentSupervisor, Orphan, SendSignal
+from nxgate.safetext import printable
+from nxgate.session import files, processes
+from nxgate.session.model import Session
+from nxgate.session.programs import session_command
+from nxgate.session.remote import PROTOCOLS, RemoteSessions
+from nxgate.session.store import SessionStore as SQLiteDatabase
+from nxgate.sessions.caller import Caller
+from nxgate.sessions.errors import Kind, SessionError
+from nxgate.sessions.housekeeping import Housekeeping
+from nxgate.sessions.lifecycle import Background, Lifecycle
+from nxgate.sessions.limits import Limits
+from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequest, StartRequest
+from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionView, ShadowTarget,
+                                     StreamTarget, UnknownSession)
+from nxgate.sessions.store.adapter import SyncStoreAdapter
+from nxgate.sessions.store.interface import SessionStore
+from nxgate.sessions.writer import StoreWriter
+from nxgate.threads import Blocking, inline
+
+log = Logger(namespace="nxgate.session")
+
+
+class SessionService(service.Service):
+    name = "sessions"
+
+    def __init__(
+        self,
+        reactor: Any,
+        config: Config,
+        store: SQLiteDatabase,
+        layout: files.StateLayout,
+        notifier: inotify.INotify | None = None,
+        launcher: processes.Launcher | None = None,
+        *,
+        blocking: Blocking = inline,
+        send_signal: SendSignal = processes.send_signal,
+        listens: Callable[[int, int], bool] | None = None,
+        async_store: SessionStore | None = None,
+    ) -> None:
+        """``blocking`` runs the work that must not hold the reactor (the
+        gateway passes a thread pool); ``send_signal`` and ``listens`` go to
+        the AgentSupervisor (tests record signals and fake the port check).
+        ``async_store``: the store behind the asynchronous interface (default:
+        ``store`` through :class:`SyncStoreAdapter`)."""
+        self.reactor = reactor
+        self.config = config
+        self.settings = config.sessions
+        self.db = store  # the synchronous SQLite store, for the gateway's open/close
+        self.store: SessionStore = async_store or SyncStoreAdapter(store, blocking)
+        self.writer = StoreWriter(self.store, reactor)
+        self.layout = layout
+        self.notifier = notifier or inotify.INotify(reactor)
+        self.launcher = launcher or processes.Launcher(reactor)
+        self.pam_service = resolve_service(config.auth.pam_service)
+        self.limits = Limits(lambda: self.config)
+        self.background = Background()
+        self.supervisor = AgentSupervisor(reactor, lambda: self.config, layout, self.launcher, self.notifier,
+                                          self.pam_service, blocking=blocking, send_signal=send_signal,
+                                          listens=listens)
+        self.displays = DisplayAllocator(
+            lambda: (self.settings.display_base, self.settings.display_limit),
+            lambda: [s.display for s in self.sessions.values()] + [o.display for o in self.orphans.values()])
+        self.lifecycle = Lifecycle(reactor, lambda: self.config, lambda: self.settings, layout, self.supervisor,
+                                   self.writer, self.store, self.displays, self.background)
+        self.sessions = self.lifecycle.sessions  # the same dicts: the life cycle owns them
+        self.runtime = self.lifecycle.runtime
+        self.housekeeper = Housekeeping(reactor, lambda: self.settings, self.store, layout, self.supervisor,
+                                        lambda: self.sessions.values(), self.lifecycle.terminate_session,
+                                        self.background)
+        self.remote = RemoteSessions(self)
+        # Shadowing (nxgate.shadow.service.ShadowService), set by the gateway.
+        self.shadow: Any = None
+
+    def startService(self) -> None:
+        super().startService()
+        files.ensure_x_socket_dir()
+        self.notifier.startReading()
+        self.background(self.lifecycle._reconcile(), "taking back the sessions of the previous run")
+        self.housekeeper.startService()
+
+    def stopService(self) -> None:
+        """Stop watching; the sessions themselves carry on without us."""
+        super().stopService()
+        self.housekeeper.stopService()
+        self.writer.stop()
+        self.writer.flush()
+        if self.unsaved:
+            log.error("{count} session change(s) could not be written to the store before stopping; the next start "
+                      "learns the state of running sessions from their agents' logs", count=len(self.unsaved))
+        for runtime in self.runtime.values():
+            self.lifecycle._stop_watching(runtime)
+        self.notifier.loseConnection()
+
+    async def start(self, caller: Caller, request: StartRequest) -> Ready:
+        """A new session for ``caller``, once its agent waits for the client
+        (the remote desktop types go to :class:`RemoteSessions`)."""
+        if request.ignored:
+            log.info("startsession of {user} from {address}: ignored {ignored!r} (the server chooses the"
+                     " session id and display)", user=caller.user, address=caller.address,
+                     ignored=dict(request.ignored))
+        if request.type in PROTOCOLS:
+            return await self.remote.start(caller, request)
+        program = session_command(request, self.config.types, self.settings)
+        if not request.encrypted and not self.settings.allow_unencrypted:
+            raise SessionError(Kind.ENCRYPTION_REQUIRED, "Unencrypted sessions are not allowed.")
+        plan = nxagent.AgentPlan(mode="-R" if request.rootless else "-D", program=program)
+        session = self.new_session(caller, request.type, request.name, request.display, request.encrypted,
+                                   rootless=request.rootless)
+        return await self.launch(caller, session, request.display, plan)
+
+    def new_session(self, caller: Caller, session_type: str, name: str, settings: DisplaySettings,
+                    encrypted: bool, rootless: bool = False, run_as: str = "") -> Session:
+        """A session record for ``caller`` with a fresh id, cookie and display
+        (not stored yet).  Its processes run as ``run_as`` (default: the caller,
+        whose uid and gid were resolved at login)."""
+        self.limits.check(caller, self.sessions.values())
+        if run_as:
+            owner = pwd.getpwnam(run_as)
+            uid, gid = owner.pw_uid, owner.pw_gid
+        else:
+            uid, gid = caller.uid, caller.gid
+        now = self.reactor.seconds()
+        return Session(
+            id=secrets.token_hex(16).upper(), user=caller.user, uid=uid, gid=gid,
+            type=session_type, name=printable(name), display=self._allocate_display(),
+            server_name=self.config.server_name, cookie=secrets.token_hex(16), created=now, changed=now,
+            client_address=printable(caller.address),
+            geometry=settings.geometry, depth=settings.depth, render=settings.render,
+            fullscreen=settings.fullscreen, rootless=rootless, encrypted=encrypted,
+        )
+
+    async def launch(self, caller: Caller, session: Session, settings: DisplaySettings,
+                     plan: nxagent.AgentPlan, secret: str | None = None,
+                     judge: Callable[[str], SessionError | None] | None = None) -> Ready:
+        """Start a new session (see :meth:`Lifecycle.launch`); Ready once its agent listens."""
+        return self._ready(await self.lifecycle.launch(caller, session, settings, plan, secret, judge), resumed=False)
+
+    async def restore(self, caller: Caller, request: RestoreRequest) -> Ready:
+        session = self._owned(caller, request.session_id)
+        if not request.encrypted and not self.settings.allow_unencrypted:
+            raise SessionError(Kind.ENCRYPTION_REQUIRED, "Unencrypted sessions are not allowed.")
+        session = await self.lifecycle.resume(caller, request, lambda: self._owned(caller, request.session_id))
+        return self._ready(session, resumed=True)
+
+    async def terminate(self, caller: Caller, session_id: str, reason: str = "user request") -> SessionView:
+        session = self._owned(caller, session_id)
+        log.info("terminating session {id} of {user} on request from {address}", id=session.id,
+                 user=session.user, address=caller.address, audit="session_terminate")
+        await self.lifecycle.terminate_session(session.id, reason)
+        return SessionView.of(self.sessions.get(session.id, session))
+
+    async def suspend(self, caller: Caller, session_id: str) -> SessionView:
+        """Suspend the caller's session (one already suspended stays so)."""
+        session = self._owned(caller, session_id)
+        await self.lifecycle.suspend_session(session.id)
+        return SessionView.of(self.sessions.get(session.id, session))
+
+    async def show(self, caller: Caller, session_id: str) -> SessionView:
+        return SessionView.of(self._owned(caller, session_id))
+
+    async def status(self, caller: Caller) -> ServiceStatus:
+        self._admin_only(caller, "see the service's status")
+        return ServiceStatus(
+            draining=self.draining, live=sum(1 for s in self.sessions.values() if s.state.live),
+            unsaved_changes=len(self.unsaved),
+            unknown_sessions=tuple(UnknownSession(o.session_id, o.user, o.display, o.agent.pid)
+                                   for o in self.orphans.values()))
+
+    async def set_draining(self, caller: Caller, on: bool) -> bool:
+        """Draining: no new sessions, the running ones carry on."""
+        self._admin_only(caller, "drain the server")
+        self.draining = bool(on)
+        return self.draining
+
+    @staticmethod
+    def _admin_only(caller: Caller, what: str) -> None:
+        if not caller.admin:
+            raise SessionError(Kind.NOT_ALLOWED, f"Only the admin may {what}.")
+
+    async def shadow_targets(self, caller: Caller) -> tuple[ShadowTarget, ...]:
+        """The displays ``caller`` may shadow."""
+        return await self.shadow.targets(caller)
+
+    async def attach_shadow(self, caller: Caller, request: ShadowRequest,
+                            progress: ProgressCallback = lambda progress: None) -> Ready:
+        """A shadow session of ``request.target_id`` for ``caller``; ``progress``
+        hears when the owner is asked."""
+        return await self.shadow.attach(caller, request, progress)
+
+    async def list(self, caller: Caller) -> Listing:
+        """The caller's live sessions, oldest first (an admin's: everyone's)."""
+        live = sorted((s for s in self.sessions.values() if s.state.live and caller.owns(s.user)),
+                      key=lambda s: s.created)
+        return Listing(tuple(SessionView.of(s) for s in live), capacity_reached=self.limits.at_capacity(caller, self.sessions.values()))
+
+    def housekeeping(self) -> defer.Deferred[None]:
+        """Expire long-suspended sessions and forget old ended ones."""
+        return self.housekeeper.run()
+
+    def backup(self) -> defer.Deferred[None]:
+        return self.housekeeper.backup()
+
+    def _owned(self, caller: Caller, session_id: str) -> Session:
+        """The caller's own live session; others' sessions do not exist for him
+        (NOT_YOURS carries the same words as NOT_FOUND)."""
+        session = self.sessions.get(session_id)
+        if session is not None and session.state.live and not caller.owns(session.user):
+            log.warn("{user} from {address} asked for session {id} of another user", user=caller.user,
+                     address=caller.address, id=session_id, audit="session_denied")
+            raise SessionError(Kind.NOT_YOURS, f"Could not find session {session_id}.", session_id=session_id)
+        if session is None or not session.state.live:
+            raise SessionError(Kind.NOT_FOUND, f"Could not find session {session_id}.", session_id=session_id)
+        return session
+
+    @property
+    def orphans(self) -> dict[str, Orphan]:
+        """Running sessions the store did not know at start (the supervisor's)."""
+        return self.supervisor.orphans
+
+    @property
+    def draining(self) -> bool:
+        return self.limits.draining
+
+    @draining.setter
+    def draining(self, on: bool) -> None:
+        self.limits.draining = on
+
+    def _allocate_display(self) -> int:
+        try:
+            return self.displays.allocate()
+        except NoFreeDisplay:
+            raise SessionError(Kind.FAILED_TO_START,
+                               "Display limit exceeded: no free display for a new session.") from None
+
+    def _ready(self, session: Session, resumed: bool) -> Ready:
+        """What the client needs to reach ``session``: an encrypted one's
+        stream goes through the gateway to the agent's socket."""
+        stream = (StreamTarget(session.id, self.layout.agent_files(session.id).socket, session.uid)
+                  if session.encrypted else None)
+        return Ready(SessionView.of(session), session.cookie, resumed, stream)
+
+    # ------------------------------------------------ the life cycle's, for the NX door's helpers and tests
+    async def terminate_session(self, session_id: str, reason: str) -> None:
+        await self.lifecycle.terminate_session(session_id, reason)
+
+    async def suspend_session(self, session_id: str) -> None:
+        await self.lifecycle.suspend_session(session_id)
+
+    def _agent_line(self, session_id: str, line: str) -> None:
+        self.lifecycle._agent_line(session_id, line)
+
+    def reconcile(self) -> defer.Deferred[None]:
+        return self.lifecycle.reconcile()
+
+    @property
+    def unsaved(self) -> dict[str, Session]:
+        return self.writer.unsaved
+
+    def flush(self) -> defer.Deferred[int]:
+        return self.writer.flush()
