@@ -11,6 +11,7 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.audit import AuditLog, audit_record
+from nxgate import logs
 from nxgate.logs import OneLineObserver
 from nxgate.safetext import printable
 
@@ -107,3 +108,33 @@ class TextLogTests(SynchronousTestCase):
             raise OSError(errno.ENOSPC, "No space left on device")
 
         OneLineObserver(full)({"log_format": "x", "log_level": None})
+
+
+class AuditAfterReloadTests(SynchronousTestCase):
+    """After a reload to ``log_level = warn`` the info-level audit events
+    (login, session start, resume and end) stopped reaching the audit log:
+    the level filter wrapped the audit observer too, and the gateway's
+    stopService could then no longer remove it."""
+
+    AUDITED = ("login", "session_start", "session_resume", "session_end")
+
+    def test_info_audit_events_are_kept_after_a_reload_to_warn(self):
+        publisher = LogPublisher()
+        self.patch(logs, "globalLogPublisher", publisher)
+        text = io.StringIO()
+        publisher.addObserver(textFileLogObserver(text))
+        path = self.mktemp()
+        audit = AuditLog(path)
+        self.addCleanup(os.close, audit.fd)
+        logs.filter_global_log("info")  # the start
+        publisher.addObserver(audit)
+        logs.filter_global_log("warn")  # the reload
+        log = Logger(namespace="nxgate", observer=publisher)
+        for event in self.AUDITED:
+            log.info("{what} of alice", what=event, user="alice", address="192.0.2.1", audit=event)
+        log.info("chatter below the level")
+        with open(path, encoding="utf-8") as handle:
+            self.assertEqual([json.loads(line)["event"] for line in handle], list(self.AUDITED))
+        self.assertNotIn("chatter", text.getvalue())
+        publisher.removeObserver(audit)
+        self.assertNotIn(audit, publisher._observers)
