@@ -49,7 +49,7 @@ def in_vocab(name: str) -> bool:
 
 
 def module_name(path: str) -> tuple[str, bool]:
-    """``nxgate/ssh/server.py`` -> (``nxgate.ssh.server``, False); an ``__init__.py`` is its package."""
+    """``nxgate/doors/conch/server.py`` -> (``nxgate.doors.conch.server``, False); an ``__init__.py`` is its package."""
     parts = os.path.relpath(path, REPO)[:-3].split(os.sep)
     if parts[-1] == "__init__":
         return ".".join(parts[:-1]), True
@@ -285,11 +285,11 @@ class CheckerTests(TestCase):
                          ["L7 nxgate.sessions.lifecycle has 2 bare ensureDeferred(...)"])
 
     def test_old_names_are_judged_under_new_ones(self) -> None:
-        """Before the move, ``nxgate/session/model.py`` importing ``nxgate.nx.shell`` is an L1 violation."""
+        """Before the move, ``nxgate/sessions/model.py`` importing ``nxgate.nx.server_dialogue`` is an L1 violation."""
         if not os.path.exists(os.path.join(REPO, "tools", "relayout.py")) or \
                 not os.path.exists(os.path.join(REPO, "nxgate", "session", "model.py")):
             raise SkipTest("the move is done: there are no old names left")
-        graph, _ = read_tree({os.path.join("nxgate", "session", "model.py"): "from nxgate.nx.shell import Reply\n"})
+        graph, _ = read_tree({os.path.join("nxgate", "session", "model.py"): "from nxgate.nx.server_dialogue import Reply\n"})
         self.assertIn("L1 nxgate.sessions.model imports nxgate.nx.server_dialogue.Reply", check(graph))
 
 

@@ -1,4 +1,4 @@
-"""Following agent logs without holding the reactor (nxgate.session.follow)."""
+"""Following agent logs without holding the reactor (nxgate.node.follow)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate import threads
-from nxgate.session import follow
+from nxgate.node import follow
 
 
 class FakeNotifier:

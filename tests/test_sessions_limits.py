@@ -9,7 +9,7 @@ from twisted.trial.unittest import TestCase
 from nxgate.config import Config, SessionsSection
 from nxgate.node import displays
 from nxgate.node.displays import DisplayAllocator, NoFreeDisplay
-from nxgate.session.model import Session, State
+from nxgate.sessions.model import Session, State
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.limits import Limits

@@ -11,8 +11,8 @@ import threading
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate import threads
-from nxgate.session import files
-from nxgate.shadow import console
+from nxgate.node import files
+from nxgate.node import console
 
 COOKIE = "0123456789abcdef" * 2
 

@@ -3,8 +3,8 @@
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.config import ShadowSection
-from nxgate.session.files import cookie_in_xauthority, xauthority
-from nxgate.shadow.policy import decide
+from nxgate.node.files import cookie_in_xauthority, xauthority
+from nxgate.sessions.shadow_policy import decide
 
 ADMINS = frozenset({"nxadmin"})
 NOBODY = frozenset({"users"})

@@ -13,13 +13,13 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.config import Config, ShadowSection
-from nxgate.session.files import StateLayout
-from nxgate.session.model import Session, State
-from nxgate.session.processes import ProcessId
+from nxgate.node.files import StateLayout
+from nxgate.sessions.model import Session, State
+from nxgate.node.processes import ProcessId
 from nxgate.sessions.caller import Caller
-from nxgate.shadow import console
-from nxgate.shadow.service import ShadowService, Target
-from nxgate.users import UserDirectory
+from nxgate.node import console
+from nxgate.sessions.shadow_sessions import ShadowService, Target
+from nxgate.auth.users import UserDirectory
 
 ME = pwd.getpwuid(os.getuid())
 WATCHED = "A" * 32

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 from twisted.internet import defer
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate import shellproto
-from nxgate.shellsocket import ShellProtocol
-from nxgate.users import UserDirectory
+from nxgate.doors.openssh import framing as shellproto
+from nxgate.doors.openssh.socket import OpenSSHDoorProtocol
+from nxgate.auth.users import UserDirectory
 
 UID = 4321  # not root's: root is refused before any look-up
 
@@ -81,7 +81,7 @@ class ShellSocketTests(SynchronousTestCase):
     def connect(self, blocking, uid=None, **gateway):
         self.gateway = Gateway(blocking, **gateway)
         self.transport = Transport(UID if uid is None else uid)
-        protocol = ShellProtocol(self.gateway)
+        protocol = OpenSSHDoorProtocol(self.gateway)
         protocol.makeConnection(self.transport)
         return protocol
 

@@ -12,9 +12,9 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.conversation import Conversation
-from nxgate.nx.shell import Reply, ShellSettings
-from nxgate.users import UserDirectory, group_names, resolve_caller
+from nxgate.doors.conversation import Conversation
+from nxgate.nx.server_dialogue import Reply, DialogueSettings
+from nxgate.auth.users import UserDirectory, group_names, resolve_caller
 
 ME = pwd.getpwuid(os.getuid())
 
@@ -67,7 +67,7 @@ class ConversationCallerTests(SynchronousTestCase):
         pending: defer.Deferred = defer.Deferred()
         commands = Commands()
         transport = Transport()
-        conversation = Conversation(MemoryReactorClock(), ShellSettings("gw"), transport, "192.0.2.1", None,
+        conversation = Conversation(MemoryReactorClock(), DialogueSettings("gw"), transport, "192.0.2.1", None,
                                     commands, preauthenticated_user=ME.pw_name, door="nx-openssh",
                                     blocking=blocking)
         conversation.start()
@@ -84,7 +84,7 @@ class ConversationCallerTests(SynchronousTestCase):
     def test_a_failed_lookup_is_an_internal_error(self):
         commands = Commands()
         transport = Transport()
-        conversation = Conversation(MemoryReactorClock(), ShellSettings("gw"), transport, "192.0.2.1", None,
+        conversation = Conversation(MemoryReactorClock(), DialogueSettings("gw"), transport, "192.0.2.1", None,
                                     commands, preauthenticated_user="no-such-user-nxgate")
         conversation.start()
         conversation.data_received(b'hello NXCLIENT - Version 3.2.0\nlogin\nlistsession --status="running"\n')

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from nxgate.session import files
+from nxgate.node import files
 
 #: An NX display's TCP port is 4000 + the display number.
 NX_PORT_OFFSET = 4000

@@ -30,11 +30,11 @@ from twisted.logger import Logger
 from nxgate.backends import nxagent
 from nxgate.backends.agentlog import AgentEvent, LogEvent, parse_line
 from nxgate.config import Config
-from nxgate.session import files, processes
-from nxgate.session.follow import LogFollower, replay
-from nxgate.session.model import Session, State, advance
-from nxgate.session.processes import ExitWatch, LaunchError, ProcessId
-from nxgate.session.programs import login_environment
+from nxgate.node import files, processes
+from nxgate.node.follow import LogFollower, replay
+from nxgate.sessions.model import Session, State, advance
+from nxgate.node.processes import ExitWatch, LaunchError, ProcessId
+from nxgate.sessions.programs import login_environment
 from nxgate.sessions.requests import DisplaySettings
 from nxgate.threads import Blocking, inline
 

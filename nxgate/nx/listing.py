@@ -31,7 +31,7 @@ _SCREEN = re.compile(r"\d+x\d+")
 
 
 @dataclass(frozen=True)
-class ListedSession:
+class ListingRow:
     display: int
     session_type: str
     session_id: str
@@ -68,7 +68,7 @@ def session_options(*, fullscreen: bool, render: bool, virtual_desktop: bool) ->
     )
 
 
-def format_session_list(user: str, sessions: Iterable[ListedSession], *, capacity_reached: bool) -> list[str]:
+def format_session_list(user: str, sessions: Iterable[ListingRow], *, capacity_reached: bool) -> list[str]:
     """The lines of a ``listsession`` reply up to (not including) the prompt."""
     lines = [f"NX> {errors.SESSION_LIST} Session list of user '{user}':", HEADER, DASHES]
     lines.extend(session.row() for session in sessions)

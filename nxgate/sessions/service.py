@@ -20,17 +20,17 @@ from twisted.application import service
 from twisted.internet import defer, inotify
 from twisted.logger import Logger
 
-from nxgate.auth import resolve_service
+from nxgate.auth.pam import resolve_service
 from nxgate.backends import nxagent
 from nxgate.config import Config
 from nxgate.node.displays import DisplayAllocator, NoFreeDisplay
 from nxgate.node.supervisor import AgentSupervisor, Orphan, SendSignal
 from nxgate.safetext import printable
-from nxgate.session import files, processes
-from nxgate.session.model import Session
-from nxgate.session.programs import session_command
-from nxgate.session.remote import PROTOCOLS, RemoteSessions
-from nxgate.session.store import SessionStore as SQLiteDatabase
+from nxgate.node import files, processes
+from nxgate.sessions.model import Session
+from nxgate.sessions.programs import session_command
+from nxgate.sessions.remote_sessions import PROTOCOLS, RemoteSessions
+from nxgate.sessions.store.sqlite import SessionStore as SQLiteDatabase
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.housekeeping import Housekeeping
@@ -95,7 +95,7 @@ class SessionService(service.Service):
                                         lambda: self.sessions.values(), self.lifecycle.terminate_session,
                                         self.background)
         self.remote = RemoteSessions(self)
-        # Shadowing (nxgate.shadow.service.ShadowService), set by the gateway.
+        # Shadowing (nxgate.sessions.shadow_sessions.ShadowService), set by the gateway.
         self.shadow: Any = None
 
     def startService(self) -> None:

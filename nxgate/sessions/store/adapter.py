@@ -15,8 +15,8 @@ from typing import Any
 
 from twisted.internet import defer
 
-from nxgate.session.model import Session
-from nxgate.session.store import SessionStore as SQLiteDatabase
+from nxgate.sessions.model import Session
+from nxgate.sessions.store.sqlite import SessionStore as SQLiteDatabase
 from nxgate.threads import Blocking, inline
 
 
