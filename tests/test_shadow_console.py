@@ -11,6 +11,7 @@ import threading
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate import threads
+from nxgate.backends import x11
 from nxgate.node import files
 from nxgate.node import console
 
@@ -37,7 +38,7 @@ class ReadCookieTests(SynchronousTestCase):
 
     def test_a_regular_file_gives_the_cookie(self) -> None:
         with open(self.path, "wb") as handle:
-            handle.write(files.xauthority(7, COOKIE))
+            handle.write(x11.xauthority(7, COOKIE))
         self.assertEqual(console._read_cookie(self.path, 7), COOKIE)
         self.assertIsNone(console._read_cookie(self.path, 8))
 
@@ -48,13 +49,13 @@ class ReadCookieTests(SynchronousTestCase):
     def test_a_link_is_not_followed(self) -> None:
         elsewhere = os.path.join(self.home, "elsewhere")
         with open(elsewhere, "wb") as handle:
-            handle.write(files.xauthority(7, COOKIE))
+            handle.write(x11.xauthority(7, COOKIE))
         os.symlink(elsewhere, self.path)
         self.assertIsNone(console._read_cookie(self.path, 7))
 
     def test_a_file_of_someone_else_is_refused(self) -> None:
         with open(self.path, "wb") as handle:
-            handle.write(files.xauthority(7, COOKIE))
+            handle.write(x11.xauthority(7, COOKIE))
         os.chown(self.path, 4242, 4242)
         self.assertIsNone(console._read_cookie(self.path, 7, (1000, 0)))
         self.assertEqual(console._read_cookie(self.path, 7, (4242,)), COOKIE)
@@ -73,8 +74,8 @@ class LockFileTests(SynchronousTestCase):
     def setUp(self) -> None:
         directory = tempfile.mkdtemp(prefix="nxgate-locks-")
         self.addCleanup(files.remove_tree, directory)
-        self.patch(files, "X_LOCK", os.path.join(directory, ".X{n}-lock"))
-        self.lock = files.X_LOCK.format(n=self.DISPLAY)
+        self.patch(x11, "X_LOCK", os.path.join(directory, ".X{n}-lock"))
+        self.lock = x11.X_LOCK.format(n=self.DISPLAY)
 
     def test_a_fifo_as_lock_does_not_block_find_console(self) -> None:
         os.mkfifo(self.lock)

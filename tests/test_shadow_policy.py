@@ -3,7 +3,7 @@
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.config import ShadowSection
-from nxgate.node.files import cookie_in_xauthority, xauthority
+from nxgate.backends.x11 import cookie_in_xauthority, xauthority
 from nxgate.sessions.shadow_policy import decide
 
 ADMINS = frozenset({"nxadmin"})

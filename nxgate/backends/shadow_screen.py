@@ -25,7 +25,7 @@ from typing import Any
 from twisted.internet import defer, endpoints, protocol
 from twisted.logger import Logger
 
-from nxgate.node.files import X_SOCKET
+from nxgate.backends.x11 import X_SOCKET
 
 log = Logger(namespace="nxgate.shadow")
 

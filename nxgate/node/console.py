@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
+from nxgate.backends import x11
 from nxgate.node import files
 from nxgate.node.processes import ProcessId
 from nxgate.threads import Blocking
@@ -61,7 +62,7 @@ def parse_display(spec: str) -> int | None:
 
 def _server_pid(display: int) -> int | None:
     """The pid in the display's lock file (in /tmp: any user may plant one)."""
-    data = files.read_regular_file(files.X_LOCK.format(n=display), 64)
+    data = files.read_regular_file(x11.X_LOCK.format(n=display), 64)
     try:
         return int((data or b"").strip()) or None
     except ValueError:
@@ -118,7 +119,7 @@ def _read_cookie(path: str | None, display: int, owners: tuple[int, ...] | None 
     data = files.read_regular_file(path, MAX_XAUTHORITY_BYTES, owners)
     if data is None:
         return None
-    return files.cookie_in_xauthority(data, display)
+    return x11.cookie_in_xauthority(data, display)
 
 
 def find_console(spec: str) -> Console | None:

@@ -15,24 +15,19 @@ import os
 import shutil
 import socket
 import stat
-import struct
 from dataclasses import dataclass
 from typing import Any
 
 from twisted.logger import Logger
 
 from nxgate.backends.nxagent import MAX_SOCKET_PATH, AgentFiles
+from nxgate.backends import x11
 
 log = Logger(namespace="nxgate.session")
 
-X_LOCK = "/tmp/.X{n}-lock"
-X_SOCKET_DIR = "/tmp/.X11-unix"
-X_SOCKET = "/tmp/.X11-unix/X{n}"
 #: Where gateways on one machine claim displays (root's: /run is not
 #: world-writable, so no local user can hold a claim).
 DISPLAY_CLAIMS = "/run/nxgate/displays"
-FAMILY_WILD = 0xFFFF
-FAMILY_LOCAL = 256
 
 
 @dataclass(frozen=True)
@@ -168,61 +163,18 @@ def read_regular_file(path: str, limit: int, owners: tuple[int, ...] | None = No
         os.close(fd)
 
 
-def xauthority(display: int, cookie_hex: str) -> bytes:
-    """X authority entries holding one MIT-MAGIC-COOKIE-1 for display ``N``.
-
-    A "local" entry for this host (what ``xauth add :N`` writes, and all
-    python-xlib looks for) and a "wild" one that matches however else a
-    client reaches the display (``localhost:N``, ``unix/host:N``).
-    """
-
-    def counted(data: bytes) -> bytes:
-        return struct.pack(">H", len(data)) + data
-
-    def entry(family: int, address: bytes) -> bytes:
-        return (struct.pack(">H", family) + counted(address) + counted(str(display).encode())
-                + counted(b"MIT-MAGIC-COOKIE-1") + counted(bytes.fromhex(cookie_hex)))
-
-    return entry(FAMILY_LOCAL, socket.gethostname().encode()) + entry(FAMILY_WILD, b"")
-
-
-def cookie_in_xauthority(data: bytes, display: int) -> str | None:
-    """The hex MIT-MAGIC-COOKIE-1 for ``display`` in Xauthority data, if any."""
-    pos = 0
-
-    def counted() -> bytes:
-        nonlocal pos
-        (length,) = struct.unpack_from(">H", data, pos)
-        if pos + 2 + length > len(data):
-            raise struct.error("truncated X authority entry")
-        value = data[pos + 2 : pos + 2 + length]
-        pos += 2 + length
-        return value
-
-    try:
-        while pos < len(data):
-            pos += 2  # family: any address may do; this machine wrote the file
-            counted()
-            number, name, cookie = counted(), counted(), counted()
-            if number == str(display).encode() and name == b"MIT-MAGIC-COOKIE-1":
-                return cookie.hex()
-    except struct.error:
-        return None
-    return None
-
-
 # --------------------------------------------------------------- displays
 def ensure_x_socket_dir() -> None:
     """``/tmp/.X11-unix`` must exist, owned by root and sticky, before a
     user's agent starts; otherwise the first agent would create it as its own."""
     try:
-        st = os.lstat(X_SOCKET_DIR)
+        st = os.lstat(x11.X_SOCKET_DIR)
     except FileNotFoundError:
-        os.mkdir(X_SOCKET_DIR, 0o1777)
-        os.chmod(X_SOCKET_DIR, 0o1777)
+        os.mkdir(x11.X_SOCKET_DIR, 0o1777)
+        os.chmod(x11.X_SOCKET_DIR, 0o1777)
         return
     if stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) != 0o1777:
-        os.chmod(X_SOCKET_DIR, 0o1777)
+        os.chmod(x11.X_SOCKET_DIR, 0o1777)
 
 
 def _lock_holder(display: int) -> int | None:
@@ -231,7 +183,7 @@ def _lock_holder(display: int) -> int | None:
     The lock lives in /tmp, where any user may put a FIFO or a link in its
     place: it is read with :func:`read_regular_file`, and anything but a
     regular file holding a pid counts as taken."""
-    path = X_LOCK.format(n=display)
+    path = x11.X_LOCK.format(n=display)
     if not os.path.lexists(path):
         return None
     data = read_regular_file(path, 64)
@@ -329,11 +281,11 @@ def display_available(display: int) -> bool:
         if holder <= 0 or _pid_alive(holder):
             return False
         log.info("removing stale lock of display :{display} (pid {pid} is gone)", display=display, pid=holder)
-        for path in (X_LOCK.format(n=display), X_SOCKET.format(n=display)):
+        for path in (x11.X_LOCK.format(n=display), x11.X_SOCKET.format(n=display)):
             try:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
-    elif os.path.lexists(X_SOCKET.format(n=display)):
+    elif os.path.lexists(x11.X_SOCKET.format(n=display)):
         return False
     return _port_free(4000 + display)

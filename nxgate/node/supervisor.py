@@ -27,14 +27,14 @@ from typing import Any
 from twisted.internet import defer, inotify
 from twisted.logger import Logger
 
-from nxgate.backends import nxagent
+from nxgate.backends import nxagent, x11
 from nxgate.backends.agentlog import AgentEvent, LogEvent, parse_line
 from nxgate.config import Config
 from nxgate.node import files, processes
 from nxgate.node.follow import LogFollower, replay
 from nxgate.sessions.model import Session, State, advance
 from nxgate.node.processes import ExitWatch, LaunchError, ProcessId
-from nxgate.sessions.programs import login_environment
+from nxgate.node.environment import login_environment
 from nxgate.sessions.requests import DisplaySettings
 from nxgate.threads import Blocking, inline
 
@@ -134,7 +134,7 @@ class AgentSupervisor:
         # an unencrypted one's client connects to its TCP port directly.
         listen = (nxagent.listen_unix(agent_files.socket) if session.encrypted
                   else nxagent.listen_tcp(session.client_address))
-        authority = b"".join(files.xauthority(display, cookie)
+        authority = b"".join(x11.xauthority(display, cookie)
                              for display, cookie in ((session.display, session.cookie), *plan.extra_cookies))
         options = nxagent.options_line(session, settings, listen, plan.extra_options)
         files.write_user_file(agent_files.authority, authority, session.uid, session.gid)

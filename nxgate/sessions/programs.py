@@ -1,10 +1,8 @@
-"""What runs inside a session, and with which environment (pure but for
-looking programs up on the PATH)."""
+"""What runs inside a session (pure but for looking programs up on the PATH)."""
 
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 from collections.abc import Mapping
 
@@ -15,18 +13,6 @@ from nxgate.sessions.requests import StartRequest
 DESKTOP_WITHOUT_XSESSION = ("x-session-manager",)
 # Types that are one program in a window, not a desktop: no X session script.
 PLAIN_TYPES = ("unix-console", "unix-application")
-
-
-def login_environment(user: pwd.struct_passwd, settings: SessionsSection) -> dict[str, str]:
-    """A login environment (PAM's own variables are added by the launcher)."""
-    return {
-        "HOME": user.pw_dir,
-        "USER": user.pw_name,
-        "LOGNAME": user.pw_name,
-        "SHELL": user.pw_shell or "/bin/sh",
-        "PATH": settings.path,
-        "LANG": settings.lang,
-    }
 
 
 def _type_command(session_type: str, types: Mapping[str, tuple[str, ...]], settings: SessionsSection) -> tuple[str, ...]:

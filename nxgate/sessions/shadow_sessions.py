@@ -22,7 +22,7 @@ from twisted.logger import Logger
 from nxgate.backends import nxagent
 from nxgate.config import Config
 from nxgate.sessions.model import State
-from nxgate.sessions.programs import login_environment
+from nxgate.node.environment import login_environment
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.requests import DisplaySettings, ShadowRequest
