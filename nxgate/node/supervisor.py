@@ -32,6 +32,7 @@ from nxgate.backends.agentlog import AgentEvent, LogEvent, parse_line
 from nxgate.config import Config
 from nxgate.node import files, processes
 from nxgate.node.follow import LogFollower, replay
+from nxgate.node.launcher import Launcher
 from nxgate.sessions.model import Session, State, advance
 from nxgate.node.processes import ExitWatch, LaunchError, ProcessId
 from nxgate.node.environment import login_environment
@@ -97,7 +98,7 @@ class AgentSupervisor:
         reactor: Any,
         config: Callable[[], Config],
         layout: files.StateLayout,
-        launcher: processes.Launcher,
+        launcher: Launcher,
         notifier: inotify.INotify,
         pam_service: str,
         blocking: Blocking = inline,

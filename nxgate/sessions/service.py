@@ -27,6 +27,7 @@ from nxgate.node.displays import DisplayAllocator, NoFreeDisplay
 from nxgate.node.supervisor import AgentSupervisor, Orphan, SendSignal
 from nxgate.safetext import printable
 from nxgate.node import files, processes
+from nxgate.node.launcher import Launcher
 from nxgate.sessions.model import Session
 from nxgate.sessions.programs import session_command
 from nxgate.sessions.remote_sessions import PROTOCOLS, RemoteSessions
@@ -57,7 +58,7 @@ class SessionService(service.Service):
         store: SQLiteDatabase,
         layout: files.StateLayout,
         notifier: inotify.INotify | None = None,
-        launcher: processes.Launcher | None = None,
+        launcher: Launcher | None = None,
         *,
         blocking: Blocking = inline,
         send_signal: SendSignal = processes.send_signal,
@@ -77,7 +78,7 @@ class SessionService(service.Service):
         self.writer = StoreWriter(self.store, reactor)
         self.layout = layout
         self.notifier = notifier or inotify.INotify(reactor)
-        self.launcher = launcher or processes.Launcher(reactor)
+        self.launcher = launcher or Launcher(reactor)
         self.pam_service = resolve_service(config.auth.pam_service)
         self.limits = Limits(lambda: self.config)
         self.background = Background()
