@@ -7,14 +7,8 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.sessions.model import Session, State
 from nxgate.sessions.store import sqlite as store_module
-from nxgate.sessions.store.sqlite import (
-    SCHEMA_VERSION,
-    STORAGE_FULL,
-    SessionStore,
-    StoreCorrupt,
-    StoreError,
-    StoreUnavailable,
-)
+from nxgate.sessions.store.errors import STORAGE_FULL, StoreCorrupt, StoreError, StoreUnavailable
+from nxgate.sessions.store.sqlite import SCHEMA_VERSION, SessionStore
 
 
 def session(sid="A" * 32, user="alice", state=State.SUSPENDED, changed=100.0):

@@ -21,7 +21,7 @@ from nxgate.config import SessionsSection
 from nxgate.node.supervisor import AgentSupervisor
 from nxgate.node.files import StateLayout
 from nxgate.sessions.model import Session, State
-from nxgate.sessions.store.sqlite import StoreError
+from nxgate.sessions.store.errors import StoreError
 from nxgate.sessions.store.interface import SessionStore
 
 log = Logger(namespace="nxgate.session")

@@ -46,7 +46,7 @@ from nxgate.node.files import StateLayout
 from nxgate.node.follow import LogFollower
 from nxgate.sessions.model import Session, State, advance
 from nxgate.node.processes import ExitWatch, LaunchError, ProcessId
-from nxgate.sessions.store.sqlite import STORAGE_FULL, StoreError, storage_reason
+from nxgate.sessions.store.errors import STORAGE_FULL, StoreError, storage_reason
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.requests import DisplaySettings, RestoreRequest

@@ -20,7 +20,7 @@ from twisted.internet import defer, task
 from twisted.logger import Logger
 
 from nxgate.sessions.model import Session
-from nxgate.sessions.store.sqlite import StoreError, StoreUnavailable
+from nxgate.sessions.store.errors import StoreError, StoreUnavailable
 from nxgate.sessions.store.interface import SessionStore
 
 log = Logger(namespace="nxgate.session")

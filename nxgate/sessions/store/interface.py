@@ -1,7 +1,7 @@
 """What the session layer needs of a session store, asynchronously.
 
 Every call returns a Deferred, which fails with
-:class:`nxgate.sessions.store.sqlite.StoreError` (or its :class:`StoreUnavailable`)
+:class:`nxgate.sessions.store.errors.StoreError` (or its :class:`StoreUnavailable`)
 and never raises: so a store on another machine (PostgreSQL, MariaDB
 through ``twisted.enterprise.adbapi``) can follow without touching a
 caller.  Callers ``await`` every call and never assume it has fired: the

@@ -18,7 +18,6 @@ the store.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import sqlite3
@@ -27,6 +26,7 @@ from dataclasses import fields
 from typing import Any
 
 from nxgate.sessions.model import Session, State
+from nxgate.sessions.store.errors import STORAGE_FULL, StoreCorrupt, StoreError, StoreUnavailable, storage_reason
 
 SCHEMA_VERSION = 1
 
@@ -66,38 +66,6 @@ _MIGRATIONS: dict[int, str] = {
     """,
 }
 LIVE_STATES = tuple(state.value for state in State if state.live)
-
-
-class StoreError(Exception):
-    """The store cannot do what was asked."""
-
-
-class StoreUnavailable(StoreError):
-    """A read or write failed for a reason that may pass (a full disk, an
-    I/O error).  ``reason`` is fit for a client: it names the cause, not
-    the file."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason} ({detail})")
-        self.reason = reason
-        self.detail = detail
-
-
-class StoreCorrupt(StoreError):
-    """The file is not a usable SQLite database; the message says what to do."""
-
-
-STORAGE_FULL = "the server's storage is full"
-_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-
-
-def storage_reason(error: BaseException) -> str:
-    """Words for a client about a failure to write state (any layer)."""
-    if isinstance(error, StoreUnavailable):
-        return error.reason
-    if isinstance(error, OSError) and error.errno in _FULL_ERRNOS:
-        return STORAGE_FULL
-    return str(error) or type(error).__name__
 
 
 class SessionStore:
