@@ -19,7 +19,7 @@ from nxgate import __version__
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.results import SessionView
-from nxgate.doors.openssh.socket import peer_uid
+from nxgate.auth.peercred import peer_uid
 
 log = Logger(namespace="nxgate.admin")
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 import base64
 import json
 import socket
-import struct
 from typing import Any
 
 from twisted.internet import protocol
 from twisted.logger import Logger
 
+from nxgate.auth.peercred import peer_uid
 from nxgate.stream import agentsocket
 from nxgate.doors.openssh import framing as shellproto
 from nxgate.doors.conversation import Conversation
@@ -59,14 +59,6 @@ class _HandedOver:
 
     def resume_agent(self) -> None:
         pass
-
-
-def peer_uid(transport: Any) -> int | None:
-    try:
-        raw = transport.socket.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    except (AttributeError, OSError):
-        return None
-    return struct.unpack("3i", raw)[1]
 
 
 class OpenSSHDoorProtocol(protocol.Protocol):
