@@ -23,7 +23,7 @@ from nxgate.client.knownhosts import KnownHosts, Verdict, preferred_algorithms
 from nxgate.client.proxy import proxy_environment, proxy_options
 from nxgate.backends.remote import parse_server
 from nxgate.nx.listing import DASHES, HEADER, ListingRow, format_session_list
-from nxgate.nx.params import parse_params
+from nxgate.nx.params import escape, parse_params
 
 BANNER = b"HELLO NXSERVER - Version 3.5.0 - GPL\nNX> 105 "
 HELLO_REPLY = b"hello NXCLIENT - Version 3.5.0\nNX> 134 Accepted protocol: 3.5.0\nNX> 105 "
@@ -494,13 +494,13 @@ class TerminateTests(SynchronousTestCase):
 # ------------------------------------------------------------------- parameters
 class ParameterTests(SynchronousTestCase):
     def test_escaped_characters(self):
-        self.assertEqual(commands.escape(' "%\'$`\\&:'), "%20%22%25%27%24%60%5C%26%3A")
+        self.assertEqual(escape(' "%\'$`\\&:'), "%20%22%25%27%24%60%5C%26%3A")
 
     def test_control_characters_cannot_end_the_line(self):
-        self.assertEqual(commands.escape("a\nb\rc\x00"), "a%0Ab%0Dc%00")
+        self.assertEqual(escape("a\nb\rc\x00"), "a%0Ab%0Dc%00")
 
     def test_plain_values_are_untouched(self):
-        self.assertEqual(commands.escape("pc105/us 1024x768x24+render-é"), "pc105/us%201024x768x24+render-é")
+        self.assertEqual(escape("pc105/us 1024x768x24+render-é"), "pc105/us%201024x768x24+render-é")
 
     def test_values_survive_the_servers_parser(self):
         application = "xterm -T 'my \"term\"' -e sh -c 'echo $HOME `id` 100% & a:b \\n'"
@@ -683,7 +683,7 @@ class RemoteDesktopTests(SynchronousTestCase):
                                               SECRET.encode() + b" is wrong\nNX> 105 ")
         shown = "\n".join(traces(events))
         self.assertIn('--agent_password="********"', shown)
-        for secret in (SECRET, commands.escape(SECRET)):
+        for secret in (SECRET, escape(SECRET)):
             self.assertNotIn(secret, shown)
             self.assertNotIn(secret, repr(events))
         self.assertNotIn(SECRET, repr(params))

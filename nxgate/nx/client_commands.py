@@ -12,8 +12,9 @@ also escape control characters, which would otherwise end the command line.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from nxgate.nx.params import format_params
 
 CLIENT_VERSION = "3.5.0"
 HELLO = f"hello NXCLIENT - Version {CLIENT_VERSION}"
@@ -28,29 +29,12 @@ def hello(server_version: str | None) -> str:
         version = CLIENT_VERSION
     return f"hello NXCLIENT - Version {version}"
 
-# OpenNX's UrlEsc set plus '%' (so that a literal '%' survives decoding).
-_ESCAPED = frozenset(' "%\'$`\\&:')
 _SESSION_ID = re.compile(r"[0-9A-F]{32}")
 
 # Session types whose windows can be shown rootless (reference §2.5, Neatx, OpenNX).
 ROOTLESS_TYPES = frozenset({"unix-console", "unix-application"})
 # The session types of a remote desktop (reference §2.5, §6.2): RDP and VNC.
 RDP, VNC, SHADOW = "windows", "vnc", "shadow"
-
-
-def escape(value: str) -> str:
-    """``%XX``-escape what could break a quoted parameter value."""
-    out = []
-    for char in value:
-        if char in _ESCAPED or ord(char) < 0x20 or ord(char) == 0x7F:
-            out.append(f"%{ord(char):02X}")
-        else:
-            out.append(char)
-    return "".join(out)
-
-
-def format_params(pairs: Iterable[tuple[str, str]]) -> str:
-    return " ".join(f'--{key}="{escape(value)}"' for key, value in pairs)
 
 
 @dataclass(frozen=True)

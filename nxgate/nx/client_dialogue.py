@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nxgate.nx import client_commands as commands
+from nxgate.nx.params import escape
 
 # Server text is for reading and parsing; undecodable bytes must not kill us.
 _DECODE_ERRORS = "replace"
@@ -594,7 +595,7 @@ def _secrets(request: Request) -> tuple[str, ...]:
     remote = params.remote if params is not None else None
     if remote is None or not remote.password:
         return ()
-    return tuple(sorted({commands.escape(remote.password), remote.password}, key=len, reverse=True))
+    return tuple(sorted({escape(remote.password), remote.password}, key=len, reverse=True))
 
 
 def _field_value(rest: str) -> str:
