@@ -22,7 +22,7 @@ from nxgate.nx import client_dialogue as nx
 from nxgate.client.knownhosts import KnownHosts, Verdict, preferred_algorithms
 from nxgate.client.proxy import proxy_environment, proxy_options
 from nxgate.backends.remote import parse_server
-from nxgate.nx.listing import DASHES, HEADER, ListingRow, format_session_list
+from nxgate.nx.listing import DASHES, HEADER, ListingRow, ParsedRow, format_session_list, parse_row
 from nxgate.nx.params import escape, parse_params
 
 BANNER = b"HELLO NXSERVER - Version 3.5.0 - GPL\nNX> 105 "
@@ -414,8 +414,8 @@ class ListTests(SynchronousTestCase):
         server.login()
         self.assertEqual(server.say(LISTING), b"quit\n")
         self.assertEqual(server.results(), [nx.Listed((
-            nx.ParsedRow("1001", "unix-console", SESSION_ID, "--D--PSA", "24", "800x600", "Running", "my desk"),
-            nx.ParsedRow("1002", "unix-kde", "FEDCBA9876543210FEDCBA9876543210", "-RD--PSA", "24", "1280x1024",
+            ParsedRow("1001", "unix-console", SESSION_ID, "--D--PSA", "24", "800x600", "Running", "my desk"),
+            ParsedRow("1002", "unix-kde", "FEDCBA9876543210FEDCBA9876543210", "-RD--PSA", "24", "1280x1024",
                              "Suspended", "work with spaces"),
         ), capacity_reached=False)])
         self.assertEqual(server.say(b"quit\nNX> 999 Bye.\n"), b"")
@@ -429,10 +429,10 @@ class ListTests(SynchronousTestCase):
         self.assertEqual(server.results(), [nx.Listed((), capacity_reached=False)])
 
     def test_name_keeps_its_inner_spaces(self):
-        row = nx.parse_row("1002    unix-kde         FEDCBA9876543210FEDCBA9876543210 -RD--PSA    24 1280x1024"
+        row = parse_row("1002    unix-kde         FEDCBA9876543210FEDCBA9876543210 -RD--PSA    24 1280x1024"
                            "      Suspended   work  with   spaces \r")
         self.assertEqual((row.status, row.name), ("Suspended", "work  with   spaces"))
-        self.assertIsNone(nx.parse_row("garbage line"))
+        self.assertIsNone(parse_row("garbage line"))
 
     def test_freenx_table_with_capacity_reached(self):
         server = Server()
@@ -625,8 +625,8 @@ class ShadowTests(SynchronousTestCase):
         self.assertTrue(command.startswith(f'attachsession --id="{SESSION_ID}" --display="1001" '.encode()), command)
 
     def test_pick(self):
-        rows = (nx.ParsedRow("1001", "unix-console", SESSION_ID, "--D--PSA", "24", "800x600", "Running", "a"),
-                nx.ParsedRow("1002", "unix-kde", OTHER_ID, "--D--PSA", "24", "800x600", "Running", "b"))
+        rows = (ParsedRow("1001", "unix-console", SESSION_ID, "--D--PSA", "24", "800x600", "Running", "a"),
+                ParsedRow("1002", "unix-kde", OTHER_ID, "--D--PSA", "24", "800x600", "Running", "b"))
         self.assertEqual(nx.pick(rows, "2\n"), rows[1])
         self.assertEqual(nx.pick(rows, SESSION_ID.lower()), rows[0])
         self.assertEqual(nx.pick(rows, f"gw-1002-{OTHER_ID}"), rows[1])

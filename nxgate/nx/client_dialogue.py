@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nxgate.nx import client_commands as commands
+from nxgate.nx.listing import ParsedRow, parse_row
 from nxgate.nx.params import escape
 
 # Server text is for reading and parsing; undecodable bytes must not kill us.
@@ -111,20 +112,6 @@ def command_line(request: Request) -> str:
 
 
 # ------------------------------------------------------------------ results
-@dataclass(frozen=True)
-class ParsedRow:
-    """One row of the ``listsession`` table (reference §2.4)."""
-
-    display: str
-    session_type: str
-    session_id: str
-    options: str
-    depth: str
-    screen: str
-    status: str
-    name: str
-
-
 @dataclass(frozen=True)
 class SessionInfo:
     """What the server said after ``startsession``/``restoresession``."""
@@ -646,13 +633,3 @@ def pick(sessions: tuple[ParsedRow, ...], answer: str) -> ParsedRow | None:
         return sessions[index] if 0 <= index < len(sessions) else None
     session_id = commands.normalize_session_id(answer)
     return next((row for row in sessions if row.session_id == session_id), None)
-
-
-def parse_row(text: str) -> ParsedRow | None:
-    """One table row: seven space-separated columns, then the name, which
-    may contain spaces (Remmina's reading, reference §2.4)."""
-    columns = text.split(None, 7)
-    if len(columns) < 7:
-        return None
-    name = columns[7].strip() if len(columns) > 7 else ""
-    return ParsedRow(*columns[:7], name=name)

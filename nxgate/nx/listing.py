@@ -1,4 +1,5 @@
-"""The ``listsession`` table, in the exact shape real clients parse.
+"""The ``listsession`` table, in the exact shape real clients parse, and its
+rows read back by our client.
 
 OpenNX is the strictest reader (reference §2.4); each row must match::
 
@@ -78,3 +79,28 @@ def format_session_list(user: str, sessions: Iterable[ListingRow], *, capacity_r
     else:
         lines.append(f"NX> {errors.CAPACITY_NOT_REACHED} Server capacity: not reached for user: {user}")
     return lines
+
+
+# ------------------------------------------------ the client reading the table
+@dataclass(frozen=True)
+class ParsedRow:
+    """One row of the ``listsession`` table (reference §2.4)."""
+
+    display: str
+    session_type: str
+    session_id: str
+    options: str
+    depth: str
+    screen: str
+    status: str
+    name: str
+
+
+def parse_row(text: str) -> ParsedRow | None:
+    """One table row: seven space-separated columns, then the name, which
+    may contain spaces (Remmina's reading, reference §2.4)."""
+    columns = text.split(None, 7)
+    if len(columns) < 7:
+        return None
+    name = columns[7].strip() if len(columns) > 7 else ""
+    return ParsedRow(*columns[:7], name=name)
