@@ -31,7 +31,7 @@ from nxgate.sessions.service import SessionService
 from nxgate.sessions.store.sqlite import SessionStore
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.results import StreamTarget
-from nxgate.threads import in_thread
+from nxgate.node.threads import in_thread
 from nxgate.auth.users import UserDirectory
 from nxgate.auth.throttle import Throttle
 from nxgate.doors.openssh.socket import OpenSSHDoorFactory

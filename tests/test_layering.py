@@ -261,7 +261,7 @@ class CheckerTests(TestCase):
             "nxgate.nx.dispatch": frozenset({"time", "nxgate.sessions.errors.Kind", "nxgate.config"}),
             "nxgate.sessions.results": frozenset({"twisted.internet.defer", "nxgate.sessions.model.State"}),
             "nxgate.sessions.model": frozenset({"nxgate.backends.agentlog", "nxgate.node.processes"}),
-            "nxgate.doors.admin.server": frozenset({"nxgate.sessions.manager.SessionManager",
+            "nxgate.doors.admin.server": frozenset({"nxgate.sessions.service.SessionService",
                                                     "nxgate.sessions.api.SessionAPI"}),
             "nxgate.doors.openssh.login_shell": frozenset({"os", "nxgate.doors.openssh.framing", "twisted.python"}),
         }
@@ -272,7 +272,7 @@ class CheckerTests(TestCase):
             "L3 nxgate.nx.dispatch imports time (the NX core does no I/O)",
             "L4 nxgate.sessions.model imports nxgate.node.processes",
             "L4 nxgate.sessions.results imports twisted.internet.defer (the vocabulary is pure)",
-            "L5 nxgate.doors.admin.server imports nxgate.sessions.manager.SessionManager",
+            "L5 nxgate.doors.admin.server imports nxgate.sessions.service.SessionService",
             "L6 nxgate.doors.openssh.login_shell imports twisted.python",
         ])
 

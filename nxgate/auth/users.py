@@ -17,7 +17,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from nxgate.sessions.caller import Caller
-from nxgate.threads import Blocking
+from nxgate.node.threads import Blocking
 
 log = Logger(namespace="nxgate.users")
 

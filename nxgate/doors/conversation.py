@@ -23,7 +23,7 @@ from nxgate.nx import server_dialogue as nx
 from nxgate.nx.errors import NXError
 from nxgate.nx.params import Params
 from nxgate.sessions.caller import Caller
-from nxgate.threads import Blocking, inline
+from nxgate.node.threads import Blocking, inline
 from nxgate.auth.users import resolve_caller
 
 log = Logger(namespace="nxgate.conversation")

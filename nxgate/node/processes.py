@@ -10,7 +10,7 @@ and signals go through :func:`send_signal` (a pidfd), never ``os.kill``.
 The /proc scans (:func:`named_children`, :func:`agents_in`,
 :func:`tagged_processes`, :func:`listens`) read every process's files:
 they are thread-safe, and callers on the reactor run them through their
-``blocking`` (:mod:`nxgate.threads`).
+``blocking`` (:mod:`nxgate.node.threads`).
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def agents_in(directory: str, name: str = "nxagent") -> dict[str, ProcessId]:
     agent, not its forked watchdog).
 
     Agents run in their session directory, so this finds them without the
-    session store: what :meth:`SessionManager.reconcile` needs when the
+    session store: what the life cycle's reconcile needs when the
     store lost them."""
     family: dict[str, dict[int, tuple[int, int]]] = {}  # id -> pid -> (parent, started)
     prefix = os.path.join(os.path.abspath(directory), "")

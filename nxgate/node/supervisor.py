@@ -12,7 +12,7 @@ Every signal goes through the injected ``send_signal`` (default:
 signal, not even the last SIGKILL of a terminate, reaches a recycled pid.
 Work that may take long on the reactor thread (user look-ups, /proc scans,
 removing a directory the user can fill, replaying a long log) goes through
-the injected ``blocking`` (:mod:`nxgate.threads`).
+the injected ``blocking`` (:mod:`nxgate.node.threads`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from nxgate.sessions.model import Session, State, advance
 from nxgate.node.processes import ExitWatch, LaunchError, ProcessId
 from nxgate.node.environment import login_environment
 from nxgate.sessions.requests import DisplaySettings
-from nxgate.threads import Blocking, inline
+from nxgate.node.threads import Blocking, inline
 
 log = Logger(namespace="nxgate.session")
 

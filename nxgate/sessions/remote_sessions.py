@@ -17,7 +17,7 @@ from nxgate.sessions.requests import StartRequest
 from nxgate.sessions.results import Ready
 
 if TYPE_CHECKING:
-    from nxgate.sessions.manager import SessionManager
+    from nxgate.sessions.service import SessionService
 
 log = Logger(namespace="nxgate.session")
 
@@ -26,7 +26,7 @@ PROTOCOLS = tuple(remote.PROTOCOLS)
 
 
 class RemoteSessions:
-    def __init__(self, manager: SessionManager) -> None:
+    def __init__(self, manager: SessionService) -> None:
         self.manager = manager
 
     @property

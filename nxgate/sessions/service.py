@@ -43,7 +43,7 @@ from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceSt
 from nxgate.sessions.store.adapter import SyncStoreAdapter
 from nxgate.sessions.store.interface import SessionStore
 from nxgate.sessions.writer import StoreWriter
-from nxgate.threads import Blocking, inline
+from nxgate.node.threads import Blocking, inline
 
 log = Logger(namespace="nxgate.session")
 

@@ -30,11 +30,11 @@ from nxgate.sessions.results import Progress, ProgressCallback, Ready, ShadowTar
 from nxgate.node import console
 from nxgate.sessions import shadow_policy as policy
 from nxgate.backends import shadow_screen as screen
-from nxgate.threads import Blocking, in_thread
+from nxgate.node.threads import Blocking, in_thread
 from nxgate.auth.users import UserDirectory
 
 if TYPE_CHECKING:
-    from nxgate.sessions.manager import SessionManager
+    from nxgate.sessions.service import SessionService
 
 log = Logger(namespace="nxgate.shadow")
 
@@ -64,7 +64,7 @@ class ShadowService:
     the console (``/proc``, utmp, NSS, the owner's ``~/.Xauthority``) runs
     through ``blocking``, and the owner's account comes from ``users``."""
 
-    def __init__(self, manager: SessionManager, config: Config, blocking: Blocking | None = None,
+    def __init__(self, manager: SessionService, config: Config, blocking: Blocking | None = None,
                  users: UserDirectory | None = None) -> None:
         self.manager = manager
         self.config = config

@@ -17,7 +17,7 @@ from twisted.internet import defer
 
 from nxgate.sessions.model import Session
 from nxgate.sessions.store.sqlite import SessionStore as SQLiteDatabase
-from nxgate.threads import Blocking, inline
+from nxgate.node.threads import Blocking, inline
 
 
 class SyncStoreAdapter:

@@ -10,7 +10,7 @@ import threading
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate import threads
+from nxgate.node import threads
 from nxgate.backends import x11
 from nxgate.node import files
 from nxgate.node import console
