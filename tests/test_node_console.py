@@ -12,7 +12,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.node import threads
 from nxgate.backends import x11
-from nxgate.node import files
+from nxgate.node import displays, files
 from nxgate.node import console
 
 COOKIE = "0123456789abcdef" * 2
@@ -83,13 +83,13 @@ class LockFileTests(SynchronousTestCase):
 
     def test_a_fifo_as_lock_makes_the_display_taken_without_blocking(self) -> None:
         os.mkfifo(self.lock)
-        self.assertEqual(finishes(self, files._lock_holder, self.DISPLAY), 0)
+        self.assertEqual(finishes(self, displays._lock_holder, self.DISPLAY), 0)
 
     def test_lock_holder(self) -> None:
-        self.assertIsNone(files._lock_holder(self.DISPLAY))
+        self.assertIsNone(displays._lock_holder(self.DISPLAY))
         with open(self.lock, "w") as handle:
             handle.write(f"{os.getpid():10d}\n")
-        self.assertEqual(files._lock_holder(self.DISPLAY), os.getpid())
+        self.assertEqual(displays._lock_holder(self.DISPLAY), os.getpid())
         self.assertEqual(console._server_pid(self.DISPLAY), os.getpid())
 
     def test_no_console_configured_or_running(self) -> None:

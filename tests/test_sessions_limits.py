@@ -55,11 +55,11 @@ class DisplayAllocatorTests(TestCase):
     def setUp(self):
         claims = tempfile.mkdtemp()
         self.addCleanup(__import__("shutil").rmtree, claims)
-        claim = displays.files.claim_display
-        self.patch(displays.files, "claim_display", lambda n, directory=claims: claim(n, directory))
+        claim = displays.claim_display
+        self.patch(displays, "claim_display", lambda n, directory=claims: claim(n, directory))
         for n in range(3300, 3304):
-            self.addCleanup(displays.files.release_display, n)
-        self.patch(displays.files, "display_available", lambda n: n != 3301)
+            self.addCleanup(displays.release_display, n)
+        self.patch(displays, "display_available", lambda n: n != 3301)
         self.held = []
         self.allocator = DisplayAllocator(lambda: (3300, 4), lambda: self.held)
 

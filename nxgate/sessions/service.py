@@ -26,7 +26,7 @@ from nxgate.config import Config
 from nxgate.node.displays import DisplayAllocator, NoFreeDisplay
 from nxgate.node.supervisor import AgentSupervisor, Orphan, SendSignal
 from nxgate.safetext import printable
-from nxgate.node import files, processes
+from nxgate.node import displays, files, processes
 from nxgate.node.launcher import Launcher
 from nxgate.sessions.model import Session
 from nxgate.sessions.programs import session_command
@@ -101,7 +101,7 @@ class SessionService(service.Service):
 
     def startService(self) -> None:
         super().startService()
-        files.ensure_x_socket_dir()
+        displays.ensure_x_socket_dir()
         self.notifier.startReading()
         self.background(self.lifecycle._reconcile(), "taking back the sessions of the previous run")
         self.housekeeper.startService()
