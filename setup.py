@@ -37,8 +37,8 @@ setup(
         "console_scripts": [
             "nxgate-config = nxgate.configtool:main",
             "nxgate-client = nxgate.client.main:main",
-            "nxgate-shell = nxgate.shell:main",
-            "nxgate-admin = nxgate.admin.cli:main",
+            "nxgate-shell = nxgate.doors.openssh.login_shell:main",
+            "nxgate-admin = nxgate.doors.admin.cli:main",
         ],
     },
     cmdclass={"build_py": BuildWithHelper},

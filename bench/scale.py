@@ -270,8 +270,8 @@ def fill_store(path: str, user, count: int, state: str, dead_agents: bool) -> fl
     """Rows written with nxgate's own SessionStore (the gateway is stopped)."""
     import secrets
 
-    from nxgate.session.model import Session, State
-    from nxgate.session.store import SessionStore
+    from nxgate.sessions.model import Session, State
+    from nxgate.sessions.store.sqlite import SessionStore
 
     store = SessionStore(path)
     now = time.time()
@@ -478,7 +478,7 @@ def bench_phases(runs: int, profile_dir: str | None) -> dict:
         out["python_start_s"] = median_run([sys.executable, "-c", "pass"])
         out["client_import_s"] = median_run([sys.executable, "-c", "import nxgate.client.main"], env=env)
         out["client_help_s"] = median_run(client_argv + ["--help"], env=env)
-        out["launcher_start_s"] = median_run([sys.executable, "-m", "nxgate.session.launcher"], env=env)
+        out["launcher_start_s"] = median_run([sys.executable, "-m", "nxgate.node.runas"], env=env)
         out["client_list_s"] = median_run(client_argv + ["--list", f"{user.name}@127.0.0.1"], env=env)
         if profile_dir:
             spy = PySpy(gateway.process.pid, os.path.join(profile_dir, "sessions.raw"))

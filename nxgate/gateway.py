@@ -16,81 +16,35 @@ from twisted.web.server import Site
 
 from nxgate import config as configuration
 from nxgate import metrics
-from nxgate.admin.server import AdminFactory
+from nxgate.doors.admin.server import AdminFactory
 from nxgate.audit import AuditLog
-from nxgate.auth import Authenticator
+from nxgate.auth.pam import Authenticator
 from nxgate.config import Config
 from nxgate.logs import filter_global_log
-from nxgate.conversation import Conversation
+from nxgate.doors.conversation import Conversation
 from nxgate.instance import check_port_free, claim_unix_socket, lock_state_dir, record_pid
 from nxgate.nx.dispatch import NXDispatcher
-from nxgate.nx.shell import ShellSettings
-from nxgate.relay import AgentRelay
-from nxgate.session.files import StateLayout
+from nxgate.nx.server_dialogue import DialogueSettings
+from nxgate.stream.relay import StreamRelay
+from nxgate.node.files import StateLayout
 from nxgate.sessions.service import SessionService
-from nxgate.session.store import SessionStore
+from nxgate.sessions.store.sqlite import SessionStore
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.results import StreamTarget
-from nxgate.threads import in_thread
-from nxgate.users import UserDirectory
-from nxgate.throttle import Throttle
-from nxgate.shellsocket import ShellFactory
-from nxgate.shadow.service import ShadowService
-from nxgate.ssh import checkers, hostkeys
-from nxgate.ssh.server import NXAvatar, NXRealm, NXSessionChannel, NXSSHFactory
+from nxgate.node.threads import in_thread
+from nxgate.auth.users import UserDirectory
+from nxgate.auth.throttle import Throttle
+from nxgate.doors.openssh.socket import OpenSSHDoorFactory
+from nxgate.sessions.shadow_sessions import ShadowService
+from nxgate.doors.conch import checkers, hostkeys
+from nxgate.doors.conch.channel import ChannelHandler, ChannelTransport
+from nxgate.doors.conch.server import NXAvatar, NXRealm, NXSessionChannel, NXSSHFactory
 
 log = Logger(namespace="nxgate")
 
 
-class ChannelTransport:
-    """Lets a conversation write to, and close, an SSH session channel."""
-
-    def __init__(self, channel: NXSessionChannel) -> None:
-        self.channel = channel
-
-    def write(self, data: bytes) -> None:
-        self.channel.write(data)
-
-    def close(self) -> None:
-        self.channel.finish(0)
-
-    def pause_input(self) -> None:
-        """Stop reading from the client's connection (the relay's agent is
-        behind).  After ``bye`` the connection carries only this channel."""
-        self.channel.conn.transport.transport.pauseProducing()
-
-    def resume_input(self) -> None:
-        self.channel.conn.transport.transport.resumeProducing()
-
-
-class ChannelShell:
-    """The handler of an NX shell channel: feeds the conversation."""
-
-    def __init__(self, conversation: Conversation, channel: NXSessionChannel) -> None:
-        self.conversation = conversation
-        self.channel = channel
-
-    def data_received(self, data: bytes) -> None:
-        self.conversation.data_received(data)
-
-    def eof_received(self) -> None:
-        self.conversation.eof_received()
-
-    def pause_output(self) -> None:
-        """The client's SSH window is full: stop reading from the agent."""
-        if self.conversation.relay is not None:
-            self.conversation.relay.pause_agent()
-
-    def resume_output(self) -> None:
-        if self.conversation.relay is not None:
-            self.conversation.relay.resume_agent()
-
-    def connection_lost(self) -> None:
-        self.conversation.connection_lost()
-
-
-def shell_settings(config: Config) -> ShellSettings:
-    return ShellSettings(
+def shell_settings(config: Config) -> DialogueSettings:
+    return DialogueSettings(
         server_name=config.server_name,
         protocol_version=config.server.protocol_version,
         max_line_length=config.shell.max_line_length,
@@ -151,7 +105,7 @@ class Gateway(service.MultiService):
         self.ssh_factory = self._ssh_factory()
         strports.service(config.server.listen, self.ssh_factory).setServiceParent(self)
         if config.server.shell_socket:
-            self._listen_unix(config.server.shell_socket, 0o666, ShellFactory(self), "[server] shell_socket")
+            self._listen_unix(config.server.shell_socket, 0o666, OpenSSHDoorFactory(self), "[server] shell_socket")
         self._listen_unix(config.server.admin_socket or os.path.join(self.layout.root, "admin.sock"), 0o600,
                           AdminFactory(self), "[server] admin_socket")
         if config.metrics.listen:
@@ -212,7 +166,7 @@ class Gateway(service.MultiService):
 
     def _ssh_factory(self) -> NXSSHFactory:
         ssh = self.config.ssh
-        portal = Portal(NXRealm(self._open_shell, ssh.max_channels))
+        portal = Portal(NXRealm(self._open_nx_channel, ssh.max_channels))
         nx_keys = checkers.load_nx_keys(ssh.nx_authorized_keys)
         user_auth = self.authenticator if ssh.user_logins else None
         self.key_checker = checkers.PublicKeyChecker(self.reactor, ssh.nx_user, nx_keys, user_auth)
@@ -234,15 +188,15 @@ class Gateway(service.MultiService):
             door=door, blocking=self.blocking,
         )
 
-    def _open_shell(self, avatar: NXAvatar, channel: NXSessionChannel) -> ChannelShell:
+    def _open_nx_channel(self, avatar: NXAvatar, channel: NXSessionChannel) -> ChannelHandler:
         conversation = self.conversation(ChannelTransport(channel), channel.peer, avatar.principal.unix_user,
                                          self._relay, channel.local_address, door="nx-conch")
-        handler = ChannelShell(conversation, channel)
+        handler = ChannelHandler(conversation, channel)
         conversation.start()
         return handler
 
-    def _relay(self, client: Caller, target: StreamTarget, transport: ChannelTransport, leftover: bytes) -> AgentRelay:
-        return AgentRelay(self.reactor, client, target, transport, leftover)
+    def _relay(self, client: Caller, target: StreamTarget, transport: ChannelTransport, leftover: bytes) -> StreamRelay:
+        return StreamRelay(self.reactor, client, target, transport, leftover)
 
     def startService(self) -> None:
         record_pid(self.lock_fd)  # twistd may have forked since the lock was taken

@@ -40,7 +40,7 @@ def makeService(options: Options):  # type: ignore[no-untyped-def]
 
     from nxgate.gateway import Gateway
     from nxgate.instance import StartupError
-    from nxgate.session.store import StoreError
+    from nxgate.sessions.store.errors import StoreError
 
     try:
         return Gateway(options.config, reactor)

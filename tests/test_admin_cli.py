@@ -2,7 +2,7 @@
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.admin import cli
+from nxgate.doors.admin import cli
 
 
 class ArgumentTests(SynchronousTestCase):

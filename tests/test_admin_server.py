@@ -8,10 +8,10 @@ import json
 from twisted.internet import defer
 from twisted.trial.unittest import TestCase
 
-from nxgate.admin.server import AdminProtocol
-from nxgate.session.model import State
+from nxgate.doors.admin.server import AdminProtocol
+from nxgate.sessions.model import State
 from nxgate.sessions.errors import Kind, SessionError
-from tests import test_session_manager as manager_tests
+from tests import test_sessions_manager as manager_tests
 
 MISSING = "0" * 32
 

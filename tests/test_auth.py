@@ -4,8 +4,8 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate import auth
-from nxgate.auth import Authenticator, Verdict
+from nxgate.auth import pam as auth
+from nxgate.auth.pam import Authenticator, Verdict
 
 
 def immediate(reactor, pool, function, *args):

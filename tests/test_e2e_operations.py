@@ -14,7 +14,7 @@ import urllib.request
 from tests.harness.gateway import REPO
 from tests.test_e2e_sessions import RED, START, SessionTestCase
 
-ADMIN = [sys.executable, "-m", "nxgate.admin.cli"]
+ADMIN = [sys.executable, "-m", "nxgate.doors.admin.cli"]
 LIMITED_GROUP = "nxgatetestlimited"
 
 

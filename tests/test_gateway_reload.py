@@ -12,7 +12,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate import config as configuration
 from nxgate.gateway import Gateway, read_config
-from nxgate.threads import inline
+from nxgate.node.threads import inline
 
 
 class Stub:

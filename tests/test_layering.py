@@ -10,22 +10,18 @@ relative imports resolved, as the dotted name of what is imported (``from nxgate
 ``nxgate.nx.errors``; ``from nxgate.nx.errors import NXError`` gives ``nxgate.nx.errors.NXError``).  Each
 rule is a pure function of ``{module: imports}``.
 
-Until the Phase 2 move lands, the real tree is checked through the move's own mapping
-(``tools/relayout.py``: ``MOVES`` and ``SYMBOL_MOVES``), so each module and each import is judged under its
-new name.  After the move that mapping changes nothing, and the test runs without the script.  A rule the
-tree still breaks is marked ``todo`` with the reason, and its report lists every violation; remove the
-``todo`` when the rule holds (trial then reports an unexpected success).
+A rule the tree breaks for a known reason may be marked ``todo`` with that reason (its report lists every
+violation); remove the ``todo`` when the rule holds (trial then reports an unexpected success).  None is.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib.util
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
 
-from twisted.trial.unittest import SkipTest, TestCase
+from twisted.trial.unittest import TestCase
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,7 +45,7 @@ def in_vocab(name: str) -> bool:
 
 
 def module_name(path: str) -> tuple[str, bool]:
-    """``nxgate/ssh/server.py`` -> (``nxgate.ssh.server``, False); an ``__init__.py`` is its package."""
+    """``nxgate/doors/conch/server.py`` -> (``nxgate.doors.conch.server``, False); an ``__init__.py`` is its package."""
     parts = os.path.relpath(path, REPO)[:-3].split(os.sep)
     if parts[-1] == "__init__":
         return ".".join(parts[:-1]), True
@@ -184,33 +180,14 @@ def check(graph: Graph) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The tree, under its new names
-
-
-def _relayout():
-    """``tools/relayout.py`` as a module: the mapping of the Phase 2 move."""
-    spec = importlib.util.spec_from_file_location("relayout", os.path.join(REPO, "tools", "relayout.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("relayout", module)  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+# The tree
 
 
 def read_tree(sources: Mapping[str, str] | None = None) -> tuple[dict[str, frozenset[str]], dict[str, int]]:
-    """``{module: imports}`` and ``{module: bare ensureDeferred count}`` for nxgate/, under the new names.
+    """``{module: imports}`` and ``{module: bare ensureDeferred count}`` for nxgate/
 
     ``sources`` maps extra or replacing paths (relative to the checkout) to their text, for the self-test.
     """
-    if os.path.exists(os.path.join(REPO, "tools", "relayout.py")):
-        relayout = _relayout()
-        moves = relayout.module_moves(REPO)
-
-        def renamed(name: str) -> str:
-            return relayout.rename_module(name, moves)
-    else:  # the move is done and its script deleted: names are what they are
-        def renamed(name: str) -> str:
-            return name
-
     texts: dict[str, str] = {}
     for directory, _, names in os.walk(os.path.join(REPO, "nxgate")):
         for name in names:
@@ -223,9 +200,8 @@ def read_tree(sources: Mapping[str, str] | None = None) -> tuple[dict[str, froze
     bare: dict[str, int] = {}
     for relative, text in texts.items():
         module, is_package = module_name(os.path.join(REPO, relative))
-        new = renamed(module)
-        graph[new] = graph.get(new, frozenset()) | {renamed(name) for name in imports_of(text, module, is_package)}
-        bare[new] = bare.get(new, 0) + bare_ensure_deferred(text)
+        graph[module] = graph.get(module, frozenset()) | imports_of(text, module, is_package)
+        bare[module] = bare.get(module, 0) + bare_ensure_deferred(text)
     return graph, bare
 
 
@@ -261,7 +237,7 @@ class CheckerTests(TestCase):
             "nxgate.nx.dispatch": frozenset({"time", "nxgate.sessions.errors.Kind", "nxgate.config"}),
             "nxgate.sessions.results": frozenset({"twisted.internet.defer", "nxgate.sessions.model.State"}),
             "nxgate.sessions.model": frozenset({"nxgate.backends.agentlog", "nxgate.node.processes"}),
-            "nxgate.doors.admin.server": frozenset({"nxgate.sessions.manager.SessionManager",
+            "nxgate.doors.admin.server": frozenset({"nxgate.sessions.service.SessionService",
                                                     "nxgate.sessions.api.SessionAPI"}),
             "nxgate.doors.openssh.login_shell": frozenset({"os", "nxgate.doors.openssh.framing", "twisted.python"}),
         }
@@ -272,7 +248,7 @@ class CheckerTests(TestCase):
             "L3 nxgate.nx.dispatch imports time (the NX core does no I/O)",
             "L4 nxgate.sessions.model imports nxgate.node.processes",
             "L4 nxgate.sessions.results imports twisted.internet.defer (the vocabulary is pure)",
-            "L5 nxgate.doors.admin.server imports nxgate.sessions.manager.SessionManager",
+            "L5 nxgate.doors.admin.server imports nxgate.sessions.service.SessionService",
             "L6 nxgate.doors.openssh.login_shell imports twisted.python",
         ])
 
@@ -283,14 +259,6 @@ class CheckerTests(TestCase):
         self.assertEqual(bare_ensure_deferred(source), 2)
         self.assertEqual(l7_no_unwatched_deferreds({"nxgate.sessions.lifecycle": 2, "nxgate.gateway": 1}),
                          ["L7 nxgate.sessions.lifecycle has 2 bare ensureDeferred(...)"])
-
-    def test_old_names_are_judged_under_new_ones(self) -> None:
-        """Before the move, ``nxgate/session/model.py`` importing ``nxgate.nx.shell`` is an L1 violation."""
-        if not os.path.exists(os.path.join(REPO, "tools", "relayout.py")) or \
-                not os.path.exists(os.path.join(REPO, "nxgate", "session", "model.py")):
-            raise SkipTest("the move is done: there are no old names left")
-        graph, _ = read_tree({os.path.join("nxgate", "session", "model.py"): "from nxgate.nx.shell import Reply\n"})
-        self.assertIn("L1 nxgate.sessions.model imports nxgate.nx.server_dialogue.Reply", check(graph))
 
 
 class TreeTests(TestCase):

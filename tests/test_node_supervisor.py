@@ -14,10 +14,10 @@ from twisted.trial.unittest import TestCase
 from nxgate.config import Config, SessionsSection
 from nxgate.node import supervisor as supervision
 from nxgate.node.supervisor import AgentSupervisor
-from nxgate.session import files, processes
-from nxgate.session.model import Session, State
-from nxgate.session.processes import ProcessId
-from tests.test_session_manager import ME, FakeLauncher, FakeNotifier, short_state_dir
+from nxgate.node import files, processes
+from nxgate.sessions.model import Session, State
+from nxgate.node.processes import ProcessId
+from tests.test_sessions_manager import ME, FakeLauncher, FakeNotifier, short_state_dir
 
 
 class SupervisorTests(TestCase):

@@ -13,8 +13,8 @@ from nxgate.nx.dispatch import NXDispatcher, as_nx
 from nxgate.nx.errors import NXError
 from nxgate.nx.params import parse_params
 from nxgate.nx.requests import remote_request
-from nxgate.session.model import State
-from nxgate.session.programs import session_command
+from nxgate.sessions.model import State
+from nxgate.sessions.programs import session_command
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.requests import DisplaySettings, StartRequest

@@ -4,7 +4,7 @@ import re
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.nx.listing import DASHES, HEADER, ListedSession, format_session_list, session_options
+from nxgate.nx.listing import DASHES, HEADER, ListingRow, format_session_list, session_options
 
 OPENNX_ROW = re.compile(
     r"^(\d+)\s+([\w-]+)\s+([0-9A-F]{32})\s+([A-Z-]{8})\s+(\d+)\s+(\d+x\d+)\s+(\w+)\s+(\S.*)$"
@@ -17,7 +17,7 @@ class ListingTests(SynchronousTestCase):
         values = dict(display=1001, session_type="unix-kde", session_id=ID, options="--D--PSA", depth=24,
                       screen="1024x768", status="Suspended", name="my session")
         values.update(overrides)
-        return ListedSession(**values)
+        return ListingRow(**values)
 
     def test_empty_list(self):
         self.assertEqual(

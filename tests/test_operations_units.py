@@ -7,7 +7,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.audit import AuditLog, audit_record
-from nxgate.throttle import Throttle
+from nxgate.auth.throttle import Throttle
 
 
 class ThrottleTests(SynchronousTestCase):

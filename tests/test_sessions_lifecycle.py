@@ -5,7 +5,7 @@ from __future__ import annotations
 from twisted.internet import defer
 from twisted.trial.unittest import TestCase
 
-from nxgate.session.model import State
+from nxgate.sessions.model import State
 from nxgate.sessions.lifecycle import OPERATIONS, Action, Background, Op, action
 
 

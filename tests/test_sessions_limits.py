@@ -9,7 +9,7 @@ from twisted.trial.unittest import TestCase
 from nxgate.config import Config, SessionsSection
 from nxgate.node import displays
 from nxgate.node.displays import DisplayAllocator, NoFreeDisplay
-from nxgate.session.model import Session, State
+from nxgate.sessions.model import Session, State
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.limits import Limits
@@ -55,11 +55,11 @@ class DisplayAllocatorTests(TestCase):
     def setUp(self):
         claims = tempfile.mkdtemp()
         self.addCleanup(__import__("shutil").rmtree, claims)
-        claim = displays.files.claim_display
-        self.patch(displays.files, "claim_display", lambda n, directory=claims: claim(n, directory))
+        claim = displays.claim_display
+        self.patch(displays, "claim_display", lambda n, directory=claims: claim(n, directory))
         for n in range(3300, 3304):
-            self.addCleanup(displays.files.release_display, n)
-        self.patch(displays.files, "display_available", lambda n: n != 3301)
+            self.addCleanup(displays.release_display, n)
+        self.patch(displays, "display_available", lambda n: n != 3301)
         self.held = []
         self.allocator = DisplayAllocator(lambda: (3300, 4), lambda: self.held)
 

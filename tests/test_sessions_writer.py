@@ -9,8 +9,9 @@ from twisted.internet import defer
 from twisted.test.proto_helpers import MemoryReactorClock
 from twisted.trial.unittest import TestCase
 
-from nxgate.session.model import Session, State
-from nxgate.session.store import STORAGE_FULL, SessionStore, StoreError, StoreUnavailable
+from nxgate.sessions.model import Session, State
+from nxgate.sessions.store.errors import STORAGE_FULL, StoreError, StoreUnavailable
+from nxgate.sessions.store.sqlite import SessionStore
 from nxgate.sessions.store.adapter import SyncStoreAdapter
 from nxgate.sessions.writer import STORE_RETRY_SECONDS, StoreWriter
 

@@ -18,8 +18,8 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
-from nxgate.ssh import server
-from nxgate.ssh.server import NXSSHFactory
+from nxgate.doors.conch import server
+from nxgate.doors.conch.server import NXSSHFactory
 
 ECHO = 192  # a message number for the test services (local extensions)
 

@@ -128,7 +128,7 @@ class AgentFiles:
     @property
     def socket(self) -> str:
         """Where the agent listens for the client's proxy (see
-        :mod:`nxgate.agentsocket`)."""
+        :mod:`nxgate.stream.agentsocket`)."""
         return os.path.join(self.directory, SOCKET_NAME)
 
 

@@ -14,8 +14,8 @@ import re
 import subprocess
 from dataclasses import dataclass
 
-from nxgate.client import commands
-from nxgate.client.dialogue import (
+from nxgate.nx import client_commands as commands
+from nxgate.nx.client_dialogue import (
     ListSessions,
     Request,
     ATTACHING,

@@ -23,7 +23,9 @@ from twisted.internet import defer, task
 from twisted.internet.error import CannotListenError
 from twisted.python.failure import Failure
 
-from nxgate.client import cli, dialogue
+from nxgate.client import cli
+from nxgate.nx import client_dialogue as dialogue
+from nxgate.nx.listing import ParsedRow
 from nxgate.client.knownhosts import KnownHosts
 from nxgate.client.proxy import LocalConnection, NXProxy, last_lines
 from nxgate.client.ssh import HostKeyPolicy, Login, ShellChannel, SSHError, open_shell
@@ -212,7 +214,7 @@ class ClientRun:
                     self.say(line)
             self.finish(NX_ERROR)
 
-    def _choose(self, sessions: tuple[dialogue.ListedSession, ...]) -> None:
+    def _choose(self, sessions: tuple[ParsedRow, ...]) -> None:
         """Several sessions may be shadowed: ask which on the terminal, or,
         without one, show them and stop (the user names one with --shadow ID)."""
         self._disarm("dialogue")
@@ -230,7 +232,7 @@ class ClientRun:
         # A daemon thread: a blocked read must not keep the process alive after Ctrl-C.
         threading.Thread(target=self._ask_choice, args=(sessions,), daemon=True).start()
 
-    def _ask_choice(self, sessions: tuple[dialogue.ListedSession, ...]) -> None:
+    def _ask_choice(self, sessions: tuple[ParsedRow, ...]) -> None:
         """In a thread: read answers until one names a session (or none is given)."""
         while True:
             self.err.write(f"Which session to shadow (1-{len(sessions)}, or an id; nothing to cancel)? ")

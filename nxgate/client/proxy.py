@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from twisted.internet import defer, error, protocol
 from twisted.python.failure import Failure
 
-from nxgate.client.dialogue import SessionInfo
+from nxgate.nx.client_dialogue import SessionInfo
 
 # What nxproxy may inherit: how to reach and authorise on the X display, locale.
 _PASSED_ENV = ("DISPLAY", "XAUTHORITY", "HOME", "PATH", "USER", "LOGNAME", "LANG", "LANGUAGE", "TMPDIR",

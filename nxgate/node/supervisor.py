@@ -12,7 +12,7 @@ Every signal goes through the injected ``send_signal`` (default:
 signal, not even the last SIGKILL of a terminate, reaches a recycled pid.
 Work that may take long on the reactor thread (user look-ups, /proc scans,
 removing a directory the user can fill, replaying a long log) goes through
-the injected ``blocking`` (:mod:`nxgate.threads`).
+the injected ``blocking`` (:mod:`nxgate.node.threads`).
 """
 
 from __future__ import annotations
@@ -27,16 +27,17 @@ from typing import Any
 from twisted.internet import defer, inotify
 from twisted.logger import Logger
 
-from nxgate.backends import nxagent
+from nxgate.backends import nxagent, x11
 from nxgate.backends.agentlog import AgentEvent, LogEvent, parse_line
 from nxgate.config import Config
-from nxgate.session import files, processes
-from nxgate.session.follow import LogFollower, replay
-from nxgate.session.model import Session, State, advance
-from nxgate.session.processes import ExitWatch, LaunchError, ProcessId
-from nxgate.session.programs import login_environment
+from nxgate.node import files, processes
+from nxgate.node.follow import LogFollower, replay
+from nxgate.node.launcher import Launcher
+from nxgate.sessions.model import Session, State, advance
+from nxgate.node.processes import ExitWatch, LaunchError, ProcessId
+from nxgate.node.environment import login_environment
 from nxgate.sessions.requests import DisplaySettings
-from nxgate.threads import Blocking, inline
+from nxgate.node.threads import Blocking, inline
 
 log = Logger(namespace="nxgate.session")
 
@@ -97,7 +98,7 @@ class AgentSupervisor:
         reactor: Any,
         config: Callable[[], Config],
         layout: files.StateLayout,
-        launcher: processes.Launcher,
+        launcher: Launcher,
         notifier: inotify.INotify,
         pam_service: str,
         blocking: Blocking = inline,
@@ -134,7 +135,7 @@ class AgentSupervisor:
         # an unencrypted one's client connects to its TCP port directly.
         listen = (nxagent.listen_unix(agent_files.socket) if session.encrypted
                   else nxagent.listen_tcp(session.client_address))
-        authority = b"".join(files.xauthority(display, cookie)
+        authority = b"".join(x11.xauthority(display, cookie)
                              for display, cookie in ((session.display, session.cookie), *plan.extra_cookies))
         options = nxagent.options_line(session, settings, listen, plan.extra_options)
         files.write_user_file(agent_files.authority, authority, session.uid, session.gid)

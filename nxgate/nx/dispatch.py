@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 from nxgate.nx import errors, replies
 from nxgate.nx.errors import NXError
-from nxgate.nx.listing import DASHES, HEADER, ListedSession, format_session_list, session_options
+from nxgate.nx.listing import DASHES, HEADER, ListingRow, format_session_list, session_options
 from nxgate.nx.params import Params
 from nxgate.nx.requests import restore_request, session_id, shadow_request, start_request
-from nxgate.nx.shell import Reply
+from nxgate.nx.server_dialogue import Reply
 from nxgate.sessions.api import SessionAPI
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
@@ -68,7 +68,7 @@ def listing_reply(listing: Listing, caller: Caller, params: Params) -> Reply:
             continue
         if wanted_types and view.type not in wanted_types:
             continue
-        rows.append(ListedSession(
+        rows.append(ListingRow(
             display=view.display, session_type=view.type, session_id=view.id,
             options=session_options(fullscreen=view.fullscreen, render=view.render, virtual_desktop=not view.rootless),
             depth=view.depth, screen=view.geometry, status=status, name=view.name,
@@ -81,7 +81,7 @@ def shadow_listing_reply(targets: tuple[ShadowTarget, ...], caller: Caller) -> R
     lines = [f"NX> {errors.SESSION_LIST} Session list of user '{caller.user}':", HEADER, DASHES]
     for target in targets:
         # OpenNX takes the last word of the name as the owner's name.
-        lines.append(ListedSession(
+        lines.append(ListingRow(
             display=target.display, session_type=target.type, session_id=target.id,
             options=session_options(fullscreen=False, render=True, virtual_desktop=True),
             depth=24, screen="800x600", status="Running", name=f"{target.name} {target.owner}",

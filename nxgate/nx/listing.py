@@ -1,4 +1,5 @@
-"""The ``listsession`` table, in the exact shape real clients parse.
+"""The ``listsession`` table, in the exact shape real clients parse, and its
+rows read back by our client.
 
 OpenNX is the strictest reader (reference §2.4); each row must match::
 
@@ -31,7 +32,7 @@ _SCREEN = re.compile(r"\d+x\d+")
 
 
 @dataclass(frozen=True)
-class ListedSession:
+class ListingRow:
     display: int
     session_type: str
     session_id: str
@@ -68,7 +69,7 @@ def session_options(*, fullscreen: bool, render: bool, virtual_desktop: bool) ->
     )
 
 
-def format_session_list(user: str, sessions: Iterable[ListedSession], *, capacity_reached: bool) -> list[str]:
+def format_session_list(user: str, sessions: Iterable[ListingRow], *, capacity_reached: bool) -> list[str]:
     """The lines of a ``listsession`` reply up to (not including) the prompt."""
     lines = [f"NX> {errors.SESSION_LIST} Session list of user '{user}':", HEADER, DASHES]
     lines.extend(session.row() for session in sessions)
@@ -78,3 +79,28 @@ def format_session_list(user: str, sessions: Iterable[ListedSession], *, capacit
     else:
         lines.append(f"NX> {errors.CAPACITY_NOT_REACHED} Server capacity: not reached for user: {user}")
     return lines
+
+
+# ------------------------------------------------ the client reading the table
+@dataclass(frozen=True)
+class ParsedRow:
+    """One row of the ``listsession`` table (reference §2.4)."""
+
+    display: str
+    session_type: str
+    session_id: str
+    options: str
+    depth: str
+    screen: str
+    status: str
+    name: str
+
+
+def parse_row(text: str) -> ParsedRow | None:
+    """One table row: seven space-separated columns, then the name, which
+    may contain spaces (Remmina's reading, reference §2.4)."""
+    columns = text.split(None, 7)
+    if len(columns) < 7:
+        return None
+    name = columns[7].strip() if len(columns) > 7 else ""
+    return ParsedRow(*columns[:7], name=name)

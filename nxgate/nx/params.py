@@ -1,4 +1,5 @@
-"""Parsing of NX command parameters: ``--key="value" --key="value" ...``.
+"""NX command parameters, both ways (one codec for the server and the client):
+``--key="value" --key="value" ...``.
 
 Real clients differ (reference §2.5): OpenNX URL-escapes some characters as
 ``%XX``, Remmina sends raw values that may themselves contain ``"``, nxcl
@@ -15,7 +16,7 @@ next ``--key=`` or by the end of the line, so a raw password such as
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from nxgate.nx.errors import bad_parameters
 
@@ -23,6 +24,9 @@ _KEY = re.compile(r"--([A-Za-z][A-Za-z0-9_-]*)=")
 _QUOTED_END = re.compile(r'"(?=\s+--[A-Za-z][A-Za-z0-9_-]*=|\s*$)')
 _UNQUOTED = re.compile(r"[^\s]*")
 _ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+
+# OpenNX's UrlEsc set plus '%' (so that a literal '%' survives decoding).
+_ESCAPED = frozenset(' "%\'$`\\&:')
 
 # Values never to be shown in echoes, logs or error messages.
 SECRET_KEYS = frozenset({"agent_password", "password", "cookie"})
@@ -65,6 +69,21 @@ def unescape(value: str) -> str:
         return decoded.encode("latin-1").decode("utf-8")
     except (UnicodeEncodeError, UnicodeDecodeError):
         return decoded
+
+
+def escape(value: str) -> str:
+    """``%XX``-escape what could break a quoted parameter value."""
+    out = []
+    for char in value:
+        if char in _ESCAPED or ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append(f"%{ord(char):02X}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def format_params(pairs: Iterable[tuple[str, str]]) -> str:
+    return " ".join(f'--{key}="{escape(value)}"' for key, value in pairs)
 
 
 def parse_params(text: str) -> Params:

@@ -13,7 +13,7 @@ class SessionAPI(Protocol):
     """Every call checks the caller may do it and raises
     :class:`nxgate.sessions.errors.SessionError` when not (a session of
     someone else is NOT_YOURS, with NOT_FOUND's words).  Implemented, for
-    now, by :class:`nxgate.session.manager.SessionManager`."""
+    now, by :class:`nxgate.sessions.service.SessionService`."""
 
     async def start(self, caller: Caller, request: StartRequest) -> Ready: ...
 

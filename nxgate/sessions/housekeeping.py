@@ -19,9 +19,9 @@ from twisted.logger import Logger
 
 from nxgate.config import SessionsSection
 from nxgate.node.supervisor import AgentSupervisor
-from nxgate.session.files import StateLayout
-from nxgate.session.model import Session, State
-from nxgate.session.store import StoreError
+from nxgate.node.files import StateLayout
+from nxgate.sessions.model import Session, State
+from nxgate.sessions.store.errors import StoreError
 from nxgate.sessions.store.interface import SessionStore
 
 log = Logger(namespace="nxgate.session")

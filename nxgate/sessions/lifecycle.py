@@ -1,7 +1,7 @@
 """The session life cycle: what each operation may do in each state, and
 how background work is watched.
 
-Two written tables drive a session.  :data:`nxgate.session.model.TRANSITIONS`
+Two written tables drive a session.  :data:`nxgate.sessions.model.TRANSITIONS`
 says where the agent's own events (its log lines) take it.
 :data:`OPERATIONS` says what a request from outside (restore, suspend,
 terminate, and the gateway's own "listen again") does in each live state,
@@ -42,11 +42,11 @@ from nxgate.config import Config, SessionsSection
 from nxgate.node.displays import DisplayAllocator
 from nxgate.node.supervisor import AgentSupervisor
 from nxgate.safetext import printable
-from nxgate.session.files import StateLayout
-from nxgate.session.follow import LogFollower
-from nxgate.session.model import Session, State, advance
-from nxgate.session.processes import ExitWatch, LaunchError, ProcessId
-from nxgate.session.store import STORAGE_FULL, StoreError, storage_reason
+from nxgate.node.files import StateLayout
+from nxgate.node.follow import LogFollower
+from nxgate.sessions.model import Session, State, advance
+from nxgate.node.processes import ExitWatch, LaunchError, ProcessId
+from nxgate.sessions.store.errors import STORAGE_FULL, StoreError, storage_reason
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.requests import DisplaySettings, RestoreRequest
@@ -176,7 +176,7 @@ class Runtime:
 class Lifecycle:
     """The one owner of in-memory session state: the live sessions and what
     is held for each (:class:`Runtime`).  It follows each agent's log through
-    :data:`TRANSITIONS <nxgate.session.model.TRANSITIONS>`, acts on requests
+    :data:`TRANSITIONS <nxgate.sessions.model.TRANSITIONS>`, acts on requests
     through :data:`OPERATIONS`, and writes every change through the
     write-behind queue; the agent supervisor does the processes."""
 
@@ -691,7 +691,7 @@ class Lifecycle:
         """The session, once it is sure its port is held by its own agent."""
         session = self.sessions[session_id]
         if session.encrypted:
-            return session  # its socket is in the user's private directory (nxgate.agentsocket)
+            return session  # its socket is in the user's private directory (nxgate.stream.agentsocket)
         if not await self.supervisor.listens(session):
             log.error("session {id}: port {port} is not held by its agent (pid {pid}); not relaying there",
                       id=session_id, port=session.port, pid=session.agent_pid)

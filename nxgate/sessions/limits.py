@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from nxgate.config import Config
-from nxgate.session.model import Session
+from nxgate.sessions.model import Session
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 

@@ -7,13 +7,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nxgate.session.model import Session, State, listed_status  # moved to nxgate.sessions by the layout change
+from nxgate.sessions.model import Session, State, listed_status  # moved to nxgate.sessions by the layout change
 
 
 @dataclass(frozen=True)
 class StreamTarget:
     """Where the client's stream goes after the dialogue: the agent's Unix
-    socket, owned by ``uid`` (see :mod:`nxgate.agentsocket`)."""
+    socket, owned by ``uid`` (see :mod:`nxgate.stream.agentsocket`)."""
 
     session_id: str
     path: str

@@ -20,17 +20,18 @@ from twisted.application import service
 from twisted.internet import defer, inotify
 from twisted.logger import Logger
 
-from nxgate.auth import resolve_service
+from nxgate.auth.pam import resolve_service
 from nxgate.backends import nxagent
 from nxgate.config import Config
 from nxgate.node.displays import DisplayAllocator, NoFreeDisplay
 from nxgate.node.supervisor import AgentSupervisor, Orphan, SendSignal
 from nxgate.safetext import printable
-from nxgate.session import files, processes
-from nxgate.session.model import Session
-from nxgate.session.programs import session_command
-from nxgate.session.remote import PROTOCOLS, RemoteSessions
-from nxgate.session.store import SessionStore as SQLiteDatabase
+from nxgate.node import displays, files, processes
+from nxgate.node.launcher import Launcher
+from nxgate.sessions.model import Session
+from nxgate.sessions.programs import session_command
+from nxgate.sessions.remote_sessions import PROTOCOLS, RemoteSessions
+from nxgate.sessions.store.sqlite import SessionStore as SQLiteDatabase
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.housekeeping import Housekeeping
@@ -42,7 +43,7 @@ from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceSt
 from nxgate.sessions.store.adapter import SyncStoreAdapter
 from nxgate.sessions.store.interface import SessionStore
 from nxgate.sessions.writer import StoreWriter
-from nxgate.threads import Blocking, inline
+from nxgate.node.threads import Blocking, inline
 
 log = Logger(namespace="nxgate.session")
 
@@ -57,7 +58,7 @@ class SessionService(service.Service):
         store: SQLiteDatabase,
         layout: files.StateLayout,
         notifier: inotify.INotify | None = None,
-        launcher: processes.Launcher | None = None,
+        launcher: Launcher | None = None,
         *,
         blocking: Blocking = inline,
         send_signal: SendSignal = processes.send_signal,
@@ -77,7 +78,7 @@ class SessionService(service.Service):
         self.writer = StoreWriter(self.store, reactor)
         self.layout = layout
         self.notifier = notifier or inotify.INotify(reactor)
-        self.launcher = launcher or processes.Launcher(reactor)
+        self.launcher = launcher or Launcher(reactor)
         self.pam_service = resolve_service(config.auth.pam_service)
         self.limits = Limits(lambda: self.config)
         self.background = Background()
@@ -95,12 +96,12 @@ class SessionService(service.Service):
                                         lambda: self.sessions.values(), self.lifecycle.terminate_session,
                                         self.background)
         self.remote = RemoteSessions(self)
-        # Shadowing (nxgate.shadow.service.ShadowService), set by the gateway.
+        # Shadowing (nxgate.sessions.shadow_sessions.ShadowService), set by the gateway.
         self.shadow: Any = None
 
     def startService(self) -> None:
         super().startService()
-        files.ensure_x_socket_dir()
+        displays.ensure_x_socket_dir()
         self.notifier.startReading()
         self.background(self.lifecycle._reconcile(), "taking back the sessions of the previous run")
         self.housekeeper.startService()

@@ -19,8 +19,8 @@ from typing import Any
 from twisted.internet import defer, task
 from twisted.logger import Logger
 
-from nxgate.session.model import Session
-from nxgate.session.store import StoreError, StoreUnavailable
+from nxgate.sessions.model import Session
+from nxgate.sessions.store.errors import StoreError, StoreUnavailable
 from nxgate.sessions.store.interface import SessionStore
 
 log = Logger(namespace="nxgate.session")

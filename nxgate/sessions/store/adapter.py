@@ -15,9 +15,9 @@ from typing import Any
 
 from twisted.internet import defer
 
-from nxgate.session.model import Session
-from nxgate.session.store import SessionStore as SQLiteDatabase
-from nxgate.threads import Blocking, inline
+from nxgate.sessions.model import Session
+from nxgate.sessions.store.sqlite import SessionStore as SQLiteDatabase
+from nxgate.node.threads import Blocking, inline
 
 
 class SyncStoreAdapter:

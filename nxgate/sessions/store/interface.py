@@ -1,7 +1,7 @@
 """What the session layer needs of a session store, asynchronously.
 
 Every call returns a Deferred, which fails with
-:class:`nxgate.session.store.StoreError` (or its :class:`StoreUnavailable`)
+:class:`nxgate.sessions.store.errors.StoreError` (or its :class:`StoreUnavailable`)
 and never raises: so a store on another machine (PostgreSQL, MariaDB
 through ``twisted.enterprise.adbapi``) can follow without touching a
 caller.  Callers ``await`` every call and never assume it has fired: the
@@ -15,7 +15,7 @@ from typing import Protocol
 
 from twisted.internet.defer import Deferred
 
-from nxgate.session.model import Session
+from nxgate.sessions.model import Session
 
 
 class SessionStore(Protocol):

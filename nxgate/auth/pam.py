@@ -1,0 +1,273 @@
+"""Authentication of Unix users through PAM, run off the reactor thread.
+
+Every PAM transaction here runs in a dedicated thread pool, so a slow PAM
+stack (``pam_unix``'s failure delay, LDAP, 2FA) never stalls the reactor.
+One code path (:func:`nxgate.auth.pamlib.authenticate`) serves the three ways in:
+
+* an NX ``login`` or an SSH ``password`` request (the conversation answers
+  hidden prompts with the password),
+* SSH ``keyboard-interactive`` (each prompt goes to the SSH client), and
+* an account-only check for users who logged in with their own SSH key.
+
+Every transaction runs ``pam_acct_mgmt`` so that expired or locked accounts
+are refused, and sets ``PAM_RHOST``.  We never call ``pam_setcred`` here: in
+the gateway process it could change *our* groups (``pam_group``).
+
+User names and passwords are passed as the exact bytes the client sent;
+nothing is quoted, split or interpreted, so ``DOMAIN\\user`` or a password
+with ``$()`` reach PAM untouched.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import pwd
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from twisted.internet import defer, task, threads
+from twisted.logger import Logger
+from twisted.python.threadpool import ThreadPool
+
+from nxgate import metrics
+from nxgate.auth import pamlib
+from nxgate.auth.pamlib import PAM_PROMPT_ECHO_OFF, PAM_PROMPT_ECHO_ON, PAM_SUCCESS, Prompt, Responder, encode
+from nxgate.auth.throttle import Throttle
+
+log = Logger()
+
+MAX_USERNAME_BYTES = 256
+MAX_PASSWORD_BYTES = 4096
+
+
+_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
+_DOMAIN = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
+#: What a user name can look like: POSIX and Samba names (``bob``,
+#: ``host$``), ``DOMAIN\user`` and ``user@example.org``.
+_USER_NAME = re.compile(rf"(?:{_DOMAIN}\\)?{_NAME}\$?|{_NAME}@{_DOMAIN}")
+
+
+def loggable_user(username: str) -> str:
+    """``username`` as the log may show it.
+
+    A user who types the password at the ``User:`` prompt sends it as the
+    user name; it must not end up in the log (or the audit log).  What
+    cannot be a user name is shown only by its length.
+    """
+    if _USER_NAME.fullmatch(username):
+        return username
+    return f"<masked {len(username)} chars>"
+
+
+class Verdict(enum.Enum):
+    GRANTED = "granted"
+    DENIED = "denied"
+    ERROR = "error"
+
+
+DENIED_USER = "user is in deny_users"
+
+
+@dataclass(frozen=True)
+class AuthResult:
+    """A PAM verdict.  ``reason`` is for the log only, never for the client."""
+
+    verdict: Verdict
+    username: str
+    reason: str
+
+    @property
+    def granted(self) -> bool:
+        return self.verdict is Verdict.GRANTED
+
+    @property
+    def client_note(self) -> str:
+        """What the client may learn beyond "wrong password or login".
+
+        Only a refusal by policy (``deny_users``, root by default): it is
+        decided from the name alone, before any password or account lookup,
+        so saying it tells nobody whether an account exists or a password
+        was right, and it saves a newcomer trying root from guessing.
+        """
+        if self.verdict is Verdict.DENIED and self.reason == DENIED_USER:
+            return f"user '{self.username}' may not log in to this server; use an ordinary Unix account"
+        return ""
+
+
+def precheck(username: str, deny_users: Sequence[str], password: str | None = None) -> str | None:
+    """Why a login must be refused without asking PAM, or None."""
+    return policy_refusal(username, deny_users, password) or account_refusal(username)
+
+
+def policy_refusal(username: str, deny_users: Sequence[str], password: str | None = None) -> str | None:
+    """The part of :func:`precheck` decided from the request alone: cheap,
+    so it runs on the reactor and a refused request never takes a PAM thread."""
+    raw = encode(username)
+    if not raw:
+        return "empty user name"
+    if len(raw) > MAX_USERNAME_BYTES:
+        return "user name too long"
+    if any(byte < 0x20 or byte == 0x7F for byte in raw):
+        return "control character in user name"
+    if username in deny_users:
+        return DENIED_USER
+    if password is not None:
+        secret = encode(password)
+        if not secret:
+            return "empty password"  # never let 'nullok' accounts in remotely
+        if len(secret) > MAX_PASSWORD_BYTES or b"\0" in secret:
+            return "unacceptable password"
+    return None
+
+
+def account_refusal(username: str) -> str | None:
+    """The part of :func:`precheck` that asks the user database (NSS: files,
+    but also LDAP or sssd, which may take seconds), so it runs in the PAM
+    thread, never on the reactor."""
+    try:
+        pwd.getpwnam(username)
+    except KeyError:
+        return "no such Unix account"
+    except UnicodeEncodeError:
+        return "user name is not valid UTF-8"
+    return None
+
+
+def resolve_service(name: str, pam_dir: str = "/etc/pam.d") -> str:
+    """The PAM service to use: ``name`` if it is configured, else ``login``."""
+    if os.path.exists(os.path.join(pam_dir, name)):
+        return name
+    log.warn(
+        "PAM service {service!r} has no file in {dir}; using 'login' instead",
+        service=name,
+        dir=pam_dir,
+    )
+    return "login"
+
+
+def password_responder(password: str) -> Responder:
+    """Answer hidden prompts with the password; refuse anything else.
+
+    A PAM stack that asks a visible question (an OTP, say) cannot be served
+    by a bare password, so we stop rather than send the password there.
+    """
+
+    def respond(prompts: Sequence[Prompt]) -> list[str | None]:
+        answers: list[str | None] = []
+        for style, _text in prompts:
+            if style == PAM_PROMPT_ECHO_ON:
+                raise LookupError("PAM asked a visible question during password login")
+            answers.append(password if style == PAM_PROMPT_ECHO_OFF else None)
+        return answers
+
+    return respond
+
+
+class Authenticator:
+    """PAM for the gateway: passwords, conversations and account checks.
+
+    Results that deny access arrive no sooner than ``failed_login_delay``
+    seconds after the request, whatever PAM itself did, to slow down
+    password guessing on every path.
+    """
+
+    def __init__(
+        self,
+        reactor,  # type: ignore[no-untyped-def]
+        service: str,
+        deny_users: Sequence[str] = (),
+        threads: int = 16,
+        failed_login_delay: float = 2.0,
+        transaction: Callable[[str, str, Responder | None, str | None], tuple[int, str]] = pamlib.authenticate,
+        throttle: Throttle | None = None,
+    ) -> None:
+        self.reactor = reactor
+        self.service = resolve_service(service)
+        self.deny_users = tuple(deny_users)
+        self.failed_login_delay = failed_login_delay
+        self.throttle = throttle
+        self._transaction = transaction
+        self.pool = ThreadPool(minthreads=0, maxthreads=threads, name="nxgate-pam")
+
+    def start(self) -> None:
+        self.pool.start()
+
+    def stop(self) -> None:
+        self.pool.stop()
+
+    def password(self, username: str, password: str, remote_host: str | None) -> defer.Deferred[AuthResult]:
+        refusal = self._throttled(username, remote_host) or policy_refusal(username, self.deny_users, password)
+        return self._counted(self._run(username, refusal, password_responder(password), remote_host), remote_host)
+
+    def conversation(self, username: str, respond: Responder, remote_host: str | None) -> defer.Deferred[AuthResult]:
+        """Authenticate with an interactive conversation (``respond`` runs in
+        the PAM thread and may block on the client)."""
+        refusal = self._throttled(username, remote_host) or policy_refusal(username, self.deny_users)
+        return self._counted(self._run(username, refusal, respond, remote_host), remote_host)
+
+    def _throttled(self, username: str, remote_host: str | None) -> str | None:
+        blocked = self.throttle.blocked(remote_host, username) if self.throttle else None
+        if blocked is None:
+            return None
+        kind, left = blocked
+        return f"throttled: too many failed logins for this {kind} ({left:.0f} s left)"
+
+    def _counted(self, result: defer.Deferred[AuthResult], remote_host: str | None) -> defer.Deferred[AuthResult]:
+        """Tell the throttle (and the metrics) how a password login went."""
+
+        def count(outcome: AuthResult) -> AuthResult:
+            throttled = outcome.reason.startswith("throttled")
+            metrics.login("throttled" if throttled else outcome.verdict.value)
+            if self.throttle is not None and not throttled:
+                if outcome.granted:
+                    self.throttle.succeeded(remote_host, outcome.username)
+                elif outcome.verdict is Verdict.DENIED:
+                    for kind in self.throttle.failed(remote_host, outcome.username):
+                        log.warn("login throttling: blocking the {kind} of {user!r} from {address}", kind=kind,
+                                 user=loggable_user(outcome.username), address=remote_host, reason="throttled",
+                                 audit="login_throttled")
+            return outcome
+
+        return result.addCallback(count)
+
+    def account(self, username: str, remote_host: str | None) -> defer.Deferred[AuthResult]:
+        """Account checks only, for users who proved themselves with a key."""
+        return self._run(username, policy_refusal(username, self.deny_users), None, remote_host)
+
+    def _run(
+        self, username: str, refusal: str | None, respond: Responder | None, remote_host: str | None
+    ) -> defer.Deferred[AuthResult]:
+        """``refusal`` comes from the reactor-side checks (throttle, policy);
+        the account look-up and PAM run in the PAM thread pool."""
+        started = self.reactor.seconds()
+        if refusal is not None:
+            result: defer.Deferred[AuthResult] = defer.succeed(AuthResult(Verdict.DENIED, username, refusal))
+        else:
+            result = threads.deferToThreadPool(self.reactor, self.pool, self._attempt, username, respond, remote_host)
+            result.addErrback(lambda failure: AuthResult(Verdict.ERROR, username, failure.getErrorMessage()))
+        result.addCallback(self._delay_denial, started)
+        return result
+
+    def _attempt(self, username: str, respond: Responder | None, remote_host: str | None) -> AuthResult:
+        """In the PAM thread: the account look-up, then the PAM transaction."""
+        refusal = account_refusal(username)
+        if refusal is not None:
+            return AuthResult(Verdict.DENIED, username, refusal)
+        return self._verdict(username, *self._transaction(self.service, username, respond, remote_host))
+
+    @staticmethod
+    def _verdict(username: str, code: int, message: str) -> AuthResult:
+        if code == PAM_SUCCESS:
+            return AuthResult(Verdict.GRANTED, username, "")
+        return AuthResult(Verdict.DENIED, username, f"PAM: {message} ({code})")
+
+    def _delay_denial(self, result: AuthResult, started: float) -> defer.Deferred[AuthResult] | AuthResult:
+        if result.granted:
+            return result
+        remaining = self.failed_login_delay - (self.reactor.seconds() - started)
+        if remaining <= 0:
+            return result
+        return task.deferLater(self.reactor, remaining, lambda: result)
+

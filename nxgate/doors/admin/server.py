@@ -1,0 +1,162 @@
+"""The admin socket: newline-delimited JSON requests from ``nxgate-admin``.
+
+Only root may use it: the socket file is 0600 and the kernel's peer
+credentials (SO_PEERCRED) are checked for every connection.  Every request
+that changes something is in the audit log.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from twisted.internet import defer, protocol
+from twisted.logger import Logger
+from twisted.protocols.basic import LineOnlyReceiver
+
+from nxgate import __version__
+from nxgate.sessions.caller import Caller
+from nxgate.sessions.errors import Kind, SessionError
+from nxgate.sessions.results import SessionView
+from nxgate.auth.peercred import peer_uid
+
+log = Logger(namespace="nxgate.admin")
+
+MAX_REQUEST = 65536
+
+#: Who the admin socket acts as: root, on every user's sessions.
+ADMIN = Caller(user="root", uid=0, gid=0, address="admin socket", door="admin", admin=True)
+
+
+def describe(session: SessionView) -> dict[str, Any]:
+    """A session as the admin sees it (a view never holds its cookie)."""
+    return {
+        "id": session.id, "user": session.user, "type": session.type, "name": session.name,
+        "state": session.state.value, "display": session.display, "node": session.node,
+        "client_address": session.client_address, "since": _iso(session.created), "changed": _iso(session.changed),
+        "agent_pid": session.agent_pid, "program_pid": session.program_pid, "geometry": session.geometry,
+        "attached_before": session.attached_before, "failure": session.failure,
+        **{key: session.options[key] for key in ("shadow", "remote") if key in session.options},
+    }
+
+
+def error_answer(error: SessionError, asked_for: str) -> dict[str, Any]:
+    """The JSON answer for a refusal of the session service: its kind, and
+    words for the admin (never NX wire text).  A session of someone else is
+    no such thing to the admin either way: both say "no live session"."""
+    if error.kind in (Kind.NOT_FOUND, Kind.NOT_YOURS):
+        return {"ok": False, "error": f"no live session {asked_for}", "kind": Kind.NOT_FOUND.value}
+    return {"ok": False, "error": error.message, "kind": error.kind.value}
+
+
+def _iso(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
+
+
+class AdminProtocol(LineOnlyReceiver):
+    delimiter = b"\n"
+    MAX_LENGTH = MAX_REQUEST
+
+    def __init__(self, gateway: Any) -> None:
+        self.gateway = gateway
+
+    def connectionMade(self) -> None:
+        uid = peer_uid(self.transport)
+        if uid != 0:
+            log.warn("refused an admin connection from uid {uid}", uid=uid)
+            self.transport.loseConnection()
+
+    def lineReceived(self, line: bytes) -> None:
+        d = defer.ensureDeferred(self._handle(line))
+        d.addErrback(self._unexpected)
+        d.addCallback(lambda response: self.sendLine(json.dumps(response).encode()))
+
+    @staticmethod
+    def _unexpected(failure: Any) -> dict[str, Any]:
+        log.failure("admin request failed", failure)
+        return {"ok": False, "error": "internal error (see the server log)", "kind": Kind.INTERNAL.value}
+
+    async def _handle(self, line: bytes) -> dict[str, Any]:
+        invalid = Kind.INVALID_REQUEST.value
+        try:
+            request = json.loads(line)
+            command, args = request["command"], request.get("args", {})
+        except (ValueError, KeyError, TypeError):
+            return {"ok": False, "error": "bad request", "kind": invalid}
+        handler = getattr(self, f"do_{command}", None) if isinstance(command, str) else None
+        if handler is None:
+            return {"ok": False, "error": f"unknown command {command!r}", "kind": invalid}
+        try:
+            return {"ok": True, "result": await handler(**args)}
+        except SessionError as error:
+            return error_answer(error, str(args.get("id", "")) if isinstance(args, dict) else "")
+        except (KeyError, TypeError, ValueError) as error:
+            return {"ok": False, "error": str(error), "kind": invalid}
+
+    @staticmethod
+    def _id(id: Any) -> str:
+        """The bare id of an id or a full ``host-display-ID``."""
+        return str(id).upper()[-32:]
+
+    # ------------------------------------------------------------ commands
+    async def do_status(self) -> dict[str, Any]:
+        status = await self.gateway.sessions.status(ADMIN)
+        return {"version": __version__, "node": self.gateway.config.server_name, "draining": status.draining,
+                "sessions": status.live, "config": self.gateway.config.source,
+                "up_since": _iso(self.gateway.started),
+                # Writes the store refused (a full disk), retried until it takes them.
+                "unsaved_changes": status.unsaved_changes,
+                # Agents running in session directories the store did not know at start.
+                "unknown_sessions": [{"id": u.id, "user": u.user, "display": u.display, "pid": u.agent_pid}
+                                     for u in status.unknown_sessions]}
+
+    async def do_sessions(self) -> list[dict[str, Any]]:
+        listing = await self.gateway.sessions.list(ADMIN)
+        return [describe(view) for view in listing.sessions]
+
+    async def do_show(self, id: str) -> dict[str, Any]:
+        return describe(await self.gateway.sessions.show(ADMIN, self._id(id)))
+
+    async def do_terminate(self, id: str) -> dict[str, Any]:
+        sessions = self.gateway.sessions
+        session = await sessions.show(ADMIN, self._id(id))
+        log.info("admin terminates session {id} of {user}", id=session.id, user=session.user,
+                 command="terminate", admin="root", audit="admin_action")
+        await sessions.terminate(ADMIN, session.id, "terminated by the admin")
+        return {"id": session.id, "state": "terminated"}
+
+    async def do_suspend(self, id: str) -> dict[str, Any]:
+        sessions = self.gateway.sessions
+        session = await sessions.show(ADMIN, self._id(id))
+        log.info("admin suspends session {id} of {user}", id=session.id, user=session.user,
+                 command="suspend", admin="root", audit="admin_action")
+        view = await sessions.suspend(ADMIN, session.id)
+        return {"id": view.id, "state": view.state.value}
+
+    async def do_drain(self, on: bool) -> dict[str, Any]:
+        on = await self.gateway.sessions.set_draining(ADMIN, bool(on))
+        log.info("admin turns draining {state}: {what}", state="on" if on else "off",
+                 what="no new sessions" if on else "new sessions welcome", command=f"drain {'on' if on else 'off'}",
+                 admin="root", audit="admin_action")
+        return {"draining": bool(on)}
+
+    async def do_reload(self) -> dict[str, Any]:
+        result = await self.gateway.reload()
+        log.info("admin reloads the configuration: {outcome}", outcome="applied" if result["ok"] else "refused",
+                 command="reload", admin="root", reason="; ".join(result.get("problems", [])),
+                 audit="admin_action")
+        if not result["ok"]:
+            raise ValueError("the configuration has problems; the running one stays:\n  "
+                             + "\n  ".join(result["problems"]))
+        return result
+
+
+class AdminFactory(protocol.Factory):
+    noisy = False
+
+    def __init__(self, gateway: Any) -> None:
+        self.gateway = gateway
+
+    def buildProtocol(self, addr: Any) -> AdminProtocol:
+        return AdminProtocol(self.gateway)

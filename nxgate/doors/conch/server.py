@@ -1,0 +1,451 @@
+"""The Conch SSH server: factory, user authentication, avatar and channel.
+
+An authenticated connection can open *session* channels and request a
+``shell`` on them (with or without a pty, as clients vary); that shell is
+the NX conversation.  Everything else an SSH server usually offers is
+refused: ``exec``, subsystems, port forwarding in both directions, agent
+and X11 forwarding.  The nx account can do nothing but speak NX.
+"""
+
+from __future__ import annotations
+
+import copy
+import struct
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from twisted.conch.avatar import ConchUser
+from twisted.conch.error import ConchError
+from twisted.conch.interfaces import IConchUser
+from twisted.conch.openssh_compat import primes
+from twisted.conch.ssh import common, connection, factory, transport, userauth
+from twisted.conch.ssh.channel import SSHChannel
+from twisted.cred.portal import IRealm, Portal
+from twisted.internet import defer
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from nxgate.auth.pam import Prompt
+from nxgate.doors.conch.checkers import IKeyboardInteractive, KeyboardInteractive, Principal
+
+log = Logger(namespace="nxgate.ssh")
+
+OPEN_ADMINISTRATIVELY_PROHIBITED = 1
+MSG_USERAUTH_INFO_REQUEST = 60
+MODULI_FILE = "/etc/ssh/moduli"
+#: OpenSSH clients' ServerAliveInterval probe (global or on a channel).
+KEEPALIVE = b"keepalive@openssh.com"
+
+# Makes the NX conversation for a channel: (avatar, channel) -> handler
+# with data_received(bytes), eof_received() and connection_lost().
+ChannelHandlerFactory = Callable[["NXAvatar", "NXSessionChannel"], Any]
+
+
+class _AddressPortal:
+    """Hands the client's address to the checkers along with the credentials."""
+
+    def __init__(self, portal: Portal, address: str) -> None:
+        self._portal = portal
+        self._address = address
+
+    def listCredentialsInterfaces(self) -> list[Any]:
+        return self._portal.listCredentialsInterfaces()
+
+    def login(self, credentials: Any, mind: Any, *interfaces: Any) -> defer.Deferred[Any]:
+        credentials.remote_address = self._address
+        return self._portal.login(credentials, self._address, *interfaces)
+
+
+class NXUserAuthServer(userauth.SSHUserAuthServer):
+    """User authentication with a client address for every check and with
+    keyboard-interactive (RFC 4256) conversations driven by PAM."""
+
+    interfaceToMethod = {
+        **userauth.SSHUserAuthServer.interfaceToMethod,
+        IKeyboardInteractive: b"keyboard-interactive",
+    }
+
+    def serviceStarted(self) -> None:
+        self.loginTimeout = self.transport.factory.login_grace_time
+        self.attemptsBeforeDisconnect = self.transport.factory.max_auth_tries
+        super().serviceStarted()
+        peer = self.transport.transport.getPeer()
+        self.portal = _AddressPortal(self.portal, getattr(peer, "host", str(peer)))
+        self._info_answer: defer.Deferred[list[str]] | None = None
+
+    def serviceStopped(self) -> None:
+        super().serviceStopped()
+        self._abandon_conversation()
+
+    def timeoutAuthentication(self) -> None:
+        log.info("SSH authentication timeout for {peer}", peer=self.transport.transport.getPeer())
+        super().timeoutAuthentication()
+
+    def ssh_USERAUTH_REQUEST(self, packet: bytes) -> Any:
+        self._abandon_conversation()
+        return super().ssh_USERAUTH_REQUEST(packet)
+
+    def auth_keyboard_interactive(self, packet: bytes) -> defer.Deferred[Any]:
+        credentials = KeyboardInteractive(self.user, self._ask)
+        return self.portal.login(credentials, None, IConchUser)
+
+    def _ask(self, prompts: Sequence[Prompt]) -> defer.Deferred[list[str]]:
+        """Send PAM's messages and prompts as one INFO_REQUEST."""
+        questions = [(text, style == 2) for style, text in prompts if style in (1, 2)]
+        notes = "\n".join(text for style, text in prompts if style in (3, 4))
+        packet = common.NS(b"") + common.NS(notes.encode()) + common.NS(b"")
+        packet += struct.pack(">L", len(questions))
+        for text, echo in questions:
+            packet += common.NS(text.encode()) + (b"\x01" if echo else b"\x00")
+        self.transport.sendPacket(MSG_USERAUTH_INFO_REQUEST, packet)
+        self._info_answer = defer.Deferred()
+        answer = self._info_answer
+        # PAM expects an answer slot for every message, prompts or not.
+        return answer.addCallback(_spread_answers, [style for style, _ in prompts])
+
+    def ssh_USERAUTH_INFO_RESPONSE(self, packet: bytes) -> None:
+        pending, self._info_answer = self._info_answer, None
+        if pending is None:
+            self.transport.sendDisconnect(2, b"unexpected keyboard-interactive response")
+            return
+        (count,) = struct.unpack(">L", packet[:4])
+        rest = packet[4:]
+        answers = []
+        for _ in range(min(count, 64)):
+            answer, rest = common.getNS(rest)
+            answers.append(answer.decode("utf-8", "surrogateescape"))
+        pending.callback(answers)
+
+    def _abandon_conversation(self) -> None:
+        pending, self._info_answer = getattr(self, "_info_answer", None), None
+        if pending is not None:
+            pending.errback(ConchError("keyboard-interactive conversation abandoned"))
+
+
+def _spread_answers(answers: list[str], styles: list[int]) -> list[str | None]:
+    given = iter(answers)
+    return [next(given, "") if style in (1, 2) else None for style in styles]
+
+
+class NXAvatar(ConchUser):
+    """An authenticated SSH login; it may open only NX session channels."""
+
+    def __init__(self, principal: Principal, shell_factory: ChannelHandlerFactory, max_channels: int) -> None:
+        super().__init__()
+        self.principal = principal
+        self.shell_factory = shell_factory
+        self.max_channels = max_channels
+        self.open_channels = 0
+        self.channelLookup[b"session"] = NXSessionChannel
+
+    def refusal(self, channel_type: bytes, data: bytes, address: str) -> str | None:
+        """Why a channel of ``channel_type`` is refused (after one INFO line
+        in the log), or None.  Refused here, before Conch would log each
+        refusal as a CRITICAL traceback: the nx key is public, so anyone
+        could fill the log with ``ssh -W`` or ``-L`` attempts."""
+        user = self.principal.ssh_user
+        if channel_type != b"session":
+            log.info("refused {kind!r} channel{target} for {user!r} from {address} (only the NX shell is offered)",
+                     kind=channel_type[:64], target=_forward_target(channel_type, data), user=user, address=address)
+            return "only NX sessions are offered here"
+        if self.open_channels >= self.max_channels:
+            log.info("refused a session channel for {user!r} from {address}: {limit} are open already",
+                     user=user, address=address, limit=self.max_channels)
+            return "too many channels"
+        return None
+
+    def lookupChannel(self, channelType: bytes, windowSize: int, maxPacket: int, data: bytes) -> SSHChannel:
+        if channelType != b"session" or self.open_channels >= self.max_channels:  # see NXConnection
+            raise ConchError(OPEN_ADMINISTRATIVELY_PROHIBITED, "refused")
+        return super().lookupChannel(channelType, windowSize, maxPacket, data)
+
+    def gotGlobalRequest(self, requestType: bytes, data: bytes) -> int:
+        if requestType == KEEPALIVE:
+            return 0  # any answer tells the client we are alive; no log line every interval
+        log.warn(
+            "refused global request {kind!r} for {user!r}", kind=requestType, user=self.principal.ssh_user
+        )
+        return 0
+
+    def logout(self) -> None:
+        log.debug("SSH logout of {user!r}", user=self.principal.ssh_user)
+
+
+def _forward_target(channel_type: bytes, data: bytes) -> str:
+    """`` to b'host':port`` for a forwarding channel, for the log."""
+    if channel_type not in (b"direct-tcpip", b"forwarded-tcpip"):
+        return ""
+    try:
+        host, rest = common.getNS(data)
+        (port,) = struct.unpack(">L", rest[:4])
+    except (struct.error, ValueError, IndexError):
+        return ""
+    return f" to {host[:100]!r}:{port}"
+
+
+class NXConnection(connection.SSHConnection):
+    """The connection service; refuses unwanted channels quietly (see
+    :meth:`NXAvatar.refusal`)."""
+
+    def ssh_CHANNEL_OPEN(self, packet: bytes) -> None:
+        channel_type, rest = common.getNS(packet)
+        avatar = getattr(self.transport, "avatar", None)
+        if avatar is not None and len(rest) >= 12:
+            peer = self.transport.transport.getPeer()
+            reason = avatar.refusal(channel_type, rest[12:], getattr(peer, "host", str(peer)))
+            if reason is not None:
+                (sender,) = struct.unpack(">L", rest[:4])
+                self.transport.sendPacket(
+                    connection.MSG_CHANNEL_OPEN_FAILURE,
+                    struct.pack(">2L", sender, OPEN_ADMINISTRATIVELY_PROHIBITED)
+                    + common.NS(reason.encode()) + common.NS(b""),
+                )
+                return
+        super().ssh_CHANNEL_OPEN(packet)
+
+
+class NXSessionChannel(SSHChannel):
+    """A session channel whose only shell is the NX conversation."""
+
+    name = b"session"
+
+    #: What the client may send before we must grant more.  Conch's 128 KiB
+    #: default holds a bulk upload to a window per round trip; with 2 MiB the
+    #: relay carried 0.35 GB/s upstream instead of 0.105 (bench/relay.py).
+    WINDOW = 2 * 1024 * 1024
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("localWindow", self.WINDOW)
+        super().__init__(*args, **kwargs)
+        self.handler: Any = None
+        self.pty_requested = False
+
+    @property
+    def peer(self) -> str:
+        address = self.conn.transport.transport.getPeer()
+        return getattr(address, "host", str(address))
+
+    @property
+    def local_address(self) -> str:
+        address = self.conn.transport.transport.getHost()
+        return getattr(address, "host", str(address))
+
+    def stopWriting(self) -> None:
+        """Conch: the client's window is full; hold back what feeds us."""
+        if self.handler is not None:
+            self.handler.pause_output()
+
+    def startWriting(self) -> None:
+        if self.handler is not None:
+            self.handler.resume_output()
+
+    def channelOpen(self, specificData: bytes) -> None:
+        self.avatar.open_channels += 1
+
+    def request_pty_req(self, data: bytes) -> int:
+        self.pty_requested = True  # accepted and ignored: the shell is no tty
+        return 1
+
+    def request_window_change(self, data: bytes) -> int:
+        return 1
+
+    def request_env(self, data: bytes) -> int:
+        return 0
+
+    def request_shell(self, data: bytes) -> int:
+        if self.handler is not None:
+            return 0
+        self.handler = self.avatar.shell_factory(self.avatar, self)
+        return 1
+
+    def request_exec(self, data: bytes) -> int:
+        command = common.getNS(data)[0][:200]
+        log.warn(
+            "refused exec {command!r} for {user!r} from {address}",
+            command=command, user=self.avatar.principal.ssh_user, address=self.peer,
+        )
+        self.write_stderr(b"nxgate: this server offers only the NX shell; commands are refused.\r\n")
+        return 0
+
+    def request_subsystem(self, data: bytes) -> int:
+        self._refuse(b"subsystem " + common.getNS(data)[0][:100])
+        return 0
+
+    def request_x11_req(self, data: bytes) -> int:
+        self._refuse(b"X11 forwarding")
+        return 0
+
+    def requestReceived(self, requestType: bytes, data: bytes) -> int:
+        # OpenSSH's name cannot be a method name (request_auth_agent_req@...).
+        if requestType == b"auth-agent-req@openssh.com":
+            self._refuse(b"agent forwarding")
+            return 0
+        if requestType == KEEPALIVE:
+            return 0  # as for the global one
+        return super().requestReceived(requestType, data)
+
+    def _refuse(self, what: bytes) -> None:
+        log.warn("refused {what!r} for {user!r} from {address}", what=what, user=self.avatar.principal.ssh_user,
+                 address=self.peer)
+
+    def write_stderr(self, data: bytes) -> None:
+        self.writeExtended(connection.EXTENDED_DATA_STDERR, data)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.handler is not None:
+            self.handler.data_received(data)
+
+    def eofReceived(self) -> None:
+        if self.handler is not None:
+            self.handler.eof_received()
+        else:
+            self.loseConnection()
+
+    def closed(self) -> None:
+        self.avatar.open_channels -= 1
+        if self.handler is not None:
+            handler, self.handler = self.handler, None
+            handler.connection_lost()
+
+    def finish(self, status: int = 0) -> None:
+        """Report an exit status (clients like a clean one) and close."""
+        if not self.closing:
+            self.conn.sendRequest(self, b"exit-status", struct.pack(">L", status))
+            self.loseConnection()
+
+
+@implementer(IRealm)
+class NXRealm:
+    def __init__(self, shell_factory: ChannelHandlerFactory, max_channels: int) -> None:
+        self.shell_factory = shell_factory
+        self.max_channels = max_channels
+
+    def requestAvatar(self, avatarId: Principal, mind: Any, *interfaces: Any) -> tuple[Any, NXAvatar, Any]:
+        """``mind`` is the client's address (see :class:`_AddressPortal`)."""
+        if IConchUser not in interfaces:
+            raise NotImplementedError("only SSH logins are served")
+        avatar = NXAvatar(avatarId, self.shell_factory, self.max_channels)
+        log.info(
+            "SSH login of {user!r} from {address} ({method})",
+            user=avatarId.ssh_user, address=mind, method=avatarId.method, audit="ssh_login",
+        )
+        return IConchUser, avatar, avatar.logout
+
+
+# The signature algorithms our user authentication verifies (Conch's
+# keys.Key), for ``server-sig-algs``: Conch would advertise its host key
+# algorithms instead, leaving out ECDSA and the NoMachine DSA key.
+USER_KEY_ALGORITHMS = (
+    b"ssh-ed25519", b"ecdsa-sha2-nistp256", b"ecdsa-sha2-nistp384", b"ecdsa-sha2-nistp521",
+    b"sk-ssh-ed25519@openssh.com", b"sk-ecdsa-sha2-nistp256@openssh.com",
+    b"rsa-sha2-512", b"rsa-sha2-256", b"ssh-rsa", b"ssh-dss",
+)
+
+# What SSHCiphers holds for the direction from the client to us.
+_INCOMING_CIPHER_STATE = ("inCipType", "inMACType", "decryptor", "decBlockSize", "inMAC", "verifyDigestSize")
+
+
+class NXServerTransport(transport.SSHServerTransport):
+    """The SSH transport, logging each connection with its peer.
+
+    Our new keys take effect for what we send right after our NEWKEYS, not
+    only once the client's NEWKEYS has arrived as in Conch, so that EXT_INFO
+    (``server-sig-algs``) is the very next packet, as OpenSSH's sshd sends
+    it (RFC 8308, section 2.4).  libssh 0.10 clients (Remmina) choose the
+    signature algorithm for an RSA key as soon as they have our NEWKEYS;
+    without ``rsa-sha2-*`` in ``server-sig-algs`` by then they fall back to
+    SHA-1 ``ssh-rsa`` and refuse to use their key.
+    """
+
+    _sending_new_keys = False
+
+    def sendPacket(self, messageType: int, payload: bytes) -> None:
+        super().sendPacket(messageType, payload)
+        if messageType == transport.MSG_NEWKEYS:
+            self._start_sending_with_new_keys()
+
+    def _start_sending_with_new_keys(self) -> None:
+        """RFC 4253, section 7.3: after our NEWKEYS we send with the new
+        keys and compression; we still read with the old until the client's
+        NEWKEYS.  Conch keeps both directions in one SSHCiphers, so ours is
+        the new one with the old incoming half."""
+        sending = copy.copy(self.nextEncryptions)
+        for name in _INCOMING_CIPHER_STATE:
+            setattr(sending, name, getattr(self.currentEncryptions, name))
+        self.currentEncryptions = sending
+        self.outgoingCompression = zlib.compressobj(6) if self.outgoingCompressionType == b"zlib" else None
+        self._sending_new_keys = True
+
+    def sendExtInfo(self, extensions: list[tuple[bytes, bytes]]) -> None:
+        super().sendExtInfo([
+            (name, b",".join(USER_KEY_ALGORITHMS) if name == b"server-sig-algs" else value)
+            for name, value in extensions
+        ])
+
+    def _allowedKeyExchangeMessageType(self, messageType: int) -> bool:
+        # EXT_INFO may follow our NEWKEYS before the key exchange completes.
+        if messageType == transport.MSG_EXT_INFO and self._sending_new_keys:
+            return True
+        return super()._allowedKeyExchangeMessageType(messageType)
+
+    def _newKeys(self) -> None:
+        """The client's NEWKEYS: now read with the new keys too.  Conch would
+        also start a fresh outgoing compressor here, in the middle of the
+        zlib stream we began at our NEWKEYS; it must go on."""
+        if not self._sending_new_keys:  # a NEWKEYS before ours: Conch's way
+            super()._newKeys()
+            return
+        compressor, kind = self.outgoingCompression, self.outgoingCompressionType
+        self.outgoingCompressionType = None  # Conch starts no compressor for this
+        try:
+            super()._newKeys()
+        finally:
+            self.outgoingCompressionType = kind
+            self.outgoingCompression = compressor
+            self._sending_new_keys = False
+
+    def connectionMade(self) -> None:
+        peer = self.transport.getPeer()
+        self.peer_text = f"{getattr(peer, 'host', peer)}:{getattr(peer, 'port', '')}"
+        log.info("SSH connection from {peer}", peer=self.peer_text)
+        super().connectionMade()
+
+    def connectionLost(self, reason: Any) -> None:
+        log.info("SSH connection from {peer} closed", peer=getattr(self, "peer_text", "?"))
+        super().connectionLost(reason)
+
+
+class NXSSHFactory(factory.SSHFactory):
+    """The SSH server factory with our host keys and services."""
+
+    protocol = NXServerTransport
+
+    services = {
+        b"ssh-userauth": NXUserAuthServer,
+        b"ssh-connection": NXConnection,
+    }
+
+    def __init__(
+        self, portal: Portal, host_keys: dict[bytes, Any], login_grace_time: int, max_auth_tries: int
+    ) -> None:
+        self.portal = portal
+        self.privateKeys = host_keys
+        self.publicKeys = {kind: key.public() for kind, key in host_keys.items()}
+        self.login_grace_time = login_grace_time
+        self.max_auth_tries = max_auth_tries
+
+    def getPrimes(self) -> dict[int, list[tuple[int, int]]] | None:
+        """Diffie-Hellman group-exchange primes from OpenSSH's moduli file.
+
+        Old nxssh builds may know no better key exchange than
+        diffie-hellman-group-exchange-sha1; without the file only the fixed
+        groups and ECDH are offered.
+        """
+        try:
+            return primes.parseModuliFile(MODULI_FILE)
+        except OSError as error:
+            # Conch asks once, when the factory starts: one line per start.
+            log.info("no Diffie-Hellman group-exchange for old clients: cannot read {path} ({error})",
+                     path=MODULI_FILE, error=error.strerror or str(error))
+            return None

@@ -1,0 +1,218 @@
+"""The gateway's local socket for ``nxgate-shell`` (the OpenSSH deployment mode).
+
+Sites that keep their system sshd give the nx account ``nxgate-shell`` as
+its command; it brings the NX conversation here, where authentication and
+session management happen exactly as for the built-in SSH server.  The
+kernel tells us who connected (SO_PEERCRED): the nx account gets the usual
+NX login; any other user (sshd's ForceCommand for users who log in as
+themselves) is already authenticated as that user, as with legacy-free
+logins; root and unknown users are refused.  After ``bye`` the gateway
+connects to the session's agent (whose socket only root and the session's
+user can reach, see :mod:`nxgate.stream.agentsocket`) and passes the connection to
+the shell (SCM_RIGHTS), which relays the stream itself (with nxcopy).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+from typing import Any
+
+from twisted.internet import protocol
+from twisted.logger import Logger
+
+from nxgate.auth.peercred import peer_uid
+from nxgate.stream import agentsocket
+from nxgate.doors.openssh import framing as shellproto
+from nxgate.doors.conversation import Conversation
+from nxgate.sessions.caller import Caller
+
+log = Logger(namespace="nxgate.shell")
+
+
+class _Frames:
+    """The conversation's transport: DATA frames out, EXIT on close."""
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+
+    def write(self, data: bytes) -> None:
+        self.transport.write(shellproto.frame(shellproto.DATA, data))
+
+    def close(self) -> None:
+        self.transport.write(shellproto.frame(shellproto.EXIT, b"0"))
+        self.transport.loseConnection()
+
+
+class _HandedOver:
+    """Stands in for a relay: the shell carries the stream itself."""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def pause_agent(self) -> None:
+        pass
+
+    def resume_agent(self) -> None:
+        pass
+
+
+class OpenSSHDoorProtocol(protocol.Protocol):
+    """One nxgate-shell connection.
+
+    Who connected comes from the kernel (SO_PEERCRED) only.  The client
+    address in the hello is the shell's claim: for the nx account it is
+    sshd's word (sshd runs nxgate-shell as that account's only command), so
+    it serves for PAM, throttling and fail2ban like the built-in server's
+    peer address; from any other local user it is shown marked as a claim.
+    """
+
+    def __init__(self, gateway: Any) -> None:
+        self.gateway = gateway
+        self.deframer = shellproto.Deframer()
+        self.conversation: Conversation | None = None
+        self.preauthenticated: str | None = None
+        self.agent: socket.socket | None = None  # handed to the shell; ours to close once sent
+        self.lost = False
+        self.uid: int | None = None
+        self.done = False
+        # Frames that came before the peer's account was known, in order.
+        self.early: list[tuple[bytes, bytes]] | None = []
+        self.early_bytes = 0
+
+    def connectionMade(self) -> None:
+        """Who connected: the uid from the kernel, its name from NSS (in a
+        thread, through the gateway's user directory: NSS may be LDAP).
+        Frames that arrive meanwhile wait, in order, until the name is known."""
+        self.uid = uid = peer_uid(self.transport)
+        if uid is None or uid == 0:
+            self._refuse()
+            return
+        d = self.gateway.users.by_uid(uid)
+        d.addCallbacks(self._known, lambda failure: self._refuse())  # the directory logged why
+        d.addErrback(lambda failure: (log.failure("shell socket connection from uid {uid}", failure, uid=uid),
+                                      self._drop()))
+
+    def _refuse(self) -> None:
+        log.warn("refused a shell socket connection from uid {uid}", uid=self.uid)
+        self._drop()
+
+    def _known(self, entry: Any) -> None:
+        if self.lost or self.done:
+            return
+        name = entry.pw_name
+        if name != self.gateway.config.ssh.nx_user:
+            if not self.gateway.config.ssh.user_logins:
+                log.warn("refused {user} on the shell socket: user logins are disabled", user=name)
+                self._drop()
+                return
+            self.preauthenticated = name
+        early, self.early = self.early or [], None
+        self._frames(early)
+
+    def dataReceived(self, data: bytes) -> None:
+        try:
+            frames = list(self.deframer.feed(data))
+        except shellproto.FramingError as error:
+            log.warn("bad data from nxgate-shell (uid {uid}): {error}", uid=self.uid, error=str(error))
+            self._drop()
+            return
+        if self.early is None:
+            self._frames(frames)
+            return
+        self.early.extend(frames)
+        self.early_bytes += sum(len(payload) for _, payload in frames)
+        if self.early_bytes > shellproto.MAX_FRAME:
+            log.warn("nxgate-shell (uid {uid}) sent {size} bytes before its account was known", uid=self.uid,
+                     size=self.early_bytes)
+            self._drop()
+
+    def _frames(self, frames: list[tuple[bytes, bytes]]) -> None:
+        try:
+            for kind, payload in frames:
+                if self.done:
+                    return
+                self._frame(kind, payload)
+        except shellproto.FramingError as error:
+            log.warn("bad data from nxgate-shell (uid {uid}): {error}", uid=self.uid, error=str(error))
+            self._drop()
+
+    def _frame(self, kind: bytes, payload: bytes) -> None:
+        if self.conversation is None:
+            if kind != shellproto.HELLO:
+                raise shellproto.FramingError("no hello first")
+            self._hello(payload)
+        elif kind == shellproto.DATA:
+            self.conversation.data_received(payload)
+        elif kind == shellproto.EOF:
+            self.conversation.eof_received()
+        else:
+            raise shellproto.FramingError(f"unexpected frame {kind!r}")
+
+    def _hello(self, payload: bytes) -> None:
+        who = self.preauthenticated or "nx account"
+        try:
+            hello = shellproto.parse_hello(payload)
+        except shellproto.HelloError as error:
+            log.warn("refused a malformed hello on the shell socket from uid {uid} ({who}): {error}",
+                     uid=self.uid, who=who, error=str(error))
+            self.transport.write(shellproto.frame(
+                shellproto.DATA, b"NX> 500 ERROR: Malformed greeting from nxgate-shell.\nNX> 999 Bye.\n"))
+            self.transport.write(shellproto.frame(shellproto.EXIT, b"1"))
+            self._drop()
+            return
+        claimed = hello.claimed_address
+        if self.preauthenticated is None:
+            address = claimed or "unknown"
+        else:
+            address = f"{claimed} (claimed by uid {self.uid})" if claimed else f"local uid {self.uid}"
+        log.info("NX conversation through sshd for uid {uid} ({who}), client address {claimed_address} "
+                 "as nxgate-shell reports it", uid=self.uid, who=who, claimed_address=claimed or "not given")
+        self.conversation = self.gateway.conversation(_Frames(self.transport), address, self.preauthenticated,
+                                                      self._hand_over, door="nx-openssh")
+        self.conversation.start()
+
+    def _drop(self) -> None:
+        self.done = True
+        self.transport.loseConnection()
+
+    def _hand_over(self, client: Caller, target: Any, _transport: Any, leftover: bytes) -> _HandedOver:
+        def reached(sock: socket.socket | None, error: str) -> None:
+            if sock is None:
+                log.warn("cannot reach the agent of session {id}: {error}", id=target.session_id, error=error)
+                self.transport.write(shellproto.frame(shellproto.EXIT, b"1"))
+                self._drop()
+                return
+            if self.lost:  # nxgate-shell is gone already
+                sock.close()
+                return
+            self.agent = sock
+            self.transport.sendFileDescriptor(sock.fileno())
+            message = {"leftover": base64.b64encode(leftover).decode()}
+            self.transport.write(shellproto.frame(shellproto.SWITCH, json.dumps(message).encode()))
+            self._drop()
+            log.info("handed {user}'s stream for session {id} to nxgate-shell", user=client.user,
+                     id=target.session_id)
+
+        agentsocket.connect_soon(self.gateway.reactor, target.path, target.uid, reached)
+        return _HandedOver()
+
+    def connectionLost(self, reason: Any) -> None:
+        self.lost = True
+        if self.agent is not None:
+            self.agent.close()
+            self.agent = None
+        if self.conversation is not None:
+            self.conversation.connection_lost()
+
+
+class OpenSSHDoorFactory(protocol.Factory):
+    def __init__(self, gateway: Any) -> None:
+        self.gateway = gateway
+
+    def buildProtocol(self, addr: Any) -> OpenSSHDoorProtocol:
+        return OpenSSHDoorProtocol(self.gateway)

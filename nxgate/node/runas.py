@@ -1,0 +1,138 @@
+"""Start one session process as its user: ``python -m nxgate.node.runas``.
+
+The gateway (root) runs this small program for every nxagent and session
+application instead of forking itself: a fork of a threaded Twisted process
+must not run PAM, and the work below needs a process of its own anyway.
+It reads a JSON request on stdin (never argv: nothing here may show up in
+``ps``), then
+
+1. opens the log file (in a root-only directory) that becomes stdout/stderr,
+2. opens a PAM session for the user if asked (limits, environment, logind),
+3. switches to the user's uid, gid and supplementary groups for good,
+4. starts a new session (``setsid``) so the process outlives the gateway and
+   ignores signals meant for it, sets umask 077, and
+5. says ``ok`` on stdout and ``exec``s the program with the given argv.
+
+``stdin`` in the request is a secret the program reads on stdin (a remote
+desktop's password); with ``status_fd`` the program gets our stdout, the
+pipe to the gateway, as fd 3 for a status line of its own.
+
+The gateway sees ``ok`` (or an error line) and then the pid is the
+program's.  ``{"mode": "close-pam", ...}`` closes a PAM session instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import sys
+from typing import Any
+
+from nxgate.auth import pamlib
+
+MAX_REQUEST = 1 << 20
+
+
+def _fail(message: str) -> None:
+    sys.stdout.write("error: " + message.replace("\n", " ") + "\n")
+    sys.stdout.flush()
+    os._exit(1)
+
+
+def _drop_privileges(user: pwd.struct_passwd) -> None:
+    os.initgroups(user.pw_name, user.pw_gid)
+    os.setresgid(user.pw_gid, user.pw_gid, user.pw_gid)
+    os.setresuid(user.pw_uid, user.pw_uid, user.pw_uid)
+    if user.pw_uid != 0:
+        try:
+            os.setuid(0)
+        except PermissionError:
+            return
+        _fail("could not give up root")
+
+
+def execute(request: dict[str, Any]) -> None:
+    user = pwd.getpwnam(request["user"])
+    log_fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    env: dict[str, str] = dict(request.get("env", {}))
+    pam = request.get("pam")
+    if pam:
+        try:
+            session = pamlib.open_session(pam["service"], user.pw_name, pam.get("rhost"), pam.get("tty"))
+        except OSError as error:
+            _fail(f"PAM session refused: {error}")
+        env.update(session.environment())
+        # The session stays open; the gateway closes it when the session ends.
+        session.end(pamlib.PAM_DATA_SILENT)
+    env.update(request.get("env_fixed", {}))
+    argv = [str(arg) for arg in request["argv"]]
+    executable = shutil.which(argv[0], path=env.get("PATH", os.defpath))
+    if executable is None:
+        _fail(f"program not found: {argv[0]}")
+    _drop_privileges(user)
+    os.setsid()
+    os.umask(int(request.get("umask", 0o077)))
+    try:
+        os.chdir(request.get("cwd") or user.pw_dir)
+    except OSError:
+        os.chdir("/")
+    sys.stdout.write("ok\n")
+    sys.stdout.flush()
+    # Python ignores SIGPIPE and SIGXFSZ; exec keeps ignored signals ignored.
+    for signum in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    os.dup2(_stdin(request.get("stdin")), 0)
+    if request.get("status_fd"):
+        # The program reports on fd 3, which is our stdout: the gateway reads it.
+        os.dup2(1, 3)
+        os.set_inheritable(3, True)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.closerange(4 if request.get("status_fd") else 3, max(os.sysconf("SC_OPEN_MAX"), 1024))
+    try:
+        os.execve(executable, argv, env)
+    except OSError as error:
+        os.write(2, f"nxgate launcher: cannot execute {executable}: {error}\n".encode())
+        os._exit(127)
+
+
+def _stdin(secret: str | None) -> int:
+    """The program's stdin: /dev/null, or a pipe holding ``secret`` (a
+    password never goes into argv or the environment)."""
+    if secret is None:
+        return os.open(os.devnull, os.O_RDONLY)
+    data = secret.encode("utf-8", "surrogateescape")
+    if len(data) >= 65536:
+        _fail("secret too long")
+    read_end, write_end = os.pipe()
+    os.write(write_end, data)  # fits in the pipe: the write cannot block
+    os.close(write_end)
+    return read_end
+
+
+def close_pam(request: dict[str, Any]) -> None:
+    pam = request["pam"]
+    code, message = pamlib.close_session(pam["service"], request["user"], pam.get("rhost"), pam.get("tty"))
+    sys.stdout.write(("ok\n" if code == pamlib.PAM_SUCCESS else f"error: {message} ({code})\n"))
+    sys.stdout.flush()
+
+
+def main() -> None:
+    if os.geteuid() != 0:
+        _fail("the launcher must run as root")
+    try:
+        request = json.loads(sys.stdin.buffer.read(MAX_REQUEST))
+        if request.get("mode") == "close-pam":
+            close_pam(request)
+        else:
+            execute(request)
+    except (KeyError, ValueError, TypeError, OSError) as error:
+        _fail(f"{type(error).__name__}: {error}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""The session store: one SQLite file in the state directory.
+
+Only the session manager writes it.  The schema carries a version
+(``PRAGMA user_version``) and is migrated forward on open; a database from
+a newer nxgate is refused rather than misread.  Writes are small and run on
+the reactor thread (WAL journal, no fsync per commit), which keeps "one
+owner of state" literal: there is no second writer to race with.
+
+Failures are typed for the caller: :class:`StoreUnavailable` is a write or
+read that failed but may work later (a full disk, an I/O error) and
+carries the words a client may see; :class:`StoreCorrupt` is a file that is
+not a usable database, refused at open with the way to recover.  Backups
+are online copies (SQLite's backup API) taken before a schema migration
+and, by the session manager, periodically: ``nxgate.sqlite.backup`` beside
+the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator
+from dataclasses import fields
+from typing import Any
+
+from nxgate.sessions.model import Session, State
+from nxgate.sessions.store.errors import STORAGE_FULL, StoreCorrupt, StoreError, StoreUnavailable, storage_reason
+
+SCHEMA_VERSION = 1
+
+_COLUMNS = [f.name for f in fields(Session)]
+_MIGRATIONS: dict[int, str] = {
+    1: """
+        CREATE TABLE sessions (
+            id TEXT PRIMARY KEY,
+            user TEXT NOT NULL,
+            uid INTEGER NOT NULL,
+            gid INTEGER NOT NULL,
+            type TEXT NOT NULL,
+            name TEXT NOT NULL,
+            display INTEGER NOT NULL,
+            server_name TEXT NOT NULL,
+            cookie TEXT NOT NULL,
+            state TEXT NOT NULL,
+            created REAL NOT NULL,
+            changed REAL NOT NULL,
+            client_address TEXT NOT NULL,
+            geometry TEXT NOT NULL,
+            depth INTEGER NOT NULL,
+            render INTEGER NOT NULL,
+            fullscreen INTEGER NOT NULL,
+            rootless INTEGER NOT NULL,
+            encrypted INTEGER NOT NULL,
+            ever_attached INTEGER NOT NULL,
+            agent_pid INTEGER NOT NULL,
+            agent_started INTEGER NOT NULL,
+            app_pid INTEGER NOT NULL,
+            app_started INTEGER NOT NULL,
+            failure TEXT NOT NULL,
+            options TEXT NOT NULL
+        );
+        CREATE INDEX sessions_user_state ON sessions (user, state);
+        CREATE INDEX sessions_state ON sessions (state);
+    """,
+}
+LIVE_STATES = tuple(state.value for state in State if state.live)
+
+
+class SessionStore:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.backup_path = path + ".backup"
+        new = not os.path.exists(path)
+        if new:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("PRAGMA busy_timeout=5000")
+            problems = [row[0] for row in self.db.execute("PRAGMA quick_check")]
+        except sqlite3.DatabaseError as error:
+            self.db.close()
+            raise self._corrupt(str(error)) from None
+        if problems != ["ok"]:
+            self.db.close()
+            raise self._corrupt("; ".join(problems[:3]))
+        os.chmod(path, 0o600)
+        self._migrate()
+
+    def _corrupt(self, detail: str) -> StoreCorrupt:
+        aside = f"move {self.path} and its -wal and -shm files aside"
+        if os.path.exists(self.backup_path):
+            how = f"{aside} and copy the backup {self.backup_path} to {self.path}"
+        else:
+            how = f"{aside} (there is no backup) and start with an empty store"
+        return StoreCorrupt(f"the session store {self.path} is damaged ({detail}); to recover, {how}. Sessions "
+                            f"still running that the store does not know are reported at start.")
+
+    def _migrate(self) -> None:
+        (version,) = self.db.execute("PRAGMA user_version").fetchone()
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"the session store has schema {version}; this nxgate knows up to {SCHEMA_VERSION}")
+        if 0 < version < SCHEMA_VERSION:
+            self.backup(f"{self.path}.schema-{version}")
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            self.db.executescript(f"BEGIN; {_MIGRATIONS[target]}; PRAGMA user_version={target}; COMMIT;")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def backup(self, target: str | None = None, source: sqlite3.Connection | None = None) -> str:
+        """An online copy of the store (consistent while it is written),
+        replacing ``target`` (default: the periodic backup) atomically.
+        ``source``: a connection of its own to copy from, for a copy made in
+        another thread (a connection belongs to the thread that opened it)."""
+        target = target or self.backup_path
+        temporary = f"{target}.{os.getpid()}.tmp"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        try:
+            with self._guard():
+                copy = sqlite3.connect(temporary)
+                try:
+                    (source or self.db).backup(copy)
+                    copy.execute("PRAGMA journal_mode=DELETE")  # one self-contained file to copy back
+                finally:
+                    copy.close()
+            os.replace(temporary, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+        return target
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """SQLite's and Python's failures as :class:`StoreError` kinds."""
+        try:
+            yield
+        except sqlite3.DatabaseError as error:
+            code = getattr(error, "sqlite_errorcode", None)
+            if code == sqlite3.SQLITE_FULL:
+                raise StoreUnavailable(STORAGE_FULL, str(error)) from None
+            if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+                raise StoreUnavailable("the server's session store is damaged", str(error)) from None
+            raise StoreUnavailable("the server's session store cannot be used", str(error)) from None
+        except OSError as error:
+            raise StoreUnavailable(storage_reason(error), str(error)) from None
+        except UnicodeEncodeError as error:
+            raise StoreError(f"a value is not valid text: {error}") from None
+
+    # ------------------------------------------------------------- writes
+    def insert(self, session: Session) -> None:
+        values = _to_row(session)
+        marks = ",".join("?" for _ in _COLUMNS)
+        with self._guard():
+            self.db.execute(f"INSERT INTO sessions ({','.join(_COLUMNS)}) VALUES ({marks})", values)
+
+    def update(self, session: Session) -> None:
+        values = _to_row(session)
+        assignments = ",".join(f"{column}=?" for column in _COLUMNS[1:])
+        with self._guard():
+            cursor = self.db.execute(f"UPDATE sessions SET {assignments} WHERE id=?", values[1:] + [values[0]])
+        if cursor.rowcount != 1:
+            raise StoreError(f"no session {session.id} to update")
+
+    def delete(self, session_ids: Iterable[str]) -> None:
+        with self._guard():
+            self.db.executemany("DELETE FROM sessions WHERE id=?", [(sid,) for sid in session_ids])
+
+    # -------------------------------------------------------------- reads
+    def get(self, session_id: str) -> Session | None:
+        with self._guard():
+            row = self.db.execute(f"SELECT {','.join(_COLUMNS)} FROM sessions WHERE id=?", (session_id,)).fetchone()
+        return None if row is None else _from_row(row)
+
+    def live(self, user: str | None = None) -> list[Session]:
+        marks = ",".join("?" for _ in LIVE_STATES)
+        query = f"SELECT {','.join(_COLUMNS)} FROM sessions WHERE state IN ({marks})"
+        args: list[Any] = list(LIVE_STATES)
+        if user is not None:
+            query += " AND user=?"
+            args.append(user)
+        with self._guard():
+            return [_from_row(row) for row in self.db.execute(query + " ORDER BY created", args)]
+
+    def ended_before(self, timestamp: float, limit: int = 500) -> list[Session]:
+        """Ended sessions last changed before ``timestamp``, oldest first, at
+        most ``limit`` of them (housekeeping prunes in bounded steps)."""
+        marks = ",".join("?" for _ in LIVE_STATES)
+        with self._guard():
+            rows = self.db.execute(
+                f"SELECT {','.join(_COLUMNS)} FROM sessions WHERE state NOT IN ({marks}) AND changed < ?"
+                " ORDER BY changed LIMIT ?",
+                [*LIVE_STATES, timestamp, limit],
+            ).fetchall()
+        return [_from_row(row) for row in rows]
+
+    def count(self) -> int:
+        with self._guard():
+            (total,) = self.db.execute("SELECT COUNT(*) FROM sessions").fetchone()
+        return total
+
+
+def _to_row(session: Session) -> list[Any]:
+    row: list[Any] = []
+    for column in _COLUMNS:
+        value = getattr(session, column)
+        if column == "options":
+            value = json.dumps(value, sort_keys=True)
+        elif isinstance(value, State):
+            value = value.value
+        elif isinstance(value, bool):
+            value = int(value)
+        row.append(value)
+    return row
+
+
+def _from_row(row: tuple[Any, ...]) -> Session:
+    values = dict(zip(_COLUMNS, row))
+    values["state"] = State(values["state"])
+    values["options"] = json.loads(values["options"])
+    for f in fields(Session):
+        if f.type in ("bool", bool):
+            values[f.name] = bool(values[f.name])
+    return Session(**values)

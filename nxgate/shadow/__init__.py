@@ -1,1 +1,0 @@
-"""Shadowing: watching, or helping in, a running session or the local console."""

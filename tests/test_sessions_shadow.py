@@ -1,0 +1,111 @@
+"""The shadow service does not block the reactor: the console is found in
+a thread, and the owner's account comes from the user directory."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import tempfile
+
+from twisted.internet import defer
+from twisted.internet.testing import MemoryReactorClock
+from twisted.trial.unittest import SynchronousTestCase
+
+from nxgate.config import Config, ShadowSection
+from nxgate.node.files import StateLayout
+from nxgate.sessions.model import Session, State
+from nxgate.node.processes import ProcessId
+from nxgate.sessions.caller import Caller
+from nxgate.node import console
+from nxgate.sessions.shadow_sessions import ShadowService, Target
+from nxgate.auth.users import UserDirectory
+
+ME = pwd.getpwuid(os.getuid())
+WATCHED = "A" * 32
+
+
+class Manager:
+    """What the shadow service reads of the session manager."""
+
+    def __init__(self, layout):
+        self.reactor = MemoryReactorClock()
+        self.layout = layout
+        self.sessions = {WATCHED: Session(WATCHED, ME.pw_name, ME.pw_uid, ME.pw_gid, "unix-desktop", "desk", 7,
+                                          "gw", "c0" * 16, state=State.RUNNING, ever_attached=True)}
+        self.runs = []
+
+    @property
+    def launcher(self):
+        return self
+
+    async def run(self, request, timeout):
+        self.runs.append(request)
+        return 0
+
+
+class Late:
+    """A ``blocking`` whose answers come when the test says (a thread that is slow)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, function, *args):
+        d = defer.Deferred()
+        self.calls.append((function, args, d))
+        return d
+
+
+class ShadowServiceTests(SynchronousTestCase):
+    def setUp(self):
+        root = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, root, True)
+        self.manager = Manager(StateLayout(root))
+        self.blocking = Late()
+        config = Config(shadow=ShadowSection(console_display=":5"))
+        self.service = ShadowService(self.manager, config, self.blocking, UserDirectory(self.blocking))
+        self.caller = Caller(ME.pw_name, ME.pw_uid, ME.pw_gid, address="192.0.2.1")
+
+    def test_the_console_is_found_through_blocking(self):
+        d = defer.ensureDeferred(self.service.targets(self.caller))
+        self.assertNoResult(d)  # the reactor goes on while the console is looked for
+        ((function, args, pending),) = self.blocking.calls
+        self.assertEqual((function, args), (console.find_console, (":5",)))
+        pending.callback(console.Console(5, ME.pw_name, ME.pw_uid, ME.pw_gid, "ab" * 16, ProcessId(1, 1),
+                                         home="/home/owner"))
+        targets = self.successResultOf(d)
+        self.assertEqual([(t.id, t.display, t.type) for t in targets][0], (WATCHED, 7, "unix-desktop"))
+        self.assertEqual((targets[1].display, targets[1].type, targets[1].owner), (5, "console", ME.pw_name))
+        self.assertEqual(len(self.blocking.calls), 1)  # the owner's home came with the console: no other look-up
+
+    def test_the_consoles_authority_is_in_the_owners_home(self):
+        d = defer.ensureDeferred(self.service._targets())
+        self.blocking.calls[0][2].callback(console.Console(5, "owner", 1001, 1001, None, ProcessId(1, 1),
+                                                           home="/home/owner"))
+        (_, local) = self.successResultOf(d)
+        self.assertEqual(local.authority, "/home/owner/.Xauthority")
+
+    def test_no_console(self):
+        d = defer.ensureDeferred(self.service.targets(self.caller))
+        self.blocking.calls[0][2].callback(None)
+        self.assertEqual([t.id for t in self.successResultOf(d)], [WATCHED])
+
+    def test_the_owner_is_looked_up_off_the_reactor_before_asking(self):
+        target = Target(WATCHED, ME.pw_name, 7, "c0" * 16, "desk", "unix-desktop", "/x/authority", "/x/log")
+        d = defer.ensureDeferred(self.service._ask(self.caller, target, "view-only"))
+        self.assertNoResult(d)
+        ((function, args, pending),) = self.blocking.calls
+        self.assertEqual((function, args), (pwd.getpwnam, (ME.pw_name,)))
+        self.assertEqual(self.manager.runs, [])  # no dialog before the account is known
+        pending.callback(ME)
+        self.assertIs(self.successResultOf(d), True)
+        (request,) = self.manager.runs
+        self.assertEqual((request["user"], request["cwd"]), (ME.pw_name, ME.pw_dir))
+        self.assertEqual(request["env_fixed"], {"DISPLAY": ":7", "XAUTHORITY": "/x/authority"})
+
+    def test_an_owner_without_an_account_fails_the_ask(self):
+        target = Target(WATCHED, "gone", 7, None, "desk", "unix-desktop", "/x/authority", "/x/log")
+        d = defer.ensureDeferred(self.service._ask(self.caller, target, "view-only"))
+        self.blocking.calls[0][2].errback(KeyError("gone"))
+        self.failureResultOf(d, KeyError)
+        self.assertEqual(self.manager.runs, [])

@@ -1,0 +1,133 @@
+"""The SQLite session store: round trips, live queries, schema versions."""
+
+import os
+import sqlite3
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from nxgate.sessions.model import Session, State
+from nxgate.sessions.store import sqlite as store_module
+from nxgate.sessions.store.errors import STORAGE_FULL, StoreCorrupt, StoreError, StoreUnavailable
+from nxgate.sessions.store.sqlite import SCHEMA_VERSION, SessionStore
+
+
+def session(sid="A" * 32, user="alice", state=State.SUSPENDED, changed=100.0):
+    return Session(id=sid, user=user, uid=1000, gid=1000, type="unix-kde", name="desk 1", display=1001,
+                   server_name="h", cookie="c" * 32, state=state, changed=changed, rootless=True,
+                   options={"display": {"geometry": "800x600"}, "program": ["startkde"]})
+
+
+class StoreTests(SynchronousTestCase):
+    def setUp(self):
+        self.path = os.path.abspath(self.mktemp())
+        self.store = SessionStore(self.path)
+
+    def tearDown(self):
+        self.store.close()
+
+    def test_round_trip(self):
+        original = session()
+        self.store.insert(original)
+        self.assertEqual(self.store.get(original.id), original)
+        self.store.update(original.evolve(state=State.RUNNING, ever_attached=True))
+        self.assertEqual(self.store.get(original.id).state, State.RUNNING)
+        self.assertTrue(self.store.get(original.id).ever_attached)
+
+    def test_file_is_private_and_versioned(self):
+        self.assertEqual(os.stat(self.path).st_mode & 0o777, 0o600)
+        version = sqlite3.connect(self.path).execute("PRAGMA user_version").fetchone()[0]
+        self.assertEqual(version, SCHEMA_VERSION)
+
+    def test_live_and_history(self):
+        self.store.insert(session("A" * 32, "alice", State.RUNNING))
+        self.store.insert(session("B" * 32, "bob", State.SUSPENDED))
+        self.store.insert(session("C" * 32, "alice", State.TERMINATED, changed=10.0))
+        self.assertEqual({s.id for s in self.store.live()}, {"A" * 32, "B" * 32})
+        self.assertEqual([s.id for s in self.store.live("alice")], ["A" * 32])
+        self.assertEqual([s.id for s in self.store.ended_before(50.0)], ["C" * 32])
+        self.store.delete(["C" * 32])
+        self.assertEqual(self.store.count(), 2)
+
+    def test_update_of_missing_session(self):
+        self.assertRaises(StoreError, self.store.update, session())
+
+    def test_newer_schema_is_refused(self):
+        self.store.close()
+        sqlite3.connect(self.path).execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+        self.assertRaises(StoreError, SessionStore, self.path)
+        self.store = SessionStore(self.mktemp())
+
+    def test_reopen_keeps_data(self):
+        self.store.insert(session())
+        self.store.close()
+        self.store = SessionStore(self.path)
+        self.assertEqual(self.store.get("A" * 32).name, "desk 1")
+
+
+class FailureTests(SynchronousTestCase):
+    """Every failure is a StoreError kind the manager can act on."""
+
+    def setUp(self):
+        self.path = os.path.abspath(self.mktemp())
+
+    def open(self):
+        store = SessionStore(self.path)
+        self.addCleanup(store.close)
+        return store
+
+    def test_text_that_is_not_utf8_is_a_store_error(self):
+        error = self.assertRaises(StoreError, self.open().insert, session(sid="B" * 32).evolve(name="bad\udcff"))
+        self.assertIn("not valid text", str(error))
+
+    def test_a_full_disk_says_so(self):
+        store = self.open()
+        (pages,) = store.db.execute("PRAGMA page_count").fetchone()
+        store.db.execute(f"PRAGMA max_page_count={pages}")
+        with self.assertRaises(StoreUnavailable) as caught:
+            for n in range(1000):
+                store.insert(session(sid=f"{n:032X}"))
+        self.assertEqual(caught.exception.reason, STORAGE_FULL)
+        self.assertIn("database or disk is full", str(caught.exception))
+
+    def test_a_file_that_is_not_a_database_names_itself_and_the_way_back(self):
+        with open(self.path, "wb") as handle:
+            handle.write(b"this is no SQLite file, just some bytes " * 200)
+        error = self.assertRaises(StoreCorrupt, SessionStore, self.path)
+        self.assertIn(self.path, str(error))
+        self.assertIn("file is not a database", str(error))
+        self.assertIn("no backup", str(error))
+        self.assertNotIn("\n", str(error))
+
+    def test_a_truncated_file_is_refused_and_the_backup_named(self):
+        store = SessionStore(self.path)
+        for n in range(300):
+            store.insert(session(sid=f"{n:032X}", user=f"user{n}"))
+        store.backup()
+        store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        store.close()
+        with open(self.path, "r+b") as handle:
+            handle.truncate(os.path.getsize(self.path) // 2)
+        error = self.assertRaises(StoreCorrupt, SessionStore, self.path)
+        self.assertIn(f"copy the backup {self.path}.backup to {self.path}", str(error))
+
+    def test_backup_is_a_private_consistent_copy(self):
+        store = self.open()
+        store.insert(session())
+        path = store.backup()
+        self.assertEqual(path, self.path + ".backup")
+        self.assertEqual(os.stat(path).st_mode & 0o777, 0o600)
+        copy = SessionStore(path)
+        self.addCleanup(copy.close)
+        self.assertEqual(copy.get("A" * 32), session())
+        self.assertEqual([name for name in os.listdir(os.path.dirname(path)) if name.endswith(".tmp")], [])
+
+    def test_a_schema_migration_keeps_a_copy_of_the_old_store(self):
+        self.open().insert(session())
+        self.patch(store_module, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+        self.patch(store_module, "_MIGRATIONS", {**store_module._MIGRATIONS,
+                                                 SCHEMA_VERSION + 1: "ALTER TABLE sessions ADD COLUMN note TEXT"})
+        self.open()
+        old = sqlite3.connect(f"{self.path}.schema-{SCHEMA_VERSION}")
+        self.addCleanup(old.close)
+        self.assertEqual(old.execute("PRAGMA user_version").fetchone()[0], SCHEMA_VERSION)
+        self.assertEqual(old.execute("SELECT name FROM sessions").fetchall(), [("desk 1",)])
