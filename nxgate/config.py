@@ -216,6 +216,13 @@ class MetricsSection:
 
 
 @dataclass(frozen=True)
+class DBusSection:
+    enabled: bool = option(True, boolean, "offer org.nxgate.Gateway1 on the system bus (no bus: a warning, no more)")
+    address: str = option("", text, "bus address (empty: DBUS_SYSTEM_BUS_ADDRESS, else the system bus)")
+    admin_groups: tuple[str, ...] = option(("nxadmin",), words, "members of these groups act on every session")
+
+
+@dataclass(frozen=True)
 class TargetSection:
     """A remote desktop the admin defines: ``[target NAME]``."""
 
@@ -249,6 +256,7 @@ class Config:
     shadow: ShadowSection = ShadowSection()
     remote: RemoteSection = RemoteSection()
     metrics: MetricsSection = MetricsSection()
+    dbus: DBusSection = DBusSection()
     # Remote desktops by name, from [target NAME] sections.
     targets: dict[str, TargetSection] = field(default_factory=dict)
     # Session limits by user and group: "user.NAME" / "group.NAME" -> count.
@@ -300,6 +308,7 @@ def with_overrides(config: Config, **server_options: str | None) -> Config:
 RESTART_NEEDED = (
     ("server", "listen"), ("server", "state_dir"), ("server", "shell_socket"), ("server", "admin_socket"),
     ("server", "audit_log"), ("auth", "pam_threads"), ("ssh", "user_logins"), ("metrics", "listen"),
+    ("dbus", "enabled"), ("dbus", "address"),
 )
 
 

@@ -33,6 +33,7 @@ from nxgate.node.processes import ProcessId
 from nxgate.nx.requests import start_request
 from nxgate.sessions.store.sqlite import SessionStore
 from nxgate.sessions.caller import Caller
+from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.results import StreamTarget
 
 ME = pwd.getpwuid(os.getuid()).pw_name
@@ -202,6 +203,32 @@ class ManagerTests(TestCase):
         text = self.failureResultOf(d, NXError).value.text
         self.assertIn("unix-kde", text)
         self.assertIn("Available types: unix-application, unix-console", text)
+
+    def test_rename_changes_the_name_for_the_owner_only(self):
+        session_id, _ = self.started()
+        view = self.successResultOf(defer.ensureDeferred(self.manager.rename(self.client, session_id, "Work\x07")))
+        self.assertEqual(view.name, "Work\\x07")
+        self.assertEqual(self.manager.sessions[session_id].name, "Work\\x07")
+        self.assertEqual(self.store.get(session_id).name, "Work\\x07")
+        other = self.failureResultOf(defer.ensureDeferred(
+            self.manager.rename(caller(user="someone-else"), session_id, "Mine")), SessionError).value
+        self.assertIs(other.kind, Kind.NOT_YOURS)
+        empty = self.failureResultOf(defer.ensureDeferred(self.manager.rename(self.client, session_id, "  ")),
+                                     SessionError).value
+        self.assertIs(empty.kind, Kind.INVALID_REQUEST)
+        self.assertEqual(self.manager.sessions[session_id].name, "Work\\x07")
+
+    def test_observers_hear_creation_and_every_state_change(self):
+        heard = []
+        self.manager.observers.append(lambda event: heard.append((event.old, event.new, event.view.id)))
+        self.manager.observers.append(lambda event: 1 / 0)  # a broken observer is logged; the rest still hear
+        session_id, _ = self.started()
+        self.agent_says(session_id, STARTED, "Session: Display failure detected at 'now'.", SUSPENDED)
+        self.assertEqual([(old, new) for old, new, _ in heard],
+                         [(None, State.CREATED), (State.CREATED, State.WAITING), (State.WAITING, State.RUNNING),
+                          (State.RUNNING, State.SUSPENDING), (State.SUSPENDING, State.SUSPENDED)])
+        self.assertEqual({id for _, _, id in heard}, {session_id})
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 5)
 
     def test_resume_with_a_fresh_cookie_resending_sighup(self):
         session_id, first = self.started()

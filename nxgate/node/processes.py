@@ -208,6 +208,10 @@ def display_argument(pid: int) -> int | None:
 #: :func:`tagged_processes`).
 SESSION_MARKER = "NXGATE_SESSION"
 
+#: The same id under the name session tools read (``nxgate-session``, menus):
+#: NXGATE_SESSION is the marker the gateway hunts leftovers by.
+SESSION_ID_VARIABLE = "NXGATE_SESSION_ID"
+
 
 def tagged_processes(session_id: str, uid: int) -> list[ProcessId]:
     """The live processes of ``uid`` that carry ``session_id`` as their

@@ -50,6 +50,7 @@ from nxgate.sessions.store.errors import STORAGE_FULL, StoreError, storage_reaso
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.requests import DisplaySettings, RestoreRequest
+from nxgate.sessions.results import SessionEvent, SessionObserver, SessionView
 from nxgate.sessions.store.interface import SessionStore
 from nxgate.sessions.writer import StoreWriter
 
@@ -194,6 +195,9 @@ class Lifecycle:
         self.background = background
         self.sessions: dict[str, Session] = {}
         self.runtime: dict[str, Runtime] = {}
+        # Who hears of every creation and state change (the D-Bus door's
+        # signals); filled by the composition root, never by a door import.
+        self.observers: list[SessionObserver] = []
 
     @property
     def config(self) -> Config:
@@ -228,6 +232,7 @@ class Lifecycle:
             raise SessionError(Kind.STORAGE_FULL if reason == STORAGE_FULL else Kind.UNAVAILABLE,
                                f"Session startup failed: {reason}.") from None
         runtime = self.runtime[session.id] = Runtime(self.layout.agent_files(session.id), secret=secret)
+        self._notify(session, None)
         # A new session's lock is free: held from registration until it is
         # ready, so a restore or suspend of it waits and then sees its state.
         runtime.lock.acquire()
@@ -574,6 +579,7 @@ class Lifecycle:
         session = self._update(session_id, state=new, changed=self.reactor.seconds(), **changes)
         log.info("session {id} of {user}: {old} -> {new}", id=session_id, user=session.user,
                  old=old.value, new=new.value)
+        self._notify(session, old)
         if new is State.SUSPENDED:
             log.info("session {id} of {user} suspended (last client {address})", id=session_id, user=session.user,
                      address=session.client_address, type=session.type, audit="session_suspend")
@@ -588,6 +594,21 @@ class Lifecycle:
             elif not new.live:
                 runtime.waiters.remove(waiter)
                 deferred.errback(SessionEnded(f"the session {new.value}"))
+
+    def _notify(self, session: Session, old: State | None) -> None:
+        """Tell the observers; one that fails is logged and the rest still hear."""
+        if not self.observers:
+            return
+        event = SessionEvent(SessionView.of(session), old)
+        for observer in list(self.observers):
+            try:
+                observer(event)
+            except Exception:
+                log.failure("a session observer failed on session {id}", id=session.id)
+
+    def rename(self, session_id: str, name: str) -> Session:
+        """Give a live session a new name (what clients list); stored like any change."""
+        return self._update(session_id, name=name, changed=self.reactor.seconds())
 
     async def _wait_for(self, session_id: str, wanted: set[State], timeout: float) -> State:
         session = self.sessions.get(session_id)

@@ -112,6 +112,24 @@ class ServiceStatus:
     unknown_sessions: tuple[UnknownSession, ...]
 
 
+@dataclass(frozen=True)
+class SessionEvent:
+    """A session changed state: what observers of the service hear
+    (:attr:`nxgate.sessions.service.SessionService.observers`).  ``old`` is
+    None when the session was just created."""
+
+    view: SessionView
+    old: State | None
+
+    @property
+    def new(self) -> State:
+        return self.view.state
+
+
+#: Called on the reactor after each change; it must not block or raise.
+SessionObserver = Callable[[SessionEvent], None]
+
+
 class Progress(str, enum.Enum):
     """Something a long operation wants the caller to know while it waits."""
 

@@ -38,14 +38,17 @@ from nxgate.sessions.housekeeping import Housekeeping
 from nxgate.sessions.lifecycle import Background, Lifecycle
 from nxgate.sessions.limits import Limits
 from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequest, StartRequest
-from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionView, ShadowTarget,
-                                     StreamTarget, UnknownSession)
+from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionObserver, SessionView,
+                                     ShadowTarget, StreamTarget, UnknownSession)
 from nxgate.sessions.store.adapter import SyncStoreAdapter
 from nxgate.sessions.store.interface import SessionStore
 from nxgate.sessions.writer import StoreWriter
 from nxgate.node.threads import Blocking, inline
 
 log = Logger(namespace="nxgate.session")
+
+#: The longest session name :meth:`SessionService.rename` accepts.
+MAX_NAME = 64
 
 
 class SessionService(service.Service):
@@ -182,6 +185,22 @@ class SessionService(service.Service):
         session = self._owned(caller, session_id)
         await self.lifecycle.suspend_session(session.id)
         return SessionView.of(self.sessions.get(session.id, session))
+
+    async def rename(self, caller: Caller, session_id: str, name: str) -> SessionView:
+        """Give the caller's session a new name: printable, 1 to 64 characters."""
+        session = self._owned(caller, session_id)
+        clean = printable(name).strip()
+        if not clean or len(clean) > MAX_NAME:
+            raise SessionError(Kind.INVALID_REQUEST, f"A session name has 1 to {MAX_NAME} printable characters.",
+                               session_id=session_id)
+        log.info("session {id} of {user} renamed to {name!r} by {address}", id=session.id, user=session.user,
+                 name=clean, address=caller.address, audit="session_rename")
+        return SessionView.of(self.lifecycle.rename(session.id, clean))
+
+    @property
+    def observers(self) -> list[SessionObserver]:
+        """Callbacks for every session creation and state change (see :class:`SessionEvent`)."""
+        return self.lifecycle.observers
 
     async def show(self, caller: Caller, session_id: str) -> SessionView:
         return SessionView.of(self._owned(caller, session_id))
