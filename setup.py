@@ -32,6 +32,7 @@ setup(
         "pyOpenSSL",
         "service_identity",
         "python-pam>=2.0.2",
+        "txdbus",
     ],
     entry_points={
         "console_scripts": [
@@ -39,6 +40,7 @@ setup(
             "nxgate-client = nxgate.client.main:main",
             "nxgate-shell = nxgate.doors.openssh.login_shell:main",
             "nxgate-admin = nxgate.doors.admin.cli:main",
+            "nxgate-session = nxgate.doors.dbus.cli:main",
         ],
     },
     cmdclass={"build_py": BuildWithHelper},
@@ -47,5 +49,7 @@ setup(
         ("bin", ["helpers/nxcopy"]),
         ("share/nxgate/conf", ["conf/nxgate.conf", "conf/nx_authorized_keys"]),
         ("share/nxgate/conf/pam.d", ["conf/pam.d/nxgate"]),
+        ("share/dbus-1/system.d", ["conf/dbus/org.nxgate.Gateway1.conf"]),
+        ("share/applications", ["conf/nxgate-disconnect.desktop"]),
     ],
 )

@@ -32,7 +32,7 @@ from nxgate.sessions.store.sqlite import SessionStore
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.results import StreamTarget
 from nxgate.node.threads import in_thread
-from nxgate.auth.users import UserDirectory
+from nxgate.auth.users import UserDirectory, resolve_caller
 from nxgate.auth.throttle import Throttle
 from nxgate.doors.openssh.socket import OpenSSHDoorFactory
 from nxgate.sessions.shadow_sessions import ShadowService
@@ -108,10 +108,32 @@ class Gateway(service.MultiService):
             self._listen_unix(config.server.shell_socket, 0o666, OpenSSHDoorFactory(self), "[server] shell_socket")
         self._listen_unix(config.server.admin_socket or os.path.join(self.layout.root, "admin.sock"), 0o600,
                           AdminFactory(self), "[server] admin_socket")
+        self.dbus = self._dbus_door() if config.dbus.enabled else None
         if config.metrics.listen:
             if not metrics.available():
                 raise RuntimeError("[metrics] listen is set but prometheus-client is not installed")
             strports.service(config.metrics.listen, Site(metrics.resource(self.sessions))).setServiceParent(self)
+
+    def _dbus_door(self) -> Any:
+        """The D-Bus door (org.nxgate.Gateway1), or None without txdbus: the
+        gateway serves NX the same either way."""
+        try:
+            from nxgate.doors.dbus.door import DBusDoor
+        except ImportError as error:
+            log.warn("D-Bus session control is off: {error} (install python3-txdbus or txdbus)", error=str(error))
+            return None
+        door = DBusDoor(self.reactor, self.sessions, self._dbus_caller, self.config.dbus.address)
+        self.sessions.observers.append(door.session_changed)
+        door.setServiceParent(self)
+        return door
+
+    async def _dbus_caller(self, uid: int) -> Caller:
+        """Who a D-Bus sender with ``uid`` (the bus daemon's word) is: root
+        and members of ``[dbus] admin_groups`` act on every session."""
+        entry = await self.users.by_uid(uid)
+        caller = await self.blocking(resolve_caller, entry.pw_name, f"D-Bus (uid {uid})", "127.0.0.1", "dbus")
+        admin = uid == 0 or bool(caller.groups & set(self.config.dbus.admin_groups))
+        return dataclasses.replace(caller, admin=admin)
 
     def _listen_unix(self, path: str, mode: int, factory: Any, setting: str) -> None:
         """A Unix socket; a stale one from a previous run is removed, a live

@@ -575,11 +575,11 @@ class Lifecycle:
             self._update(session_id, failure=reason)
 
     def _transition(self, session_id: str, new: State, **changes: Any) -> None:
-        old = self.sessions[session_id].state
+        old, attached_before = self.sessions[session_id].state, self.sessions[session_id].ever_attached
         session = self._update(session_id, state=new, changed=self.reactor.seconds(), **changes)
         log.info("session {id} of {user}: {old} -> {new}", id=session_id, user=session.user,
                  old=old.value, new=new.value)
-        self._notify(session, old)
+        self._notify(session, old, attached_before)
         if new is State.SUSPENDED:
             log.info("session {id} of {user} suspended (last client {address})", id=session_id, user=session.user,
                      address=session.client_address, type=session.type, audit="session_suspend")
@@ -595,11 +595,11 @@ class Lifecycle:
                 runtime.waiters.remove(waiter)
                 deferred.errback(SessionEnded(f"the session {new.value}"))
 
-    def _notify(self, session: Session, old: State | None) -> None:
+    def _notify(self, session: Session, old: State | None, attached_before: bool = False) -> None:
         """Tell the observers; one that fails is logged and the rest still hear."""
         if not self.observers:
             return
-        event = SessionEvent(SessionView.of(session), old)
+        event = SessionEvent(SessionView.of(session), old, attached_before)
         for observer in list(self.observers):
             try:
                 observer(event)

@@ -116,10 +116,12 @@ class ServiceStatus:
 class SessionEvent:
     """A session changed state: what observers of the service hear
     (:attr:`nxgate.sessions.service.SessionService.observers`).  ``old`` is
-    None when the session was just created."""
+    None when the session was just created; ``attached_before`` whether a
+    client had been attached before this change (a RUNNING one is a resume)."""
 
     view: SessionView
     old: State | None
+    attached_before: bool = False
 
     @property
     def new(self) -> State:

@@ -1,0 +1,203 @@
+"""The D-Bus door: ``org.nxgate.Gateway1`` at ``/org/nxgate/Gateway1`` on the system bus.
+
+Who calls is asked of the bus daemon (GetConnectionUnixUser of the sender's
+unique name), never taken from arguments; ``resolve`` turns the uid into a
+:class:`Caller` (admin when in ``[dbus] admin_groups``, or root).  The session
+service then decides as for every door: users act on their own sessions only.
+
+State-change signals are unicast, one copy to each subscribed connection
+allowed to see that session (its owner's, an admin's): a broadcast signal
+would tell every local user who works when.  A connection subscribes with
+``Subscribe()`` (as systemd-logind's clients do) and is forgotten when it
+leaves the bus.
+
+Without a bus (none running, or the policy refuses the name) the gateway
+carries on: one warning, no retry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from twisted.application import service
+from twisted.internet import defer
+from twisted.logger import Logger
+from txdbus import client, message, objects
+from txdbus.interface import DBusInterface, Method, Signal
+
+from nxgate.doors.dbus import wire
+from nxgate.sessions.api import SessionAPI
+from nxgate.sessions.caller import Caller
+from nxgate.sessions.errors import Kind, SessionError
+from nxgate.sessions.results import SessionEvent
+
+log = Logger(namespace="nxgate.dbus")
+
+#: uid -> the Caller acting for it (blocking work is the resolver's business).
+Resolver = Callable[[int], Awaitable[Caller]]
+
+
+class BusError(Exception):
+    """A refusal as a D-Bus error: txdbus sends ``dbusErrorName`` and the message."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.dbusErrorName = name
+
+
+INTERFACE = DBusInterface(
+    wire.INTERFACE,
+    Method("ListSessions", returns="aa{sv}"),
+    Method("GetSession", arguments="s", returns="a{sv}"),
+    Method("Suspend", arguments="s", returns="s"),
+    Method("Terminate", arguments="s", returns="s"),
+    Method("Rename", arguments="ss", returns="a{sv}"),
+    Method("Subscribe"),
+    Method("Unsubscribe"),
+    *(Signal(name, signature) for name, signature in wire.SIGNALS.items()),
+)
+
+
+class GatewayObject(objects.DBusObject):
+    """The exported object; every method resolves the caller from the bus first."""
+
+    dbusInterfaces = [INTERFACE]
+
+    def __init__(self, door: DBusDoor) -> None:
+        super().__init__(wire.OBJECT_PATH)
+        self.door = door
+
+    def _call(self, sender: str, work: Callable[[Caller], Awaitable[Any]]) -> defer.Deferred[Any]:
+        return defer.ensureDeferred(self.door.call(sender, work))
+
+    def dbus_ListSessions(self, dbusCaller: str | None = None) -> defer.Deferred[Any]:
+        async def work(caller: Caller) -> list[dict[str, Any]]:
+            return [wire.describe(view) for view in (await self.door.sessions.list(caller)).sessions]
+        return self._call(dbusCaller or "", work)
+
+    def dbus_GetSession(self, session_id: str, dbusCaller: str | None = None) -> defer.Deferred[Any]:
+        async def work(caller: Caller) -> dict[str, Any]:
+            return wire.describe(await self.door.sessions.show(caller, _id(session_id)))
+        return self._call(dbusCaller or "", work)
+
+    def dbus_Suspend(self, session_id: str, dbusCaller: str | None = None) -> defer.Deferred[Any]:
+        async def work(caller: Caller) -> str:
+            view = await self.door.sessions.suspend(caller, _id(session_id))
+            log.info("{user} suspends session {id} over D-Bus", user=caller.user, id=view.id, audit="dbus_action")
+            return view.state.value
+        return self._call(dbusCaller or "", work)
+
+    def dbus_Terminate(self, session_id: str, dbusCaller: str | None = None) -> defer.Deferred[Any]:
+        async def work(caller: Caller) -> str:
+            view = await self.door.sessions.terminate(caller, _id(session_id), f"terminated over D-Bus by {caller.user}")
+            return view.state.value
+        return self._call(dbusCaller or "", work)
+
+    def dbus_Rename(self, session_id: str, name: str, dbusCaller: str | None = None) -> defer.Deferred[Any]:
+        async def work(caller: Caller) -> dict[str, Any]:
+            return wire.describe(await self.door.sessions.rename(caller, _id(session_id), name))
+        return self._call(dbusCaller or "", work)
+
+    def dbus_Subscribe(self, dbusCaller: str | None = None) -> defer.Deferred[Any]:
+        async def work(caller: Caller) -> None:
+            self.door.subscribers[dbusCaller or ""] = caller
+        return self._call(dbusCaller or "", work)
+
+    def dbus_Unsubscribe(self, dbusCaller: str | None = None) -> None:
+        self.door.subscribers.pop(dbusCaller or "", None)
+
+
+def _id(session_id: str) -> str:
+    """The bare id of an id or a full ``host-display-ID`` (as the admin socket takes them)."""
+    return str(session_id).upper()[-32:]
+
+
+class DBusDoor(service.Service):
+    """Connects to the bus, owns the name, exports the object, relays the
+    session service's state changes to subscribers as unicast signals."""
+
+    name = "dbus"
+
+    def __init__(self, reactor: Any, sessions: SessionAPI, resolve: Resolver, address: str = "system") -> None:
+        self.reactor = reactor
+        self.sessions = sessions
+        self.resolve = resolve
+        self.address = address or "system"
+        self.connection: Any = None
+        self.object = GatewayObject(self)
+        self.subscribers: dict[str, Caller] = {}  # unique bus name -> who it is
+        self.callers: dict[str, Caller] = {}      # unique names are never reused while the bus runs
+        self.ready: defer.Deferred[bool] = defer.Deferred()
+
+    def startService(self) -> None:
+        super().startService()
+        d = defer.ensureDeferred(self._connect())
+        d.addErrback(self._no_bus)
+        d.chainDeferred(self.ready)
+
+    async def _connect(self) -> bool:
+        self.connection = await client.connect(self.reactor, self.address)
+        self.connection.exportObject(self.object)
+        await self.connection.requestBusName(wire.BUS_NAME, doNotQueue=True)
+        await self.connection.addMatch(self._name_owner_changed, interface="org.freedesktop.DBus",
+                                       member="NameOwnerChanged", path="/org/freedesktop/DBus")
+        log.info("D-Bus: {name} on {address}", name=wire.BUS_NAME, address=self.address)
+        return True
+
+    def _no_bus(self, failure: Any) -> bool:
+        log.warn("D-Bus session control is off: cannot offer {name} on the {address} bus: {error}",
+                 name=wire.BUS_NAME, address=self.address, error=failure.getErrorMessage())
+        if self.connection is not None:
+            self.connection.disconnect()
+            self.connection = None
+        return False
+
+    def stopService(self) -> None:
+        super().stopService()
+        if self.connection is not None:
+            self.connection.disconnect()
+            self.connection = None
+
+    def _name_owner_changed(self, msg: Any) -> None:
+        name, _old, new = msg.body
+        if not new:
+            self.subscribers.pop(name, None)
+            self.callers.pop(name, None)
+
+    async def caller(self, sender: str) -> Caller:
+        """Who ``sender`` is, from the bus daemon's own record of its uid."""
+        known = self.callers.get(sender)
+        if known is None:
+            uid = await self.connection.getConnectionUnixUser(sender)
+            known = self.callers[sender] = await self.resolve(int(uid))
+        return known
+
+    async def call(self, sender: str, work: Callable[[Caller], Awaitable[Any]]) -> Any:
+        """Run ``work`` for the sender; refusals become org.nxgate.Error.* errors."""
+        try:
+            caller = await self.caller(sender)
+        except Exception as error:
+            log.warn("D-Bus: could not tell who {sender} is: {error}", sender=sender, error=str(error))
+            raise BusError(wire.error_name(Kind.NOT_ALLOWED), "Could not tell who you are.") from None
+        try:
+            return await work(caller)
+        except SessionError as error:
+            raise BusError(wire.error_name(error.kind), error.message) from None
+        except Exception:
+            log.failure("D-Bus request of {user} failed", user=caller.user)
+            raise BusError(wire.error_name(Kind.INTERNAL), "Internal error (see the server log).") from None
+
+    def session_changed(self, event: SessionEvent) -> None:
+        """An observer of the session service: unicast signals to the
+        subscribers allowed to see the session."""
+        if self.connection is None or not self.subscribers:
+            return
+        signals = wire.signals_for(event)
+        for name, caller in list(self.subscribers.items()):
+            if not caller.owns(event.view.user):
+                continue
+            for member, body in signals:
+                self.connection.sendMessage(message.SignalMessage(
+                    wire.OBJECT_PATH, member, wire.INTERFACE, destination=name,
+                    signature=wire.SIGNALS[member], body=body))
