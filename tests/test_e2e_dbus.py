@@ -1,0 +1,205 @@
+"""End to end: session control over D-Bus (issue 16) with a real dbus-daemon.
+
+The test starts its own ``dbus-daemon`` with a system-bus-like policy (deny by
+default) that includes the shipped ``conf/dbus/org.nxgate.Gateway1.conf``,
+points the gateway at it (``[dbus] address``), and calls it as real users
+with ``gdbus`` and ``nxgate-session`` run through ``setpriv`` (argv only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+
+from tests.harness.gateway import REPO
+from tests.harness.process import wait_for
+from tests.test_e2e_sessions import RED, SessionTestCase, proc_environ
+
+BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>system</type>
+  <listen>unix:path={socket}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <deny own="*"/>
+    <deny send_type="method_call"/>
+    <allow send_type="signal"/>
+    <allow send_requested_reply="true" send_type="method_return"/>
+    <allow send_requested_reply="true" send_type="error"/>
+    <allow receive_type="method_call"/>
+    <allow receive_type="method_return"/>
+    <allow receive_type="error"/>
+    <allow receive_type="signal"/>
+    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus"/>
+    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus.Introspectable"/>
+  </policy>
+  <include>{policy}</include>
+</busconfig>
+"""
+NAME, PATH = "org.nxgate.Gateway1", "/org/nxgate/Gateway1"
+
+
+class SystemBus:
+    """A dbus-daemon of our own, configured like a system bus."""
+
+    def __init__(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="nxgate-dbus-")
+        os.chmod(self.directory, 0o755)
+        self.socket = os.path.join(self.directory, "system_bus_socket")
+        self.address = f"unix:path={self.socket}"
+        config = os.path.join(self.directory, "bus.conf")
+        with open(config, "w", encoding="utf-8") as handle:
+            handle.write(BUS_CONFIG.format(socket=self.socket,
+                                           policy=os.path.join(REPO, "conf", "dbus", "org.nxgate.Gateway1.conf")))
+        with open(os.path.join(self.directory, "bus.log"), "wb") as log:  # its refusals, for a failing test
+            self.process = subprocess.Popen(["dbus-daemon", "--config-file", config, "--nofork", "--nopidfile"],
+                                            stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        wait_for(lambda: os.path.exists(self.socket), 10, "the bus socket")
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def as_user(user, argv, env=None, timeout=30):
+    """Run ``argv`` as ``user`` (uid, gid, groups), no shell."""
+    entry = user.entry
+    return subprocess.run(["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--init-groups",
+                           "--", *argv], env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, cwd="/")
+
+
+class Watcher:
+    """``nxgate-session watch`` as a user: the signals it hears, line by line."""
+
+    def __init__(self, test, user, bus: SystemBus) -> None:
+        entry = user.entry
+        self.lines: list[str] = []
+        self.process = subprocess.Popen(
+            ["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--init-groups", "--",
+             *nxgate_session("watch")], env=user_env(user, bus), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, cwd="/")
+        test.addCleanup(self.close)
+        threading.Thread(target=self._read, daemon=True).start()
+        wait_for(lambda: any("subscribed" in line for line in self.lines), 20, "the watcher to subscribe")
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    def signals(self, session_id: str) -> list[str]:
+        return [entry["signal"] for entry in map(json.loads, list(self.lines))
+                if "signal" in entry and entry["args"] and entry["args"][0] == session_id]
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+        self.process.wait(10)
+        self.process.stdout.close()
+        self.process.stderr.close()
+
+
+def nxgate_session(*args: str) -> list[str]:
+    return [sys.executable, "-c", "import sys; from nxgate.doors.dbus.cli import main; sys.exit(main())", *args]
+
+
+def user_env(user, bus: SystemBus, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(base or {"PATH": "/usr/bin:/bin", "HOME": user.home, "USER": user.name})
+    env.update(DBUS_SYSTEM_BUS_ADDRESS=bus.address, PYTHONPATH=REPO)
+    return env
+
+
+class DBusSessionTests(SessionTestCase):
+    def make_fixture(self):
+        bus = SystemBus()
+        type(self).bus = bus
+        type(self).options = {"dbus": {"address": bus.address}}
+        try:
+            fixture, teardown = SessionTestCase.make_fixture(self)
+        except BaseException:
+            bus.close()
+            raise
+
+        def both():
+            teardown()
+            bus.close()
+
+        return fixture, both
+
+    def gdbus(self, user, method, *args):
+        return as_user(user, ["gdbus", "call", "--system", "--dest", NAME, "--object-path", PATH,
+                              "--method", f"{NAME}.{method}", *args], env=user_env(user, self.bus))
+
+    def running_session(self):
+        client = self.login()
+        info = self.start(client)
+        self.attach(client, info)
+        self.screen.wait_for_colour(RED, 20000)
+        return client, info
+
+    def test_a_user_controls_her_own_session_only_and_hears_only_its_signals(self):
+        self.assertIn("D-Bus: org.nxgate.Gateway1", self.gateway.log())
+        introspection = as_user(self.user, ["gdbus", "introspect", "--system", "--dest", NAME, "--object-path", PATH],
+                                env=user_env(self.user, self.bus))
+        for member in ("ListSessions", "Suspend", "Terminate", "Rename", "SessionResumed", "SessionSuspended"):
+            self.assertIn(member, introspection.stdout, introspection.stderr)
+        hers, theirs = Watcher(self, self.user, self.bus), Watcher(self, self.other, self.bus)
+        _, info = self.running_session()
+
+        listed = self.gdbus(self.user, "ListSessions")
+        self.assertEqual(listed.returncode, 0, listed.stderr)
+        self.assertIn(info.session_id, listed.stdout)
+        self.assertIn("'running'", listed.stdout)
+        self.assertNotIn(info.session_id, self.gdbus(self.other, "ListSessions").stdout)
+
+        for method in ("Suspend", "Terminate", "GetSession"):
+            refused = self.gdbus(self.other, method, info.session_id)
+            self.assertNotEqual(refused.returncode, 0)
+            self.assertIn("org.nxgate.Error.NotYours", refused.stderr)
+        missing = self.gdbus(self.user, "GetSession", "0" * 32)
+        self.assertIn("org.nxgate.Error.NotFound", missing.stderr)
+        renamed = self.gdbus(self.user, "Rename", info.session_id, "Project X")
+        self.assertIn("'Project X'", renamed.stdout, renamed.stderr)
+
+        suspended = self.gdbus(self.user, "Suspend", info.session_id)
+        self.assertEqual(suspended.stdout.strip(), "('suspended',)", suspended.stderr)
+        self.wait_status(info.session_id, "Suspended")
+        wait_for(lambda: "SessionSuspended" in hers.signals(info.session_id), 10, "the suspended signal")
+        for expected in ("SessionCreated", "SessionRunning", "SessionSuspended", "StateChanged"):
+            self.assertIn(expected, hers.signals(info.session_id))
+        self.assertEqual(theirs.signals(info.session_id), [])
+        self.assertFalse([line for line in theirs.lines if info.session_id in line])
+
+    def test_nxgate_session_suspend_inside_a_session_then_a_client_resumes_it(self):
+        _, info = self.running_session()
+        terms = subprocess.run(["pgrep", "-u", self.user.name, "-x", "xterm"], capture_output=True, text=True)
+        environment = proc_environ(int(terms.stdout.split()[0]))  # what a menu entry in the session gets
+        self.assertEqual(environment["NXGATE_SESSION_ID"], info.session_id)
+        env = user_env(self.user, self.bus, environment)
+
+        shown = as_user(self.user, nxgate_session("--json", "info"), env=env)
+        self.assertEqual(shown.returncode, 0, shown.stderr)
+        self.assertEqual(json.loads(shown.stdout)["state"], "running")
+        done = as_user(self.user, nxgate_session("--json", "suspend"), env=env)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(json.loads(done.stdout), {"id": info.session_id, "state": "suspended"})
+        self.wait_status(info.session_id, "Suspended")
+
+        other = as_user(self.other, nxgate_session("--json", "suspend"), env=user_env(self.other, self.bus, environment))
+        self.assertEqual(other.returncode, 1)
+        self.assertEqual(json.loads(other.stdout.splitlines()[0])["error"], "org.nxgate.Error.NotYours")
+
+        wait_for(lambda: self.screen.shot().count(RED) < 20000, 20, "the suspended session to leave the screen")
+        client = self.login()
+        resumed = self.restore(client, info.session_id)
+        self.attach(client, resumed)
+        self.screen.wait_for_colour(RED, 20000)
+        self.assertEqual(self.listing().get(info.session_id), "Running")
