@@ -18,6 +18,7 @@ import threading
 
 from tests.harness.gateway import REPO
 from tests.harness.process import wait_for
+from tests.harness.users import create_user
 from tests.test_e2e_sessions import RED, SessionTestCase, proc_environ
 
 BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
@@ -44,6 +45,7 @@ BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Config
 </busconfig>
 """
 NAME, PATH = "org.nxgate.Gateway1", "/org/nxgate/Gateway1"
+ADMIN_GROUP = "nxgatetestdbusadm"
 
 
 class SystemBus:
@@ -121,7 +123,7 @@ class DBusSessionTests(SessionTestCase):
     def make_fixture(self):
         bus = SystemBus()
         type(self).bus = bus
-        type(self).options = {"dbus": {"address": bus.address}}
+        type(self).options = {"dbus": {"address": bus.address, "admin_groups": ADMIN_GROUP}}
         try:
             fixture, teardown = SessionTestCase.make_fixture(self)
         except BaseException:
@@ -164,6 +166,12 @@ class DBusSessionTests(SessionTestCase):
             refused = self.gdbus(self.other, method, info.session_id)
             self.assertNotEqual(refused.returncode, 0)
             self.assertIn("org.nxgate.Error.NotYours", refused.stderr)
+        subprocess.run(["groupadd", "-f", ADMIN_GROUP], check=True)
+        admin = create_user()
+        self.addCleanup(admin.remove)
+        subprocess.run(["usermod", "-aG", ADMIN_GROUP, admin.name], check=True)
+        self.assertIn(info.session_id, self.gdbus(admin, "ListSessions").stdout)
+        self.assertIn(f"'user': <'{self.user.name}'>", self.gdbus(admin, "GetSession", info.session_id).stdout)
         missing = self.gdbus(self.user, "GetSession", "0" * 32)
         self.assertIn("org.nxgate.Error.NotFound", missing.stderr)
         renamed = self.gdbus(self.user, "Rename", info.session_id, "Project X")
@@ -179,6 +187,7 @@ class DBusSessionTests(SessionTestCase):
         self.assertFalse([line for line in theirs.lines if info.session_id in line])
 
     def test_nxgate_session_suspend_inside_a_session_then_a_client_resumes_it(self):
+        hers = Watcher(self, self.user, self.bus)
         _, info = self.running_session()
         terms = subprocess.run(["pgrep", "-u", self.user.name, "-x", "xterm"], capture_output=True, text=True)
         environment = proc_environ(int(terms.stdout.split()[0]))  # what a menu entry in the session gets
@@ -203,3 +212,7 @@ class DBusSessionTests(SessionTestCase):
         self.attach(client, resumed)
         self.screen.wait_for_colour(RED, 20000)
         self.assertEqual(self.listing().get(info.session_id), "Running")
+        wait_for(lambda: "SessionResumed" in hers.signals(info.session_id), 10, "the resumed signal")
+        (address,) = [entry["args"][1] for entry in map(json.loads, list(hers.lines))
+                      if entry.get("signal") == "SessionResumed"]
+        self.assertIn("127.0.0.1", address)  # where the client came from
