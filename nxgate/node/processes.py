@@ -66,15 +66,9 @@ def send_signal(process: ProcessId, signum: int) -> bool:
     if process.pid <= 0:
         return False
     name = _signal_name(signum)
+    fd = -1
     try:
         fd = os.pidfd_open(process.pid)
-    except ProcessLookupError:
-        log.debug("not sending {signal} to pid {pid}: it has exited", signal=name, pid=process.pid)
-        return False
-    except OSError as error:
-        log.warn("cannot send {signal} to pid {pid}: {error}", signal=name, pid=process.pid, error=str(error))
-        return False
-    try:
         if not process.alive():
             log.debug("not sending {signal} to pid {pid}: the process has ended (the pid is free or "
                       "another process's now)", signal=name, pid=process.pid)
@@ -88,7 +82,8 @@ def send_signal(process: ProcessId, signum: int) -> bool:
         log.warn("cannot send {signal} to pid {pid}: {error}", signal=name, pid=process.pid, error=str(error))
         return False
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
 
 
 def signal_group(leader: ProcessId, signum: int) -> bool:
