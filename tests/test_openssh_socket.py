@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from twisted.internet import defer
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.doors.openssh import framing as shellproto
+from nxgate.doors.openssh import framing
 from nxgate.doors.openssh.socket import OpenSSHDoorProtocol
 from nxgate.auth.users import UserDirectory
 
@@ -95,22 +95,22 @@ class ShellSocketTests(SynchronousTestCase):
         pending: defer.Deferred = defer.Deferred()
         protocol = self.connect(late)
         self.assertEqual(lookups, [(pwd.getpwuid, (UID,))])
-        protocol.dataReceived(shellproto.frame(shellproto.HELLO, shellproto.hello_payload("192.0.2.9"))
-                              + shellproto.frame(shellproto.DATA, b"hello NXCLIENT\n")[:3])
-        protocol.dataReceived(shellproto.frame(shellproto.DATA, b"hello NXCLIENT\n")[3:]
-                              + shellproto.frame(shellproto.DATA, b"login\n") + shellproto.frame(shellproto.EOF))
+        protocol.dataReceived(framing.frame(framing.HELLO, framing.hello_payload("192.0.2.9"))
+                              + framing.frame(framing.DATA, b"hello NXCLIENT\n")[:3])
+        protocol.dataReceived(framing.frame(framing.DATA, b"hello NXCLIENT\n")[3:]
+                              + framing.frame(framing.DATA, b"login\n") + framing.frame(framing.EOF))
         self.assertEqual(self.gateway.conversations, [])  # nothing runs before the account is known
         pending.callback(SimpleNamespace(pw_name="alice", pw_uid=UID))
         (conversation,) = self.gateway.conversations
         self.assertEqual(conversation.preauthenticated, "alice")
         self.assertEqual(conversation.received, ["start", b"hello NXCLIENT\n", b"login\n", "eof"])
-        protocol.dataReceived(shellproto.frame(shellproto.DATA, b"bye\n"))
+        protocol.dataReceived(framing.frame(framing.DATA, b"bye\n"))
         self.assertEqual(conversation.received[-1], b"bye\n")
         self.assertFalse(self.transport.closed)
 
     def test_the_nx_account_gets_the_nx_login(self):
         protocol = self.connect(account("nx"))
-        protocol.dataReceived(shellproto.frame(shellproto.HELLO, shellproto.hello_payload("192.0.2.9")))
+        protocol.dataReceived(framing.frame(framing.HELLO, framing.hello_payload("192.0.2.9")))
         (conversation,) = self.gateway.conversations
         self.assertEqual((conversation.preauthenticated, conversation.address), (None, "192.0.2.9"))
 
@@ -119,7 +119,7 @@ class ShellSocketTests(SynchronousTestCase):
             return defer.fail(KeyError(args[0]))
 
         protocol = self.connect(unknown, uid=54321)
-        protocol.dataReceived(shellproto.frame(shellproto.HELLO, shellproto.hello_payload(None)))
+        protocol.dataReceived(framing.frame(framing.HELLO, framing.hello_payload(None)))
         self.assertTrue(self.transport.closed)
         self.assertEqual(self.gateway.conversations, [])
 
@@ -136,7 +136,7 @@ class ShellSocketTests(SynchronousTestCase):
 
     def test_a_flood_before_the_lookup_is_dropped(self):
         protocol = self.connect(lambda function, *args: defer.Deferred())
-        chunk = shellproto.frame(shellproto.DATA, b"x" * (shellproto.MAX_FRAME // 2))
+        chunk = framing.frame(framing.DATA, b"x" * (framing.MAX_FRAME // 2))
         for _ in range(3):
             protocol.dataReceived(chunk)
         self.assertTrue(self.transport.closed)

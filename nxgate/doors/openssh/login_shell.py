@@ -21,7 +21,7 @@ import sys
 import termios
 import tty
 
-from nxgate.doors.openssh import framing as shellproto
+from nxgate.doors.openssh import framing
 
 DEFAULT_SOCKET = "/run/nxgate/shell.sock"
 
@@ -62,7 +62,7 @@ def switch(message: dict[str, object], agent_fd: int | None, stdin: int, stdout:
 
 
 def relay(conn: socket.socket, stdin: int, stdout: int) -> int:
-    deframer = shellproto.Deframer()
+    deframer = framing.Deframer()
     received: list[int] = []  # descriptors from the gateway: the agent connection
     selector = selectors.DefaultSelector()
     selector.register(stdin, selectors.EVENT_READ, "client")
@@ -72,9 +72,9 @@ def relay(conn: socket.socket, stdin: int, stdout: int) -> int:
             if key.data == "client":
                 data = os.read(stdin, 65536)
                 if data:
-                    conn.sendall(shellproto.frame(shellproto.DATA, data))
+                    conn.sendall(framing.frame(framing.DATA, data))
                 else:
-                    conn.sendall(shellproto.frame(shellproto.EOF))
+                    conn.sendall(framing.frame(framing.EOF))
                     selector.unregister(stdin)
                 continue
             data, fds, _flags, _address = socket.recv_fds(conn, 65536, 4)
@@ -82,16 +82,16 @@ def relay(conn: socket.socket, stdin: int, stdout: int) -> int:
             if not data:
                 return 0
             for kind, payload in deframer.feed(data):
-                if kind == shellproto.DATA:
+                if kind == framing.DATA:
                     os.write(stdout, payload)
-                elif kind == shellproto.SWITCH:
+                elif kind == framing.SWITCH:
                     selector.close()
                     conn.close()
                     agent_fd = received.pop(0) if received else None
                     for extra in received:
                         os.close(extra)
                     return switch(json.loads(payload), agent_fd, stdin, stdout)
-                elif kind == shellproto.EXIT:
+                elif kind == framing.EXIT:
                     return int(payload or b"0")
 
 
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:
         os.write(stdout, b"NX> 500 ERROR: The NX service is not running on this server.\nNX> 999 Bye.\n")
         return fail(f"cannot reach the gateway at {path}: {error}")
-    conn.sendall(shellproto.frame(shellproto.HELLO, shellproto.hello_payload(remote)))
+    conn.sendall(framing.frame(framing.HELLO, framing.hello_payload(remote)))
     try:
         return relay(conn, stdin, stdout)
     finally:

@@ -24,7 +24,7 @@ from twisted.logger import Logger
 
 from nxgate.auth.peercred import peer_uid
 from nxgate.stream import agentsocket
-from nxgate.doors.openssh import framing as shellproto
+from nxgate.doors.openssh import framing
 from nxgate.doors.conversation import Conversation
 from nxgate.sessions.caller import Caller
 
@@ -38,10 +38,10 @@ class _Frames:
         self.transport = transport
 
     def write(self, data: bytes) -> None:
-        self.transport.write(shellproto.frame(shellproto.DATA, data))
+        self.transport.write(framing.frame(framing.DATA, data))
 
     def close(self) -> None:
-        self.transport.write(shellproto.frame(shellproto.EXIT, b"0"))
+        self.transport.write(framing.frame(framing.EXIT, b"0"))
         self.transport.loseConnection()
 
 
@@ -73,7 +73,7 @@ class OpenSSHDoorProtocol(protocol.Protocol):
 
     def __init__(self, gateway: Any) -> None:
         self.gateway = gateway
-        self.deframer = shellproto.Deframer()
+        self.deframer = framing.Deframer()
         self.conversation: Conversation | None = None
         self.preauthenticated: str | None = None
         self.agent: socket.socket | None = None  # handed to the shell; ours to close once sent
@@ -117,7 +117,7 @@ class OpenSSHDoorProtocol(protocol.Protocol):
     def dataReceived(self, data: bytes) -> None:
         try:
             frames = list(self.deframer.feed(data))
-        except shellproto.FramingError as error:
+        except framing.FramingError as error:
             log.warn("bad data from nxgate-shell (uid {uid}): {error}", uid=self.uid, error=str(error))
             self._drop()
             return
@@ -126,7 +126,7 @@ class OpenSSHDoorProtocol(protocol.Protocol):
             return
         self.early.extend(frames)
         self.early_bytes += sum(len(payload) for _, payload in frames)
-        if self.early_bytes > shellproto.MAX_FRAME:
+        if self.early_bytes > framing.MAX_FRAME:
             log.warn("nxgate-shell (uid {uid}) sent {size} bytes before its account was known", uid=self.uid,
                      size=self.early_bytes)
             self._drop()
@@ -137,32 +137,32 @@ class OpenSSHDoorProtocol(protocol.Protocol):
                 if self.done:
                     return
                 self._frame(kind, payload)
-        except shellproto.FramingError as error:
+        except framing.FramingError as error:
             log.warn("bad data from nxgate-shell (uid {uid}): {error}", uid=self.uid, error=str(error))
             self._drop()
 
     def _frame(self, kind: bytes, payload: bytes) -> None:
         if self.conversation is None:
-            if kind != shellproto.HELLO:
-                raise shellproto.FramingError("no hello first")
+            if kind != framing.HELLO:
+                raise framing.FramingError("no hello first")
             self._hello(payload)
-        elif kind == shellproto.DATA:
+        elif kind == framing.DATA:
             self.conversation.data_received(payload)
-        elif kind == shellproto.EOF:
+        elif kind == framing.EOF:
             self.conversation.eof_received()
         else:
-            raise shellproto.FramingError(f"unexpected frame {kind!r}")
+            raise framing.FramingError(f"unexpected frame {kind!r}")
 
     def _hello(self, payload: bytes) -> None:
         who = self.preauthenticated or "nx account"
         try:
-            hello = shellproto.parse_hello(payload)
-        except shellproto.HelloError as error:
+            hello = framing.parse_hello(payload)
+        except framing.HelloError as error:
             log.warn("refused a malformed hello on the shell socket from uid {uid} ({who}): {error}",
                      uid=self.uid, who=who, error=str(error))
-            self.transport.write(shellproto.frame(
-                shellproto.DATA, b"NX> 500 ERROR: Malformed greeting from nxgate-shell.\nNX> 999 Bye.\n"))
-            self.transport.write(shellproto.frame(shellproto.EXIT, b"1"))
+            self.transport.write(framing.frame(
+                framing.DATA, b"NX> 500 ERROR: Malformed greeting from nxgate-shell.\nNX> 999 Bye.\n"))
+            self.transport.write(framing.frame(framing.EXIT, b"1"))
             self._drop()
             return
         claimed = hello.claimed_address
@@ -184,7 +184,7 @@ class OpenSSHDoorProtocol(protocol.Protocol):
         def reached(sock: socket.socket | None, error: str) -> None:
             if sock is None:
                 log.warn("cannot reach the agent of session {id}: {error}", id=target.session_id, error=error)
-                self.transport.write(shellproto.frame(shellproto.EXIT, b"1"))
+                self.transport.write(framing.frame(framing.EXIT, b"1"))
                 self._drop()
                 return
             if self.lost:  # nxgate-shell is gone already
@@ -193,7 +193,7 @@ class OpenSSHDoorProtocol(protocol.Protocol):
             self.agent = sock
             self.transport.sendFileDescriptor(sock.fileno())
             message = {"leftover": base64.b64encode(leftover).decode()}
-            self.transport.write(shellproto.frame(shellproto.SWITCH, json.dumps(message).encode()))
+            self.transport.write(framing.frame(framing.SWITCH, json.dumps(message).encode()))
             self._drop()
             log.info("handed {user}'s stream for session {id} to nxgate-shell", user=client.user,
                      id=target.session_id)
