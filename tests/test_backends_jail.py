@@ -61,3 +61,4 @@ class ArgvTests(SynchronousTestCase):
 
     def test_jailed_agents_have_no_abstract_x_socket(self):
         self.assertEqual(jail.AGENT_OPTIONS, ("-nolisten", "local"))
+

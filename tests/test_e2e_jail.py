@@ -51,7 +51,7 @@ def processes_of(user: str) -> list[str]:
 
 
 class JailTests(SessionTestCase):
-    options = {"jail": {"enabled": "yes"}}
+    options = {"jail": {"enabled": "yes", "pids_max": "200"}}
 
     def setUp(self):
         if not shutil.which("bwrap"):
@@ -102,6 +102,14 @@ class JailTests(SessionTestCase):
         self.assertIn("nxagent", sections["ps"])
         self.assertLess(len(sections["ps"].splitlines()), 12)  # the session's processes, not the machine's
         self.assertNotIn("CONNECTED", sections["bobx"])
+        # Resource limits: applied where cgroup v2 is writable, else said once.
+        limit = f"/sys/fs/cgroup/nxgate/{info.session_id}/pids.max"
+        if os.path.exists(limit):
+            with open(limit) as handle:
+                self.assertEqual(handle.read().strip(), "200")
+        else:
+            self.assertEqual(self.gateway.log().count("jailed sessions run WITHOUT their resource limits "
+                                                      "(pids.max=200): "), 1)
         self.assertEqual(len([line for line in sections["bobx"].splitlines() if line.startswith("refused ")]), 2)
 
         # The gateway still manages the jailed agent: suspend...
@@ -117,7 +125,7 @@ class JailTests(SessionTestCase):
         self.assertEqual(sorted(agent_processes(alice.name)), agents)
         restarted = Gateway(state_dir=self.gateway.state_dir, options={
             "sessions": {"display_base": "700", "display_limit": "100"}, "types": dict(TYPES),
-            "jail": {"enabled": "yes"}}).start()
+            "jail": {"enabled": "yes", "pids_max": "200"}}).start()
         self.addCleanup(restarted.stop)
         self.gateway, old = restarted, self.gateway
         self.addCleanup(lambda: setattr(self, "gateway", old))

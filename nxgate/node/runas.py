@@ -123,6 +123,11 @@ def execute(request: dict[str, Any]) -> None:
     executable = shutil.which(argv[0], path=env.get("PATH", os.defpath))
     if executable is None:
         _fail(f"program not found: {argv[0]}")
+    cgroup = request.get("cgroup")
+    if cgroup:
+        # The session's cgroup (resource limits): whatever runs next is in it.
+        with open(cgroup, "w") as handle:
+            handle.write(str(os.getpid()))
     if join:
         _fork_into_jail()
     if not request.get("as_root"):

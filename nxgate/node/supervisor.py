@@ -31,7 +31,7 @@ from twisted.logger import Logger
 from nxgate.backends import jail, nxagent, x11
 from nxgate.backends.agentlog import AgentEvent, LogEvent, parse_line
 from nxgate.config import Config
-from nxgate.node import files, processes
+from nxgate.node import cgroups, files, processes
 from nxgate.node.follow import LogFollower, replay
 from nxgate.node.launcher import Launcher
 from nxgate.sessions.model import Session, State, advance
@@ -105,6 +105,7 @@ class AgentSupervisor:
         blocking: Blocking = inline,
         send_signal: SendSignal = processes.send_signal,
         listens: Callable[[int, int], bool] | None = None,
+        session_cgroups: cgroups.SessionCgroups | None = None,
     ) -> None:
         self.reactor = reactor
         self.config = config
@@ -115,6 +116,8 @@ class AgentSupervisor:
         self.blocking = blocking
         self.send_signal = send_signal
         self._listens = listens
+        self.cgroups = session_cgroups or cgroups.SessionCgroups()
+        self._said_no_cgroups = False
         self.orphans: dict[str, Orphan] = {}  # id -> a running session the store did not know at start
 
     @property
@@ -173,6 +176,7 @@ class AgentSupervisor:
                 "pam": self.pam_request(session) if plan.pam else None,
                 # bubblewrap starts as root; setpriv in it becomes the user.
                 "as_root": jailed,
+                "cgroup": await self.limit(session) if jailed else None,
             }
             launched = await self.launcher.start(request)
             if jailed:
@@ -181,6 +185,26 @@ class AgentSupervisor:
         except BaseException:
             follower.stop()
             raise
+
+    async def limit(self, session: Session) -> str | None:
+        """The ``cgroup.procs`` of the jailed ``session``'s new cgroup with
+        the configured limits, or None (no limits, or none possible here:
+        said once in the log)."""
+        settings = self.config().jail
+        limits = cgroups.wanted(settings.memory_max, settings.cpu_max, settings.pids_max)
+        if not limits:
+            return None
+        reason = await self.blocking(self.cgroups.unavailable, limits)
+        if reason is None:
+            try:
+                return await self.blocking(self.cgroups.create, session.id, limits)
+            except OSError as error:
+                reason = str(error)
+        if not self._said_no_cgroups:
+            self._said_no_cgroups = True
+            log.warn("jailed sessions run WITHOUT their resource limits ({limits}): {reason}",
+                     limits=" ".join(f"{k}={v}" for k, v in limits.items()), reason=reason)
+        return None
 
     async def jailed_agent(self, outer: ProcessId) -> ProcessId:
         """nxagent's own host pid in its jail: bubblewrap (``outer``) is not
@@ -214,8 +238,10 @@ class AgentSupervisor:
             "status_fd": report,
         }
         if session.agent_pid and not await self.blocking(processes.same_pid_namespace, session.agent_pid):
-            # The agent is jailed: the program joins its namespaces.
+            # The agent is jailed: the program joins its namespaces (and cgroup).
             request["join"] = [session.agent_pid, session.agent_started]
+            procs = os.path.join(self.cgroups.parent, session.id, "cgroup.procs")
+            request["cgroup"] = procs if await self.blocking(os.path.exists, procs) else None
         return await self.launcher.start_reporting(request)
 
     def watch_exit(self, process: ProcessId, on_exit: Callable[[], None]) -> ExitWatch:
@@ -355,6 +381,10 @@ class AgentSupervisor:
             # It said it terminated; it should be gone in a moment.
             self.reactor.callLater(5, self.kill_if_alive, agent)
         await self.remove(self.layout.agent_files(session.id).directory)
+        try:
+            await self.blocking(self.cgroups.remove, session.id)
+        except OSError as error:
+            log.warn("session {id}: cannot remove its cgroup: {error}", id=session.id, error=str(error))
         if session.agent_pid and self.plan(session).pam:
             try:
                 await self.launcher.close_pam({"user": session.user, "pam": self.pam_request(session)})
