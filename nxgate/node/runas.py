@@ -15,15 +15,18 @@ It reads a JSON request on stdin (never argv: nothing here may show up in
 
 ``as_root`` skips step 3: the program is bubblewrap, which needs root to
 build a jail and becomes the user in it (``setpriv``, see
-:mod:`nxgate.backends.jail`).  ``stdin`` in the request is a secret the program reads on stdin (a remote
-desktop's password); with ``status_fd`` the program gets our stdout, the
-pipe to the gateway, as fd 3 for a status line of its own.
+:mod:`nxgate.backends.jail`).  ``cgroup`` is a ``cgroup.procs`` file we
+join first (the session's resource limits).  ``stdin`` in the request is a
+secret the program reads on stdin (a remote desktop's password); with
+``status_fd`` the program gets our stdout, the pipe to the gateway, as fd 3
+for a status line of its own.
 
 The gateway sees ``ok`` (or an error line) and then the pid is the
 program's.  With ``join`` (``[pid, start time]`` of a jailed agent) the
 program enters that agent's mount, PID and IPC namespaces first; a new PID
 namespace only takes the children of who enters it, so the program is then
-a forked child, and the line says its pid: ``ok PID``.  ``{"mode": "close-pam", ...}`` closes a PAM session instead.
+a forked child, and the line says its pid: ``ok PID``.
+``{"mode": "close-pam", ...}`` closes a PAM session instead.
 """
 
 from __future__ import annotations
