@@ -62,6 +62,8 @@ class JailTests(SessionTestCase):
         alice, bob = self.user, self.other
         # Bob's session runs, and he leaves world-readable files around.
         bob_session = self.start(self.login(bob), name="bob")
+        for bob_agent in agent_processes(bob.name):  # his session is jailed too
+            self.assertNotEqual(os.readlink(f"/proc/{bob_agent}/ns/pid"), os.readlink("/proc/self/ns/pid"))
         os.chmod(bob.home, 0o755)
         for path in (os.path.join(bob.home, "public.txt"), f"/tmp/{bob.name}-public.txt"):
             with open(path, "w") as handle:
