@@ -144,3 +144,28 @@ class JailTests(SessionTestCase):
         self.assertIn(b"NX> 900 ", reply)
         wait_for(lambda: not processes_of(alice.name), 15, f"{alice.name}'s processes to end")
         self.assertIn(f"session {info.session_id} of {alice.name}: jailed", old.log())
+
+
+class JailedDesktopTests(SessionTestCase):
+    """A whole XFCE desktop (session bus, panel, window manager) in a jail."""
+
+    options = {"jail": {"enabled": "yes", "types": "unix-xfce"}}
+
+    def test_xfce_desktop_renders_its_panel_in_a_jail(self):
+        if not shutil.which("bwrap"):
+            raise SkipTest("bubblewrap (bwrap) is not installed")
+        client = self.login()
+        info = self.start(client, "unix-xfce")
+        self.attach(client, info)
+
+        def panel_drawn():
+            shot = self.screen.shot()
+            return shot.region_colours(0, 24) > 20 and shot.colours() > 200
+
+        wait_for(panel_drawn, 60, "the XFCE panel and desktop", interval=0.5)
+        agent = min(agent_processes(self.user.name))
+        self.assertNotEqual(os.readlink(f"/proc/{agent}/ns/pid"), os.readlink("/proc/self/ns/pid"))
+        panels = subprocess.run(["pgrep", "-u", self.user.name, "-x", "xfce4-panel"], capture_output=True, text=True)
+        (panel,) = panels.stdout.split()
+        for namespace in ("pid", "mnt", "ipc"):  # the desktop shares the agent's jail
+            self.assertEqual(os.readlink(f"/proc/{panel}/ns/{namespace}"), os.readlink(f"/proc/{agent}/ns/{namespace}"))
