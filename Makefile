@@ -20,7 +20,7 @@ APT_PACKAGES := python3 python3-venv python3-dev gcc make libpam0g \
 	imagemagick openssh-client openssh-server libssh-dev socat procps iproute2 passwd \
 	xfce4-session xfwm4 xfce4-panel xfdesktop4 dbus-x11 python3-tk x11-apps \
 	xrdp x11vnc tigervnc-standalone-server freerdp2-x11 freerdp2-shadow-x11 xtightvncviewer ssl-cert fail2ban \
-	dbus libglib2.0-bin
+	dbus libglib2.0-bin bubblewrap
 
 # Building the Debian package, and its test (tests/test_debian_package.py runs with NXGATE_TEST_DEB=1).
 DEB_PACKAGES := dpkg-dev debhelper dh-python python3-all python3-setuptools git

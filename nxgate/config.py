@@ -184,6 +184,17 @@ class SessionsSection:
 
 
 @dataclass(frozen=True)
+class JailSection:
+    enabled: bool = option(False, boolean, "run sessions in their own mount, PID and IPC namespaces (bubblewrap)")
+    groups: tuple[str, ...] = option((), words, "jail only members of these groups (empty: every user)")
+    types: tuple[str, ...] = option((), words, "jail only these session types (empty: every unix-* type)")
+    bwrap: str = option("/usr/bin/bwrap", nonempty, "the bubblewrap program")
+    memory_max: str = option("", text, "cgroup v2 memory.max of a jailed session (empty: no limit)")
+    cpu_max: str = option("", text, "cgroup v2 cpu.max of a jailed session, e.g. '100000 100000' (empty: none)")
+    pids_max: int = option(0, integer(0, 1000000), "cgroup v2 pids.max of a jailed session (0: no limit)")
+
+
+@dataclass(frozen=True)
 class ShadowSection:
     enabled: bool = option(True, boolean, "let users shadow (watch or help in) running sessions")
     allow_own: bool = option(True, boolean, "users may shadow their own other sessions, without being asked")
@@ -254,6 +265,7 @@ class Config:
     shell: ShellSection = ShellSection()
     sessions: SessionsSection = SessionsSection()
     shadow: ShadowSection = ShadowSection()
+    jail: JailSection = JailSection()
     remote: RemoteSection = RemoteSection()
     metrics: MetricsSection = MetricsSection()
     dbus: DBusSection = DBusSection()

@@ -119,3 +119,28 @@ class ChildrenTests(TestCase):
         for child in children:
             self.assertTrue(child.alive())
         self.assertEqual(sorted(processes.children_named(parent.pid, "sleep")), sorted(c.pid for c in children))
+
+
+class JailedChildTests(TestCase):
+    """The host pid of a command bubblewrap runs in a new PID namespace."""
+
+    def test_the_command_under_bwraps_init_is_found_and_is_in_another_namespace(self):
+        import shutil
+        if not shutil.which("bwrap"):
+            raise SkipTest("bubblewrap is not installed")
+        outer = subprocess.Popen(["bwrap", "--unshare-pid", "--ro-bind", "/", "/", "--proc", "/proc", "--",
+                                  "sleep", "30"])
+        self.addCleanup(outer.wait)
+        self.addCleanup(outer.kill)
+        found = None
+        for _ in range(250):
+            found = processes.jailed_child(outer.pid, "sleep")
+            if found is not None:
+                break
+            time.sleep(0.02)
+        self.assertIsNotNone(found)
+        with open(f"/proc/{found.pid}/cmdline", "rb") as handle:
+            self.assertEqual(handle.read(), b"sleep\x0030\x00")
+        self.assertFalse(processes.same_pid_namespace(found.pid))
+        self.assertTrue(processes.same_pid_namespace(os.getpid()))
+        self.assertIsNone(processes.jailed_child(outer.pid, "nxagent"))

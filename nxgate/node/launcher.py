@@ -38,6 +38,8 @@ class _Launch(protocol.ProcessProtocol):
             if not self.ready.called:
                 if line == "ok":
                     self.ready.callback(self.transport.pid)
+                elif line.startswith("ok ") and line[3:].isdigit():
+                    self.ready.callback(int(line[3:]))  # a child it forked (into a jail)
                 else:
                     self.ready.errback(LaunchError(line.removeprefix("error: ")))
             elif not self.status.called:

@@ -151,6 +151,25 @@ def named_children(pid: int, name: str) -> list[ProcessId]:
     return found
 
 
+def jailed_child(outer: int, name: str) -> ProcessId | None:
+    """The ``name`` process that bubblewrap ``outer`` started in a new PID
+    namespace, with its host pid: bwrap forks the namespace's init (also
+    ``bwrap``), which forks the command.  None while it is not there yet."""
+    for init in named_children(outer, "bwrap"):
+        found = named_children(init.pid, name)
+        if found:
+            return found[0]
+    return None
+
+
+def same_pid_namespace(pid: int) -> bool:
+    """Whether ``pid`` lives in our own PID namespace (False: in a jail)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid") == os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return True  # gone: nothing to join
+
+
 def agents_in(directory: str, name: str = "nxagent") -> dict[str, ProcessId]:
     """Live ``name`` processes working in a subdirectory of ``directory``,
     by that subdirectory's name (a session id); the first of a family (an

@@ -13,16 +13,25 @@ It reads a JSON request on stdin (never argv: nothing here may show up in
    ignores signals meant for it, sets umask 077, and
 5. says ``ok`` on stdout and ``exec``s the program with the given argv.
 
-``stdin`` in the request is a secret the program reads on stdin (a remote
-desktop's password); with ``status_fd`` the program gets our stdout, the
-pipe to the gateway, as fd 3 for a status line of its own.
+``as_root`` skips step 3: the program is bubblewrap, which needs root to
+build a jail and becomes the user in it (``setpriv``, see
+:mod:`nxgate.backends.jail`).  ``cgroup`` is a ``cgroup.procs`` file we
+join first (the session's resource limits).  ``stdin`` in the request is a
+secret the program reads on stdin (a remote desktop's password); with
+``status_fd`` the program gets our stdout, the pipe to the gateway, as fd 3
+for a status line of its own.
 
 The gateway sees ``ok`` (or an error line) and then the pid is the
-program's.  ``{"mode": "close-pam", ...}`` closes a PAM session instead.
+program's.  With ``join`` (``[pid, start time]`` of a jailed agent) the
+program enters that agent's mount, PID and IPC namespaces first; a new PID
+namespace only takes the children of who enters it, so the program is then
+a forked child, and the line says its pid: ``ok PID``.
+``{"mode": "close-pam", ...}`` closes a PAM session instead.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import pwd
@@ -54,6 +63,48 @@ def _drop_privileges(user: pwd.struct_passwd) -> None:
         _fail("could not give up root")
 
 
+CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
+
+
+def _join(pid: int, started: int) -> None:
+    """Enter the mount, PID and IPC namespaces of ``pid`` (as root, before
+    the privileges go), if it still is the process that started at
+    ``started`` (a pidfd holds it while we check)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError as error:
+        _fail(f"the jailed agent {pid} is gone: {error}")
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        stat = handle.read()
+    if int(stat[stat.rindex(b")") + 2:].split()[19]) != started:
+        _fail(f"the jailed agent {pid} is gone")
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(pidfd, CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC) != 0:
+        error = ctypes.get_errno()
+        _fail(f"cannot enter the jail of {pid}: {os.strerror(error)}")
+    os.close(pidfd)
+
+
+def _fork_into_jail() -> None:
+    """Fork the child that lives in the joined PID namespace; this parent
+    reports its pid and ends (the child is reparented to the jail's init).
+    The child waits for that report so that its own first line on fd 3
+    comes after it."""
+    ready, go = os.pipe()
+    child = os.fork()
+    if child:
+        os.close(ready)
+        sys.stdout.write(f"ok {child}\n")
+        sys.stdout.flush()
+        os.write(go, b"x")
+        os._exit(0)
+    os.close(go)
+    os.read(ready, 1)
+    os.close(ready)
+
+
 def execute(request: dict[str, Any]) -> None:
     user = pwd.getpwnam(request["user"])
     log_fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
@@ -68,19 +119,31 @@ def execute(request: dict[str, Any]) -> None:
         # The session stays open; the gateway closes it when the session ends.
         session.end(pamlib.PAM_DATA_SILENT)
     env.update(request.get("env_fixed", {}))
+    join = request.get("join")
+    if join:
+        _join(int(join[0]), int(join[1]))
     argv = [str(arg) for arg in request["argv"]]
     executable = shutil.which(argv[0], path=env.get("PATH", os.defpath))
     if executable is None:
         _fail(f"program not found: {argv[0]}")
-    _drop_privileges(user)
+    cgroup = request.get("cgroup")
+    if cgroup:
+        # The session's cgroup (resource limits): whatever runs next is in it.
+        with open(cgroup, "w") as handle:
+            handle.write(str(os.getpid()))
+    if join:
+        _fork_into_jail()
+    if not request.get("as_root"):
+        _drop_privileges(user)
     os.setsid()
     os.umask(int(request.get("umask", 0o077)))
     try:
         os.chdir(request.get("cwd") or user.pw_dir)
     except OSError:
         os.chdir("/")
-    sys.stdout.write("ok\n")
-    sys.stdout.flush()
+    if not join:
+        sys.stdout.write("ok\n")
+        sys.stdout.flush()
     # Python ignores SIGPIPE and SIGXFSZ; exec keeps ignored signals ignored.
     for signum in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(signum, signal.SIG_DFL)

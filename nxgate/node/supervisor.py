@@ -17,6 +17,7 @@ the injected ``blocking`` (:mod:`nxgate.node.threads`).
 
 from __future__ import annotations
 
+import grp
 import os
 import pwd
 import signal
@@ -24,13 +25,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from twisted.internet import defer, inotify
+from twisted.internet import defer, inotify, task
 from twisted.logger import Logger
 
-from nxgate.backends import nxagent, x11
+from nxgate.backends import jail, nxagent, x11
 from nxgate.backends.agentlog import AgentEvent, LogEvent, parse_line
 from nxgate.config import Config
-from nxgate.node import files, processes
+from nxgate.node import cgroups, files, processes
 from nxgate.node.follow import LogFollower, replay
 from nxgate.node.launcher import Launcher
 from nxgate.sessions.model import Session, State, advance
@@ -104,6 +105,7 @@ class AgentSupervisor:
         blocking: Blocking = inline,
         send_signal: SendSignal = processes.send_signal,
         listens: Callable[[int, int], bool] | None = None,
+        session_cgroups: cgroups.SessionCgroups | None = None,
     ) -> None:
         self.reactor = reactor
         self.config = config
@@ -114,6 +116,8 @@ class AgentSupervisor:
         self.blocking = blocking
         self.send_signal = send_signal
         self._listens = listens
+        self.cgroups = session_cgroups or cgroups.SessionCgroups()
+        self._said_no_cgroups = False
         self.orphans: dict[str, Orphan] = {}  # id -> a running session the store did not know at start
 
     @property
@@ -151,21 +155,70 @@ class AgentSupervisor:
         follower = LogFollower(self.notifier, agent_files.log, on_line, reactor=self.reactor)
         try:
             user = await self.blocking(pwd.getpwuid, session.uid)
+            jailed = jail.applies(self.config().jail, session.type, await self.blocking(_group_names, user),
+                                  shadow=plan.mode == "-S")
+            extra = (*self.settings.agent_extra_options, *(jail.AGENT_OPTIONS if jailed else ()))
+            argv = nxagent.agent_argv(self.settings.nxagent, session, agent_files, plan, extra)
+            if jailed:
+                argv = jail.bwrap_argv(self.config().jail.bwrap, uid=user.pw_uid, gid=user.pw_gid, home=user.pw_dir,
+                                       session_dir=agent_files.directory, runtime_dir=f"/run/user/{user.pw_uid}",
+                                       command=argv)
+                log.info("session {id} of {user}: jailed (bubblewrap: own mount, PID and IPC namespaces)",
+                         id=session.id, user=session.user)
             request = {
                 "user": user.pw_name,
-                "argv": nxagent.agent_argv(self.settings.nxagent, session, agent_files, plan,
-                                           self.settings.agent_extra_options),
+                "argv": argv,
                 "env": login_environment(user, self.settings),
                 "env_fixed": {**nxagent.agent_environment(session, agent_files, {}),
                               processes.SESSION_MARKER: session.id, processes.SESSION_ID_VARIABLE: session.id},
                 "cwd": agent_files.directory,
                 "log": agent_files.log,
                 "pam": self.pam_request(session) if plan.pam else None,
+                # bubblewrap starts as root; setpriv in it becomes the user.
+                "as_root": jailed,
+                "cgroup": await self.limit(session) if jailed else None,
             }
-            return await self.launcher.start(request), follower
+            launched = await self.launcher.start(request)
+            if jailed:
+                launched = await self.jailed_agent(launched)
+            return launched, follower
         except BaseException:
             follower.stop()
             raise
+
+    async def limit(self, session: Session) -> str | None:
+        """The ``cgroup.procs`` of the jailed ``session``'s new cgroup with
+        the configured limits, or None (no limits, or none possible here:
+        said once in the log)."""
+        settings = self.config().jail
+        limits = cgroups.wanted(settings.memory_max, settings.cpu_max, settings.pids_max)
+        if not limits:
+            return None
+        reason = await self.blocking(self.cgroups.unavailable, limits)
+        if reason is None:
+            try:
+                return await self.blocking(self.cgroups.create, session.id, limits)
+            except OSError as error:
+                reason = str(error)
+        if not self._said_no_cgroups:
+            self._said_no_cgroups = True
+            log.warn("jailed sessions run WITHOUT their resource limits ({limits}): {reason}",
+                     limits=" ".join(f"{k}={v}" for k, v in limits.items()), reason=reason)
+        return None
+
+    async def jailed_agent(self, outer: ProcessId) -> ProcessId:
+        """nxagent's own host pid in its jail: bubblewrap (``outer``) is not
+        the agent, and signals to it would not reach nxagent."""
+        deadline = self.reactor.seconds() + self.settings.agent_start_timeout
+        while self.reactor.seconds() < deadline:
+            agent = await self.blocking(processes.jailed_child, outer.pid, "nxagent")
+            if agent is not None:
+                return agent
+            if not outer.alive():
+                raise LaunchError("bubblewrap ended before nxagent ran in the jail (see the agent's log)")
+            await task.deferLater(self.reactor, 0.02, lambda: None)
+        self.send_signal(outer, signal.SIGKILL)
+        raise LaunchError("nxagent did not start in its jail in time")
 
     async def start_program(self, session: Session, agent_files: nxagent.AgentFiles, secret: str | None,
                             report: bool) -> tuple[ProcessId, defer.Deferred[str]]:
@@ -184,6 +237,11 @@ class AgentSupervisor:
             "stdin": secret,
             "status_fd": report,
         }
+        if session.agent_pid and not await self.blocking(processes.same_pid_namespace, session.agent_pid):
+            # The agent is jailed: the program joins its namespaces (and cgroup).
+            request["join"] = [session.agent_pid, session.agent_started]
+            procs = os.path.join(self.cgroups.parent, session.id, "cgroup.procs")
+            request["cgroup"] = procs if await self.blocking(os.path.exists, procs) else None
         return await self.launcher.start_reporting(request)
 
     def watch_exit(self, process: ProcessId, on_exit: Callable[[], None]) -> ExitWatch:
@@ -323,6 +381,10 @@ class AgentSupervisor:
             # It said it terminated; it should be gone in a moment.
             self.reactor.callLater(5, self.kill_if_alive, agent)
         await self.remove(self.layout.agent_files(session.id).directory)
+        try:
+            await self.blocking(self.cgroups.remove, session.id)
+        except OSError as error:
+            log.warn("session {id}: cannot remove its cgroup: {error}", id=session.id, error=str(error))
         if session.agent_pid and self.plan(session).pam:
             try:
                 await self.launcher.close_pam({"user": session.user, "pam": self.pam_request(session)})
@@ -387,6 +449,17 @@ class AgentSupervisor:
                 log.info("unknown session {id} of {user} on display :{display} has ended", id=session_id,
                          user=orphan.user, display=orphan.display)
                 await self.remove(os.path.join(self.layout.sessions, orphan.session_id))
+
+
+def _group_names(user: pwd.struct_passwd) -> list[str]:
+    """The names of ``user``'s groups (an NSS look-up: through ``blocking``)."""
+    names = []
+    for gid in os.getgrouplist(user.pw_name, user.pw_gid):
+        try:
+            names.append(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            continue  # a gid without a name is in no configured group
+    return names
 
 
 def _owner_of(pid: int) -> str:
