@@ -156,7 +156,8 @@ class DBusSessionTests(SessionTestCase):
         self.assertIn("D-Bus: org.nxgate.Gateway1", self.gateway.log())
         introspection = as_user(self.user, ["gdbus", "introspect", "--system", "--dest", NAME, "--object-path", PATH],
                                 env=user_env(self.user, self.bus))
-        for member in ("ListSessions", "Suspend", "Terminate", "Rename", "SessionResumed", "SessionSuspended"):
+        for member in ("ListSessions", "StartSession", "Suspend", "Terminate", "Rename", "SessionResumed",
+                       "SessionSuspended"):
             self.assertIn(member, introspection.stdout, introspection.stderr)
         hers, theirs = Watcher(self, self.user, self.bus), Watcher(self, self.other, self.bus)
         _, info = self.running_session()
