@@ -87,3 +87,12 @@ class NoBusTests(TestCase):
             door.session_changed(SessionEvent(view(), State.WAITING))  # observers still called: nothing happens
 
         return door.ready.addCallback(check)
+
+
+class CommandLineTests(TestCase):
+    def test_start_takes_a_type_and_an_optional_name(self):
+        from nxgate.doors.dbus.cli import parse
+
+        options = parse(["start", "unix-xfce"])
+        self.assertEqual((options.command, options.type, options.name), ("start", "unix-xfce", ""))
+        self.assertEqual(parse(["--json", "start", "unix-xfce", "Work"]).name, "Work")

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 from tests.harness.gateway import REPO
 from tests.harness.process import wait_for
 from tests.harness.users import create_user
-from tests.test_e2e_sessions import RED, SessionTestCase, proc_environ
+from tests.test_e2e_sessions import RED, START, SessionTestCase, proc_environ
 
 BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
  "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
@@ -46,6 +48,7 @@ BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Config
 """
 NAME, PATH = "org.nxgate.Gateway1", "/org/nxgate/Gateway1"
 ADMIN_GROUP = "nxgatetestdbusadm"
+CONNECT_TIMEOUT = 15
 
 
 class SystemBus:
@@ -123,7 +126,9 @@ class DBusSessionTests(SessionTestCase):
     def make_fixture(self):
         bus = SystemBus()
         type(self).bus = bus
-        type(self).options = {"dbus": {"address": bus.address, "admin_groups": ADMIN_GROUP}}
+        # A short connect timeout: a session started for later must outlive it.
+        type(self).options = {"dbus": {"address": bus.address, "admin_groups": ADMIN_GROUP},
+                              "sessions": {"connect_timeout": str(CONNECT_TIMEOUT)}}
         try:
             fixture, teardown = SessionTestCase.make_fixture(self)
         except BaseException:
@@ -151,7 +156,8 @@ class DBusSessionTests(SessionTestCase):
         self.assertIn("D-Bus: org.nxgate.Gateway1", self.gateway.log())
         introspection = as_user(self.user, ["gdbus", "introspect", "--system", "--dest", NAME, "--object-path", PATH],
                                 env=user_env(self.user, self.bus))
-        for member in ("ListSessions", "Suspend", "Terminate", "Rename", "SessionResumed", "SessionSuspended"):
+        for member in ("ListSessions", "StartSession", "Suspend", "Terminate", "Rename", "SessionResumed",
+                       "SessionSuspended"):
             self.assertIn(member, introspection.stdout, introspection.stderr)
         hers, theirs = Watcher(self, self.user, self.bus), Watcher(self, self.other, self.bus)
         _, info = self.running_session()
@@ -216,3 +222,45 @@ class DBusSessionTests(SessionTestCase):
         (address,) = [entry["args"][1] for entry in map(json.loads, list(hers.lines))
                       if entry.get("signal") == "SessionResumed"]
         self.assertIn("127.0.0.1", address)  # where the client came from
+
+    def test_a_session_started_over_dbus_waits_as_suspended_and_an_nx_client_resumes_it(self):
+        started = self.gdbus(self.user, "StartSession", "unix-console", "Later")
+        self.assertEqual(started.returncode, 0, started.stderr)
+        self.assertIn("'name': <'Later'>", started.stdout)
+        self.assertIn("'state': <'waiting'>", started.stdout)
+        (session_id,) = re.findall(r"'id': <'([0-9A-F]{32})'>", started.stdout)
+        self.assertEqual(self.listing().get(session_id), "Suspended")  # what NX clients offer to resume
+        self.assertNotIn(session_id, self.listing(self.other))
+        time.sleep(CONNECT_TIMEOUT + 5)  # no client was expected yet: the connect timeout leaves it waiting
+        self.assertEqual(self.listing().get(session_id), "Suspended")
+        self.assertEqual(self.screen.shot().count(RED), 0)
+
+        stranger = self.login(self.other)
+        reply = stranger.command(START.format(name="x", type="unix-console", extra="").replace(
+            "startsession", "restoresession") + f' --id="{session_id}"', timeout=60)
+        self.assertNotIn(b"NX> 710 Session status: running", reply)
+        self.assertRegex(reply, rb"NX> 5\d\d ")
+        refused = self.gdbus(self.other, "Suspend", session_id)
+        self.assertIn("org.nxgate.Error.NotYours", refused.stderr)
+
+        client = self.login()
+        resumed = self.restore(client, session_id)
+        self.attach(client, resumed)
+        self.screen.wait_for_colour(RED, 20000)  # its xterm starts at the first attach and draws
+        self.wait_status(session_id, "Running")
+        shown = self.gdbus(self.user, "GetSession", session_id)
+        self.assertIn("'attached_before': <true>", shown.stdout, shown.stderr)
+
+    def test_start_session_refuses_what_it_cannot_start_with_an_error_name(self):
+        for session_type, error in (("unix-cde", "org.nxgate.Error.Unavailable"),
+                                    ("unix-application", "org.nxgate.Error.InvalidRequest"),
+                                    ("shadow", "org.nxgate.Error.InvalidRequest")):
+            refused = self.gdbus(self.user, "StartSession", session_type, "")
+            self.assertNotEqual(refused.returncode, 0)
+            self.assertIn(error, refused.stderr)
+        started = as_user(self.user, nxgate_session("--json", "start", "unix-bluebox"),
+                          env=user_env(self.user, self.bus))
+        self.assertEqual(started.returncode, 0, started.stderr)
+        view = json.loads(started.stdout)
+        self.assertEqual((view["type"], view["name"], view["state"]), ("unix-bluebox", "unix-bluebox", "waiting"))
+        self.assertEqual(self.listing().get(view["id"]), "Suspended")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from twisted.internet import defer
 from twisted.trial.unittest import TestCase
 
-from nxgate.sessions.model import State
+from nxgate.sessions.model import FOR_LATER, Session, State, listed_status
+from nxgate.sessions.results import SessionView
 from nxgate.sessions.lifecycle import OPERATIONS, Action, Background, Op, action
 
 
@@ -22,6 +23,28 @@ class OperationsTableTests(TestCase):
         self.assertIs(action(Op.SUSPEND, State.SUSPENDED), Action.NOTHING)
         self.assertIs(action(Op.SUSPEND, State.WAITING), Action.REFUSE)
         self.assertIs(action(Op.TERMINATE, State.STARTING), Action.TERMINATE)
+
+    def test_a_session_started_for_later_is_attached_first_while_it_waits(self):
+        self.assertIs(action(Op.RESTORE, State.WAITING, ever_attached=False, for_later=True), Action.FIRST_ATTACH)
+        # Once a client came, it is a session like any other.
+        self.assertIs(action(Op.RESTORE, State.WAITING, ever_attached=True, for_later=True), Action.TAKE_OVER)
+        # Only a waiting one: a start still under way is refused as before.
+        self.assertIs(action(Op.RESTORE, State.STARTING, for_later=True), Action.REFUSE)
+        self.assertIs(action(Op.RESTORE, State.RUNNING, ever_attached=False, for_later=True), Action.REFUSE)
+        self.assertIs(action(Op.SUSPEND, State.WAITING, for_later=True), Action.REFUSE)
+
+    def test_a_session_waiting_for_a_later_client_is_listed_as_suspended(self):
+        later = Session(id="A" * 32, user="alice", uid=1000, gid=1000, type="unix-console", name="work",
+                        display=1001, server_name="host", cookie="c" * 32, state=State.WAITING,
+                        options={FOR_LATER: True})
+        self.assertTrue(later.for_later)
+        self.assertEqual(SessionView.of(later).status, "Suspended")
+        self.assertEqual(SessionView.of(later.evolve(options={})).status, "Running")
+        attached = later.evolve(ever_attached=True)
+        self.assertFalse(attached.for_later)
+        self.assertEqual(SessionView.of(attached).status, "Running")
+        self.assertEqual(SessionView.of(later.evolve(state=State.RUNNING, ever_attached=True)).status, "Running")
+        self.assertEqual(listed_status(State.STARTING, for_later=True), "Running")
 
 
 class BackgroundTests(TestCase):

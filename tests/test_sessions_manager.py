@@ -251,6 +251,49 @@ class ManagerTests(TestCase):
         with open(os.path.join(self.manager.layout.sessions, session_id, "authority"), "rb") as authority:
             self.assertIn(bytes.fromhex(session.cookie), authority.read())
 
+    def started_for_later(self):
+        before = set(self.manager.sessions)
+        d = defer.ensureDeferred(self.manager.start_for_later(self.client, "unix-console", ""))
+        (session_id,) = set(self.manager.sessions) - before
+        self.agent_says(session_id, READY)
+        return session_id, self.successResultOf(d)
+
+    def test_a_session_started_for_later_waits_listed_as_suspended_then_its_first_client_attaches(self):
+        session_id, view = self.started_for_later()
+        self.assertEqual((view.name, view.status), ("unix-console", "Suspended"))
+        self.reactor.advance(10 * 30)  # the connect timeout does not end it: no client was expected yet
+        self.assertEqual(self.manager.sessions[session_id].state, State.WAITING)
+        self.assertEqual(self.signals, [])
+        listed = nx(self.manager, self.client, "listsession", '--status="suspended"')
+        self.assertIn(session_id, "\n".join(self.successResultOf(listed).lines))
+        other = nx(self.manager, caller(user="someone-else"), "restoresession", f'--id="{session_id}"')
+        self.failureResultOf(other, NXError)
+        d = nx(self.manager, self.client, "restoresession", f'--id="{session_id}"')
+        reply = self.successResultOf(d)  # it listens already: no SIGHUP, which would end a never-attached agent
+        self.assertEqual(self.signals, [])
+        self.assertIn(f"NX> 701 Proxy cookie: {self.manager.sessions[session_id].cookie}", reply.lines)
+        self.reactor.advance(10 * 30)  # this client did not come either: it still waits for one
+        self.assertEqual(self.manager.sessions[session_id].state, State.WAITING)
+        self.agent_says(session_id, STARTED)
+        session = self.manager.sessions[session_id]
+        self.assertEqual((session.state, session.ever_attached, session.for_later), (State.RUNNING, True, False))
+        self.assertEqual(self.launcher.requests[-1]["argv"], ["true"])  # its program starts at the first attach
+
+    def test_only_types_that_need_nothing_more_start_for_later(self):
+        for session_type, kind in (("unix-application", Kind.INVALID_REQUEST), ("vnc", Kind.INVALID_REQUEST),
+                                   ("unix-kde", Kind.UNAVAILABLE)):
+            error = self.failureResultOf(defer.ensureDeferred(
+                self.manager.start_for_later(self.client, session_type, "x")), SessionError).value
+            self.assertIs(error.kind, kind, session_type)
+        self.assertEqual(self.manager.sessions, {})
+
+    def test_start_for_later_counts_against_the_limit(self):
+        self.started_for_later()
+        self.started_for_later()
+        error = self.failureResultOf(defer.ensureDeferred(
+            self.manager.start_for_later(self.client, "unix-console", "")), SessionError).value
+        self.assertIs(error.kind, Kind.LIMIT_REACHED)
+
     def resumed(self):
         """A session that was attached, suspended and now waits for its resuming client."""
         session_id, _ = self.started()
@@ -442,6 +485,18 @@ class ManagerTests(TestCase):
         self.manager.housekeeping()
         self.assertIsNone(self.store.get(session_id))
         self.assertFalse(os.path.exists(self.manager.layout.agent_files(session_id).log))
+
+    def test_a_session_started_for_later_expires_like_a_suspended_one(self):
+        self.manager.settings = self.config.sessions.__class__(
+            **{**self.config.sessions.__dict__, "expire_suspended_after": 1.0})
+        session_id, _ = self.started_for_later()
+        self.reactor.advance(3599)
+        self.manager.housekeeping()
+        self.assertEqual(self.signals, [])
+        self.reactor.advance(2)
+        self.manager.housekeeping()
+        self.assertEqual(self.signals, [signal.SIGTERM])
+        self.assertEqual(self.manager.sessions[session_id].failure, "suspended too long")
 
     def test_unencrypted_refused_by_default(self):
         d = nx(self.manager, self.client, "startsession", '--type="unix-console" --encryption="0"')

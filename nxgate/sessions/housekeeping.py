@@ -64,7 +64,9 @@ class Housekeeping(service.Service):
         hours = self.settings().expire_suspended_after
         if hours > 0:
             for session in list(self.sessions()):
-                if session.state is State.SUSPENDED and now - session.changed > hours * 3600:
+                # One started for a later client that never came is as good as suspended.
+                waits = session.state is State.SUSPENDED or (session.state is State.WAITING and session.for_later)
+                if waits and now - session.changed > hours * 3600:
                     log.info("session {id} of {user} was suspended too long; ending it", id=session.id,
                              user=session.user, audit="session_expire")
                     self.background(self.terminate(session.id, "suspended too long"), "expiring it", session.id)

@@ -77,6 +77,8 @@ class Action(str, enum.Enum):
     WAIT_SUSPENDED_THEN_RESUME = "wait_then_resume"    # a suspend is under way: let it finish first
     TAKE_OVER = "take_over"                            # attached elsewhere: suspend it there, then resume
     TAKE_OVER_IF_ATTACHED = "take_over_if_attached"    # TAKE_OVER once a client was ever attached, else REFUSE
+    FIRST_ATTACH_IF_FOR_LATER = "first_attach_if_for_later"  # FIRST_ATTACH if started for a later client, else as above
+    FIRST_ATTACH = "first_attach"                      # started with no client: hand out its cookie, no SIGHUP
     SIGHUP_AND_WAIT = "sighup_and_wait"                # suspend: SIGHUP, wait for SUSPENDED
     NOTHING = "nothing"                                # already where the operation leads
     TERMINATE = "terminate"                            # SIGTERM, again, then SIGKILL
@@ -93,7 +95,10 @@ OPERATIONS: dict[Op, dict[State, Action]] = {
         # A session that never had a client is still on its way to its
         # first one: taking it over would steal a start in progress.
         L.RUNNING: Action.TAKE_OVER_IF_ATTACHED,
-        L.WAITING: Action.TAKE_OVER_IF_ATTACHED,
+        # A session started for a later client (StartSession over D-Bus)
+        # waits for its first one, listed as Suspended: attaching it is
+        # that first connection.
+        L.WAITING: Action.FIRST_ATTACH_IF_FOR_LATER,
         L.RESUMING: Action.TAKE_OVER_IF_ATTACHED,
         L.CREATED: Action.REFUSE,
         L.STARTING: Action.REFUSE,
@@ -124,9 +129,14 @@ OPERATIONS: dict[Op, dict[State, Action]] = {
 }
 
 
-def action(op: Op, state: State, ever_attached: bool = False) -> Action:
-    """What ``op`` does to a session in ``state`` (conditional entries resolved)."""
+def action(op: Op, state: State, ever_attached: bool = False, for_later: bool = False) -> Action:
+    """What ``op`` does to a session in ``state`` (conditional entries
+    resolved; ``for_later``: started with no client, never attached yet)."""
     chosen = OPERATIONS[op][state]
+    if chosen is Action.FIRST_ATTACH_IF_FOR_LATER:
+        if for_later and not ever_attached:
+            return Action.FIRST_ATTACH
+        chosen = Action.TAKE_OVER_IF_ATTACHED
     if chosen is Action.TAKE_OVER_IF_ATTACHED:
         return Action.TAKE_OVER if ever_attached else Action.REFUSE
     return chosen
@@ -269,7 +279,8 @@ class Lifecycle:
                 await self._end(session.id, State.FAILED, "start failed: internal error")
                 raise SessionError(Kind.INTERNAL,
                                    "Session startup failed: internal error (see the server log).") from None
-            self._expect_client(session.id)
+            if not self.sessions[session.id].for_later:
+                self._expect_client(session.id)  # one started for later waits without a timer
             return await self._own_listener(session.id)
         finally:
             runtime.lock.release()
@@ -283,7 +294,9 @@ class Lifecycle:
         await runtime.lock.acquire()
         try:
             session = owned()
-            todo = action(Op.RESTORE, session.state, session.ever_attached)
+            todo = action(Op.RESTORE, session.state, session.ever_attached, session.for_later)
+            if todo is Action.FIRST_ATTACH:
+                return await self._first_attach(caller, session, encrypted)
             if todo is Action.TAKE_OVER:
                 log.info("session {id} is attached elsewhere: suspending it for {address}", id=session.id,
                          address=caller.address, audit="session_takeover")
@@ -311,6 +324,25 @@ class Lifecycle:
                                session_id=session_id) from None
         finally:
             runtime.lock.release()
+        self._expect_client(session.id)
+        return await self._own_listener(session.id)
+
+    async def _first_attach(self, caller: Caller, session: Session, encrypted: bool) -> Session:
+        """The first client of a session started for later (under its lock).
+
+        Its agent has waited since the start, with the cookie and display
+        settings it was started with: nxagent reads them once, and only a
+        resume (SIGHUP) would read them again, which an agent that never had
+        a client does not take.  The cookie was never handed to anyone
+        before (StartSession answers without it), so the client gets it now.
+        The agent's listener (socket or port) was chosen at the start too."""
+        if encrypted != session.encrypted:
+            wanted = "an encrypted" if session.encrypted else "an unencrypted"
+            raise SessionError(Kind.WRONG_STATE, f"Session {session.id} was started for {wanted} connection.",
+                               session_id=session.id)
+        session = self._update(session.id, client_address=printable(caller.address))
+        log.info("first client of session {id} of {user}, started for later, from {address}", id=session.id,
+                 user=session.user, address=caller.address, audit="session_resume")
         self._expect_client(session.id)
         return await self._own_listener(session.id)
 
@@ -514,7 +546,9 @@ class Lifecycle:
             runtime.connect_timer = None
             session = self.sessions.get(session_id)
             if session is not None and session.state is State.WAITING:
-                if session.ever_attached:
+                if session.for_later:
+                    log.info("session {id}: its client did not come; it waits for another", id=session_id)
+                elif session.ever_attached:
                     log.info("session {id}: no client came back; suspending it again", id=session_id)
                     self._signal_agent(session, signal.SIGHUP)
                 else:

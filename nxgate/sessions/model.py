@@ -58,9 +58,17 @@ def advance(state: State, event: AgentEvent) -> State | None:
     return new if new is not state else None
 
 
-def listed_status(state: State) -> str | None:
-    """The one-word status clients see in ``listsession`` (None: not listed)."""
-    if state in (S.SUSPENDED, S.SUSPENDING):
+#: The option a session started for a later client carries (StartSession
+#: over D-Bus): its agent waits for a first client no one has been told of yet.
+FOR_LATER = "for_later"
+
+
+def listed_status(state: State, for_later: bool = False) -> str | None:
+    """The one-word status clients see in ``listsession`` (None: not listed).
+
+    A session started for a later client and never attached is Suspended
+    while it waits: that is the word NX clients offer to resume."""
+    if state in (S.SUSPENDED, S.SUSPENDING) or (state is S.WAITING and for_later):
         return "Suspended"
     if state in (S.RUNNING, S.WAITING, S.RESUMING, S.STARTING):
         return "Running"
@@ -106,6 +114,11 @@ class Session:
     @property
     def port(self) -> int:
         return 4000 + self.display
+
+    @property
+    def for_later(self) -> bool:
+        """Started with no client (see :data:`FOR_LATER`) and none attached yet."""
+        return bool(self.options.get(FOR_LATER)) and not self.ever_attached
 
     def evolve(self, **changes: Any) -> Session:
         return replace(self, **changes)

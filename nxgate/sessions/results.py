@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nxgate.sessions.model import Session, State, listed_status  # moved to nxgate.sessions by the layout change
+from nxgate.sessions.model import FOR_LATER, Session, State, listed_status  # moved to nxgate.sessions by the layout change
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class SessionView:
     @property
     def status(self) -> str | None:
         """The one word NX clients list (Running/Suspended), None if not listed."""
-        return listed_status(self.state)
+        return listed_status(self.state, bool(self.options.get(FOR_LATER)) and not self.attached_before)
 
     @classmethod
     def of(cls, session: Session) -> SessionView:

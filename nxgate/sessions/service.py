@@ -28,7 +28,7 @@ from nxgate.node.supervisor import AgentSupervisor, Orphan, SendSignal
 from nxgate.safetext import printable
 from nxgate.node import displays, files, processes
 from nxgate.node.launcher import Launcher
-from nxgate.sessions.model import Session
+from nxgate.sessions.model import FOR_LATER, Session
 from nxgate.sessions.programs import session_command
 from nxgate.sessions.remote_sessions import PROTOCOLS, RemoteSessions
 from nxgate.sessions.store.sqlite import SessionStore as SQLiteDatabase
@@ -138,6 +138,30 @@ class SessionService(service.Service):
         session = self.new_session(caller, request.type, request.name, request.display, request.encrypted,
                                    rootless=request.rootless)
         return await self.launch(caller, session, request.display, plan)
+
+    async def start_for_later(self, caller: Caller, session_type: str, name: str) -> SessionView:
+        """A session of an allowed type that waits for a client to attach later
+        (listed as Suspended until one does); same checks and limits as an NX
+        start, default display settings, encrypted.  Only types that need no
+        more than their name: not unix-application, not the remote desktops."""
+        if session_type in PROTOCOLS or session_type == "unix-application" or session_type.startswith("shadow"):
+            raise SessionError(Kind.INVALID_REQUEST,
+                               f"Session type '{session_type}' needs more than a name; start it from an NX client.")
+        if not session_type:
+            raise SessionError(Kind.INVALID_REQUEST, "No session type given.")
+        clean = printable(name).strip() or session_type
+        if len(clean) > MAX_NAME:
+            raise SessionError(Kind.INVALID_REQUEST, f"A session name has 1 to {MAX_NAME} printable characters.")
+        request = StartRequest(type=session_type, name=clean, display=DisplaySettings(), encrypted=True,
+                               rootless=False)
+        program = session_command(request, self.config.types, self.settings)
+        plan = nxagent.AgentPlan(mode="-D", program=program)
+        session = self.new_session(caller, request.type, request.name, request.display, request.encrypted)
+        session = session.evolve(options={**session.options, FOR_LATER: True}, client_address="")
+        ready = await self.launch(caller, session, request.display, plan)
+        log.info("session {id} of {user} started for a later client", id=ready.view.id, user=caller.user,
+                 audit="session_start_for_later")
+        return ready.view
 
     def new_session(self, caller: Caller, session_type: str, name: str, settings: DisplaySettings,
                     encrypted: bool, rootless: bool = False, run_as: str = "") -> Session:

@@ -7,6 +7,7 @@ the bus who you are; nothing here is trusted by it.
     nxgate-session info|suspend|terminate [--id ID] [--json]
     nxgate-session list [--json]
     nxgate-session rename NAME [--id ID]
+    nxgate-session start TYPE [NAME]  # a session to resume later from an NX client
     nxgate-session watch          # your sessions' state changes, one JSON line each
 """
 
@@ -35,6 +36,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                        ("watch", "print your sessions' state changes")):
         commands.add_parser(name, help=text)
     commands.add_parser("rename", help="rename the session").add_argument("name")
+    start = commands.add_parser("start", help="start a session of TYPE to resume later from an NX client")
+    start.add_argument("type")
+    start.add_argument("name", nargs="?", default="")
     return parser.parse_args(argv)
 
 
@@ -58,7 +62,7 @@ async def run(reactor: Any, options: argparse.Namespace, out: Any) -> None:
     from txdbus import client
 
     session_id = options.id or os.environ.get(wire.SESSION_ID_VARIABLE, "")
-    if options.command not in ("list", "watch") and not session_id:
+    if options.command not in ("list", "watch", "start") and not session_id:
         raise UsageError(f"not in an NX session (no {wire.SESSION_ID_VARIABLE}); use --id")
     connection = await client.connect(reactor, options.bus)
 
@@ -72,6 +76,8 @@ async def run(reactor: Any, options: argparse.Namespace, out: Any) -> None:
             return
         if options.command == "list":
             result: Any = await call("ListSessions")
+        elif options.command == "start":
+            result = await call("StartSession", "ss", options.type, options.name)
         elif options.command == "info":
             result = await call("GetSession", "s", session_id)
         elif options.command == "rename":

@@ -50,6 +50,7 @@ INTERFACE = DBusInterface(
     wire.INTERFACE,
     Method("ListSessions", returns="aa{sv}"),
     Method("GetSession", arguments="s", returns="a{sv}"),
+    Method("StartSession", arguments="ss", returns="a{sv}"),
     Method("Suspend", arguments="s", returns="s"),
     Method("Terminate", arguments="s", returns="s"),
     Method("Rename", arguments="ss", returns="a{sv}"),
@@ -79,6 +80,16 @@ class GatewayObject(objects.DBusObject):
     def dbus_GetSession(self, session_id: str, dbusCaller: str | None = None) -> defer.Deferred[Any]:
         async def work(caller: Caller) -> dict[str, Any]:
             return wire.describe(await self.door.sessions.show(caller, _id(session_id)))
+        return self._call(dbusCaller or "", work)
+
+    def dbus_StartSession(self, session_type: str, name: str, dbusCaller: str | None = None) -> defer.Deferred[Any]:
+        """A session of an allowed type that waits, listed as Suspended, for
+        an NX client to resume it (the type's own name when ``name`` is empty)."""
+        async def work(caller: Caller) -> dict[str, Any]:
+            view = await self.door.sessions.start_for_later(caller, str(session_type), str(name))
+            log.info("{user} starts session {id} ({type}) over D-Bus", user=caller.user, id=view.id,
+                     type=view.type, audit="dbus_action")
+            return wire.describe(view)
         return self._call(dbusCaller or "", work)
 
     def dbus_Suspend(self, session_id: str, dbusCaller: str | None = None) -> defer.Deferred[Any]:
