@@ -125,7 +125,7 @@ class UsageError(Exception):
 
 def main(argv: list[str] | None = None) -> int:
     options = parse(sys.argv[1:] if argv is None else argv)
-    from twisted.internet import defer, reactor, task
+    from twisted.internet import defer, task
 
     async def guarded(reactor: Any) -> None:
         try:
