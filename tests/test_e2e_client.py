@@ -62,6 +62,23 @@ class ClientTestCase(TestCase):
                    else password, **extra)
         return env
 
+    def background(self, argv: list[str], **env: str) -> subprocess.Popen[str]:
+        """The client ``argv`` running in the background, stopped at cleanup."""
+        process = subprocess.Popen(argv, env=self.env(**env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+
+        def cleanup():
+            stop(process)
+            process.stdout.close()
+            process.stderr.close()
+
+        self.addCleanup(cleanup)
+        return process
+
+    def finished(self, process: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str]:
+        process.wait(timeout)
+        return process.returncode, process.stderr.read()
+
     def argv(self, *args: str, port: int | None = None, host_keys: bool = False) -> list[str]:
         checks = ["--known-hosts", self.known_hosts] if host_keys else ["--accept-any-host-key"]
         return [sys.executable, "-m", "nxgate.client", *checks, *args,
@@ -265,21 +282,7 @@ class SessionTests(ClientTestCase):
     def attach(self, *args: str, geometry: bool = True) -> subprocess.Popen[str]:
         """Run the client in the background, attached to a session."""
         size = ["--geometry", "800x600"] if geometry else []
-        process = subprocess.Popen(self.argv(*size, *args), env=self.env(DISPLAY=self.screen.name),
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True)
-
-        def cleanup():
-            stop(process)
-            process.stdout.close()
-            process.stderr.close()
-
-        self.addCleanup(cleanup)
-        return process
-
-    def finished(self, process: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str]:
-        process.wait(timeout)
-        return process.returncode, process.stderr.read()
+        return self.background(self.argv(*size, *args), DISPLAY=self.screen.name)
 
     def only_session(self) -> tuple[str, tuple[str, str, str, str]]:
         sessions = self.sessions()

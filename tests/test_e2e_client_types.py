@@ -108,22 +108,8 @@ class ClientScreensTestCase(ClientTestCase):
 
     def run_client(self, *args: str, screen: ClientScreen | None = None, **env: str) -> subprocess.Popen[str]:
         """The client in the background, drawing on ``screen``."""
-        process = subprocess.Popen(
-            self.argv("--geometry", f"{self.width}x{self.height}", *args),
-            env=self.env(DISPLAY=(screen or self.screen).name, **env), stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-        def cleanup():
-            stop(process)
-            process.stdout.close()
-            process.stderr.close()
-
-        self.addCleanup(cleanup)
-        return process
-
-    def ended(self, process: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str]:
-        process.wait(timeout)
-        return process.returncode, process.stderr.read()
+        return self.background(self.argv("--geometry", f"{self.width}x{self.height}", *args),
+                               DISPLAY=(screen or self.screen).name, **env)
 
     def assert_password_hidden(self, client: subprocess.Popen[str], password: str) -> None:
         """Not in the argv of the client, its nxproxy or any other process,
@@ -200,7 +186,7 @@ class ShadowTests(ClientScreensTestCase):
         print(f"\n    shadow viewer: {seen} blue pixels for the owner's {owned}")
 
         viewer.send_signal(signal.SIGTERM)
-        code, stderr = self.ended(viewer)
+        code, stderr = self.finished(viewer, 60)
         self.assertEqual(code, 0, stderr)
         self.assertIn(f"shadowing {session_id} (watched desk {self.user.name}), the only session you may shadow",
                       stderr)
@@ -263,7 +249,7 @@ class ShadowTests(ClientScreensTestCase):
         os.write(controller, b"x\n2\n")  # a wrong answer first: asked again
         viewer_screen.wait_for_colour(RED, 20000, timeout=60)
         viewer.send_signal(signal.SIGTERM)
-        code, stderr = self.ended(viewer)
+        code, stderr = self.finished(viewer, 60)
         self.assertEqual(code, 0, stderr)
         rows = dict(re.findall(r"^ +(\d)  ([0-9A-F]{32}) ", stderr, re.MULTILINE))
         self.assertEqual(set(rows.values()), set(names.values()))

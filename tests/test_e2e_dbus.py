@@ -145,13 +145,6 @@ class DBusSessionTests(SessionTestCase):
         return as_user(user, ["gdbus", "call", "--system", "--dest", NAME, "--object-path", PATH,
                               "--method", f"{NAME}.{method}", *args], env=user_env(user, self.bus))
 
-    def running_session(self):
-        client = self.login()
-        info = self.start(client)
-        self.attach(client, info)
-        self.screen.wait_for_colour(RED, 20000)
-        return client, info
-
     def test_a_user_controls_her_own_session_only_and_hears_only_its_signals(self):
         self.assertIn("D-Bus: org.nxgate.Gateway1", self.gateway.log())
         introspection = as_user(self.user, ["gdbus", "introspect", "--system", "--dest", NAME, "--object-path", PATH],

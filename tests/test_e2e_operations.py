@@ -12,7 +12,7 @@ import sys
 import urllib.request
 
 from tests.harness.gateway import REPO
-from tests.test_e2e_sessions import RED, START, SessionTestCase
+from tests.test_e2e_sessions import START, SessionTestCase
 
 ADMIN = [sys.executable, "-m", "nxgate.doors.admin.cli"]
 LIMITED_GROUP = "nxgatetestlimited"
@@ -40,13 +40,6 @@ class OperationsTests(SessionTestCase):
     def audit(self) -> list[dict]:
         with open(os.path.join(self.gateway.state_dir, "audit.log")) as handle:
             return [json.loads(line) for line in handle]
-
-    def running_session(self):
-        client = self.login()
-        info = self.start(client)
-        self.attach(client, info)
-        self.screen.wait_for_colour(RED, 20000)
-        return client, info
 
     def test_admin_lists_shows_suspends_and_terminates(self):
         _, info = self.running_session()

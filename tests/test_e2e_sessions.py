@@ -135,6 +135,14 @@ class SessionTestCase(TestCase):
         self.addCleanup(attachment.detach)
         return attachment
 
+    def running_session(self) -> tuple[NXClient, SessionInfo]:
+        """A console session of the first user, attached and drawn."""
+        client = self.login()
+        info = self.start(client)
+        self.attach(client, info)
+        self.screen.wait_for_colour(RED, 20000)
+        return client, info
+
     def listing(self, user=None, params='--status="suspended,running"') -> dict[str, str]:
         """Session id -> status, from listsession as a client sees it."""
         client = self.login(user)
