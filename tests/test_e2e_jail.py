@@ -154,15 +154,7 @@ class JailedDesktopTests(SessionTestCase):
     def test_xfce_desktop_renders_its_panel_in_a_jail(self):
         if not shutil.which("bwrap"):
             raise SkipTest("bubblewrap (bwrap) is not installed")
-        client = self.login()
-        info = self.start(client, "unix-xfce")
-        self.attach(client, info)
-
-        def panel_drawn():
-            shot = self.screen.shot()
-            return shot.region_colours(0, 24) > 20 and shot.colours() > 200
-
-        wait_for(panel_drawn, 60, "the XFCE panel and desktop", interval=0.5)
+        self.xfce_desktop()
         agent = min(agent_processes(self.user.name))
         self.assertNotEqual(os.readlink(f"/proc/{agent}/ns/pid"), os.readlink("/proc/self/ns/pid"))
         panels = subprocess.run(["pgrep", "-u", self.user.name, "-x", "xfce4-panel"], capture_output=True, text=True)

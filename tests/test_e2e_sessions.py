@@ -143,6 +143,20 @@ class SessionTestCase(TestCase):
         self.screen.wait_for_colour(RED, 20000)
         return client, info
 
+    def xfce_desktop(self) -> SessionInfo:
+        """An XFCE session of the first user, attached, once its panel and
+        desktop are drawn on the client screen."""
+        client = self.login()
+        info = self.start(client, "unix-xfce")
+        self.attach(client, info)
+
+        def panel_drawn():
+            shot = self.screen.shot()
+            return shot.region_colours(0, 24) > 20 and shot.colours() > 200
+
+        wait_for(panel_drawn, 60, "the XFCE panel and desktop", interval=0.5)
+        return info
+
     def listing(self, user=None, params='--status="suspended,running"') -> dict[str, str]:
         """Session id -> status, from listsession as a client sees it."""
         client = self.login(user)
@@ -341,15 +355,7 @@ class ApplicationSessionTests(SessionTestCase):
 
 class DesktopSessionTests(SessionTestCase):
     def test_xfce_desktop_renders_its_panel(self):
-        client = self.login()
-        info = self.start(client, "unix-xfce")
-        self.attach(client, info)
-
-        def panel_drawn():
-            shot = self.screen.shot()
-            return shot.region_colours(0, 24) > 20 and shot.colours() > 200
-
-        wait_for(panel_drawn, 60, "the XFCE panel and desktop", interval=0.5)
+        self.xfce_desktop()
 
 
 class IsolationTests(SessionTestCase):
