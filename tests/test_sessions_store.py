@@ -131,3 +131,28 @@ class FailureTests(SynchronousTestCase):
         self.addCleanup(old.close)
         self.assertEqual(old.execute("PRAGMA user_version").fetchone()[0], SCHEMA_VERSION)
         self.assertEqual(old.execute("SELECT name FROM sessions").fetchall(), [("desk 1",)])
+
+
+class SchemaTwoTests(SynchronousTestCase):
+    """Schema 2 (several machines): a store written by the previous release
+    is migrated on start, keeping its sessions and a copy of the old file."""
+
+    def test_a_version_1_file_is_migrated_on_open(self):
+        path = os.path.abspath(self.mktemp())
+        old = sqlite3.connect(path)
+        old.executescript(f"BEGIN; {store_module._MIGRATIONS[1]}; PRAGMA user_version=1; COMMIT;")
+        v1_columns = [c for c in store_module.SESSION_COLUMNS if c not in ("node", "revision")]
+        row = store_module.session_row(session(), v1_columns)
+        old.execute(f"INSERT INTO sessions ({','.join(v1_columns)}) VALUES ({','.join('?' * len(row))})", row)
+        old.commit()
+        old.close()
+        store = SessionStore(path)
+        self.addCleanup(store.close)
+        self.assertEqual(store.db.execute("PRAGMA user_version").fetchone()[0], 2)
+        self.assertEqual(store.get("A" * 32), session())
+        self.assertEqual((store.get("A" * 32).node, store.get("A" * 32).revision), ("", 0))
+        self.assertEqual(store.live(node=""), [session()])
+        self.assertEqual(store.members(), [])
+        copy = sqlite3.connect(f"{path}.schema-1")
+        self.addCleanup(copy.close)
+        self.assertEqual(copy.execute("PRAGMA user_version").fetchone()[0], 1)

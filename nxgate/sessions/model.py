@@ -105,6 +105,8 @@ class Session:
     app_started: int = 0
     failure: str = ""
     options: dict[str, Any] = field(default_factory=dict)
+    node: str = ""  # the cluster member running it ("": this box, single-box mode)
+    revision: int = 0  # maintained by the store: bumped on every write (compare-and-set in swap)
 
     @property
     def full_id(self) -> str:
@@ -122,3 +124,22 @@ class Session:
 
     def evolve(self, **changes: Any) -> Session:
         return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Member:
+    """One cluster member as its own heartbeat last described it (one row in
+    the store).  Times are the writer's wall clock; ``drained`` and nothing
+    else belongs to the admin (a heartbeat never overwrites it)."""
+
+    name: str
+    address: str
+    roles: frozenset[str]
+    started: float
+    last_heartbeat: float
+    sessions: int
+    load: float
+    cpus: int
+    free_memory: int  # bytes
+    drained: bool = False
+    weight: float = 1.0

@@ -15,7 +15,7 @@ from typing import Any
 
 from twisted.internet import defer
 
-from nxgate.sessions.model import Session
+from nxgate.sessions.model import Member, Session
 from nxgate.sessions.store.sqlite import SessionStore as SQLiteDatabase
 from nxgate.node.threads import Blocking, inline
 
@@ -51,8 +51,23 @@ class SyncStoreAdapter:
     def get(self, session_id: str) -> defer.Deferred[Session | None]:
         return self._now(self.db.get, session_id)
 
-    def live(self, user: str | None = None) -> defer.Deferred[list[Session]]:
-        return self._now(self.db.live, user)
+    def swap(self, session: Session) -> defer.Deferred[bool]:
+        return self._now(self.db.swap, session)
+
+    def admit(self, session: Session, per_user: int = 0, per_node: int = 0, total: int = 0) -> defer.Deferred[str | None]:
+        return self._now(self.db.admit, session, per_user, per_node, total)
+
+    def live(self, user: str | None = None, node: str | None = None) -> defer.Deferred[list[Session]]:
+        return self._now(self.db.live, user, node)
+
+    def heartbeat(self, member: Member) -> defer.Deferred[None]:
+        return self._now(self.db.heartbeat, member)
+
+    def members(self) -> defer.Deferred[list[Member]]:
+        return self._now(self.db.members)
+
+    def set_drained(self, name: str, on: bool) -> defer.Deferred[bool]:
+        return self._now(self.db.set_drained, name, on)
 
     def ended_before(self, timestamp: float, limit: int = 500) -> defer.Deferred[list[Session]]:
         return self._now(self.db.ended_before, timestamp, limit)

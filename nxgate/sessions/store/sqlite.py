@@ -18,19 +18,20 @@ the store.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator
-from dataclasses import fields
 from typing import Any
 
-from nxgate.sessions.model import Session, State
+from nxgate.sessions.model import Member, Session
 from nxgate.sessions.store.errors import STORAGE_FULL, StoreCorrupt, StoreError, StoreUnavailable, storage_reason
+from nxgate.sessions.store.rows import (HEARTBEAT_COLUMNS, LIVE_STATES, MEMBER_COLUMNS, SESSION_COLUMNS,
+                                        UPDATE_COLUMNS, limit_hit, member_from_row, member_row, session_from_row,
+                                        session_row)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-_COLUMNS = [f.name for f in fields(Session)]
+_COLUMNS = SESSION_COLUMNS
 _MIGRATIONS: dict[int, str] = {
     1: """
         CREATE TABLE sessions (
@@ -64,8 +65,27 @@ _MIGRATIONS: dict[int, str] = {
         CREATE INDEX sessions_user_state ON sessions (user, state);
         CREATE INDEX sessions_state ON sessions (state);
     """,
+    # Several machines (issue 13): which member runs a session, a revision
+    # for compare-and-set, and the members' heartbeats.
+    2: """
+        ALTER TABLE sessions ADD COLUMN node TEXT NOT NULL DEFAULT '';
+        ALTER TABLE sessions ADD COLUMN revision INTEGER NOT NULL DEFAULT 0;
+        CREATE INDEX sessions_node_state ON sessions (node, state);
+        CREATE TABLE members (
+            name TEXT PRIMARY KEY,
+            address TEXT NOT NULL,
+            roles TEXT NOT NULL,
+            started REAL NOT NULL,
+            last_heartbeat REAL NOT NULL,
+            sessions INTEGER NOT NULL,
+            load REAL NOT NULL,
+            cpus INTEGER NOT NULL,
+            free_memory INTEGER NOT NULL,
+            drained INTEGER NOT NULL DEFAULT 0,
+            weight REAL NOT NULL DEFAULT 1.0
+        );
+    """,
 }
-LIVE_STATES = tuple(state.value for state in State if state.live)
 
 
 class SessionStore:
@@ -155,18 +175,59 @@ class SessionStore:
 
     # ------------------------------------------------------------- writes
     def insert(self, session: Session) -> None:
-        values = _to_row(session)
-        marks = ",".join("?" for _ in _COLUMNS)
         with self._guard():
-            self.db.execute(f"INSERT INTO sessions ({','.join(_COLUMNS)}) VALUES ({marks})", values)
+            self.db.execute(_INSERT, session_row(session))
 
     def update(self, session: Session) -> None:
-        values = _to_row(session)
-        assignments = ",".join(f"{column}=?" for column in _COLUMNS[1:])
+        """Write every field of ``session`` but its revision, which goes up by one."""
         with self._guard():
-            cursor = self.db.execute(f"UPDATE sessions SET {assignments} WHERE id=?", values[1:] + [values[0]])
+            cursor = self.db.execute(_UPDATE + " WHERE id=?", session_row(session, UPDATE_COLUMNS) + [session.id])
         if cursor.rowcount != 1:
             raise StoreError(f"no session {session.id} to update")
+
+    def swap(self, session: Session) -> bool:
+        """Compare-and-set: write ``session`` only if the stored revision is
+        still ``session.revision`` (False: someone wrote it in between, or it is gone)."""
+        with self._guard():
+            cursor = self.db.execute(_UPDATE + " WHERE id=? AND revision=?",
+                                     session_row(session, UPDATE_COLUMNS) + [session.id, session.revision])
+        return cursor.rowcount == 1
+
+    def admit(self, session: Session, per_user: int = 0, per_node: int = 0, total: int = 0) -> str | None:
+        """Insert ``session`` unless it would break a limit (0: none); which
+        one it would break otherwise.  ``BEGIN IMMEDIATE`` takes the write
+        lock first, so even another process on the same file counts after us."""
+        marks = ",".join("?" for _ in LIVE_STATES)
+        with self._guard():
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                counts = self.db.execute(
+                    f"SELECT COALESCE(SUM(user=?),0), COALESCE(SUM(node=?),0), COUNT(*) FROM sessions"
+                    f" WHERE state IN ({marks})", [session.user, session.node, *LIVE_STATES]).fetchone()
+                hit = limit_hit(counts, per_user, per_node, total)
+                if hit is None:
+                    self.db.execute(_INSERT, session_row(session))
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+        return hit
+
+    def heartbeat(self, member: Member) -> None:
+        """Insert or refresh ``member``'s row, keeping the admin's ``drained``."""
+        with self._guard():
+            self.db.execute(_HEARTBEAT, member_row(member, HEARTBEAT_COLUMNS))
+
+    def members(self) -> list[Member]:
+        with self._guard():
+            rows = self.db.execute(f"SELECT {','.join(MEMBER_COLUMNS)} FROM members ORDER BY name").fetchall()
+        return [member_from_row(row) for row in rows]
+
+    def set_drained(self, name: str, on: bool) -> bool:
+        """False: no member of that name has ever sent a heartbeat."""
+        with self._guard():
+            cursor = self.db.execute("UPDATE members SET drained=? WHERE name=?", (int(on), name))
+        return cursor.rowcount == 1
 
     def delete(self, session_ids: Iterable[str]) -> None:
         with self._guard():
@@ -176,17 +237,20 @@ class SessionStore:
     def get(self, session_id: str) -> Session | None:
         with self._guard():
             row = self.db.execute(f"SELECT {','.join(_COLUMNS)} FROM sessions WHERE id=?", (session_id,)).fetchone()
-        return None if row is None else _from_row(row)
+        return None if row is None else session_from_row(row)
 
-    def live(self, user: str | None = None) -> list[Session]:
+    def live(self, user: str | None = None, node: str | None = None) -> list[Session]:
         marks = ",".join("?" for _ in LIVE_STATES)
         query = f"SELECT {','.join(_COLUMNS)} FROM sessions WHERE state IN ({marks})"
         args: list[Any] = list(LIVE_STATES)
         if user is not None:
             query += " AND user=?"
             args.append(user)
+        if node is not None:
+            query += " AND node=?"
+            args.append(node)
         with self._guard():
-            return [_from_row(row) for row in self.db.execute(query + " ORDER BY created", args)]
+            return [session_from_row(row) for row in self.db.execute(query + " ORDER BY created", args)]
 
     def ended_before(self, timestamp: float, limit: int = 500) -> list[Session]:
         """Ended sessions last changed before ``timestamp``, oldest first, at
@@ -198,7 +262,7 @@ class SessionStore:
                 " ORDER BY changed LIMIT ?",
                 [*LIVE_STATES, timestamp, limit],
             ).fetchall()
-        return [_from_row(row) for row in rows]
+        return [session_from_row(row) for row in rows]
 
     def count(self) -> int:
         with self._guard():
@@ -206,25 +270,7 @@ class SessionStore:
         return total
 
 
-def _to_row(session: Session) -> list[Any]:
-    row: list[Any] = []
-    for column in _COLUMNS:
-        value = getattr(session, column)
-        if column == "options":
-            value = json.dumps(value, sort_keys=True)
-        elif isinstance(value, State):
-            value = value.value
-        elif isinstance(value, bool):
-            value = int(value)
-        row.append(value)
-    return row
-
-
-def _from_row(row: tuple[Any, ...]) -> Session:
-    values = dict(zip(_COLUMNS, row))
-    values["state"] = State(values["state"])
-    values["options"] = json.loads(values["options"])
-    for f in fields(Session):
-        if f.type in ("bool", bool):
-            values[f.name] = bool(values[f.name])
-    return Session(**values)
+_INSERT = f"INSERT INTO sessions ({','.join(SESSION_COLUMNS)}) VALUES ({','.join('?' for _ in SESSION_COLUMNS)})"
+_UPDATE = f"UPDATE sessions SET {','.join(f'{c}=?' for c in UPDATE_COLUMNS)}, revision=revision+1"
+_HEARTBEAT = (f"INSERT INTO members ({','.join(HEARTBEAT_COLUMNS)}) VALUES ({','.join('?' for _ in HEARTBEAT_COLUMNS)})"
+              f" ON CONFLICT(name) DO UPDATE SET {','.join(f'{c}=excluded.{c}' for c in HEARTBEAT_COLUMNS[1:])}")
