@@ -233,6 +233,28 @@ class DBusSection:
     admin_groups: tuple[str, ...] = option(("nxadmin",), words, "members of these groups act on every session")
 
 
+_STORE_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb")
+
+
+def store_url(value: str) -> str:
+    """``sqlite:`` (the state directory's file), ``sqlite:/PATH``,
+    ``postgresql://USER@HOST[:PORT]/DB`` or ``mysql://USER@HOST[:PORT]/DB``."""
+    scheme = value.split(":", 1)[0].lower()
+    if scheme not in _STORE_SCHEMES or ":" not in value:
+        raise ValueError("expected sqlite:, postgresql://USER@HOST[:PORT]/DATABASE or mysql://USER@HOST[:PORT]/DATABASE")
+    if scheme != "sqlite" and not value.split(":", 1)[1].startswith("//"):
+        raise ValueError(f"expected {scheme}://USER@HOST[:PORT]/DATABASE")
+    return value
+
+
+@dataclass(frozen=True)
+class StoreSection:
+    url: str = option("sqlite:", store_url, "where sessions are stored: sqlite: (a file in state_dir, nothing to set "
+                      "up), postgresql://USER@HOST[:PORT]/DB or mysql://USER@HOST[:PORT]/DB (shared by a cluster)")
+    password_file: str = option("", text, "file holding the database password (empty: none, or the URL's)",
+                                is_path=True)
+
+
 @dataclass(frozen=True)
 class TargetSection:
     """A remote desktop the admin defines: ``[target NAME]``."""
@@ -269,6 +291,7 @@ class Config:
     remote: RemoteSection = RemoteSection()
     metrics: MetricsSection = MetricsSection()
     dbus: DBusSection = DBusSection()
+    store: StoreSection = StoreSection()
     # Remote desktops by name, from [target NAME] sections.
     targets: dict[str, TargetSection] = field(default_factory=dict)
     # Session limits by user and group: "user.NAME" / "group.NAME" -> count.
@@ -320,7 +343,7 @@ def with_overrides(config: Config, **server_options: str | None) -> Config:
 RESTART_NEEDED = (
     ("server", "listen"), ("server", "state_dir"), ("server", "shell_socket"), ("server", "admin_socket"),
     ("server", "audit_log"), ("auth", "pam_threads"), ("ssh", "user_logins"), ("metrics", "listen"),
-    ("dbus", "enabled"), ("dbus", "address"),
+    ("dbus", "enabled"), ("dbus", "address"), ("store", "url"), ("store", "password_file"),
 )
 
 

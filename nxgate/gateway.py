@@ -28,7 +28,7 @@ from nxgate.nx.server_dialogue import DialogueSettings
 from nxgate.stream.relay import StreamRelay
 from nxgate.node.files import StateLayout
 from nxgate.sessions.service import SessionService
-from nxgate.sessions.store.sqlite import SessionStore
+from nxgate.sessions.store.factory import open_store
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.results import StreamTarget
 from nxgate.node.threads import in_thread
@@ -96,8 +96,11 @@ class Gateway(service.MultiService):
             failed_login_delay=config.auth.failed_login_delay,
             throttle=self.throttle,
         )
-        self.store = SessionStore(self.layout.database)
-        self.sessions = SessionService(reactor, config, self.store, self.layout, blocking=in_thread(reactor))
+        # [store] url: the state directory's SQLite file by default, or a
+        # database server shared by a cluster (migrated here, before serving).
+        self.store = open_store(config, self.layout, in_thread(reactor), reactor)
+        self.sessions = SessionService(reactor, config, None, self.layout, blocking=in_thread(reactor),
+                                       async_store=self.store)
         self.sessions.setServiceParent(self)
         self.shadow = self.sessions.shadow = ShadowService(self.sessions, config, self.blocking, self.users)
         self.commands = NXDispatcher(self.sessions)
@@ -240,5 +243,7 @@ class Gateway(service.MultiService):
         globalLogPublisher.removeObserver(self.audit)
         self.audit.close()
         self.authenticator.stop()
-        self.store.close()
+        # After the session service has flushed its last writes (a database
+        # server's are still on their way when its stopService returns).
+        d.addBoth(lambda result: self.store.close().addBoth(lambda _: result))
         return d

@@ -7,14 +7,24 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
+import time
 
-from twisted.internet import defer
-from twisted.trial.unittest import TestCase
+from twisted.internet import defer, reactor
+from twisted.trial.unittest import SkipTest, TestCase
 
+from nxgate.config import Config, StoreSection
+from nxgate.node.files import StateLayout
+from nxgate.node.threads import inline
 from nxgate.sessions.model import Member, Session, State
+from nxgate.sessions.store import sql as sql_module
 from nxgate.sessions.store.adapter import SyncStoreAdapter
-from nxgate.sessions.store.errors import StoreError
+from nxgate.sessions.store.dialects import dialect
+from nxgate.sessions.store.errors import StoreError, StoreUnavailable
+from nxgate.sessions.store.factory import open_store
+from nxgate.sessions.store.location import parse
 from nxgate.sessions.store.sqlite import SessionStore as SQLiteDatabase
+from tests.harness import databases
 
 
 def async_test(function):
@@ -142,3 +152,241 @@ class SQLiteStoreTests(StoreContract, TestCase):
         database = SQLiteDatabase(os.path.abspath(self.mktemp()))
         self.addCleanup(database.close)
         return SyncStoreAdapter(database)
+
+
+def sleep(seconds):
+    d = defer.Deferred()
+    reactor.callLater(seconds, d.callback, None)
+    return d
+
+
+class ServerStore:
+    """Opens stores on a private database server (shared by the tests of
+    this process; a fresh database for each test)."""
+
+    server_kind: type = databases.DatabaseServer
+
+    def server(self):
+        why = self.server_kind.available()
+        if why:
+            raise SkipTest(why)
+        return databases.shared(self.server_kind)
+
+    def config(self, url, password_file=None):
+        server = self.server()
+        return Config(store=StoreSection(url=url, password_file=server.password_file if password_file is None
+                                         else password_file))
+
+    def open_url(self, url, **options):
+        store = open_store(self.config(url, **options), StateLayout(self.mktemp()), inline, reactor)
+        self.addCleanup(store.close)
+        return store
+
+    async def open_store(self):
+        self.url = self.server().new_database()
+        return self.open_url(self.url)
+
+
+class PostgreSQLStoreTests(ServerStore, StoreContract, TestCase):
+    server_kind = databases.PostgresServer
+
+
+class MariaDBStoreTests(ServerStore, StoreContract, TestCase):
+    server_kind = databases.MariaDBServer
+
+
+class SharedStoreTests(ServerStore):
+    """What only a store shared by several machines must show: races
+    between two connections, migrations at once, the server going away,
+    passwords."""
+
+    def setUp(self):
+        self.url = self.server().new_database()
+
+    @async_test
+    async def test_two_stores_racing_one_user_past_the_limit_exactly_one_wins(self):
+        first, second = self.open_url(self.url), self.open_url(self.url)
+        for round_ in range(20):
+            user = f"user{round_}"
+            await first.insert(session(1000 + round_, user))  # one place left of two
+            results = await defer.gatherResults([first.admit(session(2000 + round_, user), 2, 0, 0),
+                                                 second.admit(session(3000 + round_, user), 2, 0, 0)])
+            self.assertEqual(sorted(results, key=str), [None, "user"], f"round {round_}")
+            self.assertEqual(len(await first.live(user)), 2)
+
+    @async_test
+    async def test_two_stores_swapping_one_revision_exactly_one_wins(self):
+        first, second = self.open_url(self.url), self.open_url(self.url)
+        for n in range(10):
+            await first.insert(session(n))
+            stored = await second.get(session(n).id)
+            results = await defer.gatherResults([first.swap(stored.evolve(state=State.RESUMING, node="a")),
+                                                 second.swap(stored.evolve(state=State.RESUMING, node="b"))])
+            self.assertEqual(sorted(results), [False, True])
+            self.assertEqual((await first.get(stored.id)).revision, 1)
+
+    def test_members_starting_together_migrate_once(self):
+        errors, stores = [], []
+
+        def start():
+            try:
+                location = parse(self.url, self.server().password_file)
+                stores.append(sql_module.SQLStore(dialect(location.kind), location, reactor))
+            except Exception as error:  # reported below
+                errors.append(error)
+
+        workers = [threading.Thread(target=start) for _ in range(5)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(60)
+        for store in stores:
+            self.addCleanup(store.close)
+        self.assertEqual((errors, len(stores)), ([], 5))
+        connection = stores[0].dialect.connect(stores[0].location)
+        self.addCleanup(connection.close)
+        cursor = connection.cursor()
+        cursor.execute("SELECT version FROM nxgate_schema")
+        self.assertEqual(cursor.fetchall(), [(sql_module.SCHEMA_VERSION,)] if self.server_kind is
+                         databases.PostgresServer else ((sql_module.SCHEMA_VERSION,),))
+
+    def test_a_newer_schema_is_refused(self):
+        store = self.open_url(self.url)
+        connection = store.dialect.connect(store.location)
+        cursor = connection.cursor()
+        cursor.execute("UPDATE nxgate_schema SET version=%s", (sql_module.SCHEMA_VERSION + 1,))
+        connection.commit()
+        connection.close()
+        error = self.assertRaises(StoreError, self.open_url, self.url)
+        self.assertIn(f"has schema {sql_module.SCHEMA_VERSION + 1}", str(error))
+
+    def test_a_wrong_password_is_a_clear_error_without_the_password(self):
+        wrong = os.path.abspath(self.mktemp())
+        with open(os.open(wrong, os.O_WRONLY | os.O_CREAT, 0o600), "w") as out:
+            out.write("not-the-password-4711\n")
+        error = self.assertRaises(StoreUnavailable, self.open_url, self.url, password_file=wrong)
+        self.assertEqual(error.reason, sql_module.UNREACHABLE)
+        self.assertNotIn("4711", str(error))
+
+    def test_the_password_may_be_in_the_url_and_is_never_shown(self):
+        password = open(self.server().password_file).read().strip()
+        url = self.url.replace("nxgate@", f"nxgate:{password}@", 1)
+        store = self.open_url(url, password_file="")
+        self.assertNotIn(password, store.path)
+        self.assertIn("nxgate:***@", store.path)
+
+    def test_a_password_file_others_can_read_is_refused(self):
+        loose = os.path.abspath(self.mktemp())
+        with open(os.open(loose, os.O_WRONLY | os.O_CREAT, 0o644), "w") as out:
+            out.write("secret\n")
+        error = self.assertRaises(StoreError, self.open_url, self.url, password_file=loose)
+        self.assertIn("can be read by every user", str(error))
+
+
+class PostgreSQLSharedTests(SharedStoreTests, TestCase):
+    server_kind = databases.PostgresServer
+
+
+class MariaDBSharedTests(SharedStoreTests, TestCase):
+    server_kind = databases.MariaDBServer
+
+
+class OutageTests:
+    """The database server going away and coming back: calls fail with
+    StoreUnavailable in bounded time, and work again without a restart.
+    A server of its own, since the test stops it."""
+
+    server_kind: type = databases.DatabaseServer
+
+    def setUp(self):
+        why = self.server_kind.available()
+        if why:
+            raise SkipTest(why)
+        self.server = self.server_kind()
+        self.addCleanup(self.server.cleanup)
+        self.server.start()
+        location = parse(self.server.url, self.server.password_file)
+        self.store = sql_module.SQLStore(dialect(location.kind), location, reactor, timeout=3)
+        self.addCleanup(self.store.close)
+
+    @async_test
+    async def test_a_stopped_server_fails_calls_and_its_return_heals_them(self):
+        await self.store.insert(session(1))
+        self.server.stop()
+        began = time.monotonic()
+        for call in (lambda: self.store.live(), lambda: self.store.insert(session(2)), lambda: self.store.members()):
+            with self.assertRaises(StoreUnavailable) as caught:
+                await call()
+            self.assertEqual(caught.exception.reason, sql_module.UNREACHABLE)
+        self.assertLess(time.monotonic() - began, 5)
+        self.server.start()
+        self.assertEqual([s.id for s in await self.store.live()], [session(1).id])
+        await self.store.insert(session(2))
+        self.assertEqual(await self.store.count(), 2)
+
+    @async_test
+    async def test_a_server_that_hangs_fails_calls_in_bounded_time(self):
+        await self.store.insert(session(1))
+        self.server.pause()
+        try:
+            began = time.monotonic()
+            with self.assertRaises(StoreUnavailable) as caught:
+                await self.store.live()
+            self.assertLess(time.monotonic() - began, 4.5)
+            self.assertIn("does not answer", str(caught.exception))
+        finally:
+            self.server.resume()
+        await sleep(0.5)
+        self.assertEqual(len(await self.store.live()), 1)
+
+
+class PostgreSQLOutageTests(OutageTests, TestCase):
+    server_kind = databases.PostgresServer
+
+
+class MariaDBOutageTests(OutageTests, TestCase):
+    server_kind = databases.MariaDBServer
+
+
+class FactoryTests(TestCase):
+    """``[store] url`` picks the back end; the default needs no server."""
+
+    def test_the_default_is_the_state_directorys_sqlite_file(self):
+        layout = StateLayout(os.path.abspath(self.mktemp()))
+        os.makedirs(layout.root)
+        store = open_store(Config(), layout, inline, reactor)
+        self.addCleanup(store.close)
+        self.assertIsInstance(store, SyncStoreAdapter)
+        self.assertEqual(store.path, layout.database)
+        self.assertTrue(os.path.exists(layout.database))
+
+    def test_a_sqlite_path_may_be_given(self):
+        path = os.path.abspath(self.mktemp())
+        store = open_store(Config(store=StoreSection(url=f"sqlite:{path}")), StateLayout("/nonexistent"), inline)
+        self.addCleanup(store.close)
+        self.assertEqual(store.path, path)
+
+    def test_urls_are_parsed_and_redacted(self):
+        location = parse("postgresql://nx%40gate:p%2Fw@db.example:6543/sessions")
+        self.assertEqual((location.kind, location.user, location.password, location.host, location.port,
+                          location.database), ("postgresql", "nx@gate", "p/w", "db.example", 6543, "sessions"))
+        self.assertEqual(location.safe_url, "postgresql://nx%40gate:***@db.example:6543/sessions")
+        self.assertNotIn("p%2Fw", repr(location))
+        self.assertEqual(parse("mariadb://nxgate@db/nx").port, 3306)
+        self.assertEqual(parse("mysql://nxgate@db/nx").kind, "mysql")
+        for bad in ("oracle://x@y/z", "postgresql://db.example/nx", "mysql://nxgate@db/"):
+            self.assertRaises(StoreError, parse, bad)
+
+    def test_the_config_refuses_an_unknown_url(self):
+        from nxgate import config as configuration
+
+        path = self.mktemp()
+        with open(path, "w") as out:
+            out.write("[store]\nurl = oracle://scott:tiger@db/x\n")
+        error = self.assertRaises(configuration.ConfigError, configuration.load, path)
+        self.assertIn("[store] url", str(error))
+        with open(path, "w") as out:
+            out.write("[store]\nurl = postgresql://nxgate@db.example/nxgate\npassword_file = db.password\n")
+        loaded = configuration.load(path)
+        self.assertEqual(loaded.store.password_file, os.path.join(os.path.dirname(os.path.abspath(path)),
+                                                                  "db.password"))

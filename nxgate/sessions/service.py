@@ -58,7 +58,7 @@ class SessionService(service.Service):
         self,
         reactor: Any,
         config: Config,
-        store: SQLiteDatabase,
+        store: SQLiteDatabase | None,
         layout: files.StateLayout,
         notifier: inotify.INotify | None = None,
         launcher: Launcher | None = None,
@@ -72,12 +72,16 @@ class SessionService(service.Service):
         gateway passes a thread pool); ``send_signal`` and ``listens`` go to
         the AgentSupervisor (tests record signals and fake the port check).
         ``async_store``: the store behind the asynchronous interface (default:
-        ``store`` through :class:`SyncStoreAdapter`)."""
+        ``store`` through :class:`SyncStoreAdapter`; the gateway passes the one
+        ``[store] url`` names, and no ``store``)."""
         self.reactor = reactor
         self.config = config
         self.settings = config.sessions
-        self.db = store  # the synchronous SQLite store, for the gateway's open/close
-        self.store: SessionStore = async_store or SyncStoreAdapter(store, blocking)
+        self.db = store  # the synchronous SQLite store, if given
+        if async_store is None:
+            assert store is not None, "a store or an async_store"
+            async_store = SyncStoreAdapter(store, blocking)
+        self.store: SessionStore = async_store
         self.writer = StoreWriter(self.store, reactor)
         self.layout = layout
         self.notifier = notifier or inotify.INotify(reactor)
