@@ -269,6 +269,76 @@ class TargetSection:
     password: str = option("", text, "fixed password (empty: the client's); keep this file root-only")
 
 
+_MEMBER_NAME = re.compile(r"(?=.{1,253}\Z)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*")
+CLUSTER_ROLES = frozenset({"gateway", "node"})
+
+
+def member_name(value: str) -> str:
+    """A cluster member's name: a DNS name, because the member's certificate
+    carries it as a DNS subjectAltName and peers check it there."""
+    if not _MEMBER_NAME.fullmatch(value):
+        raise ValueError("expected a DNS name in lower case, such as node-a or node-a.example.org")
+    return value
+
+
+def roles(value: str) -> frozenset[str]:
+    given = frozenset(words(value.lower()))
+    if not given or not given <= CLUSTER_ROLES:
+        raise ValueError("expected gateway, node or both (separated by a comma)")
+    return given
+
+
+def host_port(value: str) -> str:
+    """``host:port`` (``[v6]:port`` for IPv6) as other members dial it."""
+    host, colon, port = value.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError("expected host:port, such as 10.0.0.1:7022")
+    return value
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """``[cluster]``: this machine as one member of several (issue 13).
+
+    Absent, :attr:`Config.cluster` is None and the gateway is one box as
+    before.  Members talk over mutually authenticated TLS
+    (:mod:`nxgate.cluster.tls`): ``certificate`` must name ``name`` as a DNS
+    subjectAltName and be signed by ``ca``."""
+
+    name: str = option("", member_name, "this member's name, as in its certificate's DNS subjectAltName")
+    roles: frozenset[str] = option(CLUSTER_ROLES, roles, "gateway (SSH/NX front door), node (runs sessions), or both")
+    listen: str = option("", text, "Twisted endpoint of the node's control and stream listener (TLS added by nxgate)")
+    address: str = option("", text, "host:port other members dial to reach this one's listener")
+    ca: str = option("", text, "PEM certificate of the cluster CA", is_path=True)
+    certificate: str = option("", text, "PEM certificate of this member, signed by the CA", is_path=True)
+    key: str = option("", text, "PEM private key of this member (keep it 0600)", is_path=True)
+    heartbeat: float = option(2.0, number(0.1, 3600), "seconds between heartbeats; a member silent for 3 is down")
+    weight: float = option(1.0, number(0, 1000), "this member's placement weight (0: no new sessions)")
+
+
+def _check_cluster(filename: str, cluster: ClusterConfig, given: set[str], problems: list[str]) -> None:
+    """What single options cannot say: the required ones, the listener of a
+    node, and the PEM files being there (a member that cannot prove who it
+    is must not start believing it is part of the cluster).  Options that were
+    given but wrong are reported once, by the converter, not as missing too."""
+    for key in ("name", "ca", "certificate", "key"):
+        if not getattr(cluster, key) and key not in given:
+            problems.append(f"{filename}: [cluster] needs {key}")
+    if "node" in cluster.roles:
+        for key in ("listen", "address"):
+            if not getattr(cluster, key):
+                problems.append(f"{filename}: [cluster] needs {key} on a member with role node")
+    if cluster.address:
+        try:
+            host_port(cluster.address)
+        except ValueError as exc:
+            problems.append(f"{filename}: [cluster] address = {cluster.address!r}: {exc}")
+    for key in ("ca", "certificate", "key"):
+        value = getattr(cluster, key)
+        if value and not os.path.isfile(value):
+            problems.append(f"{filename}: [cluster] {key} = {value}: no such file")
+
+
 DEFAULT_TYPES: dict[str, tuple[str, ...]] = {
     "unix-console": ("xterm",),
     "unix-xfce": ("startxfce4",),
@@ -292,6 +362,8 @@ class Config:
     metrics: MetricsSection = MetricsSection()
     dbus: DBusSection = DBusSection()
     store: StoreSection = StoreSection()
+    # [cluster]: None when absent (one box, as before issue 13).
+    cluster: ClusterConfig | None = None
     # Remote desktops by name, from [target NAME] sections.
     targets: dict[str, TargetSection] = field(default_factory=dict)
     # Session limits by user and group: "user.NAME" / "group.NAME" -> count.
@@ -324,7 +396,7 @@ class Config:
 
 def _section_fields() -> list[dataclasses.Field[Any]]:
     return [f for f in dataclasses.fields(Config)
-            if f.name not in ("source", "types", "targets", "limits", "overrides", "host_name")]
+            if f.name not in ("source", "types", "targets", "limits", "overrides", "host_name", "cluster")]
 
 
 def with_overrides(config: Config, **server_options: str | None) -> Config:
@@ -352,8 +424,11 @@ def restart_needed(running: Config, reloaded: Config) -> list[str]:
     one (with the running one's command-line overrides applied again) but
     only take effect after a restart, as ``[section] option``."""
     reloaded = with_overrides(reloaded, **running.overrides)
-    return [f"[{section}] {name}" for section, name in RESTART_NEEDED
-            if getattr(getattr(running, section), name) != getattr(getattr(reloaded, section), name)]
+    changed = [f"[{section}] {name}" for section, name in RESTART_NEEDED
+               if getattr(getattr(running, section), name) != getattr(getattr(reloaded, section), name)]
+    if running.cluster != reloaded.cluster:  # who this member is, its listener and its keys
+        changed.append("[cluster]")
+    return changed
 
 
 _LIMIT_KEY = re.compile(r"(user|group)\.[A-Za-z0-9_.$@-]{1,64}")
@@ -466,10 +541,15 @@ def load(filename: str | None) -> Config:
             if target is not None:
                 sections["targets"][name.split(" ", 1)[1]] = target
             continue
+        if name == "cluster":
+            cluster = _convert(filename, name, ClusterConfig, values, base, problems)
+            _check_cluster(filename, cluster, set(values), problems)
+            sections["cluster"] = cluster
+            continue
         section_field = known.get(name)
         if section_field is None:
             first = min((n for n, _ in values.values()), default=0)
-            problems.append(f"{filename}: unknown section [{name}] (known: {', '.join(known)}, types, limits, target NAME)"
+            problems.append(f"{filename}: unknown section [{name}] (known: {', '.join(known)}, cluster, types, limits, target NAME)"
                             + (f", near line {first}" if first else ""))
             continue
         section = _convert(filename, name, type(section_field.default), values, base, problems)

@@ -112,10 +112,33 @@ class Gateway(service.MultiService):
         self._listen_unix(config.server.admin_socket or os.path.join(self.layout.root, "admin.sock"), 0o600,
                           AdminFactory(self), "[server] admin_socket")
         self.dbus = self._dbus_door() if config.dbus.enabled else None
+        self.cluster_streams = self._cluster_wire(config.cluster) if config.cluster else None
         if config.metrics.listen:
             if not metrics.available():
                 raise RuntimeError("[metrics] listen is set but prometheus-client is not installed")
             strports.service(config.metrics.listen, Site(metrics.resource(self.sessions))).setServiceParent(self)
+
+    def _cluster_wire(self, cluster: Any) -> Any:
+        """Issue 13's wire (cluster-wire): this member's TLS credentials, the
+        node listener when it has role node, and what opens streams to
+        sessions on other members.  Routing is nxgate.cluster.sessions'."""
+        from OpenSSL import SSL
+
+        from nxgate.cluster.node_server import NodeListener, gateway_members
+        from nxgate.cluster.stream import RemoteStreams
+        from nxgate.cluster.tls import ClusterTLS
+
+        try:
+            self.cluster_tls = ClusterTLS.from_config(cluster)
+        except (OSError, SSL.Error) as error:
+            raise RuntimeError(f"[cluster] ca, certificate or key cannot be used: {error}") from error
+        if "node" in cluster.roles:
+            check_port_free(cluster.listen, "[cluster] listen")
+            NodeListener(self.reactor, cluster.listen, self.cluster_tls, self.sessions,
+                         gateway_members(self.sessions.store)).setServiceParent(self)
+            log.info("cluster member {name}: listening for gateways on {where}", name=cluster.name,
+                     where=configuration.describe_listen(cluster.listen))
+        return RemoteStreams(self.reactor, self.cluster_tls)
 
     def _dbus_door(self) -> Any:
         """The D-Bus door (org.nxgate.Gateway1), or None without txdbus: the
@@ -221,7 +244,7 @@ class Gateway(service.MultiService):
         return handler
 
     def _relay(self, client: Caller, target: StreamTarget, transport: ChannelTransport, leftover: bytes) -> StreamRelay:
-        return StreamRelay(self.reactor, client, target, transport, leftover)
+        return StreamRelay(self.reactor, client, target, transport, leftover, self.cluster_streams)
 
     def startService(self) -> None:
         record_pid(self.lock_fd)  # twistd may have forked since the lock was taken

@@ -13,11 +13,18 @@ from nxgate.sessions.model import FOR_LATER, Session, State, listed_status  # mo
 @dataclass(frozen=True)
 class StreamTarget:
     """Where the client's stream goes after the dialogue: the agent's Unix
-    socket, owned by ``uid`` (see :mod:`nxgate.stream.agentsocket`)."""
+    socket, owned by ``uid`` (see :mod:`nxgate.stream.agentsocket`).
+
+    ``node`` and ``address`` are set when the session runs on another
+    cluster member: the stream then goes over TLS to that member
+    (:mod:`nxgate.cluster.stream`), which checks ``path``/``uid`` itself
+    (the gateway's copies are only for the log)."""
 
     session_id: str
     path: str
     uid: int
+    node: str = ""
+    address: str = ""
 
 
 @dataclass(frozen=True)

@@ -310,9 +310,15 @@ class SessionService(service.Service):
     def _ready(self, session: Session, resumed: bool) -> Ready:
         """What the client needs to reach ``session``: an encrypted one's
         stream goes through the gateway to the agent's socket."""
-        stream = (StreamTarget(session.id, self.layout.agent_files(session.id).socket, session.uid)
-                  if session.encrypted else None)
-        return Ready(SessionView.of(session), session.cookie, resumed, stream)
+        return Ready(SessionView.of(session), session.cookie, resumed, self.stream_target(session))
+
+    def stream_target(self, session: Session) -> StreamTarget | None:
+        """Where an encrypted session's stream goes on this box (None: an
+        unencrypted one, whose client connects to the agent itself).  Also
+        what a cluster node relays a gateway's stream to."""
+        if not session.encrypted:
+            return None
+        return StreamTarget(session.id, self.layout.agent_files(session.id).socket, session.uid)
 
     # ------------------------------------------------ the life cycle's, for the NX door's helpers and tests
     async def terminate_session(self, session_id: str, reason: str) -> None:

@@ -7,6 +7,11 @@ client's SSH window is full the agent connection is paused (the channel
 tells us), and when the agent reads slower than the client sends, the
 client's input is paused.
 Either side closing closes the other.
+
+A session on another cluster member (``target.node`` set) is reached the
+same way through ``streams`` (:class:`nxgate.cluster.stream.RemoteStreams`):
+a TLS connection to that member instead of the local socket; everything
+else here is the same.
 """
 
 from __future__ import annotations
@@ -78,7 +83,8 @@ class StreamRelay:
     #: second during a bulk upload.
     AGENT_BUFFER = 1024 * 1024
 
-    def __init__(self, reactor: Any, client: Caller, target: Any, channel: ClientStream, leftover: bytes) -> None:
+    def __init__(self, reactor: Any, client: Caller, target: Any, channel: ClientStream, leftover: bytes,
+                 streams: Any = None) -> None:
         self.client = client
         self.target = target
         self.channel = channel
@@ -91,7 +97,14 @@ class StreamRelay:
         log.info("relaying {user}'s stream from {address} to session {id}", user=client.user,
                  address=client.address, id=target.session_id)
         self.reactor = reactor
-        agentsocket.connect_soon(reactor, target.path, target.uid, self._reached)
+        if getattr(target, "node", ""):
+            if streams is None:
+                reactor.callLater(0, self._failed, f"the session runs on member {target.node}, and this gateway"
+                                                   " is not a cluster member")
+            else:
+                streams.connect(target, _AgentSide(self), self._failed)
+        else:
+            agentsocket.connect_soon(reactor, target.path, target.uid, self._reached)
 
     def _reached(self, sock: socket.socket | None, error: str) -> None:
         if sock is None:

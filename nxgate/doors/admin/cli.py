@@ -2,6 +2,7 @@
 
     nxgate-admin [--socket PATH] [--json] sessions | show ID | terminate ID |
                  suspend ID | drain on|off | reload | status  [--json]
+    nxgate-admin cluster ca DIR | cluster cert NAME --ca DIR [--out DIR]
 
 It talks to the gateway's root-only socket (``admin.sock`` in the state
 directory unless ``--socket`` or ``--state-dir`` says otherwise).
@@ -86,11 +87,40 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         command(name, text).add_argument("id")
     command("drain", "refuse new sessions (on) or take them again (off)").add_argument("state", choices=("on", "off"))
     command("reload", "re-read and validate the config; a bad one changes nothing")
+    cluster = command("cluster", "make the cluster's TLS certificates (no gateway needed)")
+    made = cluster.add_subparsers(dest="what", required=True)
+    made.add_parser("ca", help="a new cluster CA: ca.pem for every member, ca.key kept safe").add_argument("dir")
+    cert = made.add_parser("cert", help="NAME.pem and NAME.key (0600) for member NAME, signed by the CA")
+    cert.add_argument("name")
+    cert.add_argument("--ca", required=True, help="the CA's directory (ca.pem, ca.key)")
+    cert.add_argument("--out", help="where to write them (default: the CA's directory)")
     return parser.parse_args(argv)
+
+
+def cluster_files(args: argparse.Namespace) -> int:
+    """``nxgate-admin cluster ca|cert``: files, not a request to the gateway."""
+    from nxgate.cluster import tls
+
+    try:
+        if args.what == "ca":
+            made = tls.make_ca(args.dir)
+        else:
+            made = tls.make_cert(args.name, args.ca, args.out)
+    except FileExistsError as error:
+        print(f"nxgate-admin: {error.filename} exists already; not overwritten", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as error:
+        print(f"nxgate-admin: {error}", file=sys.stderr)
+        return 1
+    for path in made:
+        print(path)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
+    if args.command == "cluster":
+        return cluster_files(args)
     path = args.socket or os.path.join(args.state_dir, "admin.sock")
     extra: dict[str, Any] = {}
     if args.command in ("show", "terminate", "suspend"):

@@ -198,7 +198,11 @@ class OpenSSHDoorProtocol(protocol.Protocol):
             log.info("handed {user}'s stream for session {id} to nxgate-shell", user=client.user,
                      id=target.session_id)
 
-        agentsocket.connect_soon(self.gateway.reactor, target.path, target.uid, reached)
+        streams = getattr(self.gateway, "cluster_streams", None)
+        if getattr(target, "node", "") and streams is not None:
+            streams.connect_socket(target, reached)  # a socket the gateway splices to the member's TLS stream
+        else:
+            agentsocket.connect_soon(self.gateway.reactor, target.path, target.uid, reached)
         return _HandedOver()
 
     def connectionLost(self, reason: Any) -> None:

@@ -1,0 +1,203 @@
+"""TLS connections between members whose identity is checked before any
+byte of the conversation is read.
+
+Both sides wrap the protocol that does the work (AMP, a stream relay) in a
+gate: TLS is handshaken (OpenSSL has checked the certificate against the
+cluster CA), then the gate checks the name (:mod:`nxgate.cluster.tls`),
+and only then does the inner protocol see its ``connectionMade``.  Bytes
+that arrive before are held, so a peer that is refused never reaches the
+session service.
+
+* :func:`dial`: to the member ``name`` at ``address``; the certificate must
+  name ``name``.
+* :class:`GateFactory`: the listener; ``authorize`` maps the DNS names of
+  a verified certificate to the member name it accepts (or None), and
+  ``choose`` picks the inner protocol from the first bytes (AMP or a
+  stream, see :mod:`nxgate.cluster.node_server`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet import defer, protocol
+from twisted.internet.endpoints import HostnameEndpoint
+from twisted.internet.interfaces import IHandshakeListener
+from twisted.logger import Logger
+from twisted.protocols.tls import TLSMemoryBIOFactory
+from zope.interface import implementer
+
+from nxgate.cluster.tls import ClusterTLS, PeerRefused, check_server, peer_names
+
+log = Logger(namespace="nxgate.cluster")
+
+#: Seconds for TCP connect plus TLS handshake to another member.
+CONNECT_TIMEOUT = 5.0
+#: What a peer may send before it is known to be a member (bytes).
+_EARLY_LIMIT = 64 * 1024
+
+Authorize = Callable[[frozenset[str]], "defer.Deferred[str | None] | str | None"]
+Choose = Callable[[bytes, str], "protocol.Protocol | None | bool"]
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` / ``[v6]:port`` -> (host, port)."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _describe(reason: Any) -> str:
+    value = getattr(reason, "value", reason)
+    return getattr(value, "args", None) and str(value.args[0]) or str(value) or type(value).__name__
+
+
+@implementer(IHandshakeListener)
+class _ClientGate(protocol.Protocol):
+    def __init__(self, inner: protocol.Protocol, name: str, ready: defer.Deferred[Any]) -> None:
+        self.inner, self.name, self.ready = inner, name, ready
+        self.open = False
+
+    def handshakeCompleted(self) -> None:
+        try:
+            check_server(self.transport.getHandle(), self.name)
+        except PeerRefused as refused:
+            peer = self.transport.getPeer()
+            log.warn("refused cluster member at {peer}: {reason}", peer=f"{peer.host}:{peer.port}",
+                     member=self.name, reason=str(refused), event="cluster_peer_refused")
+            self.transport.abortConnection()
+            self._fail(ConnectionRefusedError(f"member {self.name}: {refused}"))
+            return
+        self.open = True
+        self.inner.makeConnection(self.transport)
+        ready, self.ready = self.ready, None
+        if ready is not None:
+            ready.callback(self.inner)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.open:
+            self.inner.dataReceived(data)
+
+    def _fail(self, error: Exception) -> None:
+        ready, self.ready = self.ready, None
+        if ready is not None:
+            ready.errback(error)
+
+    def connectionLost(self, reason: Any) -> None:
+        if self.open:
+            self.open = False
+            self.inner.connectionLost(reason)
+        else:
+            self._fail(ConnectionError(f"TLS with member {self.name} failed: {_describe(reason)}"))
+
+
+def dial(reactor: Any, tls: ClusterTLS, name: str, address: str, inner: protocol.Protocol,
+         timeout: float = CONNECT_TIMEOUT) -> defer.Deferred[Any]:
+    """Connect to member ``name`` at ``address``: fires with ``inner`` once
+    it is connected to a peer whose certificate names ``name``."""
+    host, port = split_address(address)
+    ready: defer.Deferred[Any] = defer.Deferred()
+    factory = TLSMemoryBIOFactory(tls.client(name), True,
+                                  protocol.Factory.forProtocol(lambda: _ClientGate(inner, name, ready)))
+    connected = HostnameEndpoint(reactor, host, port, timeout=timeout).connect(factory)
+    connected.addErrback(lambda failure: ready.called or ready.errback(failure))
+    timer = reactor.callLater(timeout * 2, lambda: ready.called or ready.errback(
+        TimeoutError(f"member {name} at {address} did not complete TLS in time")))
+    ready.addBoth(lambda result: (timer.active() and timer.cancel(), result)[1])
+    return ready
+
+
+@implementer(IHandshakeListener)
+class _ServerGate(protocol.Protocol):
+    """One accepted connection: authorize the certificate, then hand over."""
+
+    def __init__(self, factory: GateFactory) -> None:
+        self.factory = factory
+        self.early: list[bytes] = []
+        self.member: str | None = None
+        self.inner: protocol.Protocol | None = None
+        self.done = False
+
+    def _peer(self) -> str:
+        peer = self.transport.getPeer()
+        return f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
+
+    def handshakeCompleted(self) -> None:
+        names = peer_names(self.transport.getHandle())
+        d = defer.maybeDeferred(self.factory.authorize, names)
+        d.addCallbacks(lambda member: self._authorized(member, names), self._authorize_failed)
+
+    def _authorize_failed(self, failure: Any) -> None:
+        log.failure("checking a cluster peer failed", failure)
+        self._refuse("its membership could not be checked", frozenset())
+
+    def _refuse(self, reason: str, names: frozenset[str]) -> None:
+        log.warn("refused cluster peer {peer}: {reason}", peer=self._peer(), reason=reason,
+                 names=", ".join(sorted(names)) or "-", event="cluster_peer_refused")
+        self.done = True
+        self.transport.abortConnection()
+
+    def _authorized(self, member: str | None, names: frozenset[str]) -> None:
+        if self.done:
+            return
+        if member is None:
+            self._refuse(f"its certificate names {', '.join(sorted(names)) or 'no DNS name'},"
+                         f" not a member with role {self.factory.role}", names)
+            return
+        self.member = member
+        log.debug("cluster member {member} connected from {peer}", member=member, peer=self._peer())
+        self._choose()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.inner is not None:
+            self.inner.dataReceived(data)
+            return
+        self.early.append(data)
+        if sum(map(len, self.early)) > _EARLY_LIMIT:
+            log.warn("cluster peer {peer} sent too much before saying what it wants", peer=self._peer())
+            self.done = True
+            self.transport.abortConnection()
+        elif self.member is not None:
+            self._choose()
+
+    def _choose(self) -> None:
+        head = b"".join(self.early)
+        if not head or self.done:
+            return
+        inner = self.factory.choose(head, self.member or "")
+        if inner is None:
+            return  # needs more bytes
+        if inner is False:
+            log.warn("cluster member {member} at {peer} spoke an unknown protocol", member=self.member,
+                     peer=self._peer())
+            self.done = True
+            self.transport.abortConnection()
+            return
+        self.inner = inner
+        self.early.clear()
+        inner.makeConnection(self.transport)
+        inner.dataReceived(head)
+
+    def connectionLost(self, reason: Any) -> None:
+        if self.inner is not None:
+            self.inner.connectionLost(reason)
+        elif self.member is None and not self.done:
+            # The handshake failed (no certificate, another CA, expired):
+            # OpenSSL's words; the verify callback logged the details.
+            log.warn("cluster peer {peer} failed TLS: {reason}", peer=self._peer(), reason=_describe(reason),
+                     event="cluster_peer_refused")
+
+
+class GateFactory(protocol.Factory):
+    """Accepts members: wrap in :meth:`tls_factory` for the listener."""
+
+    def __init__(self, authorize: Authorize, choose: Choose, role: str = "gateway") -> None:
+        self.authorize, self.choose, self.role = authorize, choose, role
+
+    def buildProtocol(self, addr: Any) -> _ServerGate:
+        gate = _ServerGate(self)
+        gate.factory = self
+        return gate
+
+    def tls_factory(self, tls: ClusterTLS) -> TLSMemoryBIOFactory:
+        return TLSMemoryBIOFactory(tls.server(), False, self)

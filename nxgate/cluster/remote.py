@@ -1,0 +1,206 @@
+"""The session API of another member, as a gateway uses it.
+
+:class:`RemoteNode` implements :class:`nxgate.sessions.api.SessionAPI` by
+sending every call over AMP (:mod:`nxgate.cluster.protocol`) to the named
+member's local session service, over the mutually authenticated TLS of
+:mod:`nxgate.cluster.connection`.  Its answers and refusals are the
+node's own (a SessionError keeps its kind and words).  A Ready's stream is
+marked with the node's name and address, so the relay goes there
+(:mod:`nxgate.cluster.stream`).
+
+One connection per member, made at the first call and again at the next
+call after it broke; a member that cannot be reached fails the call with
+``Kind.UNAVAILABLE`` and a sentence naming it, and the log says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any
+
+from twisted.internet import defer
+from twisted.logger import Logger
+from twisted.protocols import amp
+
+from nxgate.cluster import protocol as wire
+from nxgate.cluster.connection import dial
+from nxgate.cluster.tls import ClusterTLS
+from nxgate.sessions.caller import Caller
+from nxgate.sessions.errors import Kind, SessionError
+from nxgate.sessions.requests import RestoreRequest, ShadowRequest, StartRequest
+from nxgate.sessions.results import (Listing, Progress, ProgressCallback, Ready, ServiceStatus, SessionView,
+                                     ShadowTarget)
+
+log = Logger(namespace="nxgate.cluster.remote")
+
+
+class _GatewayAMP(amp.AMP):
+    """The gateway's end of one member connection: hears Progress boxes."""
+
+    def __init__(self, node: RemoteNode) -> None:
+        super().__init__()
+        self.node = node
+
+    @wire.Progress.responder
+    def progress(self, call: int, progress: str) -> dict[str, Any]:
+        callback = self.node.progress_callbacks.get(call)
+        if callback is not None:
+            try:
+                callback(Progress(progress))
+            except ValueError:
+                log.warn("member {name} sent an unknown progress {progress!r}", name=self.node.name, progress=progress)
+        return {}
+
+    def connectionLost(self, reason: Any) -> None:
+        super().connectionLost(reason)
+        self.node.lost(self)
+
+
+class RemoteNode:
+    """Member ``name`` at ``address`` (``host:port``) as a SessionAPI."""
+
+    def __init__(self, reactor: Any, tls: ClusterTLS, name: str, address: str) -> None:
+        self.reactor, self.tls, self.name, self.address = reactor, tls, name, address
+        self.connection: _GatewayAMP | None = None
+        self.connecting: defer.Deferred[_GatewayAMP] | None = None
+        self.waiting: list[defer.Deferred[_GatewayAMP]] = []
+        self.progress_callbacks: dict[int, ProgressCallback] = {}
+        self.calls = itertools.count(1)
+
+    def __repr__(self) -> str:
+        return f"RemoteNode({self.name!r}, {self.address!r})"
+
+    # ----------------------------------------------------- SessionAPI
+    async def start(self, caller: Caller, request: StartRequest) -> Ready:
+        return self._at_node(await self._call("start", caller, request))
+
+    async def start_for_later(self, caller: Caller, session_type: str, name: str) -> SessionView:
+        return await self._call("start_for_later", caller, session_type, name)
+
+    async def restore(self, caller: Caller, request: RestoreRequest) -> Ready:
+        return self._at_node(await self._call("restore", caller, request))
+
+    async def attach_shadow(self, caller: Caller, request: ShadowRequest,
+                            progress: ProgressCallback = lambda progress: None) -> Ready:
+        return self._at_node(await self._call("attach_shadow", caller, request, progress=progress))
+
+    async def suspend(self, caller: Caller, session_id: str) -> SessionView:
+        return await self._call("suspend", caller, session_id)
+
+    async def terminate(self, caller: Caller, session_id: str, reason: str = "user request") -> SessionView:
+        return await self._call("terminate", caller, session_id, reason)
+
+    async def rename(self, caller: Caller, session_id: str, name: str) -> SessionView:
+        return await self._call("rename", caller, session_id, name)
+
+    async def list(self, caller: Caller) -> Listing:
+        return await self._call("list", caller)
+
+    async def show(self, caller: Caller, session_id: str) -> SessionView:
+        return await self._call("show", caller, session_id)
+
+    async def shadow_targets(self, caller: Caller) -> tuple[ShadowTarget, ...]:
+        return await self._call("shadow_targets", caller)
+
+    async def status(self, caller: Caller) -> ServiceStatus:
+        return await self._call("status", caller)
+
+    async def set_draining(self, caller: Caller, on: bool) -> bool:
+        return await self._call("set_draining", caller, on)
+
+    # ------------------------------------------------------------ wire
+    def _at_node(self, ready: Ready) -> Ready:
+        if ready.stream is None:
+            return ready
+        return dataclasses.replace(ready, stream=dataclasses.replace(ready.stream, node=self.name,
+                                                                     address=self.address))
+
+    def _unavailable(self, why: str) -> SessionError:
+        log.warn("cluster member {name} at {address} cannot be reached: {why}", name=self.name,
+                 address=self.address, why=why, event="cluster_member_unreachable")
+        return SessionError(Kind.UNAVAILABLE, f"The session node {self.name} cannot be reached; try again later.")
+
+    async def _call(self, method: str, *arguments: Any, progress: ProgressCallback | None = None) -> Any:
+        connection = await self._connection()
+        call = next(self.calls)
+        if progress is not None:
+            self.progress_callbacks[call] = progress
+        try:
+            answer = await connection.callRemote(wire.Call, call=call, method=method,
+                                                 arguments=wire.encode_arguments(method, arguments))
+        except amp.RemoteAmpError as error:
+            log.error("member {name} failed {method}: {error}", name=self.name, method=method, error=str(error))
+            raise SessionError(Kind.INTERNAL, "Internal error on the session node.") from None
+        except Exception as error:  # the connection broke during the call
+            raise self._unavailable(f"{method}: {error}") from None
+        finally:
+            self.progress_callbacks.pop(call, None)
+        try:
+            return wire.decode_outcome(method, answer["outcome"])
+        except (ValueError, TypeError, KeyError) as error:
+            log.error("member {name} answered {method} with something this gateway cannot read: {error}",
+                      name=self.name, method=method, error=str(error))
+            raise SessionError(Kind.INTERNAL, "Internal error: the session node's answer was unreadable.") from None
+
+    async def _connection(self) -> _GatewayAMP:
+        if self.connection is not None:
+            return self.connection
+        waiter: defer.Deferred[_GatewayAMP] = defer.Deferred()
+        self.waiting.append(waiter)
+        if self.connecting is None:
+            self.connecting = dial(self.reactor, self.tls, self.name, self.address, _GatewayAMP(self))
+            self.connecting.addCallbacks(self._connected, self._not_connected)
+        try:
+            return await waiter
+        except SessionError:
+            raise
+        except Exception as error:
+            raise self._unavailable(str(error)) from None
+
+    def _connected(self, connection: _GatewayAMP) -> None:
+        self.connecting = None
+        self.connection = connection
+        log.info("connected to cluster member {name} at {address}", name=self.name, address=self.address)
+        waiting, self.waiting = self.waiting, []
+        for waiter in waiting:
+            waiter.callback(connection)
+
+    def _not_connected(self, failure: Any) -> None:
+        self.connecting = None
+        waiting, self.waiting = self.waiting, []
+        error = self._unavailable(failure.getErrorMessage())
+        for waiter in waiting:
+            waiter.errback(error)
+
+    def lost(self, connection: _GatewayAMP) -> None:
+        """The connection broke: the next call dials again."""
+        if self.connection is connection:
+            self.connection = None
+            log.info("connection to cluster member {name} closed", name=self.name)
+
+    def close(self) -> None:
+        if self.connection is not None:
+            self.connection.transport.loseConnection()
+
+
+class RemoteNodes:
+    """One :class:`RemoteNode` per member, by name."""
+
+    def __init__(self, config: Any, reactor: Any, tls: ClusterTLS | None = None) -> None:
+        self.reactor = reactor
+        self.tls = tls or ClusterTLS.from_config(config.cluster)
+        self.nodes: dict[str, RemoteNode] = {}
+
+    def get(self, name: str, address: str) -> RemoteNode:
+        """The member ``name``; a changed address (the member moved) starts afresh."""
+        node = self.nodes.get(name)
+        if node is None or node.address != address:
+            if node is not None:
+                node.close()
+            node = self.nodes[name] = RemoteNode(self.reactor, self.tls, name, address)
+        return node
+
+    def close(self) -> None:
+        for node in self.nodes.values():
+            node.close()

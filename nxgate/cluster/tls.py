@@ -1,0 +1,258 @@
+"""Mutually authenticated TLS between cluster members.
+
+Every member holds a certificate signed by the cluster CA whose DNS
+subjectAltName is its ``[cluster] name``.  Both ends of every connection
+present theirs and OpenSSL checks it against the CA (and its dates); what a
+peer *is* then comes from its certificate only, never from anything it says
+on the wire:
+
+* the dialling side names the member it wants (:meth:`ClusterTLS.client`)
+  and service_identity checks the certificate names exactly it;
+* the accepting side reads the names out of the verified certificate
+  (:func:`peer_names`) and decides whether one is a member it serves.
+
+Wildcard names are refused: one certificate must not speak for several
+members.  TLS 1.3 only: both ends are ours.
+
+:func:`make_ca` and :func:`make_cert` are for admins without a PKI of their
+own (``nxgate-admin cluster ca|cert``); certificates made with openssl work
+the same as long as they carry the member's name as a DNS subjectAltName.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from OpenSSL import SSL, crypto
+from service_identity import CertificateError, VerificationError
+from service_identity.hazmat import DNSPattern
+from service_identity.pyopenssl import extract_patterns, verify_hostname
+from twisted.internet.interfaces import IOpenSSLClientConnectionCreator, IOpenSSLServerConnectionCreator
+from twisted.logger import Logger
+from zope.interface import implementer
+
+log = Logger(namespace="nxgate.cluster.tls")
+
+CA_CERT, CA_KEY = "ca.pem", "ca.key"
+CA_DAYS, CERT_DAYS = 3650, 825
+
+#: X509_V_ERR_* numbers worth a sentence in the log (the rest: the number).
+_VERIFY_ERRORS = {
+    2: "its issuer is not the cluster CA",
+    9: "it is not valid yet",
+    10: "it has expired",
+    18: "it is self-signed, not signed by the cluster CA",
+    19: "its chain ends in a CA that is not the cluster CA",
+    20: "it is not signed by the cluster CA",
+    21: "it is not signed by the cluster CA",
+    26: "it may not be used for this purpose",
+}
+
+
+class PeerRefused(Exception):
+    """A peer's verified certificate does not name the member we need."""
+
+
+def describe_verify_error(errno: int) -> str:
+    return _VERIFY_ERRORS.get(errno, f"OpenSSL verify error {errno}")
+
+
+def _peer_address(connection: SSL.Connection) -> str:
+    protocol = connection.get_app_data()
+    try:
+        peer = protocol.transport.getPeer()
+        return f"{peer.host}:{peer.port}"
+    except AttributeError:
+        return "?"
+
+
+def _verify(connection: SSL.Connection, certificate: crypto.X509, errno: int, depth: int, ok: int) -> bool:
+    """OpenSSL's verdict, logged with the reason when it is no."""
+    if not ok:
+        subject = certificate.get_subject().CN or "-"
+        log.warn("refused a cluster peer's certificate from {peer}: {reason} (subject CN {subject}, depth {depth})",
+                 peer=_peer_address(connection), reason=describe_verify_error(errno), subject=subject, depth=depth,
+                 errno=errno, event="cluster_peer_refused")
+    return bool(ok)
+
+
+def _context(ca: str, certificate: str, key: str) -> SSL.Context:
+    context = SSL.Context(SSL.TLS_METHOD)
+    context.set_min_proto_version(SSL.TLS1_3_VERSION)
+    context.set_options(SSL.OP_NO_TICKET | SSL.OP_NO_COMPRESSION)
+    context.use_certificate_chain_file(certificate.encode())
+    context.use_privatekey_file(key.encode())
+    context.check_privatekey()
+    context.load_verify_locations(ca.encode())
+    context.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT, _verify)
+    return context
+
+
+def peer_names(connection: SSL.Connection) -> frozenset[str]:
+    """The DNS names in the verified peer certificate of ``connection``
+    (empty if none, or if one is a wildcard)."""
+    certificate = connection.get_peer_certificate()
+    if certificate is None:
+        return frozenset()
+    try:
+        patterns = extract_patterns(certificate)
+    except CertificateError:
+        return frozenset()
+    names = [p.pattern.decode("ascii") for p in patterns if isinstance(p, DNSPattern)]
+    if any("*" in name for name in names):
+        return frozenset()
+    return frozenset(names)
+
+
+@implementer(IOpenSSLClientConnectionCreator)
+class _ClientCreator:
+    def __init__(self, context: SSL.Context, name: str) -> None:
+        self.context = context
+        self.name = name
+
+    def clientConnectionForTLS(self, tls_protocol: Any) -> SSL.Connection:
+        connection = SSL.Connection(self.context, None)
+        connection.set_app_data(tls_protocol)
+        connection.set_connect_state()
+        connection.set_tlsext_host_name(self.name.encode("ascii"))
+        return connection
+
+
+@implementer(IOpenSSLServerConnectionCreator)
+class _ServerCreator:
+    def __init__(self, context: SSL.Context) -> None:
+        self.context = context
+
+    def serverConnectionForTLS(self, tls_protocol: Any) -> SSL.Connection:
+        connection = SSL.Connection(self.context, None)
+        connection.set_app_data(tls_protocol)  # for the verify callback's log line
+        return connection
+
+
+@dataclass
+class ClusterTLS:
+    """This member's TLS credentials, loaded once (the files are read at
+    start; a new certificate needs a restart, like every [cluster] change)."""
+
+    name: str
+    server_context: SSL.Context
+    client_context: SSL.Context
+
+    @classmethod
+    def load(cls, name: str, ca: str, certificate: str, key: str) -> ClusterTLS:
+        """Raises OSError / SSL.Error with OpenSSL's words if a file is unusable."""
+        return cls(name, _context(ca, certificate, key), _context(ca, certificate, key))
+
+    @classmethod
+    def from_config(cls, cluster: Any) -> ClusterTLS:
+        return cls.load(cluster.name, cluster.ca, cluster.certificate, cluster.key)
+
+    def server(self) -> _ServerCreator:
+        return _ServerCreator(self.server_context)
+
+    def client(self, name: str) -> _ClientCreator:
+        """For dialling member ``name``: check :func:`check_server` after the handshake."""
+        return _ClientCreator(self.client_context, name)
+
+
+def check_server(connection: SSL.Connection, expected: str) -> None:
+    """After the handshake on the dialling side: the certificate must name
+    ``expected`` (service_identity), else :class:`PeerRefused`."""
+    if any("*" in name for name in _all_dns(connection)):
+        raise PeerRefused(f"its certificate has a wildcard name, not {expected}")
+    try:
+        verify_hostname(connection, expected)
+    except (VerificationError, CertificateError) as error:
+        names = ", ".join(sorted(_all_dns(connection))) or "no DNS name"
+        raise PeerRefused(f"its certificate names {names}, not {expected}") from error
+
+
+def _all_dns(connection: SSL.Connection) -> list[str]:
+    certificate = connection.get_peer_certificate()
+    if certificate is None:
+        return []
+    try:
+        return [p.pattern.decode("ascii") for p in extract_patterns(certificate) if isinstance(p, DNSPattern)]
+    except CertificateError:
+        return []
+
+
+# ------------------------------------------------------- making certificates
+def _write(path: str, data: bytes, mode: int) -> None:
+    """Write ``data`` to a new file created with ``mode`` (never widened first)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "nxgate cluster"),
+                      x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def make_ca(directory: str) -> tuple[str, str]:
+    """A new cluster CA in ``directory`` (made 0700): ``ca.pem`` (give it to
+    every member) and ``ca.key`` (0600; keep it off the members).  Refuses
+    to overwrite an existing CA."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (
+        x509.CertificateBuilder().subject_name(_name("nxgate cluster CA")).issuer_name(_name("nxgate cluster CA"))
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=CA_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
+                                     data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                                     crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256()))
+    key_path, cert_path = os.path.join(directory, CA_KEY), os.path.join(directory, CA_CERT)
+    _write(key_path, _key_pem(key), 0o600)
+    _write(cert_path, certificate.public_bytes(serialization.Encoding.PEM), 0o644)
+    return cert_path, key_path
+
+
+def make_cert(name: str, ca_dir: str, out_dir: str | None = None, *, days: int = CERT_DAYS,
+              valid_from: datetime.datetime | None = None) -> tuple[str, str]:
+    """``NAME.pem`` and ``NAME.key`` (0600) in ``out_dir`` (default: the
+    CA's directory): a member certificate naming ``name`` as its DNS
+    subjectAltName, for both ends of a connection, signed by the CA in
+    ``ca_dir``.  ``valid_from``/``days`` exist for tests of expired ones."""
+    from nxgate.config import member_name
+
+    member_name(name)  # ValueError with the rule if it is not a DNS name
+    out_dir = out_dir or ca_dir
+    with open(os.path.join(ca_dir, CA_CERT), "rb") as handle:
+        ca_cert = x509.load_pem_x509_certificate(handle.read())
+    with open(os.path.join(ca_dir, CA_KEY), "rb") as handle:
+        ca_key = serialization.load_pem_private_key(handle.read(), password=None)
+    os.makedirs(out_dir, mode=0o700, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    start = valid_from or datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=5)
+    certificate = (
+        x509.CertificateBuilder().subject_name(_name(name)).issuer_name(ca_cert.subject)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(start).not_valid_after(start + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                       critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256()))
+    key_path, cert_path = os.path.join(out_dir, f"{name}.key"), os.path.join(out_dir, f"{name}.pem")
+    _write(key_path, _key_pem(key), 0o600)
+    _write(cert_path, certificate.public_bytes(serialization.Encoding.PEM), 0o644)
+    return cert_path, key_path

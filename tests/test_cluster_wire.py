@@ -1,0 +1,498 @@
+"""The wire between cluster members (issue 13): the serialiser, AMP over
+mutually authenticated TLS with real certificates (made by nxgate-admin
+cluster and by openssl), refusals, and the session stream."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+
+from twisted.internet import defer, endpoints, protocol, reactor
+from twisted.internet.task import deferLater
+from twisted.logger import globalLogPublisher
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+
+from nxgate.cluster import protocol as wire
+from nxgate.cluster import tls
+from nxgate.cluster.node_server import choose
+from nxgate.cluster.connection import GateFactory
+from nxgate.cluster.remote import RemoteNode, RemoteNodes
+from nxgate.cluster.stream import RemoteStreams
+from nxgate.doors.admin.cli import main as admin_main
+from nxgate.sessions.caller import Caller
+from nxgate.sessions.errors import Kind, SessionError
+from nxgate.sessions.model import State
+from nxgate.sessions.requests import DisplaySettings, RemoteRequest, RestoreRequest, ShadowRequest, StartRequest
+from nxgate.sessions.results import (Listing, Progress, Ready, ServiceStatus, SessionView, ShadowTarget,
+                                     StreamTarget, UnknownSession)
+from nxgate.stream.relay import StreamRelay
+
+CALLER = Caller("alice", 1001, 1001, frozenset({"staff", "nxadmin"}), "10.0.0.9:4711 (claimed by uid 5)",
+                "10.0.0.1", "nx-conch", False)
+DISPLAY = DisplaySettings("1024x768", True, 16, False, "pc105/de", "adsl", "32M", "128M", "none", "linux", False)
+VIEW = SessionView(
+    id="A" * 32, full_id="node-b-1001-" + "A" * 32, user="alice", type="unix-console", name="work", display=1001,
+    state=State.RUNNING, geometry="1024x768", depth=24, render=True, fullscreen=False, rootless=True,
+    encrypted=True, client_address="10.0.0.9", created=1764790000.25, changed=1764790001.5, attached_before=True,
+    agent_pid=4242, failure="", node="node-b", program_pid=4343,
+    options={"for_later": True, "shadow": {"target": "B" * 32, "mode": "view"}})
+STREAM = StreamTarget("A" * 32, "/var/lib/nxgate/sessions/A/agent.sock", 1001)
+
+EXAMPLES = [
+    CALLER, DISPLAY, VIEW, STREAM,
+    Caller("bob"),
+    StartRequest("unix-application", "term", DISPLAY, True, False, ("xterm", "-e", "top"),
+                 (("session", "x"), ("cache", "8M")), None),
+    StartRequest("windows", "pc", DisplaySettings(), False, False,
+                 remote=RemoteRequest("pc.example", "bob", "DOM", "s3cret")),
+    RestoreRequest("A" * 32, DISPLAY, False),
+    ShadowRequest("B" * 32, DISPLAY, True),
+    Ready(VIEW, "c00k1e", True, STREAM),
+    Ready(VIEW, "c00k1e", False, None),
+    Ready(VIEW, "c", False, StreamTarget("A" * 32, "/p", 7, "node-b", "127.0.0.22:7022")),
+    Listing((VIEW, dataclasses.replace(VIEW, id="C" * 32, state=State.SUSPENDED)), True),
+    Listing((), False),
+    ShadowTarget("A" * 32, "alice", 1001, "work", "unix-console"),
+    ServiceStatus(True, 3, 1, (UnknownSession("D" * 32, "carol", 1003, 99),)),
+]
+
+
+def roundtrip(value):
+    return wire.decode(type(value), json.loads(json.dumps(wire.encode(value))))
+
+
+class SerialiserTests(SynchronousTestCase):
+    def test_every_vocabulary_type_comes_back_equal(self):
+        for value in EXAMPLES:
+            back = roundtrip(value)
+            self.assertEqual(back, value)
+            self.assertEqual(type(back), type(value))
+        self.assertEqual(roundtrip(VIEW).options, VIEW.options)  # compare=False: checked on its own
+        self.assertIs(roundtrip(VIEW).state, State.RUNNING)
+        self.assertIsInstance(roundtrip(CALLER).groups, frozenset)
+        self.assertIsInstance(roundtrip(EXAMPLES[5]).ignored[0], tuple)
+        self.assertEqual(roundtrip(EXAMPLES[6]).remote.password, "s3cret")
+
+    def test_method_signatures_come_from_the_session_api(self):
+        self.assertEqual(wire.METHODS, {"start", "start_for_later", "restore", "attach_shadow", "suspend",
+                                        "terminate", "rename", "list", "show", "shadow_targets", "status",
+                                        "set_draining"})
+        args = wire.encode_arguments("terminate", (CALLER, "A" * 32, "admin"))
+        self.assertEqual(wire.decode_arguments("terminate", json.loads(json.dumps(args))), [CALLER, "A" * 32, "admin"])
+        targets = (ShadowTarget("A" * 32, "alice", 1001, "w", "unix-console"),)
+        self.assertEqual(wire.decode_outcome("shadow_targets", {"ok": wire.encode(targets)}), targets)
+        self.assertIs(wire.decode_outcome("set_draining", {"ok": True}), True)
+
+    def test_errors_keep_kind_words_and_session(self):
+        error = SessionError(Kind.NOT_YOURS, "Could not find session X.", session_id="X")
+        with self.assertRaises(SessionError) as caught:
+            wire.decode_outcome("show", json.loads(json.dumps(wire.encode_error(error))))
+        self.assertEqual((caught.exception.kind, caught.exception.message, caught.exception.session_id),
+                         (Kind.NOT_YOURS, "Could not find session X.", "X"))
+        with self.assertRaises(SessionError) as caught:
+            wire.decode_outcome("show", {"error": {"kind": "from_the_future", "message": "m"}})
+        self.assertIs(caught.exception.kind, Kind.INTERNAL)
+
+    def test_bad_shapes_and_methods_are_refused(self):
+        for hint, data in ((Caller, ["alice"]), (int, "1"), (int, True), (State, "dancing"),
+                           (tuple[str, str], ["a"]), (StreamTarget, {"session_id": "x"})):
+            self.assertRaises((ValueError, TypeError, KeyError), wire.decode, hint, data)
+        self.assertRaises(ValueError, wire.decode_arguments, "stream_target", [])
+        self.assertRaises(ValueError, wire.decode_arguments, "show", [wire.encode(CALLER), "x", "y"])
+
+
+# --------------------------------------------------------------- TLS pairs
+class PKI:
+    """A cluster CA and member certificates, made as an admin would."""
+
+    def __init__(self, base):
+        self.base = base
+        self.ca = os.path.join(base, "ca")
+        self.assert_ok(admin_main(["cluster", "ca", self.ca]))
+
+    @staticmethod
+    def assert_ok(code):
+        assert code == 0, code
+
+    def member(self, name, **options):
+        out = os.path.join(self.base, "special" if options else "members")
+        if options:
+            tls.make_cert(name, self.ca, out, **options)
+        else:
+            self.assert_ok(admin_main(["cluster", "cert", name, "--ca", self.ca, "--out", out]))
+        return self.load(name, os.path.join(out, f"{name}.pem"), os.path.join(out, f"{name}.key"))
+
+    def load(self, name, cert, key):
+        return tls.ClusterTLS.load(name, os.path.join(self.ca, "ca.pem"), cert, key)
+
+
+def openssl_member(base, ca_dir, name, dns):
+    """A member certificate made with the openssl command line."""
+    key, csr, cert, ext = (os.path.join(base, f"{name}.{suffix}") for suffix in ("key", "csr", "pem", "ext"))
+    with open(ext, "w") as handle:
+        handle.write(f"subjectAltName=DNS:{dns}\nextendedKeyUsage=serverAuth,clientAuth\n")
+    run = lambda *argv: subprocess.run(argv, check=True, capture_output=True)  # noqa: E731
+    run("openssl", "req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", f"/CN={name}")
+    run("openssl", "x509", "-req", "-in", csr, "-CA", os.path.join(ca_dir, "ca.pem"), "-CAkey",
+        os.path.join(ca_dir, "ca.key"), "-CAcreateserial", "-out", cert, "-days", "30", "-extfile", ext)
+    return cert, key
+
+
+class FakeSessions:
+    """Stands in for SessionService: answers from canned values, records calls."""
+
+    def __init__(self):
+        self.calls = []
+        self.sessions = {}
+        self.targets = {}
+
+    async def start(self, caller, request):
+        self.calls.append(("start", caller, request))
+        return Ready(VIEW, "cookie", False, STREAM)
+
+    async def start_for_later(self, caller, session_type, name):
+        self.calls.append(("start_for_later", caller, session_type, name))
+        return VIEW
+
+    async def restore(self, caller, request):
+        self.calls.append(("restore", caller, request))
+        if request.session_id == "Z" * 32:
+            raise SessionError(Kind.NOT_YOURS, f"Could not find session {request.session_id}.",
+                               session_id=request.session_id)
+        return Ready(VIEW, "cookie", True, STREAM)
+
+    async def attach_shadow(self, caller, request, progress=lambda p: None):
+        progress(Progress.ASKING_OWNER)
+        await deferLater(reactor, 0.05, lambda: None)
+        return Ready(VIEW, "cookie", False, None)
+
+    async def suspend(self, caller, session_id):
+        return VIEW
+
+    async def terminate(self, caller, session_id, reason="user request"):
+        self.calls.append(("terminate", caller, session_id, reason))
+        return VIEW
+
+    async def rename(self, caller, session_id, name):
+        if not name:
+            raise SessionError(Kind.INVALID_REQUEST, "A session name must not be empty.")
+        return dataclasses.replace(VIEW, name=name)
+
+    async def list(self, caller):
+        return Listing(tuple(dataclasses.replace(VIEW, id=f"{n:032X}") for n in range(600)), False)
+
+    async def show(self, caller, session_id):
+        raise RuntimeError("a bug on the node")
+
+    async def shadow_targets(self, caller):
+        return (ShadowTarget("A" * 32, "alice", 1001, "work", "unix-console"),)
+
+    async def status(self, caller):
+        return ServiceStatus(False, 1, 0, ())
+
+    async def set_draining(self, caller, on):
+        return on
+
+    def stream_target(self, session):
+        return self.targets.get(session.id)
+
+
+class LogCatcher:
+    def __init__(self, case):
+        self.events = []
+        globalLogPublisher.addObserver(self.events.append)
+        case.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+
+    def refusals(self):
+        return [e for e in self.events if e.get("event") == "cluster_peer_refused"]
+
+
+class WireTests(TestCase):
+    """AMP and streams over real TLS on the loopback interface."""
+
+    def setUp(self):
+        self.addCleanup(deferLater, reactor, 0.2, lambda: None)  # last: closing connections finish
+        self.base = os.path.abspath(self.mktemp())
+        os.makedirs(self.base)
+        self.pki = PKI(self.base)
+        self.node_tls = self.pki.member("node-b")
+        self.gateway_tls = self.pki.member("gw-a")
+        self.sessions = FakeSessions()
+        self.authorized = {"gw-a"}
+        self.log = LogCatcher(self)
+
+    def authorize(self, names):
+        known = names & self.authorized
+        return next(iter(known)) if len(known) == 1 else None
+
+    @defer.inlineCallbacks
+    def listen(self, node_tls=None):
+        factory = GateFactory(self.authorize, choose(reactor, self.sessions)).tls_factory(node_tls or self.node_tls)
+        port = yield endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(factory)
+        self.addCleanup(port.stopListening)
+        return port
+
+    def remote(self, port, gateway_tls=None, name="node-b"):
+        node = RemoteNode(reactor, gateway_tls or self.gateway_tls, name, f"127.0.0.1:{port.getHost().port}")
+        self.addCleanup(node.close)
+        return node
+
+    @defer.inlineCallbacks
+    def test_every_call_goes_to_the_node_and_back(self):
+        node = self.remote((yield self.listen()))
+        request = EXAMPLES[6]
+        ready = yield defer.ensureDeferred(node.start(CALLER, request))
+        self.assertEqual(self.sessions.calls[0], ("start", CALLER, request))  # the password too, over TLS
+        self.assertEqual(ready.view, VIEW)
+        self.assertEqual(ready.cookie, "cookie")
+        self.assertEqual(ready.stream, dataclasses.replace(STREAM, node="node-b", address=node.address))
+        restored = yield defer.ensureDeferred(node.restore(CALLER, EXAMPLES[7]))
+        self.assertTrue(restored.resumed)
+        seen = []
+        shadow = yield defer.ensureDeferred(node.attach_shadow(CALLER, EXAMPLES[8], seen.append))
+        self.assertEqual(seen, [Progress.ASKING_OWNER])
+        self.assertIsNone(shadow.stream)
+        self.assertEqual((yield defer.ensureDeferred(node.start_for_later(CALLER, "unix-console", "n"))), VIEW)
+        self.assertEqual((yield defer.ensureDeferred(node.suspend(CALLER, "A" * 32))), VIEW)
+        yield defer.ensureDeferred(node.terminate(CALLER, "A" * 32))
+        self.assertEqual(self.sessions.calls[-1], ("terminate", CALLER, "A" * 32, "user request"))
+        self.assertEqual((yield defer.ensureDeferred(node.rename(CALLER, "A" * 32, "new"))).name, "new")
+        listing = yield defer.ensureDeferred(node.list(CALLER))  # ~600 KB of JSON: more than one AMP value
+        self.assertEqual(len(listing.sessions), 600)
+        self.assertEqual(listing.sessions[599].id, f"{599:032X}")
+        self.assertEqual((yield defer.ensureDeferred(node.shadow_targets(CALLER)))[0].owner, "alice")
+        self.assertEqual((yield defer.ensureDeferred(node.status(CALLER))), ServiceStatus(False, 1, 0, ()))
+        self.assertIs((yield defer.ensureDeferred(node.set_draining(CALLER, True))), True)
+
+    @defer.inlineCallbacks
+    def test_refusals_keep_their_kind_and_a_node_bug_is_internal(self):
+        node = self.remote((yield self.listen()))
+        error = yield self.assertFailure(defer.ensureDeferred(node.restore(CALLER, RestoreRequest("Z" * 32, DISPLAY, True))),
+                                         SessionError)
+        self.assertEqual((error.kind, error.message, error.session_id),
+                         (Kind.NOT_YOURS, f"Could not find session {'Z' * 32}.", "Z" * 32))
+        error = yield self.assertFailure(defer.ensureDeferred(node.rename(CALLER, "A" * 32, "")), SessionError)
+        self.assertEqual(error.kind, Kind.INVALID_REQUEST)
+        error = yield self.assertFailure(defer.ensureDeferred(node.show(CALLER, "A" * 32)), SessionError)
+        self.assertEqual(error.kind, Kind.INTERNAL)
+        self.flushLoggedErrors(RuntimeError)
+
+    @defer.inlineCallbacks
+    def test_an_unreachable_member_is_unavailable_and_the_next_call_reconnects(self):
+        port = yield self.listen()
+        number = port.getHost().port
+        yield port.stopListening()
+        node = RemoteNode(reactor, self.gateway_tls, "node-b", f"127.0.0.1:{number}")
+        self.addCleanup(node.close)
+        error = yield self.assertFailure(defer.ensureDeferred(node.status(CALLER)), SessionError)
+        self.assertEqual(error.kind, Kind.UNAVAILABLE)
+        self.assertIn("node-b", error.message)
+        self.assertTrue([e for e in self.log.events if e.get("event") == "cluster_member_unreachable"])
+        factory = GateFactory(self.authorize, choose(reactor, self.sessions)).tls_factory(self.node_tls)
+        again = yield endpoints.serverFromString(reactor, f"tcp:{number}:interface=127.0.0.1").listen(factory)
+        self.addCleanup(again.stopListening)
+        self.assertEqual((yield defer.ensureDeferred(node.status(CALLER))), ServiceStatus(False, 1, 0, ()))
+        # The node goes away during the connection's life: the next call dials again.
+        node.connection.transport.abortConnection()
+        yield deferLater(reactor, 0.05, lambda: None)
+        self.assertIs((yield defer.ensureDeferred(node.set_draining(CALLER, False))), False)
+
+    @defer.inlineCallbacks
+    def test_remote_nodes_keeps_one_per_member(self):
+        nodes = RemoteNodes(None, reactor, self.gateway_tls)
+        self.assertIs(nodes.get("node-b", "127.0.0.1:1"), nodes.get("node-b", "127.0.0.1:1"))
+        self.assertIsNot(nodes.get("node-b", "127.0.0.1:1"), nodes.get("node-b", "127.0.0.1:2"))
+        yield None
+
+    @defer.inlineCallbacks
+    def assert_refused(self, node, reason_words):
+        error = yield self.assertFailure(defer.ensureDeferred(node.status(CALLER)), SessionError)
+        self.assertEqual(error.kind, Kind.UNAVAILABLE)
+        yield deferLater(reactor, 0.1, lambda: None)
+        self.assertEqual(self.sessions.calls, [])
+        reasons = " | ".join(e.get("reason", "") for e in self.log.refusals())
+        self.assertIn(reason_words, reasons)
+
+    @defer.inlineCallbacks
+    def test_a_gateway_with_a_certificate_of_another_ca_is_refused(self):
+        port = yield self.listen()
+        other = PKI(os.path.join(self.base, "other"))
+        yield self.assert_refused(self.remote(port, other.member("gw-a")), "not the cluster CA")
+
+    @defer.inlineCallbacks
+    def test_a_node_with_a_certificate_of_another_ca_is_refused_by_the_gateway(self):
+        other = PKI(os.path.join(self.base, "other"))
+        port = yield self.listen(other.member("node-b"))
+        yield self.assert_refused(self.remote(port), "not the cluster CA")
+
+    @defer.inlineCallbacks
+    def test_an_expired_certificate_is_refused(self):
+        port = yield self.listen()
+        old = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=10)
+        expired = self.pki.member("gw-a", valid_from=old, days=1)
+        yield self.assert_refused(self.remote(port, expired), "it has expired")
+
+    @defer.inlineCallbacks
+    def test_a_node_naming_another_member_is_refused(self):
+        port = yield self.listen(self.pki.member("node-c"))
+        yield self.assert_refused(self.remote(port, name="node-b"), "names node-c, not node-b")
+
+    @defer.inlineCallbacks
+    def test_a_peer_that_is_no_gateway_is_refused(self):
+        port = yield self.listen()
+        yield self.assert_refused(self.remote(port, self.pki.member("node-c")),
+                                  "names node-c, not a member with role gateway")
+
+    @defer.inlineCallbacks
+    def test_a_peer_without_a_certificate_is_refused(self):
+        from OpenSSL import SSL
+        from twisted.internet import ssl
+        from twisted.protocols.tls import TLSMemoryBIOFactory
+
+        port = yield self.listen()
+        context = SSL.Context(SSL.TLS_METHOD)
+        context.load_verify_locations(os.path.join(self.pki.ca, "ca.pem").encode())
+        closed = defer.Deferred()
+
+        class Probe(protocol.Protocol):
+            def connectionMade(self):
+                self.transport.write(b"\x00\x04xxxx")
+
+            def connectionLost(self, reason):
+                closed.callback(reason.getErrorMessage())
+
+        creator = ssl.optionsForClientTLS("node-b", trustRoot=ssl.Certificate.loadPEM(
+            open(os.path.join(self.pki.ca, "ca.pem"), "rb").read()))
+        factory = TLSMemoryBIOFactory(creator, True, protocol.Factory.forProtocol(Probe))
+        yield endpoints.TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port).connect(factory)
+        why = yield closed
+        self.assertIn("certificate required", why)
+        yield deferLater(reactor, 0.05, lambda: None)
+        self.assertEqual(self.sessions.calls, [])
+        self.assertTrue(self.log.refusals(), "the refusal is logged")
+
+    @defer.inlineCallbacks
+    def test_openssl_made_certificates_work(self):
+        cert, key = openssl_member(self.base, self.pki.ca, "gw-openssl", "gw-a")
+        port = yield self.listen()
+        node = self.remote(port, self.pki.load("gw-a", cert, key))
+        self.assertEqual((yield defer.ensureDeferred(node.status(CALLER))), ServiceStatus(False, 1, 0, ()))
+
+    def test_keys_are_private(self):
+        out = os.path.join(self.base, "members")
+        for name in ("node-b.key", "gw-a.key"):
+            self.assertEqual(stat.S_IMODE(os.stat(os.path.join(out, name)).st_mode), 0o600)
+        self.assertEqual(stat.S_IMODE(os.stat(os.path.join(self.pki.ca, "ca.key")).st_mode), 0o600)
+        self.assertEqual(admin_main(["cluster", "cert", "node-b", "--ca", self.pki.ca, "--out", out]), 1)
+
+    # --------------------------------------------------------- streams
+    def agent(self, session_id="A" * 32):
+        """An echoing 'agent' on a Unix socket, and the session that owns it."""
+        short = tempfile.mkdtemp(prefix="nxcw")  # Unix socket paths are short
+        self.addCleanup(shutil.rmtree, short, True)
+        path = os.path.join(short, "agent.sock")
+
+        class Echo(protocol.Protocol):
+            def dataReceived(self, data):
+                self.transport.write(data.upper())
+
+        port = reactor.listenUNIX(path, protocol.Factory.forProtocol(Echo))
+        self.addCleanup(port.stopListening)
+        session = dataclasses.make_dataclass("S", [("id", str), ("state", State)])(session_id, State.RUNNING)
+        self.sessions.sessions[session_id] = session
+        self.sessions.targets[session_id] = StreamTarget(session_id, path, os.getuid())
+        return StreamTarget(session_id, "(the node's)", -1, "node-b", "")
+
+    @defer.inlineCallbacks
+    def test_the_relay_reaches_an_agent_on_another_member(self):
+        port = yield self.listen()
+        target = dataclasses.replace(self.agent(), address=f"127.0.0.1:{port.getHost().port}")
+        channel = FakeChannel()
+        relay = StreamRelay(reactor, CALLER, target, channel, b"hello ", RemoteStreams(reactor, self.gateway_tls))
+        relay.write(b"world")
+        yield channel.wait_for(b"HELLO WORLD")
+        relay.close()
+        yield deferLater(reactor, 0.05, lambda: None)
+
+    @defer.inlineCallbacks
+    def test_a_stream_for_an_unknown_session_is_refused(self):
+        port = yield self.listen()
+        target = StreamTarget("F" * 32, "", -1, "node-b", f"127.0.0.1:{port.getHost().port}")
+        channel = FakeChannel()
+        StreamRelay(reactor, CALLER, target, channel, b"", RemoteStreams(reactor, self.gateway_tls))
+        yield channel.closed
+        self.assertTrue([e for e in self.log.events if "no live encrypted session" in str(e.get("why", ""))])
+
+    @defer.inlineCallbacks
+    def test_a_relay_without_cluster_credentials_fails_cleanly(self):
+        channel = FakeChannel()
+        StreamRelay(reactor, CALLER, StreamTarget("A" * 32, "", -1, "node-b", "127.0.0.1:1"), channel, b"")
+        yield channel.closed
+
+    @defer.inlineCallbacks
+    def test_the_openssh_door_gets_a_socket_to_the_remote_agent(self):
+        port = yield self.listen()
+        target = dataclasses.replace(self.agent(), address=f"127.0.0.1:{port.getHost().port}")
+        got = defer.Deferred()
+        RemoteStreams(reactor, self.gateway_tls).connect_socket(target, lambda sock, error: got.callback((sock, error)))
+        sock, error = yield got
+        self.assertEqual(error, "")
+        sock.sendall(b"abc")
+        data = yield defer.ensureDeferred(read_some(sock))
+        self.assertEqual(data, b"ABC")
+        sock.close()
+
+
+async def read_some(sock):
+    sock.setblocking(False)
+    for _ in range(100):
+        try:
+            data = sock.recv(100)
+            if data:
+                return data
+        except BlockingIOError:
+            pass
+        await deferLater(reactor, 0.02, lambda: None)
+    raise AssertionError("nothing came back")
+
+
+class FakeChannel:
+    """The client's SSH channel as the relay sees it."""
+
+    def __init__(self):
+        self.data = b""
+        self.closed = defer.Deferred()
+        self.paused = False
+        self.waiting = None
+
+    def write(self, data):
+        self.data += data
+        if self.waiting and self.waiting[0] in self.data:
+            self.waiting[1].callback(None)
+            self.waiting = None
+
+    def wait_for(self, expected):
+        d = defer.Deferred()
+        if expected in self.data:
+            d.callback(None)
+        else:
+            self.waiting = (expected, d)
+        return d
+
+    def close(self):
+        if not self.closed.called:
+            self.closed.callback(None)
+
+    def pause_input(self):
+        self.paused = True
+
+    def resume_input(self):
+        self.paused = False
+
+
