@@ -102,6 +102,8 @@ class Gateway(service.MultiService):
         self.sessions = SessionService(reactor, config, None, self.layout, blocking=in_thread(reactor),
                                        async_store=self.store)
         self.sessions.setServiceParent(self)
+        # A cluster member writes its heartbeat to the shared store (nodes, drain --node).
+        self.membership = self._membership() if config.cluster else None
         self.shadow = self.sessions.shadow = ShadowService(self.sessions, config, self.blocking, self.users)
         self.commands = NXDispatcher(self.sessions)
         self.shell_settings = shell_settings(config)
@@ -117,6 +119,14 @@ class Gateway(service.MultiService):
             if not metrics.available():
                 raise RuntimeError("[metrics] listen is set but prometheus-client is not installed")
             strports.service(config.metrics.listen, Site(metrics.resource(self.sessions))).setServiceParent(self)
+
+    def _membership(self) -> Any:
+        from nxgate.cluster.membership import Membership
+
+        membership = Membership(self.config, self.store, self.reactor,
+                                lambda: sum(1 for s in self.sessions.sessions.values() if s.state.live))
+        membership.setServiceParent(self)
+        return membership
 
     def _cluster_wire(self, cluster: Any) -> Any:
         """Issue 13's wire (cluster-wire): this member's TLS credentials, the

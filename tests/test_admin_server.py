@@ -70,7 +70,7 @@ class AdminErrorTests(TestCase):
 
 #: The arguments each admin command takes; a new command fails the test below until it is listed here.
 ARGS = {"status": {}, "sessions": {}, "show": {"id": MISSING}, "terminate": {"id": MISSING},
-        "suspend": {"id": MISSING}, "drain": {"on": True}, "reload": {}}
+        "suspend": {"id": MISSING}, "drain": {"on": True}, "reload": {}, "nodes": {}}
 
 
 class Refusing:
@@ -88,6 +88,7 @@ class Refusing:
 class RefusingGateway:
     def __init__(self, error):
         self.sessions = Refusing(error)
+        self.membership = Refusing(error)
         self.config = None
         self.started = 0.0
         self.error = error

@@ -68,7 +68,7 @@ class SessionView:
             render=session.render, fullscreen=session.fullscreen, rootless=session.rootless,
             encrypted=session.encrypted, client_address=session.client_address, created=session.created,
             changed=session.changed, attached_before=session.ever_attached, agent_pid=session.agent_pid,
-            failure=session.failure, node=session.server_name, program_pid=session.app_pid, options=options,
+            failure=session.failure, node=session.node or session.server_name, program_pid=session.app_pid, options=options,
         )
 
 
@@ -117,6 +117,25 @@ class ServiceStatus:
     live: int
     unsaved_changes: int  # writes the store refused (a full disk), retried until it takes them
     unknown_sessions: tuple[UnknownSession, ...]
+
+
+@dataclass(frozen=True)
+class MemberView:
+    """A cluster member as the admin sees it (``nxgate-admin nodes``):
+    ``state`` is "up" or "down" by its last heartbeat."""
+
+    name: str
+    address: str
+    roles: tuple[str, ...]
+    state: str
+    sessions: int
+    load: float
+    cpus: int
+    free_memory: int
+    started: float
+    last_heartbeat: float
+    drained: bool
+    weight: float
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
     nxgate-admin [--socket PATH] [--json] sessions | show ID | terminate ID |
                  suspend ID | drain on|off | reload | status  [--json]
+    nxgate-admin nodes [--json] | drain --node NAME [--off]     (a cluster)
     nxgate-admin cluster ca DIR | cluster cert NAME --ca DIR [--out DIR]
 
 It talks to the gateway's root-only socket (``admin.sock`` in the state
@@ -48,9 +49,18 @@ SESSION_COLUMNS = [("id", "ID"), ("user", "USER"), ("type", "TYPE"), ("state", "
                    ("since", "SINCE"), ("client_address", "CLIENT"), ("node", "NODE")]
 
 
+NODE_COLUMNS = [("name", "NAME"), ("address", "ADDRESS"), ("roles", "ROLES"), ("state", "STATE"),
+                ("sessions", "SESSIONS"), ("load", "LOAD"), ("last_heartbeat", "LAST HEARTBEAT"),
+                ("drained", "DRAINED")]
+
+
 def show(command: str, result: Any) -> str:
     if command == "sessions":
         return table(result, SESSION_COLUMNS) if result else "no sessions"
+    if command == "nodes":
+        rows = [{**row, "roles": ",".join(row["roles"]), "drained": "yes" if row["drained"] else "no"}
+                for row in result]
+        return table(rows, NODE_COLUMNS) if rows else "no cluster members have sent a heartbeat yet"
     if isinstance(result, dict):
         return "\n".join(f"{key}: {value}" for key, value in result.items())
     return str(result)
@@ -85,7 +95,11 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     for name, text in (("show", "one session in detail"), ("terminate", "end a session"),
                        ("suspend", "suspend a session wherever it is attached")):
         command(name, text).add_argument("id")
-    command("drain", "refuse new sessions (on) or take them again (off)").add_argument("state", choices=("on", "off"))
+    drain = command("drain", "refuse new sessions (on) or take them again (off); --node NAME: a cluster member")
+    drain.add_argument("state", nargs="?", choices=("on", "off"))
+    drain.add_argument("--node", help="drain this cluster member (no new sessions placed there)")
+    drain.add_argument("--off", action="store_true", help="with --node: take new sessions again")
+    command("nodes", "the cluster's members: address, roles, up or down, sessions, load, drained")
     command("reload", "re-read and validate the config; a bad one changes nothing")
     cluster = command("cluster", "make the cluster's TLS certificates (no gateway needed)")
     made = cluster.add_subparsers(dest="what", required=True)
@@ -121,10 +135,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
     if args.command == "cluster":
         return cluster_files(args)
+    if args.command == "drain" and (args.node is None) == (args.state is None):
+        print("nxgate-admin: drain on|off (this gateway) or drain --node NAME [--off] (a cluster member)",
+              file=sys.stderr)
+        return 2
     path = args.socket or os.path.join(args.state_dir, "admin.sock")
     extra: dict[str, Any] = {}
     if args.command in ("show", "terminate", "suspend"):
         extra["id"] = args.id
+    elif args.command == "drain" and args.node is not None:
+        extra.update(node=args.node, on=not args.off)
     elif args.command == "drain":
         extra["on"] = args.state == "on"
     try:
@@ -132,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ConnectionError, ValueError) as error:
         print(f"nxgate-admin: cannot talk to the gateway at {path}: {error}", file=sys.stderr)
         return 3
-    if args.json:
+    if args.json and args.command == "nodes" and response.get("ok"):
+        print(json.dumps(response["result"], indent=2))  # the list of members itself
+    elif args.json:
         print(json.dumps(response, indent=2))
     elif response.get("ok"):
         print(show(args.command, response["result"]))

@@ -18,7 +18,7 @@ from twisted.protocols.basic import LineOnlyReceiver
 from nxgate import __version__
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
-from nxgate.sessions.results import SessionView
+from nxgate.sessions.results import MemberView, SessionView
 from nxgate.auth.peercred import peer_uid
 
 log = Logger(namespace="nxgate.admin")
@@ -38,6 +38,17 @@ def describe(session: SessionView) -> dict[str, Any]:
         "agent_pid": session.agent_pid, "program_pid": session.program_pid, "geometry": session.geometry,
         "attached_before": session.attached_before, "failure": session.failure,
         **{key: session.options[key] for key in ("shadow", "remote") if key in session.options},
+    }
+
+
+def describe_member(member: MemberView, now: float) -> dict[str, Any]:
+    """A cluster member as ``nxgate-admin nodes`` shows it."""
+    return {
+        "name": member.name, "address": member.address, "roles": list(member.roles), "state": member.state,
+        "sessions": member.sessions, "load": member.load, "last_heartbeat": _iso(member.last_heartbeat),
+        "seconds_since_heartbeat": round(max(0.0, now - member.last_heartbeat), 1), "drained": member.drained,
+        "weight": member.weight, "cpus": member.cpus, "free_memory": member.free_memory,
+        "up_since": _iso(member.started),
     }
 
 
@@ -134,12 +145,34 @@ class AdminProtocol(LineOnlyReceiver):
         view = await sessions.suspend(ADMIN, session.id)
         return {"id": view.id, "state": view.state.value}
 
-    async def do_drain(self, on: bool) -> dict[str, Any]:
+    async def do_drain(self, on: bool, node: str | None = None) -> dict[str, Any]:
+        if node is not None:
+            return await self._drain_member(str(node), bool(on))
         on = await self.gateway.sessions.set_draining(ADMIN, bool(on))
         log.info("admin turns draining {state}: {what}", state="on" if on else "off",
                  what="no new sessions" if on else "new sessions welcome", command=f"drain {'on' if on else 'off'}",
                  admin="root", audit="admin_action")
         return {"draining": bool(on)}
+
+    def _membership(self) -> Any:
+        membership = getattr(self.gateway, "membership", None)
+        if membership is None:
+            raise ValueError("this gateway is a single box (no [cluster] section); "
+                             "nxgate-admin status and drain on|off cover it")
+        return membership
+
+    async def _drain_member(self, node: str, on: bool) -> dict[str, Any]:
+        """A cluster member drained (no new sessions placed there) in the shared store."""
+        if not await self._membership().drain(node, on):
+            raise ValueError(f"no cluster member {node!r} (nxgate-admin nodes lists them)")
+        log.info("admin turns draining of member {node} {state}", node=node, state="on" if on else "off",
+                 command=f"drain --node {node}{'' if on else ' --off'}", admin="root", audit="admin_action")
+        return {"node": node, "drained": on}
+
+    async def do_nodes(self) -> list[dict[str, Any]]:
+        members = await self._membership().views()
+        now = time.time()
+        return [describe_member(member, now) for member in members]
 
     async def do_reload(self) -> dict[str, Any]:
         result = await self.gateway.reload()
