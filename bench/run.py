@@ -10,6 +10,8 @@ Runs, each as its own process with its own JSON in bench/results/:
 * bench/x2go.py      the same for X2Go (installed if missing, as root);
 * bench/scale.py     50/100 sessions, 200 parallel logins, a 10 000-row
                      store, and where the session times go (phases);
+* bench/store_listing.py  the session store's listsession query with 10 000
+                     stored sessions on SQLite, PostgreSQL and MariaDB (issue 13);
 
 then prints ONE table: each figure, its peer (X2Go measured here, X2Go's
 reference figures from the issue, OpenSSH...), the ratio, the target and
@@ -121,7 +123,26 @@ def ratio(a, b):
     return None if a is None or b in (None, 0) else a / b
 
 
-def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, scale: dict | None) -> Table:
+def store_rows(table: Table, store: dict | None) -> None:
+    """Issue 13: the shared store's listsession query, per back end."""
+    if not store:
+        return
+    table.section("session store: live(user) with 10 000 stored sessions (the listsession query), median")
+    for kind, label in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL"), ("mysql", "MariaDB")):
+        figures = store.get(kind) or {}
+        if "live_user" not in figures:
+            table.add(label, "not measured", "", note=figures.get("skipped", ""))
+            continue
+        median = figures["live_user"]["median_ms"]
+        target = "< 20 ms" if kind == "postgresql" else ""
+        table.add(f"{label} live(user)", median, "ms", None, "", None, target or "(info)",
+                  (median < 20) if kind == "postgresql" else None,
+                  note=f"p95 {figures['live_user']['p95_ms']:.2f} ms; admit {figures['admit']['median_ms']:.2f} ms,"
+                       f" swap {figures['swap']['median_ms']:.2f} ms, all live {figures['live_all']['median_ms']:.0f} ms")
+
+
+def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, scale: dict | None,
+                store: dict | None = None) -> Table:
     table = Table()
     # ---------------------------------------------------------------- sessions
     table.section("session operations (nxgate-client vs X2Go's pyhoca-cli, medians; 'here' = this machine)")
@@ -292,6 +313,7 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
                               spread=spread_pct(phases["spread"][key]) if key in phases.get("spread", {}) else None)
             table.add("nxgate-client: import / --list", f"{phases['client_import_s']:.2f}/{phases['client_list_s']:.2f}",
                       "s", f"{phases['python_start_s']:.2f}", "bare python start", None, "(info)")
+    store_rows(table, store)
     return table
 
 
@@ -302,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=10, help="sessions for the memory figures (both)")
     parser.add_argument("--size", default="2G", help="bytes per relay throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="relay throughput runs per row")
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install bench packages")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway (relay, logins, sessions)")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from bench/results/*.json")
@@ -329,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
                  "--json", os.path.join(RESULTS, "x2go.json"), *install],
         "scale": [python, os.path.join(HERE, "scale.py"), "--only", "sessions,logins,store,phases",
                   "--json", os.path.join(RESULTS, "scale.json"), *scale_args, *profile],
+        "store": [python, os.path.join(HERE, "store_listing.py"), "--json", os.path.join(RESULTS, "store.json"),
+                  *(["--calls", "50"] if args.quick else [])],
     }
     log_dir = os.path.join(RESULTS, "logs")
     os.makedirs(log_dir, exist_ok=True)
@@ -348,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     sessions_result = load(os.path.join(RESULTS, "sessions.json"))
     x2go = load(os.path.join(RESULTS, "x2go.json"))
     scale = load(os.path.join(RESULTS, "scale.json"))
-    table = build_table(relay, sessions_result, x2go, scale)
+    store = load(os.path.join(RESULTS, "store.json"))
+    table = build_table(relay, sessions_result, x2go, scale, store)
     print()
     print(f"nxgate benchmark — {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
           f"load {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f}")
@@ -362,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         "started": started, "seconds": time.time() - started, "cpus": os.cpu_count(), "kernel": platform.release(),
         "load_before": load_before, "load_after": os.getloadavg(), "quick": args.quick,
         "steps": steps_run, "table": table.rows,
-        "results": {"relay": relay, "sessions": sessions_result, "x2go": x2go, "scale": scale},
+        "results": {"relay": relay, "sessions": sessions_result, "x2go": x2go, "scale": scale, "store": store},
         "x2go_reference": X2GO_REFERENCE,
     }
     out = os.path.join(RESULTS, "bench.json")

@@ -73,6 +73,14 @@ def member_from_row(row: tuple[Any, ...] | list[Any]) -> Member:
     return Member(**values)
 
 
+def admission_counts(per_user: int, per_node: int, total: int) -> list[tuple[str, str]]:
+    """The counts an admission needs, only for the limits it has (0: none),
+    each one query an index answers: (limit name, the session column live
+    rows must share with the new session, or "" for all live rows)."""
+    wanted = [("user", "user", per_user), ("node", "node", per_node), ("total", "", total)]
+    return [(name, column) for name, column, limit in wanted if limit]
+
+
 def limit_hit(counts: tuple[int, int, int], per_user: int, per_node: int, total: int) -> str | None:
     """Which limit one more session would break ("user", "node", "total"),
     or None; ``counts`` are the live sessions of the user, on the node and

@@ -35,8 +35,8 @@ from nxgate.sessions.store.dialects import Dialect
 from nxgate.sessions.store.errors import StoreError, StoreUnavailable
 from nxgate.sessions.store.location import Location
 from nxgate.sessions.store.rows import (HEARTBEAT_COLUMNS, LIVE_STATES, MEMBER_COLUMNS, SESSION_COLUMNS,
-                                        UPDATE_COLUMNS, limit_hit, member_from_row, member_row, session_from_row,
-                                        session_row)
+                                        UPDATE_COLUMNS, admission_counts, limit_hit, member_from_row, member_row,
+                                        session_from_row, session_row)
 
 log = Logger(namespace="nxgate.store")
 T = TypeVar("T")
@@ -276,11 +276,13 @@ class SQLStore:
         def work(cursor: Any) -> str | None:
             # Every admit on every machine queues here until the one before committed.
             cursor.execute("SELECT name FROM nxgate_locks WHERE name='admit' FOR UPDATE")
-            cursor.execute(f"SELECT COALESCE(SUM(CASE WHEN {q('user')}=%s THEN 1 ELSE 0 END),0),"
-                           f" COALESCE(SUM(CASE WHEN {q('node')}=%s THEN 1 ELSE 0 END),0), COUNT(*)"
-                           f" FROM sessions WHERE {q('state')} IN ({self._live_marks})",
-                           [session.user, session.node, *LIVE_STATES])
-            counts = tuple(int(n) for n in cursor.fetchone())
+            counted = {"user": 0, "node": 0, "total": 0}
+            for name, column in admission_counts(per_user, per_node, total):
+                where = f" AND {q(column)}=%s" if column else ""
+                cursor.execute(f"SELECT COUNT(*) FROM sessions WHERE {q('state')} IN ({self._live_marks}){where}",
+                               [*LIVE_STATES, *([getattr(session, column)] if column else [])])
+                counted[name] = int(cursor.fetchone()[0])
+            counts = (counted["user"], counted["node"], counted["total"])
             hit = limit_hit(counts, per_user, per_node, total)  # type: ignore[arg-type]
             if hit is None:
                 cursor.execute(self._insert, session_row(session))

@@ -26,8 +26,8 @@ from typing import Any
 from nxgate.sessions.model import Member, Session
 from nxgate.sessions.store.errors import STORAGE_FULL, StoreCorrupt, StoreError, StoreUnavailable, storage_reason
 from nxgate.sessions.store.rows import (HEARTBEAT_COLUMNS, LIVE_STATES, MEMBER_COLUMNS, SESSION_COLUMNS,
-                                        UPDATE_COLUMNS, limit_hit, member_from_row, member_row, session_from_row,
-                                        session_row)
+                                        UPDATE_COLUMNS, admission_counts, limit_hit, member_from_row, member_row,
+                                        session_from_row, session_row)
 
 SCHEMA_VERSION = 2
 
@@ -201,9 +201,13 @@ class SessionStore:
         with self._guard():
             self.db.execute("BEGIN IMMEDIATE")
             try:
-                counts = self.db.execute(
-                    f"SELECT COALESCE(SUM(user=?),0), COALESCE(SUM(node=?),0), COUNT(*) FROM sessions"
-                    f" WHERE state IN ({marks})", [session.user, session.node, *LIVE_STATES]).fetchone()
+                counted = {"user": 0, "node": 0, "total": 0}
+                for name, column in admission_counts(per_user, per_node, total):
+                    where = f" AND {column}=?" if column else ""
+                    (counted[name],) = self.db.execute(f"SELECT COUNT(*) FROM sessions WHERE state IN ({marks}){where}",
+                                                       [*LIVE_STATES, *([getattr(session, column)] if column else [])]
+                                                       ).fetchone()
+                counts = (counted["user"], counted["node"], counted["total"])
                 hit = limit_hit(counts, per_user, per_node, total)
                 if hit is None:
                     self.db.execute(_INSERT, session_row(session))
