@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nxgate.safetext import redact_url
+
 Converter = Callable[[str], Any]
 
 
@@ -111,8 +113,10 @@ def path(value: str) -> str:
     return value  # resolved in load(), which knows the file's directory
 
 
-def option(default: Any, convert: Converter, doc: str, *, is_path: bool = False) -> Any:
-    return field(default=default, metadata={"convert": convert, "doc": doc, "path": is_path})
+def option(default: Any, convert: Converter, doc: str, *, is_path: bool = False,
+           shown: Callable[[str], str] = repr) -> Any:
+    """``shown``: how a bad value is quoted in the error (a URL's password is not)."""
+    return field(default=default, metadata={"convert": convert, "doc": doc, "path": is_path, "shown": shown})
 
 
 # --------------------------------------------------------------------- schema
@@ -236,6 +240,10 @@ class DBusSection:
 _STORE_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb")
 
 
+def redacted_url(value: str) -> str:
+    return repr(redact_url(value))
+
+
 def store_url(value: str) -> str:
     """``sqlite:`` (the state directory's file), ``sqlite:/PATH``,
     ``postgresql://USER@HOST[:PORT]/DB`` or ``mysql://USER@HOST[:PORT]/DB``."""
@@ -250,7 +258,8 @@ def store_url(value: str) -> str:
 @dataclass(frozen=True)
 class StoreSection:
     url: str = option("sqlite:", store_url, "where sessions are stored: sqlite: (a file in state_dir, nothing to set "
-                      "up), postgresql://USER@HOST[:PORT]/DB or mysql://USER@HOST[:PORT]/DB (shared by a cluster)")
+                      "up), postgresql://USER@HOST[:PORT]/DB or mysql://USER@HOST[:PORT]/DB (shared by a cluster)",
+                      shown=redacted_url)
     password_file: str = option("", text, "file holding the database password (empty: none, or the URL's)",
                                 is_path=True)
 
@@ -510,7 +519,7 @@ def _convert(filename: str, name: str, cls: type, values: dict[str, tuple[int, s
         try:
             result = opt.metadata["convert"](value)
         except ValueError as exc:
-            problems.append(f"{filename}:{number_}: [{name}] {key} = {value!r}: {exc}")
+            problems.append(f"{filename}:{number_}: [{name}] {key} = {opt.metadata['shown'](value)}: {exc}")
             continue
         if opt.metadata["path"] and result:
             result = os.path.normpath(os.path.join(base, result))

@@ -35,3 +35,17 @@ def printable(text: str) -> str:
         return text  # the usual case, and the cheap one
     return "".join(_escape(char) if unicodedata.category(char) in _UNSAFE_CATEGORIES else char for char in text)
 
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the password of ``scheme://user:password@host/...``
+    shown as ``***``: a database URL may carry one, and logs and error
+    messages must not."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, tail = rest.partition("/")
+    credentials, at, hostport = authority.rpartition("@")
+    if at and ":" in credentials:
+        credentials = credentials.split(":", 1)[0] + ":***"
+    return f"{scheme}{sep}{credentials}{at}{hostport}{slash}{tail}"

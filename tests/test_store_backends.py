@@ -384,7 +384,8 @@ class FactoryTests(TestCase):
         with open(path, "w") as out:
             out.write("[store]\nurl = oracle://scott:tiger@db/x\n")
         error = self.assertRaises(configuration.ConfigError, configuration.load, path)
-        self.assertIn("[store] url", str(error))
+        self.assertIn("[store] url = 'oracle://scott:***@db/x'", str(error))
+        self.assertNotIn("tiger", str(error))
         with open(path, "w") as out:
             out.write("[store]\nurl = postgresql://nxgate@db.example/nxgate\npassword_file = db.password\n")
         loaded = configuration.load(path)

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
+from nxgate.safetext import redact_url as redact
 from nxgate.sessions.store.errors import StoreError
 
 #: URL scheme -> back end.
@@ -35,18 +36,6 @@ class Location:
     @property
     def safe_url(self) -> str:
         return redact(self.url)
-
-
-def redact(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for logs and errors)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    authority, slash, tail = rest.partition("/")
-    credentials, at, hostport = authority.rpartition("@")
-    if at and ":" in credentials:
-        credentials = credentials.split(":", 1)[0] + ":***"
-    return f"{scheme}{sep}{credentials}{at}{hostport}{slash}{tail}"
 
 
 def parse(url: str, password_file: str = "") -> Location:
