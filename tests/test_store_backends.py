@@ -391,3 +391,33 @@ class FactoryTests(TestCase):
         loaded = configuration.load(path)
         self.assertEqual(loaded.store.password_file, os.path.join(os.path.dirname(os.path.abspath(path)),
                                                                   "db.password"))
+
+
+class ConnectionsTests(TestCase):
+    def test_threads_wait_for_the_reactor(self):
+        """twistd may daemonize (fork) after the store is opened: threads
+        started before would be gone in the child and every call would hang."""
+
+        class NotRunning:
+            def __init__(self):
+                self.when_running, self.triggers = [], []
+
+            def callWhenRunning(self, f, *args):
+                self.when_running.append((f, args))
+
+            def addSystemEventTrigger(self, *args):
+                self.triggers.append(args)
+                return len(self.triggers)
+
+            def removeSystemEventTrigger(self, trigger):
+                pass
+
+        fake = NotRunning()
+        connections = sql_module.Connections(fake, lambda: None)
+        self.assertFalse(connections.pool.started)
+        self.assertEqual(connections.pool.threads, [])
+        for f, args in fake.when_running:
+            f(*args)
+        self.assertTrue(connections.pool.started)
+        connections.close()
+        self.assertFalse(connections.pool.started)

@@ -56,8 +56,15 @@ class Connections:
         self.local = threading.local()
         self.lock = threading.Lock()
         self.connections: set[Any] = set()
-        self.pool.start()
+        # Threads start with the reactor, not now: twistd may still fork
+        # (daemonize) after the store is opened, and threads do not survive
+        # a fork.  Calls made before are queued until then.
+        reactor.callWhenRunning(self._start)
         self.shutdown = reactor.addSystemEventTrigger("during", "shutdown", self.close)
+
+    def _start(self) -> None:
+        if self.shutdown is not None:
+            self.pool.start()
 
     def run(self, work: Callable[[Any], T]) -> defer.Deferred[T]:
         return threads.deferToThreadPool(self.reactor, self.pool, self._run, work)
