@@ -421,3 +421,41 @@ class ConnectionsTests(TestCase):
         self.assertTrue(connections.pool.started)
         connections.close()
         self.assertFalse(connections.pool.started)
+
+
+class RestartTests:
+    """A server restart between two calls (the connections in the pool are
+    all dead but nobody noticed yet) costs no caller an error."""
+
+    server_kind: type = databases.DatabaseServer
+
+    def setUp(self):
+        why = self.server_kind.available()
+        if why:
+            raise SkipTest(why)
+        self.server = self.server_kind()
+        self.addCleanup(self.server.cleanup)
+        self.server.start()
+        location = parse(self.server.url, self.server.password_file)
+        self.store = sql_module.SQLStore(dialect(location.kind), location, reactor)
+        self.addCleanup(self.store.close)
+
+    @async_test
+    async def test_every_call_after_a_restart_works(self):
+        await self.store.insert(session(1))
+        for _ in range(3):  # every thread of the pool gets a connection
+            await defer.gatherResults([self.store.live() for _ in range(8)])
+        self.assertEqual(len(self.store.connections.connections), 4)
+        self.server.restart()
+        results = await defer.gatherResults([self.store.live() for _ in range(8)])
+        self.assertEqual([len(r) for r in results], [1] * 8)
+        await self.store.insert(session(2))
+        self.assertEqual(await self.store.count(), 2)
+
+
+class PostgreSQLRestartTests(RestartTests, TestCase):
+    server_kind = databases.PostgresServer
+
+
+class MariaDBRestartTests(RestartTests, TestCase):
+    server_kind = databases.MariaDBServer

@@ -83,6 +83,10 @@ class Dialect:
         """Any error of this driver."""
         raise NotImplementedError
 
+    def is_broken(self, error: BaseException, connection: Any) -> bool:
+        """``error`` says ``connection`` is dead (not that a statement timed out)."""
+        raise NotImplementedError
+
 
 class PostgreSQL(Dialect):
     name = "PostgreSQL"
@@ -135,6 +139,12 @@ class PostgreSQL(Dialect):
 
     def is_error(self, error: BaseException) -> bool:
         return isinstance(error, self.driver.Error)
+
+    def is_broken(self, error: BaseException, connection: Any) -> bool:
+        # psycopg2 marks a connection it found dead (closed == 2); a
+        # statement timeout leaves it open.
+        return isinstance(error, self.driver.InterfaceError) or (
+            isinstance(error, self.driver.OperationalError) and bool(connection.closed))
 
 
 class MySQL(Dialect):
@@ -215,6 +225,13 @@ class MySQL(Dialect):
 
     def is_error(self, error: BaseException) -> bool:
         return isinstance(error, self.driver.Error)
+
+    def is_broken(self, error: BaseException, connection: Any) -> bool:
+        # Gone away / lost, but not PyMySQL's own read timeout (also 2013).
+        if isinstance(error, self.driver.InterfaceError):
+            return True
+        code = error.args[0] if isinstance(error, self.driver.OperationalError) and error.args else 0
+        return code in (2006, 2013) and "timed out" not in str(error)
 
 
 def dialect(kind: str) -> Dialect:

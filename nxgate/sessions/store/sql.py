@@ -46,12 +46,24 @@ UNREACHABLE = "the session database cannot be reached"
 
 
 class Connections:
-    """One blocking connection per worker thread of a private pool; a
-    connection that failed is closed and made again by the next call."""
+    """One blocking connection per worker thread of a private pool.
 
-    def __init__(self, reactor: Any, connect: Callable[[], Any], size: int = 4) -> None:
+    A connection whose call failed for a reason that may pass
+    (``unavailable``) is closed, and the next call on that thread connects
+    again.  A connection that died while it sat idle (the server restarted:
+    every pooled connection is dead, and nobody knows yet) fails its next
+    call at the first statement, before anything was committed: that call
+    runs once more on a new connection (``broken`` says which errors mean
+    that), so a restart costs no caller an error.  A failed commit is never
+    run again: it may have been committed."""
+
+    def __init__(self, reactor: Any, connect: Callable[[], Any], size: int = 4,
+                 unavailable: Callable[[BaseException], bool] = lambda error: False,
+                 broken: Callable[[BaseException, Any], bool] = lambda error, connection: False) -> None:
         self.reactor = reactor
         self.connect = connect
+        self.unavailable = unavailable
+        self.broken = broken
         self.pool = ThreadPool(minthreads=1, maxthreads=size, name="nxgate-store")
         self.local = threading.local()
         self.lock = threading.Lock()
@@ -69,27 +81,59 @@ class Connections:
     def run(self, work: Callable[[Any], T]) -> defer.Deferred[T]:
         return threads.deferToThreadPool(self.reactor, self.pool, self._run, work)
 
-    def _run(self, work: Callable[[Any], T]) -> T:
+    def _connection(self) -> tuple[Any, bool]:
+        """This thread's connection, and whether it was made just now."""
         connection = getattr(self.local, "connection", None)
-        if connection is None:
-            connection = self.connect()
-            self.local.connection = connection
-            with self.lock:
-                self.connections.add(connection)
+        if connection is not None:
+            return connection, False
+        connection = self.connect()
+        self.local.connection = connection
+        with self.lock:
+            self.connections.add(connection)
+        return connection, True
+
+    def _run(self, work: Callable[[Any], T]) -> T:
+        connection, fresh = self._connection()
+        again: list[bool] = []
+        try:
+            return self._transaction(connection, work, again)
+        except BaseException:
+            if fresh or not again:
+                raise
+        self.drop()
+        connection, _ = self._connection()
+        return self._transaction(connection, work, [])
+
+    def _transaction(self, connection: Any, work: Callable[[Any], T], again: list[bool]) -> T:
+        """``work`` in one transaction; ``again`` gets True if it failed
+        on a dead connection before its commit (so it may run again)."""
         try:
             cursor = connection.cursor()
             try:
                 result = work(cursor)
             finally:
-                cursor.close()
-            connection.commit()
-            return result
-        except BaseException:
-            try:
-                connection.rollback()
-            except Exception:
-                self.drop()
+                with contextlib.suppress(Exception):
+                    cursor.close()
+        except BaseException as error:
+            if self.broken(error, connection):
+                again.append(True)
+            self._failed(connection, error)
             raise
+        try:
+            connection.commit()
+        except BaseException as error:
+            self._failed(connection, error)
+            raise
+        return result
+
+    def _failed(self, connection: Any, error: BaseException) -> None:
+        if self.unavailable(error):
+            self.drop()
+            return
+        try:
+            connection.rollback()
+        except Exception:
+            self.drop()
 
     def drop(self) -> None:
         """Forget this thread's connection (it failed; the next call connects again)."""
@@ -139,7 +183,7 @@ class SQLStore:
         self._heartbeat = dialect.upsert("members", HEARTBEAT_COLUMNS, "name")
         if migrate:
             self.migrate()
-        self.connections = Connections(reactor, self._connect, size)
+        self.connections = Connections(reactor, self._connect, size, dialect.is_unavailable, dialect.is_broken)
 
     # ------------------------------------------------------- plumbing
     def _connect(self) -> Any:
@@ -150,27 +194,9 @@ class SQLStore:
         detail = " ".join(str(error).split()) or type(error).__name__
         return StoreUnavailable(UNREACHABLE, f"{where}: {detail}")
 
-    def _work(self, function: Callable[[Any], T]) -> Callable[[Any], T]:
-        """``function`` with the driver's errors as StoreError kinds (in the worker thread)."""
-
-        def guarded(cursor: Any) -> T:
-            try:
-                return function(cursor)
-            except StoreError:
-                raise
-            except Exception as error:
-                if self.dialect.is_unavailable(error):
-                    self.connections.drop()
-                    raise self._unavailable(error) from None
-                if self.dialect.is_error(error):
-                    raise StoreError(f"the session database refused: {' '.join(str(error).split())}") from None
-                raise
-
-        return guarded
-
     def _call(self, function: Callable[[Any], T]) -> defer.Deferred[T]:
         def run() -> defer.Deferred[T]:
-            d = self.connections.run(self._work(function))
+            d = self.connections.run(function)
             d.addTimeout(self.timeout, self.reactor)
             return d
 
