@@ -422,6 +422,21 @@ class ConnectionsTests(TestCase):
         connections.close()
         self.assertFalse(connections.pool.started)
 
+    def test_threads_start_at_once_in_a_running_reactor(self):
+        class Running:
+            def callWhenRunning(self, f, *args):
+                f(*args)
+
+            def addSystemEventTrigger(self, *args):
+                return 1
+
+            def removeSystemEventTrigger(self, trigger):
+                pass
+
+        connections = sql_module.Connections(Running(), lambda: None)
+        self.addCleanup(connections.close)
+        self.assertTrue(connections.pool.started)
+
 
 class RestartTests:
     """A server restart between two calls (the connections in the pool are

@@ -71,8 +71,8 @@ class Connections:
         # Threads start with the reactor, not now: twistd may still fork
         # (daemonize) after the store is opened, and threads do not survive
         # a fork.  Calls made before are queued until then.
-        reactor.callWhenRunning(self._start)
         self.shutdown = reactor.addSystemEventTrigger("during", "shutdown", self.close)
+        reactor.callWhenRunning(self._start)  # at once if it runs already
 
     def _start(self) -> None:
         if self.shutdown is not None:
