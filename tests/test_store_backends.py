@@ -52,6 +52,8 @@ class StoreContract:
     """The behaviour every store owes the session layer.  Subclasses set
     ``open_store()`` -> a fresh, empty store (closed by the subclass)."""
 
+    backs_itself_up = True
+
     async def open_store(self):
         raise NotImplementedError
 
@@ -131,6 +133,18 @@ class StoreContract:
         self.assertEqual(len(await self.store.live()), 4)
 
     @async_test
+    async def test_backup_and_path(self):
+        await self.store.insert(session())
+        copy = await self.store.backup()
+        if self.backs_itself_up:
+            self.assertIsNone(copy)  # the database server's own backups
+            self.assertIsNone(self.store.backup_path)
+            self.assertIn("://nxgate@127.0.0.1:", self.store.path)
+        else:
+            self.assertEqual(copy, self.store.backup_path)
+            self.assertTrue(os.path.exists(copy))
+
+    @async_test
     async def test_members_heartbeat_and_drain(self):
         self.assertEqual(await self.store.members(), [])
         self.assertFalse(await self.store.set_drained("node-a", True))
@@ -148,6 +162,8 @@ class StoreContract:
 
 
 class SQLiteStoreTests(StoreContract, TestCase):
+    backs_itself_up = False
+
     async def open_store(self):
         database = SQLiteDatabase(os.path.abspath(self.mktemp()))
         self.addCleanup(database.close)
