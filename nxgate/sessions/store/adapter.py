@@ -69,8 +69,9 @@ class SyncStoreAdapter:
     def set_drained(self, name: str, on: bool) -> defer.Deferred[bool]:
         return self._now(self.db.set_drained, name, on)
 
-    def ended_before(self, timestamp: float, limit: int = 500) -> defer.Deferred[list[Session]]:
-        return self._now(self.db.ended_before, timestamp, limit)
+    def ended_before(self, timestamp: float, limit: int = 500,
+                     node: str | None = None) -> defer.Deferred[list[Session]]:
+        return self._now(self.db.ended_before, timestamp, limit, node)
 
     def count(self) -> defer.Deferred[int]:
         return self._now(self.db.count)

@@ -368,12 +368,15 @@ class SQLStore:
             return [session_from_row(row) for row in cursor.fetchall()]
         return self._call(work)
 
-    def ended_before(self, timestamp: float, limit: int = 500) -> defer.Deferred[list[Session]]:
+    def ended_before(self, timestamp: float, limit: int = 500,
+                     node: str | None = None) -> defer.Deferred[list[Session]]:
         q = self.dialect.quote
+        where = "" if node is None else f" AND {q('node')}=%s"
 
         def work(cursor: Any) -> list[Session]:
             cursor.execute(f"SELECT {self._columns} FROM sessions WHERE {q('state')} NOT IN ({self._live_marks})"
-                           f" AND {q('changed')} < %s ORDER BY {q('changed')} LIMIT %s", [*LIVE_STATES, timestamp, limit])
+                           f" AND {q('changed')} < %s{where} ORDER BY {q('changed')} LIMIT %s",
+                           [*LIVE_STATES, timestamp, *([] if node is None else [node]), limit])
             return [session_from_row(row) for row in cursor.fetchall()]
         return self._call(work)
 

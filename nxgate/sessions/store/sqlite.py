@@ -256,15 +256,17 @@ class SessionStore:
         with self._guard():
             return [session_from_row(row) for row in self.db.execute(query + " ORDER BY created", args)]
 
-    def ended_before(self, timestamp: float, limit: int = 500) -> list[Session]:
+    def ended_before(self, timestamp: float, limit: int = 500, node: str | None = None) -> list[Session]:
         """Ended sessions last changed before ``timestamp``, oldest first, at
-        most ``limit`` of them (housekeeping prunes in bounded steps)."""
+        most ``limit`` of them (housekeeping prunes in bounded steps); only
+        those of ``node`` if given (each member prunes its own, with their files)."""
         marks = ",".join("?" for _ in LIVE_STATES)
+        where = "" if node is None else " AND node=?"
         with self._guard():
             rows = self.db.execute(
-                f"SELECT {','.join(_COLUMNS)} FROM sessions WHERE state NOT IN ({marks}) AND changed < ?"
+                f"SELECT {','.join(_COLUMNS)} FROM sessions WHERE state NOT IN ({marks}) AND changed < ?{where}"
                 " ORDER BY changed LIMIT ?",
-                [*LIVE_STATES, timestamp, limit],
+                [*LIVE_STATES, timestamp, *([] if node is None else [node]), limit],
             ).fetchall()
         return [session_from_row(row) for row in rows]
 
