@@ -25,6 +25,8 @@ APT_PACKAGES := python3 python3-venv python3-dev gcc make libpam0g \
 # Building the Debian package, and its test (tests/test_debian_package.py runs with NXGATE_TEST_DEB=1).
 DEB_PACKAGES := dpkg-dev debhelper dh-python python3-all python3-setuptools git
 APT_PACKAGES += $(DEB_PACKAGES)
+# Issue 14, sound: a real PulseAudio on the client side of the e2e test, paplay/parec, sox for the tone.
+APT_PACKAGES += pulseaudio pulseaudio-utils sox
 
 .PHONY: install system-packages link-commands run test bench bench-profile deb clean
 

@@ -1,0 +1,119 @@
+"""The plumbing of issue 14 (sound, printing, folder sharing): what each NX
+client variant sends, what the admin allows, what the agent and the client
+are told (pure parts; tests/test_e2e_sound.py runs the real thing)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from twisted.trial.unittest import TestCase
+
+from nxgate import channels
+from nxgate.config import ServicesSection
+from nxgate.node.extras import Extras, grant
+from nxgate.node.extras.ports import endpoints
+from nxgate.nx import replies
+from nxgate.nx.params import parse_params
+from nxgate.nx.requests import restore_request, start_request
+
+# What the clients send on startsession (reference §2.5; the parts that matter here).
+NOMACHINE_3 = ('--session="work" --type="unix-xfce" --cache="16M" --images="64M" --link="lan" --kbtype="pc105/us"'
+               ' --media="1" --agent_server="" --agent_user="" --agent_password="" --samba="1" --cups="1"'
+               ' --nodelay="1" --encryption="1" --screeninfo="1024x768x24+render" --geometry="800x600"')
+OPENNX = ('--session="work" --type="unix-xfce" --geometry="800x600" --client="linux" --keyboard="pc105/us"'
+          ' --link="adsl" --media="1" --mediahelper="esd" --cups="0" --samba="1" --encryption="1"')
+NXCL = ('--session="nxcl" --type="unix-kde" --cache="8M" --images="32M" --cookie="abc" --link="adsl"'
+        ' --kbtype="pc102/gb" --nodelay="1" --encryption="1" --backingstore="never" --geometry="fullscreen"'
+        ' --media="0" --agent_server="" --agent_user="" --agent_password="" --screeninfo="1024x768x24+render"')
+
+
+class ClientVariants(TestCase):
+    def test_nomachine_asks_for_all_three(self) -> None:
+        self.assertEqual(start_request(parse_params(NOMACHINE_3)).services, {"sound", "printing", "sharing"})
+
+    def test_opennx_media_and_samba(self) -> None:
+        self.assertEqual(start_request(parse_params(OPENNX)).services, {"sound", "sharing"})
+
+    def test_nxcl_media_off(self) -> None:
+        self.assertEqual(start_request(parse_params(NXCL)).services, frozenset())
+
+    def test_restore_asks_again(self) -> None:
+        request = restore_request(parse_params('--id="' + "A" * 32 + '" --media="1" --samba="0"'))
+        self.assertEqual(request.services, {"sound"})
+
+    def test_odd_values_are_no(self) -> None:
+        request = start_request(parse_params('--type="unix-xfce" --media="esd" --cups="" --samba="yes"'))
+        self.assertEqual(request.services, {"sharing"})
+
+    def test_none_sent(self) -> None:
+        self.assertEqual(start_request(parse_params('--type="unix-xfce"')).services, frozenset())
+
+
+class Grant(TestCase):
+    def test_admin_switch(self) -> None:
+        self.assertEqual(grant({"sound", "printing"}, ServicesSection(printing=False)), ["sound"])
+        self.assertEqual(grant({"sound", "bogus"}, ServicesSection()), ["sound"])
+        self.assertEqual(grant(set(), ServicesSection()), [])
+
+
+class Replies(TestCase):
+    def lines(self, services: tuple[str, ...]) -> tuple[str, ...]:
+        return replies.session_ready(full_id="h-1001-X", display=1001, session_type="unix-xfce", cookie="c",
+                                     proxy_ip="127.0.0.1", encrypted=True, status="starting", services=services)
+
+    def test_709_with_sharing_only(self) -> None:
+        with_sharing = self.lines(("sharing", "sound"))
+        self.assertIn("NX> 709 File-sharing port: 445", with_sharing)
+        # FreeNX's order: after 707, before 1009/710.
+        self.assertEqual(with_sharing.index("NX> 709 File-sharing port: 445"),
+                         with_sharing.index("NX> 707 SSL tunneling: 1") + 1)
+        self.assertFalse([line for line in self.lines(("sound",)) if line.startswith("NX> 709")])
+
+
+class Channels(TestCase):
+    def test_agent_options(self) -> None:
+        self.assertEqual(channels.agent_options(["sound", "sharing", "printing"], 1001),
+                         [("media", "8001"), ("cups", "3001"), ("smb", "4001")])
+        self.assertEqual(channels.agent_options([], 1001), [])
+
+    def test_too_high_display_has_no_port(self) -> None:
+        self.assertIsNone(channels.channel_port("sound", 59000))
+        self.assertEqual(channels.agent_options(["sound"], 59000), [])
+
+    def test_endpoints(self) -> None:
+        session = SimpleNamespace(display=1002, options={"services": ["sound", "printing"]})
+        self.assertEqual(endpoints(session), {"sound": "127.0.0.1:8002", "printing": "127.0.0.1:3002"})
+
+    def test_sound_cookie(self) -> None:
+        cookie = channels.sound_cookie("0123456789abcdef0123456789abcdef")
+        self.assertEqual(len(cookie), 256)
+        self.assertEqual(cookie, channels.sound_cookie("0123456789abcdef0123456789abcdef"))
+        self.assertNotEqual(cookie, channels.sound_cookie("0123456789abcdef0123456789abcdee"))
+
+
+class Broken:
+    name = "sound"
+
+    def environment(self, session: object) -> dict[str, str]:
+        raise RuntimeError("boom")
+
+    async def start(self, session: object) -> None:
+        raise RuntimeError("boom")
+
+    async def stop(self, session: object) -> None:
+        raise RuntimeError("boom")
+
+
+class Hooks(TestCase):
+    async def test_a_failing_extra_never_raises(self) -> None:
+        session = SimpleNamespace(id="S", user="u", options={"services": ["sound"]})
+        extras = Extras([Broken()])
+        self.assertEqual(extras.environment(session), {})
+        await extras.start(session)
+        await extras.stop(session)
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 3)
+
+    def test_only_granted_extras(self) -> None:
+        extras = Extras([Broken()])
+        self.assertEqual(extras.of(SimpleNamespace(options={"services": ["printing"]})), [])
+        self.assertEqual(len(extras.of(SimpleNamespace(options={"services": ["sound"]}))), 1)
