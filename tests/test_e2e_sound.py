@@ -17,6 +17,7 @@ import subprocess
 import time
 
 from nxgate import channels
+from tests.harness.process import wait_for
 from tests.harness.pulse import PulseServer, analyse, tone
 from tests.harness.ssh import Attachment, NXClient, SessionInfo
 from tests.test_e2e_sessions import RED, START, SessionTestCase, proc_environ
@@ -90,6 +91,29 @@ class SoundTests(SoundTestCase):
         env = self.session_sound_env()
         self.assertEqual(env.get("PULSE_SERVER"), f"tcp:127.0.0.1:{7000 + info.display}")
         played = self.play_in_session(env)
+        self.assertEqual(played.returncode, 0, played.stderr)
+        self.assert_tone(self.heard)
+
+    def test_sound_comes_back_after_a_resume_with_the_new_cookie(self):
+        client = self.login()
+        info = self.start_with_sound(client)
+        attachment = self.attach_with_sound(client, info)
+        cookie_file = self.session_sound_env()["PULSE_COOKIE"]
+        self.assertTrue(os.path.exists(cookie_file))
+        attachment.detach()
+        self.wait_status(info.session_id, "Suspended")
+        wait_for(lambda: not os.path.exists(cookie_file), 10, "the sound cookie to go at suspend")
+        client = self.login()
+        reply = client.command(START.format(name="x", type="unix-console", extra="").replace(
+            "startsession", "restoresession").replace('--media="0"', '--media="1"') + f' --id="{info.session_id}"',
+            timeout=60)
+        resumed = SessionInfo.parse(reply)
+        self.assertNotEqual(resumed.cookie, info.cookie)
+        self.attach_with_sound(client, resumed)
+        self.wait_status(info.session_id, "Running")  # the screen still shows the first attachment's picture
+        with open(cookie_file, "rb") as handle:
+            self.assertEqual(handle.read(), channels.sound_cookie(resumed.cookie))
+        played = self.play_in_session(self.session_sound_env())
         self.assertEqual(played.returncode, 0, played.stderr)
         self.assert_tone(self.heard)
 

@@ -58,10 +58,12 @@ class PulseServer:
 
     def load_tcp(self, cookie: bytes) -> int:
         """A native-protocol TCP port on 127.0.0.1 that demands ``cookie``; its number."""
-        path = os.path.join(self.dir, "session-cookie")
+        port = free_port()
+        # One file per module: PulseAudio shares a cookie loaded from the same
+        # path between modules, so a second one would demand the first cookie.
+        path = os.path.join(self.dir, f"session-cookie-{port}")
         with open(path, "wb") as handle:
             handle.write(cookie)
-        port = free_port()
         result = self.pactl("load-module", "module-native-protocol-tcp", f"port={port}", "listen=127.0.0.1",
                             "auth-anonymous=0", "auth-cookie-enabled=1", f"auth-cookie={path}")
         if result.returncode != 0:
