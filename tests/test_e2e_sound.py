@@ -13,11 +13,15 @@ with ``parec``, must hear it: frequency within 2 %, duration within 10 %.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 
 from nxgate import channels
 from tests.harness.process import wait_for
+from tests.harness.shared import class_fixture
+from tests.test_e2e_client import TYPES as CLIENT_TYPES
+from tests.test_e2e_client import ClientTestCase, agent_processes
 from tests.harness.pulse import PulseServer, analyse, tone
 from tests.harness.ssh import Attachment, NXClient, SessionInfo
 from tests.test_e2e_sessions import RED, START, SessionTestCase, proc_environ
@@ -173,3 +177,62 @@ class SoundSwitchedOffTests(SoundTestCase):
         played = self.play_in_session({"PULSE_SERVER": f"tcp:127.0.0.1:{port}", "HOME": self.user.home})
         self.assertNotEqual(played.returncode, 0)
         self.assertEqual(analyse(self.heard), (0.0, 0.0))
+
+
+class ClientSoundTests(ClientTestCase):
+    """``nxgate-client --sound`` against the real gateway, with the private
+    PulseAudio standing in for the user's sound server."""
+
+    options = {"sessions": {"display_base": "860", "display_limit": "100", "connect_timeout": "60"},
+               "types": CLIENT_TYPES}
+
+    def setUp(self):
+        super().setUp()
+        self.screen = class_fixture(type(self), self.make_fixture)[2]
+        self.pulse = PulseServer(self.gateway.workdir)
+        self.addCleanup(self.pulse.close)
+        self.tone = tone(os.path.join(self.pulse.dir, "tone.wav"), FREQUENCY, SECONDS)
+        os.chmod(self.pulse.dir, 0o711)
+
+    def make_fixture(self):
+        from tests.harness.x11 import ClientScreen
+
+        (user, gateway), teardown = super().make_fixture()
+        try:
+            screen = ClientScreen(800, 600)
+        except BaseException:
+            teardown()
+            raise
+
+        def teardown_all():
+            screen.close()
+            teardown()
+
+        return (user, gateway, screen), teardown_all
+
+    def tcp_modules(self) -> list[str]:
+        return [line for line in self.pulse.pactl("list", "short", "modules").stdout.splitlines()
+                if "module-native-protocol-tcp" in line]
+
+    def test_sound_plays_on_the_clients_sound_server_and_its_port_goes_with_the_client(self):
+        client = self.background(self.argv("--geometry", "800x600", "--sound", "--sound-server",
+                                           f"unix:{self.pulse.socket}"), DISPLAY=self.screen.name)
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        self.assertEqual(len(self.tcp_modules()), 1)
+        env = proc_environ(session_program(self.user.name))
+        env = {key: env[key] for key in ("PULSE_SERVER", "PULSE_COOKIE", "HOME")}
+        heard = self.pulse.record()
+        time.sleep(0.5)
+        played = as_user(self.user.name, env, "paplay", self.tone)
+        time.sleep(0.8)
+        self.pulse.stop_recording()
+        self.assertEqual(played.returncode, 0, played.stderr)
+        frequency, seconds = analyse(heard)
+        self.assertTrue(abs(frequency - FREQUENCY) <= FREQUENCY * 0.02, f"heard {frequency:.1f} Hz")
+        self.assertTrue(abs(seconds - SECONDS) <= SECONDS * 0.10, f"heard {seconds:.3f} s")
+        client.send_signal(signal.SIGTERM)
+        client.wait(30)
+        self.assertEqual(self.tcp_modules(), [])
+        for pid in agent_processes(self.user.name):
+            os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not agent_processes(self.user.name), 20, "the agents to end")

@@ -117,3 +117,46 @@ class Hooks(TestCase):
         extras = Extras([Broken()])
         self.assertEqual(extras.of(SimpleNamespace(options={"services": ["printing"]})), [])
         self.assertEqual(len(extras.of(SimpleNamespace(options={"services": ["sound"]}))), 1)
+
+
+class ClientSide(TestCase):
+    """nxgate-client --sound: what it asks for and what its nxproxy is told."""
+
+    def options(self, *argv: str):
+        from nxgate.client.cli import parse_options
+
+        return parse_options([*argv, "u@h"], {"DISPLAY": ":9"} if "--list" not in argv else {})
+
+    def test_sound_asks_for_media(self) -> None:
+        options = self.options("--geometry", "800x600", "--sound")
+        self.assertIn(("media", "1"), options.request.params.pairs())
+        self.assertEqual(options.sound_server, "")
+        plain = self.options("--geometry", "800x600")
+        self.assertIn(("media", "0"), plain.request.params.pairs())
+        self.assertIsNone(plain.sound_server)
+
+    def test_sound_server_needs_sound_and_a_session(self) -> None:
+        from nxgate.client.cli import UsageError
+
+        self.assertRaises(UsageError, self.options, "--geometry", "800x600", "--sound-server", "unix:/x")
+        self.assertRaises(UsageError, self.options, "--list", "--sound")
+        self.assertEqual(self.options("--geometry", "800x600", "--sound", "--sound-server", "unix:/x").sound_server,
+                         "unix:/x")
+
+    def test_nxproxy_gets_the_media_port(self) -> None:
+        from nxgate.client.proxy import proxy_options
+        from nxgate.nx.client_dialogue import SessionInfo
+
+        info = SessionInfo(full_id="h-1001-" + "A" * 32, session_id="A" * 32, display=1001,
+                           cookie="0123456789abcdef0123456789abcdef")
+        self.assertIn(",media=4713,", proxy_options(info, "s", 1234, 4713))
+        self.assertNotIn("media", proxy_options(info, "s", 1234))
+
+    def test_the_pulse_module_demands_the_cookie_on_loopback(self) -> None:
+        from nxgate.client.sound import load_argv
+
+        argv = load_argv("unix:/run/pulse", 4713, "/tmp/c")
+        self.assertEqual(argv[:3], ["pactl", "--server", "unix:/run/pulse"])
+        for word in ("listen=127.0.0.1", "auth-anonymous=0", "auth-cookie=/tmp/c", "port=4713"):
+            self.assertIn(word, argv)
+        self.assertEqual(load_argv("", 1, "/c")[:2], ["pactl", "load-module"])
