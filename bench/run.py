@@ -10,6 +10,8 @@ Runs, each as its own process with its own JSON in bench/results/:
 * bench/x2go.py      the same for X2Go (installed if missing, as root);
 * bench/scale.py     50/100 sessions, 200 parallel logins, a 10 000-row
                      store, and where the session times go (phases);
+* bench/sound_latency.py  a click from the session to the client's sound
+                     server (latency) and a stream's bandwidth (issue 14);
 
 then prints ONE table: each figure, its peer (X2Go measured here, X2Go's
 reference figures from the issue, OpenSSH...), the ratio, the target and
@@ -295,6 +297,21 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
     return table
 
 
+def sound_rows(table: Table, sound: dict | None) -> None:
+    """Issue 14's sound figures (bench/sound_latency.py)."""
+    if not sound:
+        return
+    table.section("sound through the NX media channel (session -> client's PulseAudio, loopback)")
+    table.add("click: paplay in the session -> client's sink", sound["latency_ms_median"], "ms",
+              sound["local_ms_median"], "same click played locally", ratio(sound["latency_ms_median"],
+                                                                          sound["local_ms_median"]),
+              f"< {sound['target_ms']} ms", sound["latency_ms_median"] < sound["target_ms"],
+              spread_pct(sound["runs"]["session"]))
+    table.add("stream bandwidth on the NX link (44.1 kHz stereo)", sound["link_kbps"], "kbit/s",
+              sound["stream_pcm_kbps"], "the PCM itself", ratio(sound["link_kbps"], sound["stream_pcm_kbps"]),
+              "(info)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and counts: a smoke run (minutes)")
@@ -302,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=10, help="sessions for the memory figures (both)")
     parser.add_argument("--size", default="2G", help="bytes per relay throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="relay throughput runs per row")
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,sound")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install bench packages")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway (relay, logins, sessions)")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from bench/results/*.json")
@@ -329,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
                  "--json", os.path.join(RESULTS, "x2go.json"), *install],
         "scale": [python, os.path.join(HERE, "scale.py"), "--only", "sessions,logins,store,phases",
                   "--json", os.path.join(RESULTS, "scale.json"), *scale_args, *profile],
+        "sound": [python, os.path.join(HERE, "sound_latency.py"), "--runs", str(runs * 2),
+                  "--json", os.path.join(RESULTS, "sound.json")],
     }
     log_dir = os.path.join(RESULTS, "logs")
     os.makedirs(log_dir, exist_ok=True)
@@ -348,7 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     sessions_result = load(os.path.join(RESULTS, "sessions.json"))
     x2go = load(os.path.join(RESULTS, "x2go.json"))
     scale = load(os.path.join(RESULTS, "scale.json"))
+    sound = load(os.path.join(RESULTS, "sound.json"))
     table = build_table(relay, sessions_result, x2go, scale)
+    sound_rows(table, sound)
     print()
     print(f"nxgate benchmark — {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
           f"load {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f}")
@@ -362,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         "started": started, "seconds": time.time() - started, "cpus": os.cpu_count(), "kernel": platform.release(),
         "load_before": load_before, "load_after": os.getloadavg(), "quick": args.quick,
         "steps": steps_run, "table": table.rows,
-        "results": {"relay": relay, "sessions": sessions_result, "x2go": x2go, "scale": scale},
+        "results": {"relay": relay, "sessions": sessions_result, "x2go": x2go, "scale": scale, "sound": sound},
         "x2go_reference": X2GO_REFERENCE,
     }
     out = os.path.join(RESULTS, "bench.json")
