@@ -160,3 +160,95 @@ class ClientSide(TestCase):
         for word in ("listen=127.0.0.1", "auth-anonymous=0", "auth-cookie=/tmp/c", "port=4713"):
             self.assertIn(word, argv)
         self.assertEqual(load_argv("", 1, "/c")[:2], ["pactl", "load-module"])
+
+
+class SessionSide(TestCase):
+    """The session service with stand-in agents (tests.test_sessions_manager's
+    fakes): what a granted service changes in the agent's options, the
+    program's environment and the session directory, and what start-up
+    cleans up after a killed gateway."""
+
+    def setUp(self) -> None:
+        import os
+
+        from twisted.test.proto_helpers import MemoryReactorClock
+
+        from nxgate.node import files
+        from nxgate.sessions.store.sqlite import SessionStore
+        from tests.test_sessions_manager import FakeLauncher, FakeNotifier, short_state_dir
+
+        self.os = os
+        self.reactor = MemoryReactorClock()
+        self.layout = files.StateLayout(short_state_dir(self))
+        self.layout.prepare()
+        self.store = SessionStore(self.layout.database)
+        self.addCleanup(self.store.close)
+        self.launcher = FakeLauncher(self)
+        self.notifier = FakeNotifier()
+
+    def service(self, services: ServicesSection = ServicesSection()):
+        from nxgate.config import Config, SessionsSection
+        from nxgate.sessions.service import SessionService
+
+        config = Config(sessions=SessionsSection(display_base=3300, display_limit=20), services=services,
+                        types={"unix-console": ("true",)})
+        return SessionService(self.reactor, config, self.store, self.layout, notifier=self.notifier,
+                              launcher=self.launcher, listens=lambda pid, port: True)
+
+    def running(self, manager, params: str):
+        from tests.test_sessions_manager import READY, STARTED, caller, nx
+
+        d = nx(manager, caller(), "startsession", '--type="unix-console" --session="t" ' + params)
+        (session_id,) = list(manager.sessions)
+        manager._agent_line(session_id, READY)
+        reply = self.successResultOf(d)
+        manager._agent_line(session_id, STARTED)
+        return manager.sessions[session_id], reply
+
+    def options_line(self, session) -> str:
+        with open(self.layout.agent_files(session.id).options) as handle:
+            return handle.read()
+
+    def test_granted_sound_opens_the_media_channel_and_sets_the_programs_environment(self) -> None:
+        session, reply = self.running(self.service(), '--media="1" --samba="1"')
+        self.assertEqual(session.options["services"], ["sharing", "sound"])
+        line = self.options_line(session)
+        self.assertIn(f",media={7000 + session.display},", line)
+        self.assertIn(f",smb={3000 + session.display},", line)
+        self.assertIn("NX> 709 File-sharing port: 445", reply.lines)
+        program = self.launcher.requests[-1]["env_fixed"]
+        self.assertEqual(program["PULSE_SERVER"], f"tcp:127.0.0.1:{7000 + session.display}")
+        with open(program["PULSE_COOKIE"], "rb") as handle:
+            self.assertEqual(handle.read(), channels.sound_cookie(session.cookie))
+        self.assertEqual(self.os.stat(program["PULSE_COOKIE"]).st_mode & 0o777, 0o600)
+
+    def test_switched_off_sound_is_left_out_cleanly(self) -> None:
+        session, reply = self.running(self.service(ServicesSection(sound=False)), '--media="1"')
+        self.assertEqual(session.options["services"], [])
+        self.assertNotIn("media=", self.options_line(session))
+        self.assertNotIn("PULSE_SERVER", self.launcher.requests[-1]["env_fixed"])
+        self.assertIn("NX> 710 Session status: running", reply.lines)
+
+    def test_start_up_stops_the_services_of_a_session_left_suspended(self) -> None:
+        from twisted.internet import defer
+
+        from nxgate.sessions.model import Session, State
+        from tests.test_sessions_manager import ME, READY, STARTED, SUSPENDED
+
+        agent = self.successResultOf(defer.ensureDeferred(self.launcher.start({})))
+        session = Session(id="C" * 32, user=ME, uid=self.os.getuid(), gid=self.os.getgid(), type="unix-console",
+                          name="left", display=3301, server_name="h", cookie="0" * 32, state=State.RUNNING,
+                          ever_attached=True, agent_pid=agent.pid, agent_started=agent.started,
+                          options={"plan": {"program": ["true"]}, "services": ["sound"]})
+        self.store.insert(session)
+        agent_files = self.layout.agent_files(session.id)
+        self.os.mkdir(agent_files.directory, 0o700)
+        with open(agent_files.log, "w") as log:
+            log.write("\n".join([READY, STARTED, SUSPENDED]) + "\n")
+        stale = self.os.path.join(agent_files.directory, "pulse-cookie")
+        with open(stale, "wb") as handle:
+            handle.write(b"x" * 256)
+        manager = self.service()
+        manager.reconcile()
+        self.assertEqual(manager.sessions[session.id].state, State.SUSPENDED)
+        self.assertFalse(self.os.path.exists(stale))
