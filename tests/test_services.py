@@ -252,3 +252,19 @@ class SessionSide(TestCase):
         manager.reconcile()
         self.assertEqual(manager.sessions[session.id].state, State.SUSPENDED)
         self.assertFalse(self.os.path.exists(stale))
+
+    def test_a_taken_channel_port_leaves_the_service_out_not_the_session(self) -> None:
+        import socket
+
+        holders = []
+        for display in range(3300, 3306):  # where the session's display will be
+            holder = socket.socket()
+            holder.bind(("127.0.0.1", 7000 + display))
+            holder.listen(1)
+            holders.append(holder)
+            self.addCleanup(holder.close)
+        session, reply = self.running(self.service(), '--media="1"')
+        self.assertIn(session.display, range(3300, 3306))
+        self.assertEqual(session.options["services"], [])
+        self.assertNotIn("media=", self.options_line(session))
+        self.assertNotIn("PULSE_SERVER", self.launcher.requests[-1]["env_fixed"])

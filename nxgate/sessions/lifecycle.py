@@ -40,7 +40,7 @@ from nxgate.backends import nxagent
 from nxgate.backends.agentlog import AgentEvent, LogEvent, parse_line
 from nxgate.config import Config, SessionsSection
 from nxgate.node.displays import DisplayAllocator
-from nxgate.node.extras import Extras, grant
+from nxgate.node.extras import Extras, grant_for
 from nxgate.node.supervisor import AgentSupervisor
 from nxgate.safetext import printable
 from nxgate.node.files import StateLayout
@@ -319,7 +319,9 @@ class Lifecycle:
                 encrypted=encrypted,
                 geometry=settings.geometry, depth=settings.depth, render=settings.render,
                 fullscreen=settings.fullscreen, options={**session.options, "display": settings.as_dict(),
-                                                         "services": grant(request.services, self.config.services)},
+                                                         "services": grant_for(request.services,
+                                                                               self.config.services, session.display,
+                                                                               session.id, session.user)},
             )
             self.supervisor.write_agent_files(session, runtime.files, settings)
             log.info("resuming session {id} of {user} for {address}", id=session.id, user=session.user,

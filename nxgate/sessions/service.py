@@ -140,14 +140,15 @@ class SessionService(service.Service):
         session = self.new_session(caller, request.type, request.name, request.display, request.encrypted,
                                    rootless=request.rootless)
         session = session.evolve(options={**session.options,
-                                          "services": self.granted_services(caller, request.services)})
+                                          "services": self.granted_services(caller, request.services, session)})
         return await self.launch(caller, session, request.display, plan)
 
-    def granted_services(self, caller: Caller, wanted: frozenset[str]) -> list[str]:
+    def granted_services(self, caller: Caller, wanted: frozenset[str], session: Session) -> list[str]:
         """What the client asked for beside the screen, less what the admin
-        switched off (logged, not refused: the session simply goes without)."""
-        granted = extras.grant(wanted, self.config.services)
-        refused = sorted(set(wanted) - set(granted))
+        switched off (logged, not refused: the session simply goes without)
+        and what has no free channel port."""
+        granted = extras.grant_for(wanted, self.config.services, session.display, session.id, session.user)
+        refused = sorted(set(wanted) - set(extras.grant(wanted, self.config.services)))
         if refused:
             log.info("{user} from {address} asked for {refused}, switched off in [services]", user=caller.user,
                      address=caller.address, refused=", ".join(refused))

@@ -66,6 +66,18 @@ def grant(wanted: Iterable[str], services: Any) -> list[str]:
     return sorted(name for name in set(wanted) if name in channels.SERVICES and getattr(services, name, False))
 
 
+def grant_for(wanted: Iterable[str], services: Any, display: int, session_id: str, user: str) -> list[str]:
+    """:func:`grant`, less the services whose channel port on ``display`` is
+    taken (logged): the agent would abort the whole session on it."""
+    from nxgate.node.extras.ports import openable
+
+    kept, dropped = openable(grant(wanted, services), display)
+    if dropped:
+        log.warn("session {id} of {user}: no {services}: the channel port is taken by another process",
+                 id=session_id, user=user, services=", ".join(dropped))
+    return kept
+
+
 def granted(session: Any) -> list[str]:
     return [name for name in session.options.get("services", ()) if name in channels.SERVICES]
 
