@@ -8,6 +8,10 @@ real ``nxproxy -S`` with ``media=PORT``.  A program in the session plays a
 known tone with ``paplay`` in the session's own environment (read from the
 session program's /proc/PID/environ), and the null sink's monitor, recorded
 with ``parec``, must hear it: frequency within 2 %, duration within 10 %.
+Also: the microphone the other way, the sound after a resume (new cookie),
+a stranger on the server who connects to the channel's loopback port, sound
+switched off in ``[services]`` (a working session without it), and
+``nxgate-client --sound`` itself.
 """
 
 from __future__ import annotations

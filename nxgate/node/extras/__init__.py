@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from twisted.logger import Logger
 
 from nxgate import channels
+from nxgate.node.extras.ports import openable
 
 log = Logger(namespace="nxgate.extras")
 
@@ -69,8 +70,6 @@ def grant(wanted: Iterable[str], services: Any) -> list[str]:
 def grant_for(wanted: Iterable[str], services: Any, display: int, session_id: str, user: str) -> list[str]:
     """:func:`grant`, less the services whose channel port on ``display`` is
     taken (logged): the agent would abort the whole session on it."""
-    from nxgate.node.extras.ports import openable
-
     kept, dropped = openable(grant(wanted, services), display)
     if dropped:
         log.warn("session {id} of {user}: no {services}: the channel port is taken by another process",
@@ -127,8 +126,8 @@ class Extras:
                             id=session.id, service=extra.name)
 
     async def stop(self, session: Any, services: Iterable[str] | None = None) -> None:
-        """Stop the session's extras (all known ones with ``services=None``
-        and nothing granted: at start-up a leftover's grant may be unknown)."""
+        """Stop the extras of the services the session was granted (or of
+        ``services``); each one's ``stop`` must be harmless when nothing runs."""
         for extra in self.of(session, services):
             try:
                 await extra.stop(session)
