@@ -18,20 +18,24 @@ from nxgate.nx.requests import restore_request, start_request
 
 # What the clients send on startsession (reference §2.5; the parts that matter here).
 NOMACHINE_3 = ('--session="work" --type="unix-xfce" --cache="16M" --images="64M" --link="lan" --kbtype="pc105/us"'
-               ' --media="1" --agent_server="" --agent_user="" --agent_password="" --samba="1" --cups="1"'
+               ' --media="1" --mediahelper="esd" --agent_server="" --agent_user="" --samba="1" --cups="1"'
                ' --nodelay="1" --encryption="1" --screeninfo="1024x768x24+render" --geometry="800x600"')
 OPENNX = ('--session="work" --type="unix-xfce" --geometry="800x600" --client="linux" --keyboard="pc105/us"'
-          ' --link="adsl" --media="1" --mediahelper="esd" --cups="0" --samba="1" --encryption="1"')
+          ' --link="adsl" --samba="1" --cups="0" --media="1" --mediahelper="pa-44100" --encryption="1"')
 NXCL = ('--session="nxcl" --type="unix-kde" --cache="8M" --images="32M" --cookie="abc" --link="adsl"'
         ' --kbtype="pc102/gb" --nodelay="1" --encryption="1" --backingstore="never" --geometry="fullscreen"'
         ' --media="0" --agent_server="" --agent_user="" --agent_password="" --screeninfo="1024x768x24+render"')
 
 
 class ClientVariants(TestCase):
-    def test_nomachine_asks_for_all_three(self) -> None:
-        self.assertEqual(start_request(parse_params(NOMACHINE_3)).services, {"sound", "printing", "sharing"})
+    def test_nomachine_gets_no_sound_for_its_esd_helper(self) -> None:
+        """nxclient 3.x's sound server is nxesd (ESD): PulseAudio clients in
+        the session could not talk to it."""
+        self.assertEqual(start_request(parse_params(NOMACHINE_3)).services, {"printing", "sharing"})
+        without_helper = NOMACHINE_3.replace(' --mediahelper="esd"', "")
+        self.assertEqual(start_request(parse_params(without_helper)).services, {"sound", "printing", "sharing"})
 
-    def test_opennx_media_and_samba(self) -> None:
+    def test_opennx_native_pulseaudio_media_and_samba(self) -> None:
         self.assertEqual(start_request(parse_params(OPENNX)).services, {"sound", "sharing"})
 
     def test_nxcl_media_off(self) -> None:

@@ -42,10 +42,13 @@ MAX_APPLICATION = 4096
 # startsession parameters whose values the server chooses itself.
 SERVER_CHOSEN = ("id", "display")
 REMOTE_KEYS = ("agent_server", "agent_user", "agent_domain", "agent_password")
-#: The parameters that ask for a service beside the screen (reference §2.5):
-#: NoMachine 3.x and OpenNX send all three (OpenNX adds ``--mediahelper``,
-#: the client's own sound helper, which is none of the server's business);
-#: nxcl and Remmina send ``--media`` only.  FreeNX's nxnode reads the same three.
+#: The parameters that ask for a service beside the screen (reference §2.5,
+#: client sources and logs): NoMachine 3.x sends ``--media="1"
+#: --mediahelper="esd"`` and ``--samba``; OpenNX ``--samba``, ``--cups``,
+#: ``--media`` (always "0" in early versions) and with media its helper,
+#: ``esd`` or (newer, the default) ``pa``/``pa-RATE[-mono]``; nxcl, Remmina
+#: and the gnx-style clients a fixed ``--media="0"``.  FreeNX's nxnode reads
+#: the same three.
 SERVICE_PARAMETERS = (("media", "sound"), ("cups", "printing"), ("samba", "sharing"), ("smb", "sharing"))
 _YES = ("1", "true", "yes", "on")
 
@@ -199,9 +202,16 @@ def start_request(params: Params) -> StartRequest:
 
 def services(params: Params) -> frozenset[str]:
     """The services the client asks for.  Anything but a yes is a no: an
-    odd value there only costs the client its sound, never its session."""
-    return frozenset(service for key, service in SERVICE_PARAMETERS
-                     if params.get(key, "").strip().lower() in _YES)
+    odd value there only costs the client its sound, never its session.
+
+    Sound is asked for only by a client whose sound server speaks
+    PulseAudio's protocol: with ``--mediahelper="esd"`` (NoMachine 3.x's
+    nxesd, older OpenNX) the client's end of the media channel is an ESD
+    server, which a session's PulseAudio clients cannot talk to."""
+    wanted = {service for key, service in SERVICE_PARAMETERS if params.get(key, "").strip().lower() in _YES}
+    if params.get("mediahelper", "").strip().lower() == "esd":
+        wanted.discard("sound")
+    return frozenset(wanted)
 
 
 def remote_request(params: Params) -> RemoteRequest | None:
