@@ -12,6 +12,8 @@ Runs, each as its own process with its own JSON in bench/results/:
                      store, and where the session times go (phases);
 * bench/store_listing.py  the session store's listsession query with 10 000
                      stored sessions on SQLite, PostgreSQL and MariaDB (issue 13);
+* bench/sound_latency.py  a click from the session to the client's sound
+                     server (latency) and a stream's bandwidth (issue 14);
 
 then prints ONE table: each figure, its peer (X2Go measured here, X2Go's
 reference figures from the issue, OpenSSH...), the ratio, the target and
@@ -141,8 +143,7 @@ def store_rows(table: Table, store: dict | None) -> None:
                        f" swap {figures['swap']['median_ms']:.2f} ms, all live {figures['live_all']['median_ms']:.0f} ms")
 
 
-def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, scale: dict | None,
-                store: dict | None = None) -> Table:
+def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, scale: dict | None) -> Table:
     table = Table()
     # ---------------------------------------------------------------- sessions
     table.section("session operations (nxgate-client vs X2Go's pyhoca-cli, medians; 'here' = this machine)")
@@ -313,8 +314,22 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
                               spread=spread_pct(phases["spread"][key]) if key in phases.get("spread", {}) else None)
             table.add("nxgate-client: import / --list", f"{phases['client_import_s']:.2f}/{phases['client_list_s']:.2f}",
                       "s", f"{phases['python_start_s']:.2f}", "bare python start", None, "(info)")
-    store_rows(table, store)
     return table
+
+
+def sound_rows(table: Table, sound: dict | None) -> None:
+    """Issue 14's sound figures (bench/sound_latency.py)."""
+    if not sound:
+        return
+    table.section("sound through the NX media channel (session -> client's PulseAudio, loopback)")
+    table.add("click: paplay in the session -> client's sink", sound["latency_ms_median"], "ms",
+              sound["local_ms_median"], "same click played locally", ratio(sound["latency_ms_median"],
+                                                                          sound["local_ms_median"]),
+              f"< {sound['target_ms']} ms", sound["latency_ms_median"] < sound["target_ms"],
+              spread_pct(sound["runs"]["session"]))
+    table.add("stream bandwidth on the NX link (44.1 kHz stereo)", sound["link_kbps"], "kbit/s",
+              sound["stream_pcm_kbps"], "the PCM itself", ratio(sound["link_kbps"], sound["stream_pcm_kbps"]),
+              "(info)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -324,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=10, help="sessions for the memory figures (both)")
     parser.add_argument("--size", default="2G", help="bytes per relay throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="relay throughput runs per row")
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,sound")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install bench packages")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway (relay, logins, sessions)")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from bench/results/*.json")
@@ -353,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
                   "--json", os.path.join(RESULTS, "scale.json"), *scale_args, *profile],
         "store": [python, os.path.join(HERE, "store_listing.py"), "--json", os.path.join(RESULTS, "store.json"),
                   *(["--calls", "50"] if args.quick else [])],
+        "sound": [python, os.path.join(HERE, "sound_latency.py"), "--runs", str(runs * 2),
+                  "--json", os.path.join(RESULTS, "sound.json")],
     }
     log_dir = os.path.join(RESULTS, "logs")
     os.makedirs(log_dir, exist_ok=True)
@@ -373,7 +390,10 @@ def main(argv: list[str] | None = None) -> int:
     x2go = load(os.path.join(RESULTS, "x2go.json"))
     scale = load(os.path.join(RESULTS, "scale.json"))
     store = load(os.path.join(RESULTS, "store.json"))
-    table = build_table(relay, sessions_result, x2go, scale, store)
+    sound = load(os.path.join(RESULTS, "sound.json"))
+    table = build_table(relay, sessions_result, x2go, scale)
+    store_rows(table, store)
+    sound_rows(table, sound)
     print()
     print(f"nxgate benchmark — {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
           f"load {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f}")
@@ -387,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         "started": started, "seconds": time.time() - started, "cpus": os.cpu_count(), "kernel": platform.release(),
         "load_before": load_before, "load_after": os.getloadavg(), "quick": args.quick,
         "steps": steps_run, "table": table.rows,
-        "results": {"relay": relay, "sessions": sessions_result, "x2go": x2go, "scale": scale, "store": store},
+        "results": {"relay": relay, "sessions": sessions_result, "x2go": x2go, "scale": scale, "store": store,
+                    "sound": sound},
         "x2go_reference": X2GO_REFERENCE,
     }
     out = os.path.join(RESULTS, "bench.json")

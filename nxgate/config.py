@@ -265,6 +265,17 @@ class StoreSection:
 
 
 @dataclass(frozen=True)
+class ServicesSection:
+    """What may travel beside the screen (issue 14): the admin's switch per
+    service.  A client that asks for a switched-off service gets the session
+    without it, not an error (README "Sound, printing and folders")."""
+
+    sound: bool = option(True, boolean, "carry the session's sound to the client (NX media channel, --media)")
+    printing: bool = option(True, boolean, "let the session print on the client's printers (NX cups channel, --cups)")
+    sharing: bool = option(True, boolean, "mount the client's shared folders in the session (NX smb channel, --samba)")
+
+
+@dataclass(frozen=True)
 class TargetSection:
     """A remote desktop the admin defines: ``[target NAME]``."""
 
@@ -373,6 +384,7 @@ class Config:
     store: StoreSection = StoreSection()
     # [cluster]: None when absent (one box, as before issue 13).
     cluster: ClusterConfig | None = None
+    services: ServicesSection = ServicesSection()
     # Remote desktops by name, from [target NAME] sections.
     targets: dict[str, TargetSection] = field(default_factory=dict)
     # Session limits by user and group: "user.NAME" / "group.NAME" -> count.

@@ -60,6 +60,9 @@ class Options:
     # The prompt for the remote desktop's password, when it must be asked
     # (it is not in $NXGATE_REMOTE_PASSWORD); see with_remote_password.
     remote_password_prompt: str | None = None
+    # --sound: the local sound server to play the session's sound on ("" for
+    # libpulse's default); None without --sound.
+    sound_server: str | None = None
 
     @property
     def legacy_free(self) -> bool:
@@ -129,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     ssh.add_argument("--known-hosts", metavar="FILE", default=os.path.join("~", ".config", "nxgate", "known_hosts"),
                      help="known host keys; new hosts are added, changed keys refused (default: %(default)s)")
     ssh.add_argument("--accept-any-host-key", action="store_true", help="do not check the host key (tests only)")
+    services = parser.add_argument_group("sound, printing and folders")
+    services.add_argument("--sound", action="store_true",
+                          help="play the session's sound here and let it record from this microphone "
+                               "(PulseAudio or PipeWire's Pulse server)")
+    services.add_argument("--sound-server", metavar="SERVER", default="",
+                          help="with --sound: the local sound server, as PULSE_SERVER names it "
+                               "(default: the one your programs use)")
     parser.add_argument("--nxproxy", metavar="PATH", default="nxproxy",
                         help="the nxproxy program (default: %(default)s)")
     parser.add_argument("--verbose", "-v", action="store_true", help="show the NX dialogue on stderr")
@@ -238,7 +248,7 @@ def session_parameters(args: argparse.Namespace, environ: dict[str, str]) -> com
     return commands.SessionParameters(
         name=args.name.strip(), type=session_type, width=width, height=height, link=args.link,
         keyboard=args.keyboard, application=args.application, rootless=args.rootless,
-        fullscreen=args.fullscreen,
+        fullscreen=args.fullscreen, media=args.sound,
     )
 
 
@@ -272,8 +282,13 @@ def parse_options(argv: list[str], environ: dict[str, str]) -> Options:
     if identity is not None and not os.path.isfile(identity):
         raise UsageError(f"--identity: no such file: {identity}")
     known_hosts = None if args.accept_any_host_key else os.path.expanduser(args.known_hosts)
+    if args.sound_server and not args.sound:
+        raise UsageError("--sound-server is only for --sound")
+    if args.sound and not isinstance(request, ATTACHING):
+        raise UsageError("--sound is for a session you start, resume or shadow")
     return Options(
         user=user, host=host, port=port, request=request, ssh_user=args.ssh_user, identity=identity,
         known_hosts=known_hosts, nxproxy=args.nxproxy, verbose=args.verbose,
         remote_password_prompt=f"Password for the remote desktop {remote.server}: " if ask_password and remote else None,
+        sound_server=args.sound_server if args.sound else None,
     )

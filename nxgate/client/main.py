@@ -28,6 +28,7 @@ from nxgate.nx import client_dialogue as dialogue
 from nxgate.nx.listing import ParsedRow
 from nxgate.client.knownhosts import KnownHosts
 from nxgate.client.proxy import LocalConnection, NXProxy, last_lines
+from nxgate.client.sound import LocalSound, SoundError
 from nxgate.client.ssh import HostKeyPolicy, Login, ShellChannel, SSHError, open_shell
 
 OK, NX_ERROR, USAGE, SSH_FAILURE = 0, 1, 2, 3
@@ -104,6 +105,7 @@ class ClientRun:
         self.done: defer.Deferred[int] = defer.Deferred()
         self.channel: ShellChannel | None = None
         self.proxy: NXProxy | None = None
+        self.sound: LocalSound | None = None
         self.local: LocalConnection | None = None
         self.info: dialogue.SessionInfo | None = None
         self.switched = False
@@ -282,7 +284,8 @@ class ClientRun:
         self.proxy = NXProxy(self.reactor, self.nxproxy_path, self, self.environ)
         try:
             port = self.proxy.listen()
-            argv = self.proxy.start(info, self.options.request.params.name, port)  # type: ignore[union-attr]
+            media = self._open_sound(info, self.proxy.home)
+            argv = self.proxy.start(info, self.options.request.params.name, port, media)  # type: ignore[union-attr]
         except (OSError, ValueError, CannotListenError) as problem:
             self.say(f"cannot start nxproxy: {problem}")
             self.finish(NX_ERROR)
@@ -290,6 +293,23 @@ class ClientRun:
         if self.options.verbose:
             self.say("started " + " ".join(argv) + f" (log: {self.proxy.log_path})")
         self._arm("connect", PROXY_CONNECT_TIMEOUT, self._proxy_connect_timeout)
+
+    def _open_sound(self, info: dialogue.SessionInfo, directory: str) -> int:
+        """The local sound server's port for nxproxy's ``media=`` (0: no sound).
+        Without it the session still runs, silent: said, not fatal."""
+        if self.options.sound_server is None:
+            return 0
+        self.sound = LocalSound(self.options.sound_server, directory)
+        try:
+            port = self.sound.open(info.cookie)
+        except (SoundError, OSError) as problem:
+            self.say(f"no sound: {problem}")
+            self.sound.close()
+            self.sound = None
+            return 0
+        if self.options.verbose:
+            self.say(f"sound: the session plays on the local sound server through 127.0.0.1:{port}")
+        return port
 
     def _proxy_connect_timeout(self) -> None:
         self._timers.pop("connect", None)
@@ -381,6 +401,9 @@ class ClientRun:
         if self.channel is not None:
             self.channel.disconnect()
         proxy = self.proxy
+        if self.sound is not None:
+            self.sound.close()
+            self.sound = None
         if proxy is None:
             self.done.callback(code)
             return

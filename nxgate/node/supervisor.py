@@ -30,6 +30,7 @@ from twisted.logger import Logger
 
 from nxgate.backends import jail, nxagent, x11
 from nxgate.backends.agentlog import AgentEvent, LogEvent, parse_line
+from nxgate import channels
 from nxgate.config import Config
 from nxgate.node import cgroups, files, processes
 from nxgate.node.follow import LogFollower, replay
@@ -141,7 +142,8 @@ class AgentSupervisor:
                   else nxagent.listen_tcp(session.client_address))
         authority = b"".join(x11.xauthority(display, cookie)
                              for display, cookie in ((session.display, session.cookie), *plan.extra_cookies))
-        options = nxagent.options_line(session, settings, listen, plan.extra_options)
+        service_channels = tuple(channels.agent_options(session.options.get("services", ()), session.display))
+        options = nxagent.options_line(session, settings, listen, (*plan.extra_options, *service_channels))
         files.write_user_file(agent_files.authority, authority, session.uid, session.gid)
         files.write_user_file(agent_files.options, options.encode(), session.uid, session.gid)
 
@@ -221,16 +223,18 @@ class AgentSupervisor:
         raise LaunchError("nxagent did not start in its jail in time")
 
     async def start_program(self, session: Session, agent_files: nxagent.AgentFiles, secret: str | None,
-                            report: bool) -> tuple[ProcessId, defer.Deferred[str]]:
+                            report: bool, extra_env: dict[str, str] | None = None,
+                            ) -> tuple[ProcessId, defer.Deferred[str]]:
         """Start the session's program (raises LaunchError or OSError); with
-        ``report``, the Deferred gives its status line."""
+        ``report``, the Deferred gives its status line.  ``extra_env``: what
+        the session's extras add (PULSE_SERVER, CUPS_SERVER, ...)."""
         plan = self.plan(session)
         user = await self.blocking(pwd.getpwuid, session.uid)
         request = {
             "user": user.pw_name,
             "argv": list(plan.program),
             "env": login_environment(user, self.settings),
-            "env_fixed": {**nxagent.x11_environment(session, agent_files, dict(plan.program_env)),
+            "env_fixed": {**nxagent.x11_environment(session, agent_files, {**(extra_env or {}), **dict(plan.program_env)}),
                           processes.SESSION_MARKER: session.id, processes.SESSION_ID_VARIABLE: session.id},
             "cwd": user.pw_dir,
             "log": agent_files.app_log,

@@ -78,6 +78,7 @@ class SessionParameters:
     rootless: bool = False
     fullscreen: bool = False
     remote: RemoteDesktop | None = None  # for windows and vnc sessions
+    media: bool = False  # sound through the NX media channel (--sound)
 
     def pairs(self) -> list[tuple[str, str]]:
         pairs = [("session", self.name), ("type", self.type)]
@@ -93,7 +94,7 @@ class SessionParameters:
             ("cache", "16M"),
             ("images", "64M"),
             ("backingstore", "1"),
-            ("media", "0"),
+            ("media", "1" if self.media else "0"),
             ("client", "linux"),
         ]
         if self.application is not None:

@@ -50,6 +50,7 @@ def ready_reply(ready: Ready, caller: Caller) -> Reply:
         full_id=view.full_id, display=view.display, session_type=view.type, cookie=ready.cookie,
         proxy_ip="127.0.0.1" if view.encrypted else caller.local_address, encrypted=view.encrypted,
         status="resuming" if ready.resumed else "starting",
+        services=tuple(view.options.get("services", ())),
     )
     return Reply(lines, ready.stream)
 

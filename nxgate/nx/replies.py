@@ -9,6 +9,9 @@ what gnx-style clients wait for.
 
 from __future__ import annotations
 
+#: The file-sharing port FreeNX's nxnode announced in ``NX> 709`` (CIFS).
+SMB_PORT = 445
+
 
 def session_ready(
     *,
@@ -19,7 +22,12 @@ def session_ready(
     proxy_ip: str,
     encrypted: bool,
     status: str,
+    services: tuple[str, ...] = (),
 ) -> tuple[str, ...]:
+    """``services``: what the session was granted; with folder sharing the
+    client hears FreeNX's ``NX> 709 File-sharing port``, which OpenNX reads
+    as the SMB port to mount from (FreeNX said 445 for CIFS)."""
+    sharing = (f"NX> 709 File-sharing port: {SMB_PORT}",) if "sharing" in services else ()
     return (
         f"NX> 700 Session id: {full_id}",
         f"NX> 705 Session display: {display}",
@@ -29,6 +37,7 @@ def session_ready(
         f"NX> 706 Agent cookie: {cookie}",
         f"NX> 704 Session cache: {session_type}",
         f"NX> 707 SSL tunneling: {1 if encrypted else 0}",
+        *sharing,
         f"NX> 1009 Session status: {status}",
         "NX> 710 Session status: running",
         "NX> 1002 Commit",

@@ -42,6 +42,15 @@ MAX_APPLICATION = 4096
 # startsession parameters whose values the server chooses itself.
 SERVER_CHOSEN = ("id", "display")
 REMOTE_KEYS = ("agent_server", "agent_user", "agent_domain", "agent_password")
+#: The parameters that ask for a service beside the screen (reference §2.5,
+#: client sources and logs): NoMachine 3.x sends ``--media="1"
+#: --mediahelper="esd"`` and ``--samba``; OpenNX ``--samba``, ``--cups``,
+#: ``--media`` (always "0" in early versions) and with media its helper,
+#: ``esd`` or (newer, the default) ``pa``/``pa-RATE[-mono]``; nxcl, Remmina
+#: and the gnx-style clients a fixed ``--media="0"``.  FreeNX's nxnode reads
+#: the same three.
+SERVICE_PARAMETERS = (("media", "sound"), ("cups", "printing"), ("samba", "sharing"), ("smb", "sharing"))
+_YES = ("1", "true", "yes", "on")
 
 
 def invalid(name: str, value: str, why: str) -> NXError:
@@ -187,7 +196,22 @@ def start_request(params: Params) -> StartRequest:
         application=application,
         ignored=tuple((key, params[key]) for key in SERVER_CHOSEN if params.get(key, "").strip()),
         remote=remote_request(params),
+        services=services(params),
     )
+
+
+def services(params: Params) -> frozenset[str]:
+    """The services the client asks for.  Anything but a yes is a no: an
+    odd value there only costs the client its sound, never its session.
+
+    Sound is asked for only by a client whose sound server speaks
+    PulseAudio's protocol: with ``--mediahelper="esd"`` (NoMachine 3.x's
+    nxesd, older OpenNX) the client's end of the media channel is an ESD
+    server, which a session's PulseAudio clients cannot talk to."""
+    wanted = {service for key, service in SERVICE_PARAMETERS if params.get(key, "").strip().lower() in _YES}
+    if params.get("mediahelper", "").strip().lower() == "esd":
+        wanted.discard("sound")
+    return frozenset(wanted)
 
 
 def remote_request(params: Params) -> RemoteRequest | None:
@@ -203,7 +227,8 @@ def restore_request(params: Params) -> RestoreRequest:
     """Validate a ``restoresession``."""
     return RestoreRequest(session_id=session_id(params, "id", "restore", "sessionid"),
                           display=display_settings(params),
-                          encrypted=params.get("encryption", "1").strip() != "0")
+                          encrypted=params.get("encryption", "1").strip() != "0",
+                          services=services(params))
 
 
 def shadow_request(params: Params) -> ShadowRequest:

@@ -40,6 +40,7 @@ from nxgate.backends import nxagent
 from nxgate.backends.agentlog import AgentEvent, LogEvent, parse_line
 from nxgate.config import Config, SessionsSection
 from nxgate.node.displays import DisplayAllocator
+from nxgate.node.extras import Extras, grant_for
 from nxgate.node.supervisor import AgentSupervisor
 from nxgate.safetext import printable
 from nxgate.node.files import StateLayout
@@ -193,7 +194,7 @@ class Lifecycle:
 
     def __init__(self, reactor: Any, config: Callable[[], Config], settings: Callable[[], SessionsSection],
                  layout: StateLayout, supervisor: AgentSupervisor, writer: StoreWriter, store: SessionStore,
-                 displays: DisplayAllocator, background: Background) -> None:
+                 displays: DisplayAllocator, background: Background, extras: Extras | None = None) -> None:
         self.reactor = reactor
         self._config = config
         self._settings = settings
@@ -203,6 +204,9 @@ class Lifecycle:
         self.store = store
         self.displays = displays
         self.background = background
+        # The services beside the screen (nxgate.node.extras): started once the
+        # agent listens, stopped at suspend and end; they never raise.
+        self.extras = extras or Extras()
         self.sessions: dict[str, Session] = {}
         self.runtime: dict[str, Runtime] = {}
         # Who hears of every creation and state change (the D-Bus door's
@@ -257,6 +261,7 @@ class Lifecycle:
                 await self._start_agent(session, runtime, settings, plan)
                 await self._wait_for(session.id, {State.WAITING}, self.settings.agent_start_timeout)
                 metrics.agent_started(self.reactor.seconds() - launched)
+                await self.extras.start(self.sessions[session.id])
                 if plan.program_early:
                     status = await self._start_program(session.id, report=True)
                     failure = judge(status) if judge is not None else None
@@ -313,12 +318,16 @@ class Lifecycle:
                 session.id, cookie=secrets.token_hex(16), client_address=printable(caller.address),
                 encrypted=encrypted,
                 geometry=settings.geometry, depth=settings.depth, render=settings.render,
-                fullscreen=settings.fullscreen, options={**session.options, "display": settings.as_dict()},
+                fullscreen=settings.fullscreen, options={**session.options, "display": settings.as_dict(),
+                                                         "services": grant_for(request.services,
+                                                                               self.config.services, session.display,
+                                                                               session.id, session.user)},
             )
             self.supervisor.write_agent_files(session, runtime.files, settings)
             log.info("resuming session {id} of {user} for {address}", id=session.id, user=session.user,
                      address=caller.address, audit="session_resume")
             await self._sighup_until_listening(session.id)
+            await self.extras.start(self.sessions[session.id])
         except (SessionEnded, WaitTimeout) as error:
             raise SessionError(Kind.FAILED_TO_RESUME, f"Session resume failed: {error}",
                                session_id=session_id) from None
@@ -388,7 +397,8 @@ class Lifecycle:
             return ""
         secret, runtime.secret = runtime.secret, None
         try:
-            started, status = await self.supervisor.start_program(session, runtime.files, secret, report)
+            started, status = await self.supervisor.start_program(session, runtime.files, secret, report,
+                                                                  self.extras.environment(session))
         except (LaunchError, OSError, KeyError) as error:
             log.warn("session {id}: could not start {program}: {error}", id=session_id,
                      program=plan.program[0], error=str(error))
@@ -492,6 +502,8 @@ class Lifecycle:
             changes["ever_attached"] = True
         reason = session.failure or runtime.last_error or "nxagent ended"
         self._transition(session_id, new, **changes)
+        if new is State.SUSPENDED:
+            self.background(self.extras.stop(self.sessions[session_id]), "stopping its services", session_id)
         if new is State.SUSPENDED and self._awaiting_client(runtime):
             log.warn("session {id}: its agent suspended itself before the client came (a failed connection, or "
                      "nxagent's own timeout); listening again", id=session_id)
@@ -686,6 +698,7 @@ class Lifecycle:
         if runtime is not None:
             self._stop_watching(runtime)
             self._cancel_connect_timer(runtime)
+        await self.extras.stop(session)
         await self.supervisor.clean_up(session)
 
     @staticmethod
@@ -737,6 +750,8 @@ class Lifecycle:
             elif session.app_pid:
                 runtime.app_watch = self.supervisor.watch_exit(
                     program, lambda sid=session.id: self._program_exited(sid))
+            if self.sessions[session.id].state is State.SUSPENDED:
+                await self.extras.stop(self.sessions[session.id])  # what a killed gateway left running
             log.info("session {id} of {user} taken back ({state})", id=session.id, user=session.user,
                      state=self.sessions[session.id].state.value, audit="session_reattach")
         await self.supervisor.find_orphans(lambda session_id: session_id in self.sessions, self.store.path,

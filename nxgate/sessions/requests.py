@@ -59,7 +59,9 @@ class StartRequest:
     ignored: tuple[tuple[str, str], ...] = ()
     # For the remote desktop types (windows, vnc): what the client named.
     remote: RemoteRequest | None = None
-
+    # What the client wants beside the screen: a subset of {"sound", "printing",
+    # "sharing"}; the service grants what the admin left on ([services]).
+    services: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,8 @@ class RestoreRequest:
     session_id: str
     display: DisplaySettings
     encrypted: bool
+    # Asked for anew at each resume: the client may come back from another machine.
+    services: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from nxgate.config import Config
 from nxgate.node.displays import DisplayAllocator, NoFreeDisplay
 from nxgate.node.supervisor import AgentSupervisor, Orphan, SendSignal
 from nxgate.safetext import printable
-from nxgate.node import displays, files, processes
+from nxgate.node import displays, extras, files, processes
 from nxgate.node.launcher import Launcher
 from nxgate.sessions.model import FOR_LATER, Session
 from nxgate.sessions.programs import session_command
@@ -95,8 +95,10 @@ class SessionService(service.Service):
         self.displays = DisplayAllocator(
             lambda: (self.settings.display_base, self.settings.display_limit),
             lambda: [s.display for s in self.sessions.values()] + [o.display for o in self.orphans.values()])
+        self.extras = extras.Extras.load(extras.Context(reactor, lambda: self.config, layout, self.launcher,
+                                                        blocking))
         self.lifecycle = Lifecycle(reactor, lambda: self.config, lambda: self.settings, layout, self.supervisor,
-                                   self.writer, self.store, self.displays, self.background)
+                                   self.writer, self.store, self.displays, self.background, self.extras)
         self.sessions = self.lifecycle.sessions  # the same dicts: the life cycle owns them
         self.runtime = self.lifecycle.runtime
         self.housekeeper = Housekeeping(reactor, lambda: self.settings, self.store, layout, self.supervisor,
@@ -141,7 +143,20 @@ class SessionService(service.Service):
         plan = nxagent.AgentPlan(mode="-R" if request.rootless else "-D", program=program)
         session = self.new_session(caller, request.type, request.name, request.display, request.encrypted,
                                    rootless=request.rootless)
+        session = session.evolve(options={**session.options,
+                                          "services": self.granted_services(caller, request.services, session)})
         return await self.launch(caller, session, request.display, plan)
+
+    def granted_services(self, caller: Caller, wanted: frozenset[str], session: Session) -> list[str]:
+        """What the client asked for beside the screen, less what the admin
+        switched off (logged, not refused: the session simply goes without)
+        and what has no free channel port."""
+        granted = extras.grant_for(wanted, self.config.services, session.display, session.id, session.user)
+        refused = sorted(set(wanted) - set(extras.grant(wanted, self.config.services)))
+        if refused:
+            log.info("{user} from {address} asked for {refused}, switched off in [services]", user=caller.user,
+                     address=caller.address, refused=", ".join(refused))
+        return granted
 
     async def start_for_later(self, caller: Caller, session_type: str, name: str) -> SessionView:
         """A session of an allowed type that waits for a client to attach later

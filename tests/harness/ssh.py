@@ -129,14 +129,16 @@ class SessionInfo:
         return cls(full_id, full_id[-32:], int(field("705")), field("701"), field("706"), reply)
 
 
-def start_nxproxy(info: SessionInfo, screen_name: str, workdir: str, port: int) -> tuple[subprocess.Popen, str]:
+def start_nxproxy(info: SessionInfo, screen_name: str, workdir: str, port: int,
+                  options: str = "") -> tuple[subprocess.Popen, str]:
     """nxproxy drawing a session on ``screen_name``, its stream connected to
-    127.0.0.1:``port`` (where a client relays it to the SSH channel); and its log."""
+    127.0.0.1:``port`` (where a client relays it to the SSH channel); and its
+    log.  ``options``: more nxproxy options (``media=PORT``...)."""
     home = tempfile.mkdtemp(prefix="nxproxy-", dir=workdir)
     log = os.path.join(home, "proxy.log")
     proxy = subprocess.Popen(
         ["nxproxy", "-S", f"nx/nx,connect=127.0.0.1,port={port},"
-                          f"cookie={info.cookie},id={info.full_id}:{info.display}"],
+                          f"cookie={info.cookie},id={info.full_id}{',' + options if options else ''}:{info.display}"],
         env={"DISPLAY": screen_name, "NX_HOME": home, "PATH": "/usr/bin:/bin"},
         stdin=subprocess.DEVNULL, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
     )
@@ -147,12 +149,13 @@ class Attachment:
     """nxproxy drawing a session on a client screen, through this NX
     conversation's SSH channel: what nxssh-based clients do after ``bye``."""
 
-    def __init__(self, client: NXClient, info: SessionInfo, screen_name: str, workdir: str) -> None:
+    def __init__(self, client: NXClient, info: SessionInfo, screen_name: str, workdir: str,
+                 options: str = "") -> None:
         self.client = client
         listener = socket.socket()
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
-        self.proxy, self.proxy_log = start_nxproxy(info, screen_name, workdir, listener.getsockname()[1])
+        self.proxy, self.proxy_log = start_nxproxy(info, screen_name, workdir, listener.getsockname()[1], options)
         listener.settimeout(20)
         self.conn, _ = listener.accept()
         listener.close()

@@ -1,0 +1,135 @@
+"""Session extras: the services that travel beside the screen (sound,
+printing, folder sharing; issue 14, plans/services-contract.md).
+
+Each granted service has an :class:`Extra` on the session's side.  The life
+cycle (:mod:`nxgate.sessions.lifecycle`) calls ``start`` once the agent
+listens (at a start and at every resume), ``stop`` when the session is
+suspended, ends or fails, and at gateway start-up for what a killed gateway
+left behind; ``environment`` goes into the session program's environment.
+
+An extra never takes a session down: :class:`Extras` logs what one raises
+and the session goes on without that service.  Extras live in modules of
+this package named in :data:`MODULES`, each with ``make(context) -> Extra``;
+a module that is missing (a branch without it) is skipped.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from twisted.logger import Logger
+
+from nxgate import channels
+from nxgate.node.extras.ports import openable
+
+log = Logger(namespace="nxgate.extras")
+
+#: service -> the module with its Extra.
+MODULES = {
+    "sound": "nxgate.node.extras.sound",
+    "printing": "nxgate.node.extras.printing",
+    "sharing": "nxgate.node.extras.sharing",
+}
+
+
+class Extra(Protocol):
+    name: str
+
+    def environment(self, session: Any) -> dict[str, str]: ...
+
+    async def start(self, session: Any) -> None: ...
+
+    async def stop(self, session: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class Context:
+    """What extras may use: the reactor, the current config, where session
+    directories are (a :class:`nxgate.node.files.StateLayout`), the launcher
+    that runs programs as the user, and a way to run blocking work."""
+
+    reactor: Any
+    config: Callable[[], Any]
+    layout: Any
+    launcher: Any = None
+    blocking: Any = None
+
+    def session_dir(self, session: Any) -> str:
+        return str(self.layout.agent_files(session.id).directory)
+
+
+def grant(wanted: Iterable[str], services: Any) -> list[str]:
+    """The services a session gets: those the client asked for that the admin
+    left on (``[services]``), sorted.  A switched-off one is simply left out."""
+    return sorted(name for name in set(wanted) if name in channels.SERVICES and getattr(services, name, False))
+
+
+def grant_for(wanted: Iterable[str], services: Any, display: int, session_id: str, user: str) -> list[str]:
+    """:func:`grant`, less the services whose channel port on ``display`` is
+    taken (logged): the agent would abort the whole session on it."""
+    kept, dropped = openable(grant(wanted, services), display)
+    if dropped:
+        log.warn("session {id} of {user}: no {services}: the channel port is taken by another process",
+                 id=session_id, user=user, services=", ".join(dropped))
+    return kept
+
+
+def granted(session: Any) -> list[str]:
+    return [name for name in session.options.get("services", ()) if name in channels.SERVICES]
+
+
+class Extras:
+    """The extras known to this gateway, and the calls the life cycle makes."""
+
+    def __init__(self, extras: Iterable[Extra] = ()) -> None:
+        self.by_name: dict[str, Extra] = {extra.name: extra for extra in extras}
+
+    @classmethod
+    def load(cls, context: Context, modules: dict[str, str] | None = None) -> Extras:
+        found = []
+        for name, module_name in (MODULES if modules is None else modules).items():
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError:
+                continue
+            try:
+                found.append(module.make(context))
+            except Exception:
+                log.failure("the {service} extra could not be set up; sessions go without it", service=name)
+        return cls(found)
+
+    def of(self, session: Any, services: Iterable[str] | None = None) -> list[Extra]:
+        names = granted(session) if services is None else list(services)
+        return [self.by_name[name] for name in names if name in self.by_name]
+
+    def environment(self, session: Any) -> dict[str, str]:
+        env: dict[str, str] = {}
+        for extra in self.of(session):
+            try:
+                env.update(extra.environment(session))
+            except Exception:
+                log.failure("session {id}: the {service} extra gave no environment", id=session.id,
+                            service=extra.name)
+        return env
+
+    async def start(self, session: Any) -> None:
+        for extra in self.of(session):
+            try:
+                await extra.start(session)
+                log.info("session {id} of {user}: {service} on", id=session.id, user=session.user,
+                         service=extra.name)
+            except Exception:
+                log.failure("session {id}: starting {service} failed; the session goes on without it",
+                            id=session.id, service=extra.name)
+
+    async def stop(self, session: Any, services: Iterable[str] | None = None) -> None:
+        """Stop the extras of the services the session was granted (or of
+        ``services``); each one's ``stop`` must be harmless when nothing runs."""
+        for extra in self.of(session, services):
+            try:
+                await extra.stop(session)
+            except Exception:
+                log.failure("session {id}: stopping {service} failed", id=session.id, service=extra.name)
