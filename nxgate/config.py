@@ -241,7 +241,7 @@ class WebSection:
                               is_path=True)
     private_key: str = option("", text, "PEM private key of the certificate (empty: generated with it)", is_path=True)
     admin_groups: tuple[str, ...] = option(("nxadmin",), words, "members of these groups see the admin page")
-    idle_timeout: float = option(900.0, number(30, 86400), "seconds without a request before a browser login ends")
+    idle_timeout: float = option(900.0, number(5, 86400), "seconds without a request before a browser login ends")
     thumbnail_ttl: float = option(3.0, number(0.5, 300), "seconds a session thumbnail is kept before it is redrawn")
     max_viewers: int = option(4, integer(1, 64), "browser viewers one user may have open at once")
 

@@ -89,7 +89,7 @@ def login_form(token: str, message: str = "", user: str = "") -> str:
 
 def _thumb(row: Row) -> str:
     if not row.thumbnail:
-        return '<span class="nothumb">–</span>'
+        return '<span class="nothumb">no picture yet</span>' if row.openable else '<span class="nothumb">–</span>'
     return f'<img class="thumb" src="/thumb/{escape(row.handle)}" alt="{escape(row.name)}">'
 
 

@@ -267,7 +267,9 @@ class Portal(Deferring):
         for view in views:
             state = view.status or view.state.value
             rows.append(pages.Row(handle=self.auth.handle(request, view.id), name=view.name, type=view.type,
-                                  state=state, since=view.changed, thumbnail=state in THUMBNAIL_STATES,
+                                  state=state, since=view.changed,
+                                  # A session started for later has no screen until its first client comes.
+                                  thumbnail=state in THUMBNAIL_STATES and view.attached_before,
                                   user=view.user, node=view.node, client=view.client_address,
                                   openable=state in THUMBNAIL_STATES))
         return rows
