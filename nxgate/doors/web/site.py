@@ -358,6 +358,9 @@ class Thumbnails(Deferring):
         except SessionError:
             request.setResponseCode(404)
             return b"no such picture"
+        if not view.attached_before or (view.status or view.state.value) not in THUMBNAIL_STATES:
+            request.setResponseCode(404)  # no screen yet (nxagent waits for its first client), or none any more
+            return b"no picture"
         now = self.clock.seconds()
         cached = self.cache.get(view.id)
         if cached is None or now - cached[0] > self.ttl():
