@@ -25,6 +25,8 @@ APT_PACKAGES := python3 python3-venv python3-dev gcc make libpam0g \
 # Building the Debian package, and its test (tests/test_debian_package.py runs with NXGATE_TEST_DEB=1).
 DEB_PACKAGES := dpkg-dev debhelper dh-python python3-all python3-setuptools git
 APT_PACKAGES += $(DEB_PACKAGES)
+# Issue 15: the browser portal's tests drive Debian's headless Chromium through chromedriver (Selenium).
+APT_PACKAGES += chromium chromium-driver
 
 .PHONY: install system-packages link-commands run test bench bench-profile deb clean
 

@@ -234,6 +234,19 @@ class DBusSection:
 
 
 @dataclass(frozen=True)
+class WebSection:
+    listen: str = option("", text, "Twisted endpoint of the browser portal, e.g. ssl:4443 (empty: off; tcp: only "
+                         "on a loopback interface)")
+    certificate: str = option("", text, "PEM certificate for HTTPS (empty: a self-signed one in state_dir/web)",
+                              is_path=True)
+    private_key: str = option("", text, "PEM private key of the certificate (empty: generated with it)", is_path=True)
+    admin_groups: tuple[str, ...] = option(("nxadmin",), words, "members of these groups see the admin page")
+    idle_timeout: float = option(900.0, number(30, 86400), "seconds without a request before a browser login ends")
+    thumbnail_ttl: float = option(3.0, number(0.5, 300), "seconds a session thumbnail is kept before it is redrawn")
+    max_viewers: int = option(4, integer(1, 64), "browser viewers one user may have open at once")
+
+
+@dataclass(frozen=True)
 class TargetSection:
     """A remote desktop the admin defines: ``[target NAME]``."""
 
@@ -269,6 +282,7 @@ class Config:
     remote: RemoteSection = RemoteSection()
     metrics: MetricsSection = MetricsSection()
     dbus: DBusSection = DBusSection()
+    web: WebSection = WebSection()
     # Remote desktops by name, from [target NAME] sections.
     targets: dict[str, TargetSection] = field(default_factory=dict)
     # Session limits by user and group: "user.NAME" / "group.NAME" -> count.
@@ -320,7 +334,7 @@ def with_overrides(config: Config, **server_options: str | None) -> Config:
 RESTART_NEEDED = (
     ("server", "listen"), ("server", "state_dir"), ("server", "shell_socket"), ("server", "admin_socket"),
     ("server", "audit_log"), ("auth", "pam_threads"), ("ssh", "user_logins"), ("metrics", "listen"),
-    ("dbus", "enabled"), ("dbus", "address"),
+    ("dbus", "enabled"), ("dbus", "address"), ("web", "listen"), ("web", "certificate"), ("web", "private_key"),
 )
 
 
