@@ -292,4 +292,6 @@ class WebViewerTests(client_tests.ClientTestCase):
         # Through all that the session stayed where it was.
         self.assertEqual(self.status(session_id), "Running")
         self.assertIsNone(client.poll())
-        self.assertIn("web_viewer_refused", self.gateway.log())
+        log = self.gateway.log()
+        for why in ("unknown, used or expired ticket", "ticket of another login", "foreign origin"):
+            self.assertIn(f"browser viewer WebSocket refused ({why})", log)

@@ -212,12 +212,12 @@ class _SocketResource(resource.Resource):
         problem = websocket.handshake_problem(request)
         if problem:
             return self._refuse(request, 400, problem)
-        if not same_origin(request):
-            return self._refuse(request, 403, "foreign origin")
-        secret = _form(request, "ticket")
-        ticket = self.parent.tickets.take(secret)
+        # The ticket is used up by any attempt, whatever refuses it next: one try each.
+        ticket = self.parent.tickets.take(_form(request, "ticket"))
         if ticket is None:
             return self._refuse(request, 403, "unknown, used or expired ticket")
+        if not same_origin(request):
+            return self._refuse(request, 403, "foreign origin", ticket.user)
         caller = self.parent.caller_for(request, ticket.purpose)
         if caller is None or caller.user != ticket.user:
             return self._refuse(request, 403, "ticket of another login", caller.user if caller else "")
