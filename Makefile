@@ -27,6 +27,8 @@ DEB_PACKAGES := dpkg-dev debhelper dh-python python3-all python3-setuptools git
 APT_PACKAGES += $(DEB_PACKAGES)
 # Issue 15: the browser portal's tests drive Debian's headless Chromium through chromedriver (Selenium).
 APT_PACKAGES += chromium chromium-driver
+# Issue 15: the in-browser viewer serves Debian's noVNC, fed by x11vnc (above) on a private Xvfb.
+APT_PACKAGES += novnc
 
 .PHONY: install system-packages link-commands run test bench bench-profile deb clean
 

@@ -111,6 +111,7 @@ class Gateway(service.MultiService):
         self._listen_unix(config.server.admin_socket or os.path.join(self.layout.root, "admin.sock"), 0o600,
                           AdminFactory(self), "[server] admin_socket")
         self.dbus = self._dbus_door() if config.dbus.enabled else None
+        self.web_viewers = self._browser_viewers() if config.web.listen else None
         self.web = self._web_door() if config.web.listen else None
         if config.metrics.listen:
             if not metrics.available():
@@ -129,6 +130,16 @@ class Gateway(service.MultiService):
         self.sessions.observers.append(door.session_changed)
         door.setServiceParent(self)
         return door
+
+    def _browser_viewers(self) -> Any:
+        """The node's browser viewers (Xvfb + nxproxy + x11vnc per open tab), for ``/view``."""
+        from nxgate.node.browser_viewer import BrowserViewers, ViewerLimits, ViewerPrograms
+
+        viewers = BrowserViewers(self.reactor, self.sessions.launcher, os.path.join(self.layout.root, "viewers"),
+                                 self.layout.logs, ViewerLimits(per_user=self.config.web.max_viewers),
+                                 ViewerPrograms(path=self.config.sessions.path, lang=self.config.sessions.lang))
+        viewers.prepare()
+        return viewers
 
     def _web_door(self) -> Any:
         """The browser portal (``[web] listen``); a listen it refuses (plain
@@ -273,6 +284,8 @@ class Gateway(service.MultiService):
         super().startService()
 
     def stopService(self) -> Any:
+        if self.web_viewers is not None:
+            self.web_viewers.close_all()
         d = super().stopService()
         globalLogPublisher.removeObserver(self.audit)
         self.audit.close()
