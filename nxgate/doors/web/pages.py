@@ -109,7 +109,7 @@ def session_table(rows: Iterable[Row], csrf: str, *, admin: bool, viewer: bool, 
         cells = (f"<td>{_thumb(row)}</td>"
                  + (f"<td>{escape(row.user)}</td><td>{escape(row.node)}</td>" if admin else "")
                  + f'<td class="name">{escape(row.name)}</td><td>{escape(row.type)}</td>'
-                 + f'<td class="state">{escape(row.state)}</td><td>{escape(when(row.since))}</td>'
+                 + f'<td class="state">{escape(row.state)}</td><td class="when">{escape(when(row.since))}</td>'
                  + (f"<td>{escape(row.client)}</td>" if admin else "")
                  + f'<td class="actions">{"".join(buttons)}</td>')
         lines.append(f'<tr class="session">{cells}</tr>')
