@@ -19,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 import secrets
+import socket
 from typing import Any
 
 from twisted.trial.unittest import SkipTest, TestCase
@@ -239,6 +240,17 @@ class PortalTests(WebTestCase):
         self.assertIn("login_throttled", [e for e, _ in events])
         self.assertIn("web login failed for user", self.fixture.gateway.log())
 
+    def test_expired_password_is_named(self) -> None:
+        """The right password, expired: the user learns why (as NX clients do), not "wrong password"."""
+        user = create_user()
+        self.addCleanup(user.remove)
+        subprocess.run(["chage", "-d", "0", user.name], check=True)  # must change it at the next login
+        browser = self.browser()
+        browser.login(self.base, user.name, user.password)
+        browser.wait(lambda: browser.find_all("p.error"), what="the refusal")
+        self.assertIn("password has expired", browser.find("p.error").text)
+        self.assertNotIn("nxgate_login", {c["name"] for c in browser.cookies()})
+
     def test_start_xterm_and_see_its_thumbnail(self) -> None:
         browser = self.browser()
         alice = self.fixture.users["alice"]
@@ -308,6 +320,17 @@ class PortalTests(WebTestCase):
         status, _, _ = fetch(self.base + "/act", data=f"op=terminate&handle={handle}&csrf=x".encode())
         self.assertEqual(status, 403)
         self.assertIn(session["id"], [s["id"] for s in self.fixture.sessions()])
+
+    def test_oversized_request_is_refused_unread(self) -> None:
+        host, port = self.base.removeprefix("https://").split(":")
+        with socket.create_connection((host, int(port)), timeout=20) as raw:
+            with insecure().wrap_socket(raw, server_hostname=host) as conn:
+                conn.sendall(b"POST /login HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded"
+                             b"\r\nContent-Length: 100000000\r\n\r\n" + b"x" * 65536)
+                answer = b""
+                while b"\r\n\r\n" not in answer and (chunk := conn.recv(4096)):
+                    answer += chunk
+        self.assertTrue(answer.startswith(b"HTTP/1.1 413 "), answer[:200])
 
     def handle_of(self, browser: browsers.Browser, name: str) -> str:
         browser.get(self.base + "/")

@@ -36,6 +36,7 @@ log = Logger(namespace="nxgate.web")
 PRELOGIN_COOKIE = "nxgate_prelogin"
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 MAX_FORM_BYTES = 16 << 10
+DRAWING_AT_ONCE = 2
 THUMBNAIL_STATES = ("Running", "Suspended")
 
 #: ``(user, address) -> Caller`` of a logged-in user (off the reactor: NSS).
@@ -340,6 +341,9 @@ class Thumbnails(Deferring):
         self.ttl = ttl
         self.cache: dict[str, tuple[float, bytes]] = {}
         self.pending: dict[str, defer.Deferred[bytes]] = {}
+        # An admin page of many sessions asks for all pictures at once: a few
+        # xwd at a time keep the node's CPU for the sessions themselves.
+        self.drawing = defer.DeferredSemaphore(DRAWING_AT_ONCE)
 
     def render_GET(self, request: server.Request) -> int | bytes:
         self.auth.secure_headers(request)
@@ -380,12 +384,47 @@ class Thumbnails(Deferring):
         """One redraw per session at a time: concurrent viewers share it."""
         pending = self.pending.get(view.id)
         if pending is None:
-            pending = self.pending[view.id] = defer.ensureDeferred(self.thumbnailer(view))
+            pending = self.pending[view.id] = self.drawing.run(
+                lambda: defer.ensureDeferred(self.thumbnailer(view)))
             pending.addBoth(lambda result: (self.pending.pop(view.id, None), result)[1])
         waiter: defer.Deferred[bytes] = defer.Deferred()
         pending.addBoth(lambda result: (waiter.errback(result) if isinstance(result, Failure)
                                         else waiter.callback(result), result)[1])
         return await waiter
+
+
+class LimitedRequest(server.Request):
+    """A request whose body may not exceed :data:`MAX_FORM_BYTES` (the
+    door's forms are a few hundred bytes): a larger one is answered 413 and
+    the connection closed before the body is buffered."""
+
+    received = 0
+    refused = False
+
+    def gotLength(self, length: int | None) -> None:
+        super().gotLength(length)
+        if length is not None and length > MAX_FORM_BYTES:
+            self.too_large()
+
+    def handleContentChunk(self, data: bytes) -> None:
+        self.received += len(data)
+        if self.received > MAX_FORM_BYTES:
+            self.too_large()
+        if not self.refused:
+            super().handleContentChunk(data)
+
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        if not self.refused:
+            super().requestReceived(command, path, version)
+
+    def too_large(self) -> None:
+        if self.refused:
+            return
+        self.refused = True
+        if self.channel is not None and self.channel.transport is not None:
+            self.channel.transport.write(b"HTTP/1.1 413 Request Entity Too Large\r\nConnection: close\r\n"
+                                         b"Content-Length: 0\r\n\r\n")
+            self.channel.transport.loseConnection()
 
 
 class Root(resource.Resource):
@@ -453,7 +492,7 @@ def web_site(*, reactor: Any, service: SessionAPI, authenticator: Authenticator,
             log.info("web login of {user!r} ended after {idle:.0f} s idle", user=gone.caller.user,
                      idle=logins.idle_timeout, audit="logout", reason="idle timeout")
 
-    site = server.Site(root)
+    site = server.Site(root, requestFactory=LimitedRequest)
     site.displayTracebacks = False
     site.expire_logins = follow_settings  # type: ignore[attr-defined]
     return site, auth
