@@ -350,7 +350,15 @@ class PortalTests(WebTestCase):
         self.assertEqual(status, 404)
         self.assertNotIn(b"PNG", body)
         self.assertEqual(fetch(thumb)[0], 404)  # nobody's cookie
-        # Bob posts Alice's handle with his own valid CSRF token, from his own page.
+        # Alice's handle with Bob's cookie and his own valid CSRF token, at every door that takes one
+        # (the viewer's, where it is mounted: otherwise there is nothing at /view to answer).
+        csrf = bob.find("form.start input[name=csrf]").get_attribute("value")
+        for path in ("/view/open", "/view/ticket", "/view/shadow", "/act", "/admin/act"):
+            status, body, _ = fetch(self.base + path, bob_cookie,
+                                    f"csrf={csrf}&handle={handle}&op=terminate&purpose=open".encode())
+            self.assertIn(status, (403, 404), (path, body[:300]))
+            self.assertNotIn(b"ticket\"", body)
+                # Bob posts Alice's handle with his own valid CSRF token, from his own page.
         bob.driver.execute_script("""
             var form = document.querySelector('form.start');
             form.querySelector('input[name=op]').value = 'terminate';
