@@ -5,7 +5,6 @@ The real thing, in a real browser, is tests/test_e2e_web.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import os
 import stat

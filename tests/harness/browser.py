@@ -10,6 +10,7 @@ the gateway's self-signed certificate.  Screenshots come back as
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import shutil
@@ -30,9 +31,7 @@ def available() -> str | None:
     for path in (CHROMIUM, CHROMEDRIVER):
         if not os.path.exists(path):
             return f"{path} is missing (apt-get install chromium chromium-driver)"
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("selenium") is None:
         return "selenium is not installed (pip install selenium)"
     return None
 

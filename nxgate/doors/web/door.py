@@ -3,7 +3,7 @@ site and the timer that ends idle logins."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from twisted.application import strports
@@ -13,7 +13,7 @@ from twisted.logger import Logger
 
 from nxgate.auth.pam import Authenticator
 from nxgate.doors.web import tls
-from nxgate.doors.web.site import ResolveCaller, Thumbnailer, WebAuth, web_site
+from nxgate.doors.web.site import ResolveCaller, Thumbnailer, web_site
 from nxgate.sessions.api import SessionAPI
 
 log = Logger(namespace="nxgate.web")
@@ -44,5 +44,3 @@ class WebDoor(MultiService):
                  kind="HTTPS" if tls.is_tls(self.listen) else "plain HTTP on loopback")
         super().startService()
 
-
-__all__ = ["WebAuth", "WebDoor", "Awaitable"]
