@@ -240,6 +240,16 @@ class PortalTests(WebTestCase):
         self.assertIn("login_throttled", [e for e, _ in events])
         self.assertIn("web login failed for user", self.fixture.gateway.log())
 
+    def test_domain_style_name_is_refused_cleanly(self) -> None:
+        """``DOMAIN\\user`` reaches PAM untouched and is logged escaped, as at the NX door."""
+        browser = self.browser()
+        browser.login(self.base, "LOWESTOFT\\mjs04", "secret")
+        browser.wait(lambda: browser.find_all("p.error"), what="the refusal")
+        self.assertIn("Login failed", browser.find("p.error").text)
+        self.assertEqual(browser.find("input[name=user]").get_attribute("value"), "LOWESTOFT\\mjs04")
+        wait_for(lambda: "LOWESTOFT" in self.fixture.gateway.log(), 5, "the refusal in the log")
+        self.assertIn("web login failed for user 'LOWESTOFT\\\\mjs04' from 127.0.0.1", self.fixture.gateway.log())
+
     def test_expired_password_is_named(self) -> None:
         """The right password, expired: the user learns why (as NX clients do), not "wrong password"."""
         user = create_user()
