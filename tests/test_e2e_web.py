@@ -404,6 +404,27 @@ class PortalTests(WebTestCase):
         admin.wait(lambda: "session was terminated" in admin.text(), 30, "the terminate")
         self.assertNotIn(session["id"], [s["id"] for s in self.fixture.sessions()])
 
+    def test_admin_drains_the_node(self) -> None:
+        admin = self.logged_in("admin")
+        admin.get(self.base + "/admin")
+        admin.find("button.drain").click()
+        self.addCleanup(lambda: admin_request(self.fixture.admin_socket, "drain", on=False))
+        admin.wait(lambda: "This node is draining" in admin.text(), 20, "the drain")
+        self.assertTrue(admin_request(self.fixture.admin_socket, "status")["result"]["draining"])
+        alice = self.logged_in("alice")
+        self.assertIn("No new session can be started now", alice.find("p.capacity").text)
+        self.assertEqual(alice.find_all("form.start"), [])
+        # A form kept from before the drain is refused by the service all the same.
+        csrf = alice.find("nav form input[name=csrf]").get_attribute("value")
+        cookie = "; ".join(f"{c['name']}={c['value']}" for c in alice.cookies())
+        status, body, _ = fetch(self.base + "/act", cookie, f"csrf={csrf}&op=start&type=unix-console".encode())
+        self.assertEqual(status, 403, body[:300])
+        self.assertEqual(self.fixture.sessions(self.fixture.users["alice"].name), [])
+        admin.get(self.base + "/admin")
+        admin.find("button.drain").click()  # now "Stop draining"
+        admin.wait(lambda: "accepts new sessions again" in admin.text(), 20, "the end of the drain")
+        self.assertFalse(admin_request(self.fixture.admin_socket, "status")["result"]["draining"])
+
     def test_logout(self) -> None:
         browser = self.logged_in("bob")
         cookie = self.cookie_header(browser)

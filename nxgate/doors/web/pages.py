@@ -128,7 +128,8 @@ def portal(rows: Sequence[Row], csrf: str, types: Sequence[str], viewer: bool, m
                  f'<label>New session <select name="type">{options}</select></label>'
                  '<label>Name <input name="name" maxlength="64"></label><button type="submit">Start</button></form>')
     elif capacity_reached:
-        start = '<p class="notice">You have as many sessions as you may.</p>'
+        start = ('<p class="notice capacity">No new session can be started now: you have as many as you may, '
+                 'or the server takes no new ones for the moment.</p>')
     return (f"<h2>My sessions</h2>{note}{session_table(rows, csrf, admin=False, viewer=viewer, action='/act')}"
             f"{start}")
 
