@@ -26,7 +26,7 @@ setup(
     python_requires=">=3.11",
     # twisted/plugins has no __init__.py on purpose: it joins Twisted's plugin package.
     packages=find_packages(include=["nxgate", "nxgate.*"]) + ["twisted.plugins"],
-    package_data={"nxgate.client": ["nomachine-client.key"]},
+    package_data={"nxgate.client": ["nomachine-client.key"], "nxgate.doors.web": ["static/*", "viewer_static/*"]},
     install_requires=[
         "Twisted[conch]>=22.4",
         "pyOpenSSL",

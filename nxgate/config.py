@@ -276,6 +276,19 @@ class ServicesSection:
 
 
 @dataclass(frozen=True)
+class WebSection:
+    listen: str = option("", text, "Twisted endpoint of the browser portal, e.g. ssl:4443 (empty: off; tcp: only "
+                         "on a loopback interface)")
+    certificate: str = option("", text, "PEM certificate for HTTPS (empty: a self-signed one in state_dir/web)",
+                              is_path=True)
+    private_key: str = option("", text, "PEM private key of the certificate (empty: generated with it)", is_path=True)
+    admin_groups: tuple[str, ...] = option(("nxadmin",), words, "members of these groups see the admin page")
+    idle_timeout: float = option(900.0, number(5, 86400), "seconds without a request before a browser login ends")
+    thumbnail_ttl: float = option(3.0, number(0.5, 300), "seconds a session thumbnail is kept before it is redrawn")
+    max_viewers: int = option(4, integer(1, 64), "browser viewers one user may have open at once")
+
+
+@dataclass(frozen=True)
 class TargetSection:
     """A remote desktop the admin defines: ``[target NAME]``."""
 
@@ -385,6 +398,7 @@ class Config:
     # [cluster]: None when absent (one box, as before issue 13).
     cluster: ClusterConfig | None = None
     services: ServicesSection = ServicesSection()
+    web: WebSection = WebSection()
     # Remote desktops by name, from [target NAME] sections.
     targets: dict[str, TargetSection] = field(default_factory=dict)
     # Session limits by user and group: "user.NAME" / "group.NAME" -> count.
@@ -437,6 +451,7 @@ RESTART_NEEDED = (
     ("server", "listen"), ("server", "state_dir"), ("server", "shell_socket"), ("server", "admin_socket"),
     ("server", "audit_log"), ("auth", "pam_threads"), ("ssh", "user_logins"), ("metrics", "listen"),
     ("dbus", "enabled"), ("dbus", "address"), ("store", "url"), ("store", "password_file"),
+    ("web", "listen"), ("web", "certificate"), ("web", "private_key"),
 )
 
 

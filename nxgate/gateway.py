@@ -22,7 +22,7 @@ from nxgate.auth.pam import Authenticator
 from nxgate.config import Config
 from nxgate.logs import filter_global_log
 from nxgate.doors.conversation import Conversation
-from nxgate.instance import check_port_free, claim_unix_socket, lock_state_dir, record_pid
+from nxgate.instance import StartupError, check_port_free, claim_unix_socket, lock_state_dir, record_pid
 from nxgate.nx.dispatch import NXDispatcher
 from nxgate.nx.server_dialogue import DialogueSettings
 from nxgate.stream.relay import StreamRelay
@@ -30,7 +30,9 @@ from nxgate.node.files import StateLayout
 from nxgate.sessions.service import SessionService
 from nxgate.sessions.store.factory import open_store
 from nxgate.sessions.caller import Caller
-from nxgate.sessions.results import StreamTarget
+from nxgate.sessions.results import SessionView, StreamTarget
+from nxgate.node import thumbnails
+from nxgate.node.thumbnails import ThumbnailError
 from nxgate.node.threads import in_thread
 from nxgate.auth.users import UserDirectory, resolve_caller
 from nxgate.auth.throttle import Throttle
@@ -115,6 +117,8 @@ class Gateway(service.MultiService):
                           AdminFactory(self), "[server] admin_socket")
         self.dbus = self._dbus_door() if config.dbus.enabled else None
         self.cluster_streams = self._cluster_wire(config.cluster) if config.cluster else None
+        self.web_viewers = self._browser_viewers() if config.web.listen else None
+        self.web = self._web_door() if config.web.listen else None
         if config.metrics.listen:
             if not metrics.available():
                 raise RuntimeError("[metrics] listen is set but prometheus-client is not installed")
@@ -162,6 +166,50 @@ class Gateway(service.MultiService):
         self.sessions.observers.append(door.session_changed)
         door.setServiceParent(self)
         return door
+
+    def _browser_viewers(self) -> Any:
+        """The node's browser viewers (Xvfb + nxproxy + x11vnc per open tab), for ``/view``."""
+        from nxgate.node.browser_viewer import BrowserViewers, ViewerLimits, ViewerPrograms
+
+        viewers = BrowserViewers(self.reactor, self.sessions.launcher, os.path.join(self.layout.root, "viewers"),
+                                 self.layout.logs, ViewerLimits(per_user=self.config.web.max_viewers),
+                                 ViewerPrograms(path=self.config.sessions.path, lang=self.config.sessions.lang))
+        viewers.prepare()
+        return viewers
+
+    def _web_door(self) -> Any:
+        """The browser portal (``[web] listen``); a listen it refuses (plain
+        HTTP off loopback) stops the start with the reason."""
+        from nxgate.doors.web.door import WebDoor
+        from nxgate.doors.web.tls import WebConfigError, check_listen
+
+        try:
+            check_listen(self.config.web.listen)
+        except WebConfigError as error:
+            raise StartupError(str(error)) from None
+        check_port_free(self.config.web.listen, "[web] listen")
+        door = WebDoor(reactor=self.reactor, service=self.sessions, authenticator=self.authenticator,
+                       resolve=self._web_caller, thumbnailer=self._thumbnail, settings=lambda: self.config.web,
+                       types=self._browser_types, certificate_dir=os.path.join(self.layout.root, "web"),
+                       host_name=self.config.server_name, viewers=getattr(self, "web_viewers", None))
+        door.setServiceParent(self)
+        return door
+
+    async def _web_caller(self, user: str, address: str) -> Caller:
+        return await self.blocking(resolve_caller, user, address, "127.0.0.1", "web")
+
+    def _browser_types(self) -> list[str]:
+        """The session types a browser may start: those that need nothing but a name."""
+        return [name for name, command in self.config.types.items()
+                if name != "unix-application" and (command or name == "unix-default")]
+
+    async def _thumbnail(self, view: SessionView) -> bytes:
+        """A PNG of a session's screen, taken on this node as the session's user."""
+        if view.node and view.node != self.config.server_name:
+            raise ThumbnailError(f"session {view.id} runs on {view.node}")
+        entry = await self.users.lookup(view.user)
+        authority = self.layout.agent_files(view.id).authority
+        return await self.blocking(thumbnails.thumbnail, view.display, authority, entry.pw_uid, entry.pw_gid)
 
     async def _dbus_caller(self, uid: int) -> Caller:
         """Who a D-Bus sender with ``uid`` (the bus daemon's word) is: root
@@ -272,6 +320,8 @@ class Gateway(service.MultiService):
         super().startService()
 
     def stopService(self) -> Any:
+        if self.web_viewers is not None:
+            self.web_viewers.close_all()
         d = super().stopService()
         globalLogPublisher.removeObserver(self.audit)
         self.audit.close()

@@ -96,6 +96,18 @@ class AuthenticatorTests(SynchronousTestCase):
             "user 'root' may not log in to this server; use an ordinary Unix account",
             "", ""])
 
+    def test_expired_account_or_password_is_explained(self):
+        """pam_acct_mgmt's verdict (reached only with the right password) gets
+        the same words at every door: NX clients and the browser."""
+        notes = []
+        for code in (13, 12, 7):
+            self.make(code, "expired").password("daemon", "pw", None).addCallback(
+                lambda result: notes.append(result.client_note))
+        self.clock.advance(2.0)
+        self.assertIn("account has expired", notes[0])
+        self.assertIn("password has expired", notes[1])
+        self.assertEqual(notes[2], "")
+
     def test_account_check_has_no_conversation(self):
         results = []
         self.make(0).account("daemon", "::1").addCallback(results.append)

@@ -110,6 +110,17 @@ class LoginTests(GatewayTestCase):
         wait_for(lambda: "LOWESTOFT" in self.gateway.log(), 5, "the refusal in the log")
         self.assertIn("NX login failed for user 'LOWESTOFT\\\\mjs04' from 127.0.0.1", self.gateway.log())
 
+    def test_expired_password_is_named(self):
+        """The right password, expired (chage -d 0): the client is told so,
+        in the same words as the browser portal, not "wrong password"."""
+        user = create_user()
+        self.addCleanup(user.remove)
+        subprocess.run(["chage", "-d", "0", user.name], check=True)
+        client = self.client()
+        client.greet()
+        self.assertIn(b"NX> 404 ERROR: wrong password or login (the password has expired;",
+                      client.login(user.name, user.password))
+
     def test_password_typed_as_user_name_is_not_logged(self):
         client = self.client()
         client.greet()

@@ -68,6 +68,12 @@ class Verdict(enum.Enum):
 
 
 DENIED_USER = "user is in deny_users"
+PAM_NEW_AUTHTOK_REQD = 12
+PAM_ACCT_EXPIRED = 13
+EXPIRED_NOTES = {
+    PAM_ACCT_EXPIRED: "this account has expired; ask your administrator",
+    PAM_NEW_AUTHTOK_REQD: "the password has expired; change it (log in on the console or with ssh) first",
+}
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,7 @@ class AuthResult:
     verdict: Verdict
     username: str
     reason: str
+    code: int = 0  # PAM's return code, when PAM answered
 
     @property
     def granted(self) -> bool:
@@ -86,13 +93,18 @@ class AuthResult:
     def client_note(self) -> str:
         """What the client may learn beyond "wrong password or login".
 
-        Only a refusal by policy (``deny_users``, root by default): it is
+        A refusal by policy (``deny_users``, root by default), and an expired
+        account or password (every door shows the same words).  The first is
         decided from the name alone, before any password or account lookup,
         so saying it tells nobody whether an account exists or a password
         was right, and it saves a newcomer trying root from guessing.
         """
         if self.verdict is Verdict.DENIED and self.reason == DENIED_USER:
             return f"user '{self.username}' may not log in to this server; use an ordinary Unix account"
+        if self.verdict is Verdict.DENIED and self.code in EXPIRED_NOTES:
+            # pam_acct_mgmt runs only after the password was right: the note
+            # tells the account's owner what to do, as sshd and login do.
+            return EXPIRED_NOTES[self.code]
         return ""
 
 
@@ -261,7 +273,7 @@ class Authenticator:
     def _verdict(username: str, code: int, message: str) -> AuthResult:
         if code == PAM_SUCCESS:
             return AuthResult(Verdict.GRANTED, username, "")
-        return AuthResult(Verdict.DENIED, username, f"PAM: {message} ({code})")
+        return AuthResult(Verdict.DENIED, username, f"PAM: {message} ({code})", code)
 
     def _delay_denial(self, result: AuthResult, started: float) -> defer.Deferred[AuthResult] | AuthResult:
         if result.granted:

@@ -18,7 +18,8 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from nxgate.auth.pam import AuthResult, Authenticator, Verdict, loggable_user
+from nxgate.auth.pam import AuthResult, Authenticator, Verdict
+from nxgate.doors.login_events import log_granted, log_refused
 from nxgate.nx import server_dialogue as nx
 from nxgate.nx.errors import NXError
 from nxgate.nx.params import Params
@@ -191,28 +192,14 @@ class Conversation:
         if result.granted:
             self._run(self.shell.authentication_finished(result.username))
             return
-        attempt = self.shell.failed_logins + 1
-        if result.verdict is Verdict.ERROR:
-            log.error(
-                "NX login error for user {user!r} from {address}: {reason}",
-                user=loggable_user(result.username), address=self.address, reason=result.reason,
-            )
-        else:
-            log.warn(
-                "NX login failed for user {user!r} from {address}: {reason} (attempt {attempt})",
-                user=loggable_user(result.username), address=self.address, reason=result.reason, attempt=attempt,
-                audit="login_failed",
-            )
+        log_refused(log, "NX", result, self.address, self.shell.failed_logins + 1)
         self._run(self.shell.authentication_finished(None, error=result.verdict is Verdict.ERROR,
                                                      note=result.client_note))
 
     def _logged_in(self, effect: nx.LoggedIn) -> None:
         self._disarm("login")
         self._resolve_caller(effect.username)
-        log.info(
-            "NX login: user {user!r} from {address} ({method})",
-            user=effect.username, address=self.address, method=effect.method, audit="login",
-        )
+        log_granted(log, "NX", effect.username, self.address, effect.method)
 
     def _execute(self, effect: nx.Execute) -> None:
         log.debug("{user} runs {command} {params!r}", user=self.shell.user, command=effect.command, params=effect.params)

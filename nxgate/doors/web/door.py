@@ -1,0 +1,46 @@
+"""The browser door as a service of the gateway: the HTTPS endpoint, the
+site and the timer that ends idle logins."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from twisted.application import strports
+from twisted.application.internet import TimerService
+from twisted.application.service import MultiService
+from twisted.logger import Logger
+
+from nxgate.auth.pam import Authenticator
+from nxgate.doors.web import tls
+from nxgate.doors.web.site import ResolveCaller, Thumbnailer, web_site
+from nxgate.sessions.api import SessionAPI
+
+log = Logger(namespace="nxgate.web")
+
+EXPIRY_PERIOD = 15.0
+
+
+class WebDoor(MultiService):
+    """``[web] listen``: the portal (and the viewer under ``/view``)."""
+
+    def __init__(self, *, reactor: Any, service: SessionAPI, authenticator: Authenticator, resolve: ResolveCaller,
+                 thumbnailer: Thumbnailer, settings: Callable[[], Any], types: Callable[[], Sequence[str]],
+                 certificate_dir: str, host_name: str, viewers: Any = None) -> None:
+        super().__init__()
+        web = settings()
+        self.listen = web.listen
+        self.endpoint = tls.server_endpoint(web.listen, web.certificate, web.private_key, certificate_dir, host_name)
+        self.site, self.auth = web_site(reactor=reactor, service=service, authenticator=authenticator,
+                                        resolve=resolve, thumbnailer=thumbnailer, settings=settings, types=types,
+                                        viewers=viewers, tls=tls.is_tls(web.listen))
+        strports.service(self.endpoint, self.site).setServiceParent(self)
+        timer = TimerService(EXPIRY_PERIOD, self.site.expire_logins)  # type: ignore[attr-defined]
+        timer.clock = reactor
+        timer.setServiceParent(self)
+
+    def startService(self) -> None:
+        log.info("web portal on {listen} ({kind})", listen=self.listen,
+                 kind="HTTPS" if tls.is_tls(self.listen) else "plain HTTP on loopback")
+        super().startService()
+

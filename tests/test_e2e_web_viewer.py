@@ -1,0 +1,297 @@
+"""End to end: an NX session opened in a real browser (issue 15, "Open in the browser").
+
+The real gateway with ``[web]``, real Unix users and PAM, a session started
+by ``nxgate-client`` on an Xvfb standing in for the user's screen, and
+Debian's Chromium (headless, :mod:`tests.harness.browser`) logged in to the
+portal.  "Open" in the page takes the session over as an NX resume would;
+the page's canvas is checked against the session's own framebuffer; keys
+typed in the page reach a program in the session (it writes them to a file
+as the user); closing the tab suspends the session, which ``nxgate-client``
+then resumes with the typed text on screen.  Another user gets nothing by
+any URL or WebSocket.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import ssl
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+from twisted.trial.unittest import SkipTest
+
+from tests.harness import pixels
+from tests.harness.browser import Browser, available
+from tests.harness.process import wait_for
+from tests.harness.users import create_user
+from tests.harness.web import web_base, web_options
+from tests.harness.shared import class_fixture
+from tests.harness.x11 import Screenshot
+from tests import test_e2e_client as client_tests
+
+RED = (255, 0, 0)
+YELLOW = (255, 255, 0)
+TYPED = "typed.txt"
+#: The xterm's program writes what it reads (what the browser typed) to a file of the user's.
+TYPES = {"unix-console": f"xterm -bg #ff0000 -fg #ffff00 -geometry 60x15+10+10 -e sh -c 'cat > $HOME/{TYPED}'"}
+
+CANVAS_RGBA = """
+const canvas = document.querySelector('#viewer-screen canvas');
+if (!canvas || !canvas.width) return null;
+const data = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+let text = '';
+for (let i = 0; i < data.length; i += 32768) {
+  text += String.fromCharCode.apply(null, data.subarray(i, Math.min(i + 32768, data.length)));
+}
+return [canvas.width, canvas.height, btoa(text)];
+"""
+
+FETCH_TICKET = """
+const [handle, done] = [arguments[0], arguments[arguments.length - 1]];
+const csrf = document.querySelector('input[name="csrf"]').value;
+fetch('/view/ticket', {method: 'POST', headers: {'X-CSRF-Token': csrf},
+                       body: new URLSearchParams({handle: handle, width: '800', height: '600'})})
+  .then(async (answer) => done([answer.status, await answer.text()]), (error) => done([0, String(error)]));
+"""
+
+
+def canvas_shot(browser: Browser) -> Screenshot | None:
+    """The noVNC canvas's pixels (its framebuffer, unscaled) as a Screenshot."""
+    import base64
+
+    found = browser.driver.execute_script(CANVAS_RGBA)
+    if not found:
+        return None
+    width, height, data = found
+    return Screenshot(width, height, base64.b64decode(data))
+
+
+def handshake(base: str, ticket: str, cookie: str | None, origin: str | None = None) -> str:
+    """A raw WebSocket upgrade to ``/view/ws``: the status line of the answer."""
+    host = urlsplit(base).netloc
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    lines = [f"GET /view/ws?ticket={ticket} HTTP/1.1", f"Host: {host}", "Upgrade: websocket",
+             "Connection: Upgrade", "Sec-WebSocket-Version: 13", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+             f"Origin: {origin or base}"]
+    if cookie:
+        lines.append(f"Cookie: {cookie}")
+    with socket.create_connection(("127.0.0.1", int(host.rsplit(":", 1)[1])), timeout=10) as raw:
+        with context.wrap_socket(raw) as tls:
+            tls.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+            return tls.recv(4096).decode("latin-1").split("\r\n", 1)[0]
+
+
+class WebViewerTests(client_tests.ClientTestCase):
+    """One gateway with the portal, one user, a client screen; a browser per test."""
+
+    timeout = 300
+    options = {"sessions": {"display_base": "830", "display_limit": "60", "connect_timeout": "60"},
+               "types": TYPES, **web_options()}
+
+    def setUp(self) -> None:
+        why = available()
+        if why:
+            raise SkipTest(why)
+        super().setUp()
+        self.screen = class_fixture(type(self), self.make_fixture)[2]
+        self.addCleanup(self.end_all_sessions)
+        self.base = web_base(self.gateway)
+        typed = os.path.join(self.user.entry.pw_dir, TYPED)
+        if os.path.exists(typed):
+            os.unlink(typed)
+
+    def make_fixture(self) -> Any:
+        from tests.harness.x11 import ClientScreen
+
+        (user, gateway), teardown = super().make_fixture()
+        try:
+            screen = ClientScreen(800, 600)
+        except BaseException:
+            teardown()
+            raise
+
+        def teardown_all() -> None:
+            screen.close()
+            teardown()
+
+        return (user, gateway, screen), teardown_all
+
+    def end_all_sessions(self) -> None:
+        for pid in client_tests.agent_processes(self.user.name):
+            os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not client_tests.agent_processes(self.user.name), 20, "the agents to end")
+
+    def attach(self, *args: str) -> Any:
+        """nxgate-client in the background, attached to a session, drawing on the client screen."""
+        return self.background(self.argv("--geometry", "800x600", *args), DISPLAY=self.screen.name)
+
+    def only_session(self) -> tuple[str, tuple[str, str, str, str]]:
+        sessions = self.sessions()
+        self.assertEqual(len(sessions), 1, sessions)
+        return next(iter(sessions.items()))
+
+    def browser(self) -> Browser:
+        browser = Browser(1024, 768)
+        self.addCleanup(browser.quit)
+        return browser
+
+    def logged_in(self, user: Any = None) -> Browser:
+        user = user or self.user
+        browser = self.browser()
+        browser.login(self.base, user.name, user.password)
+        browser.wait(lambda: browser.find_all("nav .who"), what="the portal after the login")
+        return browser
+
+    def open_button(self, browser: Browser) -> Any:
+        browser.get(self.base + "/")
+        return browser.wait(lambda: browser.find_all("form[action='/view/open'] button"), 30,
+                            "an Open in browser button")[0]
+
+    def open_in_browser(self, browser: Browser) -> float:
+        """Click "open"; the seconds until the canvas shows the session (red)."""
+        button = self.open_button(browser)
+        began = time.monotonic()
+        button.click()
+        browser.wait(lambda: canvas_shot(browser) and canvas_shot(browser).count(RED) > 20000, 60,
+                     "the session drawn in the page")
+        return time.monotonic() - began
+
+    def click_into_xterm(self, browser: Browser) -> None:
+        """Click inside the xterm (the session has no window manager: focus follows the pointer)."""
+        from selenium.webdriver.common.action_chains import ActionChains
+
+        canvas = browser.find("#viewer-screen canvas")
+        width = browser.driver.execute_script("return arguments[0].width;", canvas)
+        scale = canvas.size["width"] / width
+        ActionChains(browser.driver).move_to_element_with_offset(
+            canvas, round(100 * scale - canvas.size["width"] / 2), round(60 * scale - canvas.size["height"] / 2)
+        ).click().perform()
+
+    def typed(self) -> str:
+        try:
+            with open(os.path.join(self.user.entry.pw_dir, TYPED), encoding="utf-8") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return ""
+
+    def status(self, session_id: str) -> str:
+        return self.sessions().get(session_id, ("",) * 3)[2]
+
+    # ------------------------------------------------------------------------------------------------
+    def test_open_type_close_then_resume_with_the_client(self) -> None:
+        # A session nxgate-client started and shows...
+        client = self.attach("--name", "web test")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        session_id, _row = self.only_session()
+
+        # ...opened in the browser: the client is suspended, the page draws the session.
+        browser = self.logged_in()
+        portal = browser.driver.current_window_handle
+        self.open_in_browser(browser)
+        code, stderr = self.finished(client, 30)
+        self.assertEqual(code, 0, stderr)
+        self.assertIn(f"disconnected from session {session_id}", stderr)
+        self.assertEqual(self.status(session_id), "Running")
+        source = browser.source
+        for secret in (session_id, str(_row[0])):
+            self.assertNotIn(secret, source)  # neither the id nor the display in the page
+
+        # The canvas is the session's framebuffer.
+        info_display = int(_row[0])
+        authority = os.path.join(self.gateway.state_dir, "sessions", session_id, "authority")
+
+        def same_picture() -> float:
+            shot, master = canvas_shot(browser), pixels.grab(f":{info_display}", authority)
+            width, height = min(shot.width, master.width), min(shot.height, master.height)
+            area = pixels.Rect(0, 0, width, height)
+            share = pixels.equal_share(pixels.crop(shot, area), pixels.crop(master, area))
+            return share if share > 0.97 else 0.0
+
+        wait_for(same_picture, 30, "the canvas to equal the session's framebuffer")
+
+        # Keys typed in the page reach the program in the session.
+        self.click_into_xterm(browser)
+        from selenium.webdriver.common.action_chains import ActionChains
+        ActionChains(browser.driver).send_keys("hello web 42!\n").perform()
+        wait_for(lambda: "hello web 42!" in self.typed(), 30, "the typed line in the session's file")
+        browser.wait(lambda: canvas_shot(browser).count(YELLOW) > 50, 20, "the echo drawn in the page")
+
+        # Closing the tab suspends the session...
+        browser.driver.switch_to.new_window("tab")
+        spare = browser.driver.current_window_handle
+        for handle in browser.driver.window_handles:
+            if handle not in (spare,):
+                browser.driver.switch_to.window(handle)
+                break
+        self.assertNotEqual(browser.driver.current_window_handle, spare)
+        browser.driver.close()
+        browser.driver.switch_to.window(spare)
+        del portal
+        wait_for(lambda: self.status(session_id) == "Suspended", 30, "the suspension after the tab closed")
+        wait_for(lambda: not os.listdir(os.path.join(self.gateway.state_dir, "viewers")), 15,
+                 "the viewer's programs and files to go")
+
+        # ...and nxgate-client resumes it, with the typed text on screen.
+        self.attach("--resume", session_id)
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        self.screen.wait_for_colour(YELLOW, 50, timeout=20)
+        self.assertEqual(self.status(session_id), "Running")
+
+    def test_another_user_gets_nothing(self) -> None:
+        client = self.attach("--name", "not yours")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        session_id, _row = self.only_session()
+        owner = self.logged_in()
+        self.open_button(owner)
+        handle = owner.find("form[action='/view/open'] input[name='handle']").get_attribute("value")
+        owner_cookie = "; ".join(f"{c['name']}={c['value']}" for c in owner.cookies())
+
+        other_user = create_user()
+        self.addCleanup(other_user.remove)
+        other = self.logged_in(other_user)
+        other_cookie = "; ".join(f"{c['name']}={c['value']}" for c in other.cookies())
+
+        # The owner's handle means nothing in another login: no ticket, no page.
+        status, _body = other.driver.execute_async_script(FETCH_TICKET, handle)
+        self.assertEqual(status, 404)
+        other.get(self.base + "/")
+        csrf = other.find("input[name='csrf']").get_attribute("value")
+        answer = other.driver.execute_async_script("""
+            const done = arguments[arguments.length - 1];
+            fetch('/view/open', {method: 'POST', body: new URLSearchParams({csrf: arguments[0], handle: arguments[1]})})
+              .then(async (a) => done([a.status, await a.text()]));""", csrf, handle)
+        self.assertEqual(answer[0], 404)
+        self.assertNotIn("canvas", answer[1])
+
+        # A forged ticket, the owner's ticket with the other's cookie, then replayed, a foreign Origin.
+        self.assertIn(" 403 ", handshake(self.base, "A" * 43, other_cookie))
+        status, body = owner.driver.execute_async_script(FETCH_TICKET, handle)
+        self.assertEqual(status, 200, body)
+        ticket = json.loads(body)["ticket"]
+        self.assertIn(" 403 ", handshake(self.base, ticket, other_cookie))
+        self.assertIn(" 403 ", handshake(self.base, ticket, owner_cookie))  # used up by the refusal
+        status, body = owner.driver.execute_async_script(FETCH_TICKET, handle)
+        fresh = json.loads(body)["ticket"]
+        self.assertIn(" 403 ", handshake(self.base, fresh, owner_cookie, origin="https://evil.example"))
+        self.assertIn(" 403 ", handshake(self.base, fresh, owner_cookie))  # one try per ticket
+        status, body = owner.driver.execute_async_script(FETCH_TICKET, handle)
+        self.assertIn(" 403 ", handshake(self.base, json.loads(body)["ticket"], None))  # no login cookie
+        # Without the CSRF header there is no ticket at all.
+        answer = owner.driver.execute_async_script("""
+            const done = arguments[arguments.length - 1];
+            fetch('/view/ticket', {method: 'POST', body: new URLSearchParams({handle: arguments[0]})})
+              .then((a) => done(a.status));""", handle)
+        self.assertEqual(answer, 403)
+
+        # Through all that the session stayed where it was.
+        self.assertEqual(self.status(session_id), "Running")
+        self.assertIsNone(client.poll())
+        log = self.gateway.log()
+        for why in ("unknown, used or expired ticket", "ticket of another login", "foreign origin"):
+            self.assertIn(f"browser viewer WebSocket refused ({why})", log)

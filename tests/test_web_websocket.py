@@ -1,0 +1,265 @@
+"""Unit tests of the browser viewer's pure parts: WebSocket framing and
+handshake, one-time tickets, the Origin check, and the argv/options the
+node gives Xvfb, nxproxy and x11vnc."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from twisted.internet.testing import StringTransport
+from twisted.trial.unittest import SkipTest, TestCase
+from twisted.internet.task import Clock
+from twisted.web.test.requesthelper import DummyRequest
+
+from nxgate.doors.web import websocket as ws
+from nxgate.doors.web.viewer import login_key, same_origin
+from nxgate.node import browser_viewer as bv
+
+MASK = b"\x37\xfa\x21\x3d"
+
+
+def masked(opcode: int, payload: bytes, fin: bool = True) -> bytes:
+    frame = ws.encode_frame(opcode, payload, mask=MASK)
+    return frame if fin else bytes([frame[0] & 0x7F]) + frame[1:]
+
+
+class HandshakeTests(TestCase):
+    def test_accept_key_of_rfc_6455(self) -> None:
+        """The example of RFC 6455 §1.3."""
+        self.assertEqual(ws.accept_key("dGhlIHNhbXBsZSBub25jZQ=="), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=")
+
+    def test_bad_keys(self) -> None:
+        for key in ("", "not base64!", "c2hvcnQ=", "dGhlIHNhbXBsZSBub25jZQ==AA"):
+            self.assertIsNone(ws.accept_key(key), key)
+
+    def request(self, **headers: str) -> DummyRequest:
+        request = DummyRequest([b"ws"])
+        base = {"upgrade": "websocket", "connection": "keep-alive, Upgrade", "sec-websocket-version": "13",
+                "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ=="}
+        base.update(headers)
+        for name, value in base.items():
+            if value is not None:
+                request.requestHeaders.setRawHeaders(name.encode(), [value.encode()])
+        return request
+
+    def test_handshake_problems(self) -> None:
+        self.assertIsNone(ws.handshake_problem(self.request()))
+        self.assertEqual(ws.handshake_problem(self.request(upgrade="h2c")), "no Upgrade: websocket")
+        self.assertEqual(ws.handshake_problem(self.request(connection="close")), "no Connection: upgrade")
+        self.assertEqual(ws.handshake_problem(self.request(**{"sec-websocket-version": "8"})),
+                         "not WebSocket version 13")
+        self.assertEqual(ws.handshake_problem(self.request(**{"sec-websocket-key": "x"})), "bad Sec-WebSocket-Key")
+        post = self.request()
+        post.method = b"POST"
+        self.assertEqual(ws.handshake_problem(post), "not a GET")
+
+    def test_origin_must_be_our_own(self) -> None:
+        def origin(value: str, host: str = "gw.example:4443", secure: bool = True) -> bool:
+            request = self.request(origin=value, host=host)
+            request.isSecure = lambda: secure  # type: ignore[method-assign]
+            return same_origin(request)
+
+        self.assertTrue(origin("https://gw.example:4443"))
+        self.assertTrue(origin("https://GW.example:4443"))
+        self.assertFalse(origin("https://evil.example"))
+        self.assertFalse(origin("http://gw.example:4443"))  # a plain-HTTP page on our name
+        self.assertFalse(origin("https://gw.example:4443.evil.example", host="gw.example:4443"))
+        self.assertFalse(origin("null"))
+        self.assertFalse(origin(""))
+        self.assertTrue(origin("http://127.0.0.1:8080", host="127.0.0.1:8080", secure=False))
+
+
+class FramingTests(TestCase):
+    def test_small_medium_large_frames_and_byte_by_byte(self) -> None:
+        for size in (0, 1, 125, 126, 65535, 65536, 200000):
+            payload = os.urandom(size)
+            frame = masked(ws.BINARY, payload)
+            self.assertEqual(ws.FrameParser().feed(frame), [ws.Message(ws.BINARY, payload)], size)
+        parser, out = ws.FrameParser(), []
+        for byte in masked(ws.BINARY, b"hello") * 2:
+            out += parser.feed(bytes([byte]))
+        self.assertEqual(out, [ws.Message(ws.BINARY, b"hello")] * 2)
+
+    def test_server_frames_are_unmasked(self) -> None:
+        self.assertEqual(ws.encode_frame(ws.BINARY, b"ab"), b"\x82\x02ab")
+        self.assertEqual(ws.encode_frame(ws.BINARY, b"x" * 300)[:4], b"\x82\x7e\x01\x2c")
+        self.assertEqual(ws.encode_frame(ws.BINARY, b"x" * 70000)[:10], b"\x82\x7f" + struct.pack(">Q", 70000))
+
+    def test_fragments_are_joined_and_controls_may_interleave(self) -> None:
+        data = (masked(ws.BINARY, b"ab", fin=False) + masked(ws.PING, b"p")
+                + masked(ws.CONTINUATION, b"cd", fin=False) + masked(ws.CONTINUATION, b"ef"))
+        self.assertEqual(ws.FrameParser().feed(data), [ws.Message(ws.PING, b"p"), ws.Message(ws.BINARY, b"abcdef")])
+
+    def assert_refused(self, data: bytes, code: int, parser: ws.FrameParser | None = None) -> None:
+        with self.assertRaises(ws.WebSocketError) as caught:
+            (parser or ws.FrameParser()).feed(data)
+        self.assertEqual(caught.exception.code, code)
+
+    def test_protocol_errors(self) -> None:
+        self.assert_refused(ws.encode_frame(ws.BINARY, b"unmasked"), ws.PROTOCOL_ERROR)
+        self.assert_refused(bytes([0xC2]) + masked(ws.BINARY, b"x")[1:], ws.PROTOCOL_ERROR)  # RSV1
+        self.assert_refused(bytes([0x83]) + masked(ws.BINARY, b"x")[1:], ws.PROTOCOL_ERROR)  # opcode 3
+        self.assert_refused(masked(ws.PING, b"x" * 126), ws.PROTOCOL_ERROR)
+        self.assert_refused(masked(ws.PING, b"x", fin=False), ws.PROTOCOL_ERROR)
+        self.assert_refused(masked(ws.CONTINUATION, b"x"), ws.PROTOCOL_ERROR)
+        self.assert_refused(masked(ws.BINARY, b"a", fin=False) + masked(ws.BINARY, b"b"), ws.PROTOCOL_ERROR)
+        self.assert_refused(masked(ws.CLOSE, b"\x03"), ws.PROTOCOL_ERROR)
+        self.assert_refused(masked(ws.TEXT, b"\xff\xfe"), ws.INVALID_DATA)
+        self.assert_refused(b"\x82\xff" + struct.pack(">Q", 1 << 63) + MASK, ws.PROTOCOL_ERROR)
+
+    def test_size_limit_counts_fragments_and_needs_no_payload(self) -> None:
+        self.assert_refused(b"\x82\xff" + struct.pack(">Q", 10 ** 9), ws.TOO_BIG)  # refused from its header alone
+        parser = ws.FrameParser(max_message=10)
+        parser.feed(masked(ws.BINARY, b"x" * 6, fin=False))
+        self.assert_refused(masked(ws.CONTINUATION, b"x" * 6), ws.TOO_BIG, parser)
+
+    def test_close_code(self) -> None:
+        [message] = ws.FrameParser().feed(masked(ws.CLOSE, ws.close_payload(1001, "bye")))
+        self.assertEqual((message.close_code, message.payload[2:]), (1001, b"bye"))
+
+
+class Handler:
+    def __init__(self) -> None:
+        self.messages: list[bytes] = []
+        self.closed: list[tuple[int | None, str]] = []
+
+    def ws_message(self, payload: bytes) -> None:
+        self.messages.append(payload)
+
+    def ws_closed(self, code: int | None, reason: str) -> None:
+        self.closed.append((code, reason))
+
+
+class ConnectionTests(TestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.handler = Handler()
+        self.connection = ws.WebSocketConnection(self.clock, self.handler)
+        self.transport = StringTransport()
+        self.connection.makeConnection(self.transport)
+
+    def test_messages_pings_and_the_browsers_close(self) -> None:
+        self.connection.dataReceived(masked(ws.BINARY, b"rfb") + masked(ws.PING, b"hi"))
+        self.assertEqual(self.handler.messages, [b"rfb"])
+        self.assertEqual(self.transport.value(), ws.encode_frame(ws.PONG, b"hi"))
+        self.transport.clear()
+        self.connection.send(b"picture")
+        self.assertEqual(self.transport.value(), ws.encode_frame(ws.BINARY, b"picture"))
+        self.transport.clear()
+        self.connection.dataReceived(masked(ws.CLOSE, ws.close_payload(1001)))
+        self.assertEqual(self.transport.value(), ws.encode_frame(ws.CLOSE, ws.close_payload(1001)))
+        self.assertTrue(self.transport.disconnecting)
+        self.assertEqual(self.handler.closed, [(1001, "")])
+
+    def test_our_close_then_abort_if_the_browser_does_not_answer(self) -> None:
+        self.connection.close(ws.REFUSED, "No such session.")
+        self.assertEqual(self.transport.value(), ws.encode_frame(ws.CLOSE, ws.close_payload(4001, "No such session.")))
+        self.assertEqual(self.handler.closed, [(4001, "No such session.")])
+        self.connection.send(b"late")  # nothing after the close frame
+        self.assertEqual(self.transport.value(), ws.encode_frame(ws.CLOSE, ws.close_payload(4001, "No such session.")))
+        self.clock.advance(2.5)
+        self.assertTrue(self.transport.disconnecting)
+
+    def test_protocol_error_closes_with_its_code(self) -> None:
+        self.connection.dataReceived(ws.encode_frame(ws.BINARY, b"unmasked"))
+        self.assertEqual(self.transport.value()[:4], b"\x88" + bytes([2 + len("a browser's frames must be masked")])
+                         + struct.pack(">H", ws.PROTOCOL_ERROR))
+        self.assertEqual(self.handler.messages, [])
+        self.assertEqual(self.handler.closed[0][0], ws.PROTOCOL_ERROR)
+
+
+class TicketTests(TestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.tickets = ws.Tickets(self.clock.seconds)
+
+    def issue(self, user: str = "alice") -> str:
+        return self.tickets.issue(user, login_key("csrf-of-alice"), "A" * 32, "open", 800, 600)
+
+    def test_one_time(self) -> None:
+        secret = self.issue()
+        self.assertGreaterEqual(len(secret), 43)
+        ticket = self.tickets.take(secret)
+        self.assertEqual((ticket.user, ticket.session_id, ticket.width), ("alice", "A" * 32, 800))
+        self.assertIsNone(self.tickets.take(secret))
+
+    def test_expiry(self) -> None:
+        secret = self.issue()
+        self.clock.advance(ws.Tickets.TTL + 0.1)
+        self.assertIsNone(self.tickets.take(secret))
+        self.assertEqual(self.tickets.pending, {})
+
+    def test_forged_and_odd_secrets(self) -> None:
+        self.issue()
+        for forged in ("", "A" * 43, "x" * 5000, "\udcff"):
+            self.assertIsNone(self.tickets.take(forged))
+        self.assertEqual(len(self.tickets.pending), 1)
+
+    def test_kept_by_hash_and_bounded_per_user(self) -> None:
+        secrets_ = [self.issue() for _ in range(ws.Tickets.PER_USER + 3)]
+        self.issue("bob")
+        self.assertEqual(len(self.tickets.pending), ws.Tickets.PER_USER + 1)
+        self.assertNotIn(secrets_[-1].encode(), b"".join(self.tickets.pending))
+        self.assertIsNone(self.tickets.take(secrets_[0]))  # the oldest went first
+        self.assertIsNotNone(self.tickets.take(secrets_[-1]))
+
+    def test_login_key_is_not_the_csrf_token(self) -> None:
+        self.assertNotIn("csrf-of-alice", login_key("csrf-of-alice"))
+        self.assertNotEqual(login_key("a"), login_key("b"))
+
+
+class ProgramTests(TestCase):
+    def test_xvfb_listens_on_no_tcp_and_needs_the_cookie(self) -> None:
+        argv = bv.xvfb_argv("Xvfb", 3100, 1024, 768, "/v/auth")
+        self.assertEqual(argv[:2], ["Xvfb", ":3100"])
+        for pair in (["-displayfd", "3"], ["-nolisten", "tcp"], ["-auth", "/v/auth"], ["-screen", "0", "1024x768x24"]):
+            self.assertIn(" ".join(pair), " ".join(argv))
+
+    def test_x11vnc_on_a_unix_socket_only(self) -> None:
+        argv = bv.x11vnc_argv("x11vnc", 3100, "/v/vnc.sock")
+        joined = " ".join(argv)
+        for part in ("-display :3100", "-unixsock /v/vnc.sock", "-rfbport 0", "-no6", "-noipv6", "-norc", "-xkb",
+                     "-once"):
+            self.assertIn(part, joined)
+        self.assertNotIn("-forever", argv)
+
+    def test_nxproxy_options_carry_the_cookie_and_refuse_injection(self) -> None:
+        line = bv.nxproxy_options("0123abcd" * 4, "host-830-ABC", "my desk,top", "/v/nx.sock", 830)
+        self.assertEqual(line, "nx/nx,session=my_desk_top,cookie=" + "0123abcd" * 4
+                         + ",id=host-830-ABC,connect=unix:/v/nx.sock:830")
+        for cookie in ("abc,connect=evil", "", "x" * 200):
+            self.assertRaises(ValueError, bv.nxproxy_options, cookie, "id", "n", "/v/nx.sock", 830)
+        self.assertRaises(ValueError, bv.nxproxy_options, "abc", "id", "n", "/v:/nx.sock", 830)
+
+    def test_sizes_are_clamped(self) -> None:
+        self.assertEqual(bv.clamp_size(1023, 700), (1022, 700))
+        self.assertEqual(bv.clamp_size(10, 10), bv.MIN_SIZE)
+        self.assertEqual(bv.clamp_size(99999, 99999), bv.MAX_SIZE)
+
+
+class LimitTests(TestCase):
+    def test_per_user_and_total(self) -> None:
+        import shutil
+        import tempfile
+
+        if os.geteuid() != 0:
+            raise SkipTest("viewer directories are given to their user: needs root")
+        root = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, root, True)
+        viewers = bv.BrowserViewers(Clock(), None, os.path.join(root, "viewers"), root, bv.ViewerLimits(2, 3))
+        first = viewers.open("root", 800, 600)
+        self.assertEqual(os.stat(first.directory).st_mode & 0o777, 0o700)
+        self.assertEqual(os.stat(viewers.root).st_mode & 0o777, 0o711)
+        viewers.open("root", 800, 600)
+        with self.assertRaises(bv.ViewerRefused) as caught:
+            viewers.open("root", 800, 600)
+        self.assertIn("already has 2", str(caught.exception))
+        viewers.open("daemon", 800, 600)
+        with self.assertRaises(bv.ViewerRefused) as caught:
+            viewers.open("bin", 800, 600)
+        self.assertIn("already shows 3", str(caught.exception))
+        first.close()
+        viewers.open("bin", 800, 600)  # a closed viewer frees its place
+        viewers.close_all()
+        self.assertEqual(viewers.count(), 0)
