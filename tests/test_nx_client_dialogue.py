@@ -785,6 +785,9 @@ class CommandLineTests(SynchronousTestCase):
         self.assertEqual(proxy_options(info, "my desk, x:1", 5000),
                          f"nx/nx,session=my_desk__x_1,cookie={COOKIE},id=gw.example-1001-{SESSION_ID},"
                          f"connect=127.0.0.1,port=5000:1001")
+        self.assertEqual(proxy_options(info, "s", 5000, {"media": 4713, "smb": 0, "cups": 631}),
+                         f"nx/nx,session=s,cookie={COOKIE},id=gw.example-1001-{SESSION_ID},"
+                         f"cups=631,media=4713,connect=127.0.0.1,port=5000:1001")
         self.assertRaises(ValueError, proxy_options,
                           nx.SessionInfo("x", SESSION_ID, 1, "abc,connect=evil"), "s", 1)
         env = proxy_environment({"DISPLAY": ":0", "HOME": "/home/a", "NXGATE_PASSWORD": "pw", "LC_ALL": "C",

@@ -153,7 +153,7 @@ class ClientSide(TestCase):
 
         info = SessionInfo(full_id="h-1001-" + "A" * 32, session_id="A" * 32, display=1001,
                            cookie="0123456789abcdef0123456789abcdef")
-        self.assertIn(",media=4713,", proxy_options(info, "s", 1234, 4713))
+        self.assertIn(",media=4713,", proxy_options(info, "s", 1234, {"media": 4713}))
         self.assertNotIn("media", proxy_options(info, "s", 1234))
 
     def test_the_pulse_module_demands_the_cookie_on_loopback(self) -> None:

@@ -284,8 +284,8 @@ class ClientRun:
         self.proxy = NXProxy(self.reactor, self.nxproxy_path, self, self.environ)
         try:
             port = self.proxy.listen()
-            media = self._open_sound(info, self.proxy.home)
-            argv = self.proxy.start(info, self.options.request.params.name, port, media)  # type: ignore[union-attr]
+            argv = self.proxy.start(info, self.options.request.params.name, port,  # type: ignore[union-attr]
+                                    self._open_channels(info, self.proxy.home))
         except (OSError, ValueError, CannotListenError) as problem:
             self.say(f"cannot start nxproxy: {problem}")
             self.finish(NX_ERROR)
@@ -293,6 +293,13 @@ class ClientRun:
         if self.options.verbose:
             self.say("started " + " ".join(argv) + f" (log: {self.proxy.log_path})")
         self._arm("connect", PROXY_CONNECT_TIMEOUT, self._proxy_connect_timeout)
+
+    def _open_channels(self, info: dialogue.SessionInfo, directory: str) -> dict[str, int]:
+        """nxproxy's service channels: nxcomp channel name -> the local port
+        it connects to (0: that service is off for this session)."""
+        return {
+            "media": self._open_sound(info, directory),
+        }
 
     def _open_sound(self, info: dialogue.SessionInfo, directory: str) -> int:
         """The local sound server's port for nxproxy's ``media=`` (0: no sound).

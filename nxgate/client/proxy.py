@@ -20,7 +20,7 @@ import re
 import shutil
 import signal
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from twisted.internet import defer, error, protocol
@@ -55,15 +55,17 @@ def proxy_environment(environ: dict[str, str], nx_home: str) -> dict[str, str]:
     return env
 
 
-def proxy_options(info: SessionInfo, session_name: str, port: int, media: int = 0) -> str:
+def proxy_options(info: SessionInfo, session_name: str, port: int, channels: Mapping[str, int] | None = None) -> str:
     """The ``nx/nx,...:display`` line.  Values come from the server; a comma or
-    colon in them would add options of their own, so they are checked."""
+    colon in them would add options of their own, so they are checked.
+    ``channels`` maps an nxcomp service channel (``media``, ``cups``, ``smb``)
+    to the local port nxproxy connects it to; a port of 0 leaves it out."""
     if not _COOKIE.fullmatch(info.cookie):
         raise ValueError("the server's session cookie has unexpected characters")
     name = _SAFE.sub("_", session_name) or "session"
     session_id = _SAFE.sub("_", info.full_id)
-    channels = f"media={media}," if media else ""  # the local sound server's port (nxgate.client.sound)
-    return (f"nx/nx,session={name},cookie={info.cookie},id={session_id},{channels}"
+    extra = "".join(f"{channel}={int(local)}," for channel, local in sorted((channels or {}).items()) if local)
+    return (f"nx/nx,session={name},cookie={info.cookie},id={session_id},{extra}"
             f"connect=127.0.0.1,port={port}:{info.display}")
 
 
@@ -143,11 +145,12 @@ class NXProxy:
         self._factory.port = port
         return port.getHost().port
 
-    def start(self, info: SessionInfo, session_name: str, port: int, media: int = 0) -> list[str]:
+    def start(self, info: SessionInfo, session_name: str, port: int,
+              channels: Mapping[str, int] | None = None) -> list[str]:
         """Write the options and start nxproxy; returns its argv."""
         fd = os.open(self.options_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(proxy_options(info, session_name, port, media) + "\n")
+            handle.write(proxy_options(info, session_name, port, channels) + "\n")
         argv = [self.executable, "-S", f"nx/nx,options={self.options_path}:{info.display}"]
         log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         null_fd = os.open(os.devnull, os.O_RDONLY)
