@@ -421,6 +421,30 @@ class WireTests(TestCase):
         yield deferLater(reactor, 0.05, lambda: None)
 
     @defer.inlineCallbacks
+    def test_control_and_stream_connections_send_small_writes_at_once(self):
+        """TCP_NODELAY on both ends of AMP and of a stream: a request written
+        right after the TLS handshake must not wait for a delayed ACK."""
+        gates = []
+        factory = GateFactory(self.authorize, choose(reactor, self.sessions))
+        build = factory.buildProtocol
+        factory.buildProtocol = lambda addr: gates.append(build(addr)) or gates[-1]
+        port = yield endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(
+            factory.tls_factory(self.node_tls))
+        self.addCleanup(port.stopListening)
+        node = self.remote(port)
+        yield defer.ensureDeferred(node.status(CALLER))
+        self.assertTrue(node.connection.transport.getTcpNoDelay(), "the gateway's AMP connection")
+        self.assertTrue(gates[0].transport.getTcpNoDelay(), "the node's AMP connection")
+        target = dataclasses.replace(self.agent(), address=f"127.0.0.1:{port.getHost().port}")
+        channel = FakeChannel()
+        relay = StreamRelay(reactor, CALLER, target, channel, b"ping", RemoteStreams(reactor, self.gateway_tls))
+        yield channel.wait_for(b"PING")
+        self.assertTrue(relay.agent.getTcpNoDelay(), "the gateway's end of the stream")
+        self.assertTrue(gates[1].transport.getTcpNoDelay(), "the node's end of the stream")
+        relay.close()
+        yield deferLater(reactor, 0.05, lambda: None)
+
+    @defer.inlineCallbacks
     def test_a_stream_for_an_unknown_session_is_refused(self):
         port = yield self.listen()
         target = StreamTarget("F" * 32, "", -1, "node-b", f"127.0.0.1:{port.getHost().port}")
