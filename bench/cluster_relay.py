@@ -177,11 +177,9 @@ class PlainClient:
 
         class _Proto(protocol.Protocol):
             def connectionMade(self) -> None:
-                from nxgate.cluster.connection import no_delay
-
                 client.transport = self.transport
                 self.transport.bufferSize = STREAM_BUFFER
-                no_delay(self.transport)
+                self.transport.setTcpNoDelay(True)  # the client's own socket, as ssh sets it
 
             def dataReceived(self, data: bytes) -> None:
                 client.received(data)
