@@ -445,6 +445,28 @@ class WireTests(TestCase):
         yield deferLater(reactor, 0.05, lambda: None)
 
     @defer.inlineCallbacks
+    def test_a_big_write_goes_to_tcp_as_one_write_and_arrives_whole(self):
+        """One application write -> one TCP write of all its TLS records (not
+        one per 16 KiB record), byte for byte, both ways."""
+        port = yield self.listen()
+        target = dataclasses.replace(self.agent(), address=f"127.0.0.1:{port.getHost().port}")
+        channel = FakeChannel()
+        relay = StreamRelay(reactor, CALLER, target, channel, b"x", RemoteStreams(reactor, self.gateway_tls))
+        yield channel.wait_for(b"X")
+        tcp = relay.agent.transport  # under the TLS protocol
+        writes = []
+        write = tcp.write
+        tcp.write = lambda data: (writes.append(len(data)), write(data))
+        block = bytes(range(97, 123)) * 10000  # 260,000 bytes of a-z
+        relay.write(block)
+        self.assertEqual(len(writes), 1, writes)
+        self.assertGreater(writes[0], len(block))  # the records' headers and tags
+        yield channel.wait_for(b"X" + block.upper())
+        self.assertEqual(channel.data, b"X" + block.upper())
+        relay.close()
+        yield deferLater(reactor, 0.05, lambda: None)
+
+    @defer.inlineCallbacks
     def test_a_stream_for_an_unknown_session_is_refused(self):
         port = yield self.listen()
         target = StreamTarget("F" * 32, "", -1, "node-b", f"127.0.0.1:{port.getHost().port}")
@@ -498,8 +520,8 @@ class FakeChannel:
     def write(self, data):
         self.data += data
         if self.waiting and self.waiting[0] in self.data:
-            self.waiting[1].callback(None)
-            self.waiting = None
+            waiting, self.waiting = self.waiting, None  # the callback may wait for more at once
+            waiting[1].callback(None)
 
     def wait_for(self, expected):
         d = defer.Deferred()

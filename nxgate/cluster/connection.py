@@ -25,7 +25,10 @@ from twisted.internet import defer, protocol
 from twisted.internet.endpoints import HostnameEndpoint
 from twisted.internet.interfaces import IHandshakeListener
 from twisted.logger import Logger
-from twisted.protocols.tls import TLSMemoryBIOFactory
+from OpenSSL.SSL import Error as TLSError
+from OpenSSL.SSL import WantReadError
+from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nxgate.cluster.tls import ClusterTLS, PeerRefused, check_server, peer_names
@@ -59,6 +62,45 @@ def no_delay(transport: Any) -> None:
     set_it = getattr(transport, "setTcpNoDelay", None)
     if set_it is not None:
         set_it(True)
+
+
+class _CoalescingTLS(TLSMemoryBIOProtocol):
+    """Twisted's TLS protocol, but one application write becomes one write
+    of TLS records to TCP.
+
+    Twisted encrypts a write 16 KiB at a time and hands each record to the
+    TCP transport on its own (plus a slice copy each).  For a stream that
+    writes the agent's 200 KiB reads, that was a dozen small writes per
+    read; here the records go into OpenSSL's memory BIO one after the other
+    and come out with one read.  Measured with bench/cluster_relay.py's
+    plain rows: the node -> gateway direction went from ~0.41 to ~0.66
+    GB/s.  Everything else (handshake, shutdown, buffering before the
+    handshake, errors) is Twisted's; the same private names as its own
+    ``_write``."""
+
+    def _write(self, data: bytes) -> None:
+        if self._lostTLSConnection:
+            return
+        view = memoryview(data)
+        done = 0
+        while done < len(data):
+            try:
+                done += self._tlsConnection.send(view[done:done + 16384])  # one TLS record at most
+            except WantReadError:
+                self._bufferedWrite(data[done:])
+                break
+            except TLSError:
+                self._tlsShutdownFinished(Failure())
+                return
+        try:
+            records = self._tlsConnection.bio_read(len(data) + 32768)  # all of it: records add ~22 bytes per 16 KiB
+        except WantReadError:
+            return
+        self.transport.write(records)
+
+
+class _TLSFactory(TLSMemoryBIOFactory):
+    protocol = _CoalescingTLS
 
 
 def _describe(reason: Any) -> str:
@@ -114,7 +156,7 @@ def dial(reactor: Any, tls: ClusterTLS, name: str, address: str, inner: protocol
     it is connected to a peer whose certificate names ``name``."""
     host, port = split_address(address)
     ready: defer.Deferred[Any] = defer.Deferred()
-    factory = TLSMemoryBIOFactory(tls.client(name), True,
+    factory = _TLSFactory(tls.client(name), True,
                                   protocol.Factory.forProtocol(lambda: _ClientGate(inner, name, ready)))
     connected = HostnameEndpoint(reactor, host, port, timeout=timeout).connect(factory)
     connected.addErrback(lambda failure: ready.called or ready.errback(failure))
@@ -220,4 +262,4 @@ class GateFactory(protocol.Factory):
         return gate
 
     def tls_factory(self, tls: ClusterTLS) -> TLSMemoryBIOFactory:
-        return TLSMemoryBIOFactory(tls.server(), False, self)
+        return _TLSFactory(tls.server(), False, self)
