@@ -85,6 +85,15 @@ def pki_files(pki: str, name: str) -> tuple[str, str, str]:
     return os.path.join(pki, "ca.pem"), os.path.join(pki, f"{name}.pem"), os.path.join(pki, f"{name}.key")
 
 
+def name_process(name: str) -> None:
+    """This process's name in /proc (comm), so that CPU is reported per role."""
+    try:
+        with open("/proc/self/comm", "w") as handle:
+            handle.write(name[:15])
+    except OSError:
+        pass
+
+
 def profiled(profile: str, run: Any) -> None:
     """``run()`` under cProfile, the stats written to ``profile`` at the end."""
     if not profile:
@@ -117,6 +126,7 @@ def gateway_process(routes: str, twistd_args: list[str]) -> None:
     gateway.Gateway._relay = _relay
     from twisted.scripts.twistd import run
 
+    name_process("bench-gateway")
     sys.argv = ["twistd", *twistd_args]
     run()
 
@@ -160,6 +170,7 @@ def node_process(pki: str, routes: str, port_file: str, profile: str) -> None:
                           choose(reactor, RoutedSessions(routes)), role="gateway")
     port = reactor.listenTCP(0, factory.tls_factory(tls), interface="127.0.0.1")
     write_routes(port_file, {"port": port.getHost().port})
+    name_process("bench-node")
     profiled(profile, reactor.run)
 
 
@@ -256,6 +267,7 @@ def plain_gateway_process(pki: str, port_file: str, profile: str) -> None:
 
     port = reactor.listenTCP(0, Factory(), interface="127.0.0.1")
     write_routes(port_file, {"port": port.getHost().port})
+    name_process("bench-plain")
     profiled(profile, reactor.run)
 
 
@@ -497,6 +509,14 @@ def ratios(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
         for key in ("latency_p50_us", "latency_p99_us"):
             out[f"{kind}_{key.replace('latency_', 'added_latency_')}"] = there[key] - here[key]
         out[f"{kind}_added_open_ms"] = there["open"]["median_ms"] - here["open"]["median_ms"]
+        # With the node on its own machine the gateway's CPU is what limits a CPU-bound relay: its
+        # CPU per GB one box / via node is the ratio to expect there (info; this box shares 2 CPUs).
+        front = "bench-gateway" if kind == "conch" else "bench-plain"
+        for direction in there["directions"]:
+            a = here["directions"][direction].get("cpu_s_per_gb_by_process", {}).get(front)
+            b = there["directions"][direction].get("cpu_s_per_gb_by_process", {}).get(front)
+            if a and b:
+                out[f"{kind}_{direction}_gateway_cpu_ratio"] = a / b
     return out
 
 

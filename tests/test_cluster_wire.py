@@ -466,6 +466,45 @@ class WireTests(TestCase):
         relay.close()
         yield deferLater(reactor, 0.05, lambda: None)
 
+    def test_the_records_of_one_tcp_read_reach_the_stream_as_one_piece(self):
+        """Twisted's TLS hands over 16 KiB records one by one; the gate passes
+        what one read decrypted to as one piece (fewer, fuller SSH packets and
+        agent writes downstream), in order, and before the end."""
+        from twisted.internet.address import IPv4Address
+        from twisted.test import iosim
+
+        from nxgate.cluster.connection import _ClientGate, _TLSFactory
+
+        got, ends = [], []
+
+        class Collect(protocol.Protocol):
+            def dataReceived(self, data):
+                got.append(data)
+
+            def connectionLost(self, reason):
+                ends.append(len(b"".join(got)))
+
+        server_factory = GateFactory(lambda names: "gw-a", lambda head, member: Collect()).tls_factory(self.node_tls)
+        ready = defer.Deferred()
+        sender = protocol.Protocol()
+        client_factory = _TLSFactory(self.gateway_tls.client("node-b"), True, protocol.Factory.forProtocol(
+            lambda: _ClientGate(sender, "node-b", ready)))
+        address = IPv4Address("TCP", "127.0.0.1", 7022)
+        server, client = server_factory.buildProtocol(address), client_factory.buildProtocol(address)
+        pump = iosim.connect(server, iosim.makeFakeServer(server), client, iosim.makeFakeClient(client))
+        self.assertTrue(ready.called)
+        block = bytes(range(256)) * 1024  # 256 KiB: 16 records
+        for offset in range(0, len(block), 16384):
+            sender.transport.write(block[offset:offset + 16384])
+        pump.flush()  # the 16 writes' records arrive in one read
+        self.assertEqual(b"".join(got), block)
+        self.assertEqual(len(got), 1, [len(piece) for piece in got])
+        sender.transport.write(b"last")
+        sender.transport.loseConnection()
+        pump.flush()
+        self.assertEqual(b"".join(got), block + b"last")
+        self.assertEqual(ends, [len(block) + 4])
+
     @defer.inlineCallbacks
     def test_a_stream_for_an_unknown_session_is_refused(self):
         port = yield self.listen()

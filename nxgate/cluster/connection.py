@@ -98,6 +98,21 @@ class _CoalescingTLS(TLSMemoryBIOProtocol):
             return
         self.transport.write(records)
 
+    def dataReceived(self, data: bytes) -> None:
+        """What one TCP read decrypts to goes to the gate as one piece:
+        Twisted hands over each 16 KiB record on its own, and a gateway
+        relaying them into an SSH channel sent twice as many SSH packets
+        as for a local agent (each with its MAC and its Python calls)."""
+        gate = self.wrappedProtocol
+        if not isinstance(gate, _Batching):
+            super().dataReceived(data)
+            return
+        gate.batch_begin()
+        try:
+            super().dataReceived(data)
+        finally:
+            gate.batch_end()
+
 
 class _TLSFactory(TLSMemoryBIOFactory):
     protocol = _CoalescingTLS
@@ -108,8 +123,39 @@ def _describe(reason: Any) -> str:
     return getattr(value, "args", None) and str(value.args[0]) or str(value) or type(value).__name__
 
 
+class _Batching(protocol.Protocol):
+    """A gate that can hold what the TLS layer delivers during one TCP read
+    and pass it on joined (see :meth:`_CoalescingTLS.dataReceived`)."""
+
+    _held: list[bytes] | None = None
+
+    def batch_begin(self) -> None:
+        self._held = []
+
+    def batch_end(self) -> None:
+        held, self._held = self._held, None
+        if held:
+            self.deliver(held[0] if len(held) == 1 else b"".join(held))
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._held is not None:
+            self._held.append(data)
+        else:
+            self.deliver(data)
+
+    def connectionLost(self, reason: Any) -> None:
+        self.batch_end()  # what came before the end goes first
+        self.lost(reason)
+
+    def deliver(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def lost(self, reason: Any) -> None:
+        raise NotImplementedError
+
+
 @implementer(IHandshakeListener)
-class _ClientGate(protocol.Protocol):
+class _ClientGate(_Batching):
     def __init__(self, inner: protocol.Protocol, name: str, ready: defer.Deferred[Any]) -> None:
         self.inner, self.name, self.ready = inner, name, ready
         self.open = False
@@ -133,7 +179,7 @@ class _ClientGate(protocol.Protocol):
         if ready is not None:
             ready.callback(self.inner)
 
-    def dataReceived(self, data: bytes) -> None:
+    def deliver(self, data: bytes) -> None:
         if self.open:
             self.inner.dataReceived(data)
 
@@ -142,7 +188,7 @@ class _ClientGate(protocol.Protocol):
         if ready is not None:
             ready.errback(error)
 
-    def connectionLost(self, reason: Any) -> None:
+    def lost(self, reason: Any) -> None:
         if self.open:
             self.open = False
             self.inner.connectionLost(reason)
@@ -167,7 +213,7 @@ def dial(reactor: Any, tls: ClusterTLS, name: str, address: str, inner: protocol
 
 
 @implementer(IHandshakeListener)
-class _ServerGate(protocol.Protocol):
+class _ServerGate(_Batching):
     """One accepted connection: authorize the certificate, then hand over."""
 
     def __init__(self, factory: GateFactory) -> None:
@@ -210,17 +256,17 @@ class _ServerGate(protocol.Protocol):
         log.debug("cluster member {member} connected from {peer}", member=member, peer=self._peer())
         self._choose()
 
-    def dataReceived(self, data: bytes) -> None:
+    def deliver(self, data: bytes) -> None:
         if self.inner is not None:
             self.inner.dataReceived(data)
             return
         self.early.append(data)
-        if sum(map(len, self.early)) > _EARLY_LIMIT:
+        if self.member is not None:
+            self._choose()  # a known member's first bytes may come with more behind them (one TCP read)
+        if self.inner is None and not self.done and sum(map(len, self.early)) > _EARLY_LIMIT:
             log.warn("cluster peer {peer} sent too much before saying what it wants", peer=self._peer())
             self.done = True
             self.transport.abortConnection()
-        elif self.member is not None:
-            self._choose()
 
     def _choose(self) -> None:
         head = b"".join(self.early)
@@ -240,7 +286,7 @@ class _ServerGate(protocol.Protocol):
         inner.makeConnection(self.transport)
         inner.dataReceived(head)
 
-    def connectionLost(self, reason: Any) -> None:
+    def lost(self, reason: Any) -> None:
         if self.inner is not None:
             self.inner.connectionLost(reason)
         elif self.member is None and not self.done:
