@@ -169,6 +169,10 @@ def cluster_relay_rows(table: Table, cluster: dict | None) -> None:
                       spread_pct(there["directions"][direction]["all_gb_per_s"]),
                       note=f"CPU s/GB {there['directions'][direction]['cpu_s_per_gb']:.2f} via node, "
                            f"{here['directions'][direction]['cpu_s_per_gb']:.2f} one box")
+        cpu = [ratios.get(f"{kind}_{direction}_gateway_cpu_ratio") for direction in ("up", "down")]
+        if all(cpu):
+            table.add(f"{label} gateway CPU/GB one box / via node", f"{cpu[0]:.2f}/{cpu[1]:.2f}", "up/dn", None,
+                      "", None, "(info)", note="the bound on the ratio with the node on its own machine")
         table.add(f"{label} latency p50 / p99", f"{there['latency_p50_us']:.0f}/{there['latency_p99_us']:.0f}", "us",
                   f"{here['latency_p50_us']:.0f}/{here['latency_p99_us']:.0f}", "one box", None, "(info)",
                   note=f"added p50 {ratios.get(f'{kind}_added_latency_p50_us', 0):.0f} us, p99 "
