@@ -21,12 +21,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from OpenSSL.SSL import Error as TLSError
+from OpenSSL.SSL import WantReadError
 from twisted.internet import defer, protocol
 from twisted.internet.endpoints import HostnameEndpoint
 from twisted.internet.interfaces import IHandshakeListener
 from twisted.logger import Logger
-from OpenSSL.SSL import Error as TLSError
-from OpenSSL.SSL import WantReadError
 from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -54,11 +54,13 @@ def no_delay(transport: Any) -> None:
     """Send small writes at once (TCP_NODELAY) on the TCP connection under
     ``transport`` (a TLS wrapper forwards to it); nothing on other kinds.
 
-    Both AMP and the stream write a request and then wait for its answer,
-    often right after the TLS handshake's last flight: with Nagle's
-    algorithm that second small segment waited for the peer's delayed ACK,
-    and opening a stream took ~45 ms instead of a few.  Bulk transfers are
-    unaffected: their writes are larger than a segment anyway."""
+    Both AMP and the stream write a small request and wait for its answer,
+    often right after another small write (the TLS handshake's last flight):
+    with Nagle's algorithm such a segment may wait for the peer's delayed
+    ACK, up to 40 ms on Linux.  An earlier measurement saw a stream take
+    46 ms to open; bench/cluster_relay.py measures 7-9 ms with or without
+    this on loopback today, so it is a guard, not a measured win.  Bulk
+    transfers are unaffected: their writes fill segments anyway."""
     set_it = getattr(transport, "setTcpNoDelay", None)
     if set_it is not None:
         set_it(True)
