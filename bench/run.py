@@ -12,6 +12,9 @@ Runs, each as its own process with its own JSON in bench/results/:
                      store, and where the session times go (phases);
 * bench/store_listing.py  the session store's listsession query with 10 000
                      stored sessions on SQLite, PostgreSQL and MariaDB (issue 13);
+* bench/cluster_relay.py  the cluster stream (gateway -> a node's TLS stream
+                     endpoint -> the agent) vs the single-box relay, through
+                     Conch and plain: throughput, added latency, opening (issue 13);
 * bench/sound_latency.py  a click from the session to the client's sound
                      server (latency) and a stream's bandwidth (issue 14);
 
@@ -141,6 +144,42 @@ def store_rows(table: Table, store: dict | None) -> None:
                   (median < 20) if kind == "postgresql" else None,
                   note=f"p95 {figures['live_user']['p95_ms']:.2f} ms; admit {figures['admit']['median_ms']:.2f} ms,"
                        f" swap {figures['swap']['median_ms']:.2f} ms, all live {figures['live_all']['median_ms']:.0f} ms")
+
+
+def cluster_relay_rows(table: Table, cluster: dict | None) -> None:
+    """Issue 13: the stream to a session on another member vs on the gateway's own box."""
+    if not cluster:
+        return
+    rows, ratios = cluster.get("rows", {}), cluster.get("ratios", {})
+    size_mib = cluster["size"] / (1 << 20)
+    table.section(f"cluster stream: gateway -> node (TLS) -> agent vs one box ({size_mib:g} MiB per run, median of "
+                  f"{cluster['repeat']}){' [profiled]' if cluster.get('profiled') else ''}")
+    for kind, label in (("conch", "through SSH (Conch)"), ("plain", "plain (no SSH)")):
+        here, there = rows.get(f"{kind} one box"), rows.get(f"{kind} via node")
+        if not here or not there:
+            continue
+        for direction in ("up", "down"):
+            if direction not in there["directions"]:
+                continue
+            ours, peer = there["directions"][direction]["gb_per_s"], here["directions"][direction]["gb_per_s"]
+            is_target = kind == "conch"
+            table.add(f"{label} {direction} GB/s", ours, "GB/s", peer, "same path, one box", ratio(ours, peer),
+                      ">= 0.8x one box" if is_target else "(info)",
+                      (ours >= 0.8 * peer) if is_target else None,
+                      spread_pct(there["directions"][direction]["all_gb_per_s"]),
+                      note=f"CPU s/GB {there['directions'][direction]['cpu_s_per_gb']:.2f} via node, "
+                           f"{here['directions'][direction]['cpu_s_per_gb']:.2f} one box")
+        cpu = [ratios.get(f"{kind}_{direction}_gateway_cpu_ratio") for direction in ("up", "down")]
+        if all(cpu):
+            table.add(f"{label} gateway CPU/GB one box / via node", f"{cpu[0]:.2f}/{cpu[1]:.2f}", "up/dn", None,
+                      "", None, "(info)", note="the bound on the ratio with the node on its own machine")
+        table.add(f"{label} latency p50 / p99", f"{there['latency_p50_us']:.0f}/{there['latency_p99_us']:.0f}", "us",
+                  f"{here['latency_p50_us']:.0f}/{here['latency_p99_us']:.0f}", "one box", None, "(info)",
+                  note=f"added p50 {ratios.get(f'{kind}_added_latency_p50_us', 0):.0f} us, p99 "
+                       f"{ratios.get(f'{kind}_added_latency_p99_us', 0):.0f} us (1-byte round trips)")
+        table.add(f"{label} stream opening", there["open"]["median_ms"], "ms", here["open"]["median_ms"], "one box",
+                  ratio(there["open"]["median_ms"], here["open"]["median_ms"]), "(info)",
+                  note=f"bye/request -> agent socket accepted, median of {len(there['open']['all_ms'])}")
 
 
 def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, scale: dict | None) -> Table:
@@ -339,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=10, help="sessions for the memory figures (both)")
     parser.add_argument("--size", default="2G", help="bytes per relay throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="relay throughput runs per row")
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,sound")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,cluster_relay,sound")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install bench packages")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway (relay, logins, sessions)")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from bench/results/*.json")
@@ -368,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
                   "--json", os.path.join(RESULTS, "scale.json"), *scale_args, *profile],
         "store": [python, os.path.join(HERE, "store_listing.py"), "--json", os.path.join(RESULTS, "store.json"),
                   *(["--calls", "50"] if args.quick else [])],
+        "cluster_relay": [python, os.path.join(HERE, "cluster_relay.py"), "--size",
+                          "128M" if args.quick else "512M", "--repeat", str(repeat), *(["--rounds", "300"] if args.quick else []),
+                          "--json", os.path.join(RESULTS, "cluster_relay.json")],
         "sound": [python, os.path.join(HERE, "sound_latency.py"), "--runs", str(runs * 2),
                   "--json", os.path.join(RESULTS, "sound.json")],
     }
@@ -391,8 +433,10 @@ def main(argv: list[str] | None = None) -> int:
     scale = load(os.path.join(RESULTS, "scale.json"))
     store = load(os.path.join(RESULTS, "store.json"))
     sound = load(os.path.join(RESULTS, "sound.json"))
+    cluster = load(os.path.join(RESULTS, "cluster_relay.json"))
     table = build_table(relay, sessions_result, x2go, scale)
     store_rows(table, store)
+    cluster_relay_rows(table, cluster)
     sound_rows(table, sound)
     print()
     print(f"nxgate benchmark — {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
@@ -408,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": load_before, "load_after": os.getloadavg(), "quick": args.quick,
         "steps": steps_run, "table": table.rows,
         "results": {"relay": relay, "sessions": sessions_result, "x2go": x2go, "scale": scale, "store": store,
-                    "sound": sound},
+                    "cluster_relay": cluster, "sound": sound},
         "x2go_reference": X2GO_REFERENCE,
     }
     out = os.path.join(RESULTS, "bench.json")
