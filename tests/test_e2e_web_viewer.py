@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import ssl
+import subprocess
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -57,6 +59,33 @@ fetch('/view/ticket', {method: 'POST', headers: {'X-CSRF-Token': csrf},
                        body: new URLSearchParams({handle: handle, width: '800', height: '600'})})
   .then(async (answer) => done([answer.status, await answer.text()]), (error) => done([0, String(error)]));
 """
+
+
+VIEWER_PROGRAMS = ("x11vnc", "Xvfb", "nxproxy")
+
+
+def programs_of(uid: int) -> dict[int, str]:
+    """The viewer programs (x11vnc, Xvfb, nxproxy) running as ``uid``: pid -> name."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status", encoding="utf-8") as handle:
+                fields = dict(line.split(":", 1) for line in handle if ":" in line)
+        except OSError:
+            continue
+        name = fields.get("Name", "").strip()
+        if name in VIEWER_PROGRAMS and int(fields.get("Uid", "-1").split()[0]) == uid:
+            found[int(entry)] = name
+    return found
+
+
+def tcp_listeners(pids: dict[int, str]) -> list[str]:
+    """``ss``'s lines of the TCP sockets (IPv4 and IPv6) these processes listen on."""
+    lines = subprocess.run(["ss", "-H", "-l", "-t", "-n", "-p"], capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    return [line for line in lines if any(int(pid) in pids for pid in re.findall(r"pid=(\d+)", line))]
 
 
 def canvas_shot(browser: Browser) -> Screenshot | None:
@@ -201,6 +230,12 @@ class WebViewerTests(client_tests.ClientTestCase):
         source = browser.source
         for secret in (session_id, str(_row[0])):
             self.assertNotIn(secret, source)  # neither the id nor the display in the page
+
+        # The viewer's programs run as the user and listen on no TCP port, IPv4 or IPv6
+        # (x11vnc once opened [::]:5900 without a password despite -rfbport 0 -no6 -noipv6).
+        viewer_programs = programs_of(self.user.entry.pw_uid)
+        self.assertEqual(sorted(set(viewer_programs.values())), sorted(VIEWER_PROGRAMS), viewer_programs)
+        self.assertEqual(tcp_listeners(viewer_programs), [])
 
         # The canvas is the session's framebuffer.
         info_display = int(_row[0])

@@ -219,10 +219,11 @@ class ProgramTests(TestCase):
     def test_x11vnc_on_a_unix_socket_only(self) -> None:
         argv = bv.x11vnc_argv("x11vnc", 3100, "/v/vnc.sock")
         joined = " ".join(argv)
-        for part in ("-display :3100", "-unixsock /v/vnc.sock", "-rfbport 0", "-no6", "-noipv6", "-norc", "-xkb",
-                     "-once"):
+        for part in ("-display :3100", "-unixsock /v/vnc.sock", "-rfbport 0", "-rfbportv6 0", "-no6", "-noipv6",
+                     "-norc", "-xkb", "-once"):
             self.assertIn(part, joined)
         self.assertNotIn("-forever", argv)
+        self.assertNotIn("-localhost", argv)  # it refuses Unix-socket clients (not 127.0.0.1)
 
     def test_nxproxy_options_carry_the_cookie_and_refuse_injection(self) -> None:
         line = bv.nxproxy_options("0123abcd" * 4, "host-830-ABC", "my desk,top", "/v/nx.sock", 830)
