@@ -99,6 +99,18 @@ def canvas_shot(browser: Browser) -> Screenshot | None:
     return Screenshot(width, height, base64.b64decode(data))
 
 
+def click_canvas(browser: Browser, x: int, y: int) -> None:
+    """A real mouse click on the page's canvas at the session's pixel ``x, y`` (the canvas may be scaled)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    canvas = browser.find("#viewer-screen canvas")
+    width = browser.driver.execute_script("return arguments[0].width;", canvas)
+    scale = canvas.size["width"] / width
+    ActionChains(browser.driver).move_to_element_with_offset(
+        canvas, round(x * scale - canvas.size["width"] / 2), round(y * scale - canvas.size["height"] / 2)
+    ).click().perform()
+
+
 def handshake(base: str, ticket: str, cookie: str | None, origin: str | None = None) -> str:
     """A raw WebSocket upgrade to ``/view/ws``: the status line of the answer."""
     host = urlsplit(base).netloc
@@ -193,14 +205,7 @@ class WebViewerTests(client_tests.ClientTestCase):
 
     def click_into_xterm(self, browser: Browser) -> None:
         """Click inside the xterm (the session has no window manager: focus follows the pointer)."""
-        from selenium.webdriver.common.action_chains import ActionChains
-
-        canvas = browser.find("#viewer-screen canvas")
-        width = browser.driver.execute_script("return arguments[0].width;", canvas)
-        scale = canvas.size["width"] / width
-        ActionChains(browser.driver).move_to_element_with_offset(
-            canvas, round(100 * scale - canvas.size["width"] / 2), round(60 * scale - canvas.size["height"] / 2)
-        ).click().perform()
+        click_canvas(browser, 100, 60)
 
     def typed(self) -> str:
         try:
