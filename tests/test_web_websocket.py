@@ -213,7 +213,8 @@ class ProgramTests(TestCase):
     def test_xvfb_listens_on_no_tcp_and_needs_the_cookie(self) -> None:
         argv = bv.xvfb_argv("Xvfb", 3100, 1024, 768, "/v/auth")
         self.assertEqual(argv[:2], ["Xvfb", ":3100"])
-        for pair in (["-displayfd", "3"], ["-nolisten", "tcp"], ["-auth", "/v/auth"], ["-screen", "0", "1024x768x24"]):
+        for pair in (["-displayfd", "3"], ["-nolisten", "tcp"], ["-auth", "/v/auth"], ["-screen", "0", "1024x768x24"],
+                     ["-extension", "GLX"]):
             self.assertIn(" ".join(pair), " ".join(argv))
 
     def test_x11vnc_on_a_unix_socket_only(self) -> None:
