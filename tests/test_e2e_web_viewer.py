@@ -283,6 +283,58 @@ class WebViewerTests(client_tests.ClientTestCase):
         self.screen.wait_for_colour(YELLOW, 50, timeout=20)
         self.assertEqual(self.status(session_id), "Running")
 
+    def session_env(self, session_id: str, display: int) -> dict[str, str]:
+        """The environment of an X client of the session's own display (its X authority)."""
+        authority = os.path.join(self.gateway.state_dir, "sessions", session_id, "authority")
+        return dict(os.environ, DISPLAY=f":{display}", XAUTHORITY=authority)
+
+    def selection(self, env: dict[str, str], which: str) -> str:
+        result = subprocess.run(["xclip", "-o", "-selection", which], env=env, capture_output=True, timeout=10)
+        return result.stdout.decode("utf-8", "replace") if result.returncode == 0 else ""
+
+    def clipboard_field(self, browser: Browser) -> str:
+        return browser.driver.execute_script("return document.getElementById('viewer-clipboard').value;")
+
+    def test_clipboard_both_ways(self) -> None:
+        self.attach("--name", "clipboard")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        session_id, row = self.only_session()
+        env = self.session_env(session_id, int(row[0]))
+        browser = self.logged_in()
+        self.open_in_browser(browser)
+
+        # Copied in the session (xclip owns its CLIPBOARD)...
+        copied = "copied in the session: café ☃ 42"
+        owner = subprocess.Popen(["xclip", "-quiet", "-selection", "clipboard"], env=env, stdin=subprocess.PIPE,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(lambda: owner.poll() is None and owner.kill())
+        owner.stdin.write(copied.encode())
+        owner.stdin.close()
+        # ...shows in the page's clipboard field (and went to the browser's clipboard, where allowed).
+        # x11vnc sends no selection in a client's first 15 seconds (its sel_waittime): a longer wait.
+        browser.wait(lambda: self.clipboard_field(browser) == copied, 60, "the session's clipboard in the page")
+
+        # Sent from the page: pasteable in the session (PRIMARY at least: see the README's limits).
+        def selections() -> dict[str, str]:
+            return {which: self.selection(env, which) for which in ("clipboard", "primary")}
+
+        browser.find("#viewer-clipboard-panel summary").click()
+        field = browser.find("#viewer-clipboard")
+        field.clear()
+        field.send_keys("sent from the page: ñ 7")
+        browser.find("#viewer-clipboard-send").click()
+        try:
+            wait_for(lambda: "sent from the page: ñ 7" in selections().values(), 30,
+                     "the page's text in the session's selections")
+        except AssertionError:
+            raise AssertionError(f"the session's selections: {selections()}") from None
+
+        # Beyond Latin-1 (RFB's cut text): the page sends UTF-8 bytes, which nxagent passes on as they are.
+        field.clear()
+        field.send_keys("snow ☃ man")
+        browser.find("#viewer-clipboard-send").click()
+        wait_for(lambda: "snow ☃ man" in selections().values(), 30, "the snowman in the session")
+
     def test_another_user_gets_nothing(self) -> None:
         client = self.attach("--name", "not yours")
         self.screen.wait_for_colour(RED, 20000, timeout=60)

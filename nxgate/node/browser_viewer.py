@@ -203,7 +203,10 @@ class BrowserViewer:
     async def start_vnc(self) -> None:
         """Start x11vnc on the Xvfb; it listens on :attr:`vnc_socket` soon after."""
         argv = x11vnc_argv(self.viewers.programs.x11vnc, self.display, self.vnc_socket)
-        self.processes["x11vnc"] = await self.viewers.launcher.start(self._request(argv, "x11vnc", self._x_env()))
+        # x11vnc would wait 45 s (a display manager's grace) before it makes its window and asks XFIXES:
+        # no clipboard until then.  This display has no display manager.
+        env = {**self._x_env(), "X11VNC_AVOID_WINDOWS": "never"}
+        self.processes["x11vnc"] = await self.viewers.launcher.start(self._request(argv, "x11vnc", env))
 
     def alive(self) -> dict[str, bool]:
         return {name: process.alive() for name, process in self.processes.items()}

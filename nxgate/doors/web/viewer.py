@@ -154,7 +154,12 @@ class _Page(resource.Resource):
             request.setResponseCode(404)
             return auth.page(request, "Refused", '<p class="error" role="alert">No such session.</p>')
         body = (f'<section id="viewer" data-handle="{escape(handle)}" data-purpose="{self.purpose}">'
-                '<p id="viewer-status" role="status">Connecting…</p>'
+                '<div id="viewer-bar"><p id="viewer-status" role="status">Connecting…</p>'
+                '<details id="viewer-clipboard-panel"><summary>Clipboard</summary>'
+                '<textarea id="viewer-clipboard" rows="3" cols="40" spellcheck="false" '
+                'aria-label="The session\'s clipboard: what is copied there shows here; edit and send"></textarea>'
+                '<button type="button" id="viewer-clipboard-send">Send to the session</button>'
+                '</details></div>'
                 '<div id="viewer-screen"></div></section>')
         page = auth.page(request, "Session", body, scripts=("/view/static/viewer.js",))
         request.setHeader(b"Content-Security-Policy", CSP)

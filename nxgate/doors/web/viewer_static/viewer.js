@@ -7,7 +7,7 @@
   const section = document.getElementById("viewer");
   const status = document.getElementById("viewer-status");
   const screen = document.getElementById("viewer-screen");
-  const state = { phase: "starting", openedAt: performance.now(), connectedAt: null, rfb: null, clipboard: "" };
+  const state = { phase: "starting", openedAt: performance.now(), connectedAt: null, rfb: null, clipboard: "", sent: "" };
   window.nxgateViewer = state;
 
   function say(phase, words) {
@@ -38,16 +38,42 @@
     return (await answer.json()).ticket;
   }
 
+  const field = document.getElementById("viewer-clipboard");
+  const sendButton = document.getElementById("viewer-clipboard-send");
+
+  /* Text to the session's clipboard.  RFB's cut text is Latin-1 bytes; x11vnc puts them in the
+     viewer display's selection as STRING, and nxagent hands them to the session's programs as they
+     are, which read them as UTF-8 (UTF8_STRING).  So the page sends the text's UTF-8 bytes, one
+     "Latin-1 character" each: any character arrives whole. */
+  function toSession(text) {
+    if (!state.rfb || !text) return;
+    const bytes = new TextEncoder().encode(text);
+    let wire = "";
+    for (const byte of bytes) wire += String.fromCharCode(byte);
+    state.clipboard = text;
+    state.sent = wire;
+    state.rfb.clipboardPasteFrom(wire);
+  }
+
+  /* The session's text as x11vnc sends it: Latin-1 bytes of the selection's STRING, which nxagent
+     fills with the session's UTF-8.  Bytes that are valid UTF-8 are read as such (Latin-1 text that
+     is also valid UTF-8 is rare: "Ã©" and the like); anything else stays Latin-1. */
+  function fromSession(text) {
+    if (!/[\u0080-\u00ff]/.test(text) || /[^\u0000-\u00ff]/.test(text)) return text;
+    try {
+      return new TextDecoder("utf-8", { fatal: true }).decode(Uint8Array.from(text, (c) => c.charCodeAt(0)));
+    } catch (error) {
+      return text;
+    }
+  }
+
   async function pasteLocalClipboard() {
     if (!state.rfb || !navigator.clipboard || !navigator.clipboard.readText) return;
     try {
       const text = await navigator.clipboard.readText();
-      if (text && text !== state.clipboard) {
-        state.clipboard = text;
-        state.rfb.clipboardPasteFrom(text);
-      }
+      if (text && text !== state.clipboard) toSession(text);
     } catch (error) {
-      /* no permission: the paste event below still works */
+      /* no permission: the paste event and the clipboard field still work */
     }
   }
 
@@ -71,18 +97,22 @@
       say("disconnected", event.detail.clean ? "The session was suspended." : "Connection lost.");
     });
     rfb.addEventListener("clipboard", (event) => {
-      state.clipboard = event.detail.text;
+      const text = fromSession(event.detail.text);
+      state.clipboard = text;
+      field.value = text;
       if (navigator.clipboard && navigator.clipboard.writeText) {
-        navigator.clipboard.writeText(event.detail.text).catch(() => {});
+        navigator.clipboard.writeText(text).catch(() => {});
       }
+    });
+    sendButton.addEventListener("click", () => {
+      toSession(field.value);
+      rfb.focus();
     });
     window.addEventListener("focus", pasteLocalClipboard);
     document.addEventListener("paste", (event) => {
+      if (event.target === field) return;  /* the field is edited first, then sent with its button */
       const text = event.clipboardData ? event.clipboardData.getData("text/plain") : "";
-      if (text && state.rfb) {
-        state.clipboard = text;
-        state.rfb.clipboardPasteFrom(text);
-      }
+      if (text) toSession(text);
     });
   }
 
