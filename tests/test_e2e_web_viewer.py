@@ -335,6 +335,51 @@ class WebViewerTests(client_tests.ClientTestCase):
         browser.find("#viewer-clipboard-send").click()
         wait_for(lambda: "snow ☃ man" in selections().values(), 30, "the snowman in the session")
 
+    def agent_size(self, env: dict[str, str]) -> tuple[int, int] | None:
+        """The session's framebuffer size, as ``xdpyinfo`` on its own display says."""
+        result = subprocess.run(["xdpyinfo"], env=env, capture_output=True, text=True, timeout=10)
+        found = re.search(r"dimensions:\s+(\d+)x(\d+) pixels", result.stdout)
+        return (int(found[1]), int(found[2])) if found else None
+
+    def test_the_session_follows_the_window_size(self) -> None:
+        self.attach("--name", "resize")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        session_id, row = self.only_session()
+        env = self.session_env(session_id, int(row[0]))
+        client_size = self.agent_size(env)  # the NX client's
+        browser = self.logged_in()
+        self.open_in_browser(browser)
+
+        def sizes() -> tuple[Any, Any, Any]:
+            room = browser.driver.execute_script(
+                "const s = document.getElementById('viewer-screen'); return [s.clientWidth, s.clientHeight];")
+            canvas = browser.driver.execute_script(
+                "const c = document.querySelector('#viewer-screen canvas'); return c ? [c.width, c.height] : null;")
+            return tuple(room), tuple(canvas or ()), self.agent_size(env)
+
+        def fitted() -> tuple[int, int] | None:
+            """The session's size once the session, the canvas and the page's room agree (widths even)."""
+            room, canvas, agent = sizes()
+            if agent == canvas and canvas and abs(canvas[0] - room[0]) <= 1 and canvas[1] == room[1]:
+                return agent
+            return None
+
+        # Resumed in the browser, the session takes the page's size...
+        first = wait_for(fitted, 30, "the session to take the page's size")
+        self.assertNotEqual(first, client_size)
+        # ...and follows the window when it changes, drawn again in the page.
+        browser.driver.set_window_size(900, 640)
+        try:
+            second = wait_for(lambda: (found := fitted()) and found != first and found, 60,
+                              "the session to follow the window")
+        except AssertionError:
+            raise AssertionError(f"sizes (room, canvas, session): {sizes()}") from None
+        self.assertLess(second[0], first[0])
+        browser.wait(lambda: canvas_shot(browser).count(RED) > 20000, 30, "the session drawn at the new size")
+        self.assertEqual(self.status(session_id), "Running")
+        wait_for(lambda: len(os.listdir(os.path.join(self.gateway.state_dir, "viewers"))) == 1, 15,
+                 "the first viewer's programs and files to go")
+
     def test_another_user_gets_nothing(self) -> None:
         client = self.attach("--name", "not yours")
         self.screen.wait_for_colour(RED, 20000, timeout=60)

@@ -354,8 +354,10 @@ class ViewerBridge:
             raise SessionError(Kind.LIMIT_REACHED, str(error)) from None
         viewer = self.viewer
         display = defer.ensureDeferred(viewer.start_display())
-        settings = DisplaySettings(geometry=f"{viewer.width}x{viewer.height}", client="browser", link="lan",
-                                   clipboard="both")
+        # Full screen in the viewer's Xvfb, which has the browser window's size: the session takes that
+        # size at this resume (nxagent's resize=1), and a new window size is a new resume (viewer.js).
+        settings = DisplaySettings(geometry=f"{viewer.width}x{viewer.height}", fullscreen=True, client="browser",
+                                   link="lan", clipboard="both")
         try:
             if self.ticket.purpose == "shadow":
                 ready = await self.parent.service.attach_shadow(
