@@ -33,6 +33,8 @@ APT_PACKAGES += pulseaudio pulseaudio-utils sox
 APT_PACKAGES += chromium chromium-driver
 # Issue 15: the in-browser viewer serves Debian's noVNC, fed by x11vnc (above) on a private Xvfb.
 APT_PACKAGES += novnc
+# Issue 15: the viewer's clipboard test copies and pastes in the session with xclip.
+APT_PACKAGES += xclip
 
 .PHONY: install system-packages link-commands run test bench bench-profile deb clean
 

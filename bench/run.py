@@ -17,6 +17,9 @@ Runs, each as its own process with its own JSON in bench/results/:
                      Conch and plain: throughput, added latency, opening (issue 13);
 * bench/sound_latency.py  a click from the session to the client's sound
                      server (latency) and a stream's bandwidth (issue 14);
+* bench/web_viewer.py  the in-browser viewer in headless Chromium: open ->
+                     first picture, keystroke -> echo, full-screen fps,
+                     server memory per browser viewer (issue 15);
 
 then prints ONE table: each figure, its peer (X2Go measured here, X2Go's
 reference figures from the issue, OpenSSH...), the ratio, the target and
@@ -371,6 +374,21 @@ def sound_rows(table: Table, sound: dict | None) -> None:
               "(info)")
 
 
+def web_viewer_rows(table: Table, web: dict | None) -> None:
+    """Issue 15's browser viewer figures (bench/web_viewer.py)."""
+    if not web:
+        return
+    table.section("the in-browser viewer (headless Chromium, noVNC <- x11vnc <- Xvfb <- nxproxy, loopback)")
+    table.add("open -> first picture (suspended session)", web["first_picture_s_median"], "s",
+              target=f"<= {web['target_first_picture_s']} s",
+              met=web["first_picture_s_median"] <= web["target_first_picture_s"],
+              spread=spread_pct(web["first_picture_s"]))
+    table.add("keystroke -> echo in the page, p50 / p99", f"{web['echo_ms_p50']:.0f}/{web['echo_ms_p99']:.0f}",
+              "ms", target="(info)")
+    table.add(f"full-screen change ({web['source_rate']:.0f}/s source)", web["fps"], "frames/s", target="(info)")
+    table.add("server memory per browser viewer (PSS)", web["viewer_pss_mb"], "MB", target="(info)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and counts: a smoke run (minutes)")
@@ -378,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=10, help="sessions for the memory figures (both)")
     parser.add_argument("--size", default="2G", help="bytes per relay throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="relay throughput runs per row")
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,cluster_relay,sound")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,cluster_relay,sound,web")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install bench packages")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway (relay, logins, sessions)")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from bench/results/*.json")
@@ -412,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
                           "--json", os.path.join(RESULTS, "cluster_relay.json")],
         "sound": [python, os.path.join(HERE, "sound_latency.py"), "--runs", str(runs * 2),
                   "--json", os.path.join(RESULTS, "sound.json")],
+        "web": [python, os.path.join(HERE, "web_viewer.py"), "--runs", str(runs + 2),
+                "--keys", "30" if args.quick else "200", "--json", os.path.join(RESULTS, "web_viewer.json")],
     }
     log_dir = os.path.join(RESULTS, "logs")
     os.makedirs(log_dir, exist_ok=True)
@@ -434,10 +454,12 @@ def main(argv: list[str] | None = None) -> int:
     store = load(os.path.join(RESULTS, "store.json"))
     sound = load(os.path.join(RESULTS, "sound.json"))
     cluster = load(os.path.join(RESULTS, "cluster_relay.json"))
+    web = load(os.path.join(RESULTS, "web_viewer.json"))
     table = build_table(relay, sessions_result, x2go, scale)
     store_rows(table, store)
     cluster_relay_rows(table, cluster)
     sound_rows(table, sound)
+    web_viewer_rows(table, web)
     print()
     print(f"nxgate benchmark — {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
           f"load {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f}")
@@ -452,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": load_before, "load_after": os.getloadavg(), "quick": args.quick,
         "steps": steps_run, "table": table.rows,
         "results": {"relay": relay, "sessions": sessions_result, "x2go": x2go, "scale": scale, "store": store,
-                    "cluster_relay": cluster, "sound": sound},
+                    "cluster_relay": cluster, "sound": sound, "web_viewer": web},
         "x2go_reference": X2GO_REFERENCE,
     }
     out = os.path.join(RESULTS, "bench.json")
