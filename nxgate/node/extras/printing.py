@@ -3,7 +3,8 @@ through the NX cups channel.
 
 Each session with printing gets a cupsd of its own, run AS THE USER (no
 root, no system cupsd involved), listening only on a Unix socket in the
-session directory's ``cups/`` (0700, the user's): ``CUPS_SERVER`` points the
+session directory (0700, the user's; cupsd keeps its own ``cups/`` in it at
+0755): ``CUPS_SERVER`` points the
 session's programs (``lp``, ``lpstat``, print dialogs) at it, so another
 user sees neither the queues nor the jobs, and a system cupsd, if any, is
 never touched.  FreeNX ran a per-session cupsd too, but on TCP port
