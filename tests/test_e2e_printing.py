@@ -199,7 +199,7 @@ class PrintingTests(PrintingTestCase):
         attachment.detach()
         self.wait_status(info.session_id, "Suspended")
         wait_for(lambda: not cupsd_of(self.user.name), 20, "the session's cupsd to stop at suspend")
-        self.assertFalse(os.path.exists(conf), "the credential stayed after the suspend")
+        wait_for(lambda: not os.path.exists(conf), 10, "the credential to go at suspend")
         client = self.login()
         reply = client.command(START.format(name="x", type="unix-console", extra='--cups="1"').replace(
             "startsession", "restoresession") + f' --id="{info.session_id}"', timeout=60)
