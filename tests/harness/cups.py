@@ -3,7 +3,8 @@ real CUPS in front of it, and nxgate-client's gate, all private to the test.
 
 * :class:`ClientPrinter`: ``ippeveprinter`` (cups-ipp-utils) on a free
   loopback port, keeping every job it gets as a file in its spool
-  directory (``-k``).  It insists on DNS-SD; without a system D-Bus (as in a
+  directory (``-k``); its print command is ``true``, so a job is done
+  at once and the next one need not wait.  It insists on DNS-SD; without a system D-Bus (as in a
   container) it aborts, so it gets a private ``dbus-daemon`` as its "system
   bus" and no registration (``-r off``).
 * :class:`ClientCups`: a cupsd run as ``nobody`` on its own loopback port
@@ -48,6 +49,7 @@ class ClientPrinter:
         self.log = os.path.join(self.dir, "ippeveprinter.log")
         self.process = subprocess.Popen(
             ["ippeveprinter", "-r", "off", "-n", "localhost", "-p", str(self.port), "-d", self.spool, "-k",
+             "-c", "/bin/true",  # "prints" at once (without a command it idles 5-15 s per job)
              "-f", "application/octet-stream,text/plain,application/pdf,application/postscript", name],
             env=env, stdin=subprocess.DEVNULL, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT)
         try:
