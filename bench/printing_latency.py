@@ -12,7 +12,9 @@ ipp backend, the NX cups channel, the gate, the client's CUPS) and waits for
 the file holding it in the printer's spool directory; the baseline prints
 the same kind of text with ``lp`` straight into the client's CUPS (no NX,
 no session cupsd).  Both include starting ``lp`` (and, in the session,
-runuser); median and p90 of --runs.
+runuser); each job starts with every queue idle (CUPS's ipp backend stays
+with a job until the printer reports it done, and the next job on that
+queue waits for it); median and p90 of --runs.
 
     .venv/bin/python bench/printing_latency.py [--runs 10] [--json FILE]
 """
@@ -80,7 +82,18 @@ def main() -> int:
         wait_for(lambda: subprocess.run([*in_session[:-3], "lpstat", "-a"], capture_output=True, text=True
                                         ).stdout.startswith(QUEUE), 60, "the client's queue in the session")
 
+        def idle(argv: list[str]) -> None:
+            """Each job starts on idle queues: CUPS's ipp backend stays with a
+            job until the printer has finished it, and a job behind it waits."""
+            lpstat = [*argv[:argv.index("lp")], "lpstat", "-o"]
+            wait_for(lambda: subprocess.run(lpstat, capture_output=True, text=True).stdout.strip() == "", 60,
+                     "the queue to be idle", interval=0.1)
+            direct_lpstat = [*directly[:directly.index("lp")], "lpstat", "-o"]
+            wait_for(lambda: subprocess.run(direct_lpstat, capture_output=True, text=True).stdout.strip() == "",
+                     60, "the client's queue to be idle", interval=0.1)
+
         def latency(argv: list[str]) -> float:
+            idle(argv)
             text = f"bench {uuid.uuid4().hex}\n"
             path = os.path.join(workdir, f"{uuid.uuid4().hex[:8]}.txt")
             with open(path, "w") as handle:
@@ -88,7 +101,7 @@ def main() -> int:
             os.chmod(path, 0o644)
             started = time.monotonic()
             subprocess.run([*argv, path], check=True, capture_output=True, timeout=30)
-            printer.wait_for_text(text.encode(), timeout=60)
+            printer.wait_for_text(text.encode(), timeout=60, interval=0.005)
             return (time.monotonic() - started) * 1000
 
         latency(in_session)  # warm-up: the first job starts the session's backend

@@ -76,9 +76,9 @@ class ClientPrinter:
                 out.append(handle.read())
         return out
 
-    def wait_for_text(self, text: bytes, timeout: float = 60.0) -> bytes:
+    def wait_for_text(self, text: bytes, timeout: float = 60.0, interval: float = 0.2) -> bytes:
         return wait_for(lambda: next((data for data in self.texts() if text in data), None), timeout,
-                        f"a job with {text!r} at the client's printer", interval=0.2)
+                        f"a job with {text!r} at the client's printer", interval=interval)
 
     def close(self) -> None:
         for process in (self.process, self.bus):
