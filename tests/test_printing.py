@@ -310,3 +310,94 @@ class ClientOptions(TestCase):
 
         info = SessionInfo(full_id="h-1001-" + "A" * 32, session_id="A" * 32, display=1001, cookie=COOKIE)
         self.assertIn(",cups=6310,", proxy_options(info, "s", 1234, {"cups": 6310, "media": 0}))
+
+
+class FakeLauncher:
+    """Stands in for the launcher: records the request, "starts" cupsd as a
+    sleeping process and makes its socket appear."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        self.children: list = []
+
+    async def start(self, request: dict):
+        import subprocess
+        import threading
+
+        from nxgate.node.processes import ProcessId
+
+        self.requests.append(request)
+        conf = request["argv"][request["argv"].index("-c") + 1]
+        socket_path = [line.split()[1] for line in open(conf) if line.startswith("Listen ")][0]
+        open(socket_path, "w").close()
+        child = subprocess.Popen(["sleep", "60"])
+        threading.Thread(target=child.wait, daemon=True).start()  # reaped, so it ends for real
+        self.children.append(child)
+        return ProcessId.of(child.pid)
+
+
+class Lifecycle(TestCase):
+    """The extra from start (discovery through the gate, printers.conf,
+    cupsd launched as the user) to stop, with a stand-in launcher."""
+
+    async def test_start_discovers_writes_the_queues_launches_cupsd_and_stop_ends_it(self) -> None:
+        factory = protocol.Factory.forProtocol(FakeCups)
+        factory.seen, factory.bare = [], False
+        factory.printers = [{"printer-name": "home", "printer-uri-supported": "ipp://x/printers/home"}]
+        server = reactor.listenTCP(0, factory, interface="127.0.0.1")
+        self.addCleanup(server.stopListening)
+        from nxgate.client.printing import LocalPrinting
+
+        gate = LocalPrinting(reactor, f"127.0.0.1:{server.getHost().port}")
+        gate_port = gate.open(COOKIE)
+        self.addCleanup(gate.close)
+        base = tempfile.mkdtemp()
+        self.addCleanup(lambda: __import__("shutil").rmtree(base))
+        launcher = FakeLauncher()
+        context = SimpleNamespace(reactor=reactor, session_dir=lambda session: base, launcher=launcher, blocking=None,
+                                  layout=SimpleNamespace(agent_files=lambda sid: SimpleNamespace(
+                                      app_log=os.path.join(base, "session.log"))))
+        extra = printing.Printing(context)  # type: ignore[arg-type]
+        session = SimpleNamespace(id="B" * 32, uid=os.getuid(), gid=os.getgid(), display=gate_port - 2000,
+                                  cookie=COOKIE, user="someone")
+        await extra.start(session)
+        await defer.ensureDeferred(_until(lambda: launcher.requests and extra._cupsd.get(session.id)))
+        (request,) = launcher.requests
+        self.assertEqual(request["argv"][0], "cupsd")
+        self.assertEqual(request["env_fixed"]["NXGATE_SESSION"], session.id)
+        self.assertNotIn(printgate.credential(COOKIE), repr(request))  # never in argv or the environment
+        with open(os.path.join(base, "cups", "printers.conf")) as handle:
+            conf = handle.read()
+        self.assertIn(f"DeviceURI ipp://nxgate:{printgate.credential(COOKIE)}@127.0.0.1:{gate_port}/printers/home",
+                      conf)
+        self.assertIn("<DefaultPrinter home>", conf)
+        await extra.stop(session)
+        self.assertFalse(os.path.exists(os.path.join(base, "cups", "printers.conf")))
+        await defer.ensureDeferred(_until(lambda: launcher.children[0].poll() is not None))
+
+    async def test_stop_before_the_client_answers_cancels_the_discovery(self) -> None:
+        from tests.harness.net import free_port
+
+        base = tempfile.mkdtemp()
+        self.addCleanup(lambda: __import__("shutil").rmtree(base))
+        launcher = FakeLauncher()
+        context = SimpleNamespace(reactor=reactor, session_dir=lambda session: base, launcher=launcher, blocking=None,
+                                  layout=None)
+        extra = printing.Printing(context)  # type: ignore[arg-type]
+        session = SimpleNamespace(id="C" * 32, uid=os.getuid(), gid=os.getgid(), display=free_port() - 2000,
+                                  cookie=COOKIE, user="someone")
+        await extra.start(session)
+        self.assertIn(session.id, extra._tasks)
+        await extra.stop(session)
+        self.assertEqual(extra._tasks, {})
+        self.assertEqual(launcher.requests, [])
+
+
+async def _until(predicate, timeout: float = 10.0) -> None:
+    from twisted.internet import task
+
+    deadline = reactor.seconds() + timeout
+    while not predicate():
+        if reactor.seconds() > deadline:
+            raise AssertionError("timed out")
+        await task.deferLater(reactor, 0.02, lambda: None)

@@ -38,6 +38,7 @@ session's marker in its environment.
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import stat
 from collections.abc import Iterable
@@ -45,6 +46,7 @@ from typing import Any
 
 from twisted.internet import defer, protocol, task
 from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet.error import ConnectingCancelledError
 from twisted.logger import Logger
 
 from nxgate import channels, ipp, printgate
@@ -175,6 +177,8 @@ async def exchange(reactor: Any, port: int, payload: bytes, timeout: float = ASK
     endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", port, timeout=timeout)
     try:
         connection = await endpoint.connect(protocol.Factory.forProtocol(lambda: _Exchange(payload, done)))
+    except (defer.CancelledError, ConnectingCancelledError):
+        raise defer.CancelledError() from None  # the session's printing is being stopped
     except Exception as error:  # refused, timed out: nobody there yet
         raise NotAnswering(str(error)) from None
     timer = reactor.callLater(timeout, connection.transport.abortConnection)
@@ -202,6 +206,8 @@ async def ask(reactor: Any, port: int, cookie: str, operation: int, path: str, p
         raise NotAnswering(str(error)) from None
     if answer.status == 401:
         raise Refused("the client's print gate refused the session's credential")
+    if answer.status >= 500:  # e.g. the client's gate cannot reach its CUPS (yet)
+        raise NotAnswering(f"the client's print server answered HTTP {answer.status}")
     return answer
 
 
@@ -324,6 +330,8 @@ class Printing:
         files.write_user_file(os.path.join(self.directory(session), "printers.conf"),
                               printers_conf(printers, port, printgate.credential(session.cookie)).encode(),
                               session.uid, session.gid)
+        # One cupsd per session: one left by an interrupted start would hold the socket.
+        await self._end_cupsd(session, await self._blocking(_cupsd_of, session.id, session.uid))
         cupsd = await self._launch(session)
         self._cupsd[session.id] = cupsd
         socket_path = self.socket_path(session)
@@ -338,9 +346,7 @@ class Printing:
                  user=session.user, queues=", ".join(p.queue for p in printers) or "(the client has none)")
 
     async def _launch(self, session: Any) -> processes.ProcessId:
-        import pwd
-
-        user = pwd.getpwuid(session.uid)
+        user = await self._blocking(pwd.getpwuid, session.uid)
         directory = self.directory(session)
         request = {
             "user": user.pw_name,
@@ -362,6 +368,11 @@ class Printing:
             running = [known]
         else:  # a gateway before this one started it
             running = await self._blocking(_cupsd_of, session.id, session.uid)
+        await self._end_cupsd(session, running)
+        _remove_printers_conf(self.directory(session))
+
+    async def _end_cupsd(self, session: Any, running: list[processes.ProcessId]) -> None:
+        """SIGTERM (cupsd then stops its jobs' backends), SIGKILL after STOP_GRACE."""
         for process in running:
             processes.send_signal(process, signal.SIGTERM)
         deadline = self.context.reactor.seconds() + STOP_GRACE
@@ -371,7 +382,6 @@ class Printing:
             if process.alive():
                 log.warn("session {id}: its cupsd ignored SIGTERM; killing it", id=session.id)
                 processes.send_signal(process, signal.SIGKILL)
-        _remove_printers_conf(self.directory(session))
 
     async def _blocking(self, function: Any, *args: Any) -> Any:
         if self.context.blocking is None:
