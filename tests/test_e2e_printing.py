@@ -34,7 +34,7 @@ from tests.harness.ssh import Attachment, NXClient, SessionInfo
 from tests.test_e2e_client import TYPES as CLIENT_TYPES
 from tests.test_e2e_client import ClientTestCase, agent_processes
 from tests.test_e2e_sessions import RED, START, TYPES, SessionTestCase, proc_environ
-from tests.test_e2e_sound import as_user, session_program
+from tests.test_e2e_sound import as_user
 
 QUEUE = "clientprinter"
 OPTIONS = {"sessions": {"display_base": "1340", "display_limit": "60", "connect_timeout": "60"}}
@@ -73,9 +73,11 @@ class PrintingTestCase(SessionTestCase):
         self.addCleanup(attachment.detach)
         return attachment
 
-    def session_env(self, user=None) -> dict[str, str]:
-        user = user or self.user
-        env = proc_environ(wait_for(lambda: _program(user.name), 20, "the session program"))
+    def session_env(self, info: SessionInfo, user=None) -> dict[str, str]:
+        """The environment of the session's program (its xterm), found by the
+        session's id in it: a dying xterm of an earlier test's user with the
+        same uid must not be taken for it."""
+        env = wait_for(lambda: _program_env((user or self.user).name, info.session_id), 20, "the session program")
         return {key: env[key] for key in ("CUPS_SERVER", "HOME") if key in env}
 
     def wait_for_queue(self, env: dict[str, str], queue: str = QUEUE, user=None) -> str:
@@ -100,11 +102,27 @@ class PrintingTestCase(SessionTestCase):
         return text.strip().encode()
 
 
-def _program(user: str) -> int | None:
-    try:
-        return session_program(user)
-    except AssertionError:
-        return None
+def _program_env(user: str, session_id: str) -> dict[str, str] | None:
+    result = subprocess.run(["pgrep", "-u", user, "-x", "xterm"], capture_output=True, text=True)
+    for pid in result.stdout.split():
+        try:
+            env = proc_environ(int(pid))
+        except OSError:
+            continue
+        if env.get("NXGATE_SESSION_ID") == session_id:
+            return env
+    return None
+
+
+def _only_session(user: str) -> str | None:
+    """The id of the user's one session (nxgate-client started it)."""
+    result = subprocess.run(["pgrep", "-u", user, "-x", "nxagent"], capture_output=True, text=True)
+    for pid in result.stdout.split():
+        try:
+            return proc_environ(int(pid)).get("NXGATE_SESSION_ID")
+        except OSError:
+            continue
+    return None
 
 
 class PrintingTests(PrintingTestCase):
@@ -113,7 +131,7 @@ class PrintingTests(PrintingTestCase):
         info = self.start_with_printing(client)
         self.attach_with_printing(client, info)
         self.screen.wait_for_colour(RED, 20000)
-        env = self.session_env()
+        env = self.session_env(info)
         socket_path = env.get("CUPS_SERVER", "")
         self.assertTrue(socket_path.startswith(os.path.join(self.gateway.state_dir, "sessions", info.session_id)),
                         env)
@@ -151,7 +169,7 @@ class PrintingTests(PrintingTestCase):
         client = self.login()
         info = self.start_with_printing(client)
         self.attach_with_printing(client, info)
-        env = self.session_env()
+        env = self.session_env(info)
         self.wait_for_queue(env)
         # A job stays queued for a while: the printer pauses.
         self.print_text(env)
@@ -171,7 +189,7 @@ class PrintingTests(PrintingTestCase):
         other_client = self.login(self.other)
         other_info = self.start_with_printing(other_client)
         self.attach_with_printing(other_client, other_info, cups=other_cups)
-        other_env = self.session_env(self.other)
+        other_env = self.session_env(other_info, self.other)
         self.assertNotEqual(other_env["CUPS_SERVER"], env["CUPS_SERVER"])
         queues = self.wait_for_queue(other_env, "otherprinter", self.other)
         self.assertNotIn(QUEUE, queues)
@@ -193,7 +211,7 @@ class PrintingTests(PrintingTestCase):
         client = self.login()
         info = self.start_with_printing(client)
         attachment = self.attach_with_printing(client, info)
-        env = self.session_env()
+        env = self.session_env(info)
         self.wait_for_queue(env)
         conf = os.path.join(os.path.dirname(env["CUPS_SERVER"]), "printers.conf")
         attachment.detach()
@@ -218,7 +236,7 @@ class PrintingTests(PrintingTestCase):
         client = self.login()
         info = self.start_with_printing(client)
         self.attach_with_printing(client, info, gate=False)
-        env = self.session_env()
+        env = self.session_env(info)
         self.wait_for_queue(env)
         text = self.print_text(env)
         self.assertEqual(self.printer.wait_for_text(text).strip(), text)
@@ -228,7 +246,7 @@ class PrintingTests(PrintingTestCase):
         info = self.start_with_printing(client, cups="0")
         self.attach_with_printing(client, info)
         self.screen.wait_for_colour(RED, 20000)
-        self.assertNotIn("CUPS_SERVER", self.session_env())
+        self.assertNotIn("CUPS_SERVER", self.session_env(info))
         time.sleep(2)
         self.assertEqual(cupsd_of(self.user.name), [])
 
@@ -241,7 +259,7 @@ class PrintingSwitchedOffTests(PrintingTestCase):
         info = self.start_with_printing(client)  # asks for --cups="1"
         self.attach_with_printing(client, info)
         self.screen.wait_for_colour(RED, 20000)  # the session draws: it works
-        self.assertNotIn("CUPS_SERVER", self.session_env())
+        self.assertNotIn("CUPS_SERVER", self.session_env(info))
         time.sleep(2)
         self.assertEqual(cupsd_of(self.user.name), [])
         self.assertEqual(self.printer.jobs(), [])
@@ -252,7 +270,7 @@ class GatewayKilledTests(PrintingTestCase):
         client = self.login()
         info = self.start_with_printing(client)
         self.attach_with_printing(client, info)
-        env = self.session_env()
+        env = self.session_env(info)
         self.wait_for_queue(env)
         self.assertEqual(len(cupsd_of(self.user.name)), 1)
         self.gateway.process.kill()
@@ -308,7 +326,7 @@ class ClientPrintingTests(ClientTestCase):
         client = self.background(self.argv("--geometry", "800x600", "--print", "--print-server", self.cups.server,
                                            "--verbose"), DISPLAY=self.screen.name)
         self.screen.wait_for_colour(RED, 20000, timeout=60)
-        env = proc_environ(wait_for(lambda: _program(self.user.name), 20, "the session program"))
+        env = wait_for(lambda: _program_env(self.user.name, _only_session(self.user.name)), 20, "the session program")
         env = {key: env[key] for key in ("CUPS_SERVER", "HOME")}
 
         def listed():
@@ -328,3 +346,70 @@ class ClientPrintingTests(ClientTestCase):
             os.kill(pid, signal.SIGTERM)
         wait_for(lambda: not agent_processes(self.user.name), 20, "the agents to end")
         wait_for(lambda: not cupsd_of(self.user.name), 20, "the session's cupsd to end")
+
+
+JAILED_PROBE = r"""#!/bin/sh
+# In the jail: wait for the client's queue, print a text, then draw.
+printf '%s\n' '@TEXT@' > "$HOME/jailed.txt"
+i=0
+until lpstat -a 2>/dev/null | grep -q clientprinter; do
+    i=$((i + 1)); [ $i -gt 300 ] && break; sleep 0.2
+done
+lp -d clientprinter "$HOME/jailed.txt" > "$HOME/lp.out" 2>&1
+exec xterm -bg '#00ff00' -geometry 50x10+30+30
+"""
+
+
+class JailedPrintingTests(PrintingTestCase):
+    options = {**OPTIONS, "jail": {"enabled": "yes"}}
+
+    def setUp(self):
+        import shutil
+
+        from twisted.trial.unittest import SkipTest
+
+        if not shutil.which("bwrap"):
+            raise SkipTest("bubblewrap (bwrap) is not installed")
+        super().setUp()
+
+    def test_a_jailed_session_prints_from_inside_its_jail(self):
+        """The cupsd runs outside the jail; its socket is in the session
+        directory, which the jail binds, and the channel's port is on the
+        host's loopback, which the jail shares."""
+        import shutil
+
+        from tests.test_e2e_sessions import GREEN
+
+        text = f"printed from a jail {uuid.uuid4().hex}"
+        probe = os.path.join(self.user.home, "print-probe.sh")
+        with open(probe, "w") as handle:
+            handle.write(JAILED_PROBE.replace("@TEXT@", text))
+        shutil.chown(probe, self.user.name)
+        os.chmod(probe, 0o755)
+        client = self.login()
+        reply = client.command(START.format(name="jailed", type="unix-application",
+                                            extra=f'--cups="1" --application="{probe}"'), timeout=60)
+        info = SessionInfo.parse(reply)
+        for agent in agent_processes(self.user.name):  # jailed indeed
+            self.assertNotEqual(os.readlink(f"/proc/{agent}/ns/pid"), os.readlink("/proc/self/ns/pid"))
+        self.attach_with_printing(client, info)
+        self.assertEqual(self.printer.wait_for_text(text.encode()).strip(), text.encode())
+        self.screen.wait_for_colour(GREEN, 10000)
+        with open(os.path.join(self.user.home, "lp.out")) as handle:
+            self.assertIn("request id is clientprinter-", handle.read())
+
+
+class BarePrinterTests(PrintingTestCase):
+    def test_a_bare_ipp_printer_as_the_print_server_is_one_queue(self):
+        """--print-server pointing at an IPP printer itself (no CUPS): the
+        session gets one queue named after it, and prints on it."""
+        client = self.login()
+        info = self.start_with_printing(client)
+        gate = GateProcess(info.cookie, f"127.0.0.1:{self.printer.port}")
+        self.addCleanup(gate.close)
+        attachment = Attachment(client, info, self.screen.name, self.gateway.workdir, options=f"cups={gate.port}")
+        self.addCleanup(attachment.detach)
+        env = self.session_env(info)
+        self.wait_for_queue(env, "ClientPrinter")
+        text = self.print_text(env, queue="ClientPrinter")
+        self.assertEqual(self.printer.wait_for_text(text).strip(), text)
