@@ -176,7 +176,7 @@ class CupsdConfiguration(TestCase):
         self.addCleanup(lambda: __import__("shutil").rmtree(base))
         os.chmod(base, 0o700)
         context = SimpleNamespace(session_dir=lambda session: base)
-        extra = printing.Printing(context)  # type: ignore[arg-type]
+        extra = printing.Printing(context, "cupsd")  # type: ignore[arg-type]
         session = SimpleNamespace(id="A" * 32, uid=os.getuid(), gid=os.getgid(), display=5)
         extra._prepare(session)
         directory = os.path.join(base, "cups")
@@ -357,7 +357,7 @@ class Lifecycle(TestCase):
         context = SimpleNamespace(reactor=reactor, session_dir=lambda session: base, launcher=launcher, blocking=None,
                                   layout=SimpleNamespace(agent_files=lambda sid: SimpleNamespace(
                                       app_log=os.path.join(base, "session.log"))))
-        extra = printing.Printing(context)  # type: ignore[arg-type]
+        extra = printing.Printing(context, "cupsd")  # type: ignore[arg-type]
         session = SimpleNamespace(id="B" * 32, uid=os.getuid(), gid=os.getgid(), display=gate_port - 2000,
                                   cookie=COOKIE, user="someone")
         await extra.start(session)
@@ -383,7 +383,7 @@ class Lifecycle(TestCase):
         launcher = FakeLauncher()
         context = SimpleNamespace(reactor=reactor, session_dir=lambda session: base, launcher=launcher, blocking=None,
                                   layout=None)
-        extra = printing.Printing(context)  # type: ignore[arg-type]
+        extra = printing.Printing(context, "cupsd")  # type: ignore[arg-type]
         session = SimpleNamespace(id="C" * 32, uid=os.getuid(), gid=os.getgid(), display=free_port() - 2000,
                                   cookie=COOKIE, user="someone")
         await extra.start(session)
@@ -401,3 +401,14 @@ async def _until(predicate, timeout: float = 10.0) -> None:
         if reactor.seconds() > deadline:
             raise AssertionError("timed out")
         await task.deferLater(reactor, 0.02, lambda: None)
+
+
+class WithoutCupsd(TestCase):
+    async def test_no_cupsd_installed_means_no_printing_and_no_cups_server(self) -> None:
+        base = tempfile.mkdtemp()
+        self.addCleanup(lambda: __import__("shutil").rmtree(base))
+        extra = printing.Printing(SimpleNamespace(session_dir=lambda session: base), None)  # type: ignore[arg-type]
+        session = SimpleNamespace(id="D" * 32, uid=os.getuid(), gid=os.getgid(), display=5, cookie=COOKIE, user="u")
+        self.assertEqual(extra.environment(session), {})
+        await extra.start(session)
+        self.assertEqual((extra._tasks, os.listdir(base)), ({}, []))

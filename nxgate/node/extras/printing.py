@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import signal
 import stat
 from collections.abc import Iterable
@@ -62,6 +63,8 @@ ASK_TIMEOUT = 10.0
 FIRST_RETRY, LAST_RETRY = 0.5, 5.0
 SOCKET_TIMEOUT = 20.0
 STOP_GRACE = 5.0
+#: Where the session's cupsd is looked for (it runs with this PATH).
+CUPSD_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class NotAnswering(Exception):
@@ -250,8 +253,9 @@ def _decode(body: bytes) -> ipp.Message:
 class Printing:
     name = "printing"
 
-    def __init__(self, context: Context) -> None:
+    def __init__(self, context: Context, cupsd: str | None = None) -> None:
         self.context = context
+        self.cupsd = cupsd  # None: not installed, printing is left out (said at each start)
         self._tasks: dict[str, defer.Deferred[None]] = {}
         self._cupsd: dict[str, processes.ProcessId] = {}
 
@@ -262,7 +266,7 @@ class Printing:
         return os.path.join(self.directory(session), SOCKET)
 
     def environment(self, session: Any) -> dict[str, str]:
-        if channels.channel_port("printing", session.display) is None:
+        if channels.channel_port("printing", session.display) is None or self.cupsd is None:
             return {}
         return {"CUPS_SERVER": self.socket_path(session)}
 
@@ -271,6 +275,10 @@ class Printing:
         if port is None:
             log.warn("session {id}: display :{display} is too high for a cups channel port", id=session.id,
                      display=session.display)
+            return
+        if self.cupsd is None:
+            log.warn("session {id} of {user} asked for printing, but cupsd is not installed (Debian: cups-daemon); "
+                     "the session has no printers", id=session.id, user=session.user)
             return
         self._prepare(session)
         old = self._tasks.pop(session.id, None)
@@ -350,9 +358,9 @@ class Printing:
         directory = self.directory(session)
         request = {
             "user": user.pw_name,
-            "argv": ["cupsd", "-f", "-c", os.path.join(directory, "cupsd.conf"),
+            "argv": [self.cupsd or "cupsd", "-f", "-c", os.path.join(directory, "cupsd.conf"),
                      "-s", os.path.join(directory, "cups-files.conf")],
-            "env": {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": user.pw_dir, "LANG": "C.UTF-8"},
+            "env": {"PATH": CUPSD_PATH, "HOME": user.pw_dir, "LANG": "C.UTF-8"},
             "env_fixed": {processes.SESSION_MARKER: session.id, processes.SESSION_ID_VARIABLE: session.id},
             "cwd": directory,
             "log": self.context.layout.agent_files(session.id).app_log,
@@ -418,4 +426,4 @@ def _cupsd_of(session_id: str, uid: int) -> list[processes.ProcessId]:
 
 
 def make(context: Context) -> Printing:
-    return Printing(context)
+    return Printing(context, shutil.which("cupsd", path=CUPSD_PATH))
