@@ -61,6 +61,9 @@ SOCKET = "socket"
 SUBDIRECTORIES = ("spool", "cache", "state")
 ASK_TIMEOUT = 10.0
 FIRST_RETRY, LAST_RETRY = 0.5, 5.0
+#: After this long without an answer (a client that asked for printing but
+#: forwards nothing), the channel is asked only every SLOW_RETRY seconds.
+PATIENCE, SLOW_RETRY = 120.0, 30.0
 SOCKET_TIMEOUT = 20.0
 STOP_GRACE = 5.0
 #: Where the session's cupsd is looked for (it runs with this PATH).
@@ -321,7 +324,7 @@ class Printing:
 
     async def _bring_up(self, session: Any, port: int) -> None:
         reactor = self.context.reactor
-        delay, said_refused = FIRST_RETRY, False
+        delay, said_refused, since = FIRST_RETRY, False, reactor.seconds()
         while True:
             try:
                 printers = await discover(reactor, port, session.cookie)
@@ -334,7 +337,7 @@ class Printing:
                              error=str(error))
                     said_refused = True
             await task.deferLater(reactor, delay, lambda: None)
-            delay = min(delay * 1.5, LAST_RETRY)
+            delay = min(delay * 1.5, LAST_RETRY) if reactor.seconds() - since < PATIENCE else SLOW_RETRY
         files.write_user_file(os.path.join(self.directory(session), "printers.conf"),
                               printers_conf(printers, port, printgate.credential(session.cookie)).encode(),
                               session.uid, session.gid)
