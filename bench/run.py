@@ -20,6 +20,8 @@ Runs, each as its own process with its own JSON in bench/results/:
 * bench/web_viewer.py  the in-browser viewer in headless Chromium: open ->
                      first picture, keystroke -> echo, full-screen fps,
                      server memory per browser viewer (issue 15);
+* bench/printing_latency.py  lp in the session -> the job at the client's
+                     printer, against lp straight into the client's CUPS (issue 14);
 
 then prints ONE table: each figure, its peer (X2Go measured here, X2Go's
 reference figures from the issue, OpenSSH...), the ratio, the target and
@@ -389,6 +391,17 @@ def web_viewer_rows(table: Table, web: dict | None) -> None:
     table.add("server memory per browser viewer (PSS)", web["viewer_pss_mb"], "MB", target="(info)")
 
 
+def printing_rows(table: Table, printing: dict | None) -> None:
+    """Issue 14's printing figure (bench/printing_latency.py)."""
+    if not printing:
+        return
+    table.section("printing through the NX cups channel (session -> client's printer, loopback)")
+    table.add("lp in the session -> job at the client's printer", printing["session_ms_median"], "ms",
+              printing["direct_ms_median"], "lp into the client's CUPS",
+              ratio(printing["session_ms_median"], printing["direct_ms_median"]), "(info)", None,
+              spread_pct(printing["runs"]["session"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and counts: a smoke run (minutes)")
@@ -396,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=10, help="sessions for the memory figures (both)")
     parser.add_argument("--size", default="2G", help="bytes per relay throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="relay throughput runs per row")
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,cluster_relay,sound,web")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,cluster_relay,sound,web,printing")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install bench packages")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway (relay, logins, sessions)")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from bench/results/*.json")
@@ -432,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
                   "--json", os.path.join(RESULTS, "sound.json")],
         "web": [python, os.path.join(HERE, "web_viewer.py"), "--runs", str(runs + 2),
                 "--keys", "30" if args.quick else "200", "--json", os.path.join(RESULTS, "web_viewer.json")],
+        "printing": [python, os.path.join(HERE, "printing_latency.py"), "--runs", str(runs * 2),
+                     "--json", os.path.join(RESULTS, "printing.json")],
     }
     log_dir = os.path.join(RESULTS, "logs")
     os.makedirs(log_dir, exist_ok=True)
@@ -455,11 +470,13 @@ def main(argv: list[str] | None = None) -> int:
     sound = load(os.path.join(RESULTS, "sound.json"))
     cluster = load(os.path.join(RESULTS, "cluster_relay.json"))
     web = load(os.path.join(RESULTS, "web_viewer.json"))
+    printing = load(os.path.join(RESULTS, "printing.json"))
     table = build_table(relay, sessions_result, x2go, scale)
     store_rows(table, store)
     cluster_relay_rows(table, cluster)
     sound_rows(table, sound)
     web_viewer_rows(table, web)
+    printing_rows(table, printing)
     print()
     print(f"nxgate benchmark — {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
           f"load {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f}")
@@ -474,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": load_before, "load_after": os.getloadavg(), "quick": args.quick,
         "steps": steps_run, "table": table.rows,
         "results": {"relay": relay, "sessions": sessions_result, "x2go": x2go, "scale": scale, "store": store,
-                    "cluster_relay": cluster, "sound": sound, "web_viewer": web},
+                    "cluster_relay": cluster, "sound": sound, "web_viewer": web, "printing": printing},
         "x2go_reference": X2GO_REFERENCE,
     }
     out = os.path.join(RESULTS, "bench.json")

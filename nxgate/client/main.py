@@ -27,6 +27,7 @@ from nxgate.client import cli
 from nxgate.nx import client_dialogue as dialogue
 from nxgate.nx.listing import ParsedRow
 from nxgate.client.knownhosts import KnownHosts
+from nxgate.client.printing import LocalPrinting, PrintingError, default_server
 from nxgate.client.proxy import LocalConnection, NXProxy, last_lines
 from nxgate.client.sound import LocalSound, SoundError
 from nxgate.client.ssh import HostKeyPolicy, Login, ShellChannel, SSHError, open_shell
@@ -106,6 +107,7 @@ class ClientRun:
         self.channel: ShellChannel | None = None
         self.proxy: NXProxy | None = None
         self.sound: LocalSound | None = None
+        self.printing: LocalPrinting | None = None
         self.local: LocalConnection | None = None
         self.info: dialogue.SessionInfo | None = None
         self.switched = False
@@ -299,6 +301,7 @@ class ClientRun:
         it connects to (0: that service is off for this session)."""
         return {
             "media": self._open_sound(info, directory),
+            "cups": self._open_printing(info),
         }
 
     def _open_sound(self, info: dialogue.SessionInfo, directory: str) -> int:
@@ -316,6 +319,23 @@ class ClientRun:
             return 0
         if self.options.verbose:
             self.say(f"sound: the session plays on the local sound server through 127.0.0.1:{port}")
+        return port
+
+    def _open_printing(self, info: dialogue.SessionInfo) -> int:
+        """The gate's port for nxproxy's ``cups=`` (0: no printing).  Without
+        it the session runs without the client's printers: said, not fatal."""
+        if self.options.print_server is None:
+            return 0
+        server = self.options.print_server or default_server(self.environ)
+        try:
+            self.printing = LocalPrinting(self.reactor, server)
+            port = self.printing.open(info.cookie)
+        except (PrintingError, CannotListenError, OSError) as problem:
+            self.say(f"no printing: {problem}")
+            self.printing = None
+            return 0
+        if self.options.verbose:
+            self.say(f"printing: the session prints on {server} through 127.0.0.1:{port}")
         return port
 
     def _proxy_connect_timeout(self) -> None:
@@ -411,6 +431,9 @@ class ClientRun:
         if self.sound is not None:
             self.sound.close()
             self.sound = None
+        if self.printing is not None:
+            self.printing.close()
+            self.printing = None
         if proxy is None:
             self.done.callback(code)
             return

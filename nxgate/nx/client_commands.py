@@ -79,6 +79,7 @@ class SessionParameters:
     fullscreen: bool = False
     remote: RemoteDesktop | None = None  # for windows and vnc sessions
     media: bool = False  # sound through the NX media channel (--sound)
+    cups: bool = False  # printing through the NX cups channel (--print)
 
     def pairs(self) -> list[tuple[str, str]]:
         pairs = [("session", self.name), ("type", self.type)]
@@ -97,6 +98,8 @@ class SessionParameters:
             ("media", "1" if self.media else "0"),
             ("client", "linux"),
         ]
+        if self.cups:  # as OpenNX sends it; only when asked, like FreeNX's nxnode reads it
+            pairs.append(("cups", "1"))
         if self.application is not None:
             pairs.append(("application", self.application))
         if self.rootless and self.type in ROOTLESS_TYPES:
