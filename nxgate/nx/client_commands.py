@@ -79,6 +79,7 @@ class SessionParameters:
     fullscreen: bool = False
     remote: RemoteDesktop | None = None  # for windows and vnc sessions
     media: bool = False  # sound through the NX media channel (--sound)
+    samba: bool = False  # folder sharing through the NX smb channel (--share)
 
     def pairs(self) -> list[tuple[str, str]]:
         pairs = [("session", self.name), ("type", self.type)]
@@ -95,6 +96,7 @@ class SessionParameters:
             ("images", "64M"),
             ("backingstore", "1"),
             ("media", "1" if self.media else "0"),
+            *((("samba", "1"),) if self.samba else ()),
             ("client", "linux"),
         ]
         if self.application is not None:
@@ -151,3 +153,12 @@ def terminate_command(session_id: str) -> str:
 
 def suspend_command(session_id: str) -> str:
     return "suspend " + format_params([("sessionid", session_id)])
+
+
+def addmount_command(session_id: str, port: int, share: str, username: str, password: str, computer: str) -> str:
+    """One shared folder, as OpenNX sends it after ``NX> 710`` (reference §6):
+    the server mounts it as ``~/MyShares/<share>``."""
+    return "addmount " + format_params([
+        ("port", str(port)), ("username", username), ("password", password), ("share", share),
+        ("computername", computer), ("session_id", session_id), ("dir", f"$(SHARES)/{share}"),
+    ])
