@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -29,7 +30,10 @@ from nxgate.client.sharing import LocalShares
 from nxgate.nx import client_commands as commands
 from tests.harness.gateway import Gateway
 from tests.harness.process import wait_for
+from tests.harness.shared import class_fixture
 from tests.harness.ssh import Attachment, NXClient, SessionInfo
+from tests.test_e2e_client import TYPES as CLIENT_TYPES
+from tests.test_e2e_client import ClientTestCase, agent_processes
 from tests.test_e2e_sessions import RED, START, TYPES, SessionTestCase
 
 SHARE = "docs"
@@ -234,3 +238,68 @@ class SharingSwitchedOffTests(SharingTestCase):
         time.sleep(2)
         self.assertEqual(smbnetfs_mounts(info.session_id), [])
         self.assertFalse(os.path.lexists(os.path.join(self.user.home, "MyShares", SHARE)))
+
+
+class ClientSharingTests(ClientTestCase):
+    """``nxgate-client --share`` against the real gateway: its own private
+    Samba, its addmount, and the folder gone with the client."""
+
+    options = {"sessions": {"display_base": "980", "display_limit": "15", "connect_timeout": "60"},
+               "types": CLIENT_TYPES}
+
+    def setUp(self):
+        if not os.path.exists("/dev/fuse") or shutil.which("smbnetfs") is None:
+            raise SkipTest("no /dev/fuse or smbnetfs here")
+        super().setUp()
+        self.screen = class_fixture(type(self), self.make_fixture)[2]
+        mode = os.stat("/dev/fuse").st_mode & 0o777
+        if mode & 0o006 != 0o006:
+            os.chmod("/dev/fuse", 0o666)
+            self.addCleanup(os.chmod, "/dev/fuse", mode)
+        self.folder = tempfile.mkdtemp(prefix="nxgate-share-")
+        self.addCleanup(shutil.rmtree, self.folder, True)
+
+    def make_fixture(self):
+        from tests.harness.x11 import ClientScreen
+
+        (user, gateway), teardown = super().make_fixture()
+        try:
+            screen = ClientScreen(800, 600)
+        except BaseException:
+            teardown()
+            raise
+
+        def teardown_all():
+            screen.close()
+            teardown()
+
+        return (user, gateway, screen), teardown_all
+
+    def test_the_shared_folder_appears_in_the_session_and_goes_with_the_client(self):
+        with open(os.path.join(self.folder, "hello.txt"), "w") as handle:
+            handle.write("from the client's folder\n")
+        client = self.background(self.argv("--geometry", "800x600", "--share", f"work={self.folder}", "--verbose"),
+                                 DISPLAY=self.screen.name)
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        link = os.path.join(self.user.home, "MyShares", "work")
+        wait_for(lambda: as_user(self.user.name, "test", "-d", link + "/").returncode == 0, 60,
+                 "the client's folder at ~/MyShares/work")
+        self.assertEqual(as_user(self.user.name, "cat", os.path.join(link, "hello.txt")).stdout,
+                         b"from the client's folder\n")
+        wrote = as_user(self.user.name, "dd", f"of={os.path.join(link, 'back.txt')}", "status=none",
+                        data=b"from the session\n")
+        self.assertEqual(wrote.returncode, 0, wrote.stderr)
+        with open(os.path.join(self.folder, "back.txt"), "rb") as handle:
+            self.assertEqual(handle.read(), b"from the session\n")
+        smbd = subprocess.run(["pgrep", "-f", "smbd --foreground --no-process-group -s /tmp/nxgate-client-"],
+                              capture_output=True, text=True).stdout.split()
+        self.assertTrue(smbd, "the client's private smbd")
+        client.send_signal(signal.SIGTERM)
+        _code, output = self.finished(client)
+        self.assertNotIn("Traceback", output)
+        for pid in smbd:
+            wait_for(lambda p=pid: not os.path.exists(f"/proc/{p}"), 20, "the client's smbd to end")
+        wait_for(lambda: not os.path.lexists(link), 30, "the folder to go when the client went (suspend)")
+        for pid in agent_processes(self.user.name):
+            os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not agent_processes(self.user.name), 20, "the agents to end")
