@@ -29,6 +29,9 @@ APT_PACKAGES += $(DEB_PACKAGES)
 APT_PACKAGES += postgresql mariadb-server mariadb-client
 # Issue 14, sound: a real PulseAudio on the client side of the e2e test, paplay/parec, sox for the tone.
 APT_PACKAGES += pulseaudio pulseaudio-utils sox
+# Issue 14, folder sharing: smbnetfs (FUSE, fuse3) mounts the client's share in the session; the
+# client's private Samba (samba: smbd, pdbedit) serves it; smbclient for the e2e test and the bench.
+APT_PACKAGES += smbnetfs fuse3 samba smbclient
 # Issue 15: the browser portal's tests drive Debian's headless Chromium through chromedriver (Selenium).
 APT_PACKAGES += chromium chromium-driver
 # Issue 15: the in-browser viewer serves Debian's noVNC, fed by x11vnc (above) on a private Xvfb.
