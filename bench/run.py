@@ -14,6 +14,9 @@ Runs, each as its own process with its own JSON in bench/results/:
                      stored sessions on SQLite, PostgreSQL and MariaDB (issue 13);
 * bench/sound_latency.py  a click from the session to the client's sound
                      server (latency) and a stream's bandwidth (issue 14);
+* bench/sharing_copy.py  copying a file through the smb channel (the client's
+                     folder in the session) against the same SMB copy without NX
+                     (issue 14);
 
 then prints ONE table: each figure, its peer (X2Go measured here, X2Go's
 reference figures from the issue, OpenSSH...), the ratio, the target and
@@ -332,6 +335,17 @@ def sound_rows(table: Table, sound: dict | None) -> None:
               "(info)")
 
 
+def sharing_rows(table: Table, sharing: dict | None) -> None:
+    """Issue 14's folder sharing figures (bench/sharing_copy.py)."""
+    if not sharing:
+        return
+    table.section(f"folder sharing: a {sharing['size_mb']} MB file through the smb channel (loopback, "
+                  f"link={sharing['link']})")
+    for way, label in (("read", "client's folder -> session (read)"), ("write", "session -> client's folder (write)")):
+        table.add(label, sharing["nx"][f"{way}_mbps"], "MB/s", sharing["direct"][f"{way}_mbps"],
+                  "the same SMB copy without NX", sharing[f"{way}_ratio"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and counts: a smoke run (minutes)")
@@ -339,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=10, help="sessions for the memory figures (both)")
     parser.add_argument("--size", default="2G", help="bytes per relay throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="relay throughput runs per row")
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,sound")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,sound,"
+                        "sharing")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install bench packages")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway (relay, logins, sessions)")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from bench/results/*.json")
@@ -370,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
                   *(["--calls", "50"] if args.quick else [])],
         "sound": [python, os.path.join(HERE, "sound_latency.py"), "--runs", str(runs * 2),
                   "--json", os.path.join(RESULTS, "sound.json")],
+        "sharing": [python, os.path.join(HERE, "sharing_copy.py"), "--size-mb", "5" if args.quick else "20",
+                    "--json", os.path.join(RESULTS, "sharing.json")],
     }
     log_dir = os.path.join(RESULTS, "logs")
     os.makedirs(log_dir, exist_ok=True)
@@ -391,9 +408,11 @@ def main(argv: list[str] | None = None) -> int:
     scale = load(os.path.join(RESULTS, "scale.json"))
     store = load(os.path.join(RESULTS, "store.json"))
     sound = load(os.path.join(RESULTS, "sound.json"))
+    sharing = load(os.path.join(RESULTS, "sharing.json"))
     table = build_table(relay, sessions_result, x2go, scale)
     store_rows(table, store)
     sound_rows(table, sound)
+    sharing_rows(table, sharing)
     print()
     print(f"nxgate benchmark — {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
           f"load {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f}")
@@ -408,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": load_before, "load_after": os.getloadavg(), "quick": args.quick,
         "steps": steps_run, "table": table.rows,
         "results": {"relay": relay, "sessions": sessions_result, "x2go": x2go, "scale": scale, "store": store,
-                    "sound": sound},
+                    "sound": sound, "sharing": sharing},
         "x2go_reference": X2GO_REFERENCE,
     }
     out = os.path.join(RESULTS, "bench.json")
