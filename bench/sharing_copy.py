@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -144,6 +145,8 @@ def main() -> int:
                                                          shares.password, "bench"))
         assert b"NX> 719 SMB filesystem: running" in reply, reply
         attachment = Attachment(client, info, screen.name, gateway.workdir, options=f"smb={port}")
+        # As nxgate-client does: no Nagle delay on its local end of the NX stream.
+        attachment.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         screen.wait_for_colour(RED, 20000)
         link = os.path.join(user.home, "MyShares", SHARE)
         wait_for(lambda: as_user(user.name, "test", "-d", link + "/").returncode == 0, 60, "the mount")
