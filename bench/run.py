@@ -22,6 +22,9 @@ Runs, each as its own process with its own JSON in bench/results/:
                      server memory per browser viewer (issue 15);
 * bench/printing_latency.py  lp in the session -> the job at the client's
                      printer, against lp straight into the client's CUPS (issue 14);
+* bench/sharing_copy.py  copying a file through the smb channel (the client's
+                     folder in the session) against the same SMB copy without NX
+                     (issue 14);
 
 then prints ONE table: each figure, its peer (X2Go measured here, X2Go's
 reference figures from the issue, OpenSSH...), the ratio, the target and
@@ -402,6 +405,17 @@ def printing_rows(table: Table, printing: dict | None) -> None:
               spread_pct(printing["runs"]["session"]))
 
 
+def sharing_rows(table: Table, sharing: dict | None) -> None:
+    """Issue 14's folder sharing figures (bench/sharing_copy.py)."""
+    if not sharing:
+        return
+    table.section(f"folder sharing: a {sharing['size_mb']} MB file through the smb channel (loopback, "
+                  f"link={sharing['link']})")
+    for way, label in (("read", "client's folder -> session (read)"), ("write", "session -> client's folder (write)")):
+        table.add(label, sharing["nx"][f"{way}_mbps"], "MB/s", sharing["direct"][f"{way}_mbps"],
+                  "the same SMB copy without NX", sharing[f"{way}_ratio"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and counts: a smoke run (minutes)")
@@ -409,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=10, help="sessions for the memory figures (both)")
     parser.add_argument("--size", default="2G", help="bytes per relay throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="relay throughput runs per row")
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,cluster_relay,sound,web,printing")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,cluster_relay,sound,web,printing,")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install bench packages")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway (relay, logins, sessions)")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from bench/results/*.json")
@@ -447,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
                 "--keys", "30" if args.quick else "200", "--json", os.path.join(RESULTS, "web_viewer.json")],
         "printing": [python, os.path.join(HERE, "printing_latency.py"), "--runs", str(runs * 2),
                      "--json", os.path.join(RESULTS, "printing.json")],
+        "sharing": [python, os.path.join(HERE, "sharing_copy.py"), "--size-mb", "5" if args.quick else "20",
+                    "--json", os.path.join(RESULTS, "sharing.json")],
     }
     log_dir = os.path.join(RESULTS, "logs")
     os.makedirs(log_dir, exist_ok=True)
@@ -471,12 +487,14 @@ def main(argv: list[str] | None = None) -> int:
     cluster = load(os.path.join(RESULTS, "cluster_relay.json"))
     web = load(os.path.join(RESULTS, "web_viewer.json"))
     printing = load(os.path.join(RESULTS, "printing.json"))
+    sharing = load(os.path.join(RESULTS, "sharing.json"))
     table = build_table(relay, sessions_result, x2go, scale)
     store_rows(table, store)
     cluster_relay_rows(table, cluster)
     sound_rows(table, sound)
     web_viewer_rows(table, web)
     printing_rows(table, printing)
+    sharing_rows(table, sharing)
     print()
     print(f"nxgate benchmark — {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
           f"load {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f}")
@@ -491,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": load_before, "load_after": os.getloadavg(), "quick": args.quick,
         "steps": steps_run, "table": table.rows,
         "results": {"relay": relay, "sessions": sessions_result, "x2go": x2go, "scale": scale, "store": store,
-                    "cluster_relay": cluster, "sound": sound, "web_viewer": web, "printing": printing},
+                    "cluster_relay": cluster, "sound": sound, "web_viewer": web, "printing": printing, "sharing": sharing},
         "x2go_reference": X2GO_REFERENCE,
     }
     out = os.path.join(RESULTS, "bench.json")
