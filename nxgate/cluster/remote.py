@@ -116,10 +116,12 @@ class RemoteNode:
         return dataclasses.replace(ready, stream=dataclasses.replace(ready.stream, node=self.name,
                                                                      address=self.address))
 
-    def _unavailable(self, why: str) -> SessionError:
+    def _unavailable(self, why: str, asked: bool = False) -> SessionError:
         log.warn("cluster member {name} at {address} cannot be reached: {why}", name=self.name,
                  address=self.address, why=why, event="cluster_member_unreachable")
-        return SessionError(Kind.UNAVAILABLE, f"The session node {self.name} cannot be reached; try again later.")
+        error = SessionError(Kind.UNAVAILABLE, f"The session node {self.name} cannot be reached; try again later.")
+        error.unreachable = not asked  # nothing was asked of it: placement may try the next node
+        return error
 
     async def _call(self, method: str, *arguments: Any, progress: ProgressCallback | None = None) -> Any:
         connection = await self._connection()
@@ -133,7 +135,7 @@ class RemoteNode:
             log.error("member {name} failed {method}: {error}", name=self.name, method=method, error=str(error))
             raise SessionError(Kind.INTERNAL, "Internal error on the session node.") from None
         except Exception as error:  # the connection broke during the call
-            raise self._unavailable(f"{method}: {error}") from None
+            raise self._unavailable(f"{method}: {error}", asked=True) from None
         finally:
             self.progress_callbacks.pop(call, None)
         try:
