@@ -45,7 +45,7 @@ from nxgate.node.supervisor import AgentSupervisor
 from nxgate.safetext import printable
 from nxgate.node.files import StateLayout
 from nxgate.node.follow import LogFollower
-from nxgate.sessions.model import Session, State, advance
+from nxgate.sessions.model import Session, State, advance, member_name
 from nxgate.node.processes import ExitWatch, LaunchError, ProcessId
 from nxgate.sessions.store.errors import STORAGE_FULL, StoreError, storage_reason
 from nxgate.sessions.caller import Caller
@@ -715,8 +715,9 @@ class Lifecycle:
     async def _reconcile(self) -> None:
         # Every stored session is registered and holds its display first, in
         # one turn: no start meanwhile can be given one of their displays.
+        # On a store shared by a cluster: only this member's own sessions.
         taken_back = []
-        for session in await self.store.live():
+        for session in await self.store.live(node=member_name(self.config) or None):
             self.sessions[session.id] = session
             self.runtime[session.id] = Runtime(self.layout.agent_files(session.id))
             self.displays.claim(session.display)
