@@ -341,3 +341,42 @@ class ClusterSessionsTests(SynchronousTestCase):
         missing = sorted(m for m in METHODS if not callable(getattr(ClusterSessions, m, None)))
         self.assertEqual(missing, [])
         self.assertIsInstance(self.ok(self.api.list(ALICE)), Listing)
+
+
+class NodeSideTests(SynchronousTestCase):
+    """A member's own SessionService on a shared store: its sessions carry
+    its name, and after a restart it takes back only its own."""
+
+    def setUp(self):
+        from tests import test_sessions_manager as manager_tests
+
+        self.manager_tests = manager_tests
+        manager_tests.ReconcileTests.setUp(self)
+
+    def manager(self, name):
+        from nxgate.config import SessionsSection
+        from nxgate.sessions.service import SessionService
+
+        config = Config(sessions=SessionsSection(display_base=3200), types={"unix-console": ("true",)})
+        object.__setattr__(config, "cluster", SimpleNamespace(name=name, roles=frozenset({"node"}), heartbeat=2.0))
+        return SessionService(self.reactor, config, self.store, self.layout,
+                              notifier=self.manager_tests.FakeNotifier(), launcher=self.launcher)
+
+    def test_a_member_stamps_its_sessions_and_takes_back_only_its_own(self):
+        import os
+
+        from nxgate.node.processes import ProcessId
+
+        manager = self.manager("node-a")
+        self.assertEqual(manager.node_name, "node-a")
+        fresh = manager.new_session(ALICE, "unix-console", "x", DisplaySettings(), True)
+        self.assertEqual((fresh.node, SessionView.of(fresh).node), ("node-a", "node-a"))
+        gone = ProcessId(os.getpid(), 1)  # no live process has this start time
+        for session_id, node in (("A" * 32, "node-a"), ("B" * 32, "node-b")):
+            self.store.insert(row(session_id, node=node, state=State.RUNNING).evolve(
+                uid=os.getuid(), gid=os.getgid(), agent_pid=gone.pid, agent_started=gone.started, display=3201))
+        manager.reconcile()
+        # node-a found its own agent gone and recorded the end; node-b's row is untouched.
+        self.assertEqual(self.store.get("A" * 32).state, State.FAILED)
+        self.assertEqual(self.store.get("B" * 32).state, State.RUNNING)
+        self.assertNotIn("B" * 32, manager.sessions)
