@@ -12,6 +12,8 @@ Runs, each as its own process with its own JSON in bench/results/:
                      store, and where the session times go (phases);
 * bench/store_listing.py  the session store's listsession query with 10 000
                      stored sessions on SQLite, PostgreSQL and MariaDB (issue 13);
+* bench/cluster_placement.py  placement decision time with 1,000 live sessions,
+                     pure and with PostgreSQL reads (issue 13);
 * bench/sound_latency.py  a click from the session to the client's sound
                      server (latency) and a stream's bandwidth (issue 14);
 
@@ -317,6 +319,23 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
     return table
 
 
+def cluster_rows(table: Table, cluster: dict | None) -> None:
+    """Issue 13: where a new session goes, and what deciding it costs."""
+    if not cluster:
+        return
+    table.section(f"cluster placement with {cluster.get('sessions', 1000)} live sessions, median")
+    for name, figure in sorted((cluster.get("pure") or {}).items()):
+        table.add(f"pure, {name.replace('_', ' ')}", figure["median_ms"], "ms", None, "", None, "(info)", None,
+                  note=f"p95 {figure['p95_ms']:.4f} ms")
+    figure = cluster.get("postgresql") or {}
+    if "median_ms" in figure:
+        target = cluster.get("target_ms", 5.0)
+        table.add("with PostgreSQL reads", figure["median_ms"], "ms", None, "", None, f"< {target:g} ms",
+                  figure["median_ms"] < target, note=f"p95 {figure['p95_ms']:.2f} ms")
+    else:
+        table.add("with PostgreSQL reads", "not measured", "", note=figure.get("skipped", ""))
+
+
 def sound_rows(table: Table, sound: dict | None) -> None:
     """Issue 14's sound figures (bench/sound_latency.py)."""
     if not sound:
@@ -339,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=10, help="sessions for the memory figures (both)")
     parser.add_argument("--size", default="2G", help="bytes per relay throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="relay throughput runs per row")
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,sound")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,cluster,sound")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install bench packages")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway (relay, logins, sessions)")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from bench/results/*.json")
@@ -368,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
                   "--json", os.path.join(RESULTS, "scale.json"), *scale_args, *profile],
         "store": [python, os.path.join(HERE, "store_listing.py"), "--json", os.path.join(RESULTS, "store.json"),
                   *(["--calls", "50"] if args.quick else [])],
+        "cluster": [python, os.path.join(HERE, "cluster_placement.py"), "--json", os.path.join(RESULTS, "cluster.json"),
+                    *(["--calls", "50"] if args.quick else [])],
         "sound": [python, os.path.join(HERE, "sound_latency.py"), "--runs", str(runs * 2),
                   "--json", os.path.join(RESULTS, "sound.json")],
     }
@@ -391,8 +412,10 @@ def main(argv: list[str] | None = None) -> int:
     scale = load(os.path.join(RESULTS, "scale.json"))
     store = load(os.path.join(RESULTS, "store.json"))
     sound = load(os.path.join(RESULTS, "sound.json"))
+    cluster = load(os.path.join(RESULTS, "cluster.json"))
     table = build_table(relay, sessions_result, x2go, scale)
     store_rows(table, store)
+    cluster_rows(table, cluster)
     sound_rows(table, sound)
     print()
     print(f"nxgate benchmark — {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
