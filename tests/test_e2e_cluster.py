@@ -182,7 +182,15 @@ class SeveralMachinesTests(ClusterTestCase):
     def test_a_node_dies_its_sessions_are_lost_new_ones_go_elsewhere_and_it_comes_back(self):
         gw1, node_a, node_b = self.members(("gw-1", "gateway"), ("node-a", "node"), ("node-b", "node"))
         by_name = {"node-a": node_a, "node-b": node_b}
-        infos = [self.start(gw1, f"s{n}")[1] for n in range(2)]
+        screen = self.screen()
+        infos = []
+        for n in range(2):  # drawn once, then suspended: resumable
+            client, info = self.start(gw1, f"s{n}")
+            attachment = self.attach(client, info, screen, gw1)
+            screen.wait_for_colour(RED, 20000, timeout=60)
+            attachment.detach()
+            wait_for(lambda i=info: self.suspended_in(gw1, i.session_id), 30, "the session suspended")
+            infos.append(info)
         placed = {info.session_id: self.sessions(gw1)[info.session_id]["node"] for info in infos}
         self.assertEqual(set(placed.values()), {"node-a", "node-b"})
         on_b = next(sid for sid, node in placed.items() if node == "node-b")
@@ -208,7 +216,6 @@ class SeveralMachinesTests(ClusterTestCase):
         # It comes back: it takes back its own session, resumable again.
         node_b.start()
         wait_for(lambda: not lost(), 30, "node-b's session listed again")
-        screen = self.screen()
         client, resumed = self.restore(gw1, on_b)
         self.attach(client, resumed, screen, gw1)
         self.assert_picture(screen, node_b, resumed)
