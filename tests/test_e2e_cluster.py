@@ -277,3 +277,71 @@ class MariaDBClusterTests(ClusterTestCase):
         self.attach(client, resumed, screen, gw2)
         self.assert_picture(screen, node_a, resumed)
         self.assertTrue(re.search(rf"{info.session_id}.*node-a", gw2.admin("sessions").stdout))
+
+
+def greets(port: int) -> bool:
+    """Whether an SSH server answers on 127.0.0.1:``port``."""
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as connection:
+            connection.settimeout(2)
+            return connection.recv(8).startswith(b"SSH-2.0-")
+    except OSError:
+        return False
+
+
+class HAProxyTests(ClusterTestCase):
+    """conf/haproxy-nxgate.cfg in front of two gateways: a client keeps
+    reaching its session through the one address when a gateway dies."""
+
+    def haproxy(self, gateways: list[Member]) -> int:
+        import shutil as shutil_
+
+        from tests.harness.net import free_port
+        from tests.harness.gateway import REPO
+        from tests.harness.process import stop
+
+        if shutil_.which("haproxy") is None:
+            raise SkipTest("haproxy is not installed (apt-get install haproxy)")
+        with open(os.path.join(REPO, "conf", "haproxy-nxgate.cfg"), encoding="utf-8") as handle:
+            text = handle.read()
+        port = free_port()
+        text = text.replace("bind 192.0.2.10:22", f"bind 127.0.0.1:{port}")
+        for n, gateway in enumerate(gateways, 1):
+            text = text.replace(f"192.0.2.1{n}:22", f"127.0.0.1:{gateway.port}")
+        self.assertNotIn("192.0.2.", text)
+        path = os.path.join(gateways[0].workdir, "haproxy.cfg")
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        checked = subprocess.run(["haproxy", "-c", "-f", path], capture_output=True, text=True, timeout=30)
+        self.assertEqual(checked.returncode, 0, checked.stdout + checked.stderr)
+        process = subprocess.Popen(["haproxy", "-db", "-f", path], stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(stop, process)
+        return port
+
+    def test_one_address_for_two_gateways_and_one_dies(self):
+        gw1, gw2, node_a = self.members(("gw-1", "gateway"), ("gw-2", "gateway"), ("node-a", "node"))
+        front = Member("front", "gateway", "", {})  # only its port is used: HAProxy's
+        front.port = self.haproxy([gw1, gw2])
+        self.addCleanup(front.stop)
+        wait_for(lambda: greets(front.port), 20, "HAProxy to pass on a gateway's SSH greeting")
+        screen = self.screen()
+        client, info = self.start(front, "behind haproxy")
+        attachment = self.attach(client, info, screen, gw1)
+        self.assert_picture(screen, node_a, info)
+        attachment.detach()
+        wait_for(lambda: self.suspended_in(front, info.session_id), 30, "the session suspended")
+        # Both gateways served someone; one dies; the address still works.
+        gw1.kill()
+
+        def resumed_through_the_front() -> tuple[NXClient, SessionInfo] | None:
+            try:
+                return self.restore(front, info.session_id)
+            except Exception:  # a connection HAProxy gave to gw-1 before it noticed: the client tries again
+                return None
+
+        client, resumed = wait_for(resumed_through_the_front, 30, "a resume through HAProxy after gw-1 died")
+        self.attach(client, resumed, screen, gw2)
+        self.assert_picture(screen, node_a, resumed)
