@@ -353,11 +353,12 @@ class NodeSideTests(SynchronousTestCase):
         self.manager_tests = manager_tests
         manager_tests.ReconcileTests.setUp(self)
 
-    def manager(self, name):
+    def manager(self, name, per_user=10):
         from nxgate.config import SessionsSection
         from nxgate.sessions.service import SessionService
 
-        config = Config(sessions=SessionsSection(display_base=3200), types={"unix-console": ("true",)})
+        config = Config(sessions=SessionsSection(display_base=3200, max_sessions_per_user=per_user),
+                        types={"unix-console": ("true",)})
         object.__setattr__(config, "cluster", SimpleNamespace(name=name, roles=frozenset({"node"}), heartbeat=2.0))
         return SessionService(self.reactor, config, self.store, self.layout,
                               notifier=self.manager_tests.FakeNotifier(), launcher=self.launcher)
@@ -380,3 +381,17 @@ class NodeSideTests(SynchronousTestCase):
         self.assertEqual(self.store.get("A" * 32).state, State.FAILED)
         self.assertEqual(self.store.get("B" * 32).state, State.RUNNING)
         self.assertNotIn("B" * 32, manager.sessions)
+
+    def test_the_users_limit_holds_over_every_member_in_the_stores_admission(self):
+        import os
+
+        manager = self.manager("node-a", per_user=2)
+        for session_id in ("A" * 32, "B" * 32):  # alice's two, on another member
+            self.store.insert(row(session_id, node="node-b", state=State.RUNNING).evolve(uid=os.getuid()))
+        self.assertEqual(manager.sessions, {})  # nothing here: the local count alone would let her in
+        error = self.failureResultOf(defer.ensureDeferred(
+            manager.start_for_later(ALICE, "unix-console", "third")), SessionError).value
+        self.assertEqual((error.kind, error.message), (Kind.LIMIT_REACHED, "Server capacity: reached for user: alice"))
+        self.assertEqual(manager.sessions, {})
+        self.assertEqual(len(self.store.live(user="alice")), 2)
+        self.assertEqual(manager.displays.allocate(), 3200)  # its display was given back

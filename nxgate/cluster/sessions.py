@@ -35,7 +35,7 @@ from nxgate.cluster.membership import DEFAULT_HEARTBEAT, state
 from nxgate.cluster.placement import NO_NODE, ranked
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
-from nxgate.sessions.limits import Limits
+from nxgate.sessions.limits import Limits, limit_reached
 from nxgate.sessions.model import Member, Session
 from nxgate.sessions.requests import RestoreRequest, ShadowRequest, StartRequest
 from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionView,
@@ -126,7 +126,7 @@ class ClusterSessions:
         except StoreError as error:
             raise store_unavailable(error) from None
         if len(live) >= limit:
-            raise SessionError(Kind.LIMIT_REACHED, f"Server capacity: reached for user: {caller.user}")
+            raise limit_reached("user", caller.user)
 
     def _pending(self, members: dict[str, Member]) -> dict[str, int]:
         """Placed since each member's last heartbeat (older counts are in its row by now)."""

@@ -104,6 +104,8 @@ class SessionService(service.Service):
         self.housekeeper = Housekeeping(reactor, lambda: self.settings, self.store, layout, self.supervisor,
                                         lambda: self.sessions.values(), self.lifecycle.terminate_session,
                                         self.background, lambda: self.node_name)
+        if self.node_name:  # a cluster member: limits hold over every member (the store counts)
+            self.lifecycle.admission = self.limits.admission
         self.remote = RemoteSessions(self)
         # Shadowing (nxgate.sessions.shadow_sessions.ShadowService), set by the gateway.
         self.shadow: Any = None
