@@ -172,7 +172,8 @@ class Gateway(service.MultiService):
         from nxgate.cluster.sessions import ClusterSessions
 
         self.remote_nodes = RemoteNodes(self.config, self.reactor, self.cluster_tls)
-        return ClusterSessions(self.reactor, lambda: self.config, self.sessions, self.store, self.remote_nodes.get)
+        return ClusterSessions(self.reactor, lambda: self.config, self.sessions, self.store, self.remote_nodes.get,
+                               self.remote_nodes.broken)
 
     def _dbus_door(self) -> Any:
         """The D-Bus door (org.nxgate.Gateway1), or None without txdbus: the

@@ -144,7 +144,9 @@ class ClusterSessionsTests(SynchronousTestCase):
         self.local = self.nodes["node-a"]
         self.asked = []
         self.config = cluster_config()
-        self.api = ClusterSessions(self.clock, lambda: self.config, self.local, self.store, self.remote)
+        self.broken = {}
+        self.api = ClusterSessions(self.clock, lambda: self.config, self.local, self.store, self.remote,
+                                   self.broken.get)
 
     def remote(self, name, address):
         self.asked.append((name, address))
@@ -285,6 +287,20 @@ class ClusterSessionsTests(SynchronousTestCase):
         self.assertFalse(any(is_lost(v) for v in self.ok(self.api.list(ALICE)).sessions))
         self.ok(self.api.restore(ALICE, restore))
         self.assertEqual(self.nodes["node-b"].calls, [("restore", "A" * 32)])
+
+    def test_a_broken_connection_makes_a_node_down_until_its_next_heartbeat(self):
+        self.store.rows["A" * 32] = row("A" * 32, node="node-b")
+        self.store.members_["node-a"] = member("node-a", sessions=9)
+        self.store.members_["node-c"] = member("node-c", sessions=9)
+        self.broken["node-b"] = NOW + 0.1  # killed just after its last heartbeat: seen at once, not 3 beats later
+        self.clock.advance(0.2)
+        self.assertTrue(is_lost(self.ok(self.api.list(ALICE)).sessions[0]))
+        self.assertIn("node-b, which is down", self.refused(self.api.suspend(ALICE, "A" * 32)).message)
+        self.assertNotEqual(self.ok(self.api.start(ALICE, START)).view.node, "node-b")
+        # A heartbeat written after the break: up again (a blip, or it came back).
+        self.store.members_["node-b"] = member("node-b", beat=NOW + 0.5)
+        self.assertFalse(is_lost(self.ok(self.api.list(ALICE)).sessions[0]))
+        self.assertEqual(self.ok(self.api.start(ALICE, START)).view.node, "node-b")
 
     def test_a_node_that_left_the_store_counts_as_down(self):
         self.store.rows["A" * 32] = row("A" * 32, node="node-z")

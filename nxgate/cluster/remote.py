@@ -67,6 +67,12 @@ class RemoteNode:
         self.waiting: list[defer.Deferred[_GatewayAMP]] = []
         self.progress_callbacks: dict[int, ProgressCallback] = {}
         self.calls = itertools.count(1)
+        #: When (this gateway's clock) the connection to the member broke or
+        #: could not be made; None while it works or was never needed.  A
+        #: member killed is seen at once this way, heartbeats take three
+        #: periods (see :meth:`RemoteNodes.broken`).
+        self.broken_at: float | None = None
+        self.closing = False
 
     def __repr__(self) -> str:
         return f"RemoteNode({self.name!r}, {self.address!r})"
@@ -163,6 +169,7 @@ class RemoteNode:
     def _connected(self, connection: _GatewayAMP) -> None:
         self.connecting = None
         self.connection = connection
+        self.broken_at = None
         log.info("connected to cluster member {name} at {address}", name=self.name, address=self.address)
         waiting, self.waiting = self.waiting, []
         for waiter in waiting:
@@ -170,6 +177,8 @@ class RemoteNode:
 
     def _not_connected(self, failure: Any) -> None:
         self.connecting = None
+        if self.broken_at is None:
+            self.broken_at = self.reactor.seconds()
         waiting, self.waiting = self.waiting, []
         error = self._unavailable(failure.getErrorMessage())
         for waiter in waiting:
@@ -179,9 +188,12 @@ class RemoteNode:
         """The connection broke: the next call dials again."""
         if self.connection is connection:
             self.connection = None
+            if not self.closing:
+                self.broken_at = self.reactor.seconds()
             log.info("connection to cluster member {name} closed", name=self.name)
 
     def close(self) -> None:
+        self.closing = True
         if self.connection is not None:
             self.connection.transport.loseConnection()
 
@@ -202,6 +214,14 @@ class RemoteNodes:
                 node.close()
             node = self.nodes[name] = RemoteNode(self.reactor, self.tls, name, address)
         return node
+
+    def broken(self, name: str) -> float | None:
+        """When this gateway's connection to member ``name`` broke (None: it
+        did not).  Until the member writes a heartbeat after that moment, the
+        gateway treats it as down: its sessions are listed as lost and new
+        ones go elsewhere at once, not three heartbeats later."""
+        node = self.nodes.get(name)
+        return None if node is None else node.broken_at
 
     def close(self) -> None:
         for node in self.nodes.values():

@@ -77,8 +77,11 @@ class ClusterSessions:
     (:class:`nxgate.cluster.remote.RemoteNodes.get`)."""
 
     def __init__(self, reactor: Any, config: Callable[[], Any], local: Any, store: Any,
-                 remote: Callable[[str, str], Any]) -> None:
+                 remote: Callable[[str, str], Any], broken: Callable[[str], float | None] = lambda name: None) -> None:
+        """``broken(name)``: when this gateway's connection to that member
+        broke, if it did (:meth:`nxgate.cluster.remote.RemoteNodes.broken`)."""
         self.reactor = reactor
+        self.broken = broken
         self.config = config
         self.local = local
         self.store = store
@@ -107,7 +110,13 @@ class ClusterSessions:
             raise store_unavailable(error) from None
 
     def _up(self, member: Member | None) -> bool:
-        return member is not None and state(member, self.reactor.seconds(), self.heartbeat) == "up"
+        """Up by its heartbeat, and not silent since this gateway's connection to it broke."""
+        return (member is not None and state(member, self.reactor.seconds(), self.heartbeat) == "up"
+                and not self._suspect(member))
+
+    def _suspect(self, member: Member) -> bool:
+        broke = self.broken(member.name)
+        return broke is not None and member.last_heartbeat <= broke
 
     def _api(self, member: Member) -> Any:
         """This member's own service, or the other member over the wire."""
@@ -142,7 +151,8 @@ class ClusterSessions:
         skipped for the next (its heartbeat may not have gone stale yet)."""
         await self._check_user_limit(caller)
         members = await self._members()
-        candidates = ranked(members.values(), self.reactor.seconds(), self.heartbeat, self._pending(members))
+        candidates = [member for member in ranked(members.values(), self.reactor.seconds(), self.heartbeat,
+                                                  self._pending(members)) if not self._suspect(member)]
         if not candidates:
             raise SessionError(Kind.LIMIT_REACHED, NO_NODE)
         last: SessionError | None = None
