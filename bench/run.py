@@ -14,6 +14,8 @@ Runs, each as its own process with its own JSON in bench/results/:
                      stored sessions on SQLite, PostgreSQL and MariaDB (issue 13);
 * bench/cluster_placement.py  placement decision time with 1,000 live sessions,
                      pure and with PostgreSQL reads (issue 13);
+* bench/cluster_picture.py  start/resume -> picture through a gateway to another
+                     node vs one box, and a node's death -> its sessions lost (issue 13);
 * bench/sound_latency.py  a click from the session to the client's sound
                      server (latency) and a stream's bandwidth (issue 14);
 
@@ -336,6 +338,27 @@ def cluster_rows(table: Table, cluster: dict | None) -> None:
         table.add("with PostgreSQL reads", "not measured", "", note=figure.get("skipped", ""))
 
 
+def cluster_picture_rows(table: Table, picture: dict | None) -> None:
+    """Issue 13: a session on another node through a gateway, against one box."""
+    if not picture or "skipped" in picture:
+        return
+    table.section("several machines: through a gateway to another node vs one box (medians)")
+    target = picture.get("target_ratio", 1.15)
+    for key, label in (("start_to_picture", "start -> picture"), ("resume_to_picture", "resume -> picture")):
+        figure = picture.get(key)
+        if figure:
+            table.add(label, figure["cluster"]["median_s"], "s", figure["single"]["median_s"], "one box",
+                      figure["ratio"], f"<= {target:g}x", figure["ratio"] <= target)
+    death = picture.get("node_death_to_lost") or {}
+    for key, label in (("through_connected_gateway_s", "node death -> lost (gateway in touch)"),
+                       ("through_other_gateway_s", "node death -> lost (heartbeats only)")):
+        if key in death:
+            value = death[key]
+            table.add(label, value if value is not None else "not seen", "s", None, "", None,
+                      f"<= {death['target_s']:g} s", value is not None and value <= death["target_s"],
+                      note=f"heartbeat {death['heartbeat_s']:g} s")
+
+
 def sound_rows(table: Table, sound: dict | None) -> None:
     """Issue 14's sound figures (bench/sound_latency.py)."""
     if not sound:
@@ -358,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=10, help="sessions for the memory figures (both)")
     parser.add_argument("--size", default="2G", help="bytes per relay throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="relay throughput runs per row")
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,cluster,sound")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,cluster,cluster_picture,sound")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install bench packages")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway (relay, logins, sessions)")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from bench/results/*.json")
@@ -389,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
                   *(["--calls", "50"] if args.quick else [])],
         "cluster": [python, os.path.join(HERE, "cluster_placement.py"), "--json", os.path.join(RESULTS, "cluster.json"),
                     *(["--calls", "50"] if args.quick else [])],
+        "cluster_picture": [python, os.path.join(HERE, "cluster_picture.py"), "--runs", str(runs),
+                            "--json", os.path.join(RESULTS, "cluster_picture.json")],
         "sound": [python, os.path.join(HERE, "sound_latency.py"), "--runs", str(runs * 2),
                   "--json", os.path.join(RESULTS, "sound.json")],
     }
@@ -413,9 +438,11 @@ def main(argv: list[str] | None = None) -> int:
     store = load(os.path.join(RESULTS, "store.json"))
     sound = load(os.path.join(RESULTS, "sound.json"))
     cluster = load(os.path.join(RESULTS, "cluster.json"))
+    cluster_picture = load(os.path.join(RESULTS, "cluster_picture.json"))
     table = build_table(relay, sessions_result, x2go, scale)
     store_rows(table, store)
     cluster_rows(table, cluster)
+    cluster_picture_rows(table, cluster_picture)
     sound_rows(table, sound)
     print()
     print(f"nxgate benchmark — {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "

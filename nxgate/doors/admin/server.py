@@ -113,7 +113,9 @@ class AdminProtocol(LineOnlyReceiver):
     # ------------------------------------------------------------ commands
     async def do_status(self) -> dict[str, Any]:
         status = await self.gateway.api.status(ADMIN)
-        return {"version": __version__, "node": self.gateway.config.server_name, "draining": status.draining,
+        # A cluster member answers with its member name (sessions carry it too).
+        node = getattr(self.gateway.sessions, "node_name", "") or self.gateway.config.server_name
+        return {"version": __version__, "node": node, "draining": status.draining,
                 "sessions": status.live, "config": self.gateway.config.source,
                 "up_since": _iso(self.gateway.started),
                 # Writes the store refused (a full disk), retried until it takes them.
