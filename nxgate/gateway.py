@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from twisted.application import service, strports
+from twisted.application.internet import TimerService
 from twisted.cred.portal import Portal
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import quoteStringArgument
@@ -172,8 +173,13 @@ class Gateway(service.MultiService):
         from nxgate.cluster.sessions import ClusterSessions
 
         self.remote_nodes = RemoteNodes(self.config, self.reactor, self.cluster_tls)
-        return ClusterSessions(self.reactor, lambda: self.config, self.sessions, self.store, self.remote_nodes.get,
-                               self.remote_nodes.broken)
+        api = ClusterSessions(self.reactor, lambda: self.config, self.sessions, self.store, self.remote_nodes.get,
+                              self.remote_nodes.broken)
+        if self.serves_doors:
+            touch = TimerService(self.config.cluster.heartbeat, lambda: Deferred.fromCoroutine(api.keep_in_touch()))
+            touch.clock = self.reactor
+            touch.setServiceParent(self)
+        return api
 
     def _dbus_door(self) -> Any:
         """The D-Bus door (org.nxgate.Gateway1), or None without txdbus: the

@@ -124,6 +124,9 @@ class FakeNode:
     async def list(self, caller):
         raise AssertionError("the listing comes from the store")
 
+    async def connect(self):
+        self.calls.append(("connect",))
+
 
 def cluster_config(name="node-a", roles=("gateway", "node"), per_user=10):
     config = Config()
@@ -301,6 +304,15 @@ class ClusterSessionsTests(SynchronousTestCase):
         self.store.members_["node-b"] = member("node-b", beat=NOW + 0.5)
         self.assertFalse(is_lost(self.ok(self.api.list(ALICE)).sessions[0]))
         self.assertEqual(self.ok(self.api.start(ALICE, START)).view.node, "node-b")
+
+    def test_the_gateway_keeps_in_touch_with_every_other_node_that_is_up(self):
+        self.store.members_["node-c"] = member("node-c", beat=0.0)
+        self.store.members_["gw-9"] = member("gw-9", roles=("gateway",))
+        self.ok(self.api.keep_in_touch())
+        self.assertEqual({name: node.calls for name, node in self.nodes.items()},
+                         {"node-a": [], "node-b": [("connect",)], "node-c": []})  # not itself, nor down ones
+        self.store.down = True
+        self.ok(self.api.keep_in_touch())  # the store down: nothing, and no error
 
     def test_a_node_that_left_the_store_counts_as_down(self):
         self.store.rows["A" * 32] = row("A" * 32, node="node-z")

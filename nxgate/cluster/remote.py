@@ -115,6 +115,15 @@ class RemoteNode:
     async def set_draining(self, caller: Caller, on: bool) -> bool:
         return await self._call("set_draining", caller, on)
 
+    async def connect(self) -> None:
+        """Be connected (a gateway keeps in touch with every node, so that
+        one whose process dies is seen at once; see :attr:`broken_at`).
+        Never raises: a failure is in the log and in ``broken_at``."""
+        try:
+            await self._connection()
+        except SessionError:
+            pass
+
     # ------------------------------------------------------------ wire
     def _at_node(self, ready: Ready) -> Ready:
         if ready.stream is None:
@@ -122,9 +131,10 @@ class RemoteNode:
         return dataclasses.replace(ready, stream=dataclasses.replace(ready.stream, node=self.name,
                                                                      address=self.address))
 
-    def _unavailable(self, why: str, asked: bool = False) -> SessionError:
-        log.warn("cluster member {name} at {address} cannot be reached: {why}", name=self.name,
-                 address=self.address, why=why, event="cluster_member_unreachable")
+    def _unavailable(self, why: str, asked: bool = False, quiet: bool = False) -> SessionError:
+        if not quiet:
+            log.warn("cluster member {name} at {address} cannot be reached: {why}", name=self.name,
+                     address=self.address, why=why, event="cluster_member_unreachable")
         error = SessionError(Kind.UNAVAILABLE, f"The session node {self.name} cannot be reached; try again later.")
         error.unreachable = not asked  # nothing was asked of it: placement may try the next node
         return error
@@ -177,10 +187,12 @@ class RemoteNode:
 
     def _not_connected(self, failure: Any) -> None:
         self.connecting = None
+        # Said once per outage (the gateway tries again every heartbeat); "connected" ends it.
+        quiet = self.broken_at is not None
         if self.broken_at is None:
             self.broken_at = self.reactor.seconds()
         waiting, self.waiting = self.waiting, []
-        error = self._unavailable(failure.getErrorMessage())
+        error = self._unavailable(failure.getErrorMessage(), quiet=quiet)
         for waiter in waiting:
             waiter.errback(error)
 

@@ -29,6 +29,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from twisted.internet import defer
 from twisted.logger import Logger
 
 from nxgate.cluster.membership import DEFAULT_HEARTBEAT, state
@@ -123,6 +124,21 @@ class ClusterSessions:
         if member.name == self.name and self.runs_sessions:
             return self.local
         return self.remote(member.name, member.address)
+
+    async def keep_in_touch(self) -> None:
+        """Hold a connection to every node that is up (called every heartbeat):
+        a node whose process dies closes it, and this gateway lists its
+        sessions as lost at once instead of three heartbeats later.  A
+        machine that vanishes without closing it still goes by heartbeats."""
+        try:
+            members = await self.store.members()
+        except StoreError:
+            return  # the heartbeat already says so in the log
+        for member in members:
+            if "node" in member.roles and self._up(member) and self._api(member) is not self.local:
+                connect = getattr(self._api(member), "connect", None)
+                if connect is not None:
+                    defer.ensureDeferred(connect())
 
     # ----------------------------------------------------------- new ones
     async def _check_user_limit(self, caller: Caller) -> None:
