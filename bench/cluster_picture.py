@@ -3,8 +3,10 @@
 resume -> picture through a gateway to a session on another node, against
 the same on a single box (target: cluster / single <= 1.15); and the time
 from a node's death to its session being listed as lost (target <= 2 x
-heartbeat), through a gateway that was talking to that node and through
-one that was not (which can only go by the heartbeats).
+heartbeat), through the gateway that started the session there and
+through another one (both keep in touch with every node: a node process
+that dies closes their connections; a machine that vanishes without a
+word would go by the heartbeats, three of them).
 
 Real processes as in tests/test_e2e_cluster.py: ``twistd nxgate`` members
 (a gateway only, nodes only) on a private PostgreSQL, OpenSSH as nxssh,
@@ -177,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         wait_for(lambda: any(r["name"] == "node-b" and r["state"] == "up" for r in
                              json.loads(cluster.members["gw-1"].admin("nodes", "--json").stdout)), 30, "node-b")
         death = figures["node_death_to_lost"] = node_death(cluster, user, args.heartbeat)
-        for key, label in (("through_connected_gateway_s", "a gateway that talked to it"),
-                           ("through_other_gateway_s", "a gateway that did not (heartbeats only)")):
+        for key, label in (("through_connected_gateway_s", "the gateway that started the session"),
+                           ("through_other_gateway_s", "another gateway")):
             value = death[key]
             shown = "not seen" if value is None else f"{value:.2f} s"
             met = value is not None and value <= death["target_s"]

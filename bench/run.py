@@ -350,8 +350,8 @@ def cluster_picture_rows(table: Table, picture: dict | None) -> None:
             table.add(label, figure["cluster"]["median_s"], "s", figure["single"]["median_s"], "one box",
                       figure["ratio"], f"<= {target:g}x", figure["ratio"] <= target)
     death = picture.get("node_death_to_lost") or {}
-    for key, label in (("through_connected_gateway_s", "node death -> lost (gateway in touch)"),
-                       ("through_other_gateway_s", "node death -> lost (heartbeats only)")):
+    for key, label in (("through_connected_gateway_s", "node death -> lost (its gateway)"),
+                       ("through_other_gateway_s", "node death -> lost (another gateway)")):
         if key in death:
             value = death[key]
             table.add(label, value if value is not None else "not seen", "s", None, "", None,
