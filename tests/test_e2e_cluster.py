@@ -220,6 +220,14 @@ class SeveralMachinesTests(ClusterTestCase):
         self.attach(client, resumed, screen, gw1)
         self.assert_picture(screen, node_b, resumed)
         self.assertIn("taken back", node_b.log())
+        # Drained nodes get no new session; none left is a clear 599.
+        gw1.admin("drain", "--node", "node-a")
+        gw1.admin("drain", "--node", "node-b")
+        reply = self.login(gw1).command(START.format(name="nowhere"), timeout=60)
+        self.assertIn(b"NX> 599 No machine of this cluster can take a new session now; try again later.", reply)
+        gw1.admin("drain", "--node", "node-b", "--off")
+        _, info = self.start(gw1, "on b")
+        self.assertEqual(self.sessions(gw1)[info.session_id]["node"], "node-b")
 
     def test_a_member_with_a_certificate_of_another_ca_is_refused(self):
         gw1 = self.cluster.member("gw-1", "gateway").start()
