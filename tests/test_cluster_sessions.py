@@ -60,6 +60,13 @@ class FakeStore:
     def get(self, session_id):
         return self._answer(self.rows.get(session_id))
 
+    def swap(self, session):
+        stored = self.rows.get(session.id)
+        if stored is None or stored.revision != session.revision:
+            return self._answer(False)
+        self.rows[session.id] = session.evolve(revision=session.revision + 1)
+        return self._answer(True)
+
 
 class FakeNode:
     """A node's SessionAPI: records calls, answers with the store's row."""
@@ -313,6 +320,24 @@ class ClusterSessionsTests(SynchronousTestCase):
                          {"node-a": [], "node-b": [("connect",)], "node-c": []})  # not itself, nor down ones
         self.store.down = True
         self.ok(self.api.keep_in_touch())  # the store down: nothing, and no error
+
+    def test_the_admin_ends_a_session_of_a_machine_that_is_down(self):
+        self.store.rows["A" * 32] = row("A" * 32, node="node-b")
+        self.store.members_["node-b"] = member("node-b", beat=0.0)
+        # The user cannot (his machine may come back); the admin can.
+        self.assertIn("which is down", self.refused(self.api.terminate(ALICE, "A" * 32)).message)
+        view = self.ok(self.api.terminate(ADMIN, "A" * 32, "terminated by the admin"))
+        self.assertEqual(view.state, State.TERMINATED)
+        self.assertEqual(self.store.rows["A" * 32].state, State.TERMINATED)
+        self.assertEqual(self.store.rows["A" * 32].failure, "machine node-b was down; ended by the admin")
+        self.assertEqual(self.ok(self.api.list(ADMIN)).sessions, ())
+        self.assertEqual(self.nodes["node-b"].calls, [])
+        # Written by its node meanwhile (it is back): refused, nothing overwritten.
+        self.store.rows["B" * 32] = row("B" * 32, node="node-b").evolve(revision=3)
+        real_get = self.store.get
+        self.store.get = lambda sid: real_get(sid).addCallback(lambda r: r.evolve(revision=2))
+        self.assertIn("which is down", self.refused(self.api.terminate(ADMIN, "B" * 32)).message)
+        self.assertEqual(self.store.rows["B" * 32].state, State.SUSPENDED)
 
     def test_a_node_that_left_the_store_counts_as_down(self):
         self.store.rows["A" * 32] = row("A" * 32, node="node-z")

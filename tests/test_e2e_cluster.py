@@ -194,6 +194,10 @@ class SeveralMachinesTests(ClusterTestCase):
         placed = {info.session_id: self.sessions(gw1)[info.session_id]["node"] for info in infos}
         self.assertEqual(set(placed.values()), {"node-a", "node-b"})
         on_b = next(sid for sid, node in placed.items() if node == "node-b")
+        gw1.admin("drain", "--node", "node-a")  # a third on node-b, for the admin to end while it is down
+        _, third = self.start(gw1, "forgotten")
+        gw1.admin("drain", "--node", "node-a", "--off")
+        self.assertEqual(self.sessions(gw1)[third.session_id]["node"], "node-b")
         agents = agent_processes(self.user.name)
         node_b.kill()
         died = time.monotonic()
@@ -209,6 +213,10 @@ class SeveralMachinesTests(ClusterTestCase):
         reply = client.command(RESTORE.format(id=on_b), timeout=60)
         self.assertIn(b"NX> 596 Error: Session " + on_b.encode() + b" runs on machine node-b, which is down", reply)
         self.assertIn(b"NX> 500 ERROR: Last operation failed.", reply)
+        # The admin ends one for good (its machine might never come back).
+        gw1.admin("terminate", third.session_id)
+        self.assertNotIn(third.session_id, self.sessions(gw1))
+        self.assertNotIn(third.session_id, listed(self.login(gw1).command(ALL_LISTED)))
         for n in range(2):
             _, info = self.start(gw1, f"after{n}")
             self.assertEqual(self.sessions(gw1)[info.session_id]["node"], "node-a")
@@ -216,6 +224,10 @@ class SeveralMachinesTests(ClusterTestCase):
         # It comes back: it takes back its own session, resumable again.
         node_b.start()
         wait_for(lambda: not lost(), 30, "node-b's session listed again")
+        # The one the admin ended stays ended: its agent is one node-b does not know.
+        self.assertNotIn(third.session_id, listed(self.login(gw1).command(ALL_LISTED)))
+        status = json.loads(node_b.admin("--json", "status").stdout)["result"]
+        self.assertIn(third.session_id, [unknown["id"] for unknown in status["unknown_sessions"]])
         client, resumed = self.restore(gw1, on_b)
         self.attach(client, resumed, screen, gw1)
         self.assert_picture(screen, node_b, resumed)

@@ -37,7 +37,7 @@ from nxgate.cluster.placement import NO_NODE, ranked
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.limits import Limits, limit_reached
-from nxgate.sessions.model import Member, Session
+from nxgate.sessions.model import Member, Session, State
 from nxgate.sessions.requests import RestoreRequest, ShadowRequest, StartRequest
 from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionView,
                                      ShadowTarget)
@@ -228,7 +228,31 @@ class ClusterSessions:
         return await self._on_node_of("suspend", caller, session_id)
 
     async def terminate(self, caller: Caller, session_id: str, reason: str = "user request") -> SessionView:
-        return await self._on_node_of("terminate", caller, session_id, reason)
+        """On its node; the admin may also end a session of a machine that is
+        down (gone for good): the store then records it ended, and if that
+        machine comes back, its agent is one the node does not know (listed
+        by ``nxgate-admin status`` as unknown), never a session again."""
+        row = await self._row(caller, session_id)
+        try:
+            node = await self._node_of(row)
+        except SessionError as error:
+            if not (caller.admin and error.kind is Kind.UNAVAILABLE):
+                raise
+            return await self._forget(row, error)
+        return await node.terminate(caller, session_id, reason)
+
+    async def _forget(self, row: Session, why: SessionError) -> SessionView:
+        ended = row.evolve(state=State.TERMINATED, changed=self.reactor.seconds(),
+                           failure=f"machine {row.node} was down; ended by the admin")
+        try:
+            written = await self.store.swap(ended)
+        except StoreError as error:
+            raise store_unavailable(error) from None
+        if not written:  # its node wrote it meanwhile: it is back
+            raise why
+        log.info("session {id} of {user} on machine {node}, which is down, ended by the admin", id=row.id,
+                 user=row.user, node=row.node, audit="session_forget")
+        return SessionView.of(ended)
 
     async def rename(self, caller: Caller, session_id: str, name: str) -> SessionView:
         return await self._on_node_of("rename", caller, session_id, name)
