@@ -27,6 +27,8 @@ DEB_PACKAGES := dpkg-dev debhelper dh-python python3-all python3-setuptools git
 APT_PACKAGES += $(DEB_PACKAGES)
 # Issue 13, several machines: the shared session store's servers (tests start private instances).
 APT_PACKAGES += postgresql mariadb-server mariadb-client
+# Issue 13: the HAProxy TCP front of several gateways (conf/haproxy-nxgate.cfg, tested end to end).
+APT_PACKAGES += haproxy
 # Issue 14, sound: a real PulseAudio on the client side of the e2e test, paplay/parec, sox for the tone.
 APT_PACKAGES += pulseaudio pulseaudio-utils sox
 # Issue 14, printing: the session's own cupsd and lp/lpstat, and on the client side of the e2e test a real

@@ -15,6 +15,10 @@ Runs, each as its own process with its own JSON in bench/results/:
 * bench/cluster_relay.py  the cluster stream (gateway -> a node's TLS stream
                      endpoint -> the agent) vs the single-box relay, through
                      Conch and plain: throughput, added latency, opening (issue 13);
+* bench/cluster_placement.py  placement decision time with 1,000 live sessions,
+                     pure and with PostgreSQL reads (issue 13);
+* bench/cluster_picture.py  start/resume -> picture through a gateway to another
+                     node vs one box, and a node's death -> its sessions lost (issue 13);
 * bench/sound_latency.py  a click from the session to the client's sound
                      server (latency) and a stream's bandwidth (issue 14);
 * bench/web_viewer.py  the in-browser viewer in headless Chromium: open ->
@@ -364,6 +368,44 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
     return table
 
 
+def cluster_rows(table: Table, cluster: dict | None) -> None:
+    """Issue 13: where a new session goes, and what deciding it costs."""
+    if not cluster:
+        return
+    table.section(f"cluster placement with {cluster.get('sessions', 1000)} live sessions, median")
+    for name, figure in sorted((cluster.get("pure") or {}).items()):
+        table.add(f"pure, {name.replace('_', ' ')}", figure["median_ms"], "ms", None, "", None, "(info)", None,
+                  note=f"p95 {figure['p95_ms']:.4f} ms")
+    figure = cluster.get("postgresql") or {}
+    if "median_ms" in figure:
+        target = cluster.get("target_ms", 5.0)
+        table.add("with PostgreSQL reads", figure["median_ms"], "ms", None, "", None, f"< {target:g} ms",
+                  figure["median_ms"] < target, note=f"p95 {figure['p95_ms']:.2f} ms")
+    else:
+        table.add("with PostgreSQL reads", "not measured", "", note=figure.get("skipped", ""))
+
+
+def cluster_picture_rows(table: Table, picture: dict | None) -> None:
+    """Issue 13: a session on another node through a gateway, against one box."""
+    if not picture or "skipped" in picture:
+        return
+    table.section("several machines: through a gateway to another node vs one box (medians)")
+    target = picture.get("target_ratio", 1.15)
+    for key, label in (("start_to_picture", "start -> picture"), ("resume_to_picture", "resume -> picture")):
+        figure = picture.get(key)
+        if figure:
+            table.add(label, figure["cluster"]["median_s"], "s", figure["single"]["median_s"], "one box",
+                      figure["ratio"], f"<= {target:g}x", figure["ratio"] <= target)
+    death = picture.get("node_death_to_lost") or {}
+    for key, label in (("through_connected_gateway_s", "node death -> lost (its gateway)"),
+                       ("through_other_gateway_s", "node death -> lost (another gateway)")):
+        if key in death:
+            value = death[key]
+            table.add(label, value if value is not None else "not seen", "s", None, "", None,
+                      f"<= {death['target_s']:g} s", value is not None and value <= death["target_s"],
+                      note=f"heartbeat {death['heartbeat_s']:g} s")
+
+
 def sound_rows(table: Table, sound: dict | None) -> None:
     """Issue 14's sound figures (bench/sound_latency.py)."""
     if not sound:
@@ -423,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=10, help="sessions for the memory figures (both)")
     parser.add_argument("--size", default="2G", help="bytes per relay throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="relay throughput runs per row")
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,cluster_relay,sound,web,printing,")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,cluster,cluster_picture,cluster_relay,sound,web,printing,sharing")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install bench packages")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway (relay, logins, sessions)")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from bench/results/*.json")
@@ -455,6 +497,10 @@ def main(argv: list[str] | None = None) -> int:
         "cluster_relay": [python, os.path.join(HERE, "cluster_relay.py"), "--size",
                           "128M" if args.quick else "512M", "--repeat", str(repeat), *(["--rounds", "300"] if args.quick else []),
                           "--json", os.path.join(RESULTS, "cluster_relay.json")],
+        "cluster": [python, os.path.join(HERE, "cluster_placement.py"), "--json", os.path.join(RESULTS, "cluster.json"),
+                    *(["--calls", "50"] if args.quick else [])],
+        "cluster_picture": [python, os.path.join(HERE, "cluster_picture.py"), "--runs", str(runs),
+                            "--json", os.path.join(RESULTS, "cluster_picture.json")],
         "sound": [python, os.path.join(HERE, "sound_latency.py"), "--runs", str(runs * 2),
                   "--json", os.path.join(RESULTS, "sound.json")],
         "web": [python, os.path.join(HERE, "web_viewer.py"), "--runs", str(runs + 2),
@@ -484,13 +530,17 @@ def main(argv: list[str] | None = None) -> int:
     scale = load(os.path.join(RESULTS, "scale.json"))
     store = load(os.path.join(RESULTS, "store.json"))
     sound = load(os.path.join(RESULTS, "sound.json"))
-    cluster = load(os.path.join(RESULTS, "cluster_relay.json"))
+    cluster_relay = load(os.path.join(RESULTS, "cluster_relay.json"))
+    placement = load(os.path.join(RESULTS, "cluster.json"))
+    cluster_picture = load(os.path.join(RESULTS, "cluster_picture.json"))
     web = load(os.path.join(RESULTS, "web_viewer.json"))
     printing = load(os.path.join(RESULTS, "printing.json"))
     sharing = load(os.path.join(RESULTS, "sharing.json"))
     table = build_table(relay, sessions_result, x2go, scale)
     store_rows(table, store)
-    cluster_relay_rows(table, cluster)
+    cluster_rows(table, placement)
+    cluster_picture_rows(table, cluster_picture)
+    cluster_relay_rows(table, cluster_relay)
     sound_rows(table, sound)
     web_viewer_rows(table, web)
     printing_rows(table, printing)
@@ -509,7 +559,8 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": load_before, "load_after": os.getloadavg(), "quick": args.quick,
         "steps": steps_run, "table": table.rows,
         "results": {"relay": relay, "sessions": sessions_result, "x2go": x2go, "scale": scale, "store": store,
-                    "cluster_relay": cluster, "sound": sound, "web_viewer": web, "printing": printing, "sharing": sharing},
+                    "cluster": placement, "cluster_picture": cluster_picture,
+                    "cluster_relay": cluster_relay, "sound": sound, "web_viewer": web, "printing": printing, "sharing": sharing},
         "x2go_reference": X2GO_REFERENCE,
     }
     out = os.path.join(RESULTS, "bench.json")

@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from twisted.application import service, strports
+from twisted.application.internet import TimerService
 from twisted.cred.portal import Portal
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import quoteStringArgument
@@ -85,7 +86,12 @@ class Gateway(service.MultiService):
         # Before anything else touches the state or its sockets: a second
         # gateway on the same directory stops here (see nxgate.instance).
         self.lock_fd = lock_state_dir(self.layout.root)
-        check_port_free(config.server.listen, "[server] listen, or --port")
+        # [cluster] roles: a gateway serves the doors, a node runs sessions;
+        # without [cluster] this box is both, exactly as a single box.
+        roles = config.cluster.roles if config.cluster else frozenset({"gateway", "node"})
+        self.serves_doors = "gateway" in roles
+        if self.serves_doors:
+            check_port_free(config.server.listen, "[server] listen, or --port")
         if config.metrics.listen:
             check_port_free(config.metrics.listen, "[metrics] listen")
         self.throttle = Throttle(reactor, config.auth.throttle_per_address, config.auth.throttle_per_account,
@@ -107,22 +113,28 @@ class Gateway(service.MultiService):
         # A cluster member writes its heartbeat to the shared store (nodes, drain --node).
         self.membership = self._membership() if config.cluster else None
         self.shadow = self.sessions.shadow = ShadowService(self.sessions, config, self.blocking, self.users)
-        self.commands = NXDispatcher(self.sessions)
+        self.cluster_streams = self._cluster_wire(config.cluster) if config.cluster else None
+        # What every door calls: the cluster's routing, or this box's service.
+        self.api: Any = self._cluster_sessions() if config.cluster else self.sessions
+        self.commands = NXDispatcher(self.api)
         self.shell_settings = shell_settings(config)
         self.ssh_factory = self._ssh_factory()
-        strports.service(config.server.listen, self.ssh_factory).setServiceParent(self)
-        if config.server.shell_socket:
+        if self.serves_doors:
+            strports.service(config.server.listen, self.ssh_factory).setServiceParent(self)
+        if config.server.shell_socket and self.serves_doors:
             self._listen_unix(config.server.shell_socket, 0o666, OpenSSHDoorFactory(self), "[server] shell_socket")
         self._listen_unix(config.server.admin_socket or os.path.join(self.layout.root, "admin.sock"), 0o600,
                           AdminFactory(self), "[server] admin_socket")
-        self.dbus = self._dbus_door() if config.dbus.enabled else None
-        self.cluster_streams = self._cluster_wire(config.cluster) if config.cluster else None
-        self.web_viewers = self._browser_viewers() if config.web.listen else None
-        self.web = self._web_door() if config.web.listen else None
+        self.dbus = self._dbus_door() if config.dbus.enabled and self.serves_doors else None
+        web = bool(config.web.listen) and self.serves_doors
+        self.web_viewers = self._browser_viewers() if web else None
+        self.web = self._web_door() if web else None
         if config.metrics.listen:
             if not metrics.available():
                 raise RuntimeError("[metrics] listen is set but prometheus-client is not installed")
-            strports.service(config.metrics.listen, Site(metrics.resource(self.sessions))).setServiceParent(self)
+            node = self.sessions.node_name or config.server_name
+            strports.service(config.metrics.listen,
+                             Site(metrics.resource(self.sessions, node))).setServiceParent(self)
 
     def _membership(self) -> Any:
         from nxgate.cluster.membership import Membership
@@ -154,6 +166,21 @@ class Gateway(service.MultiService):
                      where=configuration.describe_listen(cluster.listen))
         return RemoteStreams(self.reactor, self.cluster_tls)
 
+    def _cluster_sessions(self) -> Any:
+        """The session API routed over the cluster (nxgate.cluster.sessions):
+        new sessions placed, the others sent to the node that runs them."""
+        from nxgate.cluster.remote import RemoteNodes
+        from nxgate.cluster.sessions import ClusterSessions
+
+        self.remote_nodes = RemoteNodes(self.config, self.reactor, self.cluster_tls)
+        api = ClusterSessions(self.reactor, lambda: self.config, self.sessions, self.store, self.remote_nodes.get,
+                              self.remote_nodes.broken)
+        if self.serves_doors:
+            touch = TimerService(self.config.cluster.heartbeat, lambda: Deferred.fromCoroutine(api.keep_in_touch()))
+            touch.clock = self.reactor
+            touch.setServiceParent(self)
+        return api
+
     def _dbus_door(self) -> Any:
         """The D-Bus door (org.nxgate.Gateway1), or None without txdbus: the
         gateway serves NX the same either way."""
@@ -162,7 +189,7 @@ class Gateway(service.MultiService):
         except ImportError as error:
             log.warn("D-Bus session control is off: {error} (install python3-txdbus or txdbus)", error=str(error))
             return None
-        door = DBusDoor(self.reactor, self.sessions, self._dbus_caller, self.config.dbus.address)
+        door = DBusDoor(self.reactor, self.api, self._dbus_caller, self.config.dbus.address)
         self.sessions.observers.append(door.session_changed)
         door.setServiceParent(self)
         return door
@@ -174,6 +201,7 @@ class Gateway(service.MultiService):
         viewers = BrowserViewers(self.reactor, self.sessions.launcher, os.path.join(self.layout.root, "viewers"),
                                  self.layout.logs, ViewerLimits(per_user=self.config.web.max_viewers),
                                  ViewerPrograms(path=self.config.sessions.path, lang=self.config.sessions.lang))
+        viewers.streams = self.cluster_streams  # a session on another node: its stream goes there
         viewers.prepare()
         return viewers
 
@@ -188,7 +216,7 @@ class Gateway(service.MultiService):
         except WebConfigError as error:
             raise StartupError(str(error)) from None
         check_port_free(self.config.web.listen, "[web] listen")
-        door = WebDoor(reactor=self.reactor, service=self.sessions, authenticator=self.authenticator,
+        door = WebDoor(reactor=self.reactor, service=self.api, authenticator=self.authenticator,
                        resolve=self._web_caller, thumbnailer=self._thumbnail, settings=lambda: self.config.web,
                        types=self._browser_types, certificate_dir=os.path.join(self.layout.root, "web"),
                        host_name=self.config.server_name, viewers=getattr(self, "web_viewers", None))
@@ -205,7 +233,7 @@ class Gateway(service.MultiService):
 
     async def _thumbnail(self, view: SessionView) -> bytes:
         """A PNG of a session's screen, taken on this node as the session's user."""
-        if view.node and view.node != self.config.server_name:
+        if view.node and view.node != (self.sessions.node_name or self.config.server_name):
             raise ThumbnailError(f"session {view.id} runs on {view.node}")
         entry = await self.users.lookup(view.user)
         authority = self.layout.agent_files(view.id).authority

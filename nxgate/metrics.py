@@ -59,25 +59,28 @@ def agent_started(seconds: float) -> None:
 
 
 class SessionCollector:
-    """``nxgate_sessions{state, type}``: the manager's live sessions right now."""
+    """``nxgate_sessions{node, state, type}``: the manager's live sessions right
+    now; ``node`` names this member, so a cluster's scrapes add up."""
 
-    def __init__(self, manager: Any) -> None:
+    def __init__(self, manager: Any, node: str = "") -> None:
         self.manager = manager
+        self.node = node
 
     def collect(self) -> Any:
-        family = GaugeMetricFamily("nxgate_sessions", "Live sessions by state and type", labels=["state", "type"])
+        family = GaugeMetricFamily("nxgate_sessions", "Live sessions by node, state and type",
+                                   labels=["node", "state", "type"])
         counts = Counter((s.state.value, s.type) for s in self.manager.sessions.values() if s.state.live)
         for (state, session_type), count in sorted(counts.items()):
-            family.add_metric([state, session_type], count)
+            family.add_metric([self.node, state, session_type], count)
         yield family
 
 
-def resource(manager: Any) -> Any:
+def resource(manager: Any, node: str = "") -> Any:
     """The Twisted web resource serving /metrics."""
     from prometheus_client.twisted import MetricsResource
     from twisted.web.resource import Resource
 
-    REGISTRY.register(SessionCollector(manager))
+    REGISTRY.register(SessionCollector(manager, node))
     root = Resource()
     root.putChild(b"metrics", MetricsResource(registry=REGISTRY))
     return root

@@ -18,7 +18,7 @@ MISSING = "0" * 32
 
 class Gateway:
     def __init__(self, sessions, config):
-        self.sessions = sessions
+        self.sessions = self.api = sessions
         self.config = config
         self.started = 0.0
 
@@ -87,7 +87,7 @@ class Refusing:
 
 class RefusingGateway:
     def __init__(self, error):
-        self.sessions = Refusing(error)
+        self.sessions = self.api = Refusing(error)
         self.membership = Refusing(error)
         self.config = None
         self.started = 0.0

@@ -304,14 +304,19 @@ class WireTests(TestCase):
         self.assertEqual(error.kind, Kind.UNAVAILABLE)
         self.assertIn("node-b", error.message)
         self.assertTrue([e for e in self.log.events if e.get("event") == "cluster_member_unreachable"])
+        self.assertTrue(error.unreachable)  # nothing was asked: a start may be placed elsewhere
+        self.assertIsNotNone(node.broken_at)  # the gateway sees it down before its heartbeats go stale
         factory = GateFactory(self.authorize, choose(reactor, self.sessions)).tls_factory(self.node_tls)
         again = yield endpoints.serverFromString(reactor, f"tcp:{number}:interface=127.0.0.1").listen(factory)
         self.addCleanup(again.stopListening)
         self.assertEqual((yield defer.ensureDeferred(node.status(CALLER))), ServiceStatus(False, 1, 0, ()))
+        self.assertIsNone(node.broken_at)
         # The node goes away during the connection's life: the next call dials again.
         node.connection.transport.abortConnection()
         yield deferLater(reactor, 0.05, lambda: None)
+        self.assertIsNotNone(node.broken_at)  # seen at once, not three heartbeats later
         self.assertIs((yield defer.ensureDeferred(node.set_draining(CALLER, False))), False)
+        self.assertIsNone(node.broken_at)
 
     @defer.inlineCallbacks
     def test_remote_nodes_keeps_one_per_member(self):

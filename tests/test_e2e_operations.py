@@ -153,7 +153,7 @@ class OperationsTests(SessionTestCase):
         port = int(re.findall(r"Site starting on (\d+)", self.gateway.log())[-1])
         _, info = self.running_session()
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-        self.assertRegex(text, r'nxgate_sessions\{state="running",type="unix-console"\} 1\.0')
+        self.assertRegex(text, r'nxgate_sessions\{node="[^"]+",state="running",type="unix-console"\} 1\.0')
         self.assertRegex(text, r'nxgate_logins_total\{result="granted"\} [1-9]')
         up = re.search(r'nxgate_relayed_bytes_total\{direction="up"\} (\S+)', text)
         self.assertGreater(float(up.group(1)), 0)

@@ -67,6 +67,12 @@ class RemoteNode:
         self.waiting: list[defer.Deferred[_GatewayAMP]] = []
         self.progress_callbacks: dict[int, ProgressCallback] = {}
         self.calls = itertools.count(1)
+        #: When (this gateway's clock) the connection to the member broke or
+        #: could not be made; None while it works or was never needed.  A
+        #: member killed is seen at once this way, heartbeats take three
+        #: periods (see :meth:`RemoteNodes.broken`).
+        self.broken_at: float | None = None
+        self.closing = False
 
     def __repr__(self) -> str:
         return f"RemoteNode({self.name!r}, {self.address!r})"
@@ -112,6 +118,15 @@ class RemoteNode:
     async def set_draining(self, caller: Caller, on: bool) -> bool:
         return await self._call("set_draining", caller, on)
 
+    async def connect(self) -> None:
+        """Be connected (a gateway keeps in touch with every node, so that
+        one whose process dies is seen at once; see :attr:`broken_at`).
+        Never raises: a failure is in the log and in ``broken_at``."""
+        try:
+            await self._connection()
+        except SessionError:
+            pass
+
     # ------------------------------------------------------------ wire
     def _at_node(self, ready: Ready) -> Ready:
         if ready.stream is None:
@@ -119,10 +134,13 @@ class RemoteNode:
         return dataclasses.replace(ready, stream=dataclasses.replace(ready.stream, node=self.name,
                                                                      address=self.address))
 
-    def _unavailable(self, why: str) -> SessionError:
-        log.warn("cluster member {name} at {address} cannot be reached: {why}", name=self.name,
-                 address=self.address, why=why, event="cluster_member_unreachable")
-        return SessionError(Kind.UNAVAILABLE, f"The session node {self.name} cannot be reached; try again later.")
+    def _unavailable(self, why: str, asked: bool = False, quiet: bool = False) -> SessionError:
+        if not quiet:
+            log.warn("cluster member {name} at {address} cannot be reached: {why}", name=self.name,
+                     address=self.address, why=why, event="cluster_member_unreachable")
+        error = SessionError(Kind.UNAVAILABLE, f"The session node {self.name} cannot be reached; try again later.")
+        error.unreachable = not asked  # nothing was asked of it: placement may try the next node
+        return error
 
     async def _call(self, method: str, *arguments: Any, progress: ProgressCallback | None = None) -> Any:
         connection = await self._connection()
@@ -136,7 +154,7 @@ class RemoteNode:
             log.error("member {name} failed {method}: {error}", name=self.name, method=method, error=str(error))
             raise SessionError(Kind.INTERNAL, "Internal error on the session node.") from None
         except Exception as error:  # the connection broke during the call
-            raise self._unavailable(f"{method}: {error}") from None
+            raise self._unavailable(f"{method}: {error}", asked=True) from None
         finally:
             self.progress_callbacks.pop(call, None)
         try:
@@ -164,6 +182,7 @@ class RemoteNode:
     def _connected(self, connection: _GatewayAMP) -> None:
         self.connecting = None
         self.connection = connection
+        self.broken_at = None
         log.info("connected to cluster member {name} at {address}", name=self.name, address=self.address)
         waiting, self.waiting = self.waiting, []
         for waiter in waiting:
@@ -171,8 +190,12 @@ class RemoteNode:
 
     def _not_connected(self, failure: Any) -> None:
         self.connecting = None
+        # Said once per outage (the gateway tries again every heartbeat); "connected" ends it.
+        quiet = self.broken_at is not None
+        if self.broken_at is None:
+            self.broken_at = self.reactor.seconds()
         waiting, self.waiting = self.waiting, []
-        error = self._unavailable(failure.getErrorMessage())
+        error = self._unavailable(failure.getErrorMessage(), quiet=quiet)
         for waiter in waiting:
             waiter.errback(error)
 
@@ -180,9 +203,12 @@ class RemoteNode:
         """The connection broke: the next call dials again."""
         if self.connection is connection:
             self.connection = None
+            if not self.closing:
+                self.broken_at = self.reactor.seconds()
             log.info("connection to cluster member {name} closed", name=self.name)
 
     def close(self) -> None:
+        self.closing = True
         if self.connection is not None:
             self.connection.transport.loseConnection()
 
@@ -203,6 +229,14 @@ class RemoteNodes:
                 node.close()
             node = self.nodes[name] = RemoteNode(self.reactor, self.tls, name, address)
         return node
+
+    def broken(self, name: str) -> float | None:
+        """When this gateway's connection to member ``name`` broke (None: it
+        did not).  Until the member writes a heartbeat after that moment, the
+        gateway treats it as down: its sessions are listed as lost and new
+        ones go elsewhere at once, not three heartbeats later."""
+        node = self.nodes.get(name)
+        return None if node is None else node.broken_at
 
     def close(self) -> None:
         for node in self.nodes.values():

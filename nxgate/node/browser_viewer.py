@@ -246,6 +246,9 @@ class BrowserViewers:
         self.programs = programs
         self.open_viewers: dict[str, BrowserViewer] = {}
         self.on_change: Callable[[], None] = lambda: None
+        # On a cluster gateway: how a viewer's stream reaches a session on
+        # another node (nxgate.cluster.stream.RemoteStreams), set by the gateway.
+        self.streams: Any = None
 
     def prepare(self) -> None:
         os.makedirs(self.root, mode=0o711, exist_ok=True)

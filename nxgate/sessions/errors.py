@@ -31,6 +31,10 @@ class Kind(str, enum.Enum):
 class SessionError(Exception):
     """A refusal or failure of the session service."""
 
+    #: Set on a cluster member that could not be reached at all (nothing was
+    #: asked of it): a new session may then be placed on the next node.
+    unreachable = False
+
     def __init__(self, kind: Kind, message: str, *, session_id: str | None = None) -> None:
         super().__init__(message)
         self.kind = kind

@@ -31,8 +31,11 @@ class Housekeeping(service.Service):
     def __init__(self, clock: Any, settings: Callable[[], SessionsSection], store: SessionStore,
                  layout: StateLayout, supervisor: AgentSupervisor, sessions: Callable[[], Iterable[Session]],
                  terminate: Callable[[str, str], Coroutine[Any, Any, None]],
-                 background: Callable[..., defer.Deferred[Any]]) -> None:
+                 background: Callable[..., defer.Deferred[Any]], node: Callable[[], str] = lambda: "") -> None:
+        """``node``: this cluster member's name ("" on a single box): on a
+        shared store it prunes only its own rows (their files are here)."""
         self.clock = clock
+        self.node = node
         self.settings = settings
         self.store = store
         self.layout = layout
@@ -75,7 +78,7 @@ class Housekeeping(service.Service):
 
     async def _prune(self, now: float) -> None:
         try:
-            old = await self.store.ended_before(now - self.settings().history_days * 86400)
+            old = await self.store.ended_before(now - self.settings().history_days * 86400, node=self.node() or None)
             for session in old:
                 agent_files = self.layout.agent_files(session.id)
                 for path in (agent_files.log, agent_files.app_log):

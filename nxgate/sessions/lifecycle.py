@@ -45,11 +45,12 @@ from nxgate.node.supervisor import AgentSupervisor
 from nxgate.safetext import printable
 from nxgate.node.files import StateLayout
 from nxgate.node.follow import LogFollower
-from nxgate.sessions.model import Session, State, advance
+from nxgate.sessions.model import Session, State, advance, member_name
 from nxgate.node.processes import ExitWatch, LaunchError, ProcessId
 from nxgate.sessions.store.errors import STORAGE_FULL, StoreError, storage_reason
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
+from nxgate.sessions.limits import limit_reached
 from nxgate.sessions.requests import DisplaySettings, RestoreRequest
 from nxgate.sessions.results import SessionEvent, SessionObserver, SessionView
 from nxgate.sessions.store.interface import SessionStore
@@ -212,6 +213,10 @@ class Lifecycle:
         # Who hears of every creation and state change (the D-Bus door's
         # signals); filled by the composition root, never by a door import.
         self.observers: list[SessionObserver] = []
+        # On a store shared by a cluster: (per user, per node, total) limits
+        # counted over every member in the store's one admission step, so two
+        # starts through two gateways cannot both take a user's last place.
+        self.admission: Callable[[Caller], tuple[int, int, int]] | None = None
 
     @property
     def config(self) -> Config:
@@ -235,7 +240,7 @@ class Lifecycle:
         # too): no other start can take the same place while the store answers.
         self.sessions[session.id] = session
         try:
-            await self.writer.insert_first(session)
+            hit = await self.writer.insert_first(session, self.admission(caller) if self.admission else None)
         except StoreError as error:
             # Nothing is held: no display, no place in the user's limit.
             del self.sessions[session.id]
@@ -245,6 +250,12 @@ class Lifecycle:
             reason = storage_reason(error)
             raise SessionError(Kind.STORAGE_FULL if reason == STORAGE_FULL else Kind.UNAVAILABLE,
                                f"Session startup failed: {reason}.") from None
+        if hit is not None:
+            del self.sessions[session.id]
+            self.displays.release(session.display)
+            log.info("session for {user} not started: the cluster's {limit} limit is reached", user=session.user,
+                     limit=hit)
+            raise limit_reached(hit, session.user)
         runtime = self.runtime[session.id] = Runtime(self.layout.agent_files(session.id), secret=secret)
         self._notify(session, None)
         # A new session's lock is free: held from registration until it is
@@ -729,8 +740,9 @@ class Lifecycle:
     async def _reconcile(self) -> None:
         # Every stored session is registered and holds its display first, in
         # one turn: no start meanwhile can be given one of their displays.
+        # On a store shared by a cluster: only this member's own sessions.
         taken_back = []
-        for session in await self.store.live():
+        for session in await self.store.live(node=member_name(self.config) or None):
             self.sessions[session.id] = session
             self.runtime[session.id] = Runtime(self.layout.agent_files(session.id))
             self.displays.claim(session.display)

@@ -16,6 +16,14 @@ from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 
 
+def limit_reached(which: str, user: str) -> SessionError:
+    """The refusal for a reached limit: ``which`` is "user", "node" (this
+    server's ``max_sessions``) or "total" (as the store's ``admit`` says)."""
+    if which == "user":
+        return SessionError(Kind.LIMIT_REACHED, f"Server capacity: reached for user: {user}")
+    return SessionError(Kind.LIMIT_REACHED, "Reached the maximum number of concurrent sessions on this server.")
+
+
 class Limits:
     def __init__(self, config: Callable[[], Config]) -> None:
         self.config = config
@@ -41,10 +49,10 @@ class Limits:
         if self.draining:
             raise SessionError(Kind.LIMIT_REACHED, "This server takes no new sessions at the moment (maintenance).")
         if settings.max_sessions and len(live) >= settings.max_sessions:
-            raise SessionError(Kind.LIMIT_REACHED, "Reached the maximum number of concurrent sessions on this server.")
+            raise limit_reached("node", caller.user)
         per_user = self.user_limit(caller.user, caller.groups)
         if per_user and sum(1 for s in live if s.user == caller.user) >= per_user:
-            raise SessionError(Kind.LIMIT_REACHED, f"Server capacity: reached for user: {caller.user}")
+            raise limit_reached("user", caller.user)
 
     def at_capacity(self, caller: Caller, sessions: Iterable[Session]) -> bool:
         try:
@@ -52,6 +60,10 @@ class Limits:
         except SessionError:
             return True
         return False
+
+    def admission(self, caller: Caller) -> tuple[int, int, int]:
+        """(per user, per node, total) for the store's ``admit`` (0: none)."""
+        return self.user_limit(caller.user, caller.groups), self.config().sessions.max_sessions, 0
 
     def node_for(self, caller: Caller) -> str:
         """Where ``caller``'s next session runs: today always this node (the

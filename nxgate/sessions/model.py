@@ -126,6 +126,14 @@ class Session:
         return replace(self, **changes)
 
 
+def member_name(config: Any) -> str:
+    """The cluster member ``config`` makes this box ("" without ``[cluster]``):
+    the ``node`` its sessions carry, and the only ones it takes back after a
+    restart or prunes from a store shared with other members."""
+    cluster = getattr(config, "cluster", None)
+    return str(getattr(cluster, "name", "") or "") if cluster else ""
+
+
 @dataclass(frozen=True)
 class Member:
     """One cluster member as its own heartbeat last described it (one row in

@@ -28,7 +28,7 @@ from nxgate.node.supervisor import AgentSupervisor, Orphan, SendSignal
 from nxgate.safetext import printable
 from nxgate.node import displays, extras, files, processes
 from nxgate.node.launcher import Launcher
-from nxgate.sessions.model import FOR_LATER, Session
+from nxgate.sessions.model import FOR_LATER, Session, member_name
 from nxgate.sessions.programs import session_command
 from nxgate.sessions.remote_sessions import PROTOCOLS, RemoteSessions
 from nxgate.sessions.store.sqlite import SessionStore as SQLiteDatabase
@@ -103,7 +103,9 @@ class SessionService(service.Service):
         self.runtime = self.lifecycle.runtime
         self.housekeeper = Housekeeping(reactor, lambda: self.settings, self.store, layout, self.supervisor,
                                         lambda: self.sessions.values(), self.lifecycle.terminate_session,
-                                        self.background)
+                                        self.background, lambda: self.node_name)
+        if self.node_name:  # a cluster member: limits hold over every member (the store counts)
+            self.lifecycle.admission = self.limits.admission
         self.remote = RemoteSessions(self)
         # Shadowing (nxgate.sessions.shadow_sessions.ShadowService), set by the gateway.
         self.shadow: Any = None
@@ -200,8 +202,14 @@ class SessionService(service.Service):
             server_name=self.config.server_name, cookie=secrets.token_hex(16), created=now, changed=now,
             client_address=printable(caller.address),
             geometry=settings.geometry, depth=settings.depth, render=settings.render,
-            fullscreen=settings.fullscreen, rootless=rootless, encrypted=encrypted,
+            fullscreen=settings.fullscreen, rootless=rootless, encrypted=encrypted, node=self.node_name,
         )
+
+    @property
+    def node_name(self) -> str:
+        """This member's name in a cluster (its sessions' ``node`` in the shared
+        store; what it reconciles after a restart), "" on a single box."""
+        return member_name(self.config)
 
     async def launch(self, caller: Caller, session: Session, settings: DisplaySettings,
                      plan: nxagent.AgentPlan, secret: str | None = None,

@@ -39,9 +39,14 @@ class StoreWriter:
         self._retry = task.LoopingCall(self._try_again)
         self._retry.clock = clock
 
-    async def insert_first(self, session: Session) -> None:
-        """Store a new session's first record (raises StoreError: the start is refused)."""
+    async def insert_first(self, session: Session, limits: tuple[int, int, int] | None = None) -> str | None:
+        """Store a new session's first record (raises StoreError: the start is
+        refused).  With ``limits`` (per user, per node, total: a cluster's) the
+        store counts and inserts in one step; the limit that refused it, or None."""
+        if limits is not None:
+            return await self.store.admit(session, *limits)
         await self.store.insert(session)
+        return None
 
     def save(self, session: Session) -> None:
         """Queue ``session``'s latest record; it is written in its turn."""

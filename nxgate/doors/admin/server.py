@@ -112,8 +112,10 @@ class AdminProtocol(LineOnlyReceiver):
 
     # ------------------------------------------------------------ commands
     async def do_status(self) -> dict[str, Any]:
-        status = await self.gateway.sessions.status(ADMIN)
-        return {"version": __version__, "node": self.gateway.config.server_name, "draining": status.draining,
+        status = await self.gateway.api.status(ADMIN)
+        # A cluster member answers with its member name (sessions carry it too).
+        node = getattr(self.gateway.sessions, "node_name", "") or self.gateway.config.server_name
+        return {"version": __version__, "node": node, "draining": status.draining,
                 "sessions": status.live, "config": self.gateway.config.source,
                 "up_since": _iso(self.gateway.started),
                 # Writes the store refused (a full disk), retried until it takes them.
@@ -123,14 +125,14 @@ class AdminProtocol(LineOnlyReceiver):
                                      for u in status.unknown_sessions]}
 
     async def do_sessions(self) -> list[dict[str, Any]]:
-        listing = await self.gateway.sessions.list(ADMIN)
+        listing = await self.gateway.api.list(ADMIN)
         return [describe(view) for view in listing.sessions]
 
     async def do_show(self, id: str) -> dict[str, Any]:
-        return describe(await self.gateway.sessions.show(ADMIN, self._id(id)))
+        return describe(await self.gateway.api.show(ADMIN, self._id(id)))
 
     async def do_terminate(self, id: str) -> dict[str, Any]:
-        sessions = self.gateway.sessions
+        sessions = self.gateway.api
         session = await sessions.show(ADMIN, self._id(id))
         log.info("admin terminates session {id} of {user}", id=session.id, user=session.user,
                  command="terminate", admin="root", audit="admin_action")
@@ -138,7 +140,7 @@ class AdminProtocol(LineOnlyReceiver):
         return {"id": session.id, "state": "terminated"}
 
     async def do_suspend(self, id: str) -> dict[str, Any]:
-        sessions = self.gateway.sessions
+        sessions = self.gateway.api
         session = await sessions.show(ADMIN, self._id(id))
         log.info("admin suspends session {id} of {user}", id=session.id, user=session.user,
                  command="suspend", admin="root", audit="admin_action")
@@ -148,7 +150,7 @@ class AdminProtocol(LineOnlyReceiver):
     async def do_drain(self, on: bool, node: str | None = None) -> dict[str, Any]:
         if node is not None:
             return await self._drain_member(str(node), bool(on))
-        on = await self.gateway.sessions.set_draining(ADMIN, bool(on))
+        on = await self.gateway.api.set_draining(ADMIN, bool(on))
         log.info("admin turns draining {state}: {what}", state="on" if on else "off",
                  what="no new sessions" if on else "new sessions welcome", command=f"drain {'on' if on else 'off'}",
                  admin="root", audit="admin_action")

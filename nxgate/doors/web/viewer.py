@@ -308,7 +308,8 @@ class _ProxySide(protocol.Protocol):
         bridge.stop_listening()
         assert bridge.ready.stream is not None
         self.relay = bridge.relay = StreamRelay(bridge.reactor, bridge.caller, bridge.ready.stream,
-                                                _ProxyChannel(self.transport), b"")
+                                                _ProxyChannel(self.transport), b"",
+                                                getattr(bridge.parent.viewers, "streams", None))
         self.transport.registerProducer(_AgentOutput(self.relay), True)
 
     def dataReceived(self, data: bytes) -> None:

@@ -1,0 +1,461 @@
+"""ClusterSessions: where a gateway sends each call of the session API
+(placement, resume affinity, the merged listing, lost sessions, the store
+down), with a fake store and fake nodes (issue 13)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from twisted.internet import defer
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from nxgate.cluster.placement import NO_NODE
+from nxgate.cluster.sessions import LOST_MARK, ClusterSessions, is_lost
+from nxgate.config import Config
+from nxgate.nx.dispatch import as_nx
+from nxgate.sessions.caller import Caller
+from nxgate.sessions.errors import Kind, SessionError
+from nxgate.sessions.model import Member, Session, State
+from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequest, ShareMount, StartRequest
+from nxgate.sessions.results import Listing, Ready, ServiceStatus, SessionView, ShadowTarget
+from nxgate.sessions.store.errors import StoreUnavailable
+
+NOW = 5000.0
+GIB = 1024 ** 3
+ALICE = Caller("alice", 1001, 1001, address="192.0.2.7")
+BOB = Caller("bob", 1002, 1002, address="192.0.2.8")
+ADMIN = Caller("root", 0, 0, admin=True)
+START = StartRequest(type="unix-default", name="work", display=DisplaySettings(), encrypted=True, rootless=False)
+
+
+def member(name, sessions=0, beat=NOW, roles=("gateway", "node"), drained=False):
+    return Member(name=name, address=f"127.0.0.{ord(name[-1]) - 95}:7022", roles=frozenset(roles), started=0.0,
+                  last_heartbeat=beat, sessions=sessions, load=0.0, cpus=2, free_memory=GIB, drained=drained)
+
+
+def row(session_id, user="alice", node="node-b", state=State.SUSPENDED, created=1.0, name="work"):
+    return Session(id=session_id, user=user, uid=1001, gid=1001, type="unix-default", name=name, display=1001,
+                   server_name="host", cookie="c" * 32, state=state, created=created, node=node)
+
+
+class FakeStore:
+    def __init__(self):
+        self.members_ = {}
+        self.rows = {}
+        self.down = False
+
+    def _answer(self, value):
+        if self.down:
+            return defer.fail(StoreUnavailable("the database server cannot be reached", "connection refused"))
+        return defer.succeed(value)
+
+    def members(self):
+        return self._answer(sorted(self.members_.values(), key=lambda m: m.name))
+
+    def live(self, user=None, node=None):
+        return self._answer(sorted((r for r in self.rows.values() if r.state.live and user in (None, r.user)
+                                    and node in (None, r.node)), key=lambda r: r.created))
+
+    def get(self, session_id):
+        return self._answer(self.rows.get(session_id))
+
+    def swap(self, session):
+        stored = self.rows.get(session.id)
+        if stored is None or stored.revision != session.revision:
+            return self._answer(False)
+        self.rows[session.id] = session.evolve(revision=session.revision + 1)
+        return self._answer(True)
+
+
+class FakeNode:
+    """A node's SessionAPI: records calls, answers with the store's row."""
+
+    def __init__(self, name, store, unreachable=False):
+        self.name, self.store, self.calls, self.unreachable = name, store, [], unreachable
+
+    def _check(self):
+        if self.unreachable:
+            error = SessionError(Kind.UNAVAILABLE, f"The session node {self.name} cannot be reached; try again later.")
+            error.unreachable = True
+            raise error
+
+    async def start(self, caller, request):
+        self._check()
+        self.calls.append(("start", caller.user))
+        session = row(f"{len(self.store.rows):032X}", caller.user, self.name, State.WAITING)
+        self.store.rows[session.id] = session
+        return Ready(SessionView.of(session), "cookie", False, None)
+
+    async def start_for_later(self, caller, session_type, name):
+        self._check()
+        self.calls.append(("start_for_later", session_type, name))
+        return SessionView.of(row("F" * 32, caller.user, self.name, State.WAITING))
+
+    async def restore(self, caller, request):
+        self.calls.append(("restore", request.session_id))
+        return Ready(SessionView.of(self.store.rows[request.session_id]), "cookie", True, None)
+
+    async def _about(self, method, caller, session_id, *rest):
+        self.calls.append((method, session_id) + rest)
+        return SessionView.of(self.store.rows[session_id])
+
+    async def suspend(self, caller, session_id):
+        return await self._about("suspend", caller, session_id)
+
+    async def terminate(self, caller, session_id, reason="user request"):
+        return await self._about("terminate", caller, session_id, reason)
+
+    async def rename(self, caller, session_id, name):
+        return await self._about("rename", caller, session_id, name)
+
+    async def show(self, caller, session_id):
+        return await self._about("show", caller, session_id)
+
+    async def add_mount(self, caller, session_id, mount):
+        self.calls.append(("add_mount", session_id, mount.share))
+        return True
+
+    async def shadow_targets(self, caller):
+        self._check()
+        return (ShadowTarget(f"console-{self.name}", "alice", 0, "console", "unix-console"),)
+
+    async def attach_shadow(self, caller, request, progress=lambda p: None):
+        self.calls.append(("attach_shadow", request.target_id))
+        return Ready(SessionView.of(row("S" * 32, caller.user, self.name, State.WAITING)), "cookie", False, None)
+
+    async def status(self, caller):
+        self.calls.append(("status",))
+        return ServiceStatus(False, 0, 0, ())
+
+    async def set_draining(self, caller, on):
+        self.calls.append(("set_draining", on))
+        return on
+
+    async def list(self, caller):
+        raise AssertionError("the listing comes from the store")
+
+    async def connect(self):
+        self.calls.append(("connect",))
+
+
+def cluster_config(name="node-a", roles=("gateway", "node"), per_user=10):
+    config = Config()
+    config = config.replace(sessions=config.sessions.__class__(**{**config.sessions.__dict__,
+                                                                   "max_sessions_per_user": per_user}))
+    object.__setattr__(config, "cluster", SimpleNamespace(name=name, roles=frozenset(roles), heartbeat=2.0))
+    return config
+
+
+class ClusterSessionsTests(SynchronousTestCase):
+    def setUp(self):
+        self.clock = Clock()
+        self.clock.advance(NOW)
+        self.store = FakeStore()
+        for name in ("node-a", "node-b", "node-c"):
+            self.store.members_[name] = member(name)
+        self.nodes = {name: FakeNode(name, self.store) for name in self.store.members_}
+        self.local = self.nodes["node-a"]
+        self.asked = []
+        self.config = cluster_config()
+        self.broken = {}
+        self.api = ClusterSessions(self.clock, lambda: self.config, self.local, self.store, self.remote,
+                                   self.broken.get)
+
+    def remote(self, name, address):
+        self.asked.append((name, address))
+        return self.nodes[name]
+
+    def ok(self, coroutine):
+        return self.successResultOf(defer.ensureDeferred(coroutine))
+
+    def refused(self, coroutine):
+        return self.failureResultOf(defer.ensureDeferred(coroutine), SessionError).value
+
+    # ------------------------------------------------------------- start
+    def test_start_goes_to_the_least_loaded_node_and_bursts_spread(self):
+        self.store.members_["node-a"] = member("node-a", sessions=3)
+        ready = self.ok(self.api.start(ALICE, START))
+        self.assertEqual(ready.view.node, "node-b")
+        self.assertEqual(self.asked, [("node-b", "127.0.0.3:7022")])
+        # node-b's row still says 0 sessions (no heartbeat since): the next goes to node-c, then node-b again.
+        nodes = [self.ok(self.api.start(ALICE, START)).view.node for _ in range(3)]
+        self.assertEqual(nodes, ["node-c", "node-b", "node-c"])
+        # A new heartbeat of node-b (with its sessions counted) replaces what was placed before it.
+        self.store.members_["node-b"] = member("node-b", sessions=2, beat=NOW + 2)
+        self.clock.advance(2)
+        self.assertEqual(self.api._pending(self.store.members_), {"node-c": 2})
+
+    def test_this_member_runs_its_own_sessions_without_the_wire(self):
+        self.store.members_["node-b"] = member("node-b", sessions=5)
+        self.store.members_["node-c"] = member("node-c", sessions=5)
+        self.assertEqual(self.ok(self.api.start(ALICE, START)).view.node, "node-a")
+        self.assertEqual(self.asked, [])
+        self.assertEqual(self.local.calls, [("start", "alice")])
+
+    def test_a_gateway_only_member_runs_nothing_itself(self):
+        self.config = cluster_config(roles=("gateway",))
+        self.store.members_["node-a"] = member("node-a", roles=("gateway",))
+        nodes = {self.ok(self.api.start(ALICE, START)).view.node for _ in range(4)}
+        self.assertEqual(nodes, {"node-b", "node-c"})
+        self.assertEqual(self.local.calls, [])
+
+    def test_drained_and_down_nodes_get_nothing_and_none_left_is_599(self):
+        self.store.members_["node-a"] = member("node-a", drained=True)
+        self.store.members_["node-b"] = member("node-b", beat=NOW - 60)
+        self.assertEqual({self.ok(self.api.start(ALICE, START)).view.node for _ in range(3)}, {"node-c"})
+        self.store.members_["node-c"] = member("node-c", drained=True)
+        error = self.refused(self.api.start(ALICE, START))
+        self.assertEqual((error.kind, error.message), (Kind.LIMIT_REACHED, NO_NODE))
+        self.assertEqual(as_nx(error).code, 599)
+
+    def test_an_unreachable_node_is_skipped_for_the_next(self):
+        self.store.members_["node-a"] = member("node-a", sessions=9)
+        self.nodes["node-b"].unreachable = True
+        self.assertEqual(self.ok(self.api.start(ALICE, START)).view.node, "node-c")
+        self.nodes["node-c"].unreachable = True
+        self.assertEqual(self.ok(self.api.start(ALICE, START)).view.node, "node-a")
+
+    def test_a_refusal_of_the_node_is_not_retried_elsewhere(self):
+        async def refuse(caller, request):
+            raise SessionError(Kind.UNAVAILABLE, "Session type 'x' is not offered.")
+        self.store.members_["node-a"] = member("node-a", sessions=9)
+        self.store.members_["node-c"] = member("node-c", sessions=9)
+        self.nodes["node-b"].start = refuse
+        self.assertEqual(self.refused(self.api.start(ALICE, START)).message, "Session type 'x' is not offered.")
+        self.assertEqual(self.nodes["node-c"].calls, [])
+
+    def test_the_users_limit_counts_his_sessions_on_every_node(self):
+        self.config = cluster_config(per_user=2)
+        self.store.rows["A" * 32] = row("A" * 32, node="node-b")
+        self.store.rows["B" * 32] = row("B" * 32, node="node-c")
+        self.store.rows["C" * 32] = row("C" * 32, user="bob", node="node-c")
+        error = self.refused(self.api.start(ALICE, START))
+        self.assertEqual(error.kind, Kind.LIMIT_REACHED)
+        self.assertEqual(error.message, "Server capacity: reached for user: alice")
+        self.assertTrue(self.ok(self.api.list(ALICE)).capacity_reached)
+        self.assertFalse(self.ok(self.api.list(BOB)).capacity_reached)
+        self.ok(self.api.start(BOB, START))
+        self.assertEqual(self.refused(self.api.start_for_later(ALICE, "unix-default", "later")).kind,
+                         Kind.LIMIT_REACHED)
+
+    def test_start_for_later_is_placed_too(self):
+        self.store.members_["node-a"] = member("node-a", sessions=9)
+        self.store.members_["node-b"] = member("node-b", sessions=9)
+        view = self.ok(self.api.start_for_later(ALICE, "unix-default", "later"))
+        self.assertEqual(view.node, "node-c")
+        self.assertEqual(self.nodes["node-c"].calls, [("start_for_later", "unix-default", "later")])
+
+    # ----------------------------------------------------- resume affinity
+    def test_every_call_about_a_session_goes_to_its_node(self):
+        self.store.rows["A" * 32] = row("A" * 32, node="node-c")
+        restore = RestoreRequest(session_id="A" * 32, display=DisplaySettings(), encrypted=True)
+        self.assertTrue(self.ok(self.api.restore(ALICE, restore)).resumed)
+        self.ok(self.api.suspend(ALICE, "A" * 32))
+        self.ok(self.api.rename(ALICE, "A" * 32, "new name"))
+        self.ok(self.api.show(ALICE, "A" * 32))
+        self.ok(self.api.terminate(ALICE, "A" * 32, "bye"))
+        self.assertEqual(self.nodes["node-c"].calls, [("restore", "A" * 32), ("suspend", "A" * 32),
+                                                      ("rename", "A" * 32, "new name"), ("show", "A" * 32),
+                                                      ("terminate", "A" * 32, "bye")])
+        self.assertEqual(self.nodes["node-b"].calls, [])
+
+    def test_a_share_is_mounted_by_the_node_of_its_session(self):
+        self.store.rows["A" * 32] = row("A" * 32, node="node-c")
+        mount = ShareMount(share="docs", name="docs", username="alice", password="secret", computer="laptop")
+        self.assertTrue(self.ok(self.api.add_mount(ALICE, "A" * 32, mount)))
+        self.assertEqual(self.nodes["node-c"].calls, [("add_mount", "A" * 32, "docs")])
+        self.assertEqual(self.nodes["node-b"].calls, [])
+
+    def test_sessions_of_this_member_and_of_before_the_cluster_are_local(self):
+        self.store.rows["A" * 32] = row("A" * 32, node="node-a")
+        self.store.rows["B" * 32] = row("B" * 32, node="")
+        self.ok(self.api.suspend(ALICE, "A" * 32))
+        self.ok(self.api.suspend(ALICE, "B" * 32))
+        self.assertEqual(self.local.calls, [("suspend", "A" * 32), ("suspend", "B" * 32)])
+        self.assertEqual(self.asked, [])
+
+    def test_someone_elses_or_no_session_is_not_found(self):
+        self.store.rows["A" * 32] = row("A" * 32, node="node-b")
+        self.store.rows["E" * 32] = row("E" * 32, node="node-b", state=State.TERMINATED)
+        error = self.refused(self.api.suspend(BOB, "A" * 32))
+        self.assertEqual((error.kind, error.message), (Kind.NOT_YOURS, f"Could not find session {'A' * 32}."))
+        self.assertEqual(self.refused(self.api.terminate(ALICE, "E" * 32)).kind, Kind.NOT_FOUND)
+        self.assertEqual(self.refused(self.api.show(ALICE, "0" * 32)).kind, Kind.NOT_FOUND)
+        self.assertEqual(self.nodes["node-b"].calls, [])
+        self.ok(self.api.suspend(ADMIN, "A" * 32))  # the admin acts on every user's
+        self.assertEqual(self.nodes["node-b"].calls, [("suspend", "A" * 32)])
+
+    # -------------------------------------------------------- lost sessions
+    def test_sessions_on_a_down_node_are_listed_as_lost_and_refused_clearly(self):
+        self.store.rows["A" * 32] = row("A" * 32, node="node-b", created=1.0)
+        self.store.rows["B" * 32] = row("B" * 32, node="node-c", created=2.0)
+        self.store.rows["C" * 32] = row("C" * 32, user="bob", node="node-c", created=3.0)
+        self.store.members_["node-b"] = member("node-b", beat=NOW - 6.5)  # three heartbeats and a bit
+        listing = self.ok(self.api.list(ALICE))
+        self.assertEqual([(v.id, v.name, is_lost(v)) for v in listing.sessions],
+                         [("A" * 32, "work" + LOST_MARK, True), ("B" * 32, "work", False)])
+        self.assertEqual(listing.sessions[0].status, "Suspended")
+        restore = RestoreRequest(session_id="A" * 32, display=DisplaySettings(), encrypted=True)
+        error = self.refused(self.api.restore(ALICE, restore))
+        self.assertEqual(error.kind, Kind.UNAVAILABLE)
+        self.assertIn("runs on machine node-b, which is down", error.message)
+        self.assertEqual(as_nx(error).code, 596)
+        self.assertTrue(is_lost(self.ok(self.api.show(ALICE, "A" * 32))))
+        self.assertEqual(self.nodes["node-b"].calls, [])
+        # Back: listed and resumed as before.
+        self.store.members_["node-b"] = member("node-b", beat=NOW)
+        self.assertFalse(any(is_lost(v) for v in self.ok(self.api.list(ALICE)).sessions))
+        self.ok(self.api.restore(ALICE, restore))
+        self.assertEqual(self.nodes["node-b"].calls, [("restore", "A" * 32)])
+
+    def test_a_broken_connection_makes_a_node_down_until_its_next_heartbeat(self):
+        self.store.rows["A" * 32] = row("A" * 32, node="node-b")
+        self.store.members_["node-a"] = member("node-a", sessions=9)
+        self.store.members_["node-c"] = member("node-c", sessions=9)
+        self.broken["node-b"] = NOW + 0.1  # killed just after its last heartbeat: seen at once, not 3 beats later
+        self.clock.advance(0.2)
+        self.assertTrue(is_lost(self.ok(self.api.list(ALICE)).sessions[0]))
+        self.assertIn("node-b, which is down", self.refused(self.api.suspend(ALICE, "A" * 32)).message)
+        self.assertNotEqual(self.ok(self.api.start(ALICE, START)).view.node, "node-b")
+        # A heartbeat written after the break: up again (a blip, or it came back).
+        self.store.members_["node-b"] = member("node-b", beat=NOW + 0.5)
+        self.assertFalse(is_lost(self.ok(self.api.list(ALICE)).sessions[0]))
+        self.assertEqual(self.ok(self.api.start(ALICE, START)).view.node, "node-b")
+
+    def test_the_gateway_keeps_in_touch_with_every_other_node_that_is_up(self):
+        self.store.members_["node-c"] = member("node-c", beat=0.0)
+        self.store.members_["gw-9"] = member("gw-9", roles=("gateway",))
+        self.ok(self.api.keep_in_touch())
+        self.assertEqual({name: node.calls for name, node in self.nodes.items()},
+                         {"node-a": [], "node-b": [("connect",)], "node-c": []})  # not itself, nor down ones
+        self.store.down = True
+        self.ok(self.api.keep_in_touch())  # the store down: nothing, and no error
+
+    def test_the_admin_ends_a_session_of_a_machine_that_is_down(self):
+        self.store.rows["A" * 32] = row("A" * 32, node="node-b")
+        self.store.members_["node-b"] = member("node-b", beat=0.0)
+        # The user cannot (his machine may come back); the admin can.
+        self.assertIn("which is down", self.refused(self.api.terminate(ALICE, "A" * 32)).message)
+        view = self.ok(self.api.terminate(ADMIN, "A" * 32, "terminated by the admin"))
+        self.assertEqual(view.state, State.TERMINATED)
+        self.assertEqual(self.store.rows["A" * 32].state, State.TERMINATED)
+        self.assertEqual(self.store.rows["A" * 32].failure, "machine node-b was down; ended by the admin")
+        self.assertEqual(self.ok(self.api.list(ADMIN)).sessions, ())
+        self.assertEqual(self.nodes["node-b"].calls, [])
+        # Written by its node meanwhile (it is back): refused, nothing overwritten.
+        self.store.rows["B" * 32] = row("B" * 32, node="node-b").evolve(revision=3)
+        real_get = self.store.get
+        self.store.get = lambda sid: real_get(sid).addCallback(lambda r: r.evolve(revision=2))
+        self.assertIn("which is down", self.refused(self.api.terminate(ADMIN, "B" * 32)).message)
+        self.assertEqual(self.store.rows["B" * 32].state, State.SUSPENDED)
+
+    def test_a_node_that_left_the_store_counts_as_down(self):
+        self.store.rows["A" * 32] = row("A" * 32, node="node-z")
+        self.assertTrue(is_lost(self.ok(self.api.list(ALICE)).sessions[0]))
+        self.assertIn("node-z, which is down", self.refused(self.api.suspend(ALICE, "A" * 32)).message)
+
+    def test_the_admin_lists_everyone_on_every_node(self):
+        self.store.rows["A" * 32] = row("A" * 32, node="node-b", created=2.0)
+        self.store.rows["C" * 32] = row("C" * 32, user="bob", node="node-c", created=1.0)
+        self.assertEqual([(v.user, v.node) for v in self.ok(self.api.list(ADMIN)).sessions],
+                         [("bob", "node-c"), ("alice", "node-b")])
+
+    # ------------------------------------------------------------ store down
+    def test_the_store_down_is_a_clear_596_for_every_new_request(self):
+        self.store.rows["A" * 32] = row("A" * 32, node="node-b")
+        self.store.down = True
+        restore = RestoreRequest(session_id="A" * 32, display=DisplaySettings(), encrypted=True)
+        for call in (self.api.start(ALICE, START), self.api.list(ALICE), self.api.restore(ALICE, restore),
+                     self.api.suspend(ALICE, "A" * 32), self.api.shadow_targets(ALICE)):
+            error = self.refused(call)
+            self.assertEqual(error.kind, Kind.UNAVAILABLE)
+            self.assertIn("session store cannot be reached", error.message)
+            self.assertEqual(as_nx(error).code, 596)
+        self.assertEqual([n.calls for n in self.nodes.values()], [[], [], []])
+        self.store.down = False
+        self.assertEqual(len(self.ok(self.api.list(ALICE)).sessions), 1)
+
+    # ----------------------------------------------------------------- shadow
+    def test_shadow_targets_of_every_up_node_and_attach_where_the_target_is(self):
+        self.store.members_["node-c"] = member("node-c", beat=0.0)
+        self.nodes["node-b"].unreachable = True
+        targets = self.ok(self.api.shadow_targets(ALICE))
+        self.assertEqual([t.id for t in targets], ["console-node-a"])
+        self.nodes["node-b"].unreachable = False
+        self.store.members_["node-c"] = member("node-c")
+        self.assertEqual([t.id for t in self.ok(self.api.shadow_targets(ALICE))],
+                         ["console-node-a", "console-node-b", "console-node-c"])
+        shadow = ShadowRequest(target_id="console-node-c", display=DisplaySettings(), view_only=True)
+        self.ok(self.api.attach_shadow(ALICE, shadow))
+        self.assertEqual(self.nodes["node-c"].calls, [("attach_shadow", "console-node-c")])
+        self.store.rows["A" * 32] = row("A" * 32, user="bob", node="node-b", state=State.RUNNING)
+        self.ok(self.api.attach_shadow(ALICE, ShadowRequest(target_id="A" * 32, display=DisplaySettings(),
+                                                             view_only=True)))
+        self.assertEqual(self.nodes["node-b"].calls, [("attach_shadow", "A" * 32)])
+
+    # ------------------------------------------------------ this member's own
+    def test_status_and_draining_are_this_members(self):
+        self.ok(self.api.status(ADMIN))
+        self.assertTrue(self.ok(self.api.set_draining(ADMIN, True)))
+        self.assertEqual(self.local.calls, [("status",), ("set_draining", True)])
+
+    def test_it_offers_every_method_of_the_session_api(self):
+        from nxgate.cluster.protocol import METHODS
+        missing = sorted(m for m in METHODS if not callable(getattr(ClusterSessions, m, None)))
+        self.assertEqual(missing, [])
+        self.assertIsInstance(self.ok(self.api.list(ALICE)), Listing)
+
+
+class NodeSideTests(SynchronousTestCase):
+    """A member's own SessionService on a shared store: its sessions carry
+    its name, and after a restart it takes back only its own."""
+
+    def setUp(self):
+        from tests import test_sessions_manager as manager_tests
+
+        self.manager_tests = manager_tests
+        manager_tests.ReconcileTests.setUp(self)
+
+    def manager(self, name, per_user=10):
+        from nxgate.config import SessionsSection
+        from nxgate.sessions.service import SessionService
+
+        config = Config(sessions=SessionsSection(display_base=3200, max_sessions_per_user=per_user),
+                        types={"unix-console": ("true",)})
+        object.__setattr__(config, "cluster", SimpleNamespace(name=name, roles=frozenset({"node"}), heartbeat=2.0))
+        return SessionService(self.reactor, config, self.store, self.layout,
+                              notifier=self.manager_tests.FakeNotifier(), launcher=self.launcher)
+
+    def test_a_member_stamps_its_sessions_and_takes_back_only_its_own(self):
+        import os
+
+        from nxgate.node.processes import ProcessId
+
+        manager = self.manager("node-a")
+        self.assertEqual(manager.node_name, "node-a")
+        fresh = manager.new_session(ALICE, "unix-console", "x", DisplaySettings(), True)
+        self.assertEqual((fresh.node, SessionView.of(fresh).node), ("node-a", "node-a"))
+        gone = ProcessId(os.getpid(), 1)  # no live process has this start time
+        for session_id, node in (("A" * 32, "node-a"), ("B" * 32, "node-b")):
+            self.store.insert(row(session_id, node=node, state=State.RUNNING).evolve(
+                uid=os.getuid(), gid=os.getgid(), agent_pid=gone.pid, agent_started=gone.started, display=3201))
+        manager.reconcile()
+        # node-a found its own agent gone and recorded the end; node-b's row is untouched.
+        self.assertEqual(self.store.get("A" * 32).state, State.FAILED)
+        self.assertEqual(self.store.get("B" * 32).state, State.RUNNING)
+        self.assertNotIn("B" * 32, manager.sessions)
+
+    def test_the_users_limit_holds_over_every_member_in_the_stores_admission(self):
+        import os
+
+        manager = self.manager("node-a", per_user=2)
+        for session_id in ("A" * 32, "B" * 32):  # alice's two, on another member
+            self.store.insert(row(session_id, node="node-b", state=State.RUNNING).evolve(uid=os.getuid()))
+        self.assertEqual(manager.sessions, {})  # nothing here: the local count alone would let her in
+        error = self.failureResultOf(defer.ensureDeferred(
+            manager.start_for_later(ALICE, "unix-console", "third")), SessionError).value
+        self.assertEqual((error.kind, error.message), (Kind.LIMIT_REACHED, "Server capacity: reached for user: alice"))
+        self.assertEqual(manager.sessions, {})
+        self.assertEqual(len(self.store.live(user="alice")), 2)
+        self.assertEqual(manager.displays.allocate(), 3200)  # its display was given back
