@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
                   *(["--calls", "50"] if args.quick else [])],
         "sound": [python, os.path.join(HERE, "sound_latency.py"), "--runs", str(runs * 2),
                   "--json", os.path.join(RESULTS, "sound.json")],
-        "sharing": [python, os.path.join(HERE, "sharing_copy.py"), "--size-mb", "5" if args.quick else "20",
+        "sharing": [python, os.path.join(HERE, "sharing_copy.py"), "--size-mb", "10" if args.quick else "100",
                     "--json", os.path.join(RESULTS, "sharing.json")],
     }
     log_dir = os.path.join(RESULTS, "logs")

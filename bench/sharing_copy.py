@@ -16,7 +16,7 @@ LocalShares`), the client's folder mounted by the gateway at
 Each figure is the best of --runs (MB/s = 10^6 bytes/s); the file is
 checked byte for byte once each way.
 
-    .venv/bin/python bench/sharing_copy.py [--size-mb 20] [--runs 2] [--json FILE]
+    .venv/bin/python bench/sharing_copy.py [--size-mb 100] [--runs 2] [--json FILE]
 """
 
 from __future__ import annotations
@@ -112,8 +112,7 @@ def direct_mount(user, home: str, port: int, shares: LocalShares) -> tuple[str, 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size-mb", type=int, default=20,
-                        help="the file's size in MB (default: %(default)s; the issue asks 100, slow through NX)")
+    parser.add_argument("--size-mb", type=int, default=100, help="the file's size in MB (default: %(default)s)")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--link", default="lan", help="the session's --link (default: %(default)s)")
     parser.add_argument("--json", default=os.path.join(REPO, "bench", "results", "sharing.json"))

@@ -47,6 +47,10 @@ def smbnetfs_mounts(session_id: str) -> list[str]:
                 if line.split()[2] == "fuse.smbnetfs" and f"/{session_id}/" in line.split()[1]]
 
 
+def smbnetfs_processes(user: str) -> list[str]:
+    return subprocess.run(["pgrep", "-u", user, "-x", "smbnetfs"], capture_output=True, text=True).stdout.split()
+
+
 def as_user(user: str, *argv: str, data: bytes | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(["runuser", "-u", user, "--", *argv], input=data, capture_output=True, timeout=60)
 
@@ -174,6 +178,7 @@ class SharingTests(SharingTestCase):
         self.wait_status(info.session_id, "Suspended")
         wait_for(lambda: smbnetfs_mounts(info.session_id) == [], 20, "the mount to go at suspend")
         wait_for(lambda: not os.path.lexists(self.link), 10, "the link to go at suspend")
+        wait_for(lambda: not smbnetfs_processes(self.user.name), 20, "smbnetfs to end with its mount")
         self.assertTrue(os.path.exists(self.folder))  # the client's folder itself is untouched
         # A second session, terminated while mounted.
         client, info, shares, attachment = self.shared_session()
