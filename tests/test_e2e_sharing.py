@@ -187,6 +187,26 @@ class SharingTests(SharingTestCase):
         wait_for(lambda: smbnetfs_mounts(info.session_id) == [], 20, "the mount to go at terminate")
         self.assertFalse(os.path.lexists(self.link))
 
+    def test_the_folder_comes_back_when_the_client_resumes_and_shares_it_again(self):
+        client, info, shares, attachment = self.shared_session()
+        attachment.detach()
+        self.wait_status(info.session_id, "Suspended")
+        wait_for(lambda: smbnetfs_mounts(info.session_id) == [], 20, "the mount to go at suspend")
+        with open(os.path.join(self.folder, "after.txt"), "w") as handle:
+            handle.write("written while suspended\n")
+        client = self.login()
+        reply = client.command(START.format(name="x", type="unix-console", extra='--samba="1"').replace(
+            "startsession", "restoresession") + f' --id="{info.session_id}"', timeout=60)
+        self.assertIn(b"NX> 709 File-sharing port: 445", reply)
+        resumed = SessionInfo.parse(reply)
+        self.assertIn(b"NX> 719 SMB filesystem: running", self.addmount(client, resumed, shares))
+        attachment = Attachment(client, resumed, self.screen.name, self.gateway.workdir,
+                                options=f"smb={shares.port}")
+        self.addCleanup(attachment.detach)
+        wait_for(lambda: as_user(self.user.name, "cat", os.path.join(self.link, "after.txt")).stdout
+                 == b"written while suspended\n", 60, "the folder back after the resume")
+        self.assertEqual(len(smbnetfs_mounts(info.session_id)), 1)
+
     def test_bad_addmount_input_gets_an_nx_error_and_the_session_goes_on(self):
         client = self.login()
         info = self.start_sharing(client)
