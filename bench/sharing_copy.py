@@ -16,6 +16,14 @@ LocalShares`), the client's folder mounted by the gateway at
 Each figure is the best of --runs (MB/s = 10^6 bytes/s); the file is
 checked byte for byte once each way.
 
+What limits it (found with this script and strace): Nagle's algorithm on
+the NX stream's TCP legs cost most (0.3-0.7 MB/s read before TCP_NODELAY
+in the gateway's SSH transport and nxgate-client, ~10 MB/s after, 10 MB
+files); bigger smbnetfs blocks (max_rw_block_size 1024) changed nothing;
+and in an idle session nxagent's embedded proxy sends its flow-control
+token replies only at its next timer (~2 s), so long copies still stall
+now and then (link=wan/adsl do no better).
+
     .venv/bin/python bench/sharing_copy.py [--size-mb 100] [--runs 2] [--json FILE]
 """
 
