@@ -122,8 +122,9 @@ class LocalShares:
         log = open(os.path.join(self.directory, "smbd.out"), "wb")
         with log:
             # A session of its own: smbd signals its whole process group when it ends.
-            self.process = subprocess.Popen([smbd, "--foreground", "--no-process-group", "-s", conf], stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=log, start_new_session=True)
+            self.process = subprocess.Popen([smbd, "--foreground", "--no-process-group", "-s", conf],
+                                            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                            start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
