@@ -165,9 +165,16 @@ def main() -> int:
         print(f"without NX:  read {plain['read_mbps']:.2f} MB/s, write {plain['write_mbps']:.2f} MB/s", flush=True)
         attachment.detach()
         client.close()
+        # The session suspends: the gateway unmounts the folder before it stops.
+        wait_for(lambda: not os.path.lexists(link), 30, "the mount to go at suspend")
     finally:
         if direct is not None:
             subprocess.run(["umount", "-l", direct], capture_output=True)
+        with open("/proc/mounts") as handle:  # none should be left; none may outlive the bench
+            left = [line.split()[1] for line in handle if line.split()[2] == "fuse.smbnetfs"
+                    and f"user_id={user.entry.pw_uid}," in line.split()[3]]
+        for mount in left:
+            subprocess.run(["umount", "-l", mount], capture_output=True)
         shares.close()
         screen.close()
         gateway.stop()

@@ -47,6 +47,13 @@ def smbnetfs_mounts(session_id: str) -> list[str]:
                 if line.split()[2] == "fuse.smbnetfs" and f"/{session_id}/" in line.split()[1]]
 
 
+def user_mounts(uid: int) -> list[str]:
+    """Every FUSE SMB mount of a user, whatever the session."""
+    with open("/proc/mounts") as handle:
+        return [line.split()[1] for line in handle
+                if line.split()[2] == "fuse.smbnetfs" and f"user_id={uid}," in line.split()[3]]
+
+
 def smbnetfs_processes(user: str) -> list[str]:
     return subprocess.run(["pgrep", "-u", user, "-x", "smbnetfs"], capture_output=True, text=True).stdout.split()
 
@@ -73,6 +80,18 @@ class SharingTestCase(SessionTestCase):
         self.addCleanup(shutil.rmtree, self.folder, True)
         self.client_dir = tempfile.mkdtemp(prefix="nxgate-client-")
         self.addCleanup(shutil.rmtree, self.client_dir, True)
+
+    def end_all_sessions(self):
+        """The agents end, and with them (the gateway sees it) every mount; a
+        mount left after that would be a bug, and is removed so that the
+        next test and the workdir's removal find none."""
+        super().end_all_sessions()
+        for user in (self.user, self.other):
+            try:
+                wait_for(lambda u=user: not user_mounts(u.entry.pw_uid), 20, "the gateway to unmount ended sessions")
+            finally:
+                for mount in user_mounts(user.entry.pw_uid):
+                    subprocess.run(["umount", "-l", mount], capture_output=True)
 
     def start_sharing(self, client: NXClient, samba: str = "1") -> SessionInfo:
         reply = client.command(START.format(name="share", type="unix-console", extra=f'--samba="{samba}"'),
