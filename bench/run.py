@@ -507,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--keys", "30" if args.quick else "200", "--json", os.path.join(RESULTS, "web_viewer.json")],
         "printing": [python, os.path.join(HERE, "printing_latency.py"), "--runs", str(runs * 2),
                      "--json", os.path.join(RESULTS, "printing.json")],
-        "sharing": [python, os.path.join(HERE, "sharing_copy.py"), "--size-mb", "5" if args.quick else "20",
+        "sharing": [python, os.path.join(HERE, "sharing_copy.py"), "--size-mb", "10" if args.quick else "100",
                     "--json", os.path.join(RESULTS, "sharing.json")],
     }
     log_dir = os.path.join(RESULTS, "logs")
