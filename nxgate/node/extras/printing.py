@@ -408,9 +408,11 @@ def _remove_printers_conf(directory: str) -> None:
     except OSError:
         return  # gone with the session, or not ours to touch
     try:
-        os.unlink("printers.conf", dir_fd=fd)
-    except FileNotFoundError:
-        pass
+        for name in ("printers.conf", "printers.conf.O"):  # cupsd keeps the previous one as .O
+            try:
+                os.unlink(name, dir_fd=fd)
+            except FileNotFoundError:
+                pass
     finally:
         os.close(fd)
 
