@@ -290,6 +290,7 @@ class ClientOptions(TestCase):
 
         self.assertRaises(UsageError, self.options, "--geometry", "800x600", "--print-server", "localhost:631")
         self.assertRaises(UsageError, self.options, "--list", "--print")
+        self.assertRaises(UsageError, self.options, "--geometry", "800x600", "--print", "--print-server", "host:x")
         self.assertEqual(self.options("--geometry", "800x600", "--print", "--print-server", "/run/c.sock").print_server,
                          "/run/c.sock")
 
