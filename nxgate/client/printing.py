@@ -121,7 +121,13 @@ class GateFactory(protocol.ServerFactory):
         self.reactor = reactor
         self.session_cookie = session_cookie
         self.server = server
-        self.host_header = "localhost" if isinstance(server, str) else f"localhost:{server[1]}"
+        # The print server's own name: a CUPS refuses a Host it does not know
+        # as one of its names (a remote one would refuse "localhost").
+        if isinstance(server, str):
+            self.host_header = "localhost"
+        else:
+            host = f"[{server[0]}]" if ":" in server[0] else server[0]
+            self.host_header = f"{host}:{server[1]}"
         self.refused = 0
 
     def connect(self, downstream: _GateProtocol) -> None:
