@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from twisted.internet import protocol
-from twisted.internet.endpoints import TCP4ClientEndpoint, UNIXClientEndpoint
+from twisted.internet.endpoints import HostnameEndpoint, UNIXClientEndpoint
 from twisted.logger import Logger
 
 from nxgate import printgate
@@ -134,7 +134,7 @@ class GateFactory(protocol.ServerFactory):
         if isinstance(self.server, str):
             endpoint: Any = UNIXClientEndpoint(self.reactor, self.server, timeout=CONNECT_TIMEOUT)
         else:
-            endpoint = TCP4ClientEndpoint(self.reactor, self.server[0], self.server[1], timeout=CONNECT_TIMEOUT)
+            endpoint = HostnameEndpoint(self.reactor, self.server[0], self.server[1], timeout=CONNECT_TIMEOUT)
         d = endpoint.connect(protocol.Factory.forProtocol(lambda: _Upstream(downstream)))
         d.addErrback(downstream.upstream_failed)
 
