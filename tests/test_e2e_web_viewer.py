@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import socket
 import ssl
@@ -37,6 +38,9 @@ from tests import test_e2e_client as client_tests
 
 RED = (255, 0, 0)
 YELLOW = (255, 255, 0)
+TK_GREY = (217, 217, 217)  # the owner's consent dialog's background
+#: The admin group of the portal and of the shadow policy (made by the shadow tests).
+ADMINS = "nxtwv" + secrets.token_hex(3)
 TYPED = "typed.txt"
 #: The xterm's program writes what it reads (what the browser typed) to a file of the user's.
 TYPES = {"unix-console": f"xterm -bg #ff0000 -fg #ffff00 -geometry 60x15+10+10 -e sh -c 'cat > $HOME/{TYPED}'"}
@@ -133,7 +137,8 @@ class WebViewerTests(client_tests.ClientTestCase):
 
     timeout = 300
     options = {"sessions": {"display_base": "830", "display_limit": "60", "connect_timeout": "60"},
-               "types": TYPES, **web_options()}
+               "types": TYPES, **web_options(admin_groups=ADMINS),
+               "shadow": {"admin_groups": ADMINS, "consent_timeout": "30"}}
 
     def setUp(self) -> None:
         why = available()
@@ -379,6 +384,50 @@ class WebViewerTests(client_tests.ClientTestCase):
         self.assertEqual(self.status(session_id), "Running")
         wait_for(lambda: len(os.listdir(os.path.join(self.gateway.state_dir, "viewers"))) == 1, 15,
                  "the first viewer's programs and files to go")
+
+    def admin_user(self) -> Any:
+        """A fresh member of the admin group (of the portal and of the shadow policy)."""
+        subprocess.run(["groupadd", "-f", ADMINS], check=True)
+        self.addCleanup(subprocess.run, ["groupdel", ADMINS], check=False)
+        admin = create_user()
+        self.addCleanup(admin.remove)
+        subprocess.run(["usermod", "-aG", ADMINS, admin.name], check=True)
+        return admin
+
+    def shadow_from_the_admin_page(self, answer: str) -> tuple[Browser, str, Any, Any]:
+        """The owner's session on her NX client; an admin clicks "Shadow" on the admin page and
+        the owner answers the dialog in her session with the key ``answer``."""
+        client = self.attach("--name", "watched")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        session_id, _row = self.only_session()
+        admin = self.admin_user()
+        browser = self.logged_in(admin)
+        browser.get(self.base + "/admin")
+        browser.wait(lambda: browser.find_all("form[action='/view/shadow'] button"), 30, "a Shadow button")[0].click()
+        self.screen.wait_for_colour(TK_GREY, 2000, timeout=30)  # the owner is asked, on her own screen
+        time.sleep(0.5)
+        self.screen.xdotool("key", answer)
+        return browser, session_id, client, admin
+
+    def test_admin_shadows_with_the_owners_consent(self) -> None:
+        browser, session_id, client, admin = self.shadow_from_the_admin_page("a")
+        browser.wait(lambda: (shot := canvas_shot(browser)) is not None and shot.count(RED) > 20000, 60,
+                     "the owner's session drawn in the admin's page")
+        # The owner keeps her session: a shadow takes nothing over.
+        self.assertIsNone(client.poll())
+        self.assertEqual(self.status(session_id), "Running")
+        self.assertIn(f"shadow attach: {admin.name} from 127.0.0.1 watches {session_id} of {self.user.name}",
+                      self.gateway.log())
+        self.assertNotIn(session_id, browser.source)
+
+    def test_owner_refuses_the_admins_shadow(self) -> None:
+        browser, session_id, client, _admin = self.shadow_from_the_admin_page("r")
+        browser.wait(lambda: browser.find("#viewer").get_attribute("data-state") == "refused", 30, "the refusal")
+        self.assertIn(f"refused by user: {self.user.name}", browser.find("#viewer-status").text)
+        shot = canvas_shot(browser)
+        self.assertTrue(shot is None or shot.count(RED) == 0, "the refused page drew the session")
+        self.assertIsNone(client.poll())
+        self.assertEqual(self.status(session_id), "Running")
 
     def test_another_user_gets_nothing(self) -> None:
         client = self.attach("--name", "not yours")

@@ -131,6 +131,19 @@ class Handler:
         self.closed.append((code, reason))
 
 
+class RefusalTests(TestCase):
+    def test_an_rfb_refusal_carries_the_reason_in_utf8(self) -> None:
+        self.assertEqual(ws.RFB_VERSION, b"RFB 003.008\n")
+        answer = ws.rfb_refusal("Authorization refused by user: zoë.")
+        text = "Authorization refused by user: zoë.".encode()
+        self.assertEqual(answer, b"\x00" + struct.pack(">I", len(text)) + text)
+
+    def test_a_long_reason_is_cut(self) -> None:
+        answer = ws.rfb_refusal("x" * 5000)
+        self.assertEqual(struct.unpack(">I", answer[1:5])[0], 1000)
+        self.assertEqual(len(answer), 1005)
+
+
 class ConnectionTests(TestCase):
     def setUp(self) -> None:
         self.clock = Clock()

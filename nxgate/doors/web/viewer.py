@@ -337,6 +337,9 @@ class ViewerBridge:
         self.listener: Any = None
         self.vnc: Any = None
         self.pending: list[bytes] = []
+        #: Set when the viewer cannot start: the RFB answer that says why, sent after the client's version.
+        self.refusal: bytes | None = None
+        self.heard = b""
         self.stopped = False
         self.started = self.reactor.seconds()
 
@@ -419,6 +422,13 @@ class ViewerBridge:
 
     # WebSocket handler ------------------------------------------------------------------------------
     def ws_message(self, payload: bytes) -> None:
+        if self.refusal is not None:
+            self.heard += payload[:len(websocket.RFB_VERSION)]
+            if len(self.heard) >= len(websocket.RFB_VERSION):
+                refusal, self.refusal = self.refusal, None
+                self.ws.send(refusal)
+                self.ws.close(websocket.REFUSED, "refused")
+            return
         if self.vnc is not None:
             self.vnc.write(payload)
         elif len(self.pending) < 64:
@@ -439,16 +449,26 @@ class ViewerBridge:
         else:
             log.failure("browser viewer for {user} failed", failure, user=self.caller.user)
             words = "The viewer could not start (see the server log)."
-        self.ws.close(websocket.REFUSED, words)
-        self.stop(words)
+        self.stop(words, close_socket=False)
+        self.refuse(words)
 
-    def stop(self, why: str) -> None:
+    def refuse(self, words: str) -> None:
+        """Tell the page why, as an RFB server refusing the connection would
+        (noVNC shows it); the WebSocket closes after that, or soon anyway."""
+        if self.ws.closing or self.ws.gone:
+            return
+        self.refusal = websocket.rfb_refusal(words)
+        self.ws.send(websocket.RFB_VERSION)
+        self.reactor.callLater(10.0, self.ws.close, websocket.REFUSED, words[:100])
+
+    def stop(self, why: str, close_socket: bool = True) -> None:
         if self.stopped:
             return
         self.stopped = True
         self.parent.bridges.discard(self)
         log.info("browser viewer of {user} ends: {why}", user=self.caller.user, why=why)
-        self.ws.close(websocket.VIEWER_ENDED, why[:100])
+        if close_socket:
+            self.ws.close(websocket.VIEWER_ENDED, why[:100])
         self.stop_listening()
         if self.vnc is not None:
             self.vnc.loseConnection()
