@@ -38,6 +38,8 @@ from tests import test_e2e_client as client_tests
 
 RED = (255, 0, 0)
 YELLOW = (255, 255, 0)
+#: More yellow pixels than the xterm's cursor alone has (78 when focused): a typed line is on screen.
+TEXT_YELLOW = 120
 TK_GREY = (217, 217, 217)  # the owner's consent dialog's background
 #: The admin group of the portal and of the shadow policy (made by the shadow tests).
 ADMINS = "nxtwv" + secrets.token_hex(3)
@@ -212,6 +214,21 @@ class WebViewerTests(client_tests.ClientTestCase):
         """Click inside the xterm (the session has no window manager: focus follows the pointer)."""
         click_canvas(browser, 100, 60)
 
+    def close_the_tab(self, browser: Browser, session_id: str) -> None:
+        """Close the viewer's tab (another one stays open): the session suspends, the viewer goes."""
+        browser.driver.switch_to.new_window("tab")
+        spare = browser.driver.current_window_handle
+        for handle in browser.driver.window_handles:
+            if handle not in (spare,):
+                browser.driver.switch_to.window(handle)
+                break
+        self.assertNotEqual(browser.driver.current_window_handle, spare)
+        browser.driver.close()
+        browser.driver.switch_to.window(spare)
+        wait_for(lambda: self.status(session_id) == "Suspended", 30, "the suspension after the tab closed")
+        wait_for(lambda: not os.listdir(os.path.join(self.gateway.state_dir, "viewers")), 15,
+                 "the viewer's programs and files to go")
+
     def typed(self) -> str:
         try:
             with open(os.path.join(self.user.entry.pw_dir, TYPED), encoding="utf-8") as handle:
@@ -262,30 +279,47 @@ class WebViewerTests(client_tests.ClientTestCase):
 
         # Keys typed in the page reach the program in the session.
         self.click_into_xterm(browser)
+        cursor = canvas_shot(browser).count(YELLOW)  # before typing: the yellow cursor alone
         from selenium.webdriver.common.action_chains import ActionChains
         ActionChains(browser.driver).send_keys("hello web 42!\n").perform()
         wait_for(lambda: "hello web 42!" in self.typed(), 30, "the typed line in the session's file")
-        browser.wait(lambda: canvas_shot(browser).count(YELLOW) > 50, 20, "the echo drawn in the page")
+        browser.wait(lambda: canvas_shot(browser).count(YELLOW) > cursor + 100, 20, "the echo drawn in the page")
 
         # Closing the tab suspends the session...
-        browser.driver.switch_to.new_window("tab")
-        spare = browser.driver.current_window_handle
-        for handle in browser.driver.window_handles:
-            if handle not in (spare,):
-                browser.driver.switch_to.window(handle)
-                break
-        self.assertNotEqual(browser.driver.current_window_handle, spare)
-        browser.driver.close()
-        browser.driver.switch_to.window(spare)
         del portal
-        wait_for(lambda: self.status(session_id) == "Suspended", 30, "the suspension after the tab closed")
-        wait_for(lambda: not os.listdir(os.path.join(self.gateway.state_dir, "viewers")), 15,
-                 "the viewer's programs and files to go")
+        self.close_the_tab(browser, session_id)
 
         # ...and nxgate-client resumes it, with the typed text on screen.
         self.attach("--resume", session_id)
         self.screen.wait_for_colour(RED, 20000, timeout=60)
-        self.screen.wait_for_colour(YELLOW, 50, timeout=20)
+        self.screen.wait_for_colour(YELLOW, TEXT_YELLOW, timeout=20)
+        self.assertEqual(self.status(session_id), "Running")
+
+    def test_started_in_the_browser_then_resumed_by_the_client(self) -> None:
+        # A session started from the portal (no NX client ever had it)...
+        browser = self.logged_in()
+        browser.get(self.base + "/")
+        browser.find("form.start input[name=name]").send_keys("from the web")
+        browser.find("form.start select[name=type] option[value=unix-console]").click()
+        browser.find("form.start button[type=submit]").click()
+        browser.wait(lambda: "new session was started" in browser.text(), 60, "the session to start")
+        session_id, _row = self.only_session()
+
+        # ...opened in the page, typed into...
+        self.open_in_browser(browser)
+        self.assertEqual(self.status(session_id), "Running")
+        self.click_into_xterm(browser)
+        cursor = canvas_shot(browser).count(YELLOW)  # before typing: the yellow cursor alone
+        from selenium.webdriver.common.action_chains import ActionChains
+        ActionChains(browser.driver).send_keys("started on the web 9\n").perform()
+        wait_for(lambda: "started on the web 9" in self.typed(), 30, "the typed line in the session's file")
+        browser.wait(lambda: canvas_shot(browser).count(YELLOW) > cursor + 100, 20, "the echo drawn in the page")
+
+        # ...suspended by closing the tab, and resumed by nxgate-client with the text on its screen.
+        self.close_the_tab(browser, session_id)
+        self.attach("--resume", session_id)
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        self.screen.wait_for_colour(YELLOW, TEXT_YELLOW, timeout=20)
         self.assertEqual(self.status(session_id), "Running")
 
     def session_env(self, session_id: str, display: int) -> dict[str, str]:
