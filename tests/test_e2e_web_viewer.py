@@ -453,6 +453,11 @@ class WebViewerTests(client_tests.ClientTestCase):
         self.assertIn(f"shadow attach: {admin.name} from 127.0.0.1 watches {session_id} of {self.user.name}",
                       self.gateway.log())
         self.assertNotIn(session_id, browser.source)
+        # A new window size does not resume a shadow again (that would ask the owner again).
+        browser.driver.set_window_size(900, 640)
+        time.sleep(2.0)  # past the page's 0.7 s wait for the window to keep still
+        self.assertEqual(browser.driver.execute_script("return window.nxgateViewer.resizes;"), 0)
+        self.assertEqual(browser.find("#viewer").get_attribute("data-state"), "connected")
 
     def test_owner_refuses_the_admins_shadow(self) -> None:
         browser, session_id, client, _admin = self.shadow_from_the_admin_page("r")

@@ -142,6 +142,8 @@
   let resizeTimer = null;
   function resized() {
     clearTimeout(resizeTimer);
+    /* A shadow follows the watched session's size, and a new resume would ask its owner again. */
+    if (section.dataset.purpose === "shadow") return;
     resizeTimer = setTimeout(() => {
       if (!state.rfb || state.phase !== "connected" || !state.size) return;
       const [width, height] = screenSize();
