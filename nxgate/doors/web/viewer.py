@@ -34,6 +34,7 @@ from twisted.python.failure import Failure
 from twisted.web import resource, server, static
 
 from nxgate.doors.web import websocket
+from nxgate.doors.web.site import words_of
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequest
@@ -444,7 +445,7 @@ class ViewerBridge:
             return
         if failure.check(SessionError):
             error = failure.value
-            words = "No such session." if error.kind is Kind.NOT_YOURS else error.message
+            words = words_of(error)
             log.info("browser viewer for {user} refused: {why}", user=self.caller.user, why=error.message)
         else:
             log.failure("browser viewer for {user} failed", failure, user=self.caller.user)
