@@ -144,6 +144,33 @@ class RefusalTests(TestCase):
         self.assertEqual(len(answer), 1005)
 
 
+class BridgeRefusalTests(TestCase):
+    """A viewer that cannot start answers the page as an RFB server refusing the connection."""
+
+    def test_the_reason_reaches_novnc_after_its_version(self) -> None:
+        from types import SimpleNamespace
+
+        from nxgate.doors.web.viewer import ViewerBridge
+
+        clock = Clock()
+        parent = SimpleNamespace(reactor=clock, bridges=set(), viewers=None, service=None)
+        connection = ws.WebSocketConnection(clock)
+        transport = StringTransport()
+        connection.makeConnection(transport)
+        bridge = ViewerBridge(parent, SimpleNamespace(user="alice"), SimpleNamespace(purpose="open"), connection)
+        connection.handler = bridge
+        bridge.start()  # no viewers on this node: refused
+        self.assertEqual(transport.value(), ws.encode_frame(ws.BINARY, ws.RFB_VERSION))
+        transport.clear()
+        connection.dataReceived(masked(ws.BINARY, b"RFB 003.008\n"))
+        words = "The browser viewer is not available on this server."
+        self.assertEqual(transport.value(), ws.encode_frame(ws.BINARY, ws.rfb_refusal(words))
+                         + ws.encode_frame(ws.CLOSE, ws.close_payload(ws.REFUSED, "refused")))
+        self.assertEqual(parent.bridges, set())
+        clock.advance(11)  # the fallback close finds the socket closed already: nothing more
+        self.assertTrue(transport.disconnecting)
+
+
 class ConnectionTests(TestCase):
     def setUp(self) -> None:
         self.clock = Clock()
