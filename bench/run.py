@@ -434,6 +434,8 @@ def web_viewer_rows(table: Table, web: dict | None) -> None:
               "ms", target="(info)")
     table.add(f"full-screen change ({web['source_rate']:.0f}/s source)", web["fps"], "frames/s", target="(info)")
     table.add("server memory per browser viewer (PSS)", web["viewer_pss_mb"], "MB", target="(info)")
+    if "idle_cpu_pct" in web:
+        table.add("server CPU per idle browser viewer", web["idle_cpu_pct"], "% CPU", target="(info)")
 
 
 def printing_rows(table: Table, printing: dict | None) -> None:
