@@ -31,10 +31,18 @@ APT_PACKAGES += postgresql mariadb-server mariadb-client
 APT_PACKAGES += haproxy
 # Issue 14, sound: a real PulseAudio on the client side of the e2e test, paplay/parec, sox for the tone.
 APT_PACKAGES += pulseaudio pulseaudio-utils sox
+# Issue 14, printing: the session's own cupsd and lp/lpstat, and on the client side of the e2e test a real
+# CUPS in front of ippeveprinter (an IPP printer that keeps each job as a file).
+APT_PACKAGES += cups-daemon cups-client cups-bsd cups-filters cups-ipp-utils
+# Issue 14, folder sharing: smbnetfs (FUSE, fuse3) mounts the client's share in the session; the
+# client's private Samba (samba: smbd, pdbedit) serves it; smbclient for the e2e test and the bench.
+APT_PACKAGES += smbnetfs fuse3 samba smbclient
 # Issue 15: the browser portal's tests drive Debian's headless Chromium through chromedriver (Selenium).
 APT_PACKAGES += chromium chromium-driver
 # Issue 15: the in-browser viewer serves Debian's noVNC, fed by x11vnc (above) on a private Xvfb.
 APT_PACKAGES += novnc
+# Issue 15: the viewer's clipboard test copies and pastes in the session with xclip.
+APT_PACKAGES += xclip
 
 .PHONY: install system-packages link-commands run test bench bench-profile deb clean
 

@@ -323,7 +323,8 @@ class Stream:
         self.wfd = process.stdin.fileno()
         self.rfd = process.stdout.fileno()
         self.server = server
-        self.server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if server.family in (socket.AF_INET, socket.AF_INET6):  # an agent's Unix socket has no Nagle (EOPNOTSUPP)
+            self.server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.cpu_pids = cpu_pids  # callable -> list of pids that relay
         self.stderr_path = stderr_path
 
@@ -413,6 +414,8 @@ class NXDialogue:
         match = re.search(rb"NX> 705 Session display: (\d+)", reply)
         if b"NX> 710" not in reply or not match:
             raise RuntimeError(f"startsession failed: {reply[-500:]!r}")
+        session = re.search(rb"NX> 700 Session id: \S*-([0-9A-F]{32})\s", reply)
+        self.session_id = session.group(1).decode() if session else ""
         return int(match.group(1))
 
     def bye(self) -> None:
@@ -563,8 +566,8 @@ def stream_throughput(stream: Stream, size: int, direction: str, source) -> tupl
     """(seconds, relay CPU seconds, CPU by process name) for ``size`` bytes."""
     if direction == "up":
         write_fd, read_fd, read_is_pipe = stream.wfd, stream.server.fileno(), False
-    else:
-        write_fd, read_fd, read_is_pipe = stream.server.fileno(), stream.rfd, True
+    else:  # the client's side: ssh's stdout pipe, or a socket (plain rows of cluster_relay.py)
+        write_fd, read_fd, read_is_pipe = stream.server.fileno(), stream.rfd, getattr(stream, "client_is_pipe", True)
     pids = stream.cpu_pids()
     before = cpu_snapshot(pids)
     errors: list[BaseException] = []

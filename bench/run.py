@@ -12,12 +12,23 @@ Runs, each as its own process with its own JSON in bench/results/:
                      store, and where the session times go (phases);
 * bench/store_listing.py  the session store's listsession query with 10 000
                      stored sessions on SQLite, PostgreSQL and MariaDB (issue 13);
+* bench/cluster_relay.py  the cluster stream (gateway -> a node's TLS stream
+                     endpoint -> the agent) vs the single-box relay, through
+                     Conch and plain: throughput, added latency, opening (issue 13);
 * bench/cluster_placement.py  placement decision time with 1,000 live sessions,
                      pure and with PostgreSQL reads (issue 13);
 * bench/cluster_picture.py  start/resume -> picture through a gateway to another
                      node vs one box, and a node's death -> its sessions lost (issue 13);
 * bench/sound_latency.py  a click from the session to the client's sound
                      server (latency) and a stream's bandwidth (issue 14);
+* bench/web_viewer.py  the in-browser viewer in headless Chromium: open ->
+                     first picture, keystroke -> echo, full-screen fps,
+                     server memory per browser viewer (issue 15);
+* bench/printing_latency.py  lp in the session -> the job at the client's
+                     printer, against lp straight into the client's CUPS (issue 14);
+* bench/sharing_copy.py  copying a file through the smb channel (the client's
+                     folder in the session) against the same SMB copy without NX
+                     (issue 14);
 
 then prints ONE table: each figure, its peer (X2Go measured here, X2Go's
 reference figures from the issue, OpenSSH...), the ratio, the target and
@@ -145,6 +156,42 @@ def store_rows(table: Table, store: dict | None) -> None:
                   (median < 20) if kind == "postgresql" else None,
                   note=f"p95 {figures['live_user']['p95_ms']:.2f} ms; admit {figures['admit']['median_ms']:.2f} ms,"
                        f" swap {figures['swap']['median_ms']:.2f} ms, all live {figures['live_all']['median_ms']:.0f} ms")
+
+
+def cluster_relay_rows(table: Table, cluster: dict | None) -> None:
+    """Issue 13: the stream to a session on another member vs on the gateway's own box."""
+    if not cluster:
+        return
+    rows, ratios = cluster.get("rows", {}), cluster.get("ratios", {})
+    size_mib = cluster["size"] / (1 << 20)
+    table.section(f"cluster stream: gateway -> node (TLS) -> agent vs one box ({size_mib:g} MiB per run, median of "
+                  f"{cluster['repeat']}){' [profiled]' if cluster.get('profiled') else ''}")
+    for kind, label in (("conch", "through SSH (Conch)"), ("plain", "plain (no SSH)")):
+        here, there = rows.get(f"{kind} one box"), rows.get(f"{kind} via node")
+        if not here or not there:
+            continue
+        for direction in ("up", "down"):
+            if direction not in there["directions"]:
+                continue
+            ours, peer = there["directions"][direction]["gb_per_s"], here["directions"][direction]["gb_per_s"]
+            is_target = kind == "conch"
+            table.add(f"{label} {direction} GB/s", ours, "GB/s", peer, "same path, one box", ratio(ours, peer),
+                      ">= 0.8x one box" if is_target else "(info)",
+                      (ours >= 0.8 * peer) if is_target else None,
+                      spread_pct(there["directions"][direction]["all_gb_per_s"]),
+                      note=f"CPU s/GB {there['directions'][direction]['cpu_s_per_gb']:.2f} via node, "
+                           f"{here['directions'][direction]['cpu_s_per_gb']:.2f} one box")
+        cpu = [ratios.get(f"{kind}_{direction}_gateway_cpu_ratio") for direction in ("up", "down")]
+        if all(cpu):
+            table.add(f"{label} gateway CPU/GB one box / via node", f"{cpu[0]:.2f}/{cpu[1]:.2f}", "up/dn", None,
+                      "", None, "(info)", note="the bound on the ratio with the node on its own machine")
+        table.add(f"{label} latency p50 / p99", f"{there['latency_p50_us']:.0f}/{there['latency_p99_us']:.0f}", "us",
+                  f"{here['latency_p50_us']:.0f}/{here['latency_p99_us']:.0f}", "one box", None, "(info)",
+                  note=f"added p50 {ratios.get(f'{kind}_added_latency_p50_us', 0):.0f} us, p99 "
+                       f"{ratios.get(f'{kind}_added_latency_p99_us', 0):.0f} us (1-byte round trips)")
+        table.add(f"{label} stream opening", there["open"]["median_ms"], "ms", here["open"]["median_ms"], "one box",
+                  ratio(there["open"]["median_ms"], here["open"]["median_ms"]), "(info)",
+                  note=f"bye/request -> agent socket accepted, median of {len(there['open']['all_ms'])}")
 
 
 def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, scale: dict | None) -> Table:
@@ -374,6 +421,43 @@ def sound_rows(table: Table, sound: dict | None) -> None:
               "(info)")
 
 
+def web_viewer_rows(table: Table, web: dict | None) -> None:
+    """Issue 15's browser viewer figures (bench/web_viewer.py)."""
+    if not web:
+        return
+    table.section("the in-browser viewer (headless Chromium, noVNC <- x11vnc <- Xvfb <- nxproxy, loopback)")
+    table.add("open -> first picture (suspended session)", web["first_picture_s_median"], "s",
+              target=f"<= {web['target_first_picture_s']} s",
+              met=web["first_picture_s_median"] <= web["target_first_picture_s"],
+              spread=spread_pct(web["first_picture_s"]))
+    table.add("keystroke -> echo in the page, p50 / p99", f"{web['echo_ms_p50']:.0f}/{web['echo_ms_p99']:.0f}",
+              "ms", target="(info)")
+    table.add(f"full-screen change ({web['source_rate']:.0f}/s source)", web["fps"], "frames/s", target="(info)")
+    table.add("server memory per browser viewer (PSS)", web["viewer_pss_mb"], "MB", target="(info)")
+
+
+def printing_rows(table: Table, printing: dict | None) -> None:
+    """Issue 14's printing figure (bench/printing_latency.py)."""
+    if not printing:
+        return
+    table.section("printing through the NX cups channel (session -> client's printer, loopback)")
+    table.add("lp in the session -> job at the client's printer", printing["session_ms_median"], "ms",
+              printing["direct_ms_median"], "lp into the client's CUPS",
+              ratio(printing["session_ms_median"], printing["direct_ms_median"]), "(info)", None,
+              spread_pct(printing["runs"]["session"]))
+
+
+def sharing_rows(table: Table, sharing: dict | None) -> None:
+    """Issue 14's folder sharing figures (bench/sharing_copy.py)."""
+    if not sharing:
+        return
+    table.section(f"folder sharing: a {sharing['size_mb']} MB file through the smb channel (loopback, "
+                  f"link={sharing['link']})")
+    for way, label in (("read", "client's folder -> session (read)"), ("write", "session -> client's folder (write)")):
+        table.add(label, sharing["nx"][f"{way}_mbps"], "MB/s", sharing["direct"][f"{way}_mbps"],
+                  "the same SMB copy without NX", sharing[f"{way}_ratio"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and counts: a smoke run (minutes)")
@@ -381,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=10, help="sessions for the memory figures (both)")
     parser.add_argument("--size", default="2G", help="bytes per relay throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="relay throughput runs per row")
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,cluster,cluster_picture,sound")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,cluster,cluster_picture,cluster_relay,sound,web,printing,sharing")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install bench packages")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway (relay, logins, sessions)")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from bench/results/*.json")
@@ -410,12 +494,21 @@ def main(argv: list[str] | None = None) -> int:
                   "--json", os.path.join(RESULTS, "scale.json"), *scale_args, *profile],
         "store": [python, os.path.join(HERE, "store_listing.py"), "--json", os.path.join(RESULTS, "store.json"),
                   *(["--calls", "50"] if args.quick else [])],
+        "cluster_relay": [python, os.path.join(HERE, "cluster_relay.py"), "--size",
+                          "128M" if args.quick else "512M", "--repeat", str(repeat), *(["--rounds", "300"] if args.quick else []),
+                          "--json", os.path.join(RESULTS, "cluster_relay.json")],
         "cluster": [python, os.path.join(HERE, "cluster_placement.py"), "--json", os.path.join(RESULTS, "cluster.json"),
                     *(["--calls", "50"] if args.quick else [])],
         "cluster_picture": [python, os.path.join(HERE, "cluster_picture.py"), "--runs", str(runs),
                             "--json", os.path.join(RESULTS, "cluster_picture.json")],
         "sound": [python, os.path.join(HERE, "sound_latency.py"), "--runs", str(runs * 2),
                   "--json", os.path.join(RESULTS, "sound.json")],
+        "web": [python, os.path.join(HERE, "web_viewer.py"), "--runs", str(runs + 2),
+                "--keys", "30" if args.quick else "200", "--json", os.path.join(RESULTS, "web_viewer.json")],
+        "printing": [python, os.path.join(HERE, "printing_latency.py"), "--runs", str(runs * 2),
+                     "--json", os.path.join(RESULTS, "printing.json")],
+        "sharing": [python, os.path.join(HERE, "sharing_copy.py"), "--size-mb", "5" if args.quick else "20",
+                    "--json", os.path.join(RESULTS, "sharing.json")],
     }
     log_dir = os.path.join(RESULTS, "logs")
     os.makedirs(log_dir, exist_ok=True)
@@ -437,13 +530,21 @@ def main(argv: list[str] | None = None) -> int:
     scale = load(os.path.join(RESULTS, "scale.json"))
     store = load(os.path.join(RESULTS, "store.json"))
     sound = load(os.path.join(RESULTS, "sound.json"))
-    cluster = load(os.path.join(RESULTS, "cluster.json"))
+    cluster_relay = load(os.path.join(RESULTS, "cluster_relay.json"))
+    placement = load(os.path.join(RESULTS, "cluster.json"))
     cluster_picture = load(os.path.join(RESULTS, "cluster_picture.json"))
+    web = load(os.path.join(RESULTS, "web_viewer.json"))
+    printing = load(os.path.join(RESULTS, "printing.json"))
+    sharing = load(os.path.join(RESULTS, "sharing.json"))
     table = build_table(relay, sessions_result, x2go, scale)
     store_rows(table, store)
-    cluster_rows(table, cluster)
+    cluster_rows(table, placement)
     cluster_picture_rows(table, cluster_picture)
+    cluster_relay_rows(table, cluster_relay)
     sound_rows(table, sound)
+    web_viewer_rows(table, web)
+    printing_rows(table, printing)
+    sharing_rows(table, sharing)
     print()
     print(f"nxgate benchmark — {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
           f"load {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f}")
@@ -458,7 +559,8 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": load_before, "load_after": os.getloadavg(), "quick": args.quick,
         "steps": steps_run, "table": table.rows,
         "results": {"relay": relay, "sessions": sessions_result, "x2go": x2go, "scale": scale, "store": store,
-                    "sound": sound},
+                    "cluster": placement, "cluster_picture": cluster_picture,
+                    "cluster_relay": cluster_relay, "sound": sound, "web_viewer": web, "printing": printing, "sharing": sharing},
         "x2go_reference": X2GO_REFERENCE,
     }
     out = os.path.join(RESULTS, "bench.json")

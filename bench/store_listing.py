@@ -11,6 +11,14 @@ Also measured: the whole live list (what ``nxgate-admin sessions`` reads),
 ``swap`` and a heartbeat; and the bare drivers' round trip for the same
 query, for choosing a driver.
 
+Why ``live(user)`` is "listsession through a gateway": a clustered gateway
+answers ``listsession`` from the shared store (nxgate.cluster.sessions:
+``store.live(user=...)``, merged with the members' states), so with 10 000
+stored sessions this query is what grows; the NX round trip on top of it
+(SSH channel, formatting) does not depend on the store and is measured by
+bench/scale.py's listsession figures.  A single box answers from its own
+memory and never reads the store for a listing.
+
     .venv/bin/python bench/store_listing.py [--sessions 10000] [--calls 300] [--json FILE] [--only sqlite,postgresql,mysql]
 """
 

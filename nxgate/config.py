@@ -9,6 +9,13 @@ never starts on a half-understood configuration (Buildbot's
 
 The reader is our own small INI parser rather than ``configparser`` because
 the error messages need line numbers and we want no interpolation surprises.
+
+Comments: a line whose first character is ``#`` or ``;``, and the rest of a
+value from a ``;`` or ``#`` that follows whitespace (``heartbeat = 2   ; seconds``).
+A ``;`` or ``#`` with no whitespace before it belongs to the value, so
+``url = postgresql://nxgate:pa;ss#1@db/nxgate`` keeps its password; a value
+that needs `` ;`` or `` #`` itself (after a space) cannot be written inline —
+put such a password in a ``password_file``.
 """
 
 from __future__ import annotations
@@ -501,7 +508,14 @@ def _load_types(filename: str, values: dict[str, tuple[int, str]], problems: lis
 
 # --------------------------------------------------------------------- reader
 _SECTION = re.compile(r"\[\s*([A-Za-z0-9_.-]+(?:\s+[A-Za-z0-9_.-]+)?)\s*\]")
-_ASSIGN = re.compile(r"([A-Za-z0-9_.-]+)\s*[=:]\s*(.*)")
+_ASSIGN = re.compile(r"([A-Za-z0-9_.-]+)\s*[=:](.*)")
+#: An inline comment: ``;`` or ``#`` at the start of a value or after whitespace.
+_INLINE_COMMENT = re.compile(r"(?:^|\s)[;#]")
+
+
+def strip_comment(value: str) -> str:
+    """A value without its inline comment (see the module's docstring)."""
+    return _INLINE_COMMENT.split(value, 1)[0].strip()
 
 
 def parse_ini(lines: list[str], source: str) -> tuple[dict[str, dict[str, tuple[int, str]]], list[str]]:
@@ -525,7 +539,7 @@ def parse_ini(lines: list[str], source: str) -> tuple[dict[str, dict[str, tuple[
         if section is None:
             problems.append(f"{source}:{number_}: option outside any [section]")
             continue
-        key, value = match.group(1).lower(), match.group(2).strip()
+        key, value = match.group(1).lower(), strip_comment(match.group(2))
         if key in result[section]:
             problems.append(f"{source}:{number_}: [{section}] {key} given twice (first on line {result[section][key][0]})")
             continue

@@ -17,7 +17,7 @@ from nxgate.nx.dispatch import as_nx
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.model import Member, Session, State
-from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequest, StartRequest
+from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequest, ShareMount, StartRequest
 from nxgate.sessions.results import Listing, Ready, ServiceStatus, SessionView, ShadowTarget
 from nxgate.sessions.store.errors import StoreUnavailable
 
@@ -111,6 +111,10 @@ class FakeNode:
 
     async def show(self, caller, session_id):
         return await self._about("show", caller, session_id)
+
+    async def add_mount(self, caller, session_id, mount):
+        self.calls.append(("add_mount", session_id, mount.share))
+        return True
 
     async def shadow_targets(self, caller):
         self._check()
@@ -254,6 +258,13 @@ class ClusterSessionsTests(SynchronousTestCase):
         self.assertEqual(self.nodes["node-c"].calls, [("restore", "A" * 32), ("suspend", "A" * 32),
                                                       ("rename", "A" * 32, "new name"), ("show", "A" * 32),
                                                       ("terminate", "A" * 32, "bye")])
+        self.assertEqual(self.nodes["node-b"].calls, [])
+
+    def test_a_share_is_mounted_by_the_node_of_its_session(self):
+        self.store.rows["A" * 32] = row("A" * 32, node="node-c")
+        mount = ShareMount(share="docs", name="docs", username="alice", password="secret", computer="laptop")
+        self.assertTrue(self.ok(self.api.add_mount(ALICE, "A" * 32, mount)))
+        self.assertEqual(self.nodes["node-c"].calls, [("add_mount", "A" * 32, "docs")])
         self.assertEqual(self.nodes["node-b"].calls, [])
 
     def test_sessions_of_this_member_and_of_before_the_cluster_are_local(self):

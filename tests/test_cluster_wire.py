@@ -28,7 +28,8 @@ from nxgate.doors.admin.cli import main as admin_main
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.model import State
-from nxgate.sessions.requests import DisplaySettings, RemoteRequest, RestoreRequest, ShadowRequest, StartRequest
+from nxgate.sessions.requests import (DisplaySettings, RemoteRequest, RestoreRequest, ShadowRequest, ShareMount,
+                                      StartRequest)
 from nxgate.sessions.results import (Listing, Progress, Ready, ServiceStatus, SessionView, ShadowTarget,
                                      StreamTarget, UnknownSession)
 from nxgate.stream.relay import StreamRelay
@@ -82,12 +83,21 @@ class SerialiserTests(SynchronousTestCase):
     def test_method_signatures_come_from_the_session_api(self):
         self.assertEqual(wire.METHODS, {"start", "start_for_later", "restore", "attach_shadow", "suspend",
                                         "terminate", "rename", "list", "show", "shadow_targets", "status",
-                                        "set_draining"})
+                                        "set_draining", "add_mount"})
         args = wire.encode_arguments("terminate", (CALLER, "A" * 32, "admin"))
         self.assertEqual(wire.decode_arguments("terminate", json.loads(json.dumps(args))), [CALLER, "A" * 32, "admin"])
         targets = (ShadowTarget("A" * 32, "alice", 1001, "w", "unix-console"),)
         self.assertEqual(wire.decode_outcome("shadow_targets", {"ok": wire.encode(targets)}), targets)
         self.assertIs(wire.decode_outcome("set_draining", {"ok": True}), True)
+
+    def test_a_shared_folder_travels_with_its_password_and_comes_back_equal(self):
+        mount = ShareMount(share="docs", name="My Docs", username="alice", password="p4ss", computer="box")
+        self.assertEqual(roundtrip(mount), mount)
+        self.assertEqual(roundtrip(mount).password, "p4ss")  # compare=True, repr=False: checked on its own
+        self.assertNotIn("p4ss", repr(mount))
+        args = wire.encode_arguments("add_mount", (CALLER, "A" * 32, mount))
+        self.assertEqual(wire.decode_arguments("add_mount", json.loads(json.dumps(args))), [CALLER, "A" * 32, mount])
+        self.assertIs(wire.decode_outcome("add_mount", {"ok": False}), False)
 
     def test_errors_keep_kind_words_and_session(self):
         error = SessionError(Kind.NOT_YOURS, "Could not find session X.", session_id="X")
@@ -426,6 +436,91 @@ class WireTests(TestCase):
         yield deferLater(reactor, 0.05, lambda: None)
 
     @defer.inlineCallbacks
+    def test_control_and_stream_connections_send_small_writes_at_once(self):
+        """TCP_NODELAY on both ends of AMP and of a stream: a request written
+        right after the TLS handshake must not wait for a delayed ACK."""
+        gates = []
+        factory = GateFactory(self.authorize, choose(reactor, self.sessions))
+        build = factory.buildProtocol
+        factory.buildProtocol = lambda addr: gates.append(build(addr)) or gates[-1]
+        port = yield endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(
+            factory.tls_factory(self.node_tls))
+        self.addCleanup(port.stopListening)
+        node = self.remote(port)
+        yield defer.ensureDeferred(node.status(CALLER))
+        self.assertTrue(node.connection.transport.getTcpNoDelay(), "the gateway's AMP connection")
+        self.assertTrue(gates[0].transport.getTcpNoDelay(), "the node's AMP connection")
+        target = dataclasses.replace(self.agent(), address=f"127.0.0.1:{port.getHost().port}")
+        channel = FakeChannel()
+        relay = StreamRelay(reactor, CALLER, target, channel, b"ping", RemoteStreams(reactor, self.gateway_tls))
+        yield channel.wait_for(b"PING")
+        self.assertTrue(relay.agent.getTcpNoDelay(), "the gateway's end of the stream")
+        self.assertTrue(gates[1].transport.getTcpNoDelay(), "the node's end of the stream")
+        relay.close()
+        yield deferLater(reactor, 0.05, lambda: None)
+
+    @defer.inlineCallbacks
+    def test_a_big_write_goes_to_tcp_as_one_write_and_arrives_whole(self):
+        """One application write -> one TCP write of all its TLS records (not
+        one per 16 KiB record), byte for byte, both ways."""
+        port = yield self.listen()
+        target = dataclasses.replace(self.agent(), address=f"127.0.0.1:{port.getHost().port}")
+        channel = FakeChannel()
+        relay = StreamRelay(reactor, CALLER, target, channel, b"x", RemoteStreams(reactor, self.gateway_tls))
+        yield channel.wait_for(b"X")
+        tcp = relay.agent.transport  # under the TLS protocol
+        writes = []
+        write = tcp.write
+        tcp.write = lambda data: (writes.append(len(data)), write(data))
+        block = bytes(range(97, 123)) * 10000  # 260,000 bytes of a-z
+        relay.write(block)
+        self.assertEqual(len(writes), 1, writes)
+        self.assertGreater(writes[0], len(block))  # the records' headers and tags
+        yield channel.wait_for(b"X" + block.upper())
+        self.assertEqual(channel.data, b"X" + block.upper())
+        relay.close()
+        yield deferLater(reactor, 0.05, lambda: None)
+
+    def test_the_records_of_one_tcp_read_reach_the_stream_as_one_piece(self):
+        """Twisted's TLS hands over 16 KiB records one by one; the gate passes
+        what one read decrypted to as one piece (fewer, fuller SSH packets and
+        agent writes downstream), in order, and before the end."""
+        from twisted.internet.address import IPv4Address
+        from twisted.test import iosim
+
+        from nxgate.cluster.connection import _ClientGate, _TLSFactory
+
+        got, ends = [], []
+
+        class Collect(protocol.Protocol):
+            def dataReceived(self, data):
+                got.append(data)
+
+            def connectionLost(self, reason):
+                ends.append(len(b"".join(got)))
+
+        server_factory = GateFactory(lambda names: "gw-a", lambda head, member: Collect()).tls_factory(self.node_tls)
+        ready = defer.Deferred()
+        sender = protocol.Protocol()
+        client_factory = _TLSFactory(self.gateway_tls.client("node-b"), True, protocol.Factory.forProtocol(
+            lambda: _ClientGate(sender, "node-b", ready)))
+        address = IPv4Address("TCP", "127.0.0.1", 7022)
+        server, client = server_factory.buildProtocol(address), client_factory.buildProtocol(address)
+        pump = iosim.connect(server, iosim.makeFakeServer(server), client, iosim.makeFakeClient(client))
+        self.assertTrue(ready.called)
+        block = bytes(range(256)) * 1024  # 256 KiB: 16 records
+        for offset in range(0, len(block), 16384):
+            sender.transport.write(block[offset:offset + 16384])
+        pump.flush()  # the 16 writes' records arrive in one read
+        self.assertEqual(b"".join(got), block)
+        self.assertEqual(len(got), 1, [len(piece) for piece in got])
+        sender.transport.write(b"last")
+        sender.transport.loseConnection()
+        pump.flush()
+        self.assertEqual(b"".join(got), block + b"last")
+        self.assertEqual(ends, [len(block) + 4])
+
+    @defer.inlineCallbacks
     def test_a_stream_for_an_unknown_session_is_refused(self):
         port = yield self.listen()
         target = StreamTarget("F" * 32, "", -1, "node-b", f"127.0.0.1:{port.getHost().port}")
@@ -479,8 +574,8 @@ class FakeChannel:
     def write(self, data):
         self.data += data
         if self.waiting and self.waiting[0] in self.data:
-            self.waiting[1].callback(None)
-            self.waiting = None
+            waiting, self.waiting = self.waiting, None  # the callback may wait for more at once
+            waiting[1].callback(None)
 
     def wait_for(self, expected):
         d = defer.Deferred()

@@ -85,6 +85,23 @@ class ConfigTests(SynchronousTestCase):
         self.assertEqual(c.auth.failed_login_delay, 0.5)
         self.assertFalse(c.ssh.user_logins)
 
+    def test_inline_comments_after_whitespace_are_not_part_of_the_value(self):
+        """As the README and issue 13 write them; a ';' or '#' inside a value
+        (a password in a URL) stays."""
+        path = self.write("[server]\nlisten = tcp:5000   ; the NX port\nserver_name = nx.example\t# shown to clients\n"
+                          "[store]\nurl = postgresql://nxgate:pa;ss#1@db.example:5432/nxgate ; shared\n"
+                          "password_file = ;\n[auth]\nfailed_login_delay = 0.5#not a comment\n")
+        error = self.assertRaises(config.ConfigError, config.load, path)  # 0.5#not... is no number
+        self.assertEqual(len(error.problems), 1, error.problems)
+        self.assertIn("failed_login_delay", error.problems[0])
+        c = config.load(self.write(open(path).read().replace("0.5#not a comment", "0.5 # a comment")))
+        self.assertEqual(c.server.listen, "tcp:5000")
+        self.assertEqual(c.server.server_name, "nx.example")
+        self.assertEqual(c.store.url, "postgresql://nxgate:pa;ss#1@db.example:5432/nxgate")
+        self.assertEqual(c.store.password_file, "")
+        self.assertEqual(c.auth.failed_login_delay, 0.5)
+        self.assertEqual(config.strip_comment(" a;b#c  ;  d"), "a;b#c")
+
     def test_all_problems_reported_with_lines(self):
         path = self.write("# comment\n[server]\nlisten=\nbogus = 1\n[auth]\nmax_login_attempts = many\n"
                           "max_login_attempts = 2\nlogin_timeout = -1\n[nope]\nx = 1\nnot a line\n")

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import ssl
+import subprocess
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -59,6 +61,33 @@ fetch('/view/ticket', {method: 'POST', headers: {'X-CSRF-Token': csrf},
 """
 
 
+VIEWER_PROGRAMS = ("x11vnc", "Xvfb", "nxproxy")
+
+
+def programs_of(uid: int) -> dict[int, str]:
+    """The viewer programs (x11vnc, Xvfb, nxproxy) running as ``uid``: pid -> name."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status", encoding="utf-8") as handle:
+                fields = dict(line.split(":", 1) for line in handle if ":" in line)
+        except OSError:
+            continue
+        name = fields.get("Name", "").strip()
+        if name in VIEWER_PROGRAMS and int(fields.get("Uid", "-1").split()[0]) == uid:
+            found[int(entry)] = name
+    return found
+
+
+def tcp_listeners(pids: dict[int, str]) -> list[str]:
+    """``ss``'s lines of the TCP sockets (IPv4 and IPv6) these processes listen on."""
+    lines = subprocess.run(["ss", "-H", "-l", "-t", "-n", "-p"], capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    return [line for line in lines if any(int(pid) in pids for pid in re.findall(r"pid=(\d+)", line))]
+
+
 def canvas_shot(browser: Browser) -> Screenshot | None:
     """The noVNC canvas's pixels (its framebuffer, unscaled) as a Screenshot."""
     import base64
@@ -68,6 +97,18 @@ def canvas_shot(browser: Browser) -> Screenshot | None:
         return None
     width, height, data = found
     return Screenshot(width, height, base64.b64decode(data))
+
+
+def click_canvas(browser: Browser, x: int, y: int) -> None:
+    """A real mouse click on the page's canvas at the session's pixel ``x, y`` (the canvas may be scaled)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    canvas = browser.find("#viewer-screen canvas")
+    width = browser.driver.execute_script("return arguments[0].width;", canvas)
+    scale = canvas.size["width"] / width
+    ActionChains(browser.driver).move_to_element_with_offset(
+        canvas, round(x * scale - canvas.size["width"] / 2), round(y * scale - canvas.size["height"] / 2)
+    ).click().perform()
 
 
 def handshake(base: str, ticket: str, cookie: str | None, origin: str | None = None) -> str:
@@ -164,14 +205,7 @@ class WebViewerTests(client_tests.ClientTestCase):
 
     def click_into_xterm(self, browser: Browser) -> None:
         """Click inside the xterm (the session has no window manager: focus follows the pointer)."""
-        from selenium.webdriver.common.action_chains import ActionChains
-
-        canvas = browser.find("#viewer-screen canvas")
-        width = browser.driver.execute_script("return arguments[0].width;", canvas)
-        scale = canvas.size["width"] / width
-        ActionChains(browser.driver).move_to_element_with_offset(
-            canvas, round(100 * scale - canvas.size["width"] / 2), round(60 * scale - canvas.size["height"] / 2)
-        ).click().perform()
+        click_canvas(browser, 100, 60)
 
     def typed(self) -> str:
         try:
@@ -201,6 +235,12 @@ class WebViewerTests(client_tests.ClientTestCase):
         source = browser.source
         for secret in (session_id, str(_row[0])):
             self.assertNotIn(secret, source)  # neither the id nor the display in the page
+
+        # The viewer's programs run as the user and listen on no TCP port, IPv4 or IPv6
+        # (x11vnc once opened [::]:5900 without a password despite -rfbport 0 -no6 -noipv6).
+        viewer_programs = programs_of(self.user.entry.pw_uid)
+        self.assertEqual(sorted(set(viewer_programs.values())), sorted(VIEWER_PROGRAMS), viewer_programs)
+        self.assertEqual(tcp_listeners(viewer_programs), [])
 
         # The canvas is the session's framebuffer.
         info_display = int(_row[0])
@@ -242,6 +282,103 @@ class WebViewerTests(client_tests.ClientTestCase):
         self.screen.wait_for_colour(RED, 20000, timeout=60)
         self.screen.wait_for_colour(YELLOW, 50, timeout=20)
         self.assertEqual(self.status(session_id), "Running")
+
+    def session_env(self, session_id: str, display: int) -> dict[str, str]:
+        """The environment of an X client of the session's own display (its X authority)."""
+        authority = os.path.join(self.gateway.state_dir, "sessions", session_id, "authority")
+        return dict(os.environ, DISPLAY=f":{display}", XAUTHORITY=authority)
+
+    def selection(self, env: dict[str, str], which: str) -> str:
+        result = subprocess.run(["xclip", "-o", "-selection", which], env=env, capture_output=True, timeout=10)
+        return result.stdout.decode("utf-8", "replace") if result.returncode == 0 else ""
+
+    def clipboard_field(self, browser: Browser) -> str:
+        return browser.driver.execute_script("return document.getElementById('viewer-clipboard').value;")
+
+    def test_clipboard_both_ways(self) -> None:
+        self.attach("--name", "clipboard")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        session_id, row = self.only_session()
+        env = self.session_env(session_id, int(row[0]))
+        browser = self.logged_in()
+        self.open_in_browser(browser)
+
+        # Copied in the session (xclip owns its CLIPBOARD)...
+        copied = "copied in the session: café ☃ 42"
+        owner = subprocess.Popen(["xclip", "-quiet", "-selection", "clipboard"], env=env, stdin=subprocess.PIPE,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(lambda: owner.poll() is None and owner.kill())
+        owner.stdin.write(copied.encode())
+        owner.stdin.close()
+        # ...shows in the page's clipboard field (and went to the browser's clipboard, where allowed).
+        # x11vnc sends no selection in a client's first 15 seconds (its sel_waittime): a longer wait.
+        browser.wait(lambda: self.clipboard_field(browser) == copied, 60, "the session's clipboard in the page")
+
+        # Sent from the page: pasteable in the session (PRIMARY at least: see the README's limits).
+        def selections() -> dict[str, str]:
+            return {which: self.selection(env, which) for which in ("clipboard", "primary")}
+
+        browser.find("#viewer-clipboard-panel summary").click()
+        field = browser.find("#viewer-clipboard")
+        field.clear()
+        field.send_keys("sent from the page: ñ 7")
+        browser.find("#viewer-clipboard-send").click()
+        try:
+            wait_for(lambda: "sent from the page: ñ 7" in selections().values(), 30,
+                     "the page's text in the session's selections")
+        except AssertionError:
+            raise AssertionError(f"the session's selections: {selections()}") from None
+
+        # Beyond Latin-1 (RFB's cut text): the page sends UTF-8 bytes, which nxagent passes on as they are.
+        field.clear()
+        field.send_keys("snow ☃ man")
+        browser.find("#viewer-clipboard-send").click()
+        wait_for(lambda: "snow ☃ man" in selections().values(), 30, "the snowman in the session")
+
+    def agent_size(self, env: dict[str, str]) -> tuple[int, int] | None:
+        """The session's framebuffer size, as ``xdpyinfo`` on its own display says."""
+        result = subprocess.run(["xdpyinfo"], env=env, capture_output=True, text=True, timeout=10)
+        found = re.search(r"dimensions:\s+(\d+)x(\d+) pixels", result.stdout)
+        return (int(found[1]), int(found[2])) if found else None
+
+    def test_the_session_follows_the_window_size(self) -> None:
+        self.attach("--name", "resize")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        session_id, row = self.only_session()
+        env = self.session_env(session_id, int(row[0]))
+        client_size = self.agent_size(env)  # the NX client's
+        browser = self.logged_in()
+        self.open_in_browser(browser)
+
+        def sizes() -> tuple[Any, Any, Any]:
+            room = browser.driver.execute_script(
+                "const s = document.getElementById('viewer-screen'); return [s.clientWidth, s.clientHeight];")
+            canvas = browser.driver.execute_script(
+                "const c = document.querySelector('#viewer-screen canvas'); return c ? [c.width, c.height] : null;")
+            return tuple(room), tuple(canvas or ()), self.agent_size(env)
+
+        def fitted() -> tuple[int, int] | None:
+            """The session's size once the session, the canvas and the page's room agree (widths even)."""
+            room, canvas, agent = sizes()
+            if agent == canvas and canvas and abs(canvas[0] - room[0]) <= 1 and canvas[1] == room[1]:
+                return agent
+            return None
+
+        # Resumed in the browser, the session takes the page's size...
+        first = wait_for(fitted, 30, "the session to take the page's size")
+        self.assertNotEqual(first, client_size)
+        # ...and follows the window when it changes, drawn again in the page.
+        browser.driver.set_window_size(900, 640)
+        try:
+            second = wait_for(lambda: (found := fitted()) and found != first and found, 60,
+                              "the session to follow the window")
+        except AssertionError:
+            raise AssertionError(f"sizes (room, canvas, session): {sizes()}") from None
+        self.assertLess(second[0], first[0])
+        browser.wait(lambda: canvas_shot(browser).count(RED) > 20000, 30, "the session drawn at the new size")
+        self.assertEqual(self.status(session_id), "Running")
+        wait_for(lambda: len(os.listdir(os.path.join(self.gateway.state_dir, "viewers"))) == 1, 15,
+                 "the first viewer's programs and files to go")
 
     def test_another_user_gets_nothing(self) -> None:
         client = self.attach("--name", "not yours")

@@ -213,16 +213,18 @@ class ProgramTests(TestCase):
     def test_xvfb_listens_on_no_tcp_and_needs_the_cookie(self) -> None:
         argv = bv.xvfb_argv("Xvfb", 3100, 1024, 768, "/v/auth")
         self.assertEqual(argv[:2], ["Xvfb", ":3100"])
-        for pair in (["-displayfd", "3"], ["-nolisten", "tcp"], ["-auth", "/v/auth"], ["-screen", "0", "1024x768x24"]):
+        for pair in (["-displayfd", "3"], ["-nolisten", "tcp"], ["-auth", "/v/auth"], ["-screen", "0", "1024x768x24"],
+                     ["-extension", "GLX"]):
             self.assertIn(" ".join(pair), " ".join(argv))
 
     def test_x11vnc_on_a_unix_socket_only(self) -> None:
         argv = bv.x11vnc_argv("x11vnc", 3100, "/v/vnc.sock")
         joined = " ".join(argv)
-        for part in ("-display :3100", "-unixsock /v/vnc.sock", "-rfbport 0", "-no6", "-noipv6", "-norc", "-xkb",
-                     "-once"):
+        for part in ("-display :3100", "-unixsock /v/vnc.sock", "-rfbport 0", "-rfbportv6 0", "-no6", "-noipv6",
+                     "-norc", "-xkb", "-once"):
             self.assertIn(part, joined)
         self.assertNotIn("-forever", argv)
+        self.assertNotIn("-localhost", argv)  # it refuses Unix-socket clients (not 127.0.0.1)
 
     def test_nxproxy_options_carry_the_cookie_and_refuse_injection(self) -> None:
         line = bv.nxproxy_options("0123abcd" * 4, "host-830-ABC", "my desk,top", "/v/nx.sock", 830)

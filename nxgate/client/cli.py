@@ -14,6 +14,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 
+from nxgate.client.sharing import parse_share
 from nxgate.nx import client_commands as commands
 from nxgate.nx.client_dialogue import (
     ListSessions,
@@ -63,6 +64,11 @@ class Options:
     # --sound: the local sound server to play the session's sound on ("" for
     # libpulse's default); None without --sound.
     sound_server: str | None = None
+    # --print: the local print server the session prints on (a CUPS at
+    # host[:port] or its socket; "" for CUPS's own default); None without --print.
+    print_server: str | None = None
+    # --share NAME=PATH: the folders to share with the session (name -> folder).
+    shares: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def legacy_free(self) -> bool:
@@ -139,6 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
     services.add_argument("--sound-server", metavar="SERVER", default="",
                           help="with --sound: the local sound server, as PULSE_SERVER names it "
                                "(default: the one your programs use)")
+    services.add_argument("--print", action="store_true", dest="print_",
+                          help="let the session print on this machine's printers (its CUPS queues)")
+    services.add_argument("--print-server", metavar="SERVER", default="",
+                          help="with --print: the local CUPS, host[:port] or its socket path "
+                               "(default: $CUPS_SERVER, else the local scheduler)")
+    services.add_argument("--share", metavar="NAME=PATH", action="append", default=[],
+                          help="share this folder with the session, where it appears as ~/MyShares/NAME "
+                               "(repeatable; a private Samba serves it for the session)")
     parser.add_argument("--nxproxy", metavar="PATH", default="nxproxy",
                         help="the nxproxy program (default: %(default)s)")
     parser.add_argument("--verbose", "-v", action="store_true", help="show the NX dialogue on stderr")
@@ -248,7 +262,7 @@ def session_parameters(args: argparse.Namespace, environ: dict[str, str]) -> com
     return commands.SessionParameters(
         name=args.name.strip(), type=session_type, width=width, height=height, link=args.link,
         keyboard=args.keyboard, application=args.application, rootless=args.rootless,
-        fullscreen=args.fullscreen, media=args.sound,
+        fullscreen=args.fullscreen, media=args.sound, cups=args.print_, samba=bool(args.share),
     )
 
 
@@ -286,9 +300,25 @@ def parse_options(argv: list[str], environ: dict[str, str]) -> Options:
         raise UsageError("--sound-server is only for --sound")
     if args.sound and not isinstance(request, ATTACHING):
         raise UsageError("--sound is for a session you start, resume or shadow")
+    if args.print_server and not args.print_:
+        raise UsageError("--print-server is only for --print")
+    if args.print_ and not isinstance(request, ATTACHING):
+        raise UsageError("--print is for a session you start, resume or shadow")
+    shares: dict[str, str] = {}
+    for text in args.share:
+        try:
+            name, path = parse_share(text)
+        except ValueError as problem:
+            raise UsageError(f"--share: {problem}") from None
+        if name in shares:
+            raise UsageError(f"--share: {name!r} is given twice")
+        shares[name] = path
+    if shares and not isinstance(request, (StartSession, RestoreSession)):
+        raise UsageError("--share is for a session you start or resume")
     return Options(
         user=user, host=host, port=port, request=request, ssh_user=args.ssh_user, identity=identity,
         known_hosts=known_hosts, nxproxy=args.nxproxy, verbose=args.verbose,
         remote_password_prompt=f"Password for the remote desktop {remote.server}: " if ask_password and remote else None,
         sound_server=args.sound_server if args.sound else None,
+        print_server=args.print_server if args.print_ else None, shares=shares,
     )

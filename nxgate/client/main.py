@@ -12,6 +12,8 @@ import getpass
 import os
 import shutil
 import signal
+import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -24,10 +26,13 @@ from twisted.internet.error import CannotListenError
 from twisted.python.failure import Failure
 
 from nxgate.client import cli
+from nxgate.nx import client_commands as commands
 from nxgate.nx import client_dialogue as dialogue
 from nxgate.nx.listing import ParsedRow
 from nxgate.client.knownhosts import KnownHosts
+from nxgate.client.printing import LocalPrinting, PrintingError, default_server
 from nxgate.client.proxy import LocalConnection, NXProxy, last_lines
+from nxgate.client.sharing import LocalShares, SharingError
 from nxgate.client.sound import LocalSound, SoundError
 from nxgate.client.ssh import HostKeyPolicy, Login, ShellChannel, SSHError, open_shell
 
@@ -106,6 +111,8 @@ class ClientRun:
         self.channel: ShellChannel | None = None
         self.proxy: NXProxy | None = None
         self.sound: LocalSound | None = None
+        self.printing: LocalPrinting | None = None
+        self.shares: LocalShares | None = None
         self.local: LocalConnection | None = None
         self.info: dialogue.SessionInfo | None = None
         self.switched = False
@@ -293,13 +300,47 @@ class ClientRun:
         if self.options.verbose:
             self.say("started " + " ".join(argv) + f" (log: {self.proxy.log_path})")
         self._arm("connect", PROXY_CONNECT_TIMEOUT, self._proxy_connect_timeout)
+        self._add_mounts(info)
 
     def _open_channels(self, info: dialogue.SessionInfo, directory: str) -> dict[str, int]:
         """nxproxy's service channels: nxcomp channel name -> the local port
         it connects to (0: that service is off for this session)."""
         return {
             "media": self._open_sound(info, directory),
+            "cups": self._open_printing(info),
+            "smb": self._open_shares(info, directory),
         }
+
+    def _open_shares(self, info: dialogue.SessionInfo, directory: str) -> int:
+        """The private SMB server's port for nxproxy's ``smb=`` (0: no folders).
+        Only when the server offers folder sharing (``NX> 709``); without it,
+        or when Samba fails here, the session runs without the folders."""
+        if not self.options.shares:
+            return 0
+        if info.file_sharing_port is None:
+            self.say("no shared folders: the server does not offer folder sharing for this session")
+            return 0
+        self.shares = LocalShares(self.options.shares, directory)
+        try:
+            port = self.shares.open()
+        except (SharingError, OSError, subprocess.SubprocessError) as problem:
+            self.say(f"no shared folders: {problem}")
+            self.shares.close()
+            self.shares = None
+            return 0
+        if self.options.verbose:
+            self.say(f"sharing {', '.join(sorted(self.options.shares))} from a private Samba on 127.0.0.1:{port}")
+        return port
+
+    def _add_mounts(self, info: dialogue.SessionInfo) -> None:
+        """Ask the server to mount each shared folder (``addmount``, before ``bye``)."""
+        shares = self.shares
+        if shares is None:
+            return
+        computer = socket.gethostname()
+        lines = [commands.addmount_command(info.session_id, 3000 + info.display, name, shares.user, shares.password,
+                                           computer) for name in sorted(shares.shares)]
+        self._run(self.dialogue.add_mounts, lines, (shares.password,))
 
     def _open_sound(self, info: dialogue.SessionInfo, directory: str) -> int:
         """The local sound server's port for nxproxy's ``media=`` (0: no sound).
@@ -316,6 +357,23 @@ class ClientRun:
             return 0
         if self.options.verbose:
             self.say(f"sound: the session plays on the local sound server through 127.0.0.1:{port}")
+        return port
+
+    def _open_printing(self, info: dialogue.SessionInfo) -> int:
+        """The gate's port for nxproxy's ``cups=`` (0: no printing).  Without
+        it the session runs without the client's printers: said, not fatal."""
+        if self.options.print_server is None:
+            return 0
+        server = self.options.print_server or default_server(self.environ)
+        try:
+            self.printing = LocalPrinting(self.reactor, server)
+            port = self.printing.open(info.cookie)
+        except (PrintingError, CannotListenError, OSError) as problem:
+            self.say(f"no printing: {problem}")
+            self.printing = None
+            return 0
+        if self.options.verbose:
+            self.say(f"printing: the session prints on {server} through 127.0.0.1:{port}")
         return port
 
     def _proxy_connect_timeout(self) -> None:
@@ -411,6 +469,12 @@ class ClientRun:
         if self.sound is not None:
             self.sound.close()
             self.sound = None
+        if self.printing is not None:
+            self.printing.close()
+            self.printing = None
+        if self.shares is not None:
+            self.shares.close()
+            self.shares = None
         if proxy is None:
             self.done.callback(code)
             return

@@ -79,6 +79,9 @@ class LocalConnection(protocol.Protocol):
             self.transport.loseConnection()  # one proxy, one connection
             return
         self.factory.connection = self
+        set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if set_no_delay is not None:
+            set_no_delay(True)  # see nxgate.client.ssh: no Nagle delay on the NX stream
         self.factory.stop_listening()
         self.factory.handler.proxy_connected(self)
 

@@ -219,6 +219,11 @@ class _Transport(transport.SSHClientTransport):
     factory: _Factory
 
     def connectionMade(self) -> None:
+        # The NX stream's small request/answer messages (the folder sharing
+        # channel's SMB calls above all) must not wait for Nagle's algorithm.
+        set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if set_no_delay is not None:
+            set_no_delay(True)
         known = self.factory.policy.known_hosts
         if known is not None:
             self.supportedPublicKeys = preferred_algorithms(

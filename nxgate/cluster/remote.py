@@ -28,7 +28,7 @@ from nxgate.cluster.connection import dial
 from nxgate.cluster.tls import ClusterTLS
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
-from nxgate.sessions.requests import RestoreRequest, ShadowRequest, StartRequest
+from nxgate.sessions.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
 from nxgate.sessions.results import (Listing, Progress, ProgressCallback, Ready, ServiceStatus, SessionView,
                                      ShadowTarget)
 
@@ -99,6 +99,9 @@ class RemoteNode:
 
     async def rename(self, caller: Caller, session_id: str, name: str) -> SessionView:
         return await self._call("rename", caller, session_id, name)
+
+    async def add_mount(self, caller: Caller, session_id: str, mount: ShareMount) -> bool:
+        return await self._call("add_mount", caller, session_id, mount)
 
     async def list(self, caller: Caller) -> Listing:
         return await self._call("list", caller)

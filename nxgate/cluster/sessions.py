@@ -38,7 +38,7 @@ from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.limits import Limits, limit_reached
 from nxgate.sessions.model import Member, Session, State
-from nxgate.sessions.requests import RestoreRequest, ShadowRequest, StartRequest
+from nxgate.sessions.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
 from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionView,
                                      ShadowTarget)
 from nxgate.sessions.store.errors import StoreError, storage_reason
@@ -256,6 +256,11 @@ class ClusterSessions:
 
     async def rename(self, caller: Caller, session_id: str, name: str) -> SessionView:
         return await self._on_node_of("rename", caller, session_id, name)
+
+    async def add_mount(self, caller: Caller, session_id: str, mount: ShareMount) -> bool:
+        """On the session's node, which mounts the share (its password then
+        crosses the members' TLS wire, never the store)."""
+        return await self._on_node_of("add_mount", caller, session_id, mount)
 
     async def show(self, caller: Caller, session_id: str) -> SessionView:
         """The node's own view; a session on a down node as the store last had it, marked lost."""

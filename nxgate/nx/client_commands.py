@@ -79,6 +79,8 @@ class SessionParameters:
     fullscreen: bool = False
     remote: RemoteDesktop | None = None  # for windows and vnc sessions
     media: bool = False  # sound through the NX media channel (--sound)
+    cups: bool = False  # printing through the NX cups channel (--print)
+    samba: bool = False  # folder sharing through the NX smb channel (--share)
 
     def pairs(self) -> list[tuple[str, str]]:
         pairs = [("session", self.name), ("type", self.type)]
@@ -95,8 +97,11 @@ class SessionParameters:
             ("images", "64M"),
             ("backingstore", "1"),
             ("media", "1" if self.media else "0"),
+            *((("samba", "1"),) if self.samba else ()),
             ("client", "linux"),
         ]
+        if self.cups:  # as OpenNX sends it; only when asked, like FreeNX's nxnode reads it
+            pairs.append(("cups", "1"))
         if self.application is not None:
             pairs.append(("application", self.application))
         if self.rootless and self.type in ROOTLESS_TYPES:
@@ -151,3 +156,12 @@ def terminate_command(session_id: str) -> str:
 
 def suspend_command(session_id: str) -> str:
     return "suspend " + format_params([("sessionid", session_id)])
+
+
+def addmount_command(session_id: str, port: int, share: str, username: str, password: str, computer: str) -> str:
+    """One shared folder, as OpenNX sends it after ``NX> 710`` (reference §6):
+    the server mounts it as ``~/MyShares/<share>``."""
+    return "addmount " + format_params([
+        ("port", str(port)), ("username", username), ("password", password), ("share", share),
+        ("computername", computer), ("session_id", session_id), ("dir", f"$(SHARES)/{share}"),
+    ])

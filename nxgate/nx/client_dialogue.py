@@ -123,6 +123,8 @@ class SessionInfo:
     session_type: str = ""
     proxy_ip: str = ""
     status: str = ""
+    # NX> 709: the server offers folder sharing (the port is FreeNX's hint, 445).
+    file_sharing_port: int | None = None
 
 
 # ------------------------------------------------------------------- events
@@ -265,6 +267,7 @@ class ClientDialogue:
         self._rows: list[ParsedRow] = []
         self._capacity_reached = False
         self._attaching = False  # a ShadowSession past its listing
+        self._mounts_pending = 0  # addmount commands not answered yet
         # Secret values (as sent and as typed) that no trace may show: a
         # server may echo the command line verbatim (FreeNX).
         self._secrets = _secrets(request)
@@ -301,6 +304,20 @@ class ClientDialogue:
             raise RuntimeError(f"no session is waiting (phase: {self.phase.value})")
         self.phase = Phase.BYE
         self._send("bye")
+        return self._flush()
+
+    def add_mounts(self, lines: list[str], secrets: tuple[str, ...]) -> list[Event]:
+        """Send ``addmount`` commands while the session waits for our proxy
+        (as OpenNX does, before ``bye``); ``secrets`` never show in a trace.
+        The server's answers come as notices: a folder that cannot be shared
+        never costs the session."""
+        if self.phase is not Phase.READY:
+            raise RuntimeError(f"no session is waiting (phase: {self.phase.value})")
+        self._secrets = tuple(sorted({*self._secrets, *secrets, *(escape(s) for s in secrets)}, key=len,
+                                     reverse=True))
+        for line in lines:
+            self._send(line)
+        self._mounts_pending += len(lines)
         return self._flush()
 
     def choose(self, session_id: str) -> list[Event]:
@@ -386,6 +403,8 @@ class ClientDialogue:
             return
         if code == 999:
             self._bye_line(text)
+        elif self.phase is Phase.READY and self._mounts_pending and (is_error(code) or code == 719):
+            self._events.append(Notice(self._hidden(text)))  # an addmount's answer
         elif is_error(code):
             self._errors.append(self._hidden(text))
         else:
@@ -400,6 +419,8 @@ class ClientDialogue:
             return
         phase = self.phase
         if phase in (Phase.READY, Phase.BYE):
+            if self._mounts_pending:
+                self._mounts_pending -= 1  # an addmount answered
             return
         if code == 101 and phase is Phase.LOGIN:
             self._send(self.user)
@@ -621,6 +642,7 @@ def session_info(fields: dict[int, str]) -> SessionInfo:
         session_type=fields.get(703, ""),
         proxy_ip=fields.get(702, ""),
         status=fields.get(710, ""),
+        file_sharing_port=int(fields[709]) if fields.get(709, "").isdigit() else None,
     )
 
 

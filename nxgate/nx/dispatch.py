@@ -17,6 +17,7 @@ from collections.abc import Callable
 from nxgate.nx import errors, replies
 from nxgate.nx.errors import NXError
 from nxgate.nx.listing import DASHES, HEADER, ListingRow, format_session_list, session_options
+from nxgate.nx.mounts import parse_addmount
 from nxgate.nx.params import Params
 from nxgate.nx.requests import restore_request, session_id, shadow_request, start_request
 from nxgate.nx.server_dialogue import Reply
@@ -127,5 +128,8 @@ class NXDispatcher:
         if command == "suspend":
             view = await service.suspend(caller, session_id(params, "sessionid", "id"))
             return Reply(replies.suspended(view.id))
+        if command == "addmount":
+            sid, mount = parse_addmount(params)
+            return Reply(replies.mount_added(await service.add_mount(caller, sid, mount)))
         raise NXError(errors.GENERIC_ERROR, f"ERROR: {command} is not available on this server",
                       last_operation_failed=True)

@@ -55,3 +55,12 @@ def terminated(session_id: str) -> tuple[str, ...]:
 
 def suspended(session_id: str) -> tuple[str, ...]:
     return (f"NX> 716 Suspending session {session_id} on user request.",)
+
+
+def mount_added(mounting: bool) -> tuple[str, ...]:
+    """The answer to ``addmount``: FreeNX's line at once (the mount follows
+    in the background), or a plain note that sharing is off, which is no
+    error: the session goes on without the folder."""
+    if mounting:
+        return ("NX> 719 SMB filesystem: running",)
+    return ("NX> 719 SMB filesystem: off (folder sharing is not enabled for this session)",)

@@ -125,7 +125,7 @@ class DialogueState(enum.Enum):
 
 # Commands that take a parameter list and need a logged-in user.
 SESSION_COMMANDS = frozenset(
-    {"listsession", "startsession", "restoresession", "attachsession", "terminate", "suspend"}
+    {"listsession", "startsession", "restoresession", "attachsession", "terminate", "suspend", "addmount"}
 )
 _PRELOGIN_ONLY = frozenset({"hello", "login"})
 _VERSION = re.compile(r"nxclient\s*-\s*version\s+(\d+)\.(\d+)(?:\.(\d+))?", re.IGNORECASE)

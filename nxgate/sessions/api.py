@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from nxgate.sessions.caller import Caller
-from nxgate.sessions.requests import RestoreRequest, ShadowRequest, StartRequest
+from nxgate.sessions.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
 from nxgate.sessions.results import Listing, ProgressCallback, Ready, ServiceStatus, SessionView, ShadowTarget
 
 
@@ -29,6 +29,9 @@ class SessionAPI(Protocol):
     async def terminate(self, caller: Caller, session_id: str, reason: str = "user request") -> SessionView: ...
 
     async def rename(self, caller: Caller, session_id: str, name: str) -> SessionView: ...
+
+    # A folder the client shares, mounted in the caller's session; False: sharing is off there.
+    async def add_mount(self, caller: Caller, session_id: str, mount: ShareMount) -> bool: ...
 
     async def list(self, caller: Caller) -> Listing: ...  # live sessions, oldest first; an admin's: everyone's
 

@@ -689,6 +689,20 @@ class Lifecycle:
             if entry in runtime.waiters:
                 runtime.waiters.remove(entry)
 
+    async def mount_share(self, session_id: str, mount: Any) -> None:
+        """Mount a shared folder once the session is attached (its smb channel
+        is up then); a session that suspends or ends first gets no mount."""
+        sharing = self.extras.by_name.get("sharing")
+        if sharing is None:
+            return
+        try:
+            await self._wait_for(session_id, {State.RUNNING}, self.settings.connect_timeout)
+        except (SessionEnded, WaitTimeout) as problem:
+            log.warn("session {id}: {share!r} not mounted: {problem}", id=session_id, share=mount.share,
+                     problem=problem)
+            return
+        await sharing.mount(self.sessions[session_id], mount)
+
     async def _end(self, session_id: str, final: State, reason: str) -> None:
         """Record the end of a session and clean up after it."""
         session = self.sessions.get(session_id)

@@ -78,3 +78,18 @@ class ShadowRequest:
     target_id: str
     display: DisplaySettings
     view_only: bool
+
+
+@dataclass(frozen=True)
+class ShareMount:
+    """A folder the client shares with its session (``addmount``): its SMB
+    share ``share`` on the client's SMB server, reached through the session's
+    smb channel, to appear in the session as ``~/MyShares/<name>``.  The
+    password travels only to the FUSE SMB client (never argv, logs or the
+    store: ``repr=False``, and the service keeps no copy)."""
+
+    share: str
+    name: str
+    username: str = ""
+    password: str = field(default="", repr=False)
+    computer: str = ""

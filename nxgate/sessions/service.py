@@ -37,7 +37,7 @@ from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.housekeeping import Housekeeping
 from nxgate.sessions.lifecycle import Background, Lifecycle
 from nxgate.sessions.limits import Limits
-from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequest, StartRequest
+from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequest, ShareMount, StartRequest
 from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionObserver, SessionView,
                                      ShadowTarget, StreamTarget, UnknownSession)
 from nxgate.sessions.store.adapter import SyncStoreAdapter
@@ -247,6 +247,24 @@ class SessionService(service.Service):
         log.info("session {id} of {user} renamed to {name!r} by {address}", id=session.id, user=session.user,
                  name=clean, address=caller.address, audit="session_rename")
         return SessionView.of(self.lifecycle.rename(session.id, clean))
+
+    async def add_mount(self, caller: Caller, session_id: str, mount: ShareMount) -> bool:
+        """Mount a folder the client shares in the caller's session (``addmount``).
+
+        False when folder sharing is off for the session (the admin's
+        ``[services]``, or a client that did not ask with ``--samba``): off,
+        not an error.  The mount is made in the background once the client's
+        proxy is attached, since the smb channel exists only then; clients
+        send ``addmount`` before ``bye``."""
+        session = self._owned(caller, session_id)
+        if "sharing" not in extras.granted(session) or "sharing" not in self.extras.by_name:
+            log.info("{user} from {address} shared {share!r} with session {id}, which has no folder sharing",
+                     user=caller.user, address=caller.address, share=mount.share, id=session.id)
+            return False
+        log.info("{user} from {address} shares {share!r} (as ~/MyShares/{name}) with session {id}", user=caller.user,
+                 address=caller.address, share=mount.share, name=mount.name, id=session.id, audit="share_mount")
+        self.background(self.lifecycle.mount_share(session.id, mount), "mounting a shared folder", session.id)
+        return True
 
     @property
     def observers(self) -> list[SessionObserver]:

@@ -154,7 +154,12 @@ class _Page(resource.Resource):
             request.setResponseCode(404)
             return auth.page(request, "Refused", '<p class="error" role="alert">No such session.</p>')
         body = (f'<section id="viewer" data-handle="{escape(handle)}" data-purpose="{self.purpose}">'
-                '<p id="viewer-status" role="status">Connecting…</p>'
+                '<div id="viewer-bar"><p id="viewer-status" role="status">Connecting…</p>'
+                '<details id="viewer-clipboard-panel"><summary>Clipboard</summary>'
+                '<textarea id="viewer-clipboard" rows="3" cols="40" spellcheck="false" '
+                'aria-label="The session\'s clipboard: what is copied there shows here; edit and send"></textarea>'
+                '<button type="button" id="viewer-clipboard-send">Send to the session</button>'
+                '</details></div>'
                 '<div id="viewer-screen"></div></section>')
         page = auth.page(request, "Session", body, scripts=("/view/static/viewer.js",))
         request.setHeader(b"Content-Security-Policy", CSP)
@@ -350,8 +355,10 @@ class ViewerBridge:
             raise SessionError(Kind.LIMIT_REACHED, str(error)) from None
         viewer = self.viewer
         display = defer.ensureDeferred(viewer.start_display())
-        settings = DisplaySettings(geometry=f"{viewer.width}x{viewer.height}", client="browser", link="lan",
-                                   clipboard="both")
+        # Full screen in the viewer's Xvfb, which has the browser window's size: the session takes that
+        # size at this resume (nxagent's resize=1), and a new window size is a new resume (viewer.js).
+        settings = DisplaySettings(geometry=f"{viewer.width}x{viewer.height}", fullscreen=True, client="browser",
+                                   link="lan", clipboard="both")
         try:
             if self.ticket.purpose == "shadow":
                 ready = await self.parent.service.attach_shadow(

@@ -339,6 +339,9 @@ def upgrade(request: Any, connection: WebSocketConnection) -> None:
     channel = request.channel
     transport = channel.transport
     channel.setTimeout(None)
+    # twisted.web's channel registered itself as the connection's producer (Twisted >= 22); it goes,
+    # so that the WebSocket's handler can register its own (flow control with the VNC side).
+    transport.unregisterProducer()
     channel.transport = None  # twisted.web lets go of the connection
     if isinstance(transport, ProtocolWrapper):  # TLS
         transport.wrappedProtocol = connection

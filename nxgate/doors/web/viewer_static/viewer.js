@@ -7,7 +7,8 @@
   const section = document.getElementById("viewer");
   const status = document.getElementById("viewer-status");
   const screen = document.getElementById("viewer-screen");
-  const state = { phase: "starting", openedAt: performance.now(), connectedAt: null, rfb: null, clipboard: "" };
+  const state = { phase: "starting", openedAt: performance.now(), connectedAt: null, rfb: null, clipboard: "",
+                  sent: "", size: null, resizes: 0, reconnecting: false };
   window.nxgateViewer = state;
 
   function say(phase, words) {
@@ -21,12 +22,17 @@
     return field ? field.value : "";
   }
 
-  async function ticket() {
+  /* The page's room for the session, in CSS pixels: the size the session is resumed at. */
+  function screenSize() {
+    return [Math.max(320, screen.clientWidth), Math.max(200, screen.clientHeight)];
+  }
+
+  async function ticket(size) {
     const body = new URLSearchParams({
       handle: section.dataset.handle,
       purpose: section.dataset.purpose,
-      width: String(Math.max(320, screen.clientWidth)),
-      height: String(Math.max(200, screen.clientHeight)),
+      width: String(size[0]),
+      height: String(size[1]),
     });
     const answer = await fetch("/view/ticket", {
       method: "POST", body: body, credentials: "same-origin", cache: "no-store",
@@ -38,53 +44,116 @@
     return (await answer.json()).ticket;
   }
 
+  const field = document.getElementById("viewer-clipboard");
+  const sendButton = document.getElementById("viewer-clipboard-send");
+
+  /* Text to the session's clipboard.  RFB's cut text is Latin-1 bytes; x11vnc puts them in the
+     viewer display's selection as STRING, and nxagent hands them to the session's programs as they
+     are, which read them as UTF-8 (UTF8_STRING).  So the page sends the text's UTF-8 bytes, one
+     "Latin-1 character" each: any character arrives whole. */
+  function toSession(text) {
+    if (!state.rfb || !text) return;
+    const bytes = new TextEncoder().encode(text);
+    let wire = "";
+    for (const byte of bytes) wire += String.fromCharCode(byte);
+    state.clipboard = text;
+    state.sent = wire;
+    state.rfb.clipboardPasteFrom(wire);
+  }
+
+  /* The session's text as x11vnc sends it: Latin-1 bytes of the selection's STRING, which nxagent
+     fills with the session's UTF-8.  Bytes that are valid UTF-8 are read as such (Latin-1 text that
+     is also valid UTF-8 is rare: "Ã©" and the like); anything else stays Latin-1. */
+  function fromSession(text) {
+    if (!/[\u0080-\u00ff]/.test(text) || /[^\u0000-\u00ff]/.test(text)) return text;
+    try {
+      return new TextDecoder("utf-8", { fatal: true }).decode(Uint8Array.from(text, (c) => c.charCodeAt(0)));
+    } catch (error) {
+      return text;
+    }
+  }
+
   async function pasteLocalClipboard() {
     if (!state.rfb || !navigator.clipboard || !navigator.clipboard.readText) return;
     try {
       const text = await navigator.clipboard.readText();
-      if (text && text !== state.clipboard) {
-        state.clipboard = text;
-        state.rfb.clipboardPasteFrom(text);
-      }
+      if (text && text !== state.clipboard) toSession(text);
     } catch (error) {
-      /* no permission: the paste event below still works */
+      /* no permission: the paste event and the clipboard field still work */
     }
   }
 
-  async function start() {
-    say("ticket", "Opening the session…");
-    const secret = await ticket();
+  function failed(error) {
+    say("failed", error.message || String(error));
+  }
+
+  async function connect() {
+    say("ticket", state.resizes ? "Resizing…" : "Opening the session…");
+    const size = screenSize();
+    const secret = await ticket(size);
     const { default: RFB } = await import("/view/novnc/core/rfb.js");
     const scheme = location.protocol === "https:" ? "wss:" : "ws:";
     const url = scheme + "//" + location.host + "/view/ws?ticket=" + encodeURIComponent(secret);
     say("connecting", "Connecting…");
     const rfb = new RFB(screen, url, { wsProtocols: ["binary"] });
     state.rfb = rfb;
+    state.size = size;
     rfb.scaleViewport = true;
     rfb.focusOnClick = true;
     rfb.addEventListener("connect", () => {
       state.connectedAt = performance.now();
       say("connected", "Connected. Closing this tab suspends the session.");
       rfb.focus();
+      resized();  /* the window may have changed while this connection was made */
     });
     rfb.addEventListener("disconnect", (event) => {
+      if (state.rfb !== rfb) return;
+      state.rfb = null;
+      if (state.reconnecting) {
+        state.reconnecting = false;
+        connect().catch(failed);
+        return;
+      }
       say("disconnected", event.detail.clean ? "The session was suspended." : "Connection lost.");
     });
     rfb.addEventListener("clipboard", (event) => {
-      state.clipboard = event.detail.text;
+      const text = fromSession(event.detail.text);
+      state.clipboard = text;
+      field.value = text;
       if (navigator.clipboard && navigator.clipboard.writeText) {
-        navigator.clipboard.writeText(event.detail.text).catch(() => {});
-      }
-    });
-    window.addEventListener("focus", pasteLocalClipboard);
-    document.addEventListener("paste", (event) => {
-      const text = event.clipboardData ? event.clipboardData.getData("text/plain") : "";
-      if (text && state.rfb) {
-        state.clipboard = text;
-        state.rfb.clipboardPasteFrom(text);
+        navigator.clipboard.writeText(text).catch(() => {});
       }
     });
   }
 
-  start().catch((error) => say("failed", error.message || String(error)));
+  /* The session takes the window's size when it is resumed (nxagent full screen in the viewer's
+     own Xvfb), so following a new window size is a new resume: once the window has kept still
+     for a moment, this connection ends (the session suspends for an instant) and a new one resumes
+     the session at the new size.  Small changes are not worth it: scaling covers them. */
+  let resizeTimer = null;
+  function resized() {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(() => {
+      if (!state.rfb || state.phase !== "connected" || !state.size) return;
+      const [width, height] = screenSize();
+      if (Math.abs(width - state.size[0]) < 16 && Math.abs(height - state.size[1]) < 16) return;
+      state.resizes += 1;
+      state.reconnecting = true;
+      state.rfb.disconnect();
+    }, 700);
+  }
+
+  sendButton.addEventListener("click", () => {
+    toSession(field.value);
+    if (state.rfb) state.rfb.focus();
+  });
+  window.addEventListener("focus", pasteLocalClipboard);
+  window.addEventListener("resize", resized);
+  document.addEventListener("paste", (event) => {
+    if (event.target === field) return;  /* the field is edited first, then sent with its button */
+    const text = event.clipboardData ? event.clipboardData.getData("text/plain") : "";
+    if (text) toSession(text);
+  });
+
+  connect().catch(failed);
 })();

@@ -1,0 +1,354 @@
+#!/usr/bin/env python3
+"""The in-browser viewer (issue 15): how soon a suspended session is drawn
+in the page, how fast a keystroke echoes, how many full-screen frames per
+second reach the page, and what one browser viewer costs the server.
+
+A real gateway with ``[web]``, a real user, a console session (an xterm)
+started by an NX client and then suspended, and Debian's headless Chromium
+logged in to the portal (tests/harness/browser.py).  Every figure is taken
+in the page itself, where the user sees it:
+
+* open -> first picture: from the click on "Open" (wall clock, in the
+  bench) to the first moment the page's noVNC canvas shows the session's
+  red xterm at three points (a script DevTools puts in every page polls
+  the canvas every few milliseconds and notes ``Date.now()``).  The session
+  is suspended before each click: each run is a full NX resume by the
+  viewer's nxproxy into a new Xvfb, x11vnc and noVNC's connection.
+* keystroke -> echo: in the page, noVNC sends one key (``rfb.sendKey``)
+  to the xterm and a tight loop hashes the xterm's part of the canvas until
+  it changes; p50 and p99 of ``--keys`` keys, 30-60 ms apart.
+* frames per second of a full-screen change: an X client of the bench (on
+  the session's display, with the session's cookie) maps a window over the
+  whole screen and fills it with another colour ``--rate`` times a second
+  (60: an animation) for ``--seconds``; the page counts the frames whose
+  five sample points (corners and centre) all show a new colour.  The
+  source's own rate is reported beside it.
+* memory: the PSS (``/proc/PID/smaps_rollup``) of the viewer's three
+  programs (Xvfb, nxproxy, x11vnc), the server-side cost of one browser.
+
+    .venv/bin/python bench/web_viewer.py [--runs 7] [--keys 100] [--seconds 5] [--rate 60] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from nxgate.doors.admin.cli import request as admin_request  # noqa: E402
+from tests.harness.browser import Browser, available  # noqa: E402
+from tests.harness.gateway import Gateway  # noqa: E402
+from tests.harness.process import wait_for  # noqa: E402
+from tests.harness.ssh import Attachment, NXClient, SessionInfo  # noqa: E402
+from tests.harness.users import create_user  # noqa: E402
+from tests.harness.web import web_base, web_options  # noqa: E402
+from tests.harness.x11 import ClientScreen  # noqa: E402
+from tests.test_e2e_web import START  # noqa: E402
+from tests.test_e2e_web_viewer import click_canvas, programs_of  # noqa: E402
+
+TARGET_FIRST_PICTURE_S = 1.5
+RED = (255, 0, 0)
+XTERM = "xterm -bg #ff0000 -fg #ffff00 -geometry 60x15+10+10 -e sh -c 'cat > /dev/null'"
+
+#: Put by DevTools in every page before its own scripts (CSP does not apply to it): on a viewer
+#: page it polls the canvas until the session's red xterm is there and notes the wall-clock time.
+WATCH_FIRST_PICTURE = """
+(function () {
+  if (!location.pathname.startsWith('/view/')) return;
+  window.nxgateBench = { firstPicture: null };
+  const points = [[40, 40], [150, 100], [300, 150]];
+  function red(context, [x, y]) {
+    const d = context.getImageData(x, y, 1, 1).data;
+    return d[0] > 200 && d[1] < 60 && d[2] < 60;
+  }
+  function look() {
+    const canvas = document.querySelector('#viewer-screen canvas');
+    if (canvas && canvas.width > 320) {
+      const context = canvas.getContext('2d');
+      if (points.every((point) => red(context, point))) {
+        window.nxgateBench.firstPicture = Date.now();
+        return;
+      }
+    }
+    setTimeout(look, 2);
+  }
+  look();
+})();
+"""
+
+#: In the page: ``keys`` keystrokes to the xterm; the milliseconds from each sendKey to the changed canvas.
+ECHO = """
+const [keys, done] = [arguments[0], arguments[arguments.length - 1]];
+const rfb = window.nxgateViewer.rfb;
+const context = document.querySelector('#viewer-screen canvas').getContext('2d');
+function signature() {
+  const d = context.getImageData(10, 10, 380, 200).data;
+  let h = 0;
+  for (let i = 0; i < d.length; i += 4) { h = (Math.imul(h, 31) + d[i] + d[i + 1] * 7 + d[i + 2] * 13) | 0; }
+  return h;
+}
+function pause(ms) { return new Promise((r) => setTimeout(r, ms)); }
+async function echo(keysym) {
+  const before = signature();
+  const start = performance.now();
+  rfb.sendKey(keysym, null);
+  while (signature() === before) {
+    if (performance.now() - start > 3000) return null;
+    await pause(1);
+  }
+  return performance.now() - start;
+}
+(async () => {
+  const times = [];
+  for (let k = 0; k < keys; k++) {
+    if (k % 40 === 39) { await echo(0xff0d); await pause(50); }  // Return: the line never wraps
+    times.push(await echo(0x61 + (k % 26)));
+    await pause(30 + Math.random() * 30);
+  }
+  done(times);
+})().catch((error) => done(String(error)));
+"""
+
+#: In the page: count full-screen frames (all five points one new colour, not red) until told to stop;
+#: the points are within the session's screen (arguments: its size), which may be smaller than the page's.
+COUNT_FRAMES = """
+const canvas = document.querySelector('#viewer-screen canvas');
+const context = canvas.getContext('2d');
+const [w, h] = [Math.min(canvas.width, arguments[0]), Math.min(canvas.height, arguments[1])];
+const points = [[4, 4], [w - 5, 4], [4, h - 5], [w - 5, h - 5], [w >> 1, h >> 1]];
+const counter = { frames: 0, running: true, first: null, last: null };
+window.nxgateFrames = counter;
+let previous = '';
+function look() {
+  if (!counter.running) return;
+  const colours = points.map(([x, y]) => { const d = context.getImageData(x, y, 1, 1).data; return d[0] + ',' + d[1] + ',' + d[2]; });
+  const colour = colours[0];
+  if (colour !== '255,0,0' && colours.every((c) => c === colour) && colour !== previous) {
+    previous = colour;
+    counter.frames += 1;
+    const now = performance.now();
+    if (counter.first === null) counter.first = now;
+    counter.last = now;
+  }
+  setTimeout(look, 1);
+}
+look();
+"""
+
+
+def pss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/smaps_rollup", encoding="utf-8") as handle:
+        for line in handle:
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    return 0
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(share * (len(ordered) - 1))))]
+
+
+class Flood:
+    """An X client on the session's display filling a full-screen window with
+    another colour ``rate`` times a second (an animation), until stopped.
+
+    Paced, not as fast as possible: x11vnc scans the viewer's screen a few
+    rows at a time, so a source changing faster than a scan would give the
+    page only frames of mixed colours, none of them a whole frame."""
+
+    COLOURS = [(0, 0, 255), (0, 255, 0), (255, 255, 255), (0, 0, 0), (0, 255, 255), (255, 0, 255)]
+
+    def __init__(self, display: str, authority: str, rate: float) -> None:
+        from Xlib import X, display as xdisplay
+
+        self.rate = rate
+        os.environ["XAUTHORITY"] = authority
+        self.X = X
+        self.display = xdisplay.Display(display)
+        screen = self.display.screen()
+        self.width, self.height = screen.width_in_pixels, screen.height_in_pixels
+        self.window = screen.root.create_window(0, 0, self.width, self.height, 0, screen.root_depth,
+                                                override_redirect=True, background_pixel=screen.black_pixel)
+        colormap = screen.default_colormap
+        self.pixels = [colormap.alloc_color(r * 257, g * 257, b * 257).pixel for r, g, b in self.COLOURS]
+        self.gcs = [self.window.create_gc(foreground=pixel) for pixel in self.pixels]
+        self.window.map()
+        self.display.sync()
+        self.fills = 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        tick = time.monotonic()
+        while not self.stopping.is_set():
+            self.window.fill_rectangle(self.gcs[self.fills % len(self.gcs)], 0, 0, self.width, self.height)
+            self.display.sync()
+            self.fills += 1
+            tick += 1 / self.rate
+            time.sleep(max(0.0, tick - time.monotonic()))
+
+    def close(self) -> None:
+        self.stopping.set()
+        if self.thread.is_alive():
+            self.thread.join(5)
+        self.window.destroy()
+        self.display.sync()
+        self.display.close()
+
+
+class Bench:
+    def __init__(self) -> None:
+        self.user = create_user(prefix="nxbw")
+        self.gateway = Gateway({"sessions": {"display_base": "1230", "display_limit": "40",
+                                             "connect_timeout": "60"},
+                                "types": {"unix-console": XTERM}, **web_options()}).start()
+        self.base = web_base(self.gateway)
+        self.admin = os.path.join(self.gateway.state_dir, "admin.sock")
+        self.screen = ClientScreen(800, 600)
+        self.browser: Browser | None = None
+
+    def close(self) -> None:
+        if self.browser is not None:
+            self.browser.quit()
+        try:
+            for session in admin_request(self.admin, "sessions")["result"]:
+                admin_request(self.admin, "terminate", id=session["id"])
+        except OSError:
+            pass
+        self.gateway.stop()
+        self.screen.close()
+        self.user.remove()
+
+    def session(self, session_id: str) -> dict[str, Any] | None:
+        return next((s for s in admin_request(self.admin, "sessions")["result"] if s["id"] == session_id), None)
+
+    def suspended_session(self) -> tuple[str, int]:
+        """A session an NX client started, drew and left: (id, display)."""
+        client = NXClient(self.gateway.port)
+        client.greet()
+        client.login(self.user.name, self.user.password)
+        client.prompt()
+        reply = client.command(START.format(name="bench"), timeout=60)
+        info = SessionInfo.parse(reply)
+        attachment = Attachment(client, info, self.screen.name, self.gateway.workdir)
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        attachment.detach()
+        client.close()
+        wait_for(lambda: (self.session(info.session_id) or {}).get("state") == "suspended", 30, "the suspension")
+        return info.session_id, int(self.session(info.session_id)["display"])
+
+    def open_once(self) -> float:
+        """Click "Open" on the portal; the seconds until the page shows the session."""
+        browser = self.browser
+        assert browser is not None
+        browser.get(self.base + "/")
+        button = browser.wait(lambda: browser.find_all("form[action='/view/open'] button"), 30, "Open")[0]
+        clicked = time.time() * 1000
+        button.click()
+        shown = browser.wait(lambda: browser.driver.execute_script(
+            "return window.nxgateBench && window.nxgateBench.firstPicture;"), 60, "the first picture")
+        return (shown - clicked) / 1000
+
+    def leave(self, session_id: str) -> None:
+        """Leave the viewer's page (the session suspends) and wait for the viewer's programs to go."""
+        assert self.browser is not None
+        self.browser.get(self.base + "/")
+        wait_for(lambda: (self.session(session_id) or {}).get("state") == "suspended", 30, "the suspension")
+        wait_for(lambda: not programs_of(self.user.entry.pw_uid), 20, "the viewer's programs to end")
+
+    def run(self, runs: int, keys: int, seconds: float, rate: float) -> dict[str, Any]:
+        session_id, display = self.suspended_session()
+        authority = os.path.join(self.gateway.state_dir, "sessions", session_id, "authority")
+        self.browser = Browser(1024, 768)
+        self.browser.driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": WATCH_FIRST_PICTURE})
+        self.browser.login(self.base, self.user.name, self.user.password)
+        self.browser.wait(lambda: self.browser.find_all("nav .who"), 30, "the portal")
+        firsts = []
+        for run in range(runs):
+            firsts.append(self.open_once())
+            print(f"open -> first picture, run {run + 1}: {firsts[-1]:.3f} s", flush=True)
+            if run < runs - 1:
+                self.leave(session_id)
+        # The viewer stays open for the rest.
+        uid = self.user.entry.pw_uid
+        time.sleep(1.0)
+        programs = programs_of(uid)
+        memory = {name: pss_kb(pid) for pid, name in programs.items()}
+        print(f"viewer programs' PSS: {memory} kB", flush=True)
+
+        click_canvas(self.browser, 100, 60)  # into the xterm: with no window manager, focus follows the pointer
+        time.sleep(0.5)
+        self.browser.driver.set_script_timeout(keys * 4 + 30)
+        echoes = self.browser.driver.execute_async_script(ECHO, keys)
+        if isinstance(echoes, str):
+            raise RuntimeError(f"the echo script failed: {echoes}")
+        lost = sum(1 for e in echoes if e is None)
+        echoes = [e for e in echoes if e is not None]
+        print(f"keystroke -> echo: p50 {percentile(echoes, 0.5):.1f} ms, p99 {percentile(echoes, 0.99):.1f} ms "
+              f"({len(echoes)} keys, {lost} without echo)", flush=True)
+
+        flood = Flood(f":{display}", authority, rate)
+        try:
+            self.browser.driver.execute_script(COUNT_FRAMES, flood.width, flood.height)
+            flood.thread.start()
+            began = time.monotonic()
+            time.sleep(seconds)
+            fills = flood.fills
+            elapsed = time.monotonic() - began
+            counter = self.browser.driver.execute_script(
+                "window.nxgateFrames.running = false; return window.nxgateFrames;")
+        finally:
+            flood.close()
+        frames = counter["frames"]
+        span = (counter["last"] - counter["first"]) / 1000 if frames > 1 else elapsed
+        fps = (frames - 1) / span if frames > 1 else 0.0
+        print(f"full-screen change: {fps:.1f} frames/s in the page ({frames} frames in {span:.2f} s); "
+              f"the source drew {fills / elapsed:.0f}/s", flush=True)
+        return {
+            "first_picture_s": firsts, "first_picture_s_median": statistics.median(firsts),
+            "target_first_picture_s": TARGET_FIRST_PICTURE_S,
+            "echo_ms": echoes, "echo_ms_p50": percentile(echoes, 0.5), "echo_ms_p99": percentile(echoes, 0.99),
+            "echo_lost": lost,
+            "fps": fps, "frames": frames, "source_fps": fills / elapsed, "source_rate": rate, "seconds": seconds,
+            "viewer_pss_kb": memory, "viewer_pss_mb": sum(memory.values()) / 1024,
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=7, help="open -> first picture runs")
+    parser.add_argument("--keys", type=int, default=100, help="keystrokes for the echo figures")
+    parser.add_argument("--seconds", type=float, default=5.0, help="how long the full-screen flood runs")
+    parser.add_argument("--rate", type=float, default=60.0, help="full-screen changes per second of the source")
+    parser.add_argument("--json", help="write the figures here")
+    args = parser.parse_args(argv)
+    why = available()
+    if why:
+        print(f"no browser viewer bench: {why}", file=sys.stderr)
+        return 2
+    bench = Bench()
+    try:
+        result = bench.run(args.runs, args.keys, args.seconds, args.rate)
+    finally:
+        bench.close()
+    print(f"\nopen -> first picture: median {result['first_picture_s_median']:.2f} s "
+          f"(target <= {TARGET_FIRST_PICTURE_S} s); echo p50/p99 {result['echo_ms_p50']:.0f}/"
+          f"{result['echo_ms_p99']:.0f} ms; {result['fps']:.1f} fps; {result['viewer_pss_mb']:.1f} MB per viewer")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(result, handle, indent=2)
+            handle.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""``nxgate-client --print``: the client's end of the NX cups channel.
+
+The session's cupsd sends jobs to the client's printers through the channel
+(:mod:`nxgate.node.extras.printing`); the client's ``nxproxy -S cups=PORT``
+connects each channel connection to PORT here, a loopback listener that
+lets through only requests carrying the session's credential
+(:mod:`nxgate.printgate`: another local user on the server who finds the
+channel's port gets a 401) and relays them to the local print server
+(``--print-server``: a CUPS at ``host[:port]`` or its Unix socket; by
+default $CUPS_SERVER, else CUPS's own socket, else localhost:631).  The
+listener goes when the client ends.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from twisted.internet import protocol
+from twisted.internet.endpoints import TCP4ClientEndpoint, UNIXClientEndpoint
+from twisted.logger import Logger
+
+from nxgate import printgate
+
+log = Logger(namespace="nxgate.client.printing")
+
+CUPS_SOCKET = "/run/cups/cups.sock"
+CUPS_PORT = 631
+CONNECT_TIMEOUT = 10
+
+
+class PrintingError(Exception):
+    pass
+
+
+def default_server(environ: dict[str, str]) -> str:
+    """Where CUPS's own clients would print: $CUPS_SERVER, else the local
+    scheduler's socket, else localhost:631."""
+    given = environ.get("CUPS_SERVER", "").strip()
+    if given:
+        return given
+    return CUPS_SOCKET if os.path.exists(CUPS_SOCKET) else f"localhost:{CUPS_PORT}"
+
+
+def parse_server(server: str) -> tuple[str, int] | str:
+    """``/path`` (a Unix socket) or ``host[:port]`` → the path, or (host, port)."""
+    if server.startswith("/"):
+        return server
+    host, sep, port = server.rpartition(":")
+    if not sep or "]" in port:
+        host, port = server, str(CUPS_PORT)
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise PrintingError(f"--print-server: {server!r} is not a socket path or host[:port]")
+    return host, int(port)
+
+
+class _Upstream(protocol.Protocol):
+    def __init__(self, downstream: _GateProtocol) -> None:
+        self.downstream = downstream
+
+    def connectionMade(self) -> None:
+        self.downstream.upstream_ready(self)
+
+    def dataReceived(self, data: bytes) -> None:
+        self.downstream.transport.write(data)
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.downstream.transport.loseConnection()
+
+
+class _GateProtocol(protocol.Protocol):
+    """One channel connection: checked by a :class:`printgate.Gate`, relayed
+    to the print server once the first request passed."""
+
+    factory: GateFactory
+
+    def connectionMade(self) -> None:
+        self.gate = printgate.Gate(self.factory.session_cookie, host=self.factory.host_header)
+        self.upstream: _Upstream | None = None
+        self.connecting = False
+        self.pending = b""
+
+    def dataReceived(self, data: bytes) -> None:
+        out = self.gate.feed(data)
+        if out.refused:
+            self.factory.refused += out.refused
+        if out.to_client:
+            self.transport.write(out.to_client)
+        if out.to_server:
+            if self.upstream is not None:
+                self.upstream.transport.write(out.to_server)
+            else:
+                self.pending += out.to_server
+                if not self.connecting:
+                    self.connecting = True
+                    self.factory.connect(self)
+        if out.close:
+            self.transport.loseConnection()
+
+    def upstream_ready(self, upstream: _Upstream) -> None:
+        self.upstream = upstream
+        if self.pending:
+            upstream.transport.write(self.pending)
+            self.pending = b""
+
+    def upstream_failed(self, failure: Any) -> None:
+        log.warn("cannot reach the local print server: {error}", error=failure.getErrorMessage())
+        self.transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        self.transport.loseConnection()
+
+    def connectionLost(self, reason: Any = None) -> None:
+        if self.upstream is not None:
+            self.upstream.transport.loseConnection()
+
+
+class GateFactory(protocol.ServerFactory):
+    protocol = _GateProtocol
+
+    def __init__(self, reactor: Any, session_cookie: str, server: tuple[str, int] | str) -> None:
+        self.reactor = reactor
+        self.session_cookie = session_cookie
+        self.server = server
+        self.host_header = "localhost" if isinstance(server, str) else f"localhost:{server[1]}"
+        self.refused = 0
+
+    def connect(self, downstream: _GateProtocol) -> None:
+        if isinstance(self.server, str):
+            endpoint: Any = UNIXClientEndpoint(self.reactor, self.server, timeout=CONNECT_TIMEOUT)
+        else:
+            endpoint = TCP4ClientEndpoint(self.reactor, self.server[0], self.server[1], timeout=CONNECT_TIMEOUT)
+        d = endpoint.connect(protocol.Factory.forProtocol(lambda: _Upstream(downstream)))
+        d.addErrback(downstream.upstream_failed)
+
+
+class LocalPrinting:
+    """The gate of one attachment, on 127.0.0.1 and a free port."""
+
+    def __init__(self, reactor: Any, server: str) -> None:
+        self.reactor = reactor
+        self.server = parse_server(server)
+        self.listener: Any = None
+        self.factory: GateFactory | None = None
+
+    def open(self, session_cookie: str) -> int:
+        """Listen for the channel; the port for nxproxy's ``cups=``."""
+        self.factory = GateFactory(self.reactor, session_cookie, self.server)
+        self.listener = self.reactor.listenTCP(0, self.factory, interface="127.0.0.1")
+        return int(self.listener.getHost().port)
+
+    def close(self) -> None:
+        if self.listener is not None:
+            self.listener.stopListening()
+            self.listener = None

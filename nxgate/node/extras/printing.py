@@ -1,0 +1,432 @@
+"""Printing (``--cups="1"``): the session prints on the client's printers
+through the NX cups channel.
+
+Each session with printing gets a cupsd of its own, run AS THE USER (no
+root, no system cupsd involved), listening only on a Unix socket in the
+session directory (0700, the user's; cupsd keeps its own ``cups/`` in it at
+0755): ``CUPS_SERVER`` points the
+session's programs (``lp``, ``lpstat``, print dialogs) at it, so another
+user sees neither the queues nor the jobs, and a system cupsd, if any, is
+never touched.  FreeNX ran a per-session cupsd too, but on TCP port
+9000+display where every local user could reach it.
+
+Its queues are raw IPP queues, one per printer of the client: the agent's
+cups channel listens on 127.0.0.1:2000+display (:mod:`nxgate.channels`),
+the client's nxproxy connects it to the client's print server (behind
+``nxgate-client``'s gate, :mod:`nxgate.printgate`), so a queue's device URI
+is ``ipp://nxgate:CREDENTIAL@127.0.0.1:2000+d/printers/NAME`` and CUPS's own
+``ipp`` backend sends the job there; documents are not converted here, the
+client's CUPS does that for its printer.  The credential (derived from the
+session cookie) is only in printers.conf (0600, in the 0700 directory); cupsd
+takes the password out of the backend's argv.
+
+The client's printers are known only once the client is attached, after
+``start``: a background task asks the client's print server through the
+channel (:mod:`nxgate.ipp`), retrying until the client answers, then writes
+printers.conf and starts cupsd.
+
+At suspend cupsd is stopped, not kept: the channel is gone with the client,
+the next client may be another machine with other printers, and the
+credential changes with the cookie at every resume.  The spool stays in the
+session directory, so a job not yet delivered is sent after the resume if
+the client then has a printer of the same name.  At the end the session
+directory goes with everything in it; after a gateway SIGKILL, the gateway
+that takes the session back stops a suspended session's cupsd, found by the
+session's marker in its environment.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import stat
+from collections.abc import Iterable
+from typing import Any
+
+from twisted.internet import defer, protocol, task
+from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet.error import ConnectingCancelledError
+from twisted.logger import Logger
+
+from nxgate import channels, ipp, printgate
+from nxgate.node import files, processes
+from nxgate.node.extras import Context
+
+log = Logger(namespace="nxgate.extras.printing")
+
+DIRECTORY = "cups"
+SOCKET = "socket"
+SUBDIRECTORIES = ("spool", "cache", "state")
+ASK_TIMEOUT = 10.0
+FIRST_RETRY, LAST_RETRY = 0.5, 5.0
+#: After this long without an answer (a client that asked for printing but
+#: forwards nothing), the channel is asked only every SLOW_RETRY seconds.
+PATIENCE, SLOW_RETRY = 120.0, 30.0
+SOCKET_TIMEOUT = 20.0
+STOP_GRACE = 5.0
+#: Where the session's cupsd is looked for (it runs with this PATH).
+CUPSD_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class NotAnswering(Exception):
+    """The channel has no print server behind it (yet)."""
+
+
+class Refused(Exception):
+    """The client's gate refused the session's credential."""
+
+
+# ------------------------------------------------------------ configuration
+def cupsd_conf(socket_path: str) -> str:
+    """cupsd.conf of a session's cupsd: its Unix socket only, no browsing,
+    no web interface; no authentication, as only the user reaches the socket."""
+    return "\n".join([
+        f"Listen {socket_path}",
+        "LogLevel warn",
+        "MaxLogSize 1m",
+        "Browsing No",
+        "BrowseLocalProtocols none",
+        "WebInterface No",
+        "DefaultAuthType None",
+        "JobRetryInterval 5",
+        "<Policy default>",
+        "  JobPrivateAccess all",
+        "  JobPrivateValues none",
+        "  SubscriptionPrivateAccess all",
+        "  SubscriptionPrivateValues none",
+        "  <Limit All>",
+        "    Order deny,allow",
+        "  </Limit>",
+        "</Policy>",
+        "",
+    ])
+
+
+def cups_files_conf(directory: str) -> str:
+    """cups-files.conf: everything cupsd writes stays in ``directory``."""
+    path = lambda name: os.path.join(directory, name)  # noqa: E731
+    return "\n".join([
+        f"ServerRoot {directory}",
+        f"RequestRoot {path('spool')}",
+        f"TempDir {path('spool')}",
+        f"CacheDir {path('cache')}",
+        f"StateDir {path('state')}",
+        f"ErrorLog {path('error_log')}",
+        f"AccessLog {path('access_log')}",
+        f"PageLog {path('page_log')}",
+        f"Printcap {path('printcap')}",
+        "ConfigFilePerm 0600",
+        "LogFilePerm 0600",
+        "FileDevice No",
+        "",
+    ])
+
+
+def device_uri(port: int, resource: str, credential: str) -> str:
+    return f"ipp://{printgate.USER}:{credential}@127.0.0.1:{port}{resource}"
+
+
+def printers_conf(printers: Iterable[ipp.Printer], port: int, credential: str) -> str:
+    """printers.conf: a raw queue per client printer (names and texts were
+    cleaned by :mod:`nxgate.ipp`: nothing can end a line or a section)."""
+    printers = list(printers)
+    default = next((p.queue for p in printers if p.default), printers[0].queue if printers else None)
+    lines = []
+    for printer in printers:
+        section = "DefaultPrinter" if printer.queue == default else "Printer"
+        lines += [
+            f"<{section} {printer.queue}>",
+            f"Info {printer.info or printer.name} (NX client)",
+            "Location the NX client's machine",
+            f"DeviceURI {device_uri(port, printer.resource, credential)}",
+            "State Idle",
+            "Accepting Yes",
+            "Shared No",
+            "JobSheets none none",
+            "QuotaPeriod 0",
+            "PageLimit 0",
+            "KLimit 0",
+            "OpPolicy default",
+            "ErrorPolicy retry-job",
+            f"</{section}>",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------ asking the client
+class _Exchange(protocol.Protocol):
+    def __init__(self, payload: bytes, done: defer.Deferred[bytes]) -> None:
+        self.payload = payload
+        self.done = done
+        self.data = b""
+
+    def connectionMade(self) -> None:
+        self.transport.write(self.payload)
+
+    def dataReceived(self, data: bytes) -> None:
+        self.data += data
+        if len(self.data) > ipp.MAX_RESPONSE:
+            self.transport.abortConnection()
+        elif ipp.response_complete(self.data) and not self.done.called:
+            self.done.callback(self.data)
+
+    def connectionLost(self, reason: Any = None) -> None:
+        if not self.done.called:
+            self.done.callback(self.data)
+
+
+async def exchange(reactor: Any, port: int, payload: bytes, timeout: float = ASK_TIMEOUT) -> bytes:
+    """Send ``payload`` to 127.0.0.1:``port`` and read to the end (bounded)."""
+    done: defer.Deferred[bytes] = defer.Deferred()
+    endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", port, timeout=timeout)
+    try:
+        connection = await endpoint.connect(protocol.Factory.forProtocol(lambda: _Exchange(payload, done)))
+    except (defer.CancelledError, ConnectingCancelledError):
+        raise defer.CancelledError() from None  # the session's printing is being stopped
+    except Exception as error:  # refused, timed out: nobody there yet
+        raise NotAnswering(str(error)) from None
+    timer = reactor.callLater(timeout, connection.transport.abortConnection)
+    try:
+        return await done
+    finally:
+        if timer.active():
+            timer.cancel()
+        connection.transport.abortConnection()
+
+
+async def ask(reactor: Any, port: int, cookie: str, operation: int, path: str, printer_uri: str | None = None,
+              requested: tuple[str, ...] = ()) -> ipp.HTTPResponse:
+    """One IPP request through the channel; the credential is sent only when
+    asked for (a 401), as CUPS's ipp backend does, so that a client whose
+    print server wants none (a plain CUPS behind the channel) works too."""
+    body = ipp.request(operation, 1, printer_uri, requested)
+    host = f"127.0.0.1:{port}"
+    try:
+        answer = ipp.parse_http_response(await exchange(reactor, port, ipp.http_post(path, body, host)))
+        if answer.status == 401:
+            answer = ipp.parse_http_response(await exchange(
+                reactor, port, ipp.http_post(path, body, host, printgate.authorization(cookie))))
+    except ipp.IPPError as error:
+        raise NotAnswering(str(error)) from None
+    if answer.status == 401:
+        raise Refused("the client's print gate refused the session's credential")
+    if answer.status >= 500:  # e.g. the client's gate cannot reach its CUPS (yet)
+        raise NotAnswering(f"the client's print server answered HTTP {answer.status}")
+    return answer
+
+
+async def discover(reactor: Any, port: int, cookie: str) -> list[ipp.Printer]:
+    """The client's printers: a CUPS lists them; a bare IPP printer (no
+    CUPS-Get-Printers) is one printer at /ipp/print."""
+    answer = await ask(reactor, port, cookie, ipp.CUPS_GET_PRINTERS, "/", requested=ipp.PRINTER_ATTRIBUTES)
+    if answer.status == 200:
+        message = _decode(answer.body)
+        if message.ok:
+            default = None
+            answer = await ask(reactor, port, cookie, ipp.CUPS_GET_DEFAULT, "/", requested=("printer-name",))
+            if answer.status == 200:
+                reply = _decode(answer.body)
+                default = ipp.default_name(reply) if reply.ok else None
+            return ipp.printers_of(message, default)
+        if message.status == 0x0406:  # client-error-not-found: a CUPS without printers
+            return []
+    resource = "/ipp/print"
+    answer = await ask(reactor, port, cookie, ipp.GET_PRINTER_ATTRIBUTES, resource,
+                       printer_uri=f"ipp://127.0.0.1:{port}{resource}", requested=ipp.PRINTER_ATTRIBUTES)
+    if answer.status != 200:
+        return []
+    message = _decode(answer.body)
+    if not message.ok:
+        return []
+    found = ipp.printers_of(ipp.Message(message.status, message.request_id,
+                                        [(ipp.PRINTER_GROUP, g) for g in message.group(ipp.PRINTER_GROUP)]))
+    return [ipp.Printer(printer.name, resource, printer.info, default=True) for printer in found[:1]]
+
+
+def _decode(body: bytes) -> ipp.Message:
+    try:
+        return ipp.decode(body)
+    except ipp.IPPError as error:
+        raise NotAnswering(f"not an IPP answer: {error}") from None
+
+
+# -------------------------------------------------------------- the extra
+class Printing:
+    name = "printing"
+
+    def __init__(self, context: Context, cupsd: str | None = None) -> None:
+        self.context = context
+        self.cupsd = cupsd  # None: not installed, printing is left out (said at each start)
+        self._tasks: dict[str, defer.Deferred[None]] = {}
+        self._cupsd: dict[str, processes.ProcessId] = {}
+
+    def directory(self, session: Any) -> str:
+        return os.path.join(self.context.session_dir(session), DIRECTORY)
+
+    def socket_path(self, session: Any) -> str:
+        return os.path.join(self.directory(session), SOCKET)
+
+    def environment(self, session: Any) -> dict[str, str]:
+        if channels.channel_port("printing", session.display) is None or self.cupsd is None:
+            return {}
+        return {"CUPS_SERVER": self.socket_path(session)}
+
+    async def start(self, session: Any) -> None:
+        port = channels.channel_port("printing", session.display)
+        if port is None:
+            log.warn("session {id}: display :{display} is too high for a cups channel port", id=session.id,
+                     display=session.display)
+            return
+        if self.cupsd is None:
+            log.warn("session {id} of {user} asked for printing, but cupsd is not installed (Debian: cups-daemon); "
+                     "the session has no printers", id=session.id, user=session.user)
+            return
+        self._prepare(session)
+        old = self._tasks.pop(session.id, None)
+        if old is not None:
+            old.cancel()
+        work = defer.ensureDeferred(self._bring_up(session, port))
+        work.addErrback(lambda failure: None if failure.check(defer.CancelledError) else log.failure(
+            "session {id}: printing could not be set up", failure, id=session.id))
+        work.addBoth(lambda _: self._tasks.pop(session.id, None) if self._tasks.get(session.id) is work else None)
+        if not work.called:
+            self._tasks[session.id] = work
+
+    def _prepare(self, session: Any) -> None:
+        """The 0700 ``cups/`` directory and cupsd's configuration, written by
+        root into the user's directory without following links (the user may
+        have replaced anything there)."""
+        directory = self.directory(session)
+        try:
+            files.make_session_dir(directory, session.uid, session.gid)
+        except FileExistsError:
+            pass
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != session.uid:
+                raise OSError(f"{directory} does not belong to the session's user")
+            os.fchmod(fd, 0o700)
+            for name in SUBDIRECTORIES:
+                try:
+                    os.mkdir(name, 0o700, dir_fd=fd)
+                    os.chown(name, session.uid, session.gid, dir_fd=fd, follow_symlinks=False)
+                except FileExistsError:
+                    if not stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
+                        raise OSError(f"{directory}/{name} is not a directory") from None
+        finally:
+            os.close(fd)
+        for name, text in (("cupsd.conf", cupsd_conf(self.socket_path(session))),
+                           ("cups-files.conf", cups_files_conf(directory))):
+            files.write_user_file(os.path.join(directory, name), text.encode(), session.uid, session.gid)
+
+    async def _bring_up(self, session: Any, port: int) -> None:
+        reactor = self.context.reactor
+        delay, said_refused, since = FIRST_RETRY, False, reactor.seconds()
+        while True:
+            try:
+                printers = await discover(reactor, port, session.cookie)
+                break
+            except NotAnswering:
+                pass
+            except Refused as error:
+                if not said_refused:
+                    log.warn("session {id} of {user}: {error}; retrying", id=session.id, user=session.user,
+                             error=str(error))
+                    said_refused = True
+            await task.deferLater(reactor, delay, lambda: None)
+            delay = min(delay * 1.5, LAST_RETRY) if reactor.seconds() - since < PATIENCE else SLOW_RETRY
+        files.write_user_file(os.path.join(self.directory(session), "printers.conf"),
+                              printers_conf(printers, port, printgate.credential(session.cookie)).encode(),
+                              session.uid, session.gid)
+        # One cupsd per session: one left by an interrupted start would hold the socket.
+        await self._end_cupsd(session, await self._blocking(_cupsd_of, session.id, session.uid))
+        cupsd = await self._launch(session)
+        self._cupsd[session.id] = cupsd
+        socket_path = self.socket_path(session)
+        deadline = reactor.seconds() + SOCKET_TIMEOUT
+        while not os.path.exists(socket_path):
+            if not cupsd.alive():
+                raise OSError("the session's cupsd ended at once (see the session's log)")
+            if reactor.seconds() > deadline:
+                raise OSError("the session's cupsd did not open its socket")
+            await task.deferLater(reactor, 0.05, lambda: None)
+        log.info("session {id} of {user}: printing on the client's printers: {queues}", id=session.id,
+                 user=session.user, queues=", ".join(p.queue for p in printers) or "(the client has none)")
+
+    async def _launch(self, session: Any) -> processes.ProcessId:
+        user = await self._blocking(pwd.getpwuid, session.uid)
+        directory = self.directory(session)
+        request = {
+            "user": user.pw_name,
+            "argv": [self.cupsd or "cupsd", "-f", "-c", os.path.join(directory, "cupsd.conf"),
+                     "-s", os.path.join(directory, "cups-files.conf")],
+            "env": {"PATH": CUPSD_PATH, "HOME": user.pw_dir, "LANG": "C.UTF-8"},
+            "env_fixed": {processes.SESSION_MARKER: session.id, processes.SESSION_ID_VARIABLE: session.id},
+            "cwd": directory,
+            "log": self.context.layout.agent_files(session.id).app_log,
+        }
+        return await self.context.launcher.start(request)
+
+    async def stop(self, session: Any) -> None:
+        work = self._tasks.pop(session.id, None)
+        if work is not None:
+            work.cancel()
+        known = self._cupsd.pop(session.id, None)
+        if known is not None:
+            running = [known]
+        else:  # a gateway before this one started it
+            running = await self._blocking(_cupsd_of, session.id, session.uid)
+        await self._end_cupsd(session, running)
+        _remove_printers_conf(self.directory(session))
+
+    async def _end_cupsd(self, session: Any, running: list[processes.ProcessId]) -> None:
+        """SIGTERM (cupsd then stops its jobs' backends), SIGKILL after STOP_GRACE."""
+        for process in running:
+            processes.send_signal(process, signal.SIGTERM)
+        deadline = self.context.reactor.seconds() + STOP_GRACE
+        while any(process.alive() for process in running) and self.context.reactor.seconds() < deadline:
+            await task.deferLater(self.context.reactor, 0.05, lambda: None)
+        for process in running:
+            if process.alive():
+                log.warn("session {id}: its cupsd ignored SIGTERM; killing it", id=session.id)
+                processes.send_signal(process, signal.SIGKILL)
+
+    async def _blocking(self, function: Any, *args: Any) -> Any:
+        if self.context.blocking is None:
+            return function(*args)
+        return await self.context.blocking(function, *args)
+
+
+def _remove_printers_conf(directory: str) -> None:
+    """The credential goes with the channel (no link followed: the directory
+    is the user's)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return  # gone with the session, or not ours to touch
+    try:
+        os.unlink("printers.conf", dir_fd=fd)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _cupsd_of(session_id: str, uid: int) -> list[processes.ProcessId]:
+    """The session's cupsd processes, found by its marker (only ``uid``'s)."""
+    found = []
+    for process in processes.tagged_processes(session_id, uid):
+        try:
+            with open(f"/proc/{process.pid}/comm") as handle:
+                if handle.read().strip() == "cupsd":
+                    found.append(process)
+        except OSError:
+            continue
+    return found
+
+
+def make(context: Context) -> Printing:
+    return Printing(context, shutil.which("cupsd", path=CUPSD_PATH))

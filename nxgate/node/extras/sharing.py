@@ -1,0 +1,234 @@
+"""Folder sharing (``--samba="1"`` and ``addmount``): the client's shared
+folders appear in the session as ``~/MyShares/<name>``, through the NX smb
+channel.
+
+The client runs an SMB server for its folders (``nxgate-client --share``
+starts a private Samba on a loopback port; NoMachine's clients use the
+machine's own), and its ``nxproxy -S smb=PORT`` connects every channel
+connection there; the agent's side of the channel listens on
+127.0.0.1:3000+display (:mod:`nxgate.channels`).  Kernel CIFS mounts are not
+available in containers and need root, so the session mounts the share with
+a FUSE SMB client *as the user*: ``smbnetfs``, which shows a share as
+``<mountpoint>/<host>:<port>/<share>``; ``~/MyShares/<name>`` is a symbolic
+link to it (FUSE mounts are private to their user: another user, even root,
+cannot enter them, and the link's target lies in the 0700 session
+directory).
+
+One smbnetfs per share, under ``<session dir>/shares/<key>/`` (its HOME,
+with the ``.smb`` directory it insists on).  The share's password reaches it
+only in its configuration file, 0600 in that private directory, removed as
+soon as the share answered (smbnetfs keeps it in memory; it re-reads nothing
+with ``config_update_period 0``): never argv, the environment, a log or the
+store.  The mounts go when the session is suspended or ends, and at the
+next start after a killed gateway (the life cycle stops the extras of the
+sessions it finds suspended or gone): unmounting is by path, from
+``/proc/self/mountinfo``, so it needs nothing the dead gateway knew.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import hashlib
+import os
+import pwd
+from typing import Any
+
+from twisted.internet import task
+from twisted.logger import Logger
+
+from nxgate import channels
+from nxgate.node import files
+from nxgate.node.extras import Context
+
+log = Logger(namespace="nxgate.extras.sharing")
+
+#: The folder in the user's home where shares appear (FreeNX's ``$(SHARES)``).
+SHARES_DIR = "MyShares"
+#: How often and how long to try a fresh mount before giving up.
+TRIES = 20
+PAUSE = 0.5
+RUN_TIMEOUT = 30.0
+MNT_DETACH = 2
+
+
+def mount_key(share: str) -> str:
+    """A directory name for one share's mount (the share name itself may
+    hold any printable character)."""
+    return hashlib.sha256(share.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def smbnetfs_config(username: str, password: str) -> str:
+    """smbnetfs's configuration for one share: the credentials, no network
+    browsing, no keyring, no re-reading (the file goes once mounted).
+    The values were checked to hold no quote or backslash
+    (:mod:`nxgate.nx.mounts`)."""
+    return ("smb_query_browsers \"false\"\n"
+            "use_libsecret \"false\"\n"
+            "config_update_period 0\n"
+            f"auth \"{username}\" \"{password}\"\n")
+
+#: libsmbclient's own configuration, in smbnetfs's HOME/.smb.
+CLIENT_SMB_CONF = "[global]\n  client min protocol = SMB2\n  disable netbios = yes\n  name resolve order = host\n"
+
+
+def share_path(mountpoint: str, port: int, share: str) -> str:
+    """Where smbnetfs shows ``share`` of the SMB server at 127.0.0.1:``port``."""
+    return os.path.join(mountpoint, f"127.0.0.1:{port}", share)
+
+
+def _unescape(field: str) -> str:
+    """A path from /proc/self/mountinfo (space, tab, newline, backslash as \\ooo)."""
+    out, index = [], 0
+    while index < len(field):
+        if field[index] == "\\" and field[index + 1:index + 4].isdigit():
+            out.append(chr(int(field[index + 1:index + 4], 8)))
+            index += 4
+        else:
+            out.append(field[index])
+            index += 1
+    return "".join(out)
+
+
+def mounts_under(mountinfo: str, prefix: str) -> list[str]:
+    """The mount points at or below ``prefix``, deepest first (pure)."""
+    prefix = prefix.rstrip("/")
+    found = []
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if len(fields) < 5:
+            continue
+        point = _unescape(fields[4])
+        if point == prefix or point.startswith(prefix + "/"):
+            found.append(point)
+    return sorted(set(found), key=lambda path: (-path.count("/"), path))
+
+
+def _umount(path: str) -> None:
+    """Detach a mount as root (FUSE mounts of a user included)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    if libc.umount2(os.fsencode(path), MNT_DETACH) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, os.strerror(error), path)
+
+
+class Sharing:
+    name = "sharing"
+
+    def __init__(self, context: Context) -> None:
+        self.context = context
+
+    def root(self, session: Any) -> str:
+        return os.path.join(self.context.session_dir(session), "shares")
+
+    def environment(self, session: Any) -> dict[str, str]:
+        return {}
+
+    async def start(self, session: Any) -> None:
+        """Nothing until the client shares a folder (``addmount``)."""
+
+    async def mount(self, session: Any, mount: Any) -> None:
+        """Mount ``mount`` (a :class:`nxgate.sessions.requests.ShareMount`)
+        for the session's user and link it as ``~/MyShares/<name>``.  Failures
+        are logged; the session goes on without the folder."""
+        port = channels.channel_port("sharing", session.display)
+        if port is None:
+            log.warn("session {id}: display :{display} is too high for an smb channel port", id=session.id,
+                     display=session.display)
+            return
+        user = pwd.getpwnam(session.user)
+        base = os.path.join(self.root(session), mount_key(mount.share))
+        mountpoint, smb = os.path.join(base, "mnt"), os.path.join(base, ".smb")
+        self._unmount(base)
+        if await self._run(session, ["mkdir", "-p", smb, mountpoint]) != 0:
+            log.warn("session {id}: cannot make the mount directory of {share!r}", id=session.id, share=mount.share)
+            return
+        config = os.path.join(smb, "smbnetfs.conf")
+        files.write_user_file(os.path.join(smb, "smb.conf"), CLIENT_SMB_CONF.encode(), user.pw_uid, user.pw_gid)
+        files.write_user_file(config, smbnetfs_config(mount.username, mount.password).encode("utf-8"),
+                              user.pw_uid, user.pw_gid)
+        try:
+            code = await self._run(session, ["smbnetfs", mountpoint, "-o", f"config={config}"], home=base)
+            target = share_path(mountpoint, port, mount.share)
+            if code != 0 or not await self._reachable(session, target):
+                log.warn("session {id} of {user}: the shared folder {share!r} could not be mounted (the client's "
+                         "SMB server did not answer through the smb channel, or refused the login)",
+                         id=session.id, user=session.user, share=mount.share)
+                self._unmount(base)
+                return
+        finally:
+            await self._run(session, ["rm", "-f", config])
+        shares = os.path.join(user.pw_dir, SHARES_DIR)
+        link = os.path.join(shares, mount.name)
+        if (await self._run(session, ["mkdir", "-p", shares]) != 0
+                or await self._run(session, ["ln", "-sfnT", target, link]) != 0):
+            log.warn("session {id}: {link} could not be made (a folder of that name in the way?); the share is at "
+                     "{target}", id=session.id, link=link, target=target)
+        log.info("session {id} of {user}: the client's folder {share!r} is at {link}", id=session.id,
+                 user=session.user, share=mount.share, link=link)
+
+    async def _reachable(self, session: Any, path: str) -> bool:
+        """Whether the user sees the share (the channel may need a moment)."""
+        for _ in range(TRIES):
+            if await self._run(session, ["test", "-d", path]) == 0:
+                return True
+            await task.deferLater(self.context.reactor, PAUSE, lambda: None)
+        return False
+
+    async def _run(self, session: Any, argv: list[str], home: str | None = None) -> int | None:
+        user = pwd.getpwnam(session.user)
+        paths = self.context.layout.agent_files(session.id)
+        request = {
+            "user": user.pw_name,
+            "argv": argv,
+            "env": {"HOME": home or user.pw_dir, "USER": user.pw_name, "PATH": "/usr/local/bin:/usr/bin:/bin",
+                    "LANG": "C.UTF-8"},
+            "cwd": home or user.pw_dir,
+            "log": paths.app_log,
+        }
+        return await self.context.launcher.run(request, RUN_TIMEOUT)
+
+    def _unmount(self, prefix: str) -> list[str]:
+        try:
+            with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as handle:
+                points = mounts_under(handle.read(), prefix)
+        except OSError:
+            return []
+        for point in points:
+            try:
+                _umount(point)
+            except OSError as error:
+                log.warn("cannot unmount {point}: {error}", point=point, error=error)
+        return points
+
+    def _unlink_links(self, session: Any) -> None:
+        """Remove the ``~/MyShares`` links into this session's mounts (as root,
+        in the user's own directory: no link is followed)."""
+        try:
+            home = pwd.getpwnam(session.user).pw_dir
+            fd = os.open(os.path.join(home, SHARES_DIR), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except (KeyError, OSError):
+            return
+        root = self.root(session) + "/"
+        try:
+            if os.fstat(fd).st_uid != session.uid:
+                return
+            for name in os.listdir(fd):
+                try:
+                    if os.readlink(name, dir_fd=fd).startswith(root):
+                        os.unlink(name, dir_fd=fd)
+                except OSError:
+                    continue
+        finally:
+            os.close(fd)
+
+    async def stop(self, session: Any) -> None:
+        points = self._unmount(self.root(session))
+        self._unlink_links(session)
+        if points:
+            log.info("session {id} of {user}: {count} shared folder(s) unmounted", id=session.id,
+                     user=session.user, count=len(points))
+
+
+def make(context: Context) -> Sharing:
+    return Sharing(context)
