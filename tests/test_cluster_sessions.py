@@ -446,6 +446,21 @@ class NodeSideTests(SynchronousTestCase):
         self.assertEqual(self.store.get("B" * 32).state, State.RUNNING)
         self.assertNotIn("B" * 32, manager.sessions)
 
+    def test_a_box_that_joins_a_cluster_takes_its_earlier_sessions_as_its_own(self):
+        import os
+
+        from nxgate.node.processes import ProcessId
+
+        gone = ProcessId(os.getpid(), 1)
+        manager = self.manager("node-a")
+        for session_id, server in (("C" * 32, manager.config.server_name), ("D" * 32, "another-box")):
+            self.store.insert(row(session_id, node="", state=State.RUNNING).evolve(
+                server_name=server, uid=os.getuid(), gid=os.getgid(), agent_pid=gone.pid,
+                agent_started=gone.started, display=3202))
+        manager.reconcile()
+        self.assertEqual((self.store.get("C" * 32).node, self.store.get("C" * 32).state), ("node-a", State.FAILED))
+        self.assertEqual((self.store.get("D" * 32).node, self.store.get("D" * 32).state), ("", State.RUNNING))
+
     def test_the_users_limit_holds_over_every_member_in_the_stores_admission(self):
         import os
 

@@ -37,7 +37,7 @@ RESTORE = ('restoresession --id="{id}" --session="x" --type="unix-console" --geo
            '--screeninfo="800x600x24+render" --link="lan" --encryption="1" --cache="16M" --images="64M" '
            '--keyboard="pc105/us" --client="linux" --media="0" --backingstore="1"')
 OPTIONS = {"sessions": {"connect_timeout": "120"},
-           "types": {"unix-console": "xterm -bg #ff0000 -fg #ffff00 -geometry 60x15+10+10"}}
+           "types": {"unix-console": "xterm -bg red -fg yellow -geometry 60x15+10+10"}}
 ALL_LISTED = 'listsession --status="suspended,running"'
 
 

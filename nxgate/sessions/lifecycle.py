@@ -740,9 +740,8 @@ class Lifecycle:
     async def _reconcile(self) -> None:
         # Every stored session is registered and holds its display first, in
         # one turn: no start meanwhile can be given one of their displays.
-        # On a store shared by a cluster: only this member's own sessions.
         taken_back = []
-        for session in await self.store.live(node=member_name(self.config) or None):
+        for session in await self._own_live():
             self.sessions[session.id] = session
             self.runtime[session.id] = Runtime(self.layout.agent_files(session.id))
             self.displays.claim(session.display)
@@ -782,6 +781,21 @@ class Lifecycle:
                      state=self.sessions[session.id].state.value, audit="session_reattach")
         await self.supervisor.find_orphans(lambda session_id: session_id in self.sessions, self.store.path,
                                            self.store.backup_path)
+
+    async def _own_live(self) -> list[Session]:
+        """The live sessions this box runs, as stored.  On a store shared by a
+        cluster, only this member's; and those this box ran before it joined
+        (no node, its server name) become its own."""
+        name = member_name(self.config)
+        if not name:
+            return await self.store.live()
+        own = await self.store.live(node=name)
+        for session in await self.store.live(node=""):
+            if session.server_name == self.config.server_name:
+                session = session.evolve(node=name)
+                self.writer.save(session)
+                own.append(session)
+        return own
 
     async def _own_listener(self, session_id: str) -> Session:
         """The session, once it is sure its port is held by its own agent."""

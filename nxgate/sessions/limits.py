@@ -66,6 +66,6 @@ class Limits:
         return self.user_limit(caller.user, caller.groups), self.config().sessions.max_sessions, 0
 
     def node_for(self, caller: Caller) -> str:
-        """Where ``caller``'s next session runs: today always this node (the
-        placement seam a cluster fills in)."""
+        """Where ``caller``'s next session runs on a single box: this one (a
+        cluster gateway places sessions with nxgate.cluster.placement)."""
         return self.config().server_name
