@@ -433,6 +433,8 @@ def web_viewer_rows(table: Table, web: dict | None) -> None:
     table.add("keystroke -> echo in the page, p50 / p99", f"{web['echo_ms_p50']:.0f}/{web['echo_ms_p99']:.0f}",
               "ms", target="(info)")
     table.add(f"full-screen change ({web['source_rate']:.0f}/s source)", web["fps"], "frames/s", target="(info)")
+    if "clipboard_ms_median" in web:
+        table.add("copy in the session -> page's clipboard", web["clipboard_ms_median"], "ms", target="(info)")
     table.add("server memory per browser viewer (PSS)", web["viewer_pss_mb"], "MB", target="(info)")
     if "idle_cpu_pct" in web:
         table.add("server CPU per idle browser viewer", web["idle_cpu_pct"], "% CPU", target="(info)")

@@ -26,6 +26,8 @@ in the page itself, where the user sees it:
 * memory: the PSS (``/proc/PID/smaps_rollup``) of the viewer's three
   programs (Xvfb, nxproxy, x11vnc), the server-side cost of one browser;
   and their CPU over 5 s while nothing changes on screen (x11vnc polls).
+* clipboard: from ``xclip`` copying in the session (with its X authority)
+  to the text in the page's viewer state; median of 5 copies.
 
     .venv/bin/python bench/web_viewer.py [--runs 7] [--keys 100] [--seconds 5] [--rate 60] [--json FILE]
 """
@@ -36,6 +38,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -142,6 +145,18 @@ function look() {
   setTimeout(look, 1);
 }
 look();
+"""
+
+
+#: In the page: the wall-clock time at which the viewer's clipboard holds ``arguments[0]`` (null after 10 s).
+CLIPBOARD_ARRIVES = """
+const [text, done] = [arguments[0], arguments[arguments.length - 1]];
+const start = performance.now();
+(function look() {
+  if (window.nxgateViewer.clipboard === text) return done(Date.now());
+  if (performance.now() - start > 10000) return done(null);
+  setTimeout(look, 2);
+})();
 """
 
 
@@ -281,7 +296,30 @@ class Bench:
         wait_for(lambda: (self.session(session_id) or {}).get("state") == "suspended", 30, "the suspension")
         wait_for(lambda: not programs_of(self.user.entry.pw_uid), 20, "the viewer's programs to end")
 
-    def run(self, runs: int, keys: int, seconds: float, rate: float) -> dict[str, Any]:
+    def clipboard_times(self, display: int, authority: str, copies: int) -> list[float]:
+        """Milliseconds from ``xclip`` taking the session's CLIPBOARD to the text in the page
+        (x11vnc asks for the selection every second or two: this is mostly its polling)."""
+        assert self.browser is not None
+        env = dict(os.environ, DISPLAY=f":{display}", XAUTHORITY=authority)
+        times = []
+        for copy in range(copies):
+            text = f"bench copy {copy} {time.monotonic_ns()}"
+            self.browser.driver.set_script_timeout(30)
+            owner = subprocess.Popen(["xclip", "-quiet", "-selection", "clipboard"], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            copied = time.time() * 1000
+            owner.stdin.write(text.encode())
+            owner.stdin.close()
+            try:
+                arrived = self.browser.driver.execute_async_script(CLIPBOARD_ARRIVES, text)
+            finally:
+                owner.kill()
+                owner.wait()
+            if arrived is not None:
+                times.append(arrived - copied)
+        return times or [float("nan")]
+
+    def run(self, runs: int, keys: int, seconds: float, rate: float, copies: int = 5) -> dict[str, Any]:
         session_id, display = self.suspended_session()
         authority = os.path.join(self.gateway.state_dir, "sessions", session_id, "authority")
         self.browser = Browser(1024, 768)
@@ -314,6 +352,10 @@ class Bench:
         print(f"keystroke -> echo: p50 {percentile(echoes, 0.5):.1f} ms, p99 {percentile(echoes, 0.99):.1f} ms "
               f"({len(echoes)} keys, {lost} without echo)", flush=True)
 
+        clipboard = self.clipboard_times(display, authority, copies)
+        print(f"copy in the session -> the page's clipboard: median {statistics.median(clipboard):.0f} ms "
+              f"(max {max(clipboard):.0f}, {len(clipboard)} copies)", flush=True)
+
         flood = Flood(f":{display}", authority, rate)
         try:
             self.browser.driver.execute_script(COUNT_FRAMES, flood.width, flood.height)
@@ -337,6 +379,7 @@ class Bench:
             "echo_ms": echoes, "echo_ms_p50": percentile(echoes, 0.5), "echo_ms_p99": percentile(echoes, 0.99),
             "echo_lost": lost,
             "fps": fps, "frames": frames, "source_fps": fills / elapsed, "source_rate": rate, "seconds": seconds,
+            "clipboard_ms": clipboard, "clipboard_ms_median": statistics.median(clipboard),
             "viewer_pss_kb": memory, "viewer_pss_mb": sum(memory.values()) / 1024, "idle_cpu_pct": idle,
         }
 

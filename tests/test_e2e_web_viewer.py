@@ -350,7 +350,8 @@ class WebViewerTests(client_tests.ClientTestCase):
         owner.stdin.write(copied.encode())
         owner.stdin.close()
         # ...shows in the page's clipboard field (and went to the browser's clipboard, where allowed).
-        # x11vnc sends no selection in a client's first 15 seconds (its sel_waittime): a longer wait.
+        # (x11vnc holds selections back for 15 s after a client connects, unless CUT_BUFFER0 changed,
+        # which the gateway does at once: a generous wait all the same.)
         browser.wait(lambda: self.clipboard_field(browser) == copied, 60, "the session's clipboard in the page")
 
         # Sent from the page: pasteable in the session (PRIMARY at least: see the README's limits).

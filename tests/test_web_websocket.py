@@ -266,6 +266,10 @@ class ProgramTests(TestCase):
         self.assertNotIn("-forever", argv)
         self.assertNotIn("-localhost", argv)  # it refuses Unix-socket clients (not 127.0.0.1)
 
+    def test_the_selection_nudge_empties_cut_buffer_zero(self) -> None:
+        self.assertEqual(bv.selection_nudge_argv("xprop"),
+                         ["xprop", "-root", "-f", "CUT_BUFFER0", "8s", "-set", "CUT_BUFFER0", ""])
+
     def test_nxproxy_options_carry_the_cookie_and_refuse_injection(self) -> None:
         line = bv.nxproxy_options("0123abcd" * 4, "host-830-ABC", "my desk,top", "/v/nx.sock", 830)
         self.assertEqual(line, "nx/nx,session=my_desk_top,cookie=" + "0123abcd" * 4

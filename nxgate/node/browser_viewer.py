@@ -72,6 +72,7 @@ class ViewerPrograms:
     xvfb: str = "Xvfb"
     nxproxy: str = "nxproxy"
     x11vnc: str = "x11vnc"
+    xprop: str = "xprop"
     path: str = "/usr/local/bin:/usr/bin:/bin"
     lang: str = "C.UTF-8"
     #: Viewer displays come from here, away from consoles (:0) and the sessions' range.
@@ -124,6 +125,14 @@ def x11vnc_argv(program: str, display: int, socket_path: str) -> list[str]:
     return [program, "-display", f":{int(display)}", "-unixsock", socket_path, "-rfbport", "0",
             "-rfbportv6", "0", "-no6", "-noipv6", "-nopw", "-norc", "-once", "-xkb", "-xrandr", "resize", "-shared",
             "-nevershared", "-defer", "3", "-wait", "3", "-nowf", "-quiet"]
+
+
+def selection_nudge_argv(program: str) -> list[str]:
+    """``xprop`` emptying the root window's CUT_BUFFER0.  x11vnc sends a
+    client no selection in its first 15 seconds unless that property
+    changed meanwhile; changed right after the browser connected, the
+    session's clipboard reaches the page at once instead of 15 s later."""
+    return [program, "-root", "-f", "CUT_BUFFER0", "8s", "-set", "CUT_BUFFER0", ""]
 
 
 @dataclass
@@ -210,6 +219,14 @@ class BrowserViewer:
         # no clipboard until then.  This display has no display manager.
         env = {**self._x_env(), "X11VNC_AVOID_WINDOWS": "never"}
         self.processes["x11vnc"] = await self.viewers.launcher.start(self._request(argv, "x11vnc", env))
+
+    async def nudge_selection(self) -> None:
+        """Lift x11vnc's first 15 seconds without clipboard (:func:`selection_nudge_argv`)."""
+        argv = selection_nudge_argv(self.viewers.programs.xprop)
+        try:
+            await self.viewers.launcher.start(self._request(argv, "xprop", self._x_env()))
+        except LaunchError:  # xprop is done before the launcher saw it run: that is all it had to do
+            pass
 
     def alive(self) -> dict[str, bool]:
         return {name: process.alive() for name, process in self.processes.items()}

@@ -416,6 +416,16 @@ class ViewerBridge:
         self.ws.transport.registerProducer(transport, True)
         log.info("browser viewer {id}: first VNC bytes path ready after {seconds:.2f}s", id=self.viewer.id,
                  seconds=self.reactor.seconds() - self.started)
+        # Once noVNC is through the RFB handshake (loopback: well within a second), x11vnc is told to
+        # stop holding the clipboard back (its first 15 seconds; see browser_viewer.selection_nudge_argv).
+        self.reactor.callLater(1.0, self._nudge_selection)
+
+    def _nudge_selection(self) -> None:
+        if self.stopped or self.viewer is None:
+            return
+        defer.ensureDeferred(self.viewer.nudge_selection()).addErrback(
+            lambda failure: log.failure("browser viewer {id}: cannot nudge the clipboard", failure,
+                                        id=self.viewer.id))
 
     def stop_listening(self) -> None:
         if self.listener is not None:

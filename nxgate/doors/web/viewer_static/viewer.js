@@ -126,6 +126,9 @@
       state.refusal = fromSession(event.detail.reason || "") || "The session cannot be shown.";
     });
     rfb.addEventListener("clipboard", (event) => {
+      /* Empty: the gateway's nudge of x11vnc at the start (CUT_BUFFER0), not a copy in the session;
+         it must not empty the browser's own clipboard. */
+      if (!event.detail.text) return;
       const text = fromSession(event.detail.text);
       state.clipboard = text;
       field.value = text;
