@@ -241,6 +241,22 @@ class SeveralMachinesTests(ClusterTestCase):
         _, info = self.start(gw1, "on b")
         self.assertEqual(self.sessions(gw1)[info.session_id]["node"], "node-b")
 
+    def test_a_users_limit_holds_over_the_whole_cluster(self):
+        specs = (("gw-1", "gateway"), ("gw-2", "gateway"), ("node-a", "node"), ("node-b", "node"))
+        started = [self.cluster.member(name, roles, options={"sessions": {"max_sessions_per_user": "2"}}).start()
+                   for name, roles in specs]
+        gw1, gw2 = started[:2]
+        wait_for(lambda: {r["name"] for r in self.nodes(gw1) if r["state"] == "up"} >= {"node-a", "node-b"}, 20,
+                 "the nodes' heartbeats")
+        first = self.start(gw1, "one")[1]
+        second = self.start(gw1, "two")[1]  # gw-1 spreads them (another gateway learns at the next heartbeat)
+        self.assertEqual({self.sessions(gw1)[info.session_id]["node"] for info in (first, second)},
+                         {"node-a", "node-b"})  # one on each node: neither node alone is at the limit
+        for gateway in (gw1, gw2):
+            reply = self.login(gateway).command(START.format(name="three"), timeout=60)
+            self.assertIn(f"NX> 599 Server capacity: reached for user: {self.user.name}".encode(), reply)
+        self.assertEqual(len(self.sessions(gw2)), 2)
+
     def test_a_member_with_a_certificate_of_another_ca_is_refused(self):
         gw1 = self.cluster.member("gw-1", "gateway").start()
         stranger = self.cluster.member("node-x", "node", ca=self.cluster.other_ca()).start()
