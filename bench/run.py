@@ -434,6 +434,8 @@ def web_viewer_rows(table: Table, web: dict | None) -> None:
               "ms", target="(info)")
     table.add(f"full-screen change ({web['source_rate']:.0f}/s source)", web["fps"], "frames/s", target="(info)")
     table.add("server memory per browser viewer (PSS)", web["viewer_pss_mb"], "MB", target="(info)")
+    if "idle_cpu_pct" in web:
+        table.add("server CPU per idle browser viewer", web["idle_cpu_pct"], "% CPU", target="(info)")
 
 
 def printing_rows(table: Table, printing: dict | None) -> None:
@@ -507,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--keys", "30" if args.quick else "200", "--json", os.path.join(RESULTS, "web_viewer.json")],
         "printing": [python, os.path.join(HERE, "printing_latency.py"), "--runs", str(runs * 2),
                      "--json", os.path.join(RESULTS, "printing.json")],
-        "sharing": [python, os.path.join(HERE, "sharing_copy.py"), "--size-mb", "5" if args.quick else "20",
+        "sharing": [python, os.path.join(HERE, "sharing_copy.py"), "--size-mb", "10" if args.quick else "100",
                     "--json", os.path.join(RESULTS, "sharing.json")],
     }
     log_dir = os.path.join(RESULTS, "logs")

@@ -16,7 +16,15 @@ LocalShares`), the client's folder mounted by the gateway at
 Each figure is the best of --runs (MB/s = 10^6 bytes/s); the file is
 checked byte for byte once each way.
 
-    .venv/bin/python bench/sharing_copy.py [--size-mb 20] [--runs 2] [--json FILE]
+What limits it (found with this script and strace): Nagle's algorithm on
+the NX stream's TCP legs cost most (0.3-0.7 MB/s read before TCP_NODELAY
+in the gateway's SSH transport and nxgate-client, ~10 MB/s after, 10 MB
+files); bigger smbnetfs blocks (max_rw_block_size 1024) changed nothing;
+and in an idle session nxagent's embedded proxy sends its flow-control
+token replies only at its next timer (~2 s), so long copies still stall
+now and then (link=wan/adsl do no better).
+
+    .venv/bin/python bench/sharing_copy.py [--size-mb 100] [--runs 2] [--json FILE]
 """
 
 from __future__ import annotations
@@ -112,8 +120,7 @@ def direct_mount(user, home: str, port: int, shares: LocalShares) -> tuple[str, 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size-mb", type=int, default=20,
-                        help="the file's size in MB (default: %(default)s; the issue asks 100, slow through NX)")
+    parser.add_argument("--size-mb", type=int, default=100, help="the file's size in MB (default: %(default)s)")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--link", default="lan", help="the session's --link (default: %(default)s)")
     parser.add_argument("--json", default=os.path.join(REPO, "bench", "results", "sharing.json"))
@@ -158,9 +165,16 @@ def main() -> int:
         print(f"without NX:  read {plain['read_mbps']:.2f} MB/s, write {plain['write_mbps']:.2f} MB/s", flush=True)
         attachment.detach()
         client.close()
+        # The session suspends: the gateway unmounts the folder before it stops.
+        wait_for(lambda: not os.path.lexists(link), 30, "the mount to go at suspend")
     finally:
         if direct is not None:
             subprocess.run(["umount", "-l", direct], capture_output=True)
+        with open("/proc/mounts") as handle:  # none should be left; none may outlive the bench
+            left = [line.split()[1] for line in handle if line.split()[2] == "fuse.smbnetfs"
+                    and f"user_id={user.entry.pw_uid}," in line.split()[3]]
+        for mount in left:
+            subprocess.run(["umount", "-l", mount], capture_output=True)
         shares.close()
         screen.close()
         gateway.stop()

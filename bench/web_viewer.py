@@ -24,7 +24,8 @@ in the page itself, where the user sees it:
   five sample points (corners and centre) all show a new colour.  The
   source's own rate is reported beside it.
 * memory: the PSS (``/proc/PID/smaps_rollup``) of the viewer's three
-  programs (Xvfb, nxproxy, x11vnc), the server-side cost of one browser.
+  programs (Xvfb, nxproxy, x11vnc), the server-side cost of one browser;
+  and their CPU over 5 s while nothing changes on screen (x11vnc polls).
 
     .venv/bin/python bench/web_viewer.py [--runs 7] [--keys 100] [--seconds 5] [--rate 60] [--json FILE]
 """
@@ -150,6 +151,21 @@ def pss_kb(pid: int) -> int:
             if line.startswith("Pss:"):
                 return int(line.split()[1])
     return 0
+
+
+def cpu_ticks(pid: int) -> int:
+    """User + system clock ticks of a process so far."""
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def idle_cpu(pids: list[int], seconds: float = 5.0) -> float:
+    """The share of one CPU these processes use together over ``seconds`` (percent)."""
+    before = sum(cpu_ticks(pid) for pid in pids)
+    time.sleep(seconds)
+    after = sum(cpu_ticks(pid) for pid in pids)
+    return (after - before) / os.sysconf("SC_CLK_TCK") / seconds * 100
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -284,6 +300,8 @@ class Bench:
         programs = programs_of(uid)
         memory = {name: pss_kb(pid) for pid, name in programs.items()}
         print(f"viewer programs' PSS: {memory} kB", flush=True)
+        idle = idle_cpu(list(programs))
+        print(f"viewer programs' CPU while the session shows no change: {idle:.1f}% of one CPU", flush=True)
 
         click_canvas(self.browser, 100, 60)  # into the xterm: with no window manager, focus follows the pointer
         time.sleep(0.5)
@@ -319,7 +337,7 @@ class Bench:
             "echo_ms": echoes, "echo_ms_p50": percentile(echoes, 0.5), "echo_ms_p99": percentile(echoes, 0.99),
             "echo_lost": lost,
             "fps": fps, "frames": frames, "source_fps": fills / elapsed, "source_rate": rate, "seconds": seconds,
-            "viewer_pss_kb": memory, "viewer_pss_mb": sum(memory.values()) / 1024,
+            "viewer_pss_kb": memory, "viewer_pss_mb": sum(memory.values()) / 1024, "idle_cpu_pct": idle,
         }
 
 
@@ -342,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         bench.close()
     print(f"\nopen -> first picture: median {result['first_picture_s_median']:.2f} s "
           f"(target <= {TARGET_FIRST_PICTURE_S} s); echo p50/p99 {result['echo_ms_p50']:.0f}/"
-          f"{result['echo_ms_p99']:.0f} ms; {result['fps']:.1f} fps; {result['viewer_pss_mb']:.1f} MB per viewer")
+          f"{result['echo_ms_p99']:.0f} ms; {result['fps']:.1f} fps; {result['viewer_pss_mb']:.1f} MB and "
+          f"{result['idle_cpu_pct']:.1f}% CPU (idle) per viewer")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(result, handle, indent=2)

@@ -16,6 +16,8 @@ A ``;`` or ``#`` with no whitespace before it belongs to the value, so
 ``url = postgresql://nxgate:pa;ss#1@db/nxgate`` keeps its password; a value
 that needs `` ;`` or `` #`` itself (after a space) cannot be written inline —
 put such a password in a ``password_file``.
+The values of ``[types]`` are command lines and are taken whole: there a
+``#`` or ``;`` is an argument (``xterm -bg #ff0000``), never a comment.
 """
 
 from __future__ import annotations
@@ -513,6 +515,10 @@ _ASSIGN = re.compile(r"([A-Za-z0-9_.-]+)\s*[=:](.*)")
 _INLINE_COMMENT = re.compile(r"(?:^|\s)[;#]")
 
 
+#: Sections whose values are command lines, read whole (no inline comments).
+VERBATIM_SECTIONS = frozenset({"types"})
+
+
 def strip_comment(value: str) -> str:
     """A value without its inline comment (see the module's docstring)."""
     return _INLINE_COMMENT.split(value, 1)[0].strip()
@@ -539,7 +545,8 @@ def parse_ini(lines: list[str], source: str) -> tuple[dict[str, dict[str, tuple[
         if section is None:
             problems.append(f"{source}:{number_}: option outside any [section]")
             continue
-        key, value = match.group(1).lower(), strip_comment(match.group(2))
+        key, value = match.group(1).lower(), match.group(2)
+        value = value.strip() if section in VERBATIM_SECTIONS else strip_comment(value)
         if key in result[section]:
             problems.append(f"{source}:{number_}: [{section}] {key} given twice (first on line {result[section][key][0]})")
             continue

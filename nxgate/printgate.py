@@ -9,8 +9,8 @@ from the session cookie (:func:`credential`), which only the session's owner
 (in its cupsd's 0600 printers.conf) and the client (who got the cookie in
 ``NX> 701``) know.  Without it the gate answers ``401`` and closes; with it
 the header is removed (the local CUPS must not see, check or log it) and
-``Host`` is set to ``localhost`` (which CUPS accepts), and the request goes
-on to the local print server unchanged.  Answers go back untouched.
+``Host`` is set to the print server's own name (a CUPS checks it), and the
+request goes on to the local print server unchanged.  Answers go back untouched.
 
 CUPS's ``ipp`` backend sends the credential from the device URI's user info
 after the ``401``; it sends it again with every later request on the same

@@ -102,6 +102,12 @@ class ConfigTests(SynchronousTestCase):
         self.assertEqual(c.auth.failed_login_delay, 0.5)
         self.assertEqual(config.strip_comment(" a;b#c  ;  d"), "a;b#c")
 
+    def test_session_type_commands_are_read_whole(self):
+        """A '#' or ';' in a command line is an argument (a colour, a
+        pattern), not a comment."""
+        c = config.load(self.write("[types]\nunix-red = xterm -bg #ff0000 -title a ; b\n"))
+        self.assertEqual(c.types["unix-red"], ("xterm", "-bg", "#ff0000", "-title", "a", ";", "b"))
+
     def test_all_problems_reported_with_lines(self):
         path = self.write("# comment\n[server]\nlisten=\nbogus = 1\n[auth]\nmax_login_attempts = many\n"
                           "max_login_attempts = 2\nlogin_timeout = -1\n[nope]\nx = 1\nnot a line\n")

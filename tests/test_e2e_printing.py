@@ -177,8 +177,11 @@ class PrintingTests(PrintingTestCase):
         stranger_env = {"CUPS_SERVER": env["CUPS_SERVER"], "HOME": self.other.home}
         for argv in (("lpstat", "-a"), ("lpstat", "-o"), ("lpstat", "-v")):
             result = as_user(self.other.name, stranger_env, *argv)
+            self.assertNotEqual(result.returncode, 0, result.stdout)  # he cannot reach the socket at all
             self.assertNotIn(QUEUE, result.stdout + result.stderr)
             self.assertNotIn(self.user.name, result.stdout)
+        printed = as_user(self.other.name, stranger_env, "lp", "-d", QUEUE, "/etc/hostname")
+        self.assertNotEqual(printed.returncode, 0, printed.stdout)
         listing = as_user(self.other.name, {"HOME": self.other.home}, "ls", os.path.dirname(env["CUPS_SERVER"]))
         self.assertNotEqual(listing.returncode, 0)
         # ... and his own printing session has his own printer only.

@@ -47,6 +47,17 @@ def smbnetfs_mounts(session_id: str) -> list[str]:
                 if line.split()[2] == "fuse.smbnetfs" and f"/{session_id}/" in line.split()[1]]
 
 
+def user_mounts(uid: int) -> list[str]:
+    """Every FUSE SMB mount of a user, whatever the session."""
+    with open("/proc/mounts") as handle:
+        return [line.split()[1] for line in handle
+                if line.split()[2] == "fuse.smbnetfs" and f"user_id={uid}," in line.split()[3]]
+
+
+def smbnetfs_processes(user: str) -> list[str]:
+    return subprocess.run(["pgrep", "-u", user, "-x", "smbnetfs"], capture_output=True, text=True).stdout.split()
+
+
 def as_user(user: str, *argv: str, data: bytes | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(["runuser", "-u", user, "--", *argv], input=data, capture_output=True, timeout=60)
 
@@ -69,6 +80,18 @@ class SharingTestCase(SessionTestCase):
         self.addCleanup(shutil.rmtree, self.folder, True)
         self.client_dir = tempfile.mkdtemp(prefix="nxgate-client-")
         self.addCleanup(shutil.rmtree, self.client_dir, True)
+
+    def end_all_sessions(self):
+        """The agents end, and with them (the gateway sees it) every mount; a
+        mount left after that would be a bug, and is removed so that the
+        next test and the workdir's removal find none."""
+        super().end_all_sessions()
+        for user in (self.user, self.other):
+            try:
+                wait_for(lambda u=user: not user_mounts(u.entry.pw_uid), 20, "the gateway to unmount ended sessions")
+            finally:
+                for mount in user_mounts(user.entry.pw_uid):
+                    subprocess.run(["umount", "-l", mount], capture_output=True)
 
     def start_sharing(self, client: NXClient, samba: str = "1") -> SessionInfo:
         reply = client.command(START.format(name="share", type="unix-console", extra=f'--samba="{samba}"'),
@@ -174,6 +197,7 @@ class SharingTests(SharingTestCase):
         self.wait_status(info.session_id, "Suspended")
         wait_for(lambda: smbnetfs_mounts(info.session_id) == [], 20, "the mount to go at suspend")
         wait_for(lambda: not os.path.lexists(self.link), 10, "the link to go at suspend")
+        wait_for(lambda: not smbnetfs_processes(self.user.name), 20, "smbnetfs to end with its mount")
         self.assertTrue(os.path.exists(self.folder))  # the client's folder itself is untouched
         # A second session, terminated while mounted.
         client, info, shares, attachment = self.shared_session()
@@ -181,6 +205,26 @@ class SharingTests(SharingTestCase):
         self.assertIn(b"NX> 900", terminator.command(f'terminate --sessionid="{info.session_id}"', timeout=30))
         wait_for(lambda: smbnetfs_mounts(info.session_id) == [], 20, "the mount to go at terminate")
         self.assertFalse(os.path.lexists(self.link))
+
+    def test_the_folder_comes_back_when_the_client_resumes_and_shares_it_again(self):
+        client, info, shares, attachment = self.shared_session()
+        attachment.detach()
+        self.wait_status(info.session_id, "Suspended")
+        wait_for(lambda: smbnetfs_mounts(info.session_id) == [], 20, "the mount to go at suspend")
+        with open(os.path.join(self.folder, "after.txt"), "w") as handle:
+            handle.write("written while suspended\n")
+        client = self.login()
+        reply = client.command(START.format(name="x", type="unix-console", extra='--samba="1"').replace(
+            "startsession", "restoresession") + f' --id="{info.session_id}"', timeout=60)
+        self.assertIn(b"NX> 709 File-sharing port: 445", reply)
+        resumed = SessionInfo.parse(reply)
+        self.assertIn(b"NX> 719 SMB filesystem: running", self.addmount(client, resumed, shares))
+        attachment = Attachment(client, resumed, self.screen.name, self.gateway.workdir,
+                                options=f"smb={shares.port}")
+        self.addCleanup(attachment.detach)
+        wait_for(lambda: as_user(self.user.name, "cat", os.path.join(self.link, "after.txt")).stdout
+                 == b"written while suspended\n", 60, "the folder back after the resume")
+        self.assertEqual(len(smbnetfs_mounts(info.session_id)), 1)
 
     def test_bad_addmount_input_gets_an_nx_error_and_the_session_goes_on(self):
         client = self.login()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import socket
 import ssl
@@ -37,6 +38,11 @@ from tests import test_e2e_client as client_tests
 
 RED = (255, 0, 0)
 YELLOW = (255, 255, 0)
+#: More yellow pixels than the xterm's cursor alone has (78 when focused): a typed line is on screen.
+TEXT_YELLOW = 120
+TK_GREY = (217, 217, 217)  # the owner's consent dialog's background
+#: The admin group of the portal and of the shadow policy (made by the shadow tests).
+ADMINS = "nxtwv" + secrets.token_hex(3)
 TYPED = "typed.txt"
 #: The xterm's program writes what it reads (what the browser typed) to a file of the user's.
 TYPES = {"unix-console": f"xterm -bg #ff0000 -fg #ffff00 -geometry 60x15+10+10 -e sh -c 'cat > $HOME/{TYPED}'"}
@@ -133,7 +139,8 @@ class WebViewerTests(client_tests.ClientTestCase):
 
     timeout = 300
     options = {"sessions": {"display_base": "830", "display_limit": "60", "connect_timeout": "60"},
-               "types": TYPES, **web_options()}
+               "types": TYPES, **web_options(admin_groups=ADMINS),
+               "shadow": {"admin_groups": ADMINS, "consent_timeout": "30"}}
 
     def setUp(self) -> None:
         why = available()
@@ -207,6 +214,21 @@ class WebViewerTests(client_tests.ClientTestCase):
         """Click inside the xterm (the session has no window manager: focus follows the pointer)."""
         click_canvas(browser, 100, 60)
 
+    def close_the_tab(self, browser: Browser, session_id: str) -> None:
+        """Close the viewer's tab (another one stays open): the session suspends, the viewer goes."""
+        browser.driver.switch_to.new_window("tab")
+        spare = browser.driver.current_window_handle
+        for handle in browser.driver.window_handles:
+            if handle not in (spare,):
+                browser.driver.switch_to.window(handle)
+                break
+        self.assertNotEqual(browser.driver.current_window_handle, spare)
+        browser.driver.close()
+        browser.driver.switch_to.window(spare)
+        wait_for(lambda: self.status(session_id) == "Suspended", 30, "the suspension after the tab closed")
+        wait_for(lambda: not os.listdir(os.path.join(self.gateway.state_dir, "viewers")), 15,
+                 "the viewer's programs and files to go")
+
     def typed(self) -> str:
         try:
             with open(os.path.join(self.user.entry.pw_dir, TYPED), encoding="utf-8") as handle:
@@ -257,30 +279,47 @@ class WebViewerTests(client_tests.ClientTestCase):
 
         # Keys typed in the page reach the program in the session.
         self.click_into_xterm(browser)
+        cursor = canvas_shot(browser).count(YELLOW)  # before typing: the yellow cursor alone
         from selenium.webdriver.common.action_chains import ActionChains
         ActionChains(browser.driver).send_keys("hello web 42!\n").perform()
         wait_for(lambda: "hello web 42!" in self.typed(), 30, "the typed line in the session's file")
-        browser.wait(lambda: canvas_shot(browser).count(YELLOW) > 50, 20, "the echo drawn in the page")
+        browser.wait(lambda: canvas_shot(browser).count(YELLOW) > cursor + 100, 20, "the echo drawn in the page")
 
         # Closing the tab suspends the session...
-        browser.driver.switch_to.new_window("tab")
-        spare = browser.driver.current_window_handle
-        for handle in browser.driver.window_handles:
-            if handle not in (spare,):
-                browser.driver.switch_to.window(handle)
-                break
-        self.assertNotEqual(browser.driver.current_window_handle, spare)
-        browser.driver.close()
-        browser.driver.switch_to.window(spare)
         del portal
-        wait_for(lambda: self.status(session_id) == "Suspended", 30, "the suspension after the tab closed")
-        wait_for(lambda: not os.listdir(os.path.join(self.gateway.state_dir, "viewers")), 15,
-                 "the viewer's programs and files to go")
+        self.close_the_tab(browser, session_id)
 
         # ...and nxgate-client resumes it, with the typed text on screen.
         self.attach("--resume", session_id)
         self.screen.wait_for_colour(RED, 20000, timeout=60)
-        self.screen.wait_for_colour(YELLOW, 50, timeout=20)
+        self.screen.wait_for_colour(YELLOW, TEXT_YELLOW, timeout=20)
+        self.assertEqual(self.status(session_id), "Running")
+
+    def test_started_in_the_browser_then_resumed_by_the_client(self) -> None:
+        # A session started from the portal (no NX client ever had it)...
+        browser = self.logged_in()
+        browser.get(self.base + "/")
+        browser.find("form.start input[name=name]").send_keys("from the web")
+        browser.find("form.start select[name=type] option[value=unix-console]").click()
+        browser.find("form.start button[type=submit]").click()
+        browser.wait(lambda: "new session was started" in browser.text(), 60, "the session to start")
+        session_id, _row = self.only_session()
+
+        # ...opened in the page, typed into...
+        self.open_in_browser(browser)
+        self.assertEqual(self.status(session_id), "Running")
+        self.click_into_xterm(browser)
+        cursor = canvas_shot(browser).count(YELLOW)  # before typing: the yellow cursor alone
+        from selenium.webdriver.common.action_chains import ActionChains
+        ActionChains(browser.driver).send_keys("started on the web 9\n").perform()
+        wait_for(lambda: "started on the web 9" in self.typed(), 30, "the typed line in the session's file")
+        browser.wait(lambda: canvas_shot(browser).count(YELLOW) > cursor + 100, 20, "the echo drawn in the page")
+
+        # ...suspended by closing the tab, and resumed by nxgate-client with the text on its screen.
+        self.close_the_tab(browser, session_id)
+        self.attach("--resume", session_id)
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        self.screen.wait_for_colour(YELLOW, TEXT_YELLOW, timeout=20)
         self.assertEqual(self.status(session_id), "Running")
 
     def session_env(self, session_id: str, display: int) -> dict[str, str]:
@@ -379,6 +418,55 @@ class WebViewerTests(client_tests.ClientTestCase):
         self.assertEqual(self.status(session_id), "Running")
         wait_for(lambda: len(os.listdir(os.path.join(self.gateway.state_dir, "viewers"))) == 1, 15,
                  "the first viewer's programs and files to go")
+
+    def admin_user(self) -> Any:
+        """A fresh member of the admin group (of the portal and of the shadow policy)."""
+        subprocess.run(["groupadd", "-f", ADMINS], check=True)
+        self.addCleanup(subprocess.run, ["groupdel", ADMINS], check=False)
+        admin = create_user()
+        self.addCleanup(admin.remove)
+        subprocess.run(["usermod", "-aG", ADMINS, admin.name], check=True)
+        return admin
+
+    def shadow_from_the_admin_page(self, answer: str) -> tuple[Browser, str, Any, Any]:
+        """The owner's session on her NX client; an admin clicks "Shadow" on the admin page and
+        the owner answers the dialog in her session with the key ``answer``."""
+        client = self.attach("--name", "watched")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        session_id, _row = self.only_session()
+        admin = self.admin_user()
+        browser = self.logged_in(admin)
+        browser.get(self.base + "/admin")
+        browser.wait(lambda: browser.find_all("form[action='/view/shadow'] button"), 30, "a Shadow button")[0].click()
+        self.screen.wait_for_colour(TK_GREY, 2000, timeout=30)  # the owner is asked, on her own screen
+        time.sleep(0.5)
+        self.screen.xdotool("key", answer)
+        return browser, session_id, client, admin
+
+    def test_admin_shadows_with_the_owners_consent(self) -> None:
+        browser, session_id, client, admin = self.shadow_from_the_admin_page("a")
+        browser.wait(lambda: (shot := canvas_shot(browser)) is not None and shot.count(RED) > 20000, 60,
+                     "the owner's session drawn in the admin's page")
+        # The owner keeps her session: a shadow takes nothing over.
+        self.assertIsNone(client.poll())
+        self.assertEqual(self.status(session_id), "Running")
+        self.assertIn(f"shadow attach: {admin.name} from 127.0.0.1 watches {session_id} of {self.user.name}",
+                      self.gateway.log())
+        self.assertNotIn(session_id, browser.source)
+        # A new window size does not resume a shadow again (that would ask the owner again).
+        browser.driver.set_window_size(900, 640)
+        time.sleep(2.0)  # past the page's 0.7 s wait for the window to keep still
+        self.assertEqual(browser.driver.execute_script("return window.nxgateViewer.resizes;"), 0)
+        self.assertEqual(browser.find("#viewer").get_attribute("data-state"), "connected")
+
+    def test_owner_refuses_the_admins_shadow(self) -> None:
+        browser, session_id, client, _admin = self.shadow_from_the_admin_page("r")
+        browser.wait(lambda: browser.find("#viewer").get_attribute("data-state") == "refused", 30, "the refusal")
+        self.assertIn(f"refused by user: {self.user.name}", browser.find("#viewer-status").text)
+        shot = canvas_shot(browser)
+        self.assertTrue(shot is None or shot.count(RED) == 0, "the refused page drew the session")
+        self.assertIsNone(client.poll())
+        self.assertEqual(self.status(session_id), "Running")
 
     def test_another_user_gets_nothing(self) -> None:
         client = self.attach("--name", "not yours")

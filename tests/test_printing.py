@@ -290,6 +290,7 @@ class ClientOptions(TestCase):
 
         self.assertRaises(UsageError, self.options, "--geometry", "800x600", "--print-server", "localhost:631")
         self.assertRaises(UsageError, self.options, "--list", "--print")
+        self.assertRaises(UsageError, self.options, "--geometry", "800x600", "--print", "--print-server", "host:x")
         self.assertEqual(self.options("--geometry", "800x600", "--print", "--print-server", "/run/c.sock").print_server,
                          "/run/c.sock")
 
@@ -412,3 +413,12 @@ class WithoutCupsd(TestCase):
         self.assertEqual(extra.environment(session), {})
         await extra.start(session)
         self.assertEqual((extra._tasks, os.listdir(base)), ({}, []))
+
+
+class HostHeader(TestCase):
+    def test_the_print_servers_own_name(self) -> None:
+        from nxgate.client.printing import GateFactory
+
+        self.assertEqual(GateFactory(reactor, COOKIE, "/run/cups/cups.sock").host_header, "localhost")
+        self.assertEqual(GateFactory(reactor, COOKIE, ("printhost", 631)).host_header, "printhost:631")
+        self.assertEqual(GateFactory(reactor, COOKIE, ("::1", 631)).host_header, "[::1]:631")

@@ -8,7 +8,7 @@ import os
 import tempfile
 
 from twisted.internet import defer
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from nxgate.client import cli
 from nxgate.client.sharing import parse_share, smb_conf
@@ -23,7 +23,11 @@ from nxgate.nx.params import parse_params
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.requests import ShareMount
+from nxgate.config import ServicesSection
 from tests.test_nx_client_dialogue import COOKIE, NXGATE_START_REPLY, PARAMS, SESSION_ID, Server
+from tests.test_services import SessionSide
+from tests.test_sessions_manager import caller
+from tests.test_sessions_manager import nx as nx_command
 
 CALLER = Caller("alice", 1000, 1000, frozenset(), "192.0.2.1")
 OPENNX = ('--port="4001" --username="alice" --password="se%20cret" --share="Documents" '
@@ -220,3 +224,51 @@ class ClientDialogueTests(SynchronousTestCase):
         server, _ = self.ready()
         server.client.data_received(b"NX> 596 Session failed.\n")
         self.assertTrue(server.client.error_pending)
+
+
+class ServiceTests(TestCase):
+    """``addmount`` through the real session service (stand-in agents, the
+    mount itself recorded: the e2e test makes real ones)."""
+
+    # tests.test_services' stand-in service, without its tests.
+    setUp = SessionSide.setUp
+    service = SessionSide.service
+    running = SessionSide.running
+
+    def started(self, services: ServicesSection = ServicesSection(), samba: str = "1"):
+        service = self.service(services)
+        self.mounted: list = []
+
+        async def mount(session, mount):
+            self.mounted.append((session.id, mount))
+
+        if "sharing" in service.extras.by_name:
+            service.extras.by_name["sharing"].mount = mount
+        session, reply = self.running(service, f'--samba="{samba}"')
+        return service, session, reply
+
+    def addmount(self, service, who, session_id: str, share: str = "docs"):
+        return nx_command(service, who, "addmount", f'--share="{share}" --password="pw" --session_id="{session_id}"')
+
+    def test_the_owner_s_folder_is_mounted_once_the_session_runs(self) -> None:
+        service, session, reply = self.started()
+        self.assertIn("NX> 709 File-sharing port: 445", reply.lines)
+        answer = self.successResultOf(self.addmount(service, caller(), session.id))
+        self.assertEqual(answer.lines, ("NX> 719 SMB filesystem: running",))
+        self.assertEqual([(sid, m.share, m.password) for sid, m in self.mounted], [(session.id, "docs", "pw")])
+
+    def test_switched_off_or_not_asked_for_is_off_not_an_error(self) -> None:
+        for services, samba in ((ServicesSection(sharing=False), "1"), (ServicesSection(), "0")):
+            service, session, _ = self.started(services, samba)
+            answer = self.successResultOf(self.addmount(service, caller(), session.id))
+            self.assertTrue(answer.lines[0].startswith("NX> 719 SMB filesystem: off"))
+            self.assertEqual(self.mounted, [])
+            for sid in list(service.sessions):
+                service.sessions.pop(sid)  # the next service starts afresh on the same display range
+
+    def test_nobody_else_mounts_into_a_session_not_even_an_admin(self) -> None:
+        service, session, _ = self.started()
+        for who in (caller(user="mallory"), Caller("theadmin", 0, 0, frozenset(), "192.0.2.9", admin=True)):
+            failure = self.failureResultOf(self.addmount(service, who, session.id), NXError)
+            self.assertEqual(failure.value.lines()[0], f"NX> 596 Error: Could not find session {session.id}.")
+        self.assertEqual(self.mounted, [])

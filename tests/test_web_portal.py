@@ -22,7 +22,7 @@ from nxgate.auth.pam import AuthResult, Verdict
 from nxgate.config import WebSection
 from nxgate.doors.web import pages, tls
 from nxgate.doors.web.logins import COOKIE_NAME, LoginTable
-from nxgate.doors.web.site import PRELOGIN_COOKIE, web_site
+from nxgate.doors.web.site import PRELOGIN_COOKIE, web_site, words_of
 from nxgate.node import thumbnails
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
@@ -115,6 +115,18 @@ def xwd(width: int, height: int, pixels: list[tuple[int, int, int]]) -> bytes:
                          0xFF0000, 0xFF00, 0xFF, 8, 256, 0, width, height, 0, 0, 0)
     data = b"".join(bytes((b, g, r, 0)) for r, g, b in pixels)
     return header + name + data
+
+
+class WordsTests(TestCase):
+    def test_refusals_name_no_session_id(self) -> None:
+        session_id = "0123456789ABCDEF0123456789ABCDEF"
+        for kind in (Kind.NOT_FOUND, Kind.NOT_YOURS):
+            self.assertEqual(words_of(SessionError(kind, f"Could not find session {session_id}.")), "No such session.")
+        words = words_of(SessionError(Kind.WRONG_STATE, f"Session {session_id} is starting.", session_id=session_id))
+        self.assertEqual(words, "Session this session is starting.")
+        self.assertNotIn(session_id, words)
+        self.assertEqual(words_of(SessionError(Kind.REFUSED_BY_OWNER, "Authorization refused by user: alice.")),
+                         "Authorization refused by user: alice.")
 
 
 class ThumbnailCodecTests(TestCase):

@@ -131,6 +131,46 @@ class Handler:
         self.closed.append((code, reason))
 
 
+class RefusalTests(TestCase):
+    def test_an_rfb_refusal_carries_the_reason_in_utf8(self) -> None:
+        self.assertEqual(ws.RFB_VERSION, b"RFB 003.008\n")
+        answer = ws.rfb_refusal("Authorization refused by user: zoë.")
+        text = "Authorization refused by user: zoë.".encode()
+        self.assertEqual(answer, b"\x00" + struct.pack(">I", len(text)) + text)
+
+    def test_a_long_reason_is_cut(self) -> None:
+        answer = ws.rfb_refusal("x" * 5000)
+        self.assertEqual(struct.unpack(">I", answer[1:5])[0], 1000)
+        self.assertEqual(len(answer), 1005)
+
+
+class BridgeRefusalTests(TestCase):
+    """A viewer that cannot start answers the page as an RFB server refusing the connection."""
+
+    def test_the_reason_reaches_novnc_after_its_version(self) -> None:
+        from types import SimpleNamespace
+
+        from nxgate.doors.web.viewer import ViewerBridge
+
+        clock = Clock()
+        parent = SimpleNamespace(reactor=clock, bridges=set(), viewers=None, service=None)
+        connection = ws.WebSocketConnection(clock)
+        transport = StringTransport()
+        connection.makeConnection(transport)
+        bridge = ViewerBridge(parent, SimpleNamespace(user="alice"), SimpleNamespace(purpose="open"), connection)
+        connection.handler = bridge
+        bridge.start()  # no viewers on this node: refused
+        self.assertEqual(transport.value(), ws.encode_frame(ws.BINARY, ws.RFB_VERSION))
+        transport.clear()
+        connection.dataReceived(masked(ws.BINARY, b"RFB 003.008\n"))
+        words = "The browser viewer is not available on this server."
+        self.assertEqual(transport.value(), ws.encode_frame(ws.BINARY, ws.rfb_refusal(words))
+                         + ws.encode_frame(ws.CLOSE, ws.close_payload(ws.REFUSED, "refused")))
+        self.assertEqual(parent.bridges, set())
+        clock.advance(11)  # the fallback close finds the socket closed already: nothing more
+        self.assertTrue(transport.disconnecting)
+
+
 class ConnectionTests(TestCase):
     def setUp(self) -> None:
         self.clock = Clock()

@@ -304,6 +304,13 @@ def parse_options(argv: list[str], environ: dict[str, str]) -> Options:
         raise UsageError("--print-server is only for --print")
     if args.print_ and not isinstance(request, ATTACHING):
         raise UsageError("--print is for a session you start, resume or shadow")
+    if args.print_server:
+        from nxgate.client.printing import PrintingError, parse_server
+
+        try:
+            parse_server(args.print_server)
+        except PrintingError as problem:
+            raise UsageError(str(problem)) from None
     shares: dict[str, str] = {}
     for text in args.share:
         try:

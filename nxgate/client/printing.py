@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from twisted.internet import protocol
-from twisted.internet.endpoints import TCP4ClientEndpoint, UNIXClientEndpoint
+from twisted.internet.endpoints import HostnameEndpoint, UNIXClientEndpoint
 from twisted.logger import Logger
 
 from nxgate import printgate
@@ -121,14 +121,20 @@ class GateFactory(protocol.ServerFactory):
         self.reactor = reactor
         self.session_cookie = session_cookie
         self.server = server
-        self.host_header = "localhost" if isinstance(server, str) else f"localhost:{server[1]}"
+        # The print server's own name: a CUPS refuses a Host it does not know
+        # as one of its names (a remote one would refuse "localhost").
+        if isinstance(server, str):
+            self.host_header = "localhost"
+        else:
+            host = f"[{server[0]}]" if ":" in server[0] else server[0]
+            self.host_header = f"{host}:{server[1]}"
         self.refused = 0
 
     def connect(self, downstream: _GateProtocol) -> None:
         if isinstance(self.server, str):
             endpoint: Any = UNIXClientEndpoint(self.reactor, self.server, timeout=CONNECT_TIMEOUT)
         else:
-            endpoint = TCP4ClientEndpoint(self.reactor, self.server[0], self.server[1], timeout=CONNECT_TIMEOUT)
+            endpoint = HostnameEndpoint(self.reactor, self.server[0], self.server[1], timeout=CONNECT_TIMEOUT)
         d = endpoint.connect(protocol.Factory.forProtocol(lambda: _Upstream(downstream)))
         d.addErrback(downstream.upstream_failed)
 

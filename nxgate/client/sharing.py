@@ -29,6 +29,8 @@ import subprocess
 import tempfile
 import time
 
+from nxgate.client.sound import free_port
+
 #: A share name: a word the SMB server and the server's path checks accept.
 SHARE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 START_TIMEOUT = 15.0
@@ -36,12 +38,6 @@ START_TIMEOUT = 15.0
 
 class SharingError(Exception):
     pass
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def smb_conf(directory: str, port: int, user: str, shares: dict[str, str]) -> str:
@@ -122,8 +118,9 @@ class LocalShares:
         log = open(os.path.join(self.directory, "smbd.out"), "wb")
         with log:
             # A session of its own: smbd signals its whole process group when it ends.
-            self.process = subprocess.Popen([smbd, "--foreground", "--no-process-group", "-s", conf], stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=log, start_new_session=True)
+            self.process = subprocess.Popen([smbd, "--foreground", "--no-process-group", "-s", conf],
+                                            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                            start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -28,6 +28,7 @@ from nxgate.nx import errors
 from nxgate.nx.errors import NXError
 from nxgate.nx.params import Params
 from nxgate.nx.requests import invalid, session_id
+from nxgate.safetext import printable
 from nxgate.sessions.requests import ShareMount
 
 #: Where FreeNX's clients put their shares: ``--dir="$(SHARES)/name"``.
@@ -65,7 +66,7 @@ def parse_addmount(params: Params) -> tuple[str, ShareMount]:
         raise invalid("username", username, "no quotes, backslashes or control characters")
     if not _CREDENTIAL.fullmatch(password):
         # The password itself is never shown.
-        raise NXError(errors.BAD_PARAMETERS, "Error: Invalid value for parameter 'password': no quotes, backslashes or control "
-                      "characters, at most %d." % MAX_SECRET)
-    computer = params.get("computername", "").strip()[:MAX_NAME]
+        raise NXError(errors.BAD_PARAMETERS, "Error: Invalid value for parameter 'password': no quotes, "
+                      f"backslashes or control characters, at most {MAX_SECRET}.")
+    computer = printable(params.get("computername", "").strip()[:MAX_NAME])
     return sid, ShareMount(share=share, name=name, username=username, password=password, computer=computer)

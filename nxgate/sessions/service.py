@@ -257,6 +257,8 @@ class SessionService(service.Service):
         proxy is attached, since the smb channel exists only then; clients
         send ``addmount`` before ``bye``."""
         session = self._owned(caller, session_id)
+        if session.user != caller.user:  # an admin too: a folder goes only into its owner's own session
+            raise SessionError(Kind.NOT_YOURS, f"Could not find session {session_id}.", session_id=session_id)
         if "sharing" not in extras.granted(session) or "sharing" not in self.extras.by_name:
             log.info("{user} from {address} shared {share!r} with session {id}, which has no folder sharing",
                      user=caller.user, address=caller.address, share=mount.share, id=session.id)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -131,11 +132,15 @@ def refuse(auth: WebAuth, request: server.Request, code: int, message: str) -> b
     return auth.page(request, "Refused", f'<p class="error" role="alert">{pages.escape(message)}</p>')
 
 
+_SESSION_ID = re.compile(r"\b[0-9A-Fa-f]{32}\b")
+
+
 def words_of(error: SessionError) -> str:
-    """What a browser may read of a refusal: someone else's session is "not found"."""
-    if error.kind is Kind.NOT_YOURS:
+    """What a browser may read of a refusal: someone else's session is "not
+    found", and no session id appears (pages name sessions by handles only)."""
+    if error.kind in (Kind.NOT_YOURS, Kind.NOT_FOUND):
         return "No such session."
-    return error.message
+    return _SESSION_ID.sub("this session", error.message)
 
 
 class Deferring(resource.Resource):

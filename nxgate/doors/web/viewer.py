@@ -34,6 +34,7 @@ from twisted.python.failure import Failure
 from twisted.web import resource, server, static
 
 from nxgate.doors.web import websocket
+from nxgate.doors.web.site import words_of
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequest
@@ -338,6 +339,9 @@ class ViewerBridge:
         self.listener: Any = None
         self.vnc: Any = None
         self.pending: list[bytes] = []
+        #: Set when the viewer cannot start: the RFB answer that says why, sent after the client's version.
+        self.refusal: bytes | None = None
+        self.heard = b""
         self.stopped = False
         self.started = self.reactor.seconds()
 
@@ -420,6 +424,13 @@ class ViewerBridge:
 
     # WebSocket handler ------------------------------------------------------------------------------
     def ws_message(self, payload: bytes) -> None:
+        if self.refusal is not None:
+            self.heard += payload[:len(websocket.RFB_VERSION)]
+            if len(self.heard) >= len(websocket.RFB_VERSION):
+                refusal, self.refusal = self.refusal, None
+                self.ws.send(refusal)
+                self.ws.close(websocket.REFUSED, "refused")
+            return
         if self.vnc is not None:
             self.vnc.write(payload)
         elif len(self.pending) < 64:
@@ -435,21 +446,31 @@ class ViewerBridge:
             return
         if failure.check(SessionError):
             error = failure.value
-            words = "No such session." if error.kind is Kind.NOT_YOURS else error.message
+            words = words_of(error)
             log.info("browser viewer for {user} refused: {why}", user=self.caller.user, why=error.message)
         else:
             log.failure("browser viewer for {user} failed", failure, user=self.caller.user)
             words = "The viewer could not start (see the server log)."
-        self.ws.close(websocket.REFUSED, words)
-        self.stop(words)
+        self.stop(words, close_socket=False)
+        self.refuse(words)
 
-    def stop(self, why: str) -> None:
+    def refuse(self, words: str) -> None:
+        """Tell the page why, as an RFB server refusing the connection would
+        (noVNC shows it); the WebSocket closes after that, or soon anyway."""
+        if self.ws.closing or self.ws.gone:
+            return
+        self.refusal = websocket.rfb_refusal(words)
+        self.ws.send(websocket.RFB_VERSION)
+        self.reactor.callLater(10.0, self.ws.close, websocket.REFUSED, words[:100])
+
+    def stop(self, why: str, close_socket: bool = True) -> None:
         if self.stopped:
             return
         self.stopped = True
         self.parent.bridges.discard(self)
         log.info("browser viewer of {user} ends: {why}", user=self.caller.user, why=why)
-        self.ws.close(websocket.VIEWER_ENDED, why[:100])
+        if close_socket:
+            self.ws.close(websocket.VIEWER_ENDED, why[:100])
         self.stop_listening()
         if self.vnc is not None:
             self.vnc.loseConnection()

@@ -353,3 +353,16 @@ def upgrade(request: Any, connection: WebSocketConnection) -> None:
     resume = getattr(transport, "resumeProducing", None)
     if resume is not None:
         resume()
+
+
+#: What an RFB 3.8 server says first.
+RFB_VERSION = b"RFB 003.008\n"
+
+
+def rfb_refusal(reason: str) -> bytes:
+    """An RFB 3.8 server's "no security types" answer with ``reason`` (UTF-8,
+    at most 1000 bytes): how a viewer that cannot start says why, in the
+    protocol noVNC already speaks (its ``securityfailure`` event carries the
+    text to the page), after the client's version line."""
+    text = reason.encode("utf-8")[:1000]
+    return b"\x00" + struct.pack(">I", len(text)) + text

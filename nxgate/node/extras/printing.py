@@ -261,6 +261,7 @@ class Printing:
         self.cupsd = cupsd  # None: not installed, printing is left out (said at each start)
         self._tasks: dict[str, defer.Deferred[None]] = {}
         self._cupsd: dict[str, processes.ProcessId] = {}
+        self._starts: dict[str, int] = {}  # per session: how many starts so far
 
     def directory(self, session: Any) -> str:
         return os.path.join(self.context.session_dir(session), DIRECTORY)
@@ -284,6 +285,7 @@ class Printing:
                      "the session has no printers", id=session.id, user=session.user)
             return
         self._prepare(session)
+        self._starts[session.id] = self._starts.get(session.id, 0) + 1
         old = self._tasks.pop(session.id, None)
         if old is not None:
             old.cancel()
@@ -338,11 +340,11 @@ class Printing:
                     said_refused = True
             await task.deferLater(reactor, delay, lambda: None)
             delay = min(delay * 1.5, LAST_RETRY) if reactor.seconds() - since < PATIENCE else SLOW_RETRY
+        # One cupsd per session: one left by an interrupted start would hold the socket.
+        await self._end_cupsd(session, await self._blocking(_cupsd_of, session.id, session.uid))
         files.write_user_file(os.path.join(self.directory(session), "printers.conf"),
                               printers_conf(printers, port, printgate.credential(session.cookie)).encode(),
                               session.uid, session.gid)
-        # One cupsd per session: one left by an interrupted start would hold the socket.
-        await self._end_cupsd(session, await self._blocking(_cupsd_of, session.id, session.uid))
         cupsd = await self._launch(session)
         self._cupsd[session.id] = cupsd
         socket_path = self.socket_path(session)
@@ -371,6 +373,7 @@ class Printing:
         return await self.context.launcher.start(request)
 
     async def stop(self, session: Any) -> None:
+        starts = self._starts.get(session.id, 0)
         work = self._tasks.pop(session.id, None)
         if work is not None:
             work.cancel()
@@ -380,7 +383,10 @@ class Printing:
         else:  # a gateway before this one started it
             running = await self._blocking(_cupsd_of, session.id, session.uid)
         await self._end_cupsd(session, running)
-        _remove_printers_conf(self.directory(session))
+        if self._starts.get(session.id, 0) == starts:  # not when a resume started printing again meanwhile
+            _remove_printers_conf(self.directory(session))
+            if not getattr(getattr(session, "state", None), "live", True):
+                self._starts.pop(session.id, None)  # the session has ended
 
     async def _end_cupsd(self, session: Any, running: list[processes.ProcessId]) -> None:
         """SIGTERM (cupsd then stops its jobs' backends), SIGKILL after STOP_GRACE."""
@@ -408,9 +414,11 @@ def _remove_printers_conf(directory: str) -> None:
     except OSError:
         return  # gone with the session, or not ours to touch
     try:
-        os.unlink("printers.conf", dir_fd=fd)
-    except FileNotFoundError:
-        pass
+        for name in ("printers.conf", "printers.conf.O"):  # cupsd keeps the previous one as .O
+            try:
+                os.unlink(name, dir_fd=fd)
+            except FileNotFoundError:
+                pass
     finally:
         os.close(fd)
 

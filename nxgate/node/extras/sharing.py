@@ -16,7 +16,8 @@ directory).
 
 One smbnetfs per share, under ``<session dir>/shares/<key>/`` (its HOME,
 with the ``.smb`` directory it insists on).  The share's password reaches it
-only in its configuration file, 0600 in that private directory, removed as
+only in its configuration file, written by the user (``dd`` reading it from
+a pipe), 0600 in that private directory, removed as
 soon as the share answered (smbnetfs keeps it in memory; it re-reads nothing
 with ``config_update_period 0``): never argv, the environment, a log or the
 store.  The mounts go when the session is suspended or ends, and at the
@@ -38,7 +39,6 @@ from twisted.internet import task
 from twisted.logger import Logger
 
 from nxgate import channels
-from nxgate.node import files
 from nxgate.node.extras import Context
 
 log = Logger(namespace="nxgate.extras.sharing")
@@ -144,9 +144,15 @@ class Sharing:
             log.warn("session {id}: cannot make the mount directory of {share!r}", id=session.id, share=mount.share)
             return
         config = os.path.join(smb, "smbnetfs.conf")
-        files.write_user_file(os.path.join(smb, "smb.conf"), CLIENT_SMB_CONF.encode(), user.pw_uid, user.pw_gid)
-        files.write_user_file(config, smbnetfs_config(mount.username, mount.password).encode("utf-8"),
-                              user.pw_uid, user.pw_gid)
+        # Written by the user (umask 077: 0600), the text on dd's stdin: root
+        # writes nothing in a directory the user controls.
+        for path, text in ((os.path.join(smb, "smb.conf"), CLIENT_SMB_CONF),
+                           (config, smbnetfs_config(mount.username, mount.password))):
+            if await self._run(session, ["dd", f"of={path}", "status=none"], stdin=text) != 0:
+                log.warn("session {id}: cannot write the mount settings of {share!r}", id=session.id,
+                         share=mount.share)
+                await self._run(session, ["rm", "-f", config])
+                return
         try:
             code = await self._run(session, ["smbnetfs", mountpoint, "-o", f"config={config}"], home=base)
             target = share_path(mountpoint, port, mount.share)
@@ -175,10 +181,11 @@ class Sharing:
             await task.deferLater(self.context.reactor, PAUSE, lambda: None)
         return False
 
-    async def _run(self, session: Any, argv: list[str], home: str | None = None) -> int | None:
+    async def _run(self, session: Any, argv: list[str], home: str | None = None,
+                   stdin: str | None = None) -> int | None:
         user = pwd.getpwnam(session.user)
         paths = self.context.layout.agent_files(session.id)
-        request = {
+        request: dict[str, Any] = {
             "user": user.pw_name,
             "argv": argv,
             "env": {"HOME": home or user.pw_dir, "USER": user.pw_name, "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -186,6 +193,8 @@ class Sharing:
             "cwd": home or user.pw_dir,
             "log": paths.app_log,
         }
+        if stdin is not None:
+            request["stdin"] = stdin  # a pipe (nxgate.node.runas): never argv or the environment
         return await self.context.launcher.run(request, RUN_TIMEOUT)
 
     def _unmount(self, prefix: str) -> list[str]:

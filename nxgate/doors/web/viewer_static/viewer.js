@@ -8,7 +8,7 @@
   const status = document.getElementById("viewer-status");
   const screen = document.getElementById("viewer-screen");
   const state = { phase: "starting", openedAt: performance.now(), connectedAt: null, rfb: null, clipboard: "",
-                  sent: "", size: null, resizes: 0, reconnecting: false };
+                  sent: "", size: null, resizes: 0, reconnecting: false, refusal: "" };
   window.nxgateViewer = state;
 
   function say(phase, words) {
@@ -114,7 +114,16 @@
         connect().catch(failed);
         return;
       }
+      if (state.refusal) {
+        say("refused", state.refusal);
+        return;
+      }
       say("disconnected", event.detail.clean ? "The session was suspended." : "Connection lost.");
+    });
+    /* The gateway refuses a viewer that cannot start (the owner said no, limits, a session gone) as
+       an RFB server would, with the reason in UTF-8. */
+    rfb.addEventListener("securityfailure", (event) => {
+      state.refusal = fromSession(event.detail.reason || "") || "The session cannot be shown.";
     });
     rfb.addEventListener("clipboard", (event) => {
       const text = fromSession(event.detail.text);
@@ -133,6 +142,8 @@
   let resizeTimer = null;
   function resized() {
     clearTimeout(resizeTimer);
+    /* A shadow follows the watched session's size, and a new resume would ask its owner again. */
+    if (section.dataset.purpose === "shadow") return;
     resizeTimer = setTimeout(() => {
       if (!state.rfb || state.phase !== "connected" || !state.size) return;
       const [width, height] = screenSize();
