@@ -120,21 +120,25 @@ class ClusterTestCase(TestCase):
     def assert_picture(self, screen: ClientScreen, node: Member, info: SessionInfo) -> None:
         """The client screen shows what the agent on ``node`` holds, pixel for pixel."""
         screen.wait_for_colour(RED, 20000, timeout=60)
-        shots: list = [0.0, None, None]
+        shots: list = [0.0, None, None, ""]
 
         def same() -> bool:
-            agent = pixels.grab(f":{info.display}", self.authority(node, info.session_id))
+            try:
+                agent = pixels.grab(f":{info.display}", self.authority(node, info.session_id))
+            except AssertionError as error:  # xwd could not read it (yet): say so if it lasts
+                shots[3] = str(error)
+                return False
             # nxagent's window sits at the client screen's origin, the agent's size.
             client = pixels.crop(screen.shot(), pixels.Rect(0, 0, agent.width, agent.height))
-            shots[:] = [pixels.equal_share(client, agent), client, agent]
+            shots[:3] = [pixels.equal_share(client, agent), client, agent]
             return shots[0] >= 0.99
 
         try:
             wait_for(same, 30, "the client screen to show the agent's framebuffer", interval=0.5)
         except AssertionError:
             saved = [pixels.save_png(shot, os.path.join(node.workdir, f"{name}.png"))
-                     for name, shot in (("client", shots[1]), ("agent", shots[2]))]
-            raise AssertionError(f"only {shots[0]:.1%} of the pixels are the agent's: {saved}") from None
+                     for name, shot in (("client", shots[1]), ("agent", shots[2])) if shot is not None]
+            raise AssertionError(f"only {shots[0]:.1%} of the pixels are the agent's: {saved} {shots[3]}") from None
 
     def suspended_in(self, member: Member, session_id: str) -> bool:
         client = self.login(member)
