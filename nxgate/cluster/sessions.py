@@ -7,14 +7,20 @@ nothing here is used and a single box works exactly as before.
 
 * A new session goes where :mod:`nxgate.cluster.placement` says, after the
   user's limit is checked against his live sessions on every node (counted
-  in the shared store).  Each node still checks its own limits as it
-  registers the session.
+  in the shared store: a clear refusal early).  The node then registers it
+  through the store's ``admit``, which counts and inserts in one step, so
+  two gateways racing cannot push a user past his limit.
 * Every other call about a session goes to the node its store row names
   (resume affinity: never a guess, never another node).
 * ``list`` reads the store: all the caller's sessions on every member.  A
   session whose node is down stays listed, its name marked
   :data:`LOST_MARK`, until that node comes back and reconciles it; acting
-  on it is refused with a sentence that says why (``NX> 596``).
+  on it is refused with a sentence that says why (``NX> 596``); only the
+  admin may end it (its machine may never return).
+* A node is down three heartbeats after its last one, or at once when this
+  gateway's connection to it broke and it wrote no heartbeat since: every
+  gateway keeps one to every node (:meth:`keep_in_touch`), so a node
+  process that dies is seen within a fraction of a second.
 * The store unreachable: new requests get a clear ``NX> 596``; the relays
   of running sessions do not depend on it and carry on.
 
