@@ -104,6 +104,31 @@ class ClientTestCase(TestCase):
         self.assertEqual([name for name in os.listdir(self.tmp) if name.startswith("nxgate-client-")], [])
 
 
+class ClientScreenTestCase(ClientTestCase):
+    """A ClientTestCase with one 800x600 client screen (Xvfb) shared by the
+    class's tests, for clients that draw (``self.screen``)."""
+
+    def setUp(self):
+        super().setUp()
+        self.screen = class_fixture(type(self), self.make_fixture)[2]
+
+    def make_fixture(self):
+        from tests.harness.x11 import ClientScreen
+
+        (user, gateway), teardown = super().make_fixture()
+        try:
+            screen = ClientScreen(800, 600)
+        except BaseException:
+            teardown()
+            raise
+
+        def teardown_all():
+            screen.close()
+            teardown()
+
+        return (user, gateway, screen), teardown_all
+
+
 class ListAndLoginTests(ClientTestCase):
     def test_list_without_sessions(self):
         result = self.client("--list")
@@ -247,7 +272,7 @@ class HostKeyTests(ClientTestCase):
         self.assertNotIn("SSH login of ", other.log())
 
 
-class SessionTests(ClientTestCase):
+class SessionTests(ClientScreenTestCase):
     """Start, suspend, list, resume and terminate real sessions with the client."""
 
     options = {"sessions": {"display_base": "760", "display_limit": "100", "connect_timeout": "60"},
@@ -255,24 +280,7 @@ class SessionTests(ClientTestCase):
 
     def setUp(self):
         super().setUp()
-        self.screen = class_fixture(type(self), self.make_fixture)[2]
         self.addCleanup(self.end_all_sessions)
-
-    def make_fixture(self):
-        from tests.harness.x11 import ClientScreen
-
-        (user, gateway), teardown = super().make_fixture()
-        try:
-            screen = ClientScreen(800, 600)
-        except BaseException:
-            teardown()
-            raise
-
-        def teardown_all():
-            screen.close()
-            teardown()
-
-        return (user, gateway, screen), teardown_all
 
     def end_all_sessions(self):
         for pid in agent_processes(self.user.name):

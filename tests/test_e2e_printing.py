@@ -29,10 +29,9 @@ from nxgate import channels, ipp
 from tests.harness.cups import ClientCups, ClientPrinter, GateProcess
 from tests.harness.gateway import Gateway
 from tests.harness.process import wait_for
-from tests.harness.shared import class_fixture
 from tests.harness.ssh import Attachment, NXClient, SessionInfo
 from tests.test_e2e_client import TYPES as CLIENT_TYPES
-from tests.test_e2e_client import ClientTestCase, agent_processes
+from tests.test_e2e_client import ClientScreenTestCase, agent_processes
 from tests.test_e2e_sessions import RED, START, TYPES, SessionTestCase, proc_environ
 from tests.test_e2e_sound import as_user
 
@@ -294,7 +293,7 @@ class GatewayKilledTests(PrintingTestCase):
         self.assertEqual(cupsd_of(self.user.name), [])
 
 
-class ClientPrintingTests(ClientTestCase):
+class ClientPrintingTests(ClientScreenTestCase):
     """``nxgate-client --print`` against the real gateway, with the private
     CUPS standing in for the user's."""
 
@@ -303,27 +302,10 @@ class ClientPrintingTests(ClientTestCase):
 
     def setUp(self):
         super().setUp()
-        self.screen = class_fixture(type(self), self.make_fixture)[2]
         self.printer = ClientPrinter(self.gateway.workdir)
         self.addCleanup(self.printer.close)
         self.cups = ClientCups(self.printer, self.gateway.workdir)
         self.addCleanup(self.cups.close)
-
-    def make_fixture(self):
-        from tests.harness.x11 import ClientScreen
-
-        (user, gateway), teardown = super().make_fixture()
-        try:
-            screen = ClientScreen(800, 600)
-        except BaseException:
-            teardown()
-            raise
-
-        def teardown_all():
-            screen.close()
-            teardown()
-
-        return (user, gateway, screen), teardown_all
 
     def test_print_lets_the_session_print_here_and_its_gate_goes_with_the_client(self):
         client = self.background(self.argv("--geometry", "800x600", "--print", "--print-server", self.cups.server,

@@ -30,10 +30,9 @@ from nxgate.client.sharing import LocalShares
 from nxgate.nx import client_commands as commands
 from tests.harness.gateway import Gateway
 from tests.harness.process import wait_for
-from tests.harness.shared import class_fixture
 from tests.harness.ssh import Attachment, NXClient, SessionInfo
 from tests.test_e2e_client import TYPES as CLIENT_TYPES
-from tests.test_e2e_client import ClientTestCase, agent_processes
+from tests.test_e2e_client import ClientScreenTestCase, agent_processes
 from tests.test_e2e_sessions import RED, START, TYPES, SessionTestCase
 
 SHARE = "docs"
@@ -284,7 +283,7 @@ class SharingSwitchedOffTests(SharingTestCase):
         self.assertFalse(os.path.lexists(os.path.join(self.user.home, "MyShares", SHARE)))
 
 
-class ClientSharingTests(ClientTestCase):
+class ClientSharingTests(ClientScreenTestCase):
     """``nxgate-client --share`` against the real gateway: its own private
     Samba, its addmount, and the folder gone with the client."""
 
@@ -295,29 +294,12 @@ class ClientSharingTests(ClientTestCase):
         if not os.path.exists("/dev/fuse") or shutil.which("smbnetfs") is None:
             raise SkipTest("no /dev/fuse or smbnetfs here")
         super().setUp()
-        self.screen = class_fixture(type(self), self.make_fixture)[2]
         mode = os.stat("/dev/fuse").st_mode & 0o777
         if mode & 0o006 != 0o006:
             os.chmod("/dev/fuse", 0o666)
             self.addCleanup(os.chmod, "/dev/fuse", mode)
         self.folder = tempfile.mkdtemp(prefix="nxgate-share-")
         self.addCleanup(shutil.rmtree, self.folder, True)
-
-    def make_fixture(self):
-        from tests.harness.x11 import ClientScreen
-
-        (user, gateway), teardown = super().make_fixture()
-        try:
-            screen = ClientScreen(800, 600)
-        except BaseException:
-            teardown()
-            raise
-
-        def teardown_all():
-            screen.close()
-            teardown()
-
-        return (user, gateway, screen), teardown_all
 
     def test_the_shared_folder_appears_in_the_session_and_goes_with_the_client(self):
         with open(os.path.join(self.folder, "hello.txt"), "w") as handle:

@@ -23,9 +23,8 @@ import time
 
 from nxgate import channels
 from tests.harness.process import wait_for
-from tests.harness.shared import class_fixture
 from tests.test_e2e_client import TYPES as CLIENT_TYPES
-from tests.test_e2e_client import ClientTestCase, agent_processes
+from tests.test_e2e_client import ClientScreenTestCase, agent_processes
 from tests.harness.pulse import PulseServer, analyse, tone
 from tests.harness.ssh import Attachment, NXClient, SessionInfo
 from tests.test_e2e_sessions import RED, START, SessionTestCase, proc_environ
@@ -183,7 +182,7 @@ class SoundSwitchedOffTests(SoundTestCase):
         self.assertEqual(analyse(self.heard), (0.0, 0.0))
 
 
-class ClientSoundTests(ClientTestCase):
+class ClientSoundTests(ClientScreenTestCase):
     """``nxgate-client --sound`` against the real gateway, with the private
     PulseAudio standing in for the user's sound server."""
 
@@ -192,27 +191,10 @@ class ClientSoundTests(ClientTestCase):
 
     def setUp(self):
         super().setUp()
-        self.screen = class_fixture(type(self), self.make_fixture)[2]
         self.pulse = PulseServer(self.gateway.workdir)
         self.addCleanup(self.pulse.close)
         self.tone = tone(os.path.join(self.pulse.dir, "tone.wav"), FREQUENCY, SECONDS)
         os.chmod(self.pulse.dir, 0o711)
-
-    def make_fixture(self):
-        from tests.harness.x11 import ClientScreen
-
-        (user, gateway), teardown = super().make_fixture()
-        try:
-            screen = ClientScreen(800, 600)
-        except BaseException:
-            teardown()
-            raise
-
-        def teardown_all():
-            screen.close()
-            teardown()
-
-        return (user, gateway, screen), teardown_all
 
     def tcp_modules(self) -> list[str]:
         return [line for line in self.pulse.pactl("list", "short", "modules").stdout.splitlines()
