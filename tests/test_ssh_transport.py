@@ -20,6 +20,7 @@ from twisted.trial.unittest import TestCase
 
 from nxgate.doors.conch import server
 from nxgate.doors.conch.server import NXSSHFactory
+from nxgate.tcp import no_delay
 
 ECHO = 192  # a message number for the test services (local extensions)
 
@@ -173,3 +174,27 @@ class ModuliTests(TestCase):
         self.patch(server, "MODULI_FILE", "/nonexistent/nxgate-moduli")
         self.assertIsNone(NXSSHFactory(None, {}, 120, 6).getPrimes())
         self.assertTrue(any("/nonexistent/nxgate-moduli" in formatEvent(e) for e in events))
+
+
+class _TCPWire(StringTransport):
+    """A StringTransport that remembers TCP_NODELAY, as a TCP transport has it."""
+
+    no_delay = False
+
+    def setTcpNoDelay(self, enabled: bool) -> None:
+        self.no_delay = enabled
+
+
+class NoDelayTests(TestCase):
+    """The NX stream after ``bye`` carries the smb channel's small SMB calls:
+    Nagle's delays cut folder copies to a fraction (nxgate.tcp)."""
+
+    def test_the_gateways_ssh_connections_send_small_writes_at_once(self) -> None:
+        factory = NXSSHFactory(None, {b"ssh-ed25519": keys.Key(ed25519.Ed25519PrivateKey.generate())}, 120, 6)
+        factory.primes = None
+        wire = _TCPWire()
+        factory.buildProtocol(None).makeConnection(wire)
+        self.assertTrue(wire.no_delay)
+
+    def test_transports_without_tcp_are_left_alone(self) -> None:
+        no_delay(StringTransport())  # no setTcpNoDelay: nothing to set, no error

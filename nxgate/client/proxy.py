@@ -27,6 +27,7 @@ from twisted.internet import defer, error, protocol
 from twisted.python.failure import Failure
 
 from nxgate.nx.client_dialogue import SessionInfo
+from nxgate.tcp import no_delay
 
 # What nxproxy may inherit: how to reach and authorise on the X display, locale.
 _PASSED_ENV = ("DISPLAY", "XAUTHORITY", "HOME", "PATH", "USER", "LOGNAME", "LANG", "LANGUAGE", "TMPDIR",
@@ -79,9 +80,7 @@ class LocalConnection(protocol.Protocol):
             self.transport.loseConnection()  # one proxy, one connection
             return
         self.factory.connection = self
-        set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
-        if set_no_delay is not None:
-            set_no_delay(True)  # see nxgate.client.ssh: no Nagle delay on the NX stream
+        no_delay(self.transport)  # the NX stream's small messages must not wait (nxgate.tcp)
         self.factory.stop_listening()
         self.factory.handler.proxy_connected(self)
 

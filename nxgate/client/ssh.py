@@ -25,6 +25,7 @@ from twisted.internet import defer, protocol
 from twisted.python.failure import Failure
 
 from nxgate.client.knownhosts import KnownHosts, Verdict, fingerprint, preferred_algorithms
+from nxgate.tcp import no_delay
 
 
 class SSHError(Exception):
@@ -219,11 +220,7 @@ class _Transport(transport.SSHClientTransport):
     factory: _Factory
 
     def connectionMade(self) -> None:
-        # The NX stream's small request/answer messages (the folder sharing
-        # channel's SMB calls above all) must not wait for Nagle's algorithm.
-        set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
-        if set_no_delay is not None:
-            set_no_delay(True)
+        no_delay(self.transport)  # the NX stream's small messages must not wait (nxgate.tcp)
         known = self.factory.policy.known_hosts
         if known is not None:
             self.supportedPublicKeys = preferred_algorithms(

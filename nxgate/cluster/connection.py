@@ -32,6 +32,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nxgate.cluster.tls import ClusterTLS, PeerRefused, check_server, peer_names
+from nxgate.tcp import no_delay
 
 log = Logger(namespace="nxgate.cluster")
 
@@ -48,22 +49,6 @@ def split_address(address: str) -> tuple[str, int]:
     """``host:port`` / ``[v6]:port`` -> (host, port)."""
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
-
-
-def no_delay(transport: Any) -> None:
-    """Send small writes at once (TCP_NODELAY) on the TCP connection under
-    ``transport`` (a TLS wrapper forwards to it); nothing on other kinds.
-
-    Both AMP and the stream write a small request and wait for its answer,
-    often right after another small write (the TLS handshake's last flight):
-    with Nagle's algorithm such a segment may wait for the peer's delayed
-    ACK, up to 40 ms on Linux.  An earlier measurement saw a stream take
-    46 ms to open; bench/cluster_relay.py measures 7-9 ms with or without
-    this on loopback today, so it is a guard, not a measured win.  Bulk
-    transfers are unaffected: their writes fill segments anyway."""
-    set_it = getattr(transport, "setTcpNoDelay", None)
-    if set_it is not None:
-        set_it(True)
 
 
 class _CoalescingTLS(TLSMemoryBIOProtocol):

@@ -28,6 +28,7 @@ from zope.interface import implementer
 
 from nxgate.auth.pam import Prompt
 from nxgate.doors.conch.checkers import IKeyboardInteractive, KeyboardInteractive, Principal
+from nxgate.tcp import no_delay
 
 log = Logger(namespace="nxgate.ssh")
 
@@ -409,13 +410,7 @@ class NXServerTransport(transport.SSHServerTransport):
         peer = self.transport.getPeer()
         self.peer_text = f"{getattr(peer, 'host', peer)}:{getattr(peer, 'port', '')}"
         log.info("SSH connection from {peer}", peer=self.peer_text)
-        # The NX stream after ``bye`` carries small request/answer messages
-        # (the smb channel's SMB calls above all: 0.3-0.7 MB/s with Nagle's
-        # delays, ~10 MB/s without, bench/sharing_copy.py); SSH itself sends
-        # whole packets, so nothing is lost.
-        set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
-        if set_no_delay is not None:
-            set_no_delay(True)
+        no_delay(self.transport)  # the NX stream's small messages must not wait (nxgate.tcp)
         super().connectionMade()
 
     def connectionLost(self, reason: Any) -> None:
