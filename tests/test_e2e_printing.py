@@ -26,7 +26,7 @@ import time
 import uuid
 
 from nxgate import channels, ipp
-from tests.harness.cups import ClientCups, ClientPrinter, GateProcess
+from tests.harness.cups import ClientCups, GateProcess, client_printing
 from tests.harness.gateway import Gateway
 from tests.harness.process import wait_for
 from tests.harness.ssh import Attachment, NXClient, SessionInfo
@@ -49,10 +49,7 @@ class PrintingTestCase(SessionTestCase):
 
     def setUp(self):
         super().setUp()
-        self.printer = ClientPrinter(self.gateway.workdir)
-        self.addCleanup(self.printer.close)
-        self.cups = ClientCups(self.printer, self.gateway.workdir)
-        self.addCleanup(self.cups.close)
+        self.printer, self.cups = client_printing(self, self.gateway.workdir)
 
     def start_with_printing(self, client: NXClient, cups: str = "1") -> SessionInfo:
         reply = client.command(START.format(name="print", type="unix-console", extra=f'--cups="{cups}"'),
@@ -184,10 +181,7 @@ class PrintingTests(PrintingTestCase):
         listing = as_user(self.other.name, {"HOME": self.other.home}, "ls", os.path.dirname(env["CUPS_SERVER"]))
         self.assertNotEqual(listing.returncode, 0)
         # ... and his own printing session has his own printer only.
-        other_printer = ClientPrinter(self.gateway.workdir, name="OtherPrinter")
-        self.addCleanup(other_printer.close)
-        other_cups = ClientCups(other_printer, self.gateway.workdir, queue="otherprinter")
-        self.addCleanup(other_cups.close)
+        _other_printer, other_cups = client_printing(self, self.gateway.workdir, "OtherPrinter", "otherprinter")
         other_client = self.login(self.other)
         other_info = self.start_with_printing(other_client)
         self.attach_with_printing(other_client, other_info, cups=other_cups)
@@ -302,10 +296,7 @@ class ClientPrintingTests(ClientScreenTestCase):
 
     def setUp(self):
         super().setUp()
-        self.printer = ClientPrinter(self.gateway.workdir)
-        self.addCleanup(self.printer.close)
-        self.cups = ClientCups(self.printer, self.gateway.workdir)
-        self.addCleanup(self.cups.close)
+        self.printer, self.cups = client_printing(self, self.gateway.workdir)
 
     def test_print_lets_the_session_print_here_and_its_gate_goes_with_the_client(self):
         client = self.background(self.argv("--geometry", "800x600", "--print", "--print-server", self.cups.server,

@@ -153,6 +153,17 @@ class GateProcess:
         stop(self.process, grace=3)
 
 
+def client_printing(case, workdir: str, name: str | None = None,
+                    queue: str | None = None) -> tuple["ClientPrinter", "ClientCups"]:
+    """A client-side printer and the CUPS in front of it, both closed at
+    ``case``'s cleanup (a trial TestCase)."""
+    printer = ClientPrinter(workdir, **({"name": name} if name else {}))
+    case.addCleanup(printer.close)
+    cups = ClientCups(printer, workdir, **({"queue": queue} if queue else {}))
+    case.addCleanup(cups.close)
+    return printer, cups
+
+
 def _gate(cookie: str, server: str) -> None:
     from twisted.internet import reactor
 
