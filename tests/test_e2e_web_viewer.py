@@ -265,17 +265,7 @@ class WebViewerTests(client_tests.ClientTestCase):
         self.assertEqual(tcp_listeners(viewer_programs), [])
 
         # The canvas is the session's framebuffer.
-        info_display = int(_row[0])
-        authority = os.path.join(self.gateway.state_dir, "sessions", session_id, "authority")
-
-        def same_picture() -> float:
-            shot, master = canvas_shot(browser), pixels.grab(f":{info_display}", authority)
-            width, height = min(shot.width, master.width), min(shot.height, master.height)
-            area = pixels.Rect(0, 0, width, height)
-            share = pixels.equal_share(pixels.crop(shot, area), pixels.crop(master, area))
-            return share if share > 0.97 else 0.0
-
-        wait_for(same_picture, 30, "the canvas to equal the session's framebuffer")
+        self.wait_for_the_canvas_to_be_the_session(browser, session_id, int(_row[0]))
 
         # Keys typed in the page reach the program in the session.
         self.click_into_xterm(browser)
@@ -375,6 +365,22 @@ class WebViewerTests(client_tests.ClientTestCase):
         browser.find("#viewer-clipboard-send").click()
         wait_for(lambda: "snow ☃ man" in selections().values(), 30, "the snowman in the session")
 
+    def wait_for_the_canvas_to_be_the_session(self, browser: Browser, session_id: str, display: int,
+                                              whole: bool = False) -> None:
+        """Until the page's canvas shows what the session's framebuffer holds
+        (97 % of the pixels equal); ``whole``: at the same size too."""
+        authority = os.path.join(self.gateway.state_dir, "sessions", session_id, "authority")
+
+        def same_picture() -> float:
+            shot, master = canvas_shot(browser), pixels.grab(f":{display}", authority)
+            if shot is None or (whole and (shot.width, shot.height) != (master.width, master.height)):
+                return 0.0
+            area = pixels.Rect(0, 0, min(shot.width, master.width), min(shot.height, master.height))
+            share = pixels.equal_share(pixels.crop(shot, area), pixels.crop(master, area))
+            return share if share > 0.97 else 0.0
+
+        wait_for(same_picture, 30, "the canvas to equal the session's framebuffer")
+
     def agent_size(self, env: dict[str, str]) -> tuple[int, int] | None:
         """The session's framebuffer size, as ``xdpyinfo`` on its own display says."""
         result = subprocess.run(["xdpyinfo"], env=env, capture_output=True, text=True, timeout=10)
@@ -415,7 +421,7 @@ class WebViewerTests(client_tests.ClientTestCase):
         except AssertionError:
             raise AssertionError(f"sizes (room, canvas, session): {sizes()}") from None
         self.assertLess(second[0], first[0])
-        browser.wait(lambda: canvas_shot(browser).count(RED) > 20000, 30, "the session drawn at the new size")
+        self.wait_for_the_canvas_to_be_the_session(browser, session_id, int(row[0]), whole=True)
         self.assertEqual(self.status(session_id), "Running")
         wait_for(lambda: len(os.listdir(os.path.join(self.gateway.state_dir, "viewers"))) == 1, 15,
                  "the first viewer's programs and files to go")
