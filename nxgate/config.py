@@ -23,11 +23,12 @@ The values of ``[types]`` are command lines and are taken whole: there a
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 import shlex
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +90,48 @@ def words(text: str) -> tuple[str, ...]:
     return tuple(word for word in re.split(r"[\s,]+", text) if word)
 
 
+def parse_max_startups(text: str) -> tuple[int, int, int]:
+    """``start:rate:full`` (or a single number: a hard limit) as three
+    integers; a clear error for anything else."""
+    parts = text.strip().split(":")
+    try:
+        numbers = [int(part) for part in parts]
+    except ValueError:
+        raise ValueError(f"expected start:rate:full (e.g. 100:30:200) or a number, not {text!r}") from None
+    if len(numbers) == 1:
+        numbers = [numbers[0], 100, numbers[0]]
+    if len(numbers) != 3:
+        raise ValueError(f"expected start:rate:full (e.g. 100:30:200) or a number, not {text!r}")
+    start, rate, full = numbers
+    if not 1 <= start <= full or not 1 <= rate <= 100 or full > 1_000_000:
+        raise ValueError(f"need 1 <= start <= full and a rate of 1-100 percent, not {text!r}")
+    return start, rate, full
+
+
+def parse_networks(words: Iterable[str]) -> tuple[Any, ...]:
+    """Addresses or networks (``192.0.2.10``, ``10.0.0.0/8``, ``2001:db8::/32``)."""
+    networks = []
+    for word in words:
+        try:
+            networks.append(ipaddress.ip_network(word, strict=False))
+        except ValueError:
+            raise ValueError(f"not an address or network: {word!r}") from None
+    return tuple(networks)
+
+
+def max_startups(text: str) -> str:
+    """``start:rate:full`` (OpenSSH's MaxStartups) or one number, checked here."""
+    parse_max_startups(text)
+    return text.strip()
+
+
+def networks(text: str) -> tuple[str, ...]:
+    """Addresses or networks separated by spaces or commas, checked here."""
+    given = words(text)
+    parse_networks(given)
+    return given
+
+
 def one_of(*choices: str) -> Converter:
     def convert(text: str) -> str:
         if text not in choices:
@@ -141,6 +184,23 @@ class ServerSection:
                             is_path=True)
     admin_socket: str = option("", text, "root-only socket for nxgate-admin (empty: admin.sock in state_dir)",
                                is_path=True)
+    # Before authentication (issue 26; nxgate.doors.preauth): every door.
+    login_grace_time: float = option(30.0, number(1, 3600), "seconds from a connection's first byte to its "
+                                     "authentication, on every door (SSH, HTTPS, cluster port, shell socket)")
+    max_startups_per_address: int = option(10, integer(1, 1_000_000), "unauthenticated connections one address "
+                                           "(IPv6: one /64) may hold at once, over all doors")
+    max_startups: str = option("100:30:200", max_startups, "start:rate:full: from start unauthenticated "
+                               "connections on refuse rate% of new ones, rising to all at full")
+    fd_reserve: int = option(128, integer(16, 1_000_000), "file descriptors kept for running sessions, PAM "
+                             "and the store: the doors take no one within this many of the limit")
+    penalty_noauth: float = option(1.0, number(0, 3600), "penalty seconds for a connection that ends "
+                                   "before authenticating")
+    penalty_grace: float = option(10.0, number(0, 3600), "penalty seconds for a connection closed at "
+                                  "login_grace_time")
+    penalty_min: float = option(15.0, number(1, 86400), "penalty seconds an address owes before it is refused")
+    penalty_max: float = option(600.0, number(1, 86400), "longest refusal of a penalized address")
+    preauth_exempt: tuple[str, ...] = option((), networks, "addresses or networks (a load balancer, an office "
+                                             "NAT) without the per-address cap and penalties")
 
 
 @dataclass(frozen=True)
@@ -148,7 +208,8 @@ class SSHSection:
     nx_user: str = option("nx", nonempty, "SSH account that NX clients log in as with the nx key")
     nx_authorized_keys: str = option("", text, "authorized keys for nx_user (empty: the NoMachine key)", is_path=True)
     user_logins: bool = option(True, boolean, "let users log in to SSH as themselves (legacy-free)")
-    login_grace_time: int = option(120, integer(5, 3600), "seconds to complete SSH authentication")
+    login_grace_time: int = option(120, integer(5, 3600), "seconds for SSH user authentication once the key "
+                                   "exchange is done (the whole of it: [server] login_grace_time)")
     max_auth_tries: int = option(6, integer(1, 100), "failed SSH authentications before disconnect")
     max_channels: int = option(4, integer(1, 100), "session channels open at once per connection")
 

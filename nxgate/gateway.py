@@ -40,6 +40,8 @@ from nxgate.auth.throttle import Throttle
 from nxgate.doors.openssh.socket import OpenSSHDoorFactory
 from nxgate.sessions.shadow_sessions import ShadowService
 from nxgate.doors.conch import checkers, hostkeys
+from nxgate.doors.guard import DoorGuard, raise_file_limit
+from nxgate.doors.preauth import Limits
 from nxgate.doors.conch.channel import ChannelHandler, ChannelTransport
 from nxgate.doors.conch.server import NXAvatar, NXRealm, NXSessionChannel, NXSSHFactory
 
@@ -80,6 +82,10 @@ class Gateway(service.MultiService):
         self.reactor = reactor
         self.started = reactor.seconds()
         self.blocking = in_thread(reactor)
+        # Before any door opens: the open file limit as high as we may, and
+        # the guard every listening door asks (issue 26, nxgate.doors.guard).
+        self.file_limits = raise_file_limit()
+        self.guard = DoorGuard(reactor, Limits.from_config(config))
         self.users = UserDirectory(self.blocking)
         self.layout = StateLayout(config.server.state_dir)
         self.layout.prepare()
@@ -120,9 +126,12 @@ class Gateway(service.MultiService):
         self.shell_settings = shell_settings(config)
         self.ssh_factory = self._ssh_factory()
         if self.serves_doors:
-            strports.service(config.server.listen, self.ssh_factory).setServiceParent(self)
+            strports.service(config.server.listen, self.guard.wrap(self.ssh_factory, "SSH")).setServiceParent(self)
         if config.server.shell_socket and self.serves_doors:
-            self._listen_unix(config.server.shell_socket, 0o666, OpenSSHDoorFactory(self), "[server] shell_socket")
+            # Local: only its deadline and the file reserve (the kernel names the peer; no address to cap).
+            self._listen_unix(config.server.shell_socket, 0o666,
+                              self.guard.wrap(OpenSSHDoorFactory(self), "shell socket", counted=False),
+                              "[server] shell_socket")
         self._listen_unix(config.server.admin_socket or os.path.join(self.layout.root, "admin.sock"), 0o600,
                           AdminFactory(self), "[server] admin_socket")
         self.dbus = self._dbus_door() if config.dbus.enabled and self.serves_doors else None
@@ -134,7 +143,7 @@ class Gateway(service.MultiService):
                 raise RuntimeError("[metrics] listen is set but prometheus-client is not installed")
             node = self.sessions.node_name or config.server_name
             strports.service(config.metrics.listen,
-                             Site(metrics.resource(self.sessions, node))).setServiceParent(self)
+                             Site(metrics.resource(self.sessions, node, self.guard))).setServiceParent(self)
 
     def _membership(self) -> Any:
         from nxgate.cluster.membership import Membership
@@ -161,7 +170,8 @@ class Gateway(service.MultiService):
         if "node" in cluster.roles:
             check_port_free(cluster.listen, "[cluster] listen")
             NodeListener(self.reactor, cluster.listen, self.cluster_tls, self.sessions,
-                         gateway_members(self.sessions.store)).setServiceParent(self)
+                         gateway_members(self.sessions.store),
+                         wrap=lambda factory: self.guard.wrap(factory, "cluster")).setServiceParent(self)
             log.info("cluster member {name}: listening for gateways on {where}", name=cluster.name,
                      where=configuration.describe_listen(cluster.listen))
         return RemoteStreams(self.reactor, self.cluster_tls)
@@ -219,7 +229,9 @@ class Gateway(service.MultiService):
         door = WebDoor(reactor=self.reactor, service=self.api, authenticator=self.authenticator,
                        resolve=self._web_caller, thumbnailer=self._thumbnail, settings=lambda: self.config.web,
                        types=self._browser_types, certificate_dir=os.path.join(self.layout.root, "web"),
-                       host_name=self.config.server_name, viewers=getattr(self, "web_viewers", None))
+                       host_name=self.config.server_name, viewers=getattr(self, "web_viewers", None),
+                       wrap=lambda factory, tls: self.guard.wrap(factory, "HTTPS" if tls else "HTTP", http=True,
+                                                                 inside_tls=tls))
         door.setServiceParent(self)
         return door
 
@@ -283,6 +295,7 @@ class Gateway(service.MultiService):
         self.config = new
         self.authenticator.deny_users = tuple(new.auth.deny_users)
         self.authenticator.failed_login_delay = new.auth.failed_login_delay
+        self.guard.configure(Limits.from_config(new))
         self.throttle.configure(new.auth.throttle_per_address, new.auth.throttle_per_account,
                                 new.auth.throttle_window, new.auth.throttle_block)
         self.shell_settings = shell_settings(new)
@@ -338,6 +351,10 @@ class Gateway(service.MultiService):
         self.audit = AuditLog(self.config.server.audit_log or os.path.join(self.layout.root, "audit.log"))
         globalLogPublisher.addObserver(self.audit)
         self.authenticator.start()
+        before, soft, hard = self.file_limits
+        log.info("open file limit {soft} (hard {hard}{raised}); the doors keep {reserve} of them free for"
+                 " sessions, PAM and the store ([server] fd_reserve)", soft=soft, hard=hard,
+                 raised=f", raised from {before}" if soft != before else "", reserve=self.config.server.fd_reserve)
         log.info(
             "nxgate starting: listening on {where} ({listen}) for NX logins with the passwords of Unix accounts"
             " (PAM service {pam}; never as {denied}); state in {state_dir}, config {source}",

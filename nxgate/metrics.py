@@ -75,12 +75,44 @@ class SessionCollector:
         yield family
 
 
-def resource(manager: Any, node: str = "") -> Any:
+class PreauthCollector:
+    """``nxgate_unauthenticated_connections``, ``nxgate_open_files`` and
+    ``nxgate_refused_connections_total{reason}`` from the doors' guard
+    (nxgate.doors.guard), read when scraped."""
+
+    def __init__(self, guard: Any, node: str = "") -> None:
+        self.guard = guard
+        self.node = node
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        now = self.guard.status()
+        pending = GaugeMetricFamily("nxgate_unauthenticated_connections",
+                                    "Connections not authenticated yet, over every door", labels=["node"])
+        pending.add_metric([self.node], now["unauthenticated"])
+        yield pending
+        files = GaugeMetricFamily("nxgate_open_files", "Open file descriptors of the gateway", labels=["node"])
+        files.add_metric([self.node], now["open_files"])
+        yield files
+        limit = GaugeMetricFamily("nxgate_open_files_limit", "The gateway's soft open file limit", labels=["node"])
+        limit.add_metric([self.node], now["file_limit"])
+        yield limit
+        refused = CounterMetricFamily("nxgate_refused_connections", "New connections the doors closed at once",
+                                      labels=["node", "reason"])
+        for reason, count in sorted(now["refused"].items()):
+            refused.add_metric([self.node, reason], count)
+        yield refused
+
+
+def resource(manager: Any, node: str = "", guard: Any = None) -> Any:
     """The Twisted web resource serving /metrics."""
     from prometheus_client.twisted import MetricsResource
     from twisted.web.resource import Resource
 
     REGISTRY.register(SessionCollector(manager, node))
+    if guard is not None:
+        REGISTRY.register(PreauthCollector(guard, node))
     root = Resource()
     root.putChild(b"metrics", MetricsResource(registry=REGISTRY))
     return root

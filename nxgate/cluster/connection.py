@@ -240,6 +240,7 @@ class _ServerGate(_Batching):
                          f" not a member with role {self.factory.role}", names)
             return
         self.member = member
+        authenticated(self.transport)  # a verified member: no longer under [server] login_grace_time and caps
         log.debug("cluster member {member} connected from {peer}", member=member, peer=self._peer())
         self._choose()
 

@@ -225,7 +225,10 @@ class NodeListener(service.MultiService):
     """``[cluster] listen`` with TLS, serving ``sessions`` to gateways."""
 
     def __init__(self, reactor: Any, listen: str, tls: ClusterTLS, sessions: Any,
-                 authorize: Callable[[frozenset[str]], Any]) -> None:
+                 authorize: Callable[[frozenset[str]], Any], wrap: Callable[[Any], Any] | None = None) -> None:
+        """``wrap``: what listens in front of the TLS factory (the gateway's
+        guard of unauthenticated connections, nxgate.doors.guard)."""
         super().__init__()
         self.factory = GateFactory(authorize, choose(reactor, sessions), role="gateway")
-        strports.service(listen, self.factory.tls_factory(tls)).setServiceParent(self)
+        front = self.factory.tls_factory(tls)
+        strports.service(listen, wrap(front) if wrap is not None else front).setServiceParent(self)

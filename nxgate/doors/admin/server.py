@@ -122,7 +122,9 @@ class AdminProtocol(LineOnlyReceiver):
                 "unsaved_changes": status.unsaved_changes,
                 # Agents running in session directories the store did not know at start.
                 "unknown_sessions": [{"id": u.id, "user": u.user, "display": u.display, "pid": u.agent_pid}
-                                     for u in status.unknown_sessions]}
+                                     for u in status.unknown_sessions],
+                # Issue 26: connections not authenticated yet, over every door, and the descriptors.
+                **_preauth_status(self.gateway)}
 
     async def do_sessions(self) -> list[dict[str, Any]]:
         listing = await self.gateway.api.list(ADMIN)
@@ -195,3 +197,15 @@ class AdminFactory(protocol.Factory):
 
     def buildProtocol(self, addr: Any) -> AdminProtocol:
         return AdminProtocol(self.gateway)
+
+
+def _preauth_status(gateway: Any) -> dict[str, Any]:
+    """``nxgate-admin status``'s lines about the doors' guard (nxgate.doors.guard)."""
+    guard = getattr(gateway, "guard", None)
+    if guard is None:
+        return {}
+    now = guard.status()
+    return {"unauthenticated_connections": now["unauthenticated"],
+            "penalized_addresses": now["penalized_sources"],
+            "refused_connections": sum(now["refused"].values()),
+            "open_files": f"{now['open_files']} of {now['file_limit']} (the doors keep {now['fd_reserve']} free)"}

@@ -28,6 +28,7 @@ from zope.interface import implementer
 
 from nxgate.auth.pam import Prompt
 from nxgate.doors.conch.checkers import IKeyboardInteractive, KeyboardInteractive, Principal
+from nxgate.doors.guard import authenticated
 from nxgate.tcp import no_delay
 
 log = Logger(namespace="nxgate.ssh")
@@ -412,6 +413,11 @@ class NXServerTransport(transport.SSHServerTransport):
         log.info("SSH connection from {peer}", peer=self.peer_text)
         no_delay(self.transport)  # the NX stream's small messages must not wait (nxgate.tcp)
         super().connectionMade()
+
+    def setService(self, service: Any) -> None:
+        super().setService(service)
+        if service.name == b"ssh-connection":  # only ever after user authentication (SSHFactory.getService)
+            authenticated(self.transport)
 
     def connectionLost(self, reason: Any) -> None:
         log.info("SSH connection from {peer} closed", peer=getattr(self, "peer_text", "?"))

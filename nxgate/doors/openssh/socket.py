@@ -26,6 +26,7 @@ from nxgate.auth.peercred import peer_uid
 from nxgate.stream import agentsocket
 from nxgate.doors.openssh import framing
 from nxgate.doors.conversation import Conversation
+from nxgate.doors.guard import authenticated
 from nxgate.sessions.caller import Caller
 
 log = Logger(namespace="nxgate.shell")
@@ -174,6 +175,7 @@ class OpenSSHDoorProtocol(protocol.Protocol):
                  "as nxgate-shell reports it", uid=self.uid, who=who, claimed_address=claimed or "not given")
         self.conversation = self.gateway.conversation(_Frames(self.transport), address, self.preauthenticated,
                                                       self._hand_over, door="nx-openssh")
+        authenticated(self.transport)  # the peer is known; the NX login has [auth] login_timeout from here
         self.conversation.start()
 
     def _drop(self) -> None:

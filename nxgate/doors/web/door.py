@@ -26,7 +26,10 @@ class WebDoor(MultiService):
 
     def __init__(self, *, reactor: Any, service: SessionAPI, authenticator: Authenticator, resolve: ResolveCaller,
                  thumbnailer: Thumbnailer, settings: Callable[[], Any], types: Callable[[], Sequence[str]],
-                 certificate_dir: str, host_name: str, viewers: Any = None) -> None:
+                 certificate_dir: str, host_name: str, viewers: Any = None,
+                 wrap: Callable[[Any, bool], Any] | None = None) -> None:
+        """``wrap(site, tls)``: what listens in front of the site (the
+        gateway's guard of unauthenticated connections, nxgate.doors.guard)."""
         super().__init__()
         web = settings()
         self.listen = web.listen
@@ -34,7 +37,8 @@ class WebDoor(MultiService):
         self.site, self.auth = web_site(reactor=reactor, service=service, authenticator=authenticator,
                                         resolve=resolve, thumbnailer=thumbnailer, settings=settings, types=types,
                                         viewers=viewers, tls=tls.is_tls(web.listen))
-        strports.service(self.endpoint, self.site).setServiceParent(self)
+        front = wrap(self.site, tls.is_tls(web.listen)) if wrap is not None else self.site
+        strports.service(self.endpoint, front).setServiceParent(self)
         timer = TimerService(EXPIRY_PERIOD, self.site.expire_logins)  # type: ignore[attr-defined]
         timer.clock = reactor
         timer.setServiceParent(self)

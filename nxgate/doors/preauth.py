@@ -1,0 +1,270 @@
+"""Who may hold a connection that has not authenticated yet (pure, with a clock).
+
+Before authentication a connection costs the gateway a file descriptor and
+some memory and proves nothing about who holds it.  Issue 26 showed one
+address holding 1,100 silent SSH connections until the process ran out of
+file descriptors, after which PAM, NSS and the store failed for everybody.
+This table is what every listening door asks before it serves a new
+connection, and what it tells when the connection authenticates or ends:
+
+* **Per source** (``max_startups_per_address``): at most this many
+  unauthenticated connections from one address (IPv6: one /64, as a host
+  usually owns a whole /64) across all doors.
+* **In total** (``max_startups`` = ``start:rate:full``, OpenSSH's
+  MaxStartups): from ``start`` unauthenticated connections on, a new one is
+  refused with probability ``rate`` percent, rising linearly to 100 % at
+  ``full``.  Random early drop keeps some room for real clients while a
+  flood lasts instead of a hard wall that the flood alone fills.
+* **File descriptors** (``fd_reserve``): when the process is within this
+  many descriptors of its limit, doors take no one, so that running
+  sessions, the admin socket, PAM/NSS and the store keep the reserve.
+* **Penalties** (issue 27, OpenSSH's PerSourcePenalties): a connection that
+  ends without authenticating adds ``penalty_noauth`` seconds to its
+  source's debt, one closed at the deadline ``penalty_grace``.  Debt drains
+  at one second per second; when it reaches ``penalty_min`` the source is
+  refused for that long (at most ``penalty_max``), and each further block
+  within ``penalty_max`` seconds of the last lasts twice as long.
+* **Logs**: refusals of one source are logged once a minute with a count,
+  never per connection (a flood must not become a log flood).
+
+Exempt networks (``preauth_exempt``: a load balancer, a NAT of a whole
+office) skip the per-source cap and the penalties; they still count in the
+total, the deadline and the descriptor reserve.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nxgate.config import Config, parse_max_startups, parse_networks
+
+#: Sources remembered for penalties (each a few hundred bytes).
+MAX_SOURCES = 100_000
+#: Seconds between two log lines about one source.
+LOG_INTERVAL = 60.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The settings, from ``[server]`` (see nxgate.config)."""
+
+    grace: float = 30.0
+    per_address: int = 10
+    start: int = 100
+    rate: int = 30
+    full: int = 200
+    fd_reserve: int = 128
+    penalty_noauth: float = 1.0
+    penalty_grace: float = 10.0
+    penalty_min: float = 15.0
+    penalty_max: float = 600.0
+    exempt: tuple[Any, ...] = ()
+
+    @classmethod
+    def from_config(cls, config: Config) -> Limits:
+        server = config.server
+        start, rate, full = parse_max_startups(server.max_startups)
+        return cls(grace=server.login_grace_time, per_address=server.max_startups_per_address, start=start,
+                   rate=rate, full=full, fd_reserve=server.fd_reserve, penalty_noauth=server.penalty_noauth,
+                   penalty_grace=server.penalty_grace, penalty_min=server.penalty_min,
+                   penalty_max=server.penalty_max, exempt=parse_networks(server.preauth_exempt))
+
+
+class Refusal(enum.Enum):
+    """Why a new connection was not taken, as an admin reads it in the log."""
+
+    FILES = "the gateway is near its open file limit, keeping the rest for running sessions"
+    PER_ADDRESS = "too many unauthenticated connections from this address"
+    FULL = "too many unauthenticated connections in total"
+    EARLY_DROP = "many unauthenticated connections in total (random early drop)"
+    PENALTY = "this address's earlier connections kept ending before authentication"
+
+
+class Ending(enum.Enum):
+    AUTHENTICATED = "authenticated"
+    NOAUTH = "closed before authenticating"
+    DEADLINE = "not authenticated within the deadline"
+
+
+@dataclass
+class _Source:
+    pending: int = 0          # unauthenticated connections now
+    debt: float = 0.0         # penalty seconds owed, as of debt_at
+    debt_at: float = 0.0
+    blocked_until: float = 0.0
+    strikes: int = 0          # blocks in a row, each twice the last
+    last_block: float = float("-inf")
+    logged_at: float = float("-inf")
+    unlogged: dict[str, int] = field(default_factory=dict)  # refusals since the last log line, by reason
+
+    def idle(self, now: float) -> bool:
+        return (self.pending == 0 and self.blocked_until <= now and self.debt <= now - self.debt_at
+                and not self.unlogged)
+
+
+@dataclass(frozen=True)
+class Block:
+    """A source just refused for ``seconds`` by a penalty."""
+
+    source: str
+    seconds: float
+    strikes: int
+
+
+class PreauthTable:
+    """The unauthenticated connections of every door, by source.
+
+    ``clock`` gives seconds (the reactor's), ``random`` a float in [0, 1)
+    for the early drop; both are injected so that tests decide."""
+
+    def __init__(self, limits: Limits, clock: Callable[[], float], random: Callable[[], float]) -> None:
+        self.limits = limits
+        self.clock = clock
+        self.random = random
+        self.sources: OrderedDict[str, _Source] = OrderedDict()
+        self.total = 0
+        self.refused: dict[str, int] = {reason.name.lower(): 0 for reason in Refusal}
+        self.closed_at_deadline = 0
+
+    # ----------------------------------------------------------- queries
+    @staticmethod
+    def source_of(address: str) -> str:
+        """The key a connection counts under: the address, an IPv6 one's /64."""
+        try:
+            ip = ipaddress.ip_address(address.split("%", 1)[0])
+        except ValueError:
+            return address
+        if isinstance(ip, ipaddress.IPv6Address):
+            if ip.ipv4_mapped is not None:
+                return str(ip.ipv4_mapped)
+            return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+        return str(ip)
+
+    def exempt(self, source: str) -> bool:
+        try:
+            network = ipaddress.ip_network(source, strict=False)
+        except ValueError:
+            return False
+        return any(network.version == allowed.version and network.subnet_of(allowed)
+                   for allowed in self.limits.exempt)
+
+    def penalized(self) -> int:
+        now = self.clock()
+        return sum(1 for record in self.sources.values() if record.blocked_until > now)
+
+    # ----------------------------------------------------------- changes
+    def admit(self, source: str, open_files: int = 0, file_limit: int = 0) -> Refusal | None:
+        """A new connection from ``source``: None if it may go on (it then
+        counts until :meth:`ended`), else why not.  ``open_files`` of
+        ``file_limit`` are the process's descriptors (0: not checked)."""
+        limits, now = self.limits, self.clock()
+        refusal = None
+        record = self.sources.get(source)
+        exempt = self.exempt(source)
+        if file_limit and open_files >= file_limit - limits.fd_reserve:
+            refusal = Refusal.FILES
+        elif not exempt and record is not None and record.blocked_until > now:
+            refusal = Refusal.PENALTY
+        elif not exempt and record is not None and record.pending >= limits.per_address:
+            refusal = Refusal.PER_ADDRESS
+        elif self.total >= limits.full:
+            refusal = Refusal.FULL
+        elif self.total >= limits.start:
+            chance = (limits.rate + (100 - limits.rate) * (self.total - limits.start)
+                      / max(1, limits.full - limits.start)) / 100
+            if self.random() < chance:
+                refusal = Refusal.EARLY_DROP
+        if refusal is not None:
+            self.refused[refusal.name.lower()] += 1
+            return refusal
+        record = self._record(source)
+        record.pending += 1
+        self.total += 1
+        return None
+
+    def ended(self, source: str, ending: Ending) -> Block | None:
+        """An admitted connection authenticated or ended before that: it no
+        longer counts; one that never authenticated adds to its source's
+        debt, which may start a block (returned, for the log)."""
+        record = self.sources.get(source)
+        if record is None or record.pending <= 0:
+            return None
+        record.pending -= 1
+        self.total -= 1
+        if ending is Ending.DEADLINE:
+            self.closed_at_deadline += 1
+        if ending is Ending.AUTHENTICATED or self.exempt(source):
+            return None
+        amount = self.limits.penalty_grace if ending is Ending.DEADLINE else self.limits.penalty_noauth
+        return self._penalize(source, record, amount)
+
+    def _penalize(self, source: str, record: _Source, amount: float) -> Block | None:
+        if amount <= 0:
+            return None
+        now = self.clock()
+        if record.blocked_until > now:
+            return None  # already refused; what it still holds ends at the deadline
+        record.debt = max(0.0, record.debt - (now - record.debt_at)) + amount
+        record.debt_at = now
+        if record.debt < self.limits.penalty_min:
+            return None
+        record.strikes = record.strikes + 1 if now - record.last_block <= self.limits.penalty_max else 1
+        seconds = min(self.limits.penalty_max, record.debt * 2 ** (record.strikes - 1))
+        record.blocked_until = now + seconds
+        record.last_block = now + seconds
+        record.debt = 0.0
+        return Block(source, seconds, record.strikes)
+
+    def note(self, source: str, what: str) -> dict[str, int] | None:
+        """Count a refusal (a :class:`Refusal`'s lower-case name) or a
+        connection closed at the deadline (``"deadline"``) for the log: the
+        counts by kind to log now (the first of a source, then at most once
+        a minute), else None."""
+        record = self._record(source)
+        record.unlogged[what] = record.unlogged.get(what, 0) + 1
+        now = self.clock()
+        if now - record.logged_at < LOG_INTERVAL:
+            return None
+        record.logged_at = now
+        counts, record.unlogged = record.unlogged, {}
+        return counts
+
+    def flush_log(self) -> list[tuple[str, dict[str, int]]]:
+        """Refusals not logged yet whose minute is over (call now and then),
+        so that the last burst of a flood is logged too."""
+        now, due = self.clock(), []
+        for source, record in self.sources.items():
+            if record.unlogged and now - record.logged_at >= LOG_INTERVAL:
+                due.append((source, record.unlogged))
+                record.unlogged, record.logged_at = {}, now
+        return due
+
+    def _record(self, source: str) -> _Source:
+        record = self.sources.pop(source, None)
+        if record is None:
+            record = _Source(debt_at=self.clock())
+            self._prune()
+        self.sources[source] = record  # most recently used last
+        return record
+
+    def _prune(self) -> None:
+        """Forget sources that owe nothing and hold nothing; past
+        MAX_SOURCES the least recently seen go first, counts or not."""
+        if len(self.sources) < MAX_SOURCES:
+            return
+        now = self.clock()
+        for source in [s for s, record in self.sources.items() if record.idle(now)]:
+            del self.sources[source]
+        while len(self.sources) >= MAX_SOURCES:
+            source, record = self.sources.popitem(last=False)
+            self.total -= record.pending
+
+    def status(self) -> dict[str, Any]:
+        """For ``nxgate-admin status`` and the metrics."""
+        return {"unauthenticated": self.total, "penalized_sources": self.penalized(),
+                "refused": dict(self.refused), "closed_at_deadline": self.closed_at_deadline}
