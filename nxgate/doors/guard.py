@@ -151,6 +151,7 @@ class GuardedFactory(WrappingFactory):
     """A door's factory behind the guard (see :meth:`DoorGuard.wrap`)."""
 
     protocol = GuardedConnection
+    noisy = False  # "Starting factory" once is the door's own line
 
     def __init__(self, guard: DoorGuard, wrapped: Any, door: str, *, http: bool = False,
                  counted: bool = True, inside_tls: bool = False) -> None:

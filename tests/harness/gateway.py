@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -37,7 +38,11 @@ class Gateway:
     ``options`` are INI sections to add, e.g. ``{"auth": {"failed_login_delay": "0.2"}}``.
     """
 
-    def __init__(self, options: dict[str, dict[str, str]] | None = None, state_dir: str | None = None) -> None:
+    def __init__(self, options: dict[str, dict[str, str]] | None = None, state_dir: str | None = None,
+                 file_limit: int | None = None) -> None:
+        """``file_limit``: the gateway's RLIMIT_NOFILE (soft and hard), e.g.
+        the 1024 of a service without LimitNOFILE."""
+        self.file_limit = file_limit
         self.workdir = tempfile.mkdtemp(prefix="nxgate-test-")
         os.chmod(self.workdir, 0o755)
         self.state_dir = state_dir or os.path.join(self.workdir, "state")
@@ -61,8 +66,11 @@ class Gateway:
         return subprocess.Popen(
             [TWISTD, "--nodaemon", "--pidfile=", "--logfile", self.logfile, "nxgate", "--config", self.config, *args],
             cwd=self.workdir, env=dict(os.environ, PYTHONPATH=REPO), stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=self._limit_files if self.file_limit else None,
         )
+
+    def _limit_files(self) -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.file_limit, self.file_limit))
 
     def start_refused(self, timeout: float = 30.0) -> tuple[int, str]:
         """Run a gateway that is expected to refuse to start: (exit status, stderr)."""

@@ -1,0 +1,179 @@
+"""The table of unauthenticated connections (nxgate.doors.preauth), with a
+fake clock and a chosen random number; the real gateway under a flood is
+tests.test_e2e_preauth."""
+
+from __future__ import annotations
+
+from twisted.trial.unittest import TestCase
+
+from nxgate import config as configuration
+from nxgate.config import parse_max_startups, parse_networks
+from nxgate.doors.preauth import MAX_SOURCES, Ending, Limits, PreauthTable, Refusal
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def table(chance: float = 0.99, **limits: object) -> tuple[PreauthTable, Clock]:
+    clock = Clock()
+    return PreauthTable(Limits(**limits), clock, lambda: chance), clock  # type: ignore[arg-type]
+
+
+class CapTests(TestCase):
+    def test_one_address_gets_its_share_and_no_more(self) -> None:
+        preauth, _ = table(per_address=3)
+        self.assertEqual([preauth.admit("192.0.2.1") for _ in range(4)], [None, None, None, Refusal.PER_ADDRESS])
+        self.assertIsNone(preauth.admit("192.0.2.2"))  # another address is not affected
+        preauth.ended("192.0.2.1", Ending.AUTHENTICATED)
+        self.assertIsNone(preauth.admit("192.0.2.1"))  # an authenticated one no longer counts
+        self.assertEqual(preauth.total, 4)
+
+    def test_ipv6_counts_by_slash_64_and_mapped_ipv4_as_ipv4(self) -> None:
+        source = PreauthTable.source_of
+        self.assertEqual(source("2001:db8:1:2::5"), source("2001:db8:1:2:ffff::1"))
+        self.assertNotEqual(source("2001:db8:1:2::5"), source("2001:db8:1:3::5"))
+        self.assertEqual(source("::ffff:192.0.2.7"), "192.0.2.7")
+        self.assertEqual(source("local"), "local")
+
+    def test_total_random_early_drop_between_start_and_full(self) -> None:
+        # start 2, rate 50 %, full 4: at 2 the chance of a refusal is 50 %, at 3 75 %, at 4 100 %.
+        unlucky, _ = table(chance=0.49, per_address=100, start=2, rate=50, full=4)
+        lucky, _ = table(chance=0.6, per_address=100, start=2, rate=50, full=4)
+        for preauth in (unlucky, lucky):
+            self.assertEqual([preauth.admit(f"192.0.2.{n}") for n in (1, 2)], [None, None])
+        self.assertEqual(unlucky.admit("192.0.2.3"), Refusal.EARLY_DROP)  # 0.49 < 0.5
+        self.assertIsNone(lucky.admit("192.0.2.3"))  # 0.6 >= 0.5: taken, now 3 pending
+        self.assertEqual(lucky.admit("192.0.2.4"), Refusal.EARLY_DROP)  # 0.6 < 0.75
+        self.assertEqual(lucky.refused["early_drop"], 1)
+        full, _ = table(chance=0.0, per_address=100, start=2, rate=50, full=2)
+        full.admit("192.0.2.1")
+        full.admit("192.0.2.2")
+        self.assertEqual(full.admit("192.0.2.3"), Refusal.FULL)
+
+    def test_the_file_reserve_refuses_everybody_exempt_or_not(self) -> None:
+        preauth, _ = table(fd_reserve=100, exempt=parse_networks(["192.0.2.0/24"]))
+        self.assertIsNone(preauth.admit("192.0.2.1", open_files=899, file_limit=1000))
+        self.assertEqual(preauth.admit("192.0.2.1", open_files=900, file_limit=1000), Refusal.FILES)
+        self.assertEqual(preauth.admit("198.51.100.1", open_files=950, file_limit=1000), Refusal.FILES)
+        self.assertEqual(preauth.refused["files"], 2)
+
+    def test_exempt_networks_skip_the_per_address_cap_not_the_total(self) -> None:
+        preauth, _ = table(per_address=1, start=3, full=3, exempt=parse_networks(["10.0.0.0/8", "2001:db8::/32"]))
+        self.assertEqual([preauth.admit("10.1.2.3") for _ in range(3)], [None, None, None])
+        self.assertEqual(preauth.admit("10.1.2.3"), Refusal.FULL)
+        self.assertTrue(preauth.exempt(PreauthTable.source_of("2001:db8:5::1")))
+        self.assertFalse(preauth.exempt("192.0.2.1"))
+
+
+class PenaltyTests(TestCase):
+    def test_connections_ending_unauthenticated_lead_to_a_refusal_that_wears_off(self) -> None:
+        preauth, clock = table(penalty_noauth=1, penalty_grace=10, penalty_min=15, penalty_max=600)
+        for _ in range(14):  # 14 quick failures owe 14 s: not yet
+            preauth.admit("192.0.2.1")
+            self.assertIsNone(preauth.ended("192.0.2.1", Ending.NOAUTH))
+        preauth.admit("192.0.2.1")
+        block = preauth.ended("192.0.2.1", Ending.NOAUTH)
+        self.assertEqual((block.source, block.seconds, block.strikes), ("192.0.2.1", 15, 1))
+        self.assertEqual(preauth.admit("192.0.2.1"), Refusal.PENALTY)
+        self.assertIsNone(preauth.admit("192.0.2.2"))
+        clock.now += 15
+        self.assertIsNone(preauth.admit("192.0.2.1"))
+        self.assertEqual(preauth.penalized(), 0)
+
+    def test_the_debt_drains_with_time(self) -> None:
+        preauth, clock = table(penalty_noauth=1, penalty_min=15)
+        for _ in range(100):  # one failure a second never adds up
+            preauth.admit("192.0.2.1")
+            self.assertIsNone(preauth.ended("192.0.2.1", Ending.NOAUTH))
+            clock.now += 1
+
+    def test_deadline_closures_cost_more_and_repeated_blocks_grow_to_the_maximum(self) -> None:
+        preauth, clock = table(per_address=100, penalty_grace=10, penalty_min=15, penalty_max=100)
+        lengths = []
+        for _ in range(5):
+            for _ in range(2):
+                self.assertIsNone(preauth.admit("192.0.2.1"))
+            preauth.ended("192.0.2.1", Ending.DEADLINE)
+            block = preauth.ended("192.0.2.1", Ending.DEADLINE)
+            lengths.append(block.seconds)
+            clock.now += block.seconds
+        self.assertEqual(lengths, [20, 40, 80, 100, 100])
+        clock.now += 101  # a block's memory lasts penalty_max seconds
+        for _ in range(2):
+            preauth.admit("192.0.2.1")
+        preauth.ended("192.0.2.1", Ending.DEADLINE)
+        self.assertEqual(preauth.ended("192.0.2.1", Ending.DEADLINE).seconds, 20)
+
+    def test_authenticated_and_exempt_connections_owe_nothing(self) -> None:
+        preauth, _ = table(per_address=100, penalty_noauth=20, penalty_min=15,
+                           exempt=parse_networks(["192.0.2.9"]))
+        preauth.admit("192.0.2.1")
+        self.assertIsNone(preauth.ended("192.0.2.1", Ending.AUTHENTICATED))
+        preauth.admit("192.0.2.9")
+        self.assertIsNone(preauth.ended("192.0.2.9", Ending.NOAUTH))
+        self.assertIsNone(preauth.admit("192.0.2.9"))
+
+    def test_a_connection_ends_once(self) -> None:
+        preauth, _ = table()
+        preauth.admit("192.0.2.1")
+        preauth.ended("192.0.2.1", Ending.AUTHENTICATED)
+        preauth.ended("192.0.2.1", Ending.NOAUTH)
+        self.assertEqual(preauth.total, 0)
+        self.assertEqual(preauth.sources["192.0.2.1"].pending, 0)
+
+
+class LogTests(TestCase):
+    def test_refusals_are_logged_once_a_minute_per_address_with_a_count(self) -> None:
+        preauth, clock = table()
+        self.assertEqual(preauth.note("192.0.2.1", "per_address"), {"per_address": 1})
+        for _ in range(500):
+            self.assertIsNone(preauth.note("192.0.2.1", "per_address"))
+        self.assertEqual(preauth.note("192.0.2.2", "full"), {"full": 1})  # another address has its own minute
+        preauth.note("192.0.2.1", "penalty")
+        clock.now += 30
+        self.assertEqual(preauth.flush_log(), [])
+        clock.now += 30
+        self.assertEqual(preauth.flush_log(), [("192.0.2.1", {"per_address": 500, "penalty": 1})])
+        self.assertEqual(preauth.note("192.0.2.1", "deadline"), None)  # its minute began at the flush
+        clock.now += 60
+        self.assertEqual(preauth.note("192.0.2.1", "deadline"), {"deadline": 2})
+
+
+class BoundTests(TestCase):
+    def test_the_table_forgets_idle_sources_beyond_its_bound(self) -> None:
+        preauth, clock = table(per_address=100, penalty_noauth=1)
+        for n in range(MAX_SOURCES + 10):
+            address = f"10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}"
+            preauth.admit(address)
+            preauth.ended(address, Ending.NOAUTH)
+        clock.now += 5
+        preauth.admit("192.0.2.1")
+        self.assertLessEqual(len(preauth.sources), MAX_SOURCES)
+        self.assertEqual(preauth.total, 1)
+
+
+class SettingTests(TestCase):
+    def test_max_startups_forms(self) -> None:
+        self.assertEqual(parse_max_startups("100:30:200"), (100, 30, 200))
+        self.assertEqual(parse_max_startups("50"), (50, 100, 50))
+        for bad in ("", "a:b:c", "10:30", "20:30:10", "10:0:20", "10:101:20"):
+            self.assertRaises(ValueError, parse_max_startups, bad)
+
+    def test_bad_settings_are_config_errors_that_name_the_line(self) -> None:
+        path = self.mktemp()
+        with open(path, "w") as handle:
+            handle.write("[server]\nmax_startups = 30:10\npreauth_exempt = 10.0.0.0/8 nonsense\n")
+        error = self.assertRaises(configuration.ConfigError, configuration.load, path)
+        text = "\n".join(error.problems)
+        self.assertIn("max_startups", text)
+        self.assertIn("'nonsense'", text)
+
+    def test_limits_from_the_default_config(self) -> None:
+        limits = Limits.from_config(configuration.load(None))
+        self.assertEqual((limits.grace, limits.per_address, limits.start, limits.rate, limits.full),
+                         (30.0, 10, 100, 30, 200))
