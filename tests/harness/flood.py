@@ -36,11 +36,14 @@ class Flood:
         self.refill(count)
 
     def _one(self) -> socket.socket:
+        """One connection, connected (the kernel completes the handshake
+        before the server accepts), then left silent."""
         sock = socket.socket()
-        sock.setblocking(False)
         sock.bind((self.source, 0))
-        with contextlib.suppress(BlockingIOError):
+        sock.settimeout(2)
+        with contextlib.suppress(OSError):  # a full backlog: it stays connecting, as an attacker's would
             sock.connect(("127.0.0.1", self.port))
+        sock.setblocking(False)
         self.opened += 1
         return sock
 
