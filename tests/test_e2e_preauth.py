@@ -83,17 +83,20 @@ def web_login(base: str, user: str, password: str) -> str:
         return answer.read().decode()
 
 
-class FloodTests(SessionTestCase):
-    """Issue 26's attack against a gateway with a soft limit of 1024."""
+class FloodCase(SessionTestCase):
+    """A gateway limited to 1024 files with D-Bus and the portal on; a
+    session that was running before the flood; the flood; what to check."""
 
     timeout = 420
+    #: [server] options of the class's gateway.
+    guard: dict[str, str] = {}
 
     def make_fixture(self):
         bus = SystemBus()
         options = {"sessions": {"display_base": "760", "display_limit": "40", "connect_timeout": "60"},
                    "types": dict(TYPES), "dbus": {"address": bus.address}, **web_options(),
                    # The flood's connections stay for the test's length unless the guard closes them.
-                   "server": {"login_grace_time": "600"}}
+                   "server": {"login_grace_time": "600", **self.guard}}
         user, other = create_user(), create_user()
         try:
             gateway = Gateway(options, file_limit=FILE_LIMIT).start()
@@ -114,22 +117,59 @@ class FloodTests(SessionTestCase):
 
         return (user, other, gateway, screen), teardown
 
-    def test_a_flood_of_idle_connections_from_one_address_leaves_everybody_else_served(self):
-        base = web_base(self.gateway)
+    def session_before_the_flood(self) -> str:
+        """A session, red until a line typed on the client reaches it, blue
+        after; the file the line goes to."""
         typed = os.path.join(self.user.home, "typed.txt")
-        # A session started before the flood: red until a line typed on the client reaches it, blue after.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(typed)
         client = self.login()
         running = self.start(client, "unix-application", name="before", extra=(
             f'--application="xterm -bg #ff0000 -geometry 60x15+10+10 -e sh -c \'read line; echo $line > {typed};'
             f' exec xterm -bg blue -geometry 60x15+10+10\'"'))
         self.attach(client, running)
         self.screen.wait_for_colour(RED, 20000)
+        return typed
 
+    def flood(self) -> Flood:
         flood = Flood(ATTACKER, self.gateway.port, FLOOD)
         self.addCleanup(flood.close)
         time.sleep(5)  # the attacker keeps its 1,100 up, reopening what is closed
-        pid = self.gateway.process.pid
-        print(f"\n    flood: {flood.first}; the gateway has {open_files(pid)} files open")
+        print(f"\n    flood: {flood.first}; the gateway has {open_files(self.gateway.process.pid)} files open")
+        return flood
+
+    def assert_relay_flows(self, typed: str) -> None:
+        """The session from before: keystrokes up, the new picture down."""
+        self.screen.xdotool("mousemove", "100", "80")
+        time.sleep(0.3)
+        self.screen.xdotool("type", "--delay", "30", "still flowing")
+        self.screen.xdotool("key", "Return")
+        wait_for(lambda: os.path.exists(typed) and "still flowing" in open(typed).read(), 20, "the typed line")
+        self.screen.wait_for_colour(BLUE, 20000)
+
+    def assert_dbus_start(self) -> None:
+        """D-Bus: the bus names the caller's uid, NSS names the user, the store keeps the session."""
+        started = as_user(self.other, ["gdbus", "call", "--system", "--dest", NAME, "--object-path", PATH,
+                                       "--method", f"{NAME}.StartSession", "unix-console", "Later"],
+                          env=user_env(self.other, self.bus))
+        self.assertEqual(started.returncode, 0, started.stderr)
+        self.assertIn("'state': <'waiting'>", started.stdout)
+
+    def admin_status(self) -> dict[str, str]:
+        status = subprocess.run([sys.executable, "-m", "nxgate.doors.admin.cli", "--state-dir",
+                                 self.gateway.state_dir, "status"], capture_output=True, text=True, timeout=30,
+                                env=dict(os.environ, PYTHONPATH=REPO))
+        self.assertEqual(status.returncode, 0, status.stderr)
+        return dict(line.split(": ", 1) for line in status.stdout.splitlines() if ": " in line)
+
+
+class FloodTests(FloodCase):
+    """Issue 26's attack with the default limits."""
+
+    def test_a_flood_of_idle_connections_from_one_address_leaves_everybody_else_served(self):
+        base = web_base(self.gateway)
+        typed = self.session_before_the_flood()
+        flood = self.flood()
 
         # NX: a login that starts and draws a new session.
         second = self.login(self.other)
@@ -143,32 +183,47 @@ class FloodTests(SessionTestCase):
         page = web_login(base, self.other.name, self.other.password)
         self.assertIn("during", page)  # the NX session just started is listed
 
-        # D-Bus: the bus names the caller's uid, NSS names the user.
-        started_over_dbus = as_user(self.other, ["gdbus", "call", "--system", "--dest", NAME, "--object-path", PATH,
-                                                 "--method", f"{NAME}.StartSession", "unix-console", "Later"],
-                                    env=user_env(self.other, self.bus))
-        self.assertEqual(started_over_dbus.returncode, 0, started_over_dbus.stderr)
-        self.assertIn("'state': <'waiting'>", started_over_dbus.stdout)
+        self.assert_dbus_start()
+        self.assert_relay_flows(typed)
 
-        # The session from before: keystrokes up, the new picture down.
-        self.screen.xdotool("mousemove", "100", "80")
-        time.sleep(0.3)
-        self.screen.xdotool("type", "--delay", "30", "still flowing")
-        self.screen.xdotool("key", "Return")
-        wait_for(lambda: os.path.exists(typed) and "still flowing" in open(typed).read(), 20, "the typed line")
-        self.screen.wait_for_colour(BLUE, 20000)
-
-        status = subprocess.run([sys.executable, "-m", "nxgate.doors.admin.cli", "--state-dir",
-                                 self.gateway.state_dir, "status"], capture_output=True, text=True, timeout=30,
-                                env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(__file__))))
-        self.assertEqual(status.returncode, 0, status.stderr)
-        pending = int(re.search(r"^unauthenticated_connections: (\d+)$", status.stdout, re.M).group(1))
-        self.assertLessEqual(pending, 10 + 2)  # the attacker's share (and perhaps a login of ours under way)
-        self.assertLess(open_files(pid), FILE_LIMIT - 100)
+        status = self.admin_status()
+        # The attacker's share (and perhaps a login of ours under way).
+        self.assertLessEqual(int(status["unauthenticated_connections"]), 10 + 2)
+        self.assertLess(open_files(self.gateway.process.pid), FILE_LIMIT - 100)
         refusals = re.findall(r"refused \d+ connection\(s\) from 127\.0\.0\.2 .*max_startups_per_address",
                               self.gateway.log())
         self.assertTrue(1 <= len(refusals) <= 8, refusals)  # once a minute, not once per connection
-        print(f"    flood at the end: {flood.close()}; gateway: {status.stdout.strip().splitlines()[-4:]}")
+        print(f"    flood at the end: {flood.close()}; gateway: {status['unauthenticated_connections']} unauthenticated,"
+              f" {status['refused_connections']} refused, files {status['open_files']}")
+
+
+class FileReserveTests(FloodCase):
+    """The same flood with the caps as high as they go: only the file
+    reserve stands between the attacker and EMFILE."""
+
+    guard = {"max_startups_per_address": "1000000", "max_startups": "1000000"}
+
+    def test_with_no_caps_the_file_reserve_keeps_sessions_pam_and_the_store_working(self):
+        typed = self.session_before_the_flood()
+        flood = self.flood()
+        files = open_files(self.gateway.process.pid)
+        self.assertLessEqual(files, FILE_LIMIT - 128 + 8)  # the doors stopped at the reserve
+        # New connections are closed at once while the attacker holds the doors' share ...
+        with socket.create_connection(("127.0.0.1", self.gateway.port), timeout=20) as sock:
+            with contextlib.suppress(ConnectionResetError):
+                self.assertEqual(sock.recv(100), b"")
+        # ... but what runs keeps its files: D-Bus (NSS, the store), the admin socket, the relay.
+        self.assert_dbus_start()
+        self.assert_relay_flows(typed)
+        status = self.admin_status()
+        self.assertRegex(status["open_files"], r"^\d+ of 1024 \(the doors keep 128 free\)$")
+        self.assertIn("near its open file limit", self.gateway.log())
+        self.assertNotIn("EMFILE", self.gateway.log())
+        self.assertNotIn("Too many open files", self.gateway.log())
+        print(f"    flood at the end: {flood.close()}; the gateway had {files} files open; {status['open_files']}")
+        # Once the attacker lets go, logins work again.
+        wait_for(lambda: open_files(self.gateway.process.pid) < FILE_LIMIT - 300, 30, "the flood's files to close")
+        self.login(self.other)
 
 
 class DeadlineTests(SessionTestCase):
