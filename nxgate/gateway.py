@@ -59,6 +59,26 @@ def shell_settings(config: Config) -> DialogueSettings:
     )
 
 
+def startup_line(config: Config, serves_doors: bool, pam_service: str) -> tuple[str, dict[str, Any]]:
+    """The start-up log line and its fields: what this process listens on.
+
+    A member with role node only opens no door (no SSH port, portal, D-Bus
+    or shell socket): saying it listens for NX logins on [server] listen
+    (4022 by default) sent admins looking for a port that is not there
+    (issue 27)."""
+    common = {"state_dir": config.server.state_dir, "source": config.source}
+    if not serves_doors and config.cluster is not None:
+        return ("nxgate starting as cluster member {name} with role node only: no NX logins here (no SSH port,"
+                " web portal, D-Bus or shell socket; [server] listen is not used); gateways reach it on"
+                " {where} ([cluster] listen); state in {state_dir}, config {source}",
+                {"name": config.cluster.name, "where": configuration.describe_listen(config.cluster.listen),
+                 **common})
+    return ("nxgate starting: listening on {where} ({listen}) for NX logins with the passwords of Unix accounts"
+            " (PAM service {pam}; never as {denied}); state in {state_dir}, config {source}",
+            {"where": configuration.describe_listen(config.server.listen), "listen": config.server.listen,
+             "pam": pam_service, "denied": ", ".join(config.auth.deny_users) or "-", **common})
+
+
 def read_config(source: str) -> tuple[Config, list[Any]]:
     """Load and check the config file at ``source`` and the nx account's
     keys it names (blocking: file reads, the host name look-up).  Raises
@@ -355,13 +375,8 @@ class Gateway(service.MultiService):
         log.info("open file limit {soft} (hard {hard}{raised}); the doors keep {reserve} of them free for"
                  " sessions, PAM and the store ([server] fd_reserve)", soft=soft, hard=hard,
                  raised=f", raised from {before}" if soft != before else "", reserve=self.config.server.fd_reserve)
-        log.info(
-            "nxgate starting: listening on {where} ({listen}) for NX logins with the passwords of Unix accounts"
-            " (PAM service {pam}; never as {denied}); state in {state_dir}, config {source}",
-            where=configuration.describe_listen(self.config.server.listen), listen=self.config.server.listen,
-            pam=self.authenticator.service, denied=", ".join(self.config.auth.deny_users) or "-",
-            state_dir=self.config.server.state_dir, source=self.config.source,
-        )
+        text, fields = startup_line(self.config, self.serves_doors, self.authenticator.service)
+        log.info(text, **fields)
         super().startService()
 
     def stopService(self) -> Any:
