@@ -32,6 +32,7 @@ from tests.harness.process import wait_for
 from tests.harness.users import create_user
 from tests.harness.web import web_base, web_options
 from tests.harness.x11 import ClientScreen
+from tests.test_e2e_cluster import ClusterTestCase
 from tests.test_e2e_dbus import NAME, PATH, SystemBus, as_user, user_env
 from tests.test_e2e_sessions import BLUE, RED, TYPES, SessionTestCase
 
@@ -301,3 +302,41 @@ class DeadlineTests(SessionTestCase):
         self.logged_in_client = self.login()  # another address is served meanwhile
         wait_for(lambda: self.silent_for("127.0.0.4", self.gateway.port, b"SSH-2.0-x\r\n")[1], 30,
                  "the penalty to wear off")
+
+
+class ClusterDoorTests(ClusterTestCase):
+    """The cluster port: a silent connection closes at the deadline, a
+    member's connections (TLS with a member's certificate) outlive it; a
+    node-only member says where it listens (issue 27)."""
+
+    GRACE = 3
+
+    def test_the_cluster_port_closes_silent_connections_and_keeps_members_ones(self):
+        quick = {"server": {"login_grace_time": str(self.GRACE)}}
+        gateway = self.cluster.member("gw-1", "gateway", options=quick).start()
+        node = self.cluster.member("node-a", "node", options=quick).start()
+        wait_for(lambda: any(row["name"] == "node-a" and row["state"] == "up" for row in self.nodes(gateway)), 20,
+                 "the node's heartbeat")
+        start_line = next(line for line in node.log().splitlines() if "nxgate starting" in line)
+        self.assertIn("cluster member node-a with role node only: no NX logins here", start_line)
+        self.assertNotIn("4022", start_line)
+        self.assertIn(f"gateways reach it on {node.address.split(':')[0]}, port {node.address.split(':')[1]}",
+                      start_line)
+
+        host, port = node.address.split(":")
+        with socket.create_connection((host, int(port)), timeout=60) as sock:
+            started = time.monotonic()
+            with contextlib.suppress(ConnectionResetError):
+                self.assertEqual(sock.recv(100), b"")
+            seconds = time.monotonic() - started
+        self.assertTrue(self.GRACE - 0.5 < seconds < self.GRACE + 15, seconds)
+
+        client, info = self.start(gateway, "past-the-deadline")
+        screen = self.screen()
+        self.attach(client, info, screen, gateway)
+        screen.wait_for_colour(RED, 20000, timeout=60)
+        time.sleep(self.GRACE + 2)  # the gateway's connections to the node outlive the deadline
+        status = node.admin("status").stdout
+        self.assertIn("unauthenticated_connections: 0", status)
+        self.assertEqual(self.sessions(gateway)[info.session_id]["state"], "running")
+        self.assertEqual(screen.shot().count(RED) >= 20000, True)

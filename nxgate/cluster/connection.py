@@ -32,6 +32,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nxgate.cluster.tls import ClusterTLS, PeerRefused, check_server, peer_names
+from nxgate.doors.guard import authenticated
 from nxgate.tcp import no_delay
 
 log = Logger(namespace="nxgate.cluster")
