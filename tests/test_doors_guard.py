@@ -1,0 +1,154 @@
+"""The guard in front of the doors (nxgate.doors.guard) with Twisted's
+fakes: the deadline, the authenticated hook through a wrapper in between,
+refusals and their log lines.  The real gateway is tests.test_e2e_preauth."""
+
+from __future__ import annotations
+
+from twisted.internet import protocol
+from twisted.internet.address import IPv4Address, UNIXAddress
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.logger import capturedLogs
+from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
+from twisted.trial.unittest import TestCase
+
+from nxgate.doors.guard import DoorGuard, authenticated
+from nxgate.doors.preauth import Limits
+
+
+class Door(protocol.Factory):
+    """A door that records what it got."""
+
+    def __init__(self) -> None:
+        self.built: list[Inner] = []
+
+    def buildProtocol(self, addr: object) -> Inner:
+        inner = Inner()
+        self.built.append(inner)
+        return inner
+
+
+class Inner(protocol.Protocol):
+    def __init__(self) -> None:
+        self.received = b""
+        self.lost = False
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += data
+
+    def connectionLost(self, reason: object = None) -> None:
+        self.lost = True
+
+
+def peer(host: str = "192.0.2.1") -> IPv4Address:
+    return IPv4Address("TCP", host, 40000)
+
+
+class GuardTests(TestCase):
+    def setUp(self) -> None:
+        self.reactor = MemoryReactorClock()
+        self.files = 20
+        self.guard = DoorGuard(self.reactor, Limits(grace=30, per_address=2, penalty_grace=0, penalty_noauth=0),
+                               count_files=lambda: self.files, file_limit=1024, chance=lambda: 0.99)
+        self.door = Door()
+        self.factory = self.guard.wrap(self.door, "SSH")
+
+    def connect(self, host: str = "192.0.2.1", factory: object = None) -> tuple[object, StringTransport]:
+        wrapper = (factory or self.factory).buildProtocol(peer(host))
+        transport = StringTransport(peerAddress=peer(host))
+        if wrapper is not None:
+            wrapper.makeConnection(transport)
+        return wrapper, transport
+
+    def test_the_log_prefix_is_the_doors_own(self) -> None:
+        # "NXSSHFactory starting on PORT" is what admins and the test harness read.
+        self.assertEqual(self.factory.logPrefix(), "Door")
+
+    def test_a_silent_connection_is_closed_at_the_deadline(self) -> None:
+        _, transport = self.connect()
+        self.reactor.advance(29.9)
+        self.assertFalse(transport.disconnecting)
+        with capturedLogs() as events:
+            self.reactor.advance(0.2)
+        self.assertTrue(transport.disconnecting)
+        self.assertIn("closed 1 connection(s) from 192.0.2.1 (latest on the SSH door): not authenticated within 30 s"
+                      " ([server] login_grace_time", " ".join(_text(event) for event in events))
+
+    def test_an_authenticated_connection_has_no_deadline_and_stops_counting(self) -> None:
+        wrapper, transport = self.connect()
+        middle = ProtocolWrapper(WrappingFactory(protocol.Factory()), self.door.built[0])  # as TLS sits between
+        middle.transport = wrapper
+        authenticated(middle)
+        self.assertEqual(self.guard.table.total, 0)
+        self.reactor.advance(3600)
+        self.assertFalse(transport.disconnecting)
+        authenticated(StringTransport())  # no guard under it: nothing happens
+
+    def test_the_caps_refuse_at_once_and_log_once_a_minute(self) -> None:
+        self.connect()
+        self.connect()
+        with capturedLogs() as events:
+            refused = [self.factory.buildProtocol(peer()) for _ in range(50)]
+        self.assertEqual(refused, [None] * 50)  # the port closes the socket; the door never sees it
+        self.assertEqual(len(self.door.built), 2)
+        lines = [_text(event) for event in events if event.get("event") == "preauth_refused"]
+        self.assertEqual(len(lines), 1)
+        self.assertIn("refused 1 connection(s) from 192.0.2.1 (latest on the SSH door): 1 x too many "
+                      "unauthenticated connections from this address ([server] max_startups_per_address", lines[0])
+        self.assertIsNotNone(self.factory.buildProtocol(peer("192.0.2.2")))
+        self.reactor.advance(31)  # the two taken time out: counted for the next line, not logged yet
+        self.reactor.advance(30)
+        with capturedLogs() as events:
+            self.factory.buildProtocol(peer())  # (StringTransport does not report the aborts: still 2 held)
+        text = " ".join(_text(e) for e in events)
+        self.assertIn("refused 50 connection(s) from 192.0.2.1", text)
+        self.assertIn("closed 2 connection(s) from 192.0.2.1 (latest on the SSH door): not authenticated", text)
+
+    def test_inside_tls_a_refused_connection_is_a_protocol_that_closes(self) -> None:
+        inside = self.guard.wrap(self.door, "HTTPS", http=True, inside_tls=True)
+        self.connect(factory=inside)
+        self.connect(factory=inside)
+        closed, transport = self.connect(factory=inside)
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(len(self.door.built), 2)
+
+    def test_http_counts_until_a_whole_request_head_even_split_across_reads(self) -> None:
+        web = self.guard.wrap(self.door, "HTTPS", http=True)
+        wrapper, _ = self.connect(factory=web)
+        wrapper.dataReceived(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        self.assertEqual(self.guard.table.total, 1)
+        wrapper.dataReceived(b"\r\n")
+        self.assertEqual(self.guard.table.total, 0)
+        self.assertEqual(self.door.built[0].received, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+
+    def test_near_the_file_limit_every_door_refuses_and_the_count_is_sampled(self) -> None:
+        calls = []
+
+        def count() -> int:
+            calls.append(1)
+            return self.files
+
+        self.guard.count_files = count
+        self.files = 1024 - 128
+        self.reactor.advance(1)
+        self.assertIsNone(self.factory.buildProtocol(peer("192.0.2.7")))
+        shell = self.guard.wrap(self.door, "shell socket", counted=False)
+        self.assertIsNone(shell.buildProtocol(UNIXAddress(None)))
+        self.assertEqual(len(calls), 1)  # the second asked within 50 ms: the same sample
+        self.files = 100
+        self.reactor.advance(0.1)
+        self.assertIsNotNone(shell.buildProtocol(UNIXAddress(None)))
+        self.assertEqual(self.guard.table.total, 0)  # the shell socket has a deadline but no place in the table
+
+    def test_the_door_saying_no_costs_no_place(self) -> None:
+        class Closed(protocol.Factory):
+            def buildProtocol(self, addr: object) -> None:
+                return None
+
+        self.assertIsNone(self.guard.wrap(Closed(), "SSH").buildProtocol(peer()))
+        self.assertEqual(self.guard.table.total, 0)
+
+
+def _text(event: dict) -> str:
+    from twisted.logger import formatEvent
+
+    return formatEvent(event)
