@@ -120,6 +120,23 @@ class GuardTests(TestCase):
         self.assertEqual(self.guard.table.total, 0)
         self.assertEqual(self.door.built[0].received, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 
+    def test_https_counts_until_the_tls_handshake_and_earns_no_penalty(self) -> None:
+        from twisted.internet.interfaces import IProtocolNegotiationFactory
+        from twisted.web.server import Site
+        from twisted.web.resource import Resource
+
+        site = Site(Resource(), reactor=self.reactor)
+        web = self.guard.wrap(site, "HTTPS", http=True, inside_tls=True)
+        # TLS offers ALPN (h2) from the factory it wraps: ours must say what the site says.
+        self.assertEqual(IProtocolNegotiationFactory.providedBy(web), IProtocolNegotiationFactory.providedBy(site))
+        self.guard.table.limits = Limits(grace=30, per_address=2, penalty_noauth=100, penalty_min=1)
+        wrapper, _ = self.connect(factory=web)
+        wrapper.handshakeCompleted()
+        self.assertEqual(self.guard.table.total, 0)
+        silent, _ = self.connect(factory=web)
+        silent.connectionLost(None)  # a browser's preconnect given up: no penalty
+        self.assertIsNotNone(web.buildProtocol(peer()))
+
     def test_near_the_file_limit_every_door_refuses_and_the_count_is_sampled(self) -> None:
         calls = []
 

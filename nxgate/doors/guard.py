@@ -14,11 +14,13 @@ its transport when
   member;
 * shell socket: nxgate-shell's hello came (the peer is the kernel's word;
   the NX login then has ``[auth] login_timeout``);
-* HTTPS portal: the TLS handshake is done and a first whole request head
-  arrived (:class:`GuardedFactory` with ``http=True`` sees it itself).
-  A browser login needs several requests over several connections, so the
-  portal's own 60 s idle timeout covers what follows; what this stops is
-  connections that never even make a request.
+* HTTPS portal: the TLS handshake is done (plain HTTP on loopback: a first
+  whole request head arrived); :class:`GuardedFactory` with ``http=True``
+  sees either itself.  A browser keeps connections open that it made ahead
+  of need (preconnects, up to six per host) and a login takes several
+  requests, so no later point would do without refusing real browsers;
+  what follows the handshake is the portal's own 60 s idle timeout's.  For
+  the same reason the portal's connections earn no penalty.
 
 The deadline is the reactor's, so the door needs no timer of its own.
 """
@@ -32,9 +34,10 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import protocol
-from twisted.internet.interfaces import ILoggingContext
+from twisted.internet.interfaces import IHandshakeListener, ILoggingContext, IProtocolNegotiationFactory
 from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
+from zope.interface import alsoProvides, implementer
 
 from nxgate.doors.preauth import Block, Ending, Limits, PreauthTable, Refusal
 
@@ -97,6 +100,7 @@ class _Refused(protocol.Protocol):
         self.transport.abortConnection()
 
 
+@implementer(IHandshakeListener)
 class GuardedConnection(ProtocolWrapper):
     """One admitted connection: its deadline and its place in the table."""
 
@@ -124,6 +128,13 @@ class GuardedConnection(ProtocolWrapper):
             self.deadline.cancel()
         self.factory.guard.ended(self.source, Ending.AUTHENTICATED)
 
+    def handshakeCompleted(self) -> None:
+        """Inside TLS (the portal): the handshake is done."""
+        if self.factory.http:
+            self.nxgate_authenticated()
+        if IHandshakeListener.providedBy(self.wrappedProtocol):
+            self.wrappedProtocol.handshakeCompleted()
+
     def dataReceived(self, data: bytes) -> None:
         if self.factory.http and not self.passed:
             seen = self.head + data
@@ -146,7 +157,8 @@ class GuardedConnection(ProtocolWrapper):
             self.deadline.cancel()
         if not self.passed:
             self.passed = True
-            self.factory.guard.ended(self.source, Ending.DEADLINE if self.timed_out else Ending.NOAUTH)
+            ending = Ending.DEADLINE if self.timed_out else Ending.NOAUTH
+            self.factory.guard.ended(self.source, ending if self.factory.penalize else Ending.UNPENALIZED)
         super().connectionLost(reason)
 
 
@@ -161,6 +173,12 @@ class GuardedFactory(WrappingFactory):
         super().__init__(wrapped)
         self.guard, self.door, self.http = guard, door, http
         self.counted, self.inside_tls = counted, inside_tls
+        self.penalize = not http
+        if IProtocolNegotiationFactory.providedBy(wrapped):  # TLS asks the factory it wraps for ALPN (h2)
+            alsoProvides(self, IProtocolNegotiationFactory)
+
+    def acceptableProtocols(self) -> list[bytes]:
+        return self.wrappedFactory.acceptableProtocols()
 
     def logPrefix(self) -> str:
         """The door's own name, as before (the tests and admins look for

@@ -89,6 +89,7 @@ class Ending(enum.Enum):
     AUTHENTICATED = "authenticated"
     NOAUTH = "closed before authenticating"
     DEADLINE = "not authenticated within the deadline"
+    UNPENALIZED = "ended before authenticating, on a door without penalties"
 
 
 @dataclass
@@ -198,7 +199,7 @@ class PreauthTable:
         self.total -= 1
         if ending is Ending.DEADLINE:
             self.closed_at_deadline += 1
-        if ending is Ending.AUTHENTICATED or self.exempt(source):
+        if ending in (Ending.AUTHENTICATED, Ending.UNPENALIZED) or self.exempt(source):
             return None
         amount = self.limits.penalty_grace if ending is Ending.DEADLINE else self.limits.penalty_noauth
         return self._penalize(source, record, amount)
