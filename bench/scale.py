@@ -88,6 +88,9 @@ def login(port: int, user, timeout: float = 120.0) -> tuple[NXClient, dict[str, 
 def make_gateway(extra: dict[str, dict[str, str]] | None = None, state_dir: str | None = None) -> Gateway:
     options = {
         "auth": {"failed_login_delay": "0.3", "pam_threads": "32"},
+        # Hundreds of clients from one address at once, as behind a NAT, all of them unauthenticated
+        # for a moment: above the default caps (README, "Unauthenticated connections").
+        "server": {"preauth_exempt": "127.0.0.1", "max_startups": "1000"},
         "sessions": {"display_base": "2000", "display_limit": "300", "max_sessions": "300",
                      "max_sessions_per_user": "300", "agent_start_timeout": "120", "connect_timeout": "3600"},
     }
