@@ -269,14 +269,18 @@ class DoorGuard:
         if counts is not None:
             self._log_refusals(key, counts, door, None)
 
-    def _flush(self) -> None:
+    def _flush(self, force: bool = False) -> None:
         """Now and then: the refusals whose once-a-minute line is due."""
         now = self.reactor.seconds()
-        if now - self._flushed_at < 10.0:
+        if now - self._flushed_at < 10.0 and not force:
             return
         self._flushed_at = now
         for source, counts in self.table.flush_log():
             self._log_refusals(source, counts, "any", None)
+
+    def flush(self) -> None:
+        """For a timer: the last burst of a flood that ended is logged too."""
+        self._flush(force=True)
 
     def _log_refusals(self, source: str, counts: dict[str, int], door: str, latest: Refusal | None) -> None:
         deadline = counts.pop("deadline", 0)
