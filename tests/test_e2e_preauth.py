@@ -304,6 +304,26 @@ class DeadlineTests(SessionTestCase):
                  "the penalty to wear off")
 
 
+    def test_a_reload_changes_the_deadline_of_new_connections(self):
+        with open(self.gateway.config, encoding="utf-8") as handle:
+            original = handle.read()
+        self.addCleanup(self._write_config, original)
+        self._write_config(original.replace(f"login_grace_time = {self.GRACE}", "login_grace_time = 7"))
+        reloaded = subprocess.run([sys.executable, "-m", "nxgate.doors.admin.cli", "--state-dir",
+                                   self.gateway.state_dir, "reload"], capture_output=True, text=True, timeout=30,
+                                  env=dict(os.environ, PYTHONPATH=REPO))
+        self.assertEqual(reloaded.returncode, 0, reloaded.stdout + reloaded.stderr)
+        seconds, _ = self.silent_for("127.0.0.6", self.gateway.port)
+        self.assertGreater(seconds, 6.5)
+
+    def _write_config(self, text: str) -> None:
+        with open(self.gateway.config, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        if text.count("login_grace_time = 7") == 0 and self.gateway.process is not None:
+            subprocess.run([sys.executable, "-m", "nxgate.doors.admin.cli", "--state-dir", self.gateway.state_dir,
+                            "reload"], capture_output=True, timeout=30, env=dict(os.environ, PYTHONPATH=REPO))
+
+
 class ClusterDoorTests(ClusterTestCase):
     """The cluster port: a silent connection closes at the deadline, a
     member's connections (TLS with a member's certificate) outlive it; a
