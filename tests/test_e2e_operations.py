@@ -158,3 +158,7 @@ class OperationsTests(SessionTestCase):
         up = re.search(r'nxgate_relayed_bytes_total\{direction="up"\} (\S+)', text)
         self.assertGreater(float(up.group(1)), 0)
         self.assertRegex(text, r"nxgate_agent_start_seconds_count [1-9]")
+        # The doors' guard (issue 26): nothing unauthenticated now, the files, the refusals by reason.
+        self.assertRegex(text, r'nxgate_unauthenticated_connections\{node="[^"]+"\} 0\.0')
+        self.assertRegex(text, r'nxgate_open_files\{node="[^"]+"\} [1-9]')
+        self.assertRegex(text, r'nxgate_refused_connections_total\{node="[^"]+",reason="per_address"\} 0\.0')

@@ -224,7 +224,7 @@ class DoorGuard:
 
     def open_files(self) -> int:
         """The descriptor count, sampled (a listing of /proc/self/fd costs
-        ~0.3 ms at 1,000 files; a flood must not make every accept pay it)."""
+        ~0.5 ms at 1,000 files; a flood must not make every accept pay it)."""
         now = self.reactor.seconds()
         near = self._files >= self.file_limit - 2 * self.limits.fd_reserve
         if now - self._files_at >= (FD_SAMPLE_NEAR if near else FD_SAMPLE_PERIOD):
