@@ -40,7 +40,7 @@ from nxgate.auth.throttle import Throttle
 from nxgate.doors.openssh.socket import OpenSSHDoorFactory
 from nxgate.sessions.shadow_sessions import ShadowService
 from nxgate.doors.conch import checkers, hostkeys
-from nxgate.doors.guard import DoorGuard, raise_file_limit
+from nxgate.doors.guard import DoorGuard, authenticated, raise_file_limit
 from nxgate.doors.preauth import Limits
 from nxgate.doors.conch.channel import ChannelHandler, ChannelTransport
 from nxgate.doors.conch.server import NXAvatar, NXRealm, NXSessionChannel, NXSSHFactory
@@ -350,17 +350,22 @@ class Gateway(service.MultiService):
         return NXSSHFactory(portal, host_keys, ssh.login_grace_time, ssh.max_auth_tries)
 
     def conversation(self, transport: Any, address: str, preauthenticated_user: str | None,
-                     relay_factory: Any, local_address: str = "127.0.0.1", door: str = "nx") -> Conversation:
+                     relay_factory: Any, local_address: str = "127.0.0.1", door: str = "nx",
+                     logged_in: Any = None) -> Conversation:
         """A new NX conversation (not started) over ``transport``."""
         return Conversation(
             self.reactor, self.shell_settings, transport, address, self.authenticator, self.commands,
             relay_factory=relay_factory, preauthenticated_user=preauthenticated_user, local_address=local_address,
-            door=door, blocking=self.blocking,
+            door=door, blocking=self.blocking, logged_in=logged_in,
         )
 
     def _open_nx_channel(self, avatar: NXAvatar, channel: NXSessionChannel) -> ChannelHandler:
+        # The nx account's key is public (every NX client ships it): its SSH login
+        # proves nothing, so the connection counts as unauthenticated until the NX login.
+        ssh = channel.conn.transport
         conversation = self.conversation(ChannelTransport(channel), channel.peer, avatar.principal.unix_user,
-                                         self._relay, channel.local_address, door="nx-conch")
+                                         self._relay, channel.local_address, door="nx-conch",
+                                         logged_in=lambda: authenticated(ssh.transport))
         handler = ChannelHandler(conversation, channel)
         conversation.start()
         return handler

@@ -29,6 +29,7 @@ import urllib.request
 
 from tests.harness.gateway import REPO, Gateway
 from tests.harness.process import wait_for
+from tests.harness.ssh import NXClient
 from tests.harness.users import create_user
 from tests.harness.web import web_base, web_options
 from tests.harness.x11 import ClientScreen
@@ -303,6 +304,21 @@ class DeadlineTests(SessionTestCase):
         wait_for(lambda: self.silent_for("127.0.0.4", self.gateway.port, b"SSH-2.0-x\r\n")[1], 30,
                  "the penalty to wear off")
 
+
+    def test_the_public_nx_key_is_no_authentication_the_nx_login_is(self):
+        """Every NX client ships the nx account's key: an SSH login with it
+        still counts as unauthenticated, until the NX login inside."""
+        started = time.monotonic()
+        idle = NXClient(self.gateway.port, extra=["-b", "127.0.0.7"])
+        self.addCleanup(idle.close)
+        idle.greet()  # SSH is done: the NX shell greets
+        idle.out.read_to_eof(self.GRACE + 15)
+        self.assertGreater(time.monotonic() - started, self.GRACE - 0.5)
+        self.assertIn("closed 1 connection(s) from 127.0.0.7 (latest on the SSH door): not authenticated",
+                      self.gateway.log())
+        client = self.login()  # logged in to NX within the deadline: it no longer applies
+        time.sleep(self.GRACE + 1)
+        self.assertIn(b"NX> 148", client.command('listsession --type="unix-console"'))
 
     def test_a_reload_changes_the_deadline_of_new_connections(self):
         with open(self.gateway.config, encoding="utf-8") as handle:

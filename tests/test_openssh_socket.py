@@ -71,7 +71,7 @@ class Gateway:
         self.users = UserDirectory(blocking)
         self.conversations = []
 
-    def conversation(self, transport, address, preauthenticated, relay_factory, door):
+    def conversation(self, transport, address, preauthenticated, relay_factory, door, logged_in=None):
         conversation = Conversation(preauthenticated, address)
         self.conversations.append(conversation)
         return conversation

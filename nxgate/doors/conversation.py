@@ -72,7 +72,12 @@ class Conversation:
         local_address: str = "127.0.0.1",
         door: str = "nx",
         blocking: Blocking = inline,
+        logged_in: Callable[[], None] | None = None,
     ) -> None:
+        """``logged_in``: called once the user is known (an NX login, or at
+        once for a preauthenticated one): the door's guard stops counting
+        the connection as unauthenticated (nxgate.doors.guard)."""
+        self.logged_in = logged_in
         self.reactor = reactor
         self.local_address = local_address
         self.door = door
@@ -198,6 +203,8 @@ class Conversation:
 
     def _logged_in(self, effect: nx.LoggedIn) -> None:
         self._disarm("login")
+        if self.logged_in is not None:
+            self.logged_in()
         self._resolve_caller(effect.username)
         log_granted(log, "NX", effect.username, self.address, effect.method)
 

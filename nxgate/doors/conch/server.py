@@ -416,7 +416,9 @@ class NXServerTransport(transport.SSHServerTransport):
 
     def setService(self, service: Any) -> None:
         super().setService(service)
-        if service.name == b"ssh-connection":  # only ever after user authentication (SSHFactory.getService)
+        # ssh-connection comes only after user authentication (SSHFactory.getService); a user's own
+        # login is theirs, the nx account's public key is not (the NX login inside counts, nxgate.gateway).
+        if service.name == b"ssh-connection" and getattr(getattr(self.avatar, "principal", None), "unix_user", None):
             authenticated(self.transport)
 
     def connectionLost(self, reason: Any) -> None:

@@ -173,9 +173,11 @@ class OpenSSHDoorProtocol(protocol.Protocol):
             address = f"{claimed} (claimed by uid {self.uid})" if claimed else f"local uid {self.uid}"
         log.info("NX conversation through sshd for uid {uid} ({who}), client address {claimed_address} "
                  "as nxgate-shell reports it", uid=self.uid, who=who, claimed_address=claimed or "not given")
+        # The deadline ([server] login_grace_time) runs until the user is known: the NX login, or
+        # at once for a user that sshd logged in as themselves.
         self.conversation = self.gateway.conversation(_Frames(self.transport), address, self.preauthenticated,
-                                                      self._hand_over, door="nx-openssh")
-        authenticated(self.transport)  # the peer is known; the NX login has [auth] login_timeout from here
+                                                      self._hand_over, door="nx-openssh",
+                                                      logged_in=lambda: authenticated(self.transport))
         self.conversation.start()
 
     def _drop(self) -> None:
