@@ -95,7 +95,7 @@ class FloodCase(SessionTestCase):
 
     def make_fixture(self):
         bus = SystemBus()
-        options = {"sessions": {"display_base": "760", "display_limit": "40", "connect_timeout": "60"},
+        options = {"sessions": {"display_base": "1500", "display_limit": "40", "connect_timeout": "60"},
                    "types": dict(TYPES), "dbus": {"address": bus.address}, **web_options(),
                    # The flood's connections stay for the test's length unless the guard closes them.
                    "server": {"login_grace_time": "600", **self.guard}}
@@ -236,7 +236,7 @@ class DeadlineTests(SessionTestCase):
     def make_fixture(self):
         user, other = create_user(), create_user()
         shell_socket = os.path.join("/run", f"nxgate-test-{os.getpid()}", "shell.sock")
-        options = {"sessions": {"display_base": "800", "display_limit": "20"},
+        options = {"sessions": {"display_base": "1540", "display_limit": "20"},
                    "server": {"login_grace_time": str(self.GRACE), "shell_socket": shell_socket,
                               "penalty_grace": "6", "penalty_min": "8", "penalty_max": "60"},
                    **web_options()}
