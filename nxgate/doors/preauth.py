@@ -254,15 +254,16 @@ class PreauthTable:
         return record
 
     def _prune(self) -> None:
-        """Forget sources that owe nothing and hold nothing; past
-        MAX_SOURCES the least recently seen go first, counts or not."""
+        """At MAX_SOURCES: forget the sources that owe nothing and hold
+        nothing, then the least recently seen down to 90 % (amortized: a
+        flood from many addresses must not make each new one scan them all)."""
         if len(self.sources) < MAX_SOURCES:
             return
         now = self.clock()
         for source in [s for s, record in self.sources.items() if record.idle(now)]:
             del self.sources[source]
-        while len(self.sources) >= MAX_SOURCES:
-            source, record = self.sources.popitem(last=False)
+        while len(self.sources) > MAX_SOURCES * 9 // 10:
+            _, record = self.sources.popitem(last=False)
             self.total -= record.pending
 
     def status(self) -> dict[str, Any]:
