@@ -22,6 +22,7 @@ from nxgate.audit import AuditLog
 from nxgate.auth.pam import Authenticator
 from nxgate.config import Config
 from nxgate.logs import filter_global_log
+from nxgate.loops import steady
 from nxgate.doors.conversation import Conversation
 from nxgate.instance import StartupError, check_port_free, claim_unix_socket, lock_state_dir, record_pid
 from nxgate.nx.dispatch import NXDispatcher
@@ -176,7 +177,7 @@ class Gateway(service.MultiService):
         api = ClusterSessions(self.reactor, lambda: self.config, self.sessions, self.store, self.remote_nodes.get,
                               self.remote_nodes.broken)
         if self.serves_doors:
-            touch = TimerService(self.config.cluster.heartbeat, lambda: Deferred.fromCoroutine(api.keep_in_touch()))
+            touch = TimerService(self.config.cluster.heartbeat, steady(api.keep_in_touch, "keeping in touch with the members"))
             touch.clock = self.reactor
             touch.setServiceParent(self)
         return api

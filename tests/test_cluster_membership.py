@@ -61,10 +61,12 @@ class Flaky:
     """A store whose heartbeat fails while ``down``."""
 
     def __init__(self, store):
-        self.store, self.down, self.calls = store, False, 0
+        self.store, self.down, self.broken, self.calls = store, False, False, 0
 
     def heartbeat(self, member):
         self.calls += 1
+        if self.broken:
+            raise RuntimeError("an error nobody planned for")
         if self.down:
             return defer.fail(StoreUnavailable("the session database cannot be reached", "test"))
         return self.store.heartbeat(member)
@@ -120,6 +122,17 @@ class MembershipTests(TestCase):
         self.assertEqual(sum("written again" in t for t in texts), 1)
         self.assertEqual(self.store.calls, 5)
         self.assertEqual(self.rows()[0].last_heartbeat, 1008.0)
+
+    def test_an_unexpected_error_is_logged_and_heartbeats_go_on(self):
+        """Issue 23: a LoopingCall stops for good on its first exception; then
+        every gateway listed this member's sessions as lost."""
+        self.store.broken = True
+        self.clock.advance(2.0)
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        self.store.broken = False
+        self.clock.advance(2.0)
+        self.assertEqual(self.store.calls, 3)
+        self.assertEqual(self.rows()[0].last_heartbeat, 1004.0)
 
     def test_views_say_up_and_down(self):
         self.successResultOf(self.store.heartbeat(Member(

@@ -13,6 +13,7 @@ from twisted.logger import Logger
 
 from nxgate.auth.pam import Authenticator
 from nxgate.doors.web import tls
+from nxgate.loops import steady
 from nxgate.doors.web.site import ResolveCaller, Thumbnailer, web_site
 from nxgate.sessions.api import SessionAPI
 
@@ -35,7 +36,7 @@ class WebDoor(MultiService):
                                         resolve=resolve, thumbnailer=thumbnailer, settings=settings, types=types,
                                         viewers=viewers, tls=tls.is_tls(web.listen))
         strports.service(self.endpoint, self.site).setServiceParent(self)
-        timer = TimerService(EXPIRY_PERIOD, self.site.expire_logins)  # type: ignore[attr-defined]
+        timer = TimerService(EXPIRY_PERIOD, steady(self.site.expire_logins, "expiring idle portal logins"))  # type: ignore[attr-defined]
         timer.clock = reactor
         timer.setServiceParent(self)
 
