@@ -162,7 +162,7 @@ class Gateway(service.MultiService):
         if "node" in cluster.roles:
             check_port_free(cluster.listen, "[cluster] listen")
             NodeListener(self.reactor, cluster.listen, self.cluster_tls, self.sessions,
-                         gateway_members(self.sessions.store)).setServiceParent(self)
+                         gateway_members(self.sessions.store), self.users, cluster.name).setServiceParent(self)
             log.info("cluster member {name}: listening for gateways on {where}", name=cluster.name,
                      where=configuration.describe_listen(cluster.listen))
         return RemoteStreams(self.reactor, self.cluster_tls)
