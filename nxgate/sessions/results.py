@@ -53,11 +53,25 @@ class SessionView:
     node: str = ""
     program_pid: int = 0
     options: dict[str, Any] = field(default_factory=dict, compare=False)
+    #: The session's cluster member is down: the view is the store's last
+    #: record, and nothing can be done with the session until it is back.
+    lost: bool = False
 
     @property
     def status(self) -> str | None:
         """The one word NX clients list (Running/Suspended), None if not listed."""
         return listed_status(self.state, bool(self.options.get(FOR_LATER)) and not self.attached_before)
+
+    @property
+    def shown_status(self) -> str | None:
+        """:attr:`status` as listings show it: ``Lost`` on a member that is down."""
+        status = self.status
+        return LOST if status is not None and self.lost else status
+
+    @property
+    def shown_state(self) -> str:
+        """The state as the admin and D-Bus see it: ``lost`` on a member that is down."""
+        return LOST.lower() if self.lost else self.state.value
 
     @classmethod
     def of(cls, session: Session) -> SessionView:
@@ -70,6 +84,10 @@ class SessionView:
             changed=session.changed, attached_before=session.ever_attached, agent_pid=session.agent_pid,
             failure=session.failure, node=session.node or session.server_name, program_pid=session.app_pid, options=options,
         )
+
+
+#: What a listing says of a session whose cluster member is down.
+LOST = "Lost"
 
 
 @dataclass(frozen=True)

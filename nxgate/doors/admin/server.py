@@ -33,7 +33,7 @@ def describe(session: SessionView) -> dict[str, Any]:
     """A session as the admin sees it (a view never holds its cookie)."""
     return {
         "id": session.id, "user": session.user, "type": session.type, "name": session.name,
-        "state": session.state.value, "display": session.display, "node": session.node,
+        "state": session.shown_state, "display": session.display, "node": session.node,
         "client_address": session.client_address, "since": _iso(session.created), "changed": _iso(session.changed),
         "agent_pid": session.agent_pid, "program_pid": session.program_pid, "geometry": session.geometry,
         "attached_before": session.attached_before, "failure": session.failure,

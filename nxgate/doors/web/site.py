@@ -273,11 +273,11 @@ class Portal(Deferring):
         for view in views:
             state = view.status or view.state.value
             rows.append(pages.Row(handle=self.auth.handle(request, view.id), name=view.name, type=view.type,
-                                  state=state, since=view.changed,
+                                  state=view.shown_status or state, since=view.changed,
                                   # A session started for later has no screen until its first client comes.
-                                  thumbnail=state in THUMBNAIL_STATES and view.attached_before,
+                                  thumbnail=state in THUMBNAIL_STATES and view.attached_before and not view.lost,
                                   user=view.user, node=view.node, client=view.client_address,
-                                  openable=state in THUMBNAIL_STATES))
+                                  openable=state in THUMBNAIL_STATES and not view.lost))
         return rows
 
     async def show(self, request: server.Request, caller: Caller, message: str) -> bytes:
