@@ -292,6 +292,16 @@ class WireTests(TestCase):
         self.assertIs((yield defer.ensureDeferred(node.set_draining(CALLER, True))), True)
 
     @defer.inlineCallbacks
+    def test_a_bug_of_the_gateway_is_internal_not_an_unreachable_node(self):
+        """Issue 23: an argument this gateway cannot encode used to be reported
+        as "the session node cannot be reached"."""
+        node = self.remote((yield self.listen()))
+        error = yield self.assertFailure(defer.ensureDeferred(node.rename(CALLER, "A" * 32, object())), SessionError)
+        self.assertEqual((error.kind, error.message), (Kind.INTERNAL, "Internal error on this gateway."))
+        self.assertEqual(len(self.flushLoggedErrors(TypeError)), 1)
+        self.assertFalse([e for e in self.log.events if e.get("event") == "cluster_member_unreachable"])
+
+    @defer.inlineCallbacks
     def test_the_node_resolves_the_account_itself(self):
         """Issue 23: a node trusts no uid or gid from the gateway; an account it
         does not have is refused, and the session service is not asked."""

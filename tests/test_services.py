@@ -117,6 +117,12 @@ class Hooks(TestCase):
         await extras.stop(session)
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 3)
 
+    def test_an_extra_that_cannot_be_imported_is_logged(self) -> None:
+        """Issue 23: an ImportError used to skip an extra without a word."""
+        extras = Extras.load(SimpleNamespace(), {"sound": "nxgate.node.extras.no_such_module"})
+        self.assertEqual(extras.by_name, {})
+        self.assertEqual(len(self.flushLoggedErrors(ImportError)), 1)
+
     def test_only_granted_extras(self) -> None:
         extras = Extras([Broken()])
         self.assertEqual(extras.of(SimpleNamespace(options={"services": ["printing"]})), [])
