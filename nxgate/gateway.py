@@ -107,9 +107,8 @@ class Gateway(service.MultiService):
         )
         # [store] url: the state directory's SQLite file by default, or a
         # database server shared by a cluster (migrated here, before serving).
-        self.store = open_store(config, self.layout, in_thread(reactor), reactor)
-        self.sessions = SessionService(reactor, config, None, self.layout, blocking=in_thread(reactor),
-                                       async_store=self.store)
+        self.store = open_store(config, self.layout, reactor)
+        self.sessions = SessionService(reactor, config, self.store, self.layout, blocking=in_thread(reactor))
         self.sessions.setServiceParent(self)
         # A cluster member writes its heartbeat to the shared store (nodes, drain --node).
         self.membership = self._membership() if config.cluster else None

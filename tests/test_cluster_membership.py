@@ -18,12 +18,9 @@ from nxgate.config import Config, StoreSection
 from nxgate.doors.admin import cli
 from nxgate.doors.admin.server import AdminProtocol
 from nxgate.node.files import StateLayout
-from nxgate.node.threads import inline
 from nxgate.sessions.model import Member
-from nxgate.sessions.store.adapter import SyncStoreAdapter
 from nxgate.sessions.store.errors import StoreUnavailable
-from nxgate.sessions.store.factory import open_store
-from nxgate.sessions.store.sqlite import SessionStore as SQLiteDatabase
+from nxgate.sessions.store.factory import open_store, sqlite_store
 from tests.harness import databases
 
 PROC = {"/proc/loadavg": "0.42 0.30 0.20 1/234 5678\n",
@@ -77,9 +74,9 @@ class Flaky:
 
 class MembershipTests(TestCase):
     def setUp(self):
-        database = SQLiteDatabase(os.path.abspath(self.mktemp()))
+        database = sqlite_store(os.path.abspath(self.mktemp()), None, inline=True)
         self.addCleanup(database.close)
-        self.store = Flaky(SyncStoreAdapter(database))
+        self.store = Flaky(database)
         self.clock = Clock()
         self.clock.advance(1000)
         self.live = 2
@@ -205,7 +202,7 @@ class PostgreSQLMembershipTests(TestCase):
             raise SkipTest(why)
         server = databases.shared(databases.PostgresServer)
         config = Config(store=StoreSection(url=server.new_database(), password_file=server.password_file))
-        self.stores = [open_store(config, StateLayout("/nonexistent"), inline, reactor) for _ in range(2)]
+        self.stores = [open_store(config, StateLayout("/nonexistent"), reactor) for _ in range(2)]
         for store in self.stores:
             self.addCleanup(store.close)
 

@@ -434,7 +434,7 @@ class NodeSideTests(SynchronousTestCase):
         config = Config(sessions=SessionsSection(display_base=3200, max_sessions_per_user=per_user),
                         types={"unix-console": ("true",)})
         object.__setattr__(config, "cluster", SimpleNamespace(name=name, roles=frozenset({"node"}), heartbeat=2.0))
-        return SessionService(self.reactor, config, self.store, self.layout,
+        return SessionService(self.reactor, config, self.store.deferred, self.layout,
                               notifier=self.manager_tests.FakeNotifier(), launcher=self.launcher)
 
     def test_a_member_stamps_its_sessions_and_takes_back_only_its_own(self):

@@ -17,6 +17,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import time
 
 from twisted.trial.unittest import SkipTest, TestCase
 
@@ -295,3 +296,56 @@ class DamagedStoreTests(StoreTestCase):
                       message)
         self.assertIn(f"copy the backup {path}.backup to {path}", message)
         self.assertNotIn("Traceback", message)
+
+
+#: Another process's write lock on the store file, held for 4 s, and a line once it holds it.
+HOLD_LOCK = """
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
+db.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+time.sleep(4)
+db.execute("COMMIT")
+"""
+
+
+class LockedStoreTests(StoreTestCase):
+    """Issue 23: SQLite ran on the reactor with a 5 s busy timeout, so
+    another writer on the file (an admin's sqlite3 shell, a backup tool)
+    froze every door while a session change waited for the lock.  The store
+    runs in its own threads now: the doors answer meanwhile, and the change
+    is written when the lock goes."""
+
+    def test_the_doors_answer_while_another_process_holds_the_store(self):
+        user = create_user()
+        self.addCleanup(user.remove)
+        gateway = Gateway(OPTIONS).start()
+        self.addCleanup(gateway.stop)
+        self.addCleanup(end_agents, user)
+        starter = self.login(gateway, user)
+        holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, os.path.join(gateway.state_dir, "nxgate.sqlite")],
+                                  stdout=subprocess.PIPE, text=True)
+        self.addCleanup(holder.wait)
+        self.assertEqual(holder.stdout.readline().strip(), "locked")
+        locked_at = time.monotonic()
+        starter.send(START.replace("{name}", "during-the-lock").replace("{extra}", ""))  # its insert waits
+        took = {}
+        before = time.monotonic()
+        status = admin_status(gateway.state_dir)
+        took["nxgate-admin status"] = time.monotonic() - before
+        before = time.monotonic()
+        client = NXClient(gateway.port)
+        self.addCleanup(client.close)
+        client.greet()
+        self.assertIn(b"NX> 103 ", client.login(user.name, user.password))
+        client.prompt()
+        took["NX login"] = time.monotonic() - before
+        print(f"\nwhile the store was locked: {', '.join(f'{k} {v:.2f} s' for k, v in took.items())}")
+        for door, seconds in took.items():
+            self.assertLess(seconds, 1.0, f"{door} waited for the locked store")
+        self.assertLess(time.monotonic() - locked_at, 4.0, "the lock was let go before the doors were tried")
+        self.assertIn("sessions", status)
+        # The start waited for the lock in a store thread, and went through after it.
+        reply = starter.prompt(timeout=30)
+        self.assertIn(b"NX> 710 Session status: running", reply)
+        self.assertEqual(stored_state(gateway.state_dir, SessionInfo.parse(reply).session_id), "waiting")

@@ -184,14 +184,14 @@ class SessionSide(TestCase):
         from twisted.test.proto_helpers import MemoryReactorClock
 
         from nxgate.node import files
-        from nxgate.sessions.store.sqlite import SessionStore
+        from tests.harness.stores import inline_store
         from tests.test_sessions_manager import FakeLauncher, FakeNotifier, short_state_dir
 
         self.os = os
         self.reactor = MemoryReactorClock()
         self.layout = files.StateLayout(short_state_dir(self))
         self.layout.prepare()
-        self.store = SessionStore(self.layout.database)
+        self.store = inline_store(self.layout.database)
         self.addCleanup(self.store.close)
         self.launcher = FakeLauncher(self)
         self.notifier = FakeNotifier()
@@ -202,7 +202,7 @@ class SessionSide(TestCase):
 
         config = Config(sessions=SessionsSection(display_base=3300, display_limit=20), services=services,
                         types={"unix-console": ("true",)})
-        return SessionService(self.reactor, config, self.store, self.layout, notifier=self.notifier,
+        return SessionService(self.reactor, config, self.store.deferred, self.layout, notifier=self.notifier,
                               launcher=self.launcher, listens=lambda pid, port: True)
 
     def running(self, manager, params: str):

@@ -31,7 +31,6 @@ from nxgate.node.launcher import Launcher
 from nxgate.sessions.model import FOR_LATER, Session, member_name
 from nxgate.sessions.programs import session_command
 from nxgate.sessions.remote_sessions import PROTOCOLS, RemoteSessions
-from nxgate.sessions.store.sqlite import SessionStore as SQLiteDatabase
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.housekeeping import Housekeeping
@@ -40,7 +39,6 @@ from nxgate.sessions.limits import Limits
 from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequest, ShareMount, StartRequest
 from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionObserver, SessionView,
                                      ShadowTarget, StreamTarget, UnknownSession)
-from nxgate.sessions.store.adapter import SyncStoreAdapter
 from nxgate.sessions.store.interface import SessionStore
 from nxgate.sessions.writer import StoreWriter
 from nxgate.node.threads import Blocking, inline
@@ -58,7 +56,7 @@ class SessionService(service.Service):
         self,
         reactor: Any,
         config: Config,
-        store: SQLiteDatabase | None,
+        store: SessionStore,
         layout: files.StateLayout,
         notifier: inotify.INotify | None = None,
         launcher: Launcher | None = None,
@@ -66,22 +64,15 @@ class SessionService(service.Service):
         blocking: Blocking = inline,
         send_signal: SendSignal = processes.send_signal,
         listens: Callable[[int, int], bool] | None = None,
-        async_store: SessionStore | None = None,
     ) -> None:
         """``blocking`` runs the work that must not hold the reactor (the
         gateway passes a thread pool); ``send_signal`` and ``listens`` go to
         the AgentSupervisor (tests record signals and fake the port check).
-        ``async_store``: the store behind the asynchronous interface (default:
-        ``store`` through :class:`SyncStoreAdapter`; the gateway passes the one
-        ``[store] url`` names, and no ``store``)."""
+        ``store``: the one ``[store] url`` names (SQLite by default)."""
         self.reactor = reactor
         self.config = config
         self.settings = config.sessions
-        self.db = store  # the synchronous SQLite store, if given
-        if async_store is None:
-            assert store is not None, "a store or an async_store"
-            async_store = SyncStoreAdapter(store, blocking)
-        self.store: SessionStore = async_store
+        self.store: SessionStore = store
         self.writer = StoreWriter(self.store, reactor)
         self.layout = layout
         self.notifier = notifier or inotify.INotify(reactor)
