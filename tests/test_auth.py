@@ -2,7 +2,7 @@
 
 from twisted.internet import defer
 from twisted.internet.task import Clock
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from nxgate.auth import pam as auth
 from nxgate.auth.pam import Authenticator, Verdict
@@ -265,3 +265,38 @@ class AccountLookupOffTheReactorTests(SynchronousTestCase):
         self.authenticator.password("root", "pw", None).addCallback(results.append)
         self.assertEqual(results[0].reason, "user is in deny_users")
         self.assertEqual((self.queued, self.lookups), ([], []))
+
+
+class KeyboardInteractiveAnswerTests(TestCase):
+    """Issue 22: an SSH keyboard-interactive answer longer than any password
+    ends the conversation before PAM sees it (a real PAM thread here)."""
+
+    async def test_an_overlong_answer_never_reaches_pam(self):
+        from twisted.cred.error import UnauthorizedLogin
+        from twisted.internet import reactor
+
+        from nxgate.doors.conch.checkers import KeyboardInteractive, KeyboardInteractiveChecker
+
+        seen = []
+
+        def transaction(service, username, respond, host):
+            try:
+                seen.append(respond([(1, "Password: ")]))
+            except LookupError as error:  # pamlib turns it into PAM_CONV_ERR
+                seen.append(str(error))
+                return 19, "Conversation error"
+            return 0, "ok"
+
+        self.patch(auth, "account_refusal", lambda username: None)
+        authenticator = Authenticator(reactor, "nxgate", failed_login_delay=0, transaction=transaction)
+        authenticator.start()
+        self.addCleanup(authenticator.stop)
+        checker = KeyboardInteractiveChecker(reactor, "nx", authenticator)
+        for answer, granted in (("x" * (auth.MAX_PASSWORD_BYTES + 1), False), ("right", True)):
+            credentials = KeyboardInteractive(b"alice", lambda prompts, a=answer: defer.succeed([a]), "192.0.2.1")
+            if granted:
+                self.assertEqual((await checker.requestAvatarId(credentials)).unix_user, "alice")
+            else:
+                with self.assertRaises(UnauthorizedLogin):
+                    await checker.requestAvatarId(credentials)
+        self.assertEqual(seen, ["an answer longer than any password", ["right"]])
