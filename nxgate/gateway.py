@@ -189,7 +189,8 @@ class Gateway(service.MultiService):
         except ImportError as error:
             log.warn("D-Bus session control is off: {error} (install python3-txdbus or txdbus)", error=str(error))
             return None
-        door = DBusDoor(self.reactor, self.api, self._dbus_caller, self.config.dbus.address)
+        door = DBusDoor(self.reactor, self.api, self._dbus_caller, self.config.dbus.address,
+                        account=self.authenticator.account)
         self.sessions.observers.append(door.session_changed)
         door.setServiceParent(self)
         return door

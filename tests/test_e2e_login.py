@@ -345,6 +345,10 @@ class TimeoutTests(GatewayTestCase):
 
 
 class ParallelLoginTests(GatewayTestCase):
+    # Logins in progress count against their address and account (issue 22):
+    # fifty at once from one address and one account need limits above fifty.
+    options = {"auth": {"throttle_per_address": "100", "throttle_per_account": "100"}}
+
     def test_fifty_parallel_logins(self):
         def one_login(_):
             client = NXClient(self.gateway.port)

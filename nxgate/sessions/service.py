@@ -47,6 +47,9 @@ log = Logger(namespace="nxgate.session")
 
 #: The longest session name :meth:`SessionService.rename` accepts.
 MAX_NAME = 64
+#: The longest name looked at, before blanks and unprintable characters go:
+#: anything longer is refused on its length alone.
+MAX_RAW_NAME = 4 * MAX_NAME
 
 
 class SessionService(service.Service):
@@ -156,11 +159,15 @@ class SessionService(service.Service):
         (listed as Suspended until one does); same checks and limits as an NX
         start, default display settings, encrypted.  Only types that need no
         more than their name: not unix-application, not the remote desktops."""
+        if len(session_type) > MAX_NAME:
+            raise SessionError(Kind.INVALID_REQUEST, "No such session type.")
         if session_type in PROTOCOLS or session_type == "unix-application" or session_type.startswith("shadow"):
             raise SessionError(Kind.INVALID_REQUEST,
                                f"Session type '{session_type}' needs more than a name; start it from an NX client.")
         if not session_type:
             raise SessionError(Kind.INVALID_REQUEST, "No session type given.")
+        if len(name) > MAX_RAW_NAME:  # before any per-character work (issue 22)
+            raise SessionError(Kind.INVALID_REQUEST, f"A session name has 1 to {MAX_NAME} printable characters.")
         clean = printable(name).strip() or session_type
         if len(clean) > MAX_NAME:
             raise SessionError(Kind.INVALID_REQUEST, f"A session name has 1 to {MAX_NAME} printable characters.")
@@ -231,7 +238,7 @@ class SessionService(service.Service):
     async def rename(self, caller: Caller, session_id: str, name: str) -> SessionView:
         """Give the caller's session a new name: printable, 1 to 64 characters."""
         session = self._owned(caller, session_id)
-        clean = printable(name).strip()
+        clean = printable(name).strip() if len(name) <= MAX_RAW_NAME else ""  # length before per-character work
         if not clean or len(clean) > MAX_NAME:
             raise SessionError(Kind.INVALID_REQUEST, f"A session name has 1 to {MAX_NAME} printable characters.",
                                session_id=session_id)
