@@ -179,6 +179,9 @@ class AgentSupervisor:
                 # bubblewrap starts as root; setpriv in it becomes the user.
                 "as_root": jailed,
                 "cgroup": await self.limit(session) if jailed else None,
+                # The display's abstract X name, held by the jail while it lives
+                # (the agent does not listen there): see nxgate.backends.jail.
+                "hold_abstract": session.display if jailed else None,
             }
             launched = await self.launcher.start(request)
             if jailed:
