@@ -237,7 +237,10 @@ class Gateway(service.MultiService):
             raise ThumbnailError(f"session {view.id} runs on {view.node}")
         entry = await self.users.lookup(view.user)
         authority = self.layout.agent_files(view.id).authority
-        return await self.blocking(thumbnails.thumbnail, view.display, authority, entry.pw_uid, entry.pw_gid)
+        session = self.sessions.sessions.get(view.id)  # its agent: the only X server the picture may come from
+        agent = (session.agent_pid, session.agent_started) if session is not None and session.agent_pid else None
+        return await self.blocking(thumbnails.thumbnail, view.display, authority, entry.pw_uid, entry.pw_gid,
+                                   agent=agent)
 
     async def _dbus_caller(self, uid: int) -> Caller:
         """Who a D-Bus sender with ``uid`` (the bus daemon's word) is: root
