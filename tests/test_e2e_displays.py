@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 from tests.harness.cluster import admin_cli
-from tests.test_e2e_sessions import RED, SessionTestCase
+from tests.test_e2e_sessions import RED, SessionTestCase, agent_processes
 
 BASE, LIMIT = 1650, 40
 
@@ -72,3 +72,31 @@ class SquattedDisplayTests(SessionTestCase):
         self.assertIn(f"abstract X socket @/tmp/.X11-unix/X{BASE + LIMIT}", held[BASE + LIMIT])
         self.assertNotIn(info.display, held)  # alice's own session is not somebody else's
         self.assertIn("display(s) in use by others passed over", self.gateway.log())
+
+
+class AgentCommandLineTests(SessionTestCase):
+    """nxagent's argv (world-readable) names no session, and its X display
+    still wants the session's cookie (its -auth file is named relative to
+    the session directory it runs in)."""
+
+    def test_argv_names_no_session_and_the_display_wants_its_cookie(self):
+        client = self.login()
+        info = self.start(client)
+        self.attach(client, info)
+        self.screen.wait_for_colour(RED, 20000)
+        for pid in agent_processes(self.user.name):
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                argv = handle.read().decode().split("\0")
+            self.assertNotIn(info.session_id, " ".join(argv), argv)
+            self.assertEqual(argv[-2], f":{info.display}")  # the X server takes its display in argv only
+        authority = os.path.join(self.gateway.state_dir, "sessions", info.session_id, "authority")
+
+        def xwd(authority_file: str) -> subprocess.CompletedProcess:
+            return subprocess.run(["xwd", "-silent", "-root", "-display", f":{info.display}"], capture_output=True,
+                                  env={"PATH": "/usr/bin:/bin", "XAUTHORITY": authority_file}, timeout=30)
+
+        refused = xwd("/dev/null")
+        self.assertNotEqual(refused.returncode, 0)
+        self.assertIn(b"unable to open display", refused.stderr)
+        allowed = xwd(authority)
+        self.assertEqual(allowed.returncode, 0, allowed.stderr)
