@@ -319,9 +319,22 @@ class JailedThumbnailTests(SessionTestCase):
 
     def test_the_jailed_session_program_has_no_new_privs(self):
         self.jailed_bluebox()
+        jail = os.readlink(f"/proc/{min(agent_processes(self.user.name))}/ns/pid")
         programs = subprocess.run(["pgrep", "-u", self.user.name, "-x", "xterm"], capture_output=True, text=True)
-        (program,) = programs.stdout.split()
-        status = proc_status(int(program))
-        self.assertEqual(status["NoNewPrivs"], "1")
-        self.assertEqual(os.readlink(f"/proc/{program}/ns/pid"),
-                         os.readlink(f"/proc/{min(agent_processes(self.user.name))}/ns/pid"))  # in the jail
+        # The session's program (one of an earlier test's may still be ending).
+        (program,) = [pid for pid in programs.stdout.split() if os.readlink(f"/proc/{pid}/ns/pid") == jail]
+        self.assertEqual(proc_status(int(program))["NoNewPrivs"], "1")
+
+    def test_ps_shows_no_session_id(self):
+        """The jailed agent's and its bubblewrap's command lines (world-
+        readable) name neither the session nor its directory."""
+        info = self.jailed_bluebox()
+        agent = min(agent_processes(self.user.name))
+        init = int(proc_status(agent)["PPid"])
+        outer = int(proc_status(init)["PPid"])
+        for pid in (agent, init, outer):
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                argv = handle.read().decode().split("\0")
+            self.assertNotIn(info.session_id, " ".join(argv), argv)
+            self.assertNotIn("sessions", " ".join(argv), argv)
+        self.assertEqual(argv[:3], [shutil.which("bwrap"), "--args", "4"])

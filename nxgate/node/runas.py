@@ -41,12 +41,15 @@ that display's abstract X socket name without listening and hands the
 socket to the program as fd 3: the name stays taken for as long as the
 jail lives, so nobody else can bind it and catch the X clients of the
 session (they get "connection refused" there and use the jail's path
-socket); a name already bound fails the start.
+socket); a name already bound fails the start.  ``args_fd``
+(``[fd, [arg, ...]]``) gives the program those arguments NUL-separated on
+a pipe at ``fd`` (bubblewrap's ``--args``: out of ``ps``).
 ``{"mode": "close-pam", ...}`` closes a PAM session instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import json
@@ -204,6 +207,8 @@ def execute(request: dict[str, Any]) -> None:
     # Out of the way of the fds shuffled into place below.
     log_fd = fcntl.fcntl(log_fd, fcntl.F_DUPFD, 10)
     holder = fcntl.fcntl(holder, fcntl.F_DUPFD, 10) if holder is not None else None
+    args_fd = request.get("args_fd")
+    args = fcntl.fcntl(_args_pipe([str(arg) for arg in args_fd[1]]), fcntl.F_DUPFD, 10) if args_fd else None
     if request.get("status_fd"):
         # The program reports on fd 3, which is our stdout: the gateway reads it.
         os.dup2(1, 3)
@@ -211,15 +216,36 @@ def execute(request: dict[str, Any]) -> None:
     elif holder is not None:
         os.dup2(holder, 3)  # inheritable: bubblewrap passes it on to the jail
         os.set_inheritable(3, True)
+    keep = {3} if request.get("status_fd") or holder is not None else set()
+    if args is not None:
+        at = int(args_fd[0])
+        if not 3 <= at < 10 or at in keep:
+            _fail(f"args_fd {at} is taken")
+        os.dup2(args, at)
+        keep.add(at)
     if not request.get("pipe_stdout"):
         os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
-    os.closerange(4 if request.get("status_fd") or holder is not None else 3, max(os.sysconf("SC_OPEN_MAX"), 1024))
+    for fd in set(range(3, 10)) - keep:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    os.closerange(10, max(os.sysconf("SC_OPEN_MAX"), 1024))
     try:
         os.execve(executable, argv, env)
     except OSError as error:
         os.write(2, f"nxgate launcher: cannot execute {executable}: {error}\n".encode())
         os._exit(127)
+
+
+def _args_pipe(args: list[str]) -> int:
+    """A pipe holding ``args`` NUL-separated (bubblewrap's ``--args FD``)."""
+    data = b"".join(arg.encode("utf-8", "surrogateescape") + b"\0" for arg in args)
+    if len(data) >= 65536:
+        _fail("arguments too long")
+    read_end, write_end = os.pipe()
+    os.write(write_end, data)  # fits in the pipe: the write cannot block
+    os.close(write_end)
+    return read_end
 
 
 def _stdin(secret: str | None) -> int:
