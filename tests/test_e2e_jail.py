@@ -6,6 +6,10 @@ X display, a world-readable file in Bob's home and in /tmp) into her home,
 then draws a green xterm through nxproxy.  Nothing of Bob's may show; the
 session still suspends, survives a gateway SIGKILL, resumes and ends with
 no process left behind.
+
+Issue 22: a jailed session's portal thumbnails come from its own agent
+while Bob listens on every host address of its display and gets nothing;
+its program has no_new_privs; ps shows no session id.
 """
 
 from __future__ import annotations

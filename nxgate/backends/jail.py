@@ -10,7 +10,13 @@ host's: unencrypted sessions listen on TCP, and programs need the network.
 X clients on Linux also reach a display through its *abstract* socket,
 which lives in the network namespace: jailed agents run with
 ``-nolisten local``, so their display is only reachable through the socket
-in the jail's own ``/tmp/.X11-unix``.
+in the jail's own ``/tmp/.X11-unix``.  The abstract *name* must still be
+taken, or anyone on the host could bind it and catch the session's X
+clients (libxcb tries it before the path): the launcher binds it without
+listening and hands the socket to bubblewrap for the jail's lifetime
+(``hold_abstract`` in :mod:`nxgate.node.runas`).  X clients the gateway
+itself runs for a jailed session (thumbnails) join its namespaces; a
+shadow would run on the host, so jailed sessions are not shadowed.
 """
 
 from __future__ import annotations
