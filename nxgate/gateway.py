@@ -238,7 +238,9 @@ class Gateway(service.MultiService):
         entry = await self.users.lookup(view.user)
         authority = self.layout.agent_files(view.id).authority
         session = self.sessions.sessions.get(view.id)  # its agent: the only X server the picture may come from
-        agent = (session.agent_pid, session.agent_started) if session is not None and session.agent_pid else None
+        if session is None or not session.agent_pid:
+            raise ThumbnailError(f"session {view.id} has no agent")
+        agent = (session.agent_pid, session.agent_started)
         return await self.blocking(thumbnails.thumbnail, view.display, authority, entry.pw_uid, entry.pw_gid,
                                    agent=agent)
 
