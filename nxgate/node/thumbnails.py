@@ -6,8 +6,8 @@ authority file itself), then scaled down (nearest pixel) and written as a
 PNG with :mod:`zlib`.  Blocking: run it in a thread.
 
 The picture comes from the session's own agent only: xwd reaches the
-display by its path socket alone, in the jail of a jailed session (see
-:func:`_runas_request`), so nobody who binds ``@/tmp/.X11-unix/XN`` or
+display by its path socket alone, in the agent's namespaces (the jail of
+a jailed session, see :func:`_runas_request`), so nobody who binds ``@/tmp/.X11-unix/XN`` or
 TCP 6000+N on the host gets the session's cookie or can paint its
 thumbnail.  The dump is read with a bound (:func:`read_limited`).
 """
@@ -130,13 +130,14 @@ def _runas_request(display: int, authority: str, uid: int, agent: tuple[int, int
     ``xwd`` runs as the session's user, with ``no_network`` (a new, empty
     network namespace), so libxcb can reach the display only by its path
     socket ``/tmp/.X11-unix/XN``: not by the abstract socket or TCP port
-    6000+N that it tries first and that any local user may bind.  For a
-    jailed session (``agent`` is the jailed nxagent's ``(pid, start time)``)
-    it also joins the agent's mount, PID and IPC namespaces, where that path
-    is the agent's own socket in the jail's private ``/tmp`` (the host's
-    ``/tmp/.X11-unix/XN`` is anybody's to create); the launcher checks
-    through a pidfd that the pid is still that agent, and the program runs
-    with ``no_new_privs`` like the rest of the jail.  ``timeout`` (as the
+    6000+N that it tries first and that any local user may bind.  It also
+    joins the mount, PID and IPC namespaces of the agent (``agent``: its
+    ``(pid, start time)``).  For a jailed agent the path is then its own
+    socket in the jail's private ``/tmp`` (the host's ``/tmp/.X11-unix/XN``
+    is anybody's to create); for an agent on the host the namespaces are
+    the host's, and the join proves that the agent still runs: the launcher
+    checks through a pidfd that the pid is still that agent.  The program
+    runs with ``no_new_privs``.  ``timeout`` (as the
     user, in the jail) ends an xwd that a stalled server keeps waiting, so
     the gateway never has to signal a pid it did not start."""
     return {
