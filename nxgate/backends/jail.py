@@ -13,7 +13,8 @@ which lives in the network namespace: jailed agents run with
 in the jail's own ``/tmp/.X11-unix``.  The abstract *name* must still be
 taken, or anyone on the host could bind it and catch the session's X
 clients (libxcb tries it before the path): the launcher binds it without
-listening and hands the socket to bubblewrap for the jail's lifetime
+listening and hands the socket through bubblewrap (which closes its own
+copies) to nxagent, which keeps it as fd 3 for its lifetime, the session's
 (``hold_abstract`` in :mod:`nxgate.node.runas`).  X clients the gateway
 itself runs for a jailed session (thumbnails) join its namespaces; a
 shadow would run on the host, so jailed sessions are not shadowed.

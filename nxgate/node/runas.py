@@ -38,8 +38,8 @@ user can bind); ``pipe_stdout`` leaves the program's stdout on the pipe
 to the caller (after our ``ok`` line) instead of the log.  ``hold_abstract``
 (a display number, with ``as_root``: a jailed agent's bubblewrap) binds
 that display's abstract X socket name without listening and hands the
-socket to the program as fd 3: the name stays taken for as long as the
-jail lives, so nobody else can bind it and catch the X clients of the
+socket to the program as fd 3 (bubblewrap passes it on to nxagent, which
+keeps it): the name stays taken for as long as the agent lives, so nobody else can bind it and catch the X clients of the
 session (they get "connection refused" there and use the jail's path
 socket); a name already bound fails the start.  ``args_fd``
 (``[fd, [arg, ...]]``) gives the program those arguments NUL-separated on
