@@ -130,10 +130,19 @@ class GrabSourceTests(SynchronousTestCase):
         server = self.start(self.alice, ["Xvfb", f":{self.DISPLAY}", "-screen", "0", "320x200x24", "-nolisten",
                                          "tcp", "-nolisten", "local", "-wr"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 15
+        def lock_holder() -> str:
+            try:
+                with open(f"/tmp/.X{self.DISPLAY}-lock") as handle:
+                    return handle.read().strip()
+            except OSError:
+                return ""
+
+        deadline = time.monotonic() + 15  # the server's own lock, then its socket (not a stale one)
+        while lock_holder() != str(server.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
         while not os.path.exists(f"/tmp/.X11-unix/X{self.DISPLAY}") and time.monotonic() < deadline:
             time.sleep(0.1)
-        time.sleep(0.5)
+        time.sleep(0.3)
         agent = ProcessId.of(server.pid)
         alice = pwd.getpwnam(self.alice.name)
         dump = thumbnails.grab(self.DISPLAY, "/dev/null", alice.pw_uid, alice.pw_gid, (agent.pid, agent.started))
