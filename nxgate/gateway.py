@@ -238,7 +238,12 @@ class Gateway(service.MultiService):
             raise ThumbnailError(f"session {view.id} runs on {view.node}")
         entry = await self.users.lookup(view.user)
         authority = self.layout.agent_files(view.id).authority
-        return await self.blocking(thumbnails.thumbnail, view.display, authority, entry.pw_uid, entry.pw_gid)
+        session = self.sessions.sessions.get(view.id)  # its agent: the only X server the picture may come from
+        if session is None or not session.agent_pid:
+            raise ThumbnailError(f"session {view.id} has no agent")
+        agent = (session.agent_pid, session.agent_started)
+        return await self.blocking(thumbnails.thumbnail, view.display, authority, entry.pw_uid, entry.pw_gid,
+                                   agent=agent)
 
     async def _dbus_caller(self, uid: int) -> Caller:
         """Who a D-Bus sender with ``uid`` (the bus daemon's word) is: root

@@ -34,7 +34,7 @@ from nxgate.sessions.model import State
 from nxgate.sessions.requests import (DisplaySettings, RemoteRequest, RestoreRequest, ShadowRequest, ShareMount,
                                       StartRequest)
 from nxgate.sessions.results import (Listing, Progress, Ready, ServiceStatus, SessionView, ShadowTarget,
-                                     StreamTarget, UnknownSession)
+                                     StreamTarget, UnknownSession, HeldDisplay)
 from nxgate.stream.relay import StreamRelay
 
 CALLER = Caller("alice", 1001, 1001, frozenset({"staff", "nxadmin"}), "10.0.0.9:4711 (claimed by uid 5)",
@@ -64,6 +64,7 @@ EXAMPLES = [
     Listing((), False),
     ShadowTarget("A" * 32, "alice", 1001, "work", "unix-console"),
     ServiceStatus(True, 3, 1, (UnknownSession("D" * 32, "carol", 1003, 99),)),
+    ServiceStatus(False, 0, 0, (), (HeldDisplay(650, ("bob",), ("X lock /tmp/.X650-lock of pid 77",)),)),
 ]
 
 

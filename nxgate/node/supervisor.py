@@ -161,10 +161,11 @@ class AgentSupervisor:
                                   shadow=plan.mode == "-S")
             extra = (*self.settings.agent_extra_options, *(jail.AGENT_OPTIONS if jailed else ()))
             argv = nxagent.agent_argv(self.settings.nxagent, session, agent_files, plan, extra)
+            bwrap_options: list[str] = []
             if jailed:
-                argv = jail.bwrap_argv(self.config().jail.bwrap, uid=user.pw_uid, gid=user.pw_gid, home=user.pw_dir,
-                                       session_dir=agent_files.directory, runtime_dir=f"/run/user/{user.pw_uid}",
-                                       command=argv)
+                argv, bwrap_options = jail.hidden_bwrap_argv(
+                    self.config().jail.bwrap, uid=user.pw_uid, gid=user.pw_gid, home=user.pw_dir,
+                    session_dir=agent_files.directory, runtime_dir=f"/run/user/{user.pw_uid}", command=argv)
                 log.info("session {id} of {user}: jailed (bubblewrap: own mount, PID and IPC namespaces)",
                          id=session.id, user=session.user)
             request = {
@@ -179,6 +180,11 @@ class AgentSupervisor:
                 # bubblewrap starts as root; setpriv in it becomes the user.
                 "as_root": jailed,
                 "cgroup": await self.limit(session) if jailed else None,
+                # The display's abstract X name, held by the jail while it lives
+                # (the agent does not listen there): see nxgate.backends.jail.
+                "hold_abstract": session.display if jailed else None,
+                # bubblewrap's options (the session directory) on a pipe, not in ps.
+                "args_fd": [jail.ARGS_FD, bwrap_options] if jailed else None,
             }
             launched = await self.launcher.start(request)
             if jailed:

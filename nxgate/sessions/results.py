@@ -128,6 +128,16 @@ class UnknownSession:
 
 
 @dataclass(frozen=True)
+class HeldDisplay:
+    """A display number the node's sessions could use that somebody else
+    holds (a squatter's X lock or abstract X socket, another X server)."""
+
+    display: int
+    users: tuple[str, ...]
+    holds: tuple[str, ...]  # what they hold: "X lock /tmp/.X650-lock of pid 77", ...
+
+
+@dataclass(frozen=True)
 class ServiceStatus:
     """How the session service stands (for the admin)."""
 
@@ -135,6 +145,7 @@ class ServiceStatus:
     live: int
     unsaved_changes: int  # writes the store refused (a full disk), retried until it takes them
     unknown_sessions: tuple[UnknownSession, ...]
+    held_displays: tuple[HeldDisplay, ...] = ()  # displays others hold (passed over by new sessions)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from nxgate.sessions.lifecycle import Background, Lifecycle
 from nxgate.sessions.limits import Limits
 from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequest, ShareMount, StartRequest
 from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionObserver, SessionView,
-                                     ShadowTarget, StreamTarget, UnknownSession)
+                                     ShadowTarget, StreamTarget, UnknownSession, HeldDisplay)
 from nxgate.sessions.store.interface import SessionStore
 from nxgate.sessions.writer import StoreWriter
 from nxgate.node.threads import Blocking, inline
@@ -75,6 +75,7 @@ class SessionService(service.Service):
         self.reactor = reactor
         self.config = config
         self.settings = config.sessions
+        self._blocking = blocking
         self.store: SessionStore = store
         self.writer = StoreWriter(self.store, reactor)
         self.layout = layout
@@ -276,11 +277,14 @@ class SessionService(service.Service):
 
     async def status(self, caller: Caller) -> ServiceStatus:
         self._admin_only(caller, "see the service's status")
+        held = await self._blocking(displays.foreign_displays, self.settings.display_base,
+                                    self.settings.display_limit, list(self.displays.in_use()))
         return ServiceStatus(
             draining=self.draining, live=sum(1 for s in self.sessions.values() if s.state.live),
             unsaved_changes=len(self.unsaved),
             unknown_sessions=tuple(UnknownSession(o.session_id, o.user, o.display, o.agent.pid)
-                                   for o in self.orphans.values()))
+                                   for o in self.orphans.values()),
+            held_displays=tuple(HeldDisplay(h.display, h.users, h.holds) for h in held))
 
     async def set_draining(self, caller: Caller, on: bool) -> bool:
         """Draining: no new sessions, the running ones carry on."""

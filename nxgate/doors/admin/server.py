@@ -122,7 +122,10 @@ class AdminProtocol(LineOnlyReceiver):
                 "unsaved_changes": status.unsaved_changes,
                 # Agents running in session directories the store did not know at start.
                 "unknown_sessions": [{"id": u.id, "user": u.user, "display": u.display, "pid": u.agent_pid}
-                                     for u in status.unknown_sessions]}
+                                     for u in status.unknown_sessions],
+                # Displays held by others (X locks, abstract X sockets): new sessions pass them over.
+                "held_displays": [{"display": h.display, "users": list(h.users), "holds": list(h.holds)}
+                                  for h in status.held_displays]}
 
     async def do_sessions(self) -> list[dict[str, Any]]:
         listing = await self.gateway.api.list(ADMIN)
