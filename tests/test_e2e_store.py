@@ -64,6 +64,12 @@ def audit_records(state_dir: str) -> list[dict]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
+def wait_stored(state_dir: str, session_id: str, state: str) -> None:
+    """The store runs in its own threads, written behind the replies: a
+    client may read its answer a moment before the row has the state."""
+    wait_for(lambda: stored_state(state_dir, session_id) == state, 10, f"session {session_id} stored as {state}")
+
+
 def admin_status(state_dir: str) -> dict:
     result = subprocess.run([sys.executable, "-m", "nxgate.doors.admin.cli", "--socket", os.path.join(state_dir, "admin.sock"),
                              "--json", "status"], capture_output=True, text=True, timeout=60, check=True,
@@ -127,7 +133,7 @@ class ClientBytesTests(StoreTestCase):
         rows = listed(client.command('listsession --status="suspended,running"'))
         self.assertIn(b"bad\\xff\\x1b[2J", rows[info.session_id])
         self.assertIn(again.session_id, rows)
-        self.assertEqual(stored_state(self.gateway.state_dir, info.session_id), "waiting")
+        wait_stored(self.gateway.state_dir, info.session_id, "waiting")
 
     def test_a_user_name_that_is_not_utf8_keeps_the_audit_log_going(self):
         """Twisted used to disable the audit observer on such a login: the
@@ -197,6 +203,7 @@ class FullDiskTests(StoreTestCase):
     def test_a_full_disk_refuses_starts_cleanly_and_loses_nothing(self):
         client = self.login(self.gateway, self.user)
         running = self.start(client)
+        wait_stored(self.gateway.state_dir, running.session_id, "waiting")
         self.fill_disk()
         self.addCleanup(lambda: os.path.exists(self.filler) and os.unlink(self.filler))
         for _ in range(3):  # beyond the user's limit of 2: a refused start holds nothing
@@ -217,8 +224,8 @@ class FullDiskTests(StoreTestCase):
         wait_for(lambda: stored_state(self.gateway.state_dir, running.session_id) in ("terminated", "failed"), 20,
                  "the kept end of the session to reach the store")
         first, second = self.start(client, "after 1"), self.start(client, "after 2")
-        self.assertEqual(stored_state(self.gateway.state_dir, first.session_id), "waiting")
-        self.assertEqual(stored_state(self.gateway.state_dir, second.session_id), "waiting")
+        wait_stored(self.gateway.state_dir, first.session_id, "waiting")
+        wait_stored(self.gateway.state_dir, second.session_id, "waiting")
         self.assertIn("the session store can be written again", self.gateway.log())
         # The audit log lost what came while the disk was full, says so, and goes on.
         events = [r["event"] for r in audit_records(self.gateway.state_dir)]
@@ -348,4 +355,4 @@ class LockedStoreTests(StoreTestCase):
         # The start waited for the lock in a store thread, and went through after it.
         reply = starter.prompt(timeout=30)
         self.assertIn(b"NX> 710 Session status: running", reply)
-        self.assertEqual(stored_state(gateway.state_dir, SessionInfo.parse(reply).session_id), "waiting")
+        wait_stored(gateway.state_dir, SessionInfo.parse(reply).session_id, "waiting")

@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from twisted.application import strports
-from twisted.application.internet import TimerService
+from twisted.application.internet import StreamServerEndpointService, TimerService
 from twisted.application.service import MultiService
 from twisted.logger import Logger
 
@@ -35,7 +34,9 @@ class WebDoor(MultiService):
         self.site, self.auth = web_site(reactor=reactor, service=service, authenticator=authenticator,
                                         resolve=resolve, thumbnailer=thumbnailer, settings=settings, types=types,
                                         viewers=viewers, tls=tls.is_tls(web.listen))
-        strports.service(self.endpoint, self.site).setServiceParent(self)
+        listening = StreamServerEndpointService(tls.listening_endpoint(reactor, self.endpoint), self.site)
+        listening._raiseSynchronously = True  # a port in use stops the start, as strports.service did
+        listening.setServiceParent(self)
         timer = TimerService(EXPIRY_PERIOD, steady(self.site.expire_logins, "expiring idle portal logins"))  # type: ignore[attr-defined]
         timer.clock = reactor
         timer.setServiceParent(self)
