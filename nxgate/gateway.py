@@ -22,6 +22,7 @@ from nxgate.audit import AuditLog
 from nxgate.auth.pam import Authenticator
 from nxgate.config import Config
 from nxgate.logs import filter_global_log
+from nxgate.loops import steady
 from nxgate.doors.conversation import Conversation
 from nxgate.instance import StartupError, check_port_free, claim_unix_socket, lock_state_dir, record_pid
 from nxgate.nx.dispatch import NXDispatcher
@@ -135,9 +136,8 @@ class Gateway(service.MultiService):
         )
         # [store] url: the state directory's SQLite file by default, or a
         # database server shared by a cluster (migrated here, before serving).
-        self.store = open_store(config, self.layout, in_thread(reactor), reactor)
-        self.sessions = SessionService(reactor, config, None, self.layout, blocking=in_thread(reactor),
-                                       async_store=self.store)
+        self.store = open_store(config, self.layout, reactor)
+        self.sessions = SessionService(reactor, config, self.store, self.layout, blocking=in_thread(reactor))
         self.sessions.setServiceParent(self)
         # A cluster member writes its heartbeat to the shared store (nodes, drain --node).
         self.membership = self._membership() if config.cluster else None
@@ -193,7 +193,7 @@ class Gateway(service.MultiService):
         if "node" in cluster.roles:
             check_port_free(cluster.listen, "[cluster] listen")
             NodeListener(self.reactor, cluster.listen, self.cluster_tls, self.sessions,
-                         gateway_members(self.sessions.store),
+                         gateway_members(self.sessions.store), self.users, cluster.name,
                          wrap=lambda factory: self.guard.wrap(factory, "cluster")).setServiceParent(self)
             log.info("cluster member {name}: listening for gateways on {where}", name=cluster.name,
                      where=configuration.describe_listen(cluster.listen))
@@ -209,7 +209,7 @@ class Gateway(service.MultiService):
         api = ClusterSessions(self.reactor, lambda: self.config, self.sessions, self.store, self.remote_nodes.get,
                               self.remote_nodes.broken)
         if self.serves_doors:
-            touch = TimerService(self.config.cluster.heartbeat, lambda: Deferred.fromCoroutine(api.keep_in_touch()))
+            touch = TimerService(self.config.cluster.heartbeat, steady(api.keep_in_touch, "keeping in touch with the members"))
             touch.clock = self.reactor
             touch.setServiceParent(self)
         return api
@@ -222,7 +222,8 @@ class Gateway(service.MultiService):
         except ImportError as error:
             log.warn("D-Bus session control is off: {error} (install python3-txdbus or txdbus)", error=str(error))
             return None
-        door = DBusDoor(self.reactor, self.api, self._dbus_caller, self.config.dbus.address)
+        door = DBusDoor(self.reactor, self.api, self._dbus_caller, self.config.dbus.address,
+                        account=self.authenticator.account)
         self.sessions.observers.append(door.session_changed)
         door.setServiceParent(self)
         return door
@@ -272,7 +273,12 @@ class Gateway(service.MultiService):
             raise ThumbnailError(f"session {view.id} runs on {view.node}")
         entry = await self.users.lookup(view.user)
         authority = self.layout.agent_files(view.id).authority
-        return await self.blocking(thumbnails.thumbnail, view.display, authority, entry.pw_uid, entry.pw_gid)
+        session = self.sessions.sessions.get(view.id)  # its agent: the only X server the picture may come from
+        if session is None or not session.agent_pid:
+            raise ThumbnailError(f"session {view.id} has no agent")
+        agent = (session.agent_pid, session.agent_started)
+        return await self.blocking(thumbnails.thumbnail, view.display, authority, entry.pw_uid, entry.pw_gid,
+                                   agent=agent)
 
     async def _dbus_caller(self, uid: int) -> Caller:
         """Who a D-Bus sender with ``uid`` (the bus daemon's word) is: root

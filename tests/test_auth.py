@@ -2,10 +2,11 @@
 
 from twisted.internet import defer
 from twisted.internet.task import Clock
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from nxgate.auth import pam as auth
 from nxgate.auth.pam import Authenticator, Verdict
+from nxgate.auth.throttle import Throttle
 
 
 def immediate(reactor, pool, function, *args):
@@ -47,11 +48,40 @@ class PrecheckTests(SynchronousTestCase):
         self.assertEqual(auth.resolve_service("definitely-missing-service"), "login")
 
 
+class ShellAndLockTests(SynchronousTestCase):
+    """Issue 22: accounts that must not log in whatever proves who they are."""
+
+    def test_no_login_shells(self):
+        self.assertIn("does not allow logins", auth.shell_refusal("/usr/sbin/nologin"))
+        self.assertIn("does not allow logins", auth.shell_refusal("/bin/false"))
+        self.assertIn("not an executable", auth.shell_refusal("/no/such/shell"))
+        self.assertIsNone(auth.shell_refusal("/bin/sh"))
+        self.assertIsNone(auth.shell_refusal(""))
+        self.assertIn("does not allow logins", auth.account_refusal("nobody"))
+
+    def test_a_locked_password_locks_a_bare_mark_does_not(self):
+        import spwd  # noqa: F401 (the module lock_refusal reads)
+        entries = {"locked": "!$6$salt$hash", "never": "!", "cloud": "!*", "twice": "!!", "open": "$6$salt$hash",
+                   "solaris": "*LK*$6$x"}
+
+        class Entry:
+            def __init__(self, hashed):
+                self.sp_pwdp = hashed
+
+        self.patch(spwd, "getspnam", lambda name: Entry(entries[name]))
+        self.assertEqual({name: auth.lock_refusal(name) for name in entries}, {
+            "locked": "the account is locked", "never": None, "cloud": None, "twice": None, "open": None,
+            "solaris": "the account is locked"})
+
+
 class AuthenticatorTests(SynchronousTestCase):
     def setUp(self):
         self.clock = Clock()
         self.calls = []
         self.patch(auth.threads, "deferToThreadPool", immediate)
+        # "daemon" stands for any existing account; its nologin shell is
+        # another test's business (ShellAndLockTests).
+        self.patch(auth, "shell_refusal", lambda shell: None)
 
     def make(self, code, message="Authentication failure"):
         def transaction(service, username, respond, host):
@@ -124,6 +154,71 @@ class AuthenticatorTests(SynchronousTestCase):
         self.assertEqual(results[0].verdict, Verdict.ERROR)
 
 
+class BurstTests(SynchronousTestCase):
+    """Issue 22: 40 guesses and the right password sent at once from one
+    address; PAM answers only after all of them have arrived."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.pending = []
+        self.patch(auth, "shell_refusal", lambda shell: None)
+
+        def later(reactor, pool, function, *args):
+            d = defer.Deferred()
+            self.pending.append((d, args))
+            return d
+
+        self.patch(auth.threads, "deferToThreadPool", later)
+        throttle = Throttle(self.clock, per_address=10, per_account=20, window=300, block=600)
+        self.authenticator = Authenticator(self.clock, "nxgate", failed_login_delay=2.0, throttle=throttle)
+
+    def answer(self):
+        """PAM's verdicts, in order: only "right" is the password."""
+        for d, (username, respond, _host) in self.pending:
+            right = respond([(1, "Password:")]) == ["right"]
+            d.callback(auth.AuthResult(Verdict.GRANTED if right else Verdict.DENIED, username, "" if right else "PAM"))
+        self.pending.clear()
+
+    def test_a_burst_reaches_pam_at_most_limit_times_and_the_right_password_is_refused(self):
+        results = []
+        for n in range(40):
+            self.authenticator.password("daemon", f"guess{n}", "192.0.2.1").addCallback(results.append)
+        self.authenticator.conversation("daemon", lambda prompts: ["right"], "192.0.2.1").addCallback(results.append)
+        self.assertEqual(len(self.pending), 10)
+        self.answer()
+        self.clock.advance(2.0)
+        self.assertEqual(len(results), 41)
+        self.assertFalse(any(result.granted for result in results))
+        self.assertEqual(sum(result.reason.startswith("throttled") for result in results), 31)
+        # Blocked now: the right password is refused without PAM.
+        self.authenticator.password("daemon", "right", "192.0.2.1").addCallback(results.append)
+        self.assertEqual(self.pending, [])
+        self.clock.advance(2.0)
+        self.assertIn("too many failed logins for this address", results[-1].reason)
+
+    def test_the_right_password_in_flight_with_the_guesses_is_refused_when_they_blocked_the_address(self):
+        results = []
+        self.authenticator.password("daemon", "right", "192.0.2.1").addCallback(results.append)
+        for n in range(9):
+            self.authenticator.password("daemon", f"guess{n}", "192.0.2.1")
+        self.pending.append(self.pending.pop(0))  # PAM answers the right password last
+        self.authenticator.throttle.failed("192.0.2.1", "daemon")  # one more guess, from before
+        self.answer()
+        self.assertEqual(results, [])  # a refusal waits as long as a wrong password
+        self.clock.advance(2.0)
+        self.assertFalse(results[0].granted)
+        self.assertTrue(results[0].reason.startswith("throttled"))
+
+    def test_a_pam_crash_frees_its_place(self):
+        for _ in range(10):
+            self.authenticator.password("daemon", "x", "192.0.2.1")
+        for d, _ in self.pending:
+            d.errback(RuntimeError("PAM thread died"))
+        self.pending.clear()
+        self.authenticator.password("daemon", "x", "192.0.2.1")
+        self.assertEqual(len(self.pending), 1)
+
+
 class AccountLookupOffTheReactorTests(SynchronousTestCase):
     """The user database (NSS: LDAP, sssd) may take seconds: the account
     look-up of every login runs in the PAM thread, not on the reactor."""
@@ -143,6 +238,7 @@ class AccountLookupOffTheReactorTests(SynchronousTestCase):
             return defer.Deferred()
 
         self.patch(auth.pwd, "getpwnam", getpwnam)
+        self.patch(auth, "shell_refusal", lambda shell: None)  # "daemon": any existing account
         self.patch(auth.threads, "deferToThreadPool", later)
         self.authenticator = Authenticator(self.clock, "nxgate", deny_users=("root",), failed_login_delay=0,
                                            transaction=lambda *args: (0, "ok"))
@@ -169,3 +265,38 @@ class AccountLookupOffTheReactorTests(SynchronousTestCase):
         self.authenticator.password("root", "pw", None).addCallback(results.append)
         self.assertEqual(results[0].reason, "user is in deny_users")
         self.assertEqual((self.queued, self.lookups), ([], []))
+
+
+class KeyboardInteractiveAnswerTests(TestCase):
+    """Issue 22: an SSH keyboard-interactive answer longer than any password
+    ends the conversation before PAM sees it (a real PAM thread here)."""
+
+    async def test_an_overlong_answer_never_reaches_pam(self):
+        from twisted.cred.error import UnauthorizedLogin
+        from twisted.internet import reactor
+
+        from nxgate.doors.conch.checkers import KeyboardInteractive, KeyboardInteractiveChecker
+
+        seen = []
+
+        def transaction(service, username, respond, host):
+            try:
+                seen.append(respond([(1, "Password: ")]))
+            except LookupError as error:  # pamlib turns it into PAM_CONV_ERR
+                seen.append(str(error))
+                return 19, "Conversation error"
+            return 0, "ok"
+
+        self.patch(auth, "account_refusal", lambda username: None)
+        authenticator = Authenticator(reactor, "nxgate", failed_login_delay=0, transaction=transaction)
+        authenticator.start()
+        self.addCleanup(authenticator.stop)
+        checker = KeyboardInteractiveChecker(reactor, "nx", authenticator)
+        for answer, granted in (("x" * (auth.MAX_PASSWORD_BYTES + 1), False), ("right", True)):
+            credentials = KeyboardInteractive(b"alice", lambda prompts, a=answer: defer.succeed([a]), "192.0.2.1")
+            if granted:
+                self.assertEqual((await checker.requestAvatarId(credentials)).unix_user, "alice")
+            else:
+                with self.assertRaises(UnauthorizedLogin):
+                    await checker.requestAvatarId(credentials)
+        self.assertEqual(seen, ["an answer longer than any password", ["right"]])

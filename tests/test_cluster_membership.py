@@ -18,12 +18,9 @@ from nxgate.config import Config, StoreSection
 from nxgate.doors.admin import cli
 from nxgate.doors.admin.server import AdminProtocol
 from nxgate.node.files import StateLayout
-from nxgate.node.threads import inline
 from nxgate.sessions.model import Member
-from nxgate.sessions.store.adapter import SyncStoreAdapter
 from nxgate.sessions.store.errors import StoreUnavailable
-from nxgate.sessions.store.factory import open_store
-from nxgate.sessions.store.sqlite import SessionStore as SQLiteDatabase
+from nxgate.sessions.store.factory import open_store, sqlite_store
 from tests.harness import databases
 
 PROC = {"/proc/loadavg": "0.42 0.30 0.20 1/234 5678\n",
@@ -61,10 +58,12 @@ class Flaky:
     """A store whose heartbeat fails while ``down``."""
 
     def __init__(self, store):
-        self.store, self.down, self.calls = store, False, 0
+        self.store, self.down, self.broken, self.calls = store, False, False, 0
 
     def heartbeat(self, member):
         self.calls += 1
+        if self.broken:
+            raise RuntimeError("an error nobody planned for")
         if self.down:
             return defer.fail(StoreUnavailable("the session database cannot be reached", "test"))
         return self.store.heartbeat(member)
@@ -75,9 +74,9 @@ class Flaky:
 
 class MembershipTests(TestCase):
     def setUp(self):
-        database = SQLiteDatabase(os.path.abspath(self.mktemp()))
+        database = sqlite_store(os.path.abspath(self.mktemp()), None, inline=True)
         self.addCleanup(database.close)
-        self.store = Flaky(SyncStoreAdapter(database))
+        self.store = Flaky(database)
         self.clock = Clock()
         self.clock.advance(1000)
         self.live = 2
@@ -120,6 +119,17 @@ class MembershipTests(TestCase):
         self.assertEqual(sum("written again" in t for t in texts), 1)
         self.assertEqual(self.store.calls, 5)
         self.assertEqual(self.rows()[0].last_heartbeat, 1008.0)
+
+    def test_an_unexpected_error_is_logged_and_heartbeats_go_on(self):
+        """Issue 23: a LoopingCall stops for good on its first exception; then
+        every gateway listed this member's sessions as lost."""
+        self.store.broken = True
+        self.clock.advance(2.0)
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        self.store.broken = False
+        self.clock.advance(2.0)
+        self.assertEqual(self.store.calls, 3)
+        self.assertEqual(self.rows()[0].last_heartbeat, 1004.0)
 
     def test_views_say_up_and_down(self):
         self.successResultOf(self.store.heartbeat(Member(
@@ -192,7 +202,7 @@ class PostgreSQLMembershipTests(TestCase):
             raise SkipTest(why)
         server = databases.shared(databases.PostgresServer)
         config = Config(store=StoreSection(url=server.new_database(), password_file=server.password_file))
-        self.stores = [open_store(config, StateLayout("/nonexistent"), inline, reactor) for _ in range(2)]
+        self.stores = [open_store(config, StateLayout("/nonexistent"), reactor) for _ in range(2)]
         for store in self.stores:
             self.addCleanup(store.close)
 

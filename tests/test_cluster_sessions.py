@@ -11,7 +11,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.cluster.placement import NO_NODE
-from nxgate.cluster.sessions import LOST_MARK, ClusterSessions, is_lost
+from nxgate.cluster.sessions import ClusterSessions
 from nxgate.config import Config
 from nxgate.nx.dispatch import as_nx
 from nxgate.sessions.caller import Caller
@@ -293,21 +293,31 @@ class ClusterSessionsTests(SynchronousTestCase):
         self.store.rows["C" * 32] = row("C" * 32, user="bob", node="node-c", created=3.0)
         self.store.members_["node-b"] = member("node-b", beat=NOW - 6.5)  # three heartbeats and a bit
         listing = self.ok(self.api.list(ALICE))
-        self.assertEqual([(v.id, v.name, is_lost(v)) for v in listing.sessions],
-                         [("A" * 32, "work" + LOST_MARK, True), ("B" * 32, "work", False)])
+        self.assertEqual([(v.id, v.name, v.lost) for v in listing.sessions],
+                         [("A" * 32, "work", True), ("B" * 32, "work", False)])
         self.assertEqual(listing.sessions[0].status, "Suspended")
+        self.assertEqual((listing.sessions[0].shown_status, listing.sessions[0].shown_state), ("Lost", "lost"))
+        self.assertEqual((listing.sessions[1].shown_status, listing.sessions[1].shown_state), ("Suspended", "suspended"))
         restore = RestoreRequest(session_id="A" * 32, display=DisplaySettings(), encrypted=True)
         error = self.refused(self.api.restore(ALICE, restore))
         self.assertEqual(error.kind, Kind.UNAVAILABLE)
         self.assertIn("runs on machine node-b, which is down", error.message)
         self.assertEqual(as_nx(error).code, 596)
-        self.assertTrue(is_lost(self.ok(self.api.show(ALICE, "A" * 32))))
+        self.assertTrue(self.ok(self.api.show(ALICE, "A" * 32)).lost)
         self.assertEqual(self.nodes["node-b"].calls, [])
         # Back: listed and resumed as before.
         self.store.members_["node-b"] = member("node-b", beat=NOW)
-        self.assertFalse(any(is_lost(v) for v in self.ok(self.api.list(ALICE)).sessions))
+        self.assertFalse(any(v.lost for v in self.ok(self.api.list(ALICE)).sessions))
         self.ok(self.api.restore(ALICE, restore))
         self.assertEqual(self.nodes["node-b"].calls, [("restore", "A" * 32)])
+
+    def test_a_session_named_like_a_lost_one_is_not_lost(self):
+        """Issue 23: "lost" was a suffix of the name, so a user could make a
+        session read as lost; it is a field of the view now."""
+        self.store.rows["A" * 32] = row("A" * 32, node="node-b", name="x (machine down)", state=State.RUNNING)
+        (view,) = self.ok(self.api.list(ALICE)).sessions
+        self.assertEqual((view.name, view.lost, view.shown_status, view.shown_state),
+                         ("x (machine down)", False, "Running", "running"))
 
     def test_a_broken_connection_makes_a_node_down_until_its_next_heartbeat(self):
         self.store.rows["A" * 32] = row("A" * 32, node="node-b")
@@ -315,12 +325,12 @@ class ClusterSessionsTests(SynchronousTestCase):
         self.store.members_["node-c"] = member("node-c", sessions=9)
         self.broken["node-b"] = NOW + 0.1  # killed just after its last heartbeat: seen at once, not 3 beats later
         self.clock.advance(0.2)
-        self.assertTrue(is_lost(self.ok(self.api.list(ALICE)).sessions[0]))
+        self.assertTrue(self.ok(self.api.list(ALICE)).sessions[0].lost)
         self.assertIn("node-b, which is down", self.refused(self.api.suspend(ALICE, "A" * 32)).message)
         self.assertNotEqual(self.ok(self.api.start(ALICE, START)).view.node, "node-b")
         # A heartbeat written after the break: up again (a blip, or it came back).
         self.store.members_["node-b"] = member("node-b", beat=NOW + 0.5)
-        self.assertFalse(is_lost(self.ok(self.api.list(ALICE)).sessions[0]))
+        self.assertFalse(self.ok(self.api.list(ALICE)).sessions[0].lost)
         self.assertEqual(self.ok(self.api.start(ALICE, START)).view.node, "node-b")
 
     def test_the_gateway_keeps_in_touch_with_every_other_node_that_is_up(self):
@@ -352,7 +362,7 @@ class ClusterSessionsTests(SynchronousTestCase):
 
     def test_a_node_that_left_the_store_counts_as_down(self):
         self.store.rows["A" * 32] = row("A" * 32, node="node-z")
-        self.assertTrue(is_lost(self.ok(self.api.list(ALICE)).sessions[0]))
+        self.assertTrue(self.ok(self.api.list(ALICE)).sessions[0].lost)
         self.assertIn("node-z, which is down", self.refused(self.api.suspend(ALICE, "A" * 32)).message)
 
     def test_the_admin_lists_everyone_on_every_node(self):
@@ -424,7 +434,7 @@ class NodeSideTests(SynchronousTestCase):
         config = Config(sessions=SessionsSection(display_base=3200, max_sessions_per_user=per_user),
                         types={"unix-console": ("true",)})
         object.__setattr__(config, "cluster", SimpleNamespace(name=name, roles=frozenset({"node"}), heartbeat=2.0))
-        return SessionService(self.reactor, config, self.store, self.layout,
+        return SessionService(self.reactor, config, self.store.deferred, self.layout,
                               notifier=self.manager_tests.FakeNotifier(), launcher=self.launcher)
 
     def test_a_member_stamps_its_sessions_and_takes_back_only_its_own(self):

@@ -8,6 +8,7 @@ import dataclasses
 import datetime
 import json
 import os
+import pwd
 import shutil
 import stat
 import subprocess
@@ -18,6 +19,7 @@ from twisted.internet.task import deferLater
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+from nxgate.auth.users import UserDirectory
 from nxgate.cluster import protocol as wire
 from nxgate.cluster import tls
 from nxgate.cluster.node_server import choose
@@ -25,13 +27,14 @@ from nxgate.cluster.connection import GateFactory
 from nxgate.cluster.remote import RemoteNode, RemoteNodes
 from nxgate.cluster.stream import RemoteStreams
 from nxgate.doors.admin.cli import main as admin_main
+from nxgate.node.threads import inline
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.model import State
 from nxgate.sessions.requests import (DisplaySettings, RemoteRequest, RestoreRequest, ShadowRequest, ShareMount,
                                       StartRequest)
 from nxgate.sessions.results import (Listing, Progress, Ready, ServiceStatus, SessionView, ShadowTarget,
-                                     StreamTarget, UnknownSession)
+                                     StreamTarget, UnknownSession, HeldDisplay)
 from nxgate.stream.relay import StreamRelay
 
 CALLER = Caller("alice", 1001, 1001, frozenset({"staff", "nxadmin"}), "10.0.0.9:4711 (claimed by uid 5)",
@@ -61,6 +64,7 @@ EXAMPLES = [
     Listing((), False),
     ShadowTarget("A" * 32, "alice", 1001, "work", "unix-console"),
     ServiceStatus(True, 3, 1, (UnknownSession("D" * 32, "carol", 1003, 99),)),
+    ServiceStatus(False, 0, 0, (), (HeldDisplay(650, ("bob",), ("X lock /tmp/.X650-lock of pid 77",)),)),
 ]
 
 
@@ -213,6 +217,13 @@ class FakeSessions:
         return self.targets.get(session.id)
 
 
+class SameNumbers:
+    """A node whose accounts have the numbers the gateway resolved."""
+
+    async def here(self, caller, machine):
+        return caller
+
+
 class LogCatcher:
     def __init__(self, case):
         self.events = []
@@ -234,6 +245,7 @@ class WireTests(TestCase):
         self.node_tls = self.pki.member("node-b")
         self.gateway_tls = self.pki.member("gw-a")
         self.sessions = FakeSessions()
+        self.users = SameNumbers()
         self.authorized = {"gw-a"}
         self.log = LogCatcher(self)
 
@@ -243,7 +255,7 @@ class WireTests(TestCase):
 
     @defer.inlineCallbacks
     def listen(self, node_tls=None):
-        factory = GateFactory(self.authorize, choose(reactor, self.sessions)).tls_factory(node_tls or self.node_tls)
+        factory = GateFactory(self.authorize, choose(reactor, self.sessions, self.users, "node-1")).tls_factory(node_tls or self.node_tls)
         port = yield endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(factory)
         self.addCleanup(port.stopListening)
         return port
@@ -281,6 +293,36 @@ class WireTests(TestCase):
         self.assertIs((yield defer.ensureDeferred(node.set_draining(CALLER, True))), True)
 
     @defer.inlineCallbacks
+    def test_a_bug_of_the_gateway_is_internal_not_an_unreachable_node(self):
+        """Issue 23: an argument this gateway cannot encode used to be reported
+        as "the session node cannot be reached"."""
+        node = self.remote((yield self.listen()))
+        error = yield self.assertFailure(defer.ensureDeferred(node.rename(CALLER, "A" * 32, object())), SessionError)
+        self.assertEqual((error.kind, error.message), (Kind.INTERNAL, "Internal error on this gateway."))
+        self.assertEqual(len(self.flushLoggedErrors(TypeError)), 1)
+        self.assertFalse([e for e in self.log.events if e.get("event") == "cluster_member_unreachable"])
+
+    @defer.inlineCallbacks
+    def test_the_node_resolves_the_account_itself(self):
+        """Issue 23: a node trusts no uid or gid from the gateway; an account it
+        does not have is refused, and the session service is not asked."""
+        self.users = UserDirectory(inline)
+        node = self.remote((yield self.listen()))
+        nobody = pwd.getpwnam("nobody")
+        numbered_elsewhere = dataclasses.replace(CALLER, user="nobody", uid=1001, gid=1001, groups=frozenset({"x"}))
+        yield defer.ensureDeferred(node.start_for_later(numbered_elsewhere, "unix-console", "n"))
+        caller = self.sessions.calls[-1][1]
+        self.assertEqual((caller.uid, caller.gid), (nobody.pw_uid, nobody.pw_gid))
+        self.assertNotIn("x", caller.groups)
+        self.assertEqual(caller.address, CALLER.address)
+        unknown = dataclasses.replace(CALLER, user="nxgate-no-such-user")
+        error = yield self.assertFailure(defer.ensureDeferred(node.start_for_later(unknown, "unix-console", "n")),
+                                         SessionError)
+        self.assertEqual(error.kind, Kind.NOT_ALLOWED)
+        self.assertIn("does not exist on the machine node-1", error.message)
+        self.assertEqual(len(self.sessions.calls), 1)
+
+    @defer.inlineCallbacks
     def test_refusals_keep_their_kind_and_a_node_bug_is_internal(self):
         node = self.remote((yield self.listen()))
         error = yield self.assertFailure(defer.ensureDeferred(node.restore(CALLER, RestoreRequest("Z" * 32, DISPLAY, True))),
@@ -306,7 +348,7 @@ class WireTests(TestCase):
         self.assertTrue([e for e in self.log.events if e.get("event") == "cluster_member_unreachable"])
         self.assertTrue(error.unreachable)  # nothing was asked: a start may be placed elsewhere
         self.assertIsNotNone(node.broken_at)  # the gateway sees it down before its heartbeats go stale
-        factory = GateFactory(self.authorize, choose(reactor, self.sessions)).tls_factory(self.node_tls)
+        factory = GateFactory(self.authorize, choose(reactor, self.sessions, self.users, "node-1")).tls_factory(self.node_tls)
         again = yield endpoints.serverFromString(reactor, f"tcp:{number}:interface=127.0.0.1").listen(factory)
         self.addCleanup(again.stopListening)
         self.assertEqual((yield defer.ensureDeferred(node.status(CALLER))), ServiceStatus(False, 1, 0, ()))
@@ -440,7 +482,7 @@ class WireTests(TestCase):
         """TCP_NODELAY on both ends of AMP and of a stream: a request written
         right after the TLS handshake must not wait for a delayed ACK."""
         gates = []
-        factory = GateFactory(self.authorize, choose(reactor, self.sessions))
+        factory = GateFactory(self.authorize, choose(reactor, self.sessions, self.users, "node-1"))
         build = factory.buildProtocol
         factory.buildProtocol = lambda addr: gates.append(build(addr)) or gates[-1]
         port = yield endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from twisted.internet import reactor
+from twisted.internet import defer, reactor
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import TestCase
 
@@ -96,3 +96,113 @@ class CommandLineTests(TestCase):
         options = parse(["start", "unix-xfce"])
         self.assertEqual((options.command, options.type, options.name), ("start", "unix-xfce", ""))
         self.assertEqual(parse(["--json", "start", "unix-xfce", "Work"]).name, "Work")
+
+
+class DoorChecksTests(TestCase):
+    """Issue 22: arguments' lengths first, then the account check, on every call."""
+
+    def make(self, refused=()):
+        from nxgate.auth.pam import AuthResult, Verdict
+        from nxgate.sessions.caller import Caller
+
+        self.resolved, self.checked, self.done = [], [], []
+
+        async def resolve(uid):
+            self.resolved.append(uid)
+            return Caller(user="root" if uid == 0 else f"user{uid}", uid=uid, gid=uid, groups=frozenset(),
+                          address=f"D-Bus (uid {uid})", door="dbus", admin=uid == 0)
+
+        async def account(user, host):
+            self.checked.append(user)
+            if user in refused:
+                return AuthResult(Verdict.DENIED, user, "the account is locked")
+            return AuthResult(Verdict.GRANTED, user, "")
+
+        door = DBusDoor(reactor, sessions=None, resolve=resolve, account=account)
+        door.connection = type("Bus", (), {"getConnectionUnixUser": staticmethod(lambda sender: defer.succeed(int(sender[1:])))})()
+        return door
+
+    async def work(self, caller):
+        self.done.append(caller.user)
+        return "ok"
+
+    async def test_a_refused_account_gets_not_allowed_and_nothing_runs(self):
+        from nxgate.doors.dbus.door import BusError
+
+        door = self.make(refused=("user1001",))
+        with self.assertRaises(BusError) as caught:
+            await door.call(":1001", self.work, ("unix-console", "x"), starts_session=True)
+        self.assertEqual(caught.exception.dbusErrorName, "org.nxgate.Error.NotAllowed")
+        self.assertEqual((self.checked, self.done), (["user1001"], []))
+        self.assertEqual(await door.call(":1002", self.work, ()), "ok")
+        # Every call is checked, not only the first of a connection.
+        self.assertEqual(await door.call(":1002", self.work, ()), "ok")
+        self.assertEqual(self.checked, ["user1001", "user1002", "user1002"])
+
+    async def test_root_administers_unchecked_but_starts_nothing(self):
+        from nxgate.doors.dbus.door import BusError
+
+        door = self.make(refused=("root",))
+        self.assertEqual(await door.call(":0", self.work, ("A" * 32,)), "ok")
+        with self.assertRaises(BusError):
+            await door.call(":0", self.work, ("unix-console", ""), starts_session=True)
+        self.assertEqual(self.checked, ["root"])
+
+    async def test_an_overlong_argument_is_refused_before_anything(self):
+        from nxgate.doors.dbus.door import MAX_ARGUMENT, BusError
+
+        door = self.make()
+        with self.assertRaises(BusError) as caught:
+            await door.call(":1001", self.work, ("unix-console", "é" * (MAX_ARGUMENT + 1)), starts_session=True)
+        self.assertEqual(caught.exception.dbusErrorName, "org.nxgate.Error.InvalidRequest")
+        self.assertEqual((self.resolved, self.checked, self.done), ([], [], []))
+
+
+class BoundedConnectionTests(TestCase):
+    """The door's bus connection reads a big message's header only."""
+
+    def connection(self):
+        from twisted.internet.testing import StringTransport
+
+        from nxgate.doors.dbus.connection import BoundedConnection
+
+        received = []
+        bus = BoundedConnection()
+        bus._authenticated = True  # past the line-based authentication
+        bus._inbox, bus._skipping = bytearray(), 0
+        bus.rawDBusMessageReceived = received.append
+        bus.makeConnection = None
+        bus.transport = StringTransport()
+        return bus, received
+
+    @staticmethod
+    def call(name_length, serial=7):
+        from txdbus import message
+
+        call = message.MethodCallMessage("/org/nxgate/Gateway1", "StartSession", "org.nxgate.Gateway1",
+                                         "org.nxgate.Gateway1", signature="ss", body=["unix-console", "é" * name_length])
+        call.sender, call.serial = ":1.42", serial  # as the bus daemon delivers it
+        call._marshal(newSerial=False)
+        return call.rawMessage
+
+    def test_small_messages_pass_in_any_chunks(self):
+        bus, received = self.connection()
+        raw = self.call(10, 1) + self.call(20, 2)
+        for start in range(0, len(raw), 7):
+            bus.dataReceived(raw[start:start + 7])
+        self.assertEqual(received, [self.call(10, 1), self.call(20, 2)])
+
+    def test_a_big_message_is_answered_from_its_header_and_its_body_dropped(self):
+        from txdbus import message
+
+        bus, received = self.connection()
+        big = self.call(100_000, serial=9)
+        after = self.call(5, serial=10)
+        stream = big + after
+        for start in range(0, len(stream), 65536):
+            bus.dataReceived(stream[start:start + 65536])
+        self.assertEqual(received, [after])
+        answer = message.parseMessage(bus.transport.value(), [])
+        self.assertEqual((answer.error_name, answer.reply_serial, answer.destination),
+                         ("org.nxgate.Error.InvalidRequest", 9, ":1.42"))
+        self.assertLessEqual(len(bus._inbox), 0)

@@ -345,9 +345,12 @@ class TimeoutTests(GatewayTestCase):
 
 
 class ParallelLoginTests(GatewayTestCase):
-    # Fifty clients from one address at once, as from behind an office NAT:
-    # such a site exempts it from the per-address cap (issue 26).
-    options = {"server": {"preauth_exempt": "127.0.0.1"}}
+    # Logins in progress count against their address and account (issue 22):
+    # fifty at once from one address and one account need limits above fifty;
+    # and fifty unauthenticated connections from one address, as from behind
+    # an office NAT, need it exempt from the per-address cap (issue 26).
+    options = {"auth": {"throttle_per_address": "100", "throttle_per_account": "100"},
+               "server": {"preauth_exempt": "127.0.0.1"}}
 
     def test_fifty_parallel_logins(self):
         def one_login(_):

@@ -17,6 +17,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import time
 
 from twisted.trial.unittest import SkipTest, TestCase
 
@@ -61,6 +62,12 @@ def stored_state(state_dir: str, session_id: str) -> str | None:
 def audit_records(state_dir: str) -> list[dict]:
     with open(os.path.join(state_dir, "audit.log"), encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
+
+
+def wait_stored(state_dir: str, session_id: str, state: str) -> None:
+    """The store runs in its own threads, written behind the replies: a
+    client may read its answer a moment before the row has the state."""
+    wait_for(lambda: stored_state(state_dir, session_id) == state, 10, f"session {session_id} stored as {state}")
 
 
 def admin_status(state_dir: str) -> dict:
@@ -126,7 +133,7 @@ class ClientBytesTests(StoreTestCase):
         rows = listed(client.command('listsession --status="suspended,running"'))
         self.assertIn(b"bad\\xff\\x1b[2J", rows[info.session_id])
         self.assertIn(again.session_id, rows)
-        self.assertEqual(stored_state(self.gateway.state_dir, info.session_id), "waiting")
+        wait_stored(self.gateway.state_dir, info.session_id, "waiting")
 
     def test_a_user_name_that_is_not_utf8_keeps_the_audit_log_going(self):
         """Twisted used to disable the audit observer on such a login: the
@@ -196,6 +203,7 @@ class FullDiskTests(StoreTestCase):
     def test_a_full_disk_refuses_starts_cleanly_and_loses_nothing(self):
         client = self.login(self.gateway, self.user)
         running = self.start(client)
+        wait_stored(self.gateway.state_dir, running.session_id, "waiting")
         self.fill_disk()
         self.addCleanup(lambda: os.path.exists(self.filler) and os.unlink(self.filler))
         for _ in range(3):  # beyond the user's limit of 2: a refused start holds nothing
@@ -216,8 +224,8 @@ class FullDiskTests(StoreTestCase):
         wait_for(lambda: stored_state(self.gateway.state_dir, running.session_id) in ("terminated", "failed"), 20,
                  "the kept end of the session to reach the store")
         first, second = self.start(client, "after 1"), self.start(client, "after 2")
-        self.assertEqual(stored_state(self.gateway.state_dir, first.session_id), "waiting")
-        self.assertEqual(stored_state(self.gateway.state_dir, second.session_id), "waiting")
+        wait_stored(self.gateway.state_dir, first.session_id, "waiting")
+        wait_stored(self.gateway.state_dir, second.session_id, "waiting")
         self.assertIn("the session store can be written again", self.gateway.log())
         # The audit log lost what came while the disk was full, says so, and goes on.
         events = [r["event"] for r in audit_records(self.gateway.state_dir)]
@@ -295,3 +303,56 @@ class DamagedStoreTests(StoreTestCase):
                       message)
         self.assertIn(f"copy the backup {path}.backup to {path}", message)
         self.assertNotIn("Traceback", message)
+
+
+#: Another process's write lock on the store file, held for 4 s, and a line once it holds it.
+HOLD_LOCK = """
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
+db.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+time.sleep(4)
+db.execute("COMMIT")
+"""
+
+
+class LockedStoreTests(StoreTestCase):
+    """Issue 23: SQLite ran on the reactor with a 5 s busy timeout, so
+    another writer on the file (an admin's sqlite3 shell, a backup tool)
+    froze every door while a session change waited for the lock.  The store
+    runs in its own threads now: the doors answer meanwhile, and the change
+    is written when the lock goes."""
+
+    def test_the_doors_answer_while_another_process_holds_the_store(self):
+        user = create_user()
+        self.addCleanup(user.remove)
+        gateway = Gateway(OPTIONS).start()
+        self.addCleanup(gateway.stop)
+        self.addCleanup(end_agents, user)
+        starter = self.login(gateway, user)
+        holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, os.path.join(gateway.state_dir, "nxgate.sqlite")],
+                                  stdout=subprocess.PIPE, text=True)
+        self.addCleanup(holder.wait)
+        self.assertEqual(holder.stdout.readline().strip(), "locked")
+        locked_at = time.monotonic()
+        starter.send(START.replace("{name}", "during-the-lock").replace("{extra}", ""))  # its insert waits
+        took = {}
+        before = time.monotonic()
+        status = admin_status(gateway.state_dir)
+        took["nxgate-admin status"] = time.monotonic() - before
+        before = time.monotonic()
+        client = NXClient(gateway.port)
+        self.addCleanup(client.close)
+        client.greet()
+        self.assertIn(b"NX> 103 ", client.login(user.name, user.password))
+        client.prompt()
+        took["NX login"] = time.monotonic() - before
+        print(f"\nwhile the store was locked: {', '.join(f'{k} {v:.2f} s' for k, v in took.items())}")
+        for door, seconds in took.items():
+            self.assertLess(seconds, 1.0, f"{door} waited for the locked store")
+        self.assertLess(time.monotonic() - locked_at, 4.0, "the lock was let go before the doors were tried")
+        self.assertIn("sessions", status)
+        # The start waited for the lock in a store thread, and went through after it.
+        reply = starter.prompt(timeout=30)
+        self.assertIn(b"NX> 710 Session status: running", reply)
+        wait_stored(gateway.state_dir, SessionInfo.parse(reply).session_id, "waiting")

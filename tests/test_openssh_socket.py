@@ -13,6 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.doors.openssh import framing
 from nxgate.doors.openssh.socket import OpenSSHDoorProtocol
+from nxgate.auth.pam import AuthResult, Verdict
 from nxgate.auth.users import UserDirectory
 
 UID = 4321  # not root's: root is refused before any look-up
@@ -65,10 +66,25 @@ class Conversation:
         pass
 
 
+class Authenticator:
+    """The account check: grants everyone but ``refused``."""
+
+    def __init__(self, refused=()):
+        self.refused = refused
+        self.checked = []
+
+    def account(self, username, remote_host):
+        self.checked.append(username)
+        if username in self.refused:
+            return defer.succeed(AuthResult(Verdict.DENIED, username, "the account is locked"))
+        return defer.succeed(AuthResult(Verdict.GRANTED, username, ""))
+
+
 class Gateway:
-    def __init__(self, blocking, nx_user="nx", user_logins=True):
+    def __init__(self, blocking, nx_user="nx", user_logins=True, refused=()):
         self.config = SimpleNamespace(ssh=SimpleNamespace(nx_user=nx_user, user_logins=user_logins))
         self.users = UserDirectory(blocking)
+        self.authenticator = Authenticator(refused)
         self.conversations = []
 
     def conversation(self, transport, address, preauthenticated, relay_factory, door, logged_in=None):
@@ -141,3 +157,16 @@ class ShellSocketTests(SynchronousTestCase):
             protocol.dataReceived(chunk)
         self.assertTrue(self.transport.closed)
         self.assertEqual(self.gateway.conversations, [])
+
+    def test_a_user_whose_account_may_not_log_in_gets_no_conversation(self):
+        """Issue 22: the kernel's word on who connected is no account check."""
+        protocol = self.connect(account("mallory"), refused=("mallory",))
+        protocol.dataReceived(framing.frame(framing.HELLO, framing.hello_payload(None)))
+        self.assertEqual(self.gateway.authenticator.checked, ["mallory"])
+        self.assertEqual(self.gateway.conversations, [])
+        self.assertTrue(self.transport.closed)
+        self.assertIn(b"NX> 500 ERROR: this account may not log in", self.transport.data)
+        self.connect(account("alice"), refused=("mallory",)).dataReceived(
+            framing.frame(framing.HELLO, framing.hello_payload(None)))
+        self.assertEqual(self.gateway.conversations[0].preauthenticated, "alice")
+        self.assertEqual(self.gateway.authenticator.checked, ["alice"])

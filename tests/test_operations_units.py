@@ -7,7 +7,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.audit import AuditLog, audit_record
-from nxgate.auth.throttle import Throttle
+from nxgate.auth.throttle import Outcome, Throttle
 
 
 class ThrottleTests(SynchronousTestCase):
@@ -50,6 +50,70 @@ class ThrottleTests(SynchronousTestCase):
         throttle.configure(2, 0, 60, 30)
         throttle.failed("192.0.2.1", "bob")
         self.assertEqual(throttle.failed("192.0.2.1", "bob"), ["address"])
+
+
+class InFlightThrottleTests(SynchronousTestCase):
+    """Issue 22: attempts count from their start, so a burst sent at once
+    cannot outrun the count of failures."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.throttle = Throttle(self.clock, per_address=3, per_account=5, window=60, block=30)
+
+    def test_a_burst_is_cut_at_the_limit_while_the_first_attempts_are_pending(self):
+        begun = [self.throttle.begin("192.0.2.1", "bob") for _ in range(40)]
+        self.assertEqual(begun[:3], [None, None, None])
+        refusal = begun[3]
+        self.assertEqual((refusal.kind, refusal.seconds_left, refusal.pending), ("address", 0, 3))
+        self.assertTrue(refusal.describe().startswith("throttled: "))
+        self.assertTrue(all(r is not None for r in begun[3:]))
+        # The pending guesses fail: the address is blocked, for the right password too.
+        started = [self.throttle.end("192.0.2.1", "bob", Outcome.FAILED)[1] for _ in range(3)]
+        self.assertEqual(started, [[], [], ["address"]])
+        self.assertEqual(self.throttle.begin("192.0.2.1", "bob").seconds_left, 30)
+
+    def test_the_account_is_capped_across_addresses(self):
+        for n in range(5):
+            self.assertIsNone(self.throttle.begin(f"192.0.2.{n}", "bob"))
+        self.assertEqual(self.throttle.begin("198.51.100.1", "bob").kind, "account")
+        self.assertIsNone(self.throttle.begin("198.51.100.1", "alice"))
+
+    def test_pending_and_failures_add_up(self):
+        self.throttle.failed("192.0.2.1", "bob")
+        self.throttle.failed("192.0.2.1", "bob")
+        self.assertIsNone(self.throttle.begin("192.0.2.1", "carol"))
+        self.assertEqual(self.throttle.begin("192.0.2.1", "dave").kind, "address")
+        self.throttle.end("192.0.2.1", "carol", Outcome.VOID)  # PAM broke: no guess, no failure
+        self.assertIsNone(self.throttle.begin("192.0.2.1", "dave"))
+
+    def test_a_success_frees_its_place_and_clears_failures_not_pending_ones(self):
+        self.throttle.failed("192.0.2.1", "bob")
+        self.assertIsNone(self.throttle.begin("192.0.2.1", "bob"))
+        self.assertIsNone(self.throttle.begin("192.0.2.1", "bob"))
+        self.assertEqual(self.throttle.end("192.0.2.1", "bob", Outcome.GRANTED), (None, []))
+        self.assertIsNone(self.throttle.begin("192.0.2.1", "bob"))
+        self.assertIsNone(self.throttle.begin("192.0.2.1", "bob"))
+        self.assertEqual(self.throttle.begin("192.0.2.1", "bob").pending, 3)
+
+    def test_a_success_that_ends_while_blocked_is_refused(self):
+        for _ in range(3):
+            self.throttle.begin("192.0.2.1", "bob")
+        self.throttle.end("192.0.2.1", "bob", Outcome.FAILED)
+        self.throttle.end("192.0.2.1", "bob", Outcome.FAILED)
+        self.throttle.failed("192.0.2.1", "bob")  # a guess from before: the address is blocked now
+        refusal, _ = self.throttle.end("192.0.2.1", "bob", Outcome.GRANTED)
+        self.assertEqual(refusal.kind, "address")
+        self.assertIn("too many failed logins", refusal.describe())
+
+    def test_off_counts_nothing_and_settled_records_go(self):
+        throttle = Throttle(self.clock, per_address=0, per_account=0, window=60, block=30)
+        for _ in range(50):
+            self.assertIsNone(throttle.begin("192.0.2.1", "bob"))
+        throttle.configure(1, 1, 60, 30)
+        self.assertEqual(throttle.end("192.0.2.1", "bob", Outcome.GRANTED), (None, []))  # nothing to settle
+        self.assertIsNone(throttle.begin("192.0.2.1", None))  # a name too long to be a key: the address only
+        throttle.end("192.0.2.1", None, Outcome.GRANTED)
+        self.assertEqual((len(throttle.addresses.records), len(throttle.accounts.records)), (0, 0))
 
 
 class AuditTests(SynchronousTestCase):

@@ -117,6 +117,12 @@ class Hooks(TestCase):
         await extras.stop(session)
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 3)
 
+    def test_an_extra_that_cannot_be_imported_is_logged(self) -> None:
+        """Issue 23: an ImportError used to skip an extra without a word."""
+        extras = Extras.load(SimpleNamespace(), {"sound": "nxgate.node.extras.no_such_module"})
+        self.assertEqual(extras.by_name, {})
+        self.assertEqual(len(self.flushLoggedErrors(ImportError)), 1)
+
     def test_only_granted_extras(self) -> None:
         extras = Extras([Broken()])
         self.assertEqual(extras.of(SimpleNamespace(options={"services": ["printing"]})), [])
@@ -178,14 +184,14 @@ class SessionSide(TestCase):
         from twisted.test.proto_helpers import MemoryReactorClock
 
         from nxgate.node import files
-        from nxgate.sessions.store.sqlite import SessionStore
+        from tests.harness.stores import inline_store
         from tests.test_sessions_manager import FakeLauncher, FakeNotifier, short_state_dir
 
         self.os = os
         self.reactor = MemoryReactorClock()
         self.layout = files.StateLayout(short_state_dir(self))
         self.layout.prepare()
-        self.store = SessionStore(self.layout.database)
+        self.store = inline_store(self.layout.database)
         self.addCleanup(self.store.close)
         self.launcher = FakeLauncher(self)
         self.notifier = FakeNotifier()
@@ -196,7 +202,7 @@ class SessionSide(TestCase):
 
         config = Config(sessions=SessionsSection(display_base=3300, display_limit=20), services=services,
                         types={"unix-console": ("true",)})
-        return SessionService(self.reactor, config, self.store, self.layout, notifier=self.notifier,
+        return SessionService(self.reactor, config, self.store.deferred, self.layout, notifier=self.notifier,
                               launcher=self.launcher, listens=lambda pid, port: True)
 
     def running(self, manager, params: str):

@@ -11,7 +11,6 @@ import os
 import pwd
 import shutil
 import signal
-import sqlite3
 import subprocess
 import tempfile
 import time
@@ -31,7 +30,7 @@ from nxgate.sessions.service import SessionService
 from nxgate.sessions.model import State
 from nxgate.node.processes import ProcessId
 from nxgate.nx.requests import start_request
-from nxgate.sessions.store.sqlite import SessionStore
+from tests.harness.stores import inline_store
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.results import StreamTarget
@@ -107,7 +106,7 @@ class ManagerTests(TestCase):
         sessions = SessionsSection(display_base=3100, display_limit=20, max_sessions_per_user=2,
                                    connect_timeout=30, agent_start_timeout=5)
         self.config = Config(sessions=sessions, types={"unix-console": ("true",)})
-        self.store = SessionStore(layout.database)
+        self.store = inline_store(layout.database)
         self.addCleanup(self.store.close)
         self.launcher = FakeLauncher(self)
         self.signals = []
@@ -121,7 +120,7 @@ class ManagerTests(TestCase):
             return True
 
         self.listening = True  # the stand-in agents hold no port; the real check runs end to end
-        self.manager = SessionService(self.reactor, self.config, self.store, layout,
+        self.manager = SessionService(self.reactor, self.config, self.store.deferred, layout,
                                       notifier=FakeNotifier(), launcher=self.launcher,
                                       send_signal=record_signal, listens=lambda pid, port: self.listening)
         self.client = caller()
@@ -511,13 +510,13 @@ class ReconcileTests(TestCase):
         self.reactor = MemoryReactorClock()
         self.layout = files.StateLayout(short_state_dir(self))
         self.layout.prepare()
-        self.store = SessionStore(self.layout.database)
+        self.store = inline_store(self.layout.database)
         self.addCleanup(self.store.close)
         self.launcher = FakeLauncher(self)
 
     def manager(self):
         config = Config(sessions=SessionsSection(display_base=3200), types={"unix-console": ("true",)})
-        return SessionService(self.reactor, config, self.store, self.layout, notifier=FakeNotifier(),
+        return SessionService(self.reactor, config, self.store.deferred, self.layout, notifier=FakeNotifier(),
                               launcher=self.launcher)
 
     def leave_session(self, agent: ProcessId, log_lines: list[str], state: State):
@@ -563,43 +562,16 @@ class ReconcileTests(TestCase):
         self.assertEqual(len(self.launcher.closed), 1)
 
 
-class FullDisk:
-    """A SQLite connection whose writes fail with SQLITE_FULL while ``full``."""
-
-    def __init__(self, db):
-        self.db = db
-        self.full = False
-
-    def _check(self, sql):
-        if self.full and not sql.lstrip().upper().startswith(("SELECT", "PRAGMA")):
-            error = sqlite3.OperationalError("database or disk is full")
-            error.sqlite_errorcode = sqlite3.SQLITE_FULL
-            raise error
-
-    def execute(self, sql, *args):
-        self._check(sql)
-        return self.db.execute(sql, *args)
-
-    def executemany(self, sql, *args):
-        self._check(sql)
-        return self.db.executemany(sql, *args)
-
-    def __getattr__(self, name):
-        return getattr(self.db, name)
-
-
 class StoreFailureTests(ManagerTests):
     """Memory and store never disagree for long: a start the store refuses
     holds nothing, and later writes it refuses are kept and retried."""
 
     def fill_store(self):
         """Make every write fail as SQLite does on a full disk."""
-        if not isinstance(self.store.db, FullDisk):
-            self.store.db = FullDisk(self.store.db)
-        self.store.db.full = True
+        self.store.fill()
 
     def free_store(self):
-        self.store.db.full = False
+        self.store.free()
 
     def start_refused(self, params='--type="unix-console" --session="t"'):
         d = nx(self.manager, self.client, "startsession", params)
@@ -726,9 +698,7 @@ class LateStoreTests(TestCase):
 
     def setUp(self):
         ManagerTests.setUp(self)
-        from nxgate.sessions.store.adapter import SyncStoreAdapter
-
-        adapter = SyncStoreAdapter(self.store)
+        adapter = self.store.deferred
         reactor = self.reactor
         self.writes = []
         test = self
@@ -745,10 +715,10 @@ class LateStoreTests(TestCase):
                     return answer
                 return call
 
-        self.manager = SessionService(self.reactor, self.config, self.store, self.manager.layout,
+        self.manager = SessionService(self.reactor, self.config, LateStore(), self.manager.layout,
                                       notifier=FakeNotifier(), launcher=self.launcher,
                                       send_signal=self.manager.supervisor.send_signal,
-                                      listens=lambda pid, port: self.listening, async_store=LateStore())
+                                      listens=lambda pid, port: self.listening)
 
     def test_a_start_waits_for_the_store_and_the_store_follows_memory(self):
         d, session_id = self.start()

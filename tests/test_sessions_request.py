@@ -193,7 +193,12 @@ class OptionsTests(SynchronousTestCase):
     def test_argv_and_environment(self):
         files = nxagent.AgentFiles("/s/A", "/l/A.agent.log", "/l/A.session.log")
         argv = nxagent.agent_argv("nxagent", self.session, files, nxagent.AgentPlan())
-        self.assertEqual(argv[:5], ["nxagent", "-display", "nx/nx,options=/s/A/options:1001", "-options", "/s/A/options"])
+        # Named relative to the session directory the agent runs in, and the
+        # options line's file in DISPLAY (the environment): ps shows no session.
+        self.assertEqual(argv[:3], ["nxagent", "-options", "options"])
+        self.assertEqual(argv[argv.index("-auth") + 1], "authority")
+        self.assertNotIn("/s/A", " ".join(argv))
+        self.assertNotIn("-display", argv)
         self.assertEqual(argv[-1], ":1001")
         self.assertIn("-D", argv)
         self.assertIn("-extension XFIXES", " ".join(argv))  # see nxagent.DISABLED_EXTENSIONS

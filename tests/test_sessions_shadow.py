@@ -17,7 +17,7 @@ from nxgate.node.files import StateLayout
 from nxgate.sessions.model import Session, State
 from nxgate.node.processes import ProcessId
 from nxgate.sessions.caller import Caller
-from nxgate.node import console
+from nxgate.node import console, processes
 from nxgate.sessions.shadow_sessions import ShadowService, Target
 from nxgate.auth.users import UserDirectory
 
@@ -86,6 +86,19 @@ class ShadowServiceTests(SynchronousTestCase):
         self.assertEqual(local.authority, "/home/owner/.Xauthority")
 
     def test_no_console(self):
+        d = defer.ensureDeferred(self.service.targets(self.caller))
+        self.blocking.calls[0][2].callback(None)
+        self.assertEqual([t.id for t in self.successResultOf(d)], [WATCHED])
+
+    def test_a_jailed_session_is_no_target(self):
+        """Its display exists only in its jail: on the host, :N is whoever
+        binds /tmp/.X11-unix/XN, who would get the owner's cookie."""
+        jailed = "B" * 32
+        self.manager.sessions[jailed] = Session(jailed, ME.pw_name, ME.pw_uid, ME.pw_gid, "unix-desktop", "jailed",
+                                                8, "gw", "c1" * 16, state=State.RUNNING, ever_attached=True,
+                                                agent_pid=4242, agent_started=1)
+        self.manager.sessions[WATCHED] = self.manager.sessions[WATCHED].evolve(agent_pid=4343, agent_started=1)
+        self.patch(processes, "same_pid_namespace", lambda pid: pid != 4242)
         d = defer.ensureDeferred(self.service.targets(self.caller))
         self.blocking.calls[0][2].callback(None)
         self.assertEqual([t.id for t in self.successResultOf(d)], [WATCHED])

@@ -1,5 +1,5 @@
 """The write-behind queue against a store that answers late, and the SQLite
-store behind the asynchronous interface."""
+store's asynchronous answers."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from twisted.trial.unittest import TestCase
 
 from nxgate.sessions.model import Session, State
 from nxgate.sessions.store.errors import STORAGE_FULL, StoreError, StoreUnavailable
-from nxgate.sessions.store.sqlite import SessionStore
-from nxgate.sessions.store.adapter import SyncStoreAdapter
+from nxgate.sessions.store.factory import sqlite_store
 from nxgate.sessions.writer import STORE_RETRY_SECONDS, StoreWriter
 
 
@@ -112,13 +111,12 @@ class WriterTests(TestCase):
         self.failureResultOf(d, StoreUnavailable)
 
 
-class AdapterTests(TestCase):
+class SQLiteStoreTests(TestCase):
     def test_every_call_is_a_deferred_that_carries_store_errors(self):
         path = os.path.join(self.mktemp())
         os.makedirs(path)
-        db = SessionStore(os.path.join(path, "s.sqlite"))
+        store = db = sqlite_store(os.path.join(path, "s.sqlite"), None, inline=True)
         self.addCleanup(db.close)
-        store = SyncStoreAdapter(db)
         self.successResultOf(store.insert(record("A")))
         self.assertEqual(self.successResultOf(store.get("A")), record("A"))
         self.failureResultOf(store.update(record("B")), StoreError)
@@ -129,9 +127,8 @@ class AdapterTests(TestCase):
     def test_pruning_reads_a_bounded_step_oldest_first(self):
         path = self.mktemp()
         os.makedirs(path)
-        db = SessionStore(os.path.join(path, "s.sqlite"))
+        store = db = sqlite_store(os.path.join(path, "s.sqlite"), None, inline=True)
         self.addCleanup(db.close)
-        store = SyncStoreAdapter(db)
         for n in range(5):
             self.successResultOf(store.insert(record(f"E{n}", State.TERMINATED, changed=float(10 - n))))
         self.successResultOf(store.insert(record("L", State.RUNNING, changed=0.0)))

@@ -15,15 +15,12 @@ from twisted.trial.unittest import SkipTest, TestCase
 
 from nxgate.config import Config, StoreSection
 from nxgate.node.files import StateLayout
-from nxgate.node.threads import inline
 from nxgate.sessions.model import Member, Session, State
 from nxgate.sessions.store import sql as sql_module
-from nxgate.sessions.store.adapter import SyncStoreAdapter
 from nxgate.sessions.store.dialects import dialect
 from nxgate.sessions.store.errors import StoreError, StoreUnavailable
-from nxgate.sessions.store.factory import open_store
+from nxgate.sessions.store.factory import open_store, sqlite_store
 from nxgate.sessions.store.location import parse
-from nxgate.sessions.store.sqlite import SessionStore as SQLiteDatabase
 from tests.harness import databases
 
 
@@ -166,12 +163,14 @@ class StoreContract:
 
 
 class SQLiteStoreTests(StoreContract, TestCase):
+    """The embedded default, in its thread pool as in production."""
+
     backs_itself_up = False
 
     async def open_store(self):
-        database = SQLiteDatabase(os.path.abspath(self.mktemp()))
-        self.addCleanup(database.close)
-        return SyncStoreAdapter(database)
+        store = sqlite_store(os.path.abspath(self.mktemp()), reactor)
+        self.addCleanup(store.close)
+        return store
 
 
 def sleep(seconds):
@@ -198,7 +197,7 @@ class ServerStore:
                                          else password_file))
 
     def open_url(self, url, **options):
-        store = open_store(self.config(url, **options), StateLayout(self.mktemp()), inline, reactor)
+        store = open_store(self.config(url, **options), StateLayout(self.mktemp()), reactor)
         self.addCleanup(store.close)
         return store
 
@@ -374,15 +373,16 @@ class FactoryTests(TestCase):
     def test_the_default_is_the_state_directorys_sqlite_file(self):
         layout = StateLayout(os.path.abspath(self.mktemp()))
         os.makedirs(layout.root)
-        store = open_store(Config(), layout, inline, reactor)
+        store = open_store(Config(), layout, reactor)
         self.addCleanup(store.close)
-        self.assertIsInstance(store, SyncStoreAdapter)
+        self.assertIsInstance(store, sql_module.SQLStore)
+        self.assertEqual(store.dialect.name, "SQLite")
         self.assertEqual(store.path, layout.database)
         self.assertTrue(os.path.exists(layout.database))
 
     def test_a_sqlite_path_may_be_given(self):
         path = os.path.abspath(self.mktemp())
-        store = open_store(Config(store=StoreSection(url=f"sqlite:{path}")), StateLayout("/nonexistent"), inline)
+        store = open_store(Config(store=StoreSection(url=f"sqlite:{path}")), StateLayout("/nonexistent"), reactor)
         self.addCleanup(store.close)
         self.assertEqual(store.path, path)
 

@@ -24,17 +24,19 @@ import enum
 import os
 import pwd
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from twisted.internet import defer, task, threads
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
 from nxgate import metrics
 from nxgate.auth import pamlib
 from nxgate.auth.pamlib import PAM_PROMPT_ECHO_OFF, PAM_PROMPT_ECHO_ON, PAM_SUCCESS, Prompt, Responder, encode
-from nxgate.auth.throttle import Throttle
+from nxgate.auth.throttle import Outcome, Throttle
 
 log = Logger()
 
@@ -116,6 +118,12 @@ def precheck(username: str, deny_users: Sequence[str], password: str | None = No
 def policy_refusal(username: str, deny_users: Sequence[str], password: str | None = None) -> str | None:
     """The part of :func:`precheck` decided from the request alone: cheap,
     so it runs on the reactor and a refused request never takes a PAM thread."""
+    # Lengths first, on the bare string (characters <= bytes): a name or a
+    # password of megabytes must cost nothing before it is refused.
+    if len(username) > MAX_USERNAME_BYTES:
+        return "user name too long"
+    if password is not None and len(password) > MAX_PASSWORD_BYTES:
+        return "unacceptable password"
     raw = encode(username)
     if not raw:
         return "empty user name"
@@ -139,11 +147,56 @@ def account_refusal(username: str) -> str | None:
     but also LDAP or sssd, which may take seconds), so it runs in the PAM
     thread, never on the reactor."""
     try:
-        pwd.getpwnam(username)
+        entry = pwd.getpwnam(username)
     except KeyError:
         return "no such Unix account"
     except UnicodeEncodeError:
         return "user name is not valid UTF-8"
+    return shell_refusal(entry.pw_shell) or lock_refusal(username)
+
+
+#: Login shells that mean "this account does not log in" (nobody, daemons).
+NO_LOGIN_SHELLS = frozenset({"nologin", "false"})
+
+
+def shell_refusal(shell: str) -> str | None:
+    """Why an account whose login shell is ``shell`` may not log in, or None.
+
+    sshd gives such an account nothing but its shell's "not available"
+    message; here a login would start a desktop, so it is refused, as is a
+    shell that does not exist (an LDAP account meant for other machines).
+    An empty shell means /bin/sh, as for login(1)."""
+    if not shell:
+        return None
+    if os.path.basename(shell) in NO_LOGIN_SHELLS:
+        return f"the account's shell {shell} does not allow logins"
+    if not os.access(shell, os.X_OK):
+        return f"the account's shell {shell} is not an executable program"
+    return None
+
+
+def lock_refusal(username: str) -> str | None:
+    """"the account is locked" when its shadow entry holds a password hash
+    behind a ``!`` (``usermod -L``, ``passwd -l`` of an account that had a
+    password).
+
+    pam_unix's account check does not look at that mark (a locked account
+    only fails its *password*), so logins that prove themselves otherwise —
+    a key, the kernel's word on a local socket or bus — would get in.  A
+    bare ``!``, ``!!`` or ``!*`` (an account made without a password, as
+    cloud-init's key-only users are) locks nothing that ever existed and is
+    not taken as a lock.  Without the right to read the shadow entry (a
+    gateway not run as root) nothing is said."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # spwd goes in 3.13; we run 3.11 (Debian 12)
+            import spwd
+        entry = spwd.getspnam(username)
+    except (ImportError, KeyError, PermissionError, OSError):
+        return None
+    hashed = entry.sp_pwdp
+    if (hashed.startswith("!") and hashed.lstrip("!")[:1] not in ("", "*")) or hashed.startswith("*LK*"):
+        return "the account is locked"
     return None
 
 
@@ -210,39 +263,65 @@ class Authenticator:
         self.pool.stop()
 
     def password(self, username: str, password: str, remote_host: str | None) -> defer.Deferred[AuthResult]:
-        refusal = self._throttled(username, remote_host) or policy_refusal(username, self.deny_users, password)
-        return self._counted(self._run(username, refusal, password_responder(password), remote_host), remote_host)
+        return self._login(username, remote_host, lambda: policy_refusal(username, self.deny_users, password),
+                           password_responder(password))
 
     def conversation(self, username: str, respond: Responder, remote_host: str | None) -> defer.Deferred[AuthResult]:
         """Authenticate with an interactive conversation (``respond`` runs in
         the PAM thread and may block on the client)."""
-        refusal = self._throttled(username, remote_host) or policy_refusal(username, self.deny_users)
-        return self._counted(self._run(username, refusal, respond, remote_host), remote_host)
+        return self._login(username, remote_host, lambda: policy_refusal(username, self.deny_users), respond)
 
-    def _throttled(self, username: str, remote_host: str | None) -> str | None:
-        blocked = self.throttle.blocked(remote_host, username) if self.throttle else None
-        if blocked is None:
-            return None
-        kind, left = blocked
-        return f"throttled: too many failed logins for this {kind} ({left:.0f} s left)"
+    def _login(self, username: str, remote_host: str | None, policy: Callable[[], str | None],
+               respond: Responder) -> defer.Deferred[AuthResult]:
+        """One login attempt, counted by the throttle from its start to its
+        answer (so that a burst sent at once cannot outrun the count)."""
+        key = username if len(username) <= MAX_USERNAME_BYTES else None  # a huge name is no table key
+        refusal = self.throttle.begin(remote_host, key) if self.throttle is not None else None
+        if refusal is not None:
+            metrics.login("throttled")
+            return self._run(username, refusal.describe(), None, remote_host)
+        started = self.reactor.seconds()
+        try:
+            result = self._evaluate(username, policy(), respond, remote_host)
+        except BaseException:
+            self._settle(username, key, remote_host, None)
+            raise
+        # Settled when PAM answers; a refusal still waits for the delay,
+        # also a right password refused by the throttle (no faster answer).
+        result.addBoth(self._settled, username, key, remote_host)
+        return result.addCallback(self._delay_denial, started)
 
-    def _counted(self, result: defer.Deferred[AuthResult], remote_host: str | None) -> defer.Deferred[AuthResult]:
-        """Tell the throttle (and the metrics) how a password login went."""
-
-        def count(outcome: AuthResult) -> AuthResult:
-            throttled = outcome.reason.startswith("throttled")
-            metrics.login("throttled" if throttled else outcome.verdict.value)
-            if self.throttle is not None and not throttled:
-                if outcome.granted:
-                    self.throttle.succeeded(remote_host, outcome.username)
-                elif outcome.verdict is Verdict.DENIED:
-                    for kind in self.throttle.failed(remote_host, outcome.username):
-                        log.warn("login throttling: blocking the {kind} of {user!r} from {address}", kind=kind,
-                                 user=loggable_user(outcome.username), address=remote_host, reason="throttled",
-                                 audit="login_throttled")
+    def _settled(self, outcome: AuthResult | Failure, username: str, key: str | None,
+                 remote_host: str | None) -> AuthResult | Failure:
+        if isinstance(outcome, Failure):
+            self._settle(username, key, remote_host, None)
             return outcome
+        return self._settle(username, key, remote_host, outcome)
 
-        return result.addCallback(count)
+    def _settle(self, username: str, key: str | None, remote_host: str | None,
+                outcome: AuthResult | None) -> AuthResult | None:
+        """Tell the throttle (and the metrics) how a login went; a success
+        that ran beside guesses which got its address or account blocked
+        is refused after all."""
+        if self.throttle is None:
+            if outcome is not None:
+                metrics.login(outcome.verdict.value)
+            return outcome
+        if outcome is None:
+            self.throttle.end(remote_host, key, Outcome.VOID)
+            return None
+        kind = {Verdict.GRANTED: Outcome.GRANTED, Verdict.DENIED: Outcome.FAILED}.get(outcome.verdict, Outcome.VOID)
+        refusal, started = self.throttle.end(remote_host, key, kind)
+        for blocked in started:
+            log.warn("login throttling: blocking the {kind} of {user!r} from {address}", kind=blocked,
+                     user=loggable_user(username), address=remote_host, reason="throttled", audit="login_throttled")
+        if refusal is not None:
+            log.warn("login throttling: the right password for {user!r} from {address} came while its {kind} "
+                     "was blocked; refused", user=loggable_user(username), address=remote_host, kind=refusal.kind)
+            metrics.login("throttled")
+            return AuthResult(Verdict.DENIED, outcome.username, refusal.describe())
+        metrics.login(outcome.verdict.value)
+        return outcome
 
     def account(self, username: str, remote_host: str | None) -> defer.Deferred[AuthResult]:
         """Account checks only, for users who proved themselves with a key."""
@@ -254,12 +333,15 @@ class Authenticator:
         """``refusal`` comes from the reactor-side checks (throttle, policy);
         the account look-up and PAM run in the PAM thread pool."""
         started = self.reactor.seconds()
+        return self._evaluate(username, refusal, respond, remote_host).addCallback(self._delay_denial, started)
+
+    def _evaluate(self, username: str, refusal: str | None, respond: Responder | None,
+                  remote_host: str | None) -> defer.Deferred[AuthResult]:
+        """The verdict, undelayed: ``refusal`` or the PAM thread's."""
         if refusal is not None:
-            result: defer.Deferred[AuthResult] = defer.succeed(AuthResult(Verdict.DENIED, username, refusal))
-        else:
-            result = threads.deferToThreadPool(self.reactor, self.pool, self._attempt, username, respond, remote_host)
-            result.addErrback(lambda failure: AuthResult(Verdict.ERROR, username, failure.getErrorMessage()))
-        result.addCallback(self._delay_denial, started)
+            return defer.succeed(AuthResult(Verdict.DENIED, username, refusal))
+        result = threads.deferToThreadPool(self.reactor, self.pool, self._attempt, username, respond, remote_host)
+        result.addErrback(lambda failure: AuthResult(Verdict.ERROR, username, failure.getErrorMessage()))
         return result
 
     def _attempt(self, username: str, respond: Responder | None, remote_host: str | None) -> AuthResult:

@@ -4,6 +4,7 @@ the whole group database), never per command on the reactor thread."""
 
 from __future__ import annotations
 
+import dataclasses
 import grp
 import os
 import pwd
@@ -17,6 +18,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from nxgate.sessions.caller import Caller
+from nxgate.sessions.errors import Kind, SessionError
 from nxgate.node.threads import Blocking
 
 log = Logger(namespace="nxgate.users")
@@ -66,6 +68,26 @@ class UserDirectory:
     def by_uid(self, uid: int) -> Deferred[pwd.struct_passwd]:
         """The passwd entry of ``uid``; fails with KeyError for an unknown uid."""
         return self._get(("uid", uid), pwd.getpwuid, uid)
+
+    def groups(self, name: str, gid: int) -> Deferred[frozenset[str]]:
+        """:func:`group_names` of ``name``, cached like the accounts."""
+        return self._get(("groups", (name, gid)), lambda key: group_names(*key), (name, gid))
+
+    async def here(self, caller: Caller, machine: str) -> Caller:
+        """``caller`` as this machine knows the account: its uid, gid and
+        groups looked up here by name.  A node never trusts the numbers a
+        gateway resolved: on a member whose uid numbering differs they would
+        make the session's files another local user's.  An account this
+        machine does not have is refused with words for the user."""
+        if caller.admin:
+            return caller
+        try:
+            entry = await self.lookup(caller.user)
+        except KeyError:
+            raise SessionError(Kind.NOT_ALLOWED, f"The account {caller.user} does not exist on the machine "
+                                                 f"{machine}; ask your administrator.") from None
+        groups = await self.groups(caller.user, entry.pw_gid)
+        return dataclasses.replace(caller, uid=entry.pw_uid, gid=entry.pw_gid, groups=groups)
 
     def forget(self) -> None:
         """Drop every cached answer (after a configuration reload, say)."""

@@ -10,7 +10,14 @@ host's: unencrypted sessions listen on TCP, and programs need the network.
 X clients on Linux also reach a display through its *abstract* socket,
 which lives in the network namespace: jailed agents run with
 ``-nolisten local``, so their display is only reachable through the socket
-in the jail's own ``/tmp/.X11-unix``.
+in the jail's own ``/tmp/.X11-unix``.  The abstract *name* must still be
+taken, or anyone on the host could bind it and catch the session's X
+clients (libxcb tries it before the path): the launcher binds it without
+listening and hands the socket through bubblewrap (which closes its own
+copies) to nxagent, which keeps it as fd 3 for its lifetime, the session's
+(``hold_abstract`` in :mod:`nxgate.node.runas`).  X clients the gateway
+itself runs for a jailed session (thumbnails) join its namespaces; a
+shadow would run on the host, so jailed sessions are not shadowed.
 """
 
 from __future__ import annotations
@@ -41,9 +48,14 @@ def applies(settings: JailSettings, session_type: str, user_groups: Iterable[str
     return not settings.groups or bool(set(settings.groups) & set(user_groups))
 
 
-def bwrap_argv(bwrap: str, *, uid: int, gid: int, home: str, session_dir: str, runtime_dir: str,
-               command: list[str], setpriv: str = "setpriv") -> list[str]:
-    """``command`` wrapped in bubblewrap.
+#: The fd on which bubblewrap reads its own options (``--args``), so that
+#: they -- the session directory, with the session's id -- stay out of its
+#: argv, which every local user can read in ``ps``.
+ARGS_FD = 4
+
+
+def bwrap_options(*, home: str, session_dir: str, runtime_dir: str) -> list[str]:
+    """bubblewrap's options: the jail's namespaces and mounts.
 
     The whole system is bound read-only, then what must differ is laid over
     it: a fresh ``/dev`` and ``/proc`` (of the new PID namespace: only the
@@ -52,15 +64,9 @@ def bwrap_argv(bwrap: str, *, uid: int, gid: int, home: str, session_dir: str, r
     sessions directory emptied but for this session's own (the agent's
     socket, options and X authority, which the gateway reaches from
     outside), and the user's ``runtime_dir`` (``/run/user/UID``) if PAM
-    made one by the time bubblewrap runs.
-
-    bubblewrap runs as root, without a user namespace: nxagent insists that
-    ``/tmp/.X11-unix`` is root's, which in a user namespace it never is.
-    Inside, ``setpriv`` becomes the user (uid, gid, her groups) for good,
-    with ``no_new_privs``, so no setuid program (su, sudo) works in a jail."""
+    made one by the time bubblewrap runs."""
     sessions = os.path.dirname(os.path.normpath(session_dir))
-    argv = [
-        bwrap,
+    return [
         "--unshare-pid", "--unshare-ipc",
         "--ro-bind", "/", "/",
         "--dev", "/dev",
@@ -73,6 +79,33 @@ def bwrap_argv(bwrap: str, *, uid: int, gid: int, home: str, session_dir: str, r
         "--bind", session_dir, session_dir,
         "--bind", home, home,
         "--bind-try", runtime_dir, runtime_dir,
+        "--chdir", session_dir,
     ]
-    return [*argv, "--chdir", session_dir, "--",
-            setpriv, f"--reuid={uid}", f"--regid={gid}", "--init-groups", "--no-new-privs", "--", *command]
+
+
+def user_command(*, uid: int, gid: int, command: list[str], setpriv: str = "setpriv") -> list[str]:
+    """``command`` as the user, for good: bubblewrap runs as root, without a
+    user namespace (nxagent insists that ``/tmp/.X11-unix`` is root's, which
+    in a user namespace it never is).  Inside, ``setpriv`` becomes the user
+    (uid, gid, her groups) with ``no_new_privs``, so no setuid program (su,
+    sudo) works in a jail."""
+    return [setpriv, f"--reuid={uid}", f"--regid={gid}", "--init-groups", "--no-new-privs", "--", *command]
+
+
+def bwrap_argv(bwrap: str, *, uid: int, gid: int, home: str, session_dir: str, runtime_dir: str,
+               command: list[str], setpriv: str = "setpriv") -> list[str]:
+    """``command`` wrapped in bubblewrap, all in argv (see :func:`hidden_bwrap_argv`)."""
+    return [bwrap, *bwrap_options(home=home, session_dir=session_dir, runtime_dir=runtime_dir), "--",
+            *user_command(uid=uid, gid=gid, command=command, setpriv=setpriv)]
+
+
+def hidden_bwrap_argv(bwrap: str, *, uid: int, gid: int, home: str, session_dir: str, runtime_dir: str,
+                      command: list[str], setpriv: str = "setpriv") -> tuple[list[str], list[str]]:
+    """``(argv, options)``: bubblewrap's argv names :data:`ARGS_FD`, on which
+    the launcher hands it ``options`` (NUL-separated).  bubblewrap reads
+    only options there, not the command, so argv keeps ``setpriv`` and the
+    agent's command line (which names no session, see
+    :func:`nxgate.backends.nxagent.agent_argv`)."""
+    options = bwrap_options(home=home, session_dir=session_dir, runtime_dir=runtime_dir)
+    return ([bwrap, "--args", str(ARGS_FD), "--", *user_command(uid=uid, gid=gid, command=command, setpriv=setpriv)],
+            options)

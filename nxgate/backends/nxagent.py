@@ -238,15 +238,24 @@ DISABLED_EXTENSIONS = ("XFIXES",)
 
 def agent_argv(executable: str, session: AgentSession, files: AgentFiles, plan: AgentPlan,
                extra: tuple[str, ...] = ()) -> list[str]:
+    """nxagent's command line, which every local user can read in ``ps``.
+
+    It holds no session id: the agent runs in its session directory (the
+    launcher's ``cwd``, bubblewrap's ``--chdir``), so its options and X
+    authority files are named relative to it, and the options reach
+    nxagent in ``DISPLAY`` (``nx/nx,options=FILE:N``, see
+    :func:`agent_environment`: the environment is readable by the user and
+    root only) instead of ``-display``.  The display number stays: the X
+    server takes it only as an argument (and ``/tmp/.X11-unix`` and
+    ``/proc/net/unix`` show it to everyone anyway)."""
     return [
         executable,
-        "-display", f"nx/nx,options={files.options}:{session.display}",
-        "-options", files.options,
+        "-options", os.path.basename(files.options),
         "-name", caption(session),
         plan.mode,
         *(() if plan.persistent else ("-nopersistent",)),
         "-nolisten", "tcp",
-        "-auth", files.authority,
+        "-auth", os.path.basename(files.authority),
         *(arg for name in DISABLED_EXTENSIONS for arg in ("-extension", name)),
         *extra,
         f":{session.display}",

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.application import service
-from twisted.internet import defer, task
 from twisted.logger import Logger
 
+from nxgate.loops import SteadyLoop
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.model import Member
 from nxgate.sessions.results import MemberView
@@ -86,8 +86,7 @@ class Membership(service.Service):
         self.read = read
         self.started = 0.0
         self.failing = False
-        self._loop = task.LoopingCall(lambda: defer.ensureDeferred(self.beat()))
-        self._loop.clock = reactor
+        self._loop = SteadyLoop(self.beat, reactor, "the cluster heartbeat")
 
     def member(self) -> Member:
         """This member now, as its heartbeat describes it."""
@@ -124,8 +123,7 @@ class Membership(service.Service):
 
     def stopService(self) -> Any:
         super().stopService()
-        if self._loop.running:
-            self._loop.stop()
+        self._loop.stop()
 
     async def views(self) -> tuple[MemberView, ...]:
         """Every member the store knows, with its state by this member's clock."""

@@ -29,10 +29,12 @@ from twisted.logger import Logger
 from twisted.protocols import amp
 from twisted.python.failure import Failure
 
+from nxgate.auth.users import UserDirectory
 from nxgate.cluster import protocol as wire
 from nxgate.cluster.connection import GateFactory
 from nxgate.cluster.stream import STREAM_BUFFER, Pauser, close, set_buffer
 from nxgate.cluster.tls import ClusterTLS
+from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.results import Progress
 from nxgate.stream import agentsocket
@@ -46,10 +48,12 @@ _STREAM_LINE = re.compile(rb"NXSTREAM ([A-Za-z0-9]{1,64})\n")
 class NodeAMP(amp.AMP):
     """One gateway's AMP connection, answered by the local session service."""
 
-    def __init__(self, sessions: Any, member: str) -> None:
+    def __init__(self, sessions: Any, member: str, users: UserDirectory, machine: str) -> None:
         super().__init__()
         self.sessions = sessions
         self.member = member
+        self.users = users
+        self.machine = machine
 
     @wire.Call.responder
     def call(self, call: int, method: str, arguments: Any) -> defer.Deferred[dict[str, Any]]:
@@ -66,6 +70,8 @@ class NodeAMP(amp.AMP):
         if method == "attach_shadow":
             extra["progress"] = lambda progress: self._progress(call, progress)
         try:
+            values = [await self.users.here(value, self.machine) if isinstance(value, Caller) else value
+                      for value in values]
             result = await getattr(self.sessions, method)(*values, **extra)
         except SessionError as error:
             return wire.encode_error(error)
@@ -187,11 +193,12 @@ class NodeStream(protocol.Protocol):
                 log.info("stream of session {id} closed by gateway {member}", id=self.session_id, member=self.member)
 
 
-def choose(reactor: Any, sessions: Any) -> Callable[[bytes, str], Any]:
-    """AMP or a stream, by the first bytes (see the module's docstring)."""
+def choose(reactor: Any, sessions: Any, users: UserDirectory, machine: str) -> Callable[[bytes, str], Any]:
+    """AMP or a stream, by the first bytes (see the module's docstring);
+    ``machine`` is this member's name, for refusals."""
     def pick(head: bytes, member: str) -> Any:
         if head[:1] == b"\x00":
-            return NodeAMP(sessions, member)
+            return NodeAMP(sessions, member, users, machine)
         if head[:len(STREAM_HELLO)] == STREAM_HELLO[:len(head)]:
             return NodeStream(reactor, sessions, member) if len(head) >= len(STREAM_HELLO) else None
         return False
@@ -225,10 +232,11 @@ class NodeListener(service.MultiService):
     """``[cluster] listen`` with TLS, serving ``sessions`` to gateways."""
 
     def __init__(self, reactor: Any, listen: str, tls: ClusterTLS, sessions: Any,
-                 authorize: Callable[[frozenset[str]], Any], wrap: Callable[[Any], Any] | None = None) -> None:
+                 authorize: Callable[[frozenset[str]], Any], users: UserDirectory, machine: str,
+                 wrap: Callable[[Any], Any] | None = None) -> None:
         """``wrap``: what listens in front of the TLS factory (the gateway's
         guard of unauthenticated connections, nxgate.doors.guard)."""
         super().__init__()
-        self.factory = GateFactory(authorize, choose(reactor, sessions), role="gateway")
+        self.factory = GateFactory(authorize, choose(reactor, sessions, users, machine), role="gateway")
         front = self.factory.tls_factory(tls)
         strports.service(listen, wrap(front) if wrap is not None else front).setServiceParent(self)

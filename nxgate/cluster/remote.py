@@ -19,7 +19,9 @@ import dataclasses
 import itertools
 from typing import Any
 
+from OpenSSL import SSL
 from twisted.internet import defer
+from twisted.internet.error import ConnectionClosed
 from twisted.logger import Logger
 from twisted.protocols import amp
 
@@ -143,18 +145,25 @@ class RemoteNode:
         return error
 
     async def _call(self, method: str, *arguments: Any, progress: ProgressCallback | None = None) -> Any:
+        try:
+            encoded = wire.encode_arguments(method, arguments)
+        except (TypeError, ValueError):  # a bug of this gateway, not a node that cannot be reached
+            log.failure("{method} for member {name} could not be encoded", method=method, name=self.name)
+            raise SessionError(Kind.INTERNAL, "Internal error on this gateway.") from None
         connection = await self._connection()
         call = next(self.calls)
         if progress is not None:
             self.progress_callbacks[call] = progress
         try:
-            answer = await connection.callRemote(wire.Call, call=call, method=method,
-                                                 arguments=wire.encode_arguments(method, arguments))
+            answer = await connection.callRemote(wire.Call, call=call, method=method, arguments=encoded)
         except amp.RemoteAmpError as error:
             log.error("member {name} failed {method}: {error}", name=self.name, method=method, error=str(error))
             raise SessionError(Kind.INTERNAL, "Internal error on the session node.") from None
-        except Exception as error:  # the connection broke during the call
+        except (ConnectionClosed, SSL.Error, amp.ProtocolSwitched) as error:  # the connection broke during the call
             raise self._unavailable(f"{method}: {error}", asked=True) from None
+        except Exception:
+            log.failure("{method} for member {name} failed on this gateway", method=method, name=self.name)
+            raise SessionError(Kind.INTERNAL, "Internal error on this gateway.") from None
         finally:
             self.progress_callbacks.pop(call, None)
         try:

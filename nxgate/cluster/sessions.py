@@ -13,8 +13,8 @@ nothing here is used and a single box works exactly as before.
 * Every other call about a session goes to the node its store row names
   (resume affinity: never a guess, never another node).
 * ``list`` reads the store: all the caller's sessions on every member.  A
-  session whose node is down stays listed, its name marked
-  :data:`LOST_MARK`, until that node comes back and reconciles it; acting
+  session whose node is down stays listed as lost (``SessionView.lost``),
+  until that node comes back and reconciles it; acting
   on it is refused with a sentence that says why (``NX> 596``); only the
   admin may end it (its machine may never return).
 * A node is down three heartbeats after its last one, or at once when this
@@ -51,17 +51,9 @@ from nxgate.sessions.store.errors import StoreError, storage_reason
 
 log = Logger(namespace="nxgate.cluster.sessions")
 
-#: What a session on a down member gets after its name in every listing.
-LOST_MARK = " (machine down)"
-
-
-def is_lost(view: SessionView) -> bool:
-    """Whether ``view`` was marked as on a member that is down."""
-    return view.name.endswith(LOST_MARK)
-
-
 def lost(view: SessionView) -> SessionView:
-    return view if is_lost(view) else dataclasses.replace(view, name=view.name + LOST_MARK)
+    """``view`` of a session whose member is down."""
+    return dataclasses.replace(view, lost=True)
 
 
 def store_unavailable(error: StoreError) -> SessionError:

@@ -48,6 +48,7 @@ from twisted.logger import Logger
 from nxgate.backends import x11
 from nxgate.node import files, processes
 from nxgate.node.processes import LaunchError, ProcessId
+from nxgate.sessions.errors import Kind, SessionError
 
 log = Logger(namespace="nxgate.viewer")
 
@@ -57,8 +58,11 @@ _COOKIE = re.compile(r"[0-9A-Za-z]{1,128}")
 MIN_SIZE, MAX_SIZE = (320, 200), (7680, 4320)
 
 
-class ViewerRefused(Exception):
+class ViewerRefused(SessionError):
     """Too many viewers (of this user, or in all); the text says which."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(Kind.LIMIT_REACHED, message)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,20 @@ too), and nothing else holds the X display or its NX port.  The caller
 says what it holds already (``in_use``), so the allocator keeps no copy of
 the session table.  Running out is :class:`NoFreeDisplay`, which the life
 cycle answers as a failed start.
+
+"Anything else" is anyone on the machine: every local user may write
+``/tmp/.X650-lock`` with a live pid, and bind the abstract socket
+``@/tmp/.X11-unix/X650`` (it lives in the network namespace, not in
+``/tmp``, so jailed users can too; an agent on a display whose abstract
+name is taken dies with "Cannot establish any listening sockets", and a
+jailed session's X clients would connect there).  The allocator sees both
+(:func:`abstract_x_displays` reads ``/proc/net/unix``) and passes over
+displays held by others *without counting them* against the range: a
+squatter cannot use up ``display_limit``.  Passing over is bounded
+(:data:`MAX_FOREIGN`, beyond the end of the range), so that somebody who
+holds thousands of names makes a start fail with a clear log instead of a
+long scan.  :func:`foreign_displays` names who holds which display
+(``nxgate-admin status``).
 """
 
 from __future__ import annotations
@@ -14,8 +28,10 @@ import errno
 import fcntl
 import os
 import socket
+import pwd
 import stat
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from twisted.logger import Logger
 
@@ -30,6 +46,12 @@ DISPLAY_CLAIMS = "/run/nxgate/displays"
 
 #: An NX display's TCP port is 4000 + the display number.
 NX_PORT_OFFSET = 4000
+
+#: How many displays held by others one allocation passes over (beyond
+#: the configured range) before it gives up.
+MAX_FOREIGN = 256
+
+ABSTRACT_PREFIX = "@" + x11.X_SOCKET.format(n="")
 
 
 def ensure_x_socket_dir() -> None:
@@ -138,12 +160,36 @@ def release_display(display: int) -> None:
         os.close(fd)
 
 
-def display_available(display: int) -> bool:
-    """Whether display ``N`` (and the agent's port 4000+N) can be used now.
+def abstract_x_displays(table: str = "/proc/net/unix") -> dict[int, set[int]]:
+    """The displays whose abstract X socket name is bound in our network
+    namespace, with the socket inodes (a listening socket and the
+    connections it accepted share the name)."""
+    found: dict[int, set[int]] = {}
+    try:
+        with open(table, "rb") as handle:
+            lines = handle.read().decode("ascii", "replace").splitlines()[1:]
+    except OSError as error:
+        log.warn("cannot read {table} to see abstract X sockets: {error}", table=table, error=str(error))
+        return found
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 8 or not fields[7].startswith(ABSTRACT_PREFIX):
+            continue
+        number = fields[7][len(ABSTRACT_PREFIX):]
+        if number.isdigit() and fields[6].isdigit():
+            found.setdefault(int(number), set()).add(int(fields[6]))
+    return found
+
+
+def display_available(display: int, abstract: Iterable[int] = ()) -> bool:
+    """Whether display ``N`` (and the agent's port 4000+N) can be used now;
+    ``abstract``: the displays whose abstract socket is bound.
 
     A lock whose process is gone is stale: it and the socket are removed,
     so a crashed X server does not make its display unusable forever.
     """
+    if display in abstract:
+        return False
     holder = _lock_holder(display)
     if holder is not None:
         if holder <= 0 or _pid_alive(holder):
@@ -165,22 +211,40 @@ class NoFreeDisplay(Exception):
 
 class DisplayAllocator:
     """Hands out display numbers from ``first`` to ``first + count - 1``, where
-    ``span()`` gives ``(first, count)`` (a callable: a reload may change it)."""
+    ``span()`` gives ``(first, count)`` (a callable: a reload may change it),
+    and past it by as many as others hold (at most :data:`MAX_FOREIGN`)."""
 
     def __init__(self, span: Callable[[], tuple[int, int]], in_use: Callable[[], Iterable[int]]) -> None:
         self.span = span
         self.in_use = in_use
 
     def allocate(self) -> int:
-        """Reserve a free display number (its claim is held until :meth:`release`)."""
+        """Reserve a free display number (its claim is held until :meth:`release`).
+
+        Numbers that our sessions or another gateway's hold count against
+        the range; numbers held by anything else are passed over without
+        counting, up to :data:`MAX_FOREIGN` of them."""
         taken = set(self.in_use())
         first, count = self.span()
-        for display in range(first, first + count):
-            if display in taken or display + NX_PORT_OFFSET >= 65536 or not claim_display(display):
-                continue
-            if display_available(display):
-                return display
-            release_display(display)
+        abstract = abstract_x_displays()
+        foreign: list[int] = []
+        display, budget = first - 1, count
+        try:
+            while budget > 0 and len(foreign) < MAX_FOREIGN:
+                display += 1
+                if display + NX_PORT_OFFSET >= 65536:
+                    break
+                if display in taken or not claim_display(display):
+                    budget -= 1  # ours, or another gateway's
+                    continue
+                if display_available(display, abstract):
+                    return display
+                release_display(display)
+                foreign.append(display)
+        finally:
+            if foreign:
+                log.warn("{count} display(s) in use by others passed over: {displays} (nxgate-admin status "
+                         "says who holds them)", count=len(foreign), displays=" ".join(f":{n}" for n in foreign))
         raise NoFreeDisplay("no free display for a new session")
 
     @staticmethod
@@ -191,3 +255,100 @@ class DisplayAllocator:
     @staticmethod
     def release(display: int) -> None:
         release_display(display)
+
+
+@dataclass(frozen=True)
+class ForeignDisplay:
+    """A display number of (or just past) our range that somebody else holds."""
+
+    display: int
+    users: tuple[str, ...]  # who holds it (user names, or uids without a name)
+    holds: tuple[str, ...]  # what: "X lock of pid 77", "abstract X socket", "NX port 4650"
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _socket_owners(inodes: set[int]) -> dict[int, set[int]]:
+    """inode -> uids of the processes that hold the socket (a /proc scan)."""
+    owners: dict[int, set[int]] = {}
+    wanted = {f"socket:[{inode}]": inode for inode in inodes}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            uid = os.stat(f"/proc/{entry}").st_uid
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                inode = wanted.get(os.readlink(f"/proc/{entry}/fd/{fd}"))
+                if inode is not None:
+                    owners.setdefault(inode, set()).add(uid)
+        except OSError:
+            continue  # it ended meanwhile: routine in a scan
+    return owners
+
+
+def _tcp_port_owners(ports: set[int]) -> dict[int, set[int]]:
+    """port -> uids of the listening TCP sockets on those ports."""
+    owners: dict[int, set[int]] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as handle:
+                lines = handle.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 7 and fields[3] == "0A":  # LISTEN
+                port = int(fields[1].rsplit(":", 1)[1], 16)
+                if port in ports:
+                    owners.setdefault(port, set()).add(int(fields[7]))
+    return owners
+
+
+def foreign_displays(first: int, count: int, in_use: Iterable[int]) -> list[ForeignDisplay]:
+    """Who holds which display of ``first`` .. ``first + count - 1`` (and
+    the :data:`MAX_FOREIGN` past it, where the allocator may go) that is
+    not ours: X locks, abstract X sockets, NX ports.  Blocking (it scans
+    ``/proc``): for the admin's status, never on the reactor thread."""
+    ours = set(in_use) | set(_claims)
+    last = min(first + count + MAX_FOREIGN, 65536 - NX_PORT_OFFSET)
+    numbers = [n for n in range(first, last) if n not in ours]
+    abstract = {n: inodes for n, inodes in abstract_x_displays().items() if n in numbers}
+    sockets = _socket_owners(set().union(*abstract.values())) if abstract else {}
+    ports = _tcp_port_owners({n + NX_PORT_OFFSET for n in numbers})
+    found = []
+    for display in numbers:
+        users: set[int] = set()
+        holds: list[str] = []
+        lock = x11.X_LOCK.format(n=display)
+        try:
+            lock_owner = os.lstat(lock).st_uid
+        except OSError:
+            lock_owner = None
+        if lock_owner is not None:
+            pid = _lock_holder(display)
+            if pid is None or pid <= 0 or _pid_alive(pid):
+                users.add(lock_owner)
+                holds.append(f"X lock {lock}" + (f" of pid {pid}" if pid else ""))
+        path = x11.X_SOCKET.format(n=display)
+        try:
+            users.add(os.lstat(path).st_uid)
+            holds.append(f"X socket {path}")
+        except OSError:
+            pass
+        if display in abstract:
+            owners = set().union(*(sockets.get(inode, set()) for inode in abstract[display]))
+            users |= owners
+            holds.append(f"abstract X socket {ABSTRACT_PREFIX}{display}")
+        port = display + NX_PORT_OFFSET
+        if port in ports:
+            users |= ports[port]
+            holds.append(f"TCP port {port}")
+        if holds:
+            found.append(ForeignDisplay(display, tuple(sorted(_user(uid) for uid in users)) or ("unknown",),
+                                        tuple(holds)))
+    return found

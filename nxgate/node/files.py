@@ -4,11 +4,16 @@ user-owned directories, bounded reads of files users may have replaced.
 The gateway runs as root and writes into directories that belong to the
 session's user.  Every such write creates a fresh file (``O_EXCL``, no
 symlinks followed) and renames it into place, so a user who swaps a file
-for a symlink cannot make root write elsewhere.
+for a symlink cannot make root write elsewhere.  Likewise root changes
+the owner and mode of what it makes there only through a descriptor
+opened without following links (``fchown``/``fchmod``), and reaches paths
+below a user's directory one name at a time from a directory of its own
+(:func:`open_parent_beneath`).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -70,11 +75,62 @@ class StateLayout:
         )
 
 
+DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 def make_session_dir(path: str, uid: int, gid: int) -> None:
-    """A fresh directory owned by the user, mode 0700."""
-    os.mkdir(path, 0o700)
-    os.chown(path, uid, gid, follow_symlinks=False)
-    os.chmod(path, 0o700)
+    """A fresh directory owned by the user, mode 0700 (``FileExistsError``
+    if there is one already).
+
+    The parent may be the user's (printing's ``cups/`` and the browser
+    viewer's ``nx/`` are made in session directories): between ``mkdir``
+    and the ``chown``/``chmod`` the user could rename the new directory
+    and put a symlink in its place, and a path-based ``chmod`` would then
+    change the link's target (say, take the setuid bit off a program).  So
+    the directory is made and opened through the parent's descriptor, with
+    no link followed, checked to be root's (the one just made: a user
+    cannot make a root-owned directory), and changed through its own
+    descriptor."""
+    parent, name = os.path.split(path)
+    parent_fd = os.open(parent or ".", DIRECTORY_FLAGS)
+    try:
+        os.mkdir(name, 0o700, dir_fd=parent_fd)
+        fd = os.open(name, DIRECTORY_FLAGS, dir_fd=parent_fd)
+        try:
+            if os.fstat(fd).st_uid != os.geteuid():
+                raise OSError(errno.EPERM, "replaced by another directory while being made", path)
+            os.fchown(fd, uid, gid)
+            os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(parent_fd)
+
+
+def open_parent_beneath(trusted: str, path: str) -> tuple[int, str]:
+    """``(descriptor, name)``: an ``O_PATH`` descriptor of the directory
+    that holds ``path``, and ``path``'s last name, for calls that take a
+    path (``umount2`` through ``/proc/self/fd/N/name``, ``*at`` calls).
+
+    ``trusted`` is a directory no user can change (the state's
+    ``sessions/``); every name between it and ``path`` is looked up from
+    its parent's descriptor without following links, so a user who turns
+    one of their directories into a symlink gets ``ELOOP``/``ENOTDIR``, not
+    root acting elsewhere.  The caller closes the descriptor."""
+    relative = os.path.relpath(os.path.normpath(path), os.path.normpath(trusted))
+    parts = relative.split(os.sep)
+    if relative in (".", "") or any(part in ("", ".", "..") for part in parts):
+        raise OSError(errno.EXDEV, f"not below {trusted}", path)
+    fd = os.open(trusted, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            following = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = following
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, parts[-1]
 
 
 def write_user_file(path: str, data: bytes, uid: int, gid: int, mode: int = 0o600) -> None:

@@ -25,18 +25,39 @@ The gateway sees ``ok`` (or an error line) and then the pid is the
 program's.  With ``join`` (``[pid, start time]`` of a jailed agent) the
 program enters that agent's mount, PID and IPC namespaces first; a new PID
 namespace only takes the children of who enters it, so the program is then
-a forked child, and the line says its pid: ``ok PID``.
+a forked child, and the line says its pid: ``ok PID``.  A program that
+joins a jail also gets ``no_new_privs`` (as the jailed agent has from
+``setpriv``): no setuid program raises its rights inside a jail.
+
+Three options serve the X clients the gateway itself runs for a session
+(thumbnails, :mod:`nxgate.node.thumbnails`): ``no_network`` puts the
+program in a new, empty network namespace, so that an X client reaches
+the display by its *path* socket only (libxcb tries the abstract socket
+``@/tmp/.X11-unix/XN`` first and then TCP 6000+N, both of which any local
+user can bind); ``pipe_stdout`` leaves the program's stdout on the pipe
+to the caller (after our ``ok`` line) instead of the log.  ``hold_abstract``
+(a display number, with ``as_root``: a jailed agent's bubblewrap) binds
+that display's abstract X socket name without listening and hands the
+socket to the program as fd 3 (bubblewrap passes it on to nxagent, which
+keeps it): the name stays taken for as long as the agent lives, so nobody else can bind it and catch the X clients of the
+session (they get "connection refused" there and use the jail's path
+socket); a name already bound fails the start.  ``args_fd``
+(``[fd, [arg, ...]]``) gives the program those arguments NUL-separated on
+a pipe at ``fd`` (bubblewrap's ``--args``: out of ``ps``).
 ``{"mode": "close-pam", ...}`` closes a PAM session instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import pwd
 import shutil
 import signal
+import socket
 import sys
 from typing import Any
 
@@ -66,6 +87,34 @@ def _drop_privileges(user: pwd.struct_passwd) -> None:
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+PR_SET_NO_NEW_PRIVS = 38
+ABSTRACT_X_SOCKET = "\0/tmp/.X11-unix/X{n}"
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _no_new_privs() -> None:
+    if _libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        _fail(f"cannot set no_new_privs: {os.strerror(ctypes.get_errno())}")
+
+
+def _no_network() -> None:
+    """A new network namespace of our own: no abstract socket, no TCP port of anyone else."""
+    if _libc().unshare(CLONE_NEWNET) != 0:
+        _fail(f"cannot make an empty network namespace: {os.strerror(ctypes.get_errno())}")
+
+
+def _hold_abstract(display: int) -> int:
+    """A socket bound (never listening) to display ``N``'s abstract X name."""
+    holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        holder.bind(ABSTRACT_X_SOCKET.format(n=display))
+    except OSError as error:
+        _fail(f"display :{display} is taken: its abstract X socket is bound by another process ({error})")
+    return holder.detach()
 
 
 def _join(pid: int, started: int) -> None:
@@ -80,7 +129,7 @@ def _join(pid: int, started: int) -> None:
         stat = handle.read()
     if int(stat[stat.rindex(b")") + 2:].split()[19]) != started:
         _fail(f"the jailed agent {pid} is gone")
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     if libc.setns(pidfd, CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC) != 0:
         error = ctypes.get_errno()
         _fail(f"cannot enter the jail of {pid}: {os.strerror(error)}")
@@ -122,6 +171,10 @@ def execute(request: dict[str, Any]) -> None:
     join = request.get("join")
     if join:
         _join(int(join[0]), int(join[1]))
+    if request.get("no_network"):
+        _no_network()
+    hold = request.get("hold_abstract")
+    holder = _hold_abstract(int(hold)) if hold is not None and request.get("as_root") else None
     argv = [str(arg) for arg in request["argv"]]
     executable = shutil.which(argv[0], path=env.get("PATH", os.defpath))
     if executable is None:
@@ -135,6 +188,8 @@ def execute(request: dict[str, Any]) -> None:
         _fork_into_jail()
     if not request.get("as_root"):
         _drop_privileges(user)
+    if join:
+        _no_new_privs()
     os.setsid()
     os.umask(int(request.get("umask", 0o077)))
     try:
@@ -149,18 +204,48 @@ def execute(request: dict[str, Any]) -> None:
         signal.signal(signum, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     os.dup2(_stdin(request.get("stdin")), 0)
+    # Out of the way of the fds shuffled into place below.
+    log_fd = fcntl.fcntl(log_fd, fcntl.F_DUPFD, 10)
+    holder = fcntl.fcntl(holder, fcntl.F_DUPFD, 10) if holder is not None else None
+    args_fd = request.get("args_fd")
+    args = fcntl.fcntl(_args_pipe([str(arg) for arg in args_fd[1]]), fcntl.F_DUPFD, 10) if args_fd else None
     if request.get("status_fd"):
         # The program reports on fd 3, which is our stdout: the gateway reads it.
         os.dup2(1, 3)
         os.set_inheritable(3, True)
-    os.dup2(log_fd, 1)
+    elif holder is not None:
+        os.dup2(holder, 3)  # inheritable: bubblewrap passes it on to the jail
+        os.set_inheritable(3, True)
+    keep = {3} if request.get("status_fd") or holder is not None else set()
+    if args is not None:
+        at = int(args_fd[0])
+        if not 3 <= at < 10 or at in keep:
+            _fail(f"args_fd {at} is taken")
+        os.dup2(args, at)
+        keep.add(at)
+    if not request.get("pipe_stdout"):
+        os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
-    os.closerange(4 if request.get("status_fd") else 3, max(os.sysconf("SC_OPEN_MAX"), 1024))
+    for fd in set(range(3, 10)) - keep:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    os.closerange(10, max(os.sysconf("SC_OPEN_MAX"), 1024))
     try:
         os.execve(executable, argv, env)
     except OSError as error:
         os.write(2, f"nxgate launcher: cannot execute {executable}: {error}\n".encode())
         os._exit(127)
+
+
+def _args_pipe(args: list[str]) -> int:
+    """A pipe holding ``args`` NUL-separated (bubblewrap's ``--args FD``)."""
+    data = b"".join(arg.encode("utf-8", "surrogateescape") + b"\0" for arg in args)
+    if len(data) >= 65536:
+        _fail("arguments too long")
+    read_end, write_end = os.pipe()
+    os.write(write_end, data)  # fits in the pipe: the write cannot block
+    os.close(write_end)
+    return read_end
 
 
 def _stdin(secret: str | None) -> int:

@@ -148,9 +148,12 @@ class AgentSupervisor:
         files.write_user_file(agent_files.options, options.encode(), session.uid, session.gid)
 
     async def spawn(self, session: Session, agent_files: nxagent.AgentFiles, settings: DisplaySettings,
-                    plan: nxagent.AgentPlan, on_line: Callable[[str], None]) -> tuple[ProcessId, LogFollower]:
-        """Start ``session``'s agent; its log lines go to ``on_line``."""
-        files.make_session_dir(agent_files.directory, session.uid, session.gid)
+                    plan: nxagent.AgentPlan, on_line: Callable[[str], None],
+                    fresh: bool = True) -> tuple[ProcessId, LogFollower]:
+        """Start ``session``'s agent; its log lines go to ``on_line``
+        (``fresh``: in a new session directory; else in the existing one, see :meth:`renew`)."""
+        if fresh:
+            files.make_session_dir(agent_files.directory, session.uid, session.gid)
         self.write_agent_files(session, agent_files, settings)
         for path in (agent_files.log, agent_files.app_log):
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
@@ -161,10 +164,11 @@ class AgentSupervisor:
                                   shadow=plan.mode == "-S")
             extra = (*self.settings.agent_extra_options, *(jail.AGENT_OPTIONS if jailed else ()))
             argv = nxagent.agent_argv(self.settings.nxagent, session, agent_files, plan, extra)
+            bwrap_options: list[str] = []
             if jailed:
-                argv = jail.bwrap_argv(self.config().jail.bwrap, uid=user.pw_uid, gid=user.pw_gid, home=user.pw_dir,
-                                       session_dir=agent_files.directory, runtime_dir=f"/run/user/{user.pw_uid}",
-                                       command=argv)
+                argv, bwrap_options = jail.hidden_bwrap_argv(
+                    self.config().jail.bwrap, uid=user.pw_uid, gid=user.pw_gid, home=user.pw_dir,
+                    session_dir=agent_files.directory, runtime_dir=f"/run/user/{user.pw_uid}", command=argv)
                 log.info("session {id} of {user}: jailed (bubblewrap: own mount, PID and IPC namespaces)",
                          id=session.id, user=session.user)
             request = {
@@ -179,6 +183,11 @@ class AgentSupervisor:
                 # bubblewrap starts as root; setpriv in it becomes the user.
                 "as_root": jailed,
                 "cgroup": await self.limit(session) if jailed else None,
+                # The display's abstract X name, held by the jail while it lives
+                # (the agent does not listen there): see nxgate.backends.jail.
+                "hold_abstract": session.display if jailed else None,
+                # bubblewrap's options (the session directory) on a pipe, not in ps.
+                "args_fd": [jail.ARGS_FD, bwrap_options] if jailed else None,
             }
             launched = await self.launcher.start(request)
             if jailed:
@@ -187,6 +196,26 @@ class AgentSupervisor:
         except BaseException:
             follower.stop()
             raise
+
+    async def renew(self, session: Session, agent_files: nxagent.AgentFiles, settings: DisplaySettings,
+                    plan: nxagent.AgentPlan, on_line: Callable[[str], None]) -> tuple[ProcessId, LogFollower]:
+        """A fresh agent for a session started for later whose agent gave up
+        waiting for its first client (nxcomp's fixed 60-second limit, see
+        :meth:`nxgate.sessions.lifecycle.Lifecycle._renew_agent`): same
+        display, cookie and options, in the same directory.
+
+        The old agent's log is emptied first (it said only that it waited
+        and gave up), so that a gateway restarted later replays the new
+        agent's log alone; its stale socket goes (nxcomp binds a fresh one);
+        its PAM session is closed, as the new agent opens one."""
+        await self.blocking(_empty_file, agent_files.log)
+        await self.blocking(_remove_in_dir, agent_files.directory, os.path.basename(agent_files.socket))
+        if session.agent_pid and plan.pam:
+            try:
+                await self.launcher.close_pam({"user": session.user, "pam": self.pam_request(session)})
+            except (LaunchError, OSError) as error:
+                log.warn("session {id}: closing the PAM session failed: {error}", id=session.id, error=str(error))
+        return await self.spawn(session, agent_files, settings, plan, on_line, fresh=False)
 
     async def limit(self, session: Session) -> str | None:
         """The ``cgroup.procs`` of the jailed ``session``'s new cgroup with
@@ -472,3 +501,24 @@ def _owner_of(pid: int) -> str:
     except (OSError, KeyError) as error:
         log.debug("owner of pid {pid} unknown: {error}", pid=pid, error=str(error))
         return "?"
+
+
+def _empty_file(path: str) -> None:
+    """Truncate a log of root's (the logs directory is root's alone)."""
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
+
+
+def _remove_in_dir(directory: str, name: str) -> None:
+    """Unlink ``name`` in the user's ``directory`` (reached without following a
+    link; unlink never follows one), if it is there."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.unlink(name, dir_fd=fd)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)

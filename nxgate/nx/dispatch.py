@@ -73,7 +73,7 @@ def listing_reply(listing: Listing, caller: Caller, params: Params) -> Reply:
         rows.append(ListingRow(
             display=view.display, session_type=view.type, session_id=view.id,
             options=session_options(fullscreen=view.fullscreen, render=view.render, virtual_desktop=not view.rootless),
-            depth=view.depth, screen=view.geometry, status=status, name=view.name,
+            depth=view.depth, screen=view.geometry, status=view.shown_status or status, name=view.name,
         ))
     return Reply(tuple(format_session_list(caller.user, rows, capacity_reached=listing.capacity_reached)))
 

@@ -14,10 +14,11 @@ from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 from twisted.application import service
-from twisted.internet import defer, task
+from twisted.internet import defer
 from twisted.logger import Logger
 
 from nxgate.config import SessionsSection
+from nxgate.loops import SteadyLoop
 from nxgate.node.supervisor import AgentSupervisor
 from nxgate.node.files import StateLayout
 from nxgate.sessions.model import Session, State
@@ -43,10 +44,8 @@ class Housekeeping(service.Service):
         self.sessions = sessions
         self.terminate = terminate
         self.background = background
-        self._housekeeping = task.LoopingCall(self.run)
-        self._housekeeping.clock = clock
-        self._backup = task.LoopingCall(self.backup)
-        self._backup.clock = clock
+        self._housekeeping = SteadyLoop(self.run, clock, "housekeeping")
+        self._backup = SteadyLoop(self.backup, clock, "the session store's backup")
 
     def startService(self) -> None:
         super().startService()
@@ -58,8 +57,7 @@ class Housekeeping(service.Service):
     def stopService(self) -> None:
         super().stopService()
         for loop in (self._housekeeping, self._backup):
-            if loop.running:
-                loop.stop()
+            loop.stop()
 
     def run(self) -> defer.Deferred[None]:
         """Expire long-suspended sessions, forget ended unknown ones, prune old records."""

@@ -87,6 +87,12 @@ class Action(str, enum.Enum):
     REFUSE = "refuse"                                  # wrong state: the caller hears which
 
 
+#: nxagent (nxcomp) gives up waiting for its first client after 60 s, a
+#: limit compiled in (INIT_TIMEOUT, and 3 accepts of 20 s).  An agent of a
+#: session started for later that lived at least this long before giving
+#: up is replaced by a fresh one; one that ended sooner failed.
+RENEW_AFTER_SECONDS = 40.0
+
 L = State
 #: What each operation does in each live state.  Ended states are not
 #: listed: an ended session is not found by any operation.
@@ -184,6 +190,8 @@ class Runtime:
     last_error: str = ""
     app_starting: bool = False
     secret: str | None = field(default=None, repr=False)  # for the program's stdin, until it has it
+    agent_since: float = 0.0  # when the current agent was spawned (reactor seconds)
+    listening: defer.Deferred[None] | None = None  # fired by a renewed agent's "waiting" line
 
 
 class Lifecycle:
@@ -392,10 +400,61 @@ class Lifecycle:
 
     async def _start_agent(self, session: Session, runtime: Runtime, settings: DisplaySettings,
                            plan: nxagent.AgentPlan) -> None:
+        runtime.agent_since = self.reactor.seconds()
         agent, runtime.follower = await self.supervisor.spawn(
             session, runtime.files, settings, plan, lambda line: self._agent_line(session.id, line))
         session = self._update(session.id, agent_pid=agent.pid, agent_started=agent.started)
         self._watch_agent(session.id, agent)
+
+    def _renewable(self, session: Session) -> bool:
+        """Whether the agent of ``session`` ending now is nxagent giving up
+        waiting for a first client that was never promised to come soon:
+        started for later, never attached, still waiting, and not being
+        ended by the gateway (which records a reason first)."""
+        return session.for_later and session.state is State.WAITING and not session.failure
+
+    async def _renew_agent(self, session_id: str) -> None:
+        """Start a fresh agent for a session started for later (see
+        :data:`RENEW_AFTER_SECONDS`): the session stays waiting, listed as
+        Suspended, with its display and cookie, for as long as its user
+        likes (housekeeping's ``suspended_expiry`` still ends it).  Under
+        the session's lock: a first client that comes meanwhile waits until
+        the fresh agent listens."""
+        runtime = self.runtime.get(session_id)
+        if runtime is None:
+            return
+        await runtime.lock.acquire()
+        try:
+            session = self.sessions.get(session_id)
+            if session is None or self.runtime.get(session_id) is not runtime or not self._renewable(session):
+                return
+            self._stop_watching(runtime)
+            log.info("session {id} of {user}, started for later: nxagent stopped waiting for a first client (its "
+                     "own 60-second limit); starting a fresh agent that waits on", id=session_id, user=session.user)
+            settings = DisplaySettings.from_dict(session.options.get("display", {}))
+            runtime.listening = defer.Deferred()
+            runtime.last_error = ""
+            runtime.agent_since = self.reactor.seconds()
+            try:
+                agent, runtime.follower = await self.supervisor.renew(
+                    session, runtime.files, settings, self.supervisor.plan(session),
+                    lambda line: self._agent_line(session_id, line))
+            except (LaunchError, OSError) as error:
+                await self._end(session_id, State.FAILED, f"its agent could not be started again: {error}")
+                return
+            self._update(session_id, agent_pid=agent.pid, agent_started=agent.started)
+            self._watch_agent(session_id, agent)
+            listening = runtime.listening
+            listening.addTimeout(self.settings.agent_start_timeout, self.reactor)
+            try:
+                await listening
+            except defer.TimeoutError:
+                log.warn("session {id}: its fresh agent does not say it listens; ending the session", id=session_id)
+                self.background(self.terminate_session(session_id, "its agent did not start again"), "ending it",
+                                session_id)
+        finally:
+            runtime.listening = None
+            runtime.lock.release()
 
     async def _start_program(self, session_id: str, report: bool = False) -> str:
         """Start the session's program; with ``report``, return its status line
@@ -492,10 +551,16 @@ class Lifecycle:
         runtime = self.runtime.get(session_id)
         if session is None or runtime is None:
             return
+        renewing = self._renewable(session)
         if event.event is AgentEvent.ERROR:
             runtime.last_error = event.text
-            log.warn("session {id}: nxagent: {text}", id=session_id, text=event.text)
+            if renewing:  # nxagent giving up on a first client: _agent_exited starts a fresh one
+                log.info("session {id}: nxagent: {text}", id=session_id, text=event.text)
+            else:
+                log.warn("session {id}: nxagent: {text}", id=session_id, text=event.text)
             return
+        if event.event is AgentEvent.WAITING and runtime.listening is not None and not runtime.listening.called:
+            runtime.listening.callback(None)
         if event.event is AgentEvent.COOKIE_MISMATCH:
             log.warn("session {id}: a client offered a wrong cookie", id=session_id)
             return
@@ -507,6 +572,12 @@ class Lifecycle:
             return
         new = advance(session.state, event.event)
         if new is None:
+            return
+        if renewing and new in (State.TERMINATING, State.TERMINATED):
+            # The session waits on: its agent is replaced once it has exited
+            # (_agent_exited), which an aborted agent is told to do now.
+            if new is State.TERMINATED:
+                self._signal_agent(session, signal.SIGTERM)
             return
         changes: dict[str, Any] = {}
         if new is State.RUNNING:
@@ -550,6 +621,11 @@ class Lifecycle:
     def _agent_exited(self, session_id: str) -> None:
         session = self.sessions.get(session_id)
         if session is None or not session.state.live:
+            return
+        runtime = self.runtime.get(session_id)
+        if (runtime is not None and self._renewable(session)
+                and self.reactor.seconds() - runtime.agent_since >= RENEW_AFTER_SECONDS):
+            self.background(self._renew_agent(session_id), "starting its agent again", session_id)
             return
         if session.ever_attached or session.state is State.TERMINATING:
             final, reason = State.TERMINATED, session.failure or "nxagent ended"

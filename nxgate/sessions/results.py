@@ -53,11 +53,25 @@ class SessionView:
     node: str = ""
     program_pid: int = 0
     options: dict[str, Any] = field(default_factory=dict, compare=False)
+    #: The session's cluster member is down: the view is the store's last
+    #: record, and nothing can be done with the session until it is back.
+    lost: bool = False
 
     @property
     def status(self) -> str | None:
         """The one word NX clients list (Running/Suspended), None if not listed."""
         return listed_status(self.state, bool(self.options.get(FOR_LATER)) and not self.attached_before)
+
+    @property
+    def shown_status(self) -> str | None:
+        """:attr:`status` as listings show it: ``Lost`` on a member that is down."""
+        status = self.status
+        return LOST if status is not None and self.lost else status
+
+    @property
+    def shown_state(self) -> str:
+        """The state as the admin and D-Bus see it: ``lost`` on a member that is down."""
+        return LOST.lower() if self.lost else self.state.value
 
     @classmethod
     def of(cls, session: Session) -> SessionView:
@@ -70,6 +84,10 @@ class SessionView:
             changed=session.changed, attached_before=session.ever_attached, agent_pid=session.agent_pid,
             failure=session.failure, node=session.node or session.server_name, program_pid=session.app_pid, options=options,
         )
+
+
+#: What a listing says of a session whose cluster member is down.
+LOST = "Lost"
 
 
 @dataclass(frozen=True)
@@ -110,6 +128,16 @@ class UnknownSession:
 
 
 @dataclass(frozen=True)
+class HeldDisplay:
+    """A display number the node's sessions could use that somebody else
+    holds (a squatter's X lock or abstract X socket, another X server)."""
+
+    display: int
+    users: tuple[str, ...]
+    holds: tuple[str, ...]  # what they hold: "X lock /tmp/.X650-lock of pid 77", ...
+
+
+@dataclass(frozen=True)
 class ServiceStatus:
     """How the session service stands (for the admin)."""
 
@@ -117,6 +145,7 @@ class ServiceStatus:
     live: int
     unsaved_changes: int  # writes the store refused (a full disk), retried until it takes them
     unknown_sessions: tuple[UnknownSession, ...]
+    held_displays: tuple[HeldDisplay, ...] = ()  # displays others hold (passed over by new sessions)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,6 @@ from nxgate.node.launcher import Launcher
 from nxgate.sessions.model import FOR_LATER, Session, member_name
 from nxgate.sessions.programs import session_command
 from nxgate.sessions.remote_sessions import PROTOCOLS, RemoteSessions
-from nxgate.sessions.store.sqlite import SessionStore as SQLiteDatabase
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.housekeeping import Housekeeping
@@ -39,8 +38,7 @@ from nxgate.sessions.lifecycle import Background, Lifecycle
 from nxgate.sessions.limits import Limits
 from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequest, ShareMount, StartRequest
 from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionObserver, SessionView,
-                                     ShadowTarget, StreamTarget, UnknownSession)
-from nxgate.sessions.store.adapter import SyncStoreAdapter
+                                     ShadowTarget, StreamTarget, UnknownSession, HeldDisplay)
 from nxgate.sessions.store.interface import SessionStore
 from nxgate.sessions.writer import StoreWriter
 from nxgate.node.threads import Blocking, inline
@@ -49,6 +47,9 @@ log = Logger(namespace="nxgate.session")
 
 #: The longest session name :meth:`SessionService.rename` accepts.
 MAX_NAME = 64
+#: The longest name looked at, before blanks and unprintable characters go:
+#: anything longer is refused on its length alone.
+MAX_RAW_NAME = 4 * MAX_NAME
 
 
 class SessionService(service.Service):
@@ -58,7 +59,7 @@ class SessionService(service.Service):
         self,
         reactor: Any,
         config: Config,
-        store: SQLiteDatabase | None,
+        store: SessionStore,
         layout: files.StateLayout,
         notifier: inotify.INotify | None = None,
         launcher: Launcher | None = None,
@@ -66,22 +67,16 @@ class SessionService(service.Service):
         blocking: Blocking = inline,
         send_signal: SendSignal = processes.send_signal,
         listens: Callable[[int, int], bool] | None = None,
-        async_store: SessionStore | None = None,
     ) -> None:
         """``blocking`` runs the work that must not hold the reactor (the
         gateway passes a thread pool); ``send_signal`` and ``listens`` go to
         the AgentSupervisor (tests record signals and fake the port check).
-        ``async_store``: the store behind the asynchronous interface (default:
-        ``store`` through :class:`SyncStoreAdapter`; the gateway passes the one
-        ``[store] url`` names, and no ``store``)."""
+        ``store``: the one ``[store] url`` names (SQLite by default)."""
         self.reactor = reactor
         self.config = config
         self.settings = config.sessions
-        self.db = store  # the synchronous SQLite store, if given
-        if async_store is None:
-            assert store is not None, "a store or an async_store"
-            async_store = SyncStoreAdapter(store, blocking)
-        self.store: SessionStore = async_store
+        self._blocking = blocking
+        self.store: SessionStore = store
         self.writer = StoreWriter(self.store, reactor)
         self.layout = layout
         self.notifier = notifier or inotify.INotify(reactor)
@@ -165,11 +160,15 @@ class SessionService(service.Service):
         (listed as Suspended until one does); same checks and limits as an NX
         start, default display settings, encrypted.  Only types that need no
         more than their name: not unix-application, not the remote desktops."""
+        if len(session_type) > MAX_NAME:
+            raise SessionError(Kind.INVALID_REQUEST, "No such session type.")
         if session_type in PROTOCOLS or session_type == "unix-application" or session_type.startswith("shadow"):
             raise SessionError(Kind.INVALID_REQUEST,
                                f"Session type '{session_type}' needs more than a name; start it from an NX client.")
         if not session_type:
             raise SessionError(Kind.INVALID_REQUEST, "No session type given.")
+        if len(name) > MAX_RAW_NAME:  # before any per-character work (issue 22)
+            raise SessionError(Kind.INVALID_REQUEST, f"A session name has 1 to {MAX_NAME} printable characters.")
         clean = printable(name).strip() or session_type
         if len(clean) > MAX_NAME:
             raise SessionError(Kind.INVALID_REQUEST, f"A session name has 1 to {MAX_NAME} printable characters.")
@@ -240,7 +239,7 @@ class SessionService(service.Service):
     async def rename(self, caller: Caller, session_id: str, name: str) -> SessionView:
         """Give the caller's session a new name: printable, 1 to 64 characters."""
         session = self._owned(caller, session_id)
-        clean = printable(name).strip()
+        clean = printable(name).strip() if len(name) <= MAX_RAW_NAME else ""  # length before per-character work
         if not clean or len(clean) > MAX_NAME:
             raise SessionError(Kind.INVALID_REQUEST, f"A session name has 1 to {MAX_NAME} printable characters.",
                                session_id=session_id)
@@ -278,11 +277,14 @@ class SessionService(service.Service):
 
     async def status(self, caller: Caller) -> ServiceStatus:
         self._admin_only(caller, "see the service's status")
+        held = await self._blocking(displays.foreign_displays, self.settings.display_base,
+                                    self.settings.display_limit, list(self.displays.in_use()))
         return ServiceStatus(
             draining=self.draining, live=sum(1 for s in self.sessions.values() if s.state.live),
             unsaved_changes=len(self.unsaved),
             unknown_sessions=tuple(UnknownSession(o.session_id, o.user, o.display, o.agent.pid)
-                                   for o in self.orphans.values()))
+                                   for o in self.orphans.values()),
+            held_displays=tuple(HeldDisplay(h.display, h.users, h.holds) for h in held))
 
     async def set_draining(self, caller: Caller, on: bool) -> bool:
         """Draining: no new sessions, the running ones carry on."""

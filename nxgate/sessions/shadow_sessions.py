@@ -27,7 +27,7 @@ from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.requests import DisplaySettings, ShadowRequest
 from nxgate.sessions.results import Progress, ProgressCallback, Ready, ShadowTarget
-from nxgate.node import console
+from nxgate.node import console, processes
 from nxgate.sessions import shadow_policy as policy
 from nxgate.backends import shadow_screen as screen
 from nxgate.node.threads import Blocking, in_thread
@@ -80,6 +80,13 @@ class ShadowService:
         targets = []
         for session in self.manager.sessions.values():
             if session.state is State.RUNNING and session.type != "shadow" and session.ever_attached:
+                if session.agent_pid and not processes.same_pid_namespace(session.agent_pid):
+                    # Jailed: its display exists only in its jail.  A shadow
+                    # agent, the size probe and the consent dialog on the host
+                    # would reach whoever holds /tmp/.X11-unix/XN there, with
+                    # the owner's cookie.  (Two readlinks: cheap enough here,
+                    # and the sessions stay read in one reactor turn.)
+                    continue
                 agent_files = self.manager.layout.agent_files(session.id)
                 targets.append(Target(session.id, session.user, session.display, session.cookie, session.name,
                                       session.type, agent_files.authority, agent_files.app_log))

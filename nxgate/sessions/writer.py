@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet import defer, task
+from twisted.internet import defer
 from twisted.logger import Logger
 
+from nxgate.loops import SteadyLoop
 from nxgate.sessions.model import Session
 from nxgate.sessions.store.errors import StoreError, StoreUnavailable
 from nxgate.sessions.store.interface import SessionStore
@@ -36,8 +37,7 @@ class StoreWriter:
         self.unsaved: dict[str, Session] = {}
         self._writing = False
         self._refused = False  # the store said it cannot be written now: wait for the retry
-        self._retry = task.LoopingCall(self._try_again)
-        self._retry.clock = clock
+        self._retry = SteadyLoop(self._try_again, clock, "writing kept session changes")
 
     async def insert_first(self, session: Session, limits: tuple[int, int, int] | None = None) -> str | None:
         """Store a new session's first record (raises StoreError: the start is

@@ -61,6 +61,11 @@ def show(command: str, result: Any) -> str:
         rows = [{**row, "roles": ",".join(row["roles"]), "drained": "yes" if row["drained"] else "no"}
                 for row in result]
         return table(rows, NODE_COLUMNS) if rows else "no cluster members have sent a heartbeat yet"
+    if command == "status" and isinstance(result, dict) and "held_displays" in result:
+        held = result["held_displays"]
+        lines = show("", {key: value for key, value in result.items() if key != "held_displays"})
+        return lines + "\nheld_displays: " + ("none" if not held else "".join(
+            f"\n  :{h['display']} held by {', '.join(h['users'])}: {'; '.join(h['holds'])}" for h in held))
     if isinstance(result, dict):
         return "\n".join(f"{key}: {value}" for key, value in result.items())
     return str(result)

@@ -33,7 +33,7 @@ def describe(session: SessionView) -> dict[str, Any]:
     """A session as the admin sees it (a view never holds its cookie)."""
     return {
         "id": session.id, "user": session.user, "type": session.type, "name": session.name,
-        "state": session.state.value, "display": session.display, "node": session.node,
+        "state": session.shown_state, "display": session.display, "node": session.node,
         "client_address": session.client_address, "since": _iso(session.created), "changed": _iso(session.changed),
         "agent_pid": session.agent_pid, "program_pid": session.program_pid, "geometry": session.geometry,
         "attached_before": session.attached_before, "failure": session.failure,
@@ -123,6 +123,9 @@ class AdminProtocol(LineOnlyReceiver):
                 # Agents running in session directories the store did not know at start.
                 "unknown_sessions": [{"id": u.id, "user": u.user, "display": u.display, "pid": u.agent_pid}
                                      for u in status.unknown_sessions],
+                # Displays held by others (X locks, abstract X sockets): new sessions pass them over.
+                "held_displays": [{"display": h.display, "users": list(h.users), "holds": list(h.holds)}
+                                  for h in status.held_displays],
                 # Issue 26: connections not authenticated yet, over every door, and the descriptors.
                 **_preauth_status(self.gateway)}
 

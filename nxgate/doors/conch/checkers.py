@@ -32,7 +32,7 @@ from twisted.internet import defer, threads
 from twisted.logger import Logger
 from zope.interface import Interface, implementer
 
-from nxgate.auth.pam import AuthResult, Authenticator, Prompt, loggable_user
+from nxgate.auth.pam import MAX_PASSWORD_BYTES, AuthResult, Authenticator, Prompt, loggable_user
 from nxgate.doors.conch import authorized_keys
 from nxgate.doors.conch.authorized_keys import AuthorizedKey
 
@@ -253,8 +253,13 @@ class KeyboardInteractiveChecker(_Checker):
             raise UnauthorizedLogin("the nx account only takes its key")
 
         def respond(prompts: Sequence[Prompt]) -> list[str]:
-            # Runs in a PAM thread; waits for the client's answers.
-            return threads.blockingCallFromThread(self.reactor, credentials.ask, prompts)
+            # Runs in a PAM thread; waits for the client's answers.  An
+            # answer longer than any password ends the conversation before
+            # PAM looks at it (the SSH packet allows 256 kB).
+            answers = threads.blockingCallFromThread(self.reactor, credentials.ask, prompts)
+            if any(len(answer) > MAX_PASSWORD_BYTES for answer in answers):
+                raise LookupError("an answer longer than any password")
+            return answers
 
         result = await self.authenticator.conversation(user, respond, credentials.remote_address)
         _require(result, credentials.remote_address, "keyboard-interactive")

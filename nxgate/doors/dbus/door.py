@@ -23,10 +23,11 @@ from typing import Any
 from twisted.application import service
 from twisted.internet import defer
 from twisted.logger import Logger
-from txdbus import client, message, objects
+from txdbus import message, objects
 from txdbus.interface import DBusInterface, Method, Signal
 
-from nxgate.doors.dbus import wire
+from nxgate.auth.pam import AuthResult
+from nxgate.doors.dbus import connection, wire
 from nxgate.sessions.api import SessionAPI
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
@@ -36,6 +37,8 @@ log = Logger(namespace="nxgate.dbus")
 
 #: uid -> the Caller acting for it (blocking work is the resolver's business).
 Resolver = Callable[[int], Awaitable[Caller]]
+#: (user, remote host) -> the account check every door runs (Authenticator.account).
+AccountCheck = Callable[[str, str | None], Awaitable[AuthResult]]
 
 
 class BusError(Exception):
@@ -69,8 +72,11 @@ class GatewayObject(objects.DBusObject):
         super().__init__(wire.OBJECT_PATH)
         self.door = door
 
-    def _call(self, sender: str, work: Callable[[Caller], Awaitable[Any]]) -> defer.Deferred[Any]:
-        return defer.ensureDeferred(self.door.call(sender, work))
+    def _call(self, sender: str, work: Callable[[Caller], Awaitable[Any]], *strings: str,
+              starts_session: bool = False) -> defer.Deferred[Any]:
+        """``strings`` are the method's arguments, refused when too long
+        before anything else looks at them (issue 22)."""
+        return defer.ensureDeferred(self.door.call(sender, work, strings, starts_session))
 
     def dbus_ListSessions(self, dbusCaller: str | None = None) -> defer.Deferred[Any]:
         async def work(caller: Caller) -> list[dict[str, Any]]:
@@ -80,7 +86,7 @@ class GatewayObject(objects.DBusObject):
     def dbus_GetSession(self, session_id: str, dbusCaller: str | None = None) -> defer.Deferred[Any]:
         async def work(caller: Caller) -> dict[str, Any]:
             return wire.describe(await self.door.sessions.show(caller, _id(session_id)))
-        return self._call(dbusCaller or "", work)
+        return self._call(dbusCaller or "", work, session_id)
 
     def dbus_StartSession(self, session_type: str, name: str, dbusCaller: str | None = None) -> defer.Deferred[Any]:
         """A session of an allowed type that waits, listed as Suspended, for
@@ -90,25 +96,25 @@ class GatewayObject(objects.DBusObject):
             log.info("{user} starts session {id} ({type}) over D-Bus", user=caller.user, id=view.id,
                      type=view.type, audit="dbus_action")
             return wire.describe(view)
-        return self._call(dbusCaller or "", work)
+        return self._call(dbusCaller or "", work, session_type, name, starts_session=True)
 
     def dbus_Suspend(self, session_id: str, dbusCaller: str | None = None) -> defer.Deferred[Any]:
         async def work(caller: Caller) -> str:
             view = await self.door.sessions.suspend(caller, _id(session_id))
             log.info("{user} suspends session {id} over D-Bus", user=caller.user, id=view.id, audit="dbus_action")
             return view.state.value
-        return self._call(dbusCaller or "", work)
+        return self._call(dbusCaller or "", work, session_id)
 
     def dbus_Terminate(self, session_id: str, dbusCaller: str | None = None) -> defer.Deferred[Any]:
         async def work(caller: Caller) -> str:
             view = await self.door.sessions.terminate(caller, _id(session_id), f"terminated over D-Bus by {caller.user}")
             return view.state.value
-        return self._call(dbusCaller or "", work)
+        return self._call(dbusCaller or "", work, session_id)
 
     def dbus_Rename(self, session_id: str, name: str, dbusCaller: str | None = None) -> defer.Deferred[Any]:
         async def work(caller: Caller) -> dict[str, Any]:
             return wire.describe(await self.door.sessions.rename(caller, _id(session_id), name))
-        return self._call(dbusCaller or "", work)
+        return self._call(dbusCaller or "", work, session_id, name)
 
     def dbus_Subscribe(self, dbusCaller: str | None = None) -> defer.Deferred[Any]:
         async def work(caller: Caller) -> None:
@@ -121,7 +127,19 @@ class GatewayObject(objects.DBusObject):
 
 def _id(session_id: str) -> str:
     """The bare id of an id or a full ``host-display-ID`` (as the admin socket takes them)."""
-    return str(session_id).upper()[-32:]
+    return str(session_id)[-32:].upper()
+
+
+#: The longest string argument any method takes: a full session id
+#: (a host name of up to 253 characters, the display, 32 hex digits) or a
+#: session type or name (64 characters; a name may carry blanks to strip).
+MAX_ARGUMENT = 320
+#: (Bigger messages never reach a method: see nxgate.doors.dbus.connection.)
+
+
+def too_long(strings: tuple[str, ...]) -> bool:
+    """Whether an argument is longer than :data:`MAX_ARGUMENT` (``len`` only)."""
+    return any(len(value) > MAX_ARGUMENT for value in strings)
 
 
 class DBusDoor(service.Service):
@@ -130,10 +148,12 @@ class DBusDoor(service.Service):
 
     name = "dbus"
 
-    def __init__(self, reactor: Any, sessions: SessionAPI, resolve: Resolver, address: str = "system") -> None:
+    def __init__(self, reactor: Any, sessions: SessionAPI, resolve: Resolver, address: str = "system",
+                 account: AccountCheck | None = None) -> None:
         self.reactor = reactor
         self.sessions = sessions
         self.resolve = resolve
+        self.account = account
         self.address = address or "system"
         self.connection: Any = None
         self.object = GatewayObject(self)
@@ -148,7 +168,7 @@ class DBusDoor(service.Service):
         d.chainDeferred(self.ready)
 
     async def _connect(self) -> bool:
-        self.connection = await client.connect(self.reactor, self.address)
+        self.connection = await connection.connect(self.reactor, self.address)
         self.connection.exportObject(self.object)
         await self.connection.requestBusName(wire.BUS_NAME, doNotQueue=True)
         await self.connection.addMatch(self._name_owner_changed, interface="org.freedesktop.DBus",
@@ -184,13 +204,33 @@ class DBusDoor(service.Service):
             known = self.callers[sender] = await self.resolve(int(uid))
         return known
 
-    async def call(self, sender: str, work: Callable[[Caller], Awaitable[Any]]) -> Any:
-        """Run ``work`` for the sender; refusals become org.nxgate.Error.* errors."""
+    async def call(self, sender: str, work: Callable[[Caller], Awaitable[Any]], strings: tuple[str, ...] = (),
+                   starts_session: bool = False) -> Any:
+        """Run ``work`` for the sender; refusals become org.nxgate.Error.* errors.
+
+        Arguments longer than any id, type or name are refused before any
+        other work; then the caller's account must pass the account check
+        every door runs (deny_users, shell, lock, pam_acct_mgmt), on every
+        call: an account locked or expired since the last call is refused
+        at once.  Root acts as the administrator without that check, but
+        starts no session of its own (it is in deny_users by default)."""
+        if too_long(strings):
+            log.warn("D-Bus: refused a call from {sender}: an argument of {size} characters (at most {limit})",
+                     sender=sender, size=max(len(value) for value in strings), limit=MAX_ARGUMENT)
+            raise BusError(wire.error_name(Kind.INVALID_REQUEST),
+                           f"An argument is longer than {MAX_ARGUMENT} characters.")
         try:
             caller = await self.caller(sender)
         except Exception as error:
             log.warn("D-Bus: could not tell who {sender} is: {error}", sender=sender, error=str(error))
             raise BusError(wire.error_name(Kind.NOT_ALLOWED), "Could not tell who you are.") from None
+        if self.account is not None and (caller.uid != 0 or starts_session):
+            result = await self.account(caller.user, None)
+            if not result.granted:
+                log.warn("D-Bus: refused {user} (uid {uid}): {reason}", user=caller.user, uid=caller.uid,
+                         reason=result.reason, address=f"D-Bus (uid {caller.uid})", audit="login_failed")
+                raise BusError(wire.error_name(Kind.NOT_ALLOWED),
+                               (result.client_note or "This account may not use sessions on this server") + ".")
         try:
             return await work(caller)
         except SessionError as error:

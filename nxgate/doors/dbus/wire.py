@@ -36,7 +36,7 @@ def describe(view: SessionView) -> dict[str, Any]:
     a view never holds one)."""
     return {
         "id": view.id, "full_id": view.full_id, "user": view.user, "type": view.type, "name": view.name,
-        "state": view.state.value, "display": view.display, "node": view.node,
+        "state": view.shown_state, "lost": bool(view.lost), "display": view.display, "node": view.node,
         "client_address": view.client_address, "created": float(view.created), "changed": float(view.changed),
         "geometry": view.geometry, "attached_before": bool(view.attached_before), "encrypted": bool(view.encrypted),
         "agent_pid": view.agent_pid, "failure": view.failure,

@@ -22,6 +22,7 @@ from typing import Any
 from twisted.internet import protocol
 from twisted.logger import Logger
 
+from nxgate.auth.pam import AuthResult
 from nxgate.auth.peercred import peer_uid
 from nxgate.stream import agentsocket
 from nxgate.doors.openssh import framing
@@ -111,7 +112,31 @@ class OpenSSHDoorProtocol(protocol.Protocol):
                 log.warn("refused {user} on the shell socket: user logins are disabled", user=name)
                 self._drop()
                 return
-            self.preauthenticated = name
+            # The kernel proved who this is, but not that the account may
+            # log in: the same account check as every door (deny_users,
+            # shell, lock, pam_acct_mgmt) before any session operation.
+            d = self.gateway.authenticator.account(name, None)
+            d.addCallback(self._account_checked, name)
+            d.addErrback(lambda failure: (log.failure("account check of {user} on the shell socket", failure,
+                                                      user=name), self._drop()))
+            return
+        self._serve_early()
+
+    def _account_checked(self, result: AuthResult, name: str) -> None:
+        if self.lost or self.done:
+            return
+        if not result.granted:
+            log.warn("refused {user} (uid {uid}) on the shell socket: {reason}", user=name, uid=self.uid,
+                     reason=result.reason, audit="login_failed", address=f"local uid {self.uid}")
+            note = result.client_note or "this account may not log in to NX on this server"
+            self.transport.write(framing.frame(framing.DATA, f"NX> 500 ERROR: {note}.\nNX> 999 Bye.\n".encode()))
+            self.transport.write(framing.frame(framing.EXIT, b"1"))
+            self._drop()
+            return
+        self.preauthenticated = name
+        self._serve_early()
+
+    def _serve_early(self) -> None:
         early, self.early = self.early or [], None
         self._frames(early)
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from twisted.application import strports
-from twisted.application.internet import TimerService
+from twisted.application.internet import StreamServerEndpointService, TimerService
 from twisted.application.service import MultiService
 from twisted.logger import Logger
 
 from nxgate.auth.pam import Authenticator
 from nxgate.doors.web import tls
+from nxgate.loops import steady
 from nxgate.doors.web.site import ResolveCaller, Thumbnailer, web_site
 from nxgate.sessions.api import SessionAPI
 
@@ -38,8 +38,10 @@ class WebDoor(MultiService):
                                         resolve=resolve, thumbnailer=thumbnailer, settings=settings, types=types,
                                         viewers=viewers, tls=tls.is_tls(web.listen))
         front = wrap(self.site, tls.is_tls(web.listen)) if wrap is not None else self.site
-        strports.service(self.endpoint, front).setServiceParent(self)
-        timer = TimerService(EXPIRY_PERIOD, self.site.expire_logins)  # type: ignore[attr-defined]
+        listening = StreamServerEndpointService(tls.listening_endpoint(reactor, self.endpoint), front)
+        listening._raiseSynchronously = True  # a port in use stops the start, as strports.service did
+        listening.setServiceParent(self)
+        timer = TimerService(EXPIRY_PERIOD, steady(self.site.expire_logins, "expiring idle portal logins"))  # type: ignore[attr-defined]
         timer.clock = reactor
         timer.setServiceParent(self)
 

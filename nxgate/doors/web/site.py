@@ -26,6 +26,7 @@ from twisted.web import resource, server, static
 from nxgate.auth.pam import AuthResult, Authenticator, Verdict
 from nxgate.doors.login_events import log_granted, log_refused
 from nxgate.doors.web import pages
+from nxgate.doors.web.guard import DoorSite, report_failure
 from nxgate.doors.web.logins import COOKIE_NAME, Login, LoginTable, new_token, same_secret
 from nxgate.sessions.api import SessionAPI
 from nxgate.sessions.caller import Caller
@@ -36,7 +37,6 @@ log = Logger(namespace="nxgate.web")
 
 PRELOGIN_COOKIE = "nxgate_prelogin"
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
-MAX_FORM_BYTES = 16 << 10
 DRAWING_AT_ONCE = 2
 THUMBNAIL_STATES = ("Running", "Suspended")
 
@@ -106,11 +106,16 @@ class WebAuth:
                           sameSite="strict", max_age=None if max_age is None else str(max_age).encode())
 
     # -------------------------------------------------------------- pages
-    def secure_headers(self, request: server.Request) -> None:
-        for name, value in pages.SECURITY_HEADERS.items():
-            request.setHeader(name, value)
+    def header_items(self) -> list[tuple[bytes, bytes]]:
+        """The security headers every answer of the door carries (see :mod:`nxgate.doors.web.guard`)."""
+        items = list(pages.SECURITY_HEADERS.items())
         if self.tls:
-            request.setHeader(b"Strict-Transport-Security", b"max-age=31536000")
+            items.append((b"Strict-Transport-Security", b"max-age=31536000"))
+        return items
+
+    def secure_headers(self, request: server.Request) -> None:
+        for name, value in self.header_items():
+            request.setHeader(name, value)
 
     def page(self, request: server.Request, title: str, body: str, scripts: Sequence[str] = ()) -> bytes:
         self.secure_headers(request)
@@ -162,7 +167,7 @@ class Deferring(resource.Resource):
                 request.finish()
 
         def failed(failure: Failure) -> None:
-            log.failure("web request {path} failed", failure, path=request.path)
+            report_failure(request, failure, "handler")
             if not finished[0]:
                 request.setResponseCode(500)
                 done(self.auth.page(request, "Error", '<p class="error">Internal error.</p>'))
@@ -273,11 +278,11 @@ class Portal(Deferring):
         for view in views:
             state = view.status or view.state.value
             rows.append(pages.Row(handle=self.auth.handle(request, view.id), name=view.name, type=view.type,
-                                  state=state, since=view.changed,
+                                  state=view.shown_status or state, since=view.changed,
                                   # A session started for later has no screen until its first client comes.
-                                  thumbnail=state in THUMBNAIL_STATES and view.attached_before,
+                                  thumbnail=state in THUMBNAIL_STATES and view.attached_before and not view.lost,
                                   user=view.user, node=view.node, client=view.client_address,
-                                  openable=state in THUMBNAIL_STATES))
+                                  openable=state in THUMBNAIL_STATES and not view.lost))
         return rows
 
     async def show(self, request: server.Request, caller: Caller, message: str) -> bytes:
@@ -398,40 +403,6 @@ class Thumbnails(Deferring):
         return await waiter
 
 
-class LimitedRequest(server.Request):
-    """A request whose body may not exceed :data:`MAX_FORM_BYTES` (the
-    door's forms are a few hundred bytes): a larger one is answered 413 and
-    the connection closed before the body is buffered."""
-
-    received = 0
-    refused = False
-
-    def gotLength(self, length: int | None) -> None:
-        super().gotLength(length)
-        if length is not None and length > MAX_FORM_BYTES:
-            self.too_large()
-
-    def handleContentChunk(self, data: bytes) -> None:
-        self.received += len(data)
-        if self.received > MAX_FORM_BYTES:
-            self.too_large()
-        if not self.refused:
-            super().handleContentChunk(data)
-
-    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
-        if not self.refused:
-            super().requestReceived(command, path, version)
-
-    def too_large(self) -> None:
-        if self.refused:
-            return
-        self.refused = True
-        if self.channel is not None and self.channel.transport is not None:
-            self.channel.transport.write(b"HTTP/1.1 413 Request Entity Too Large\r\nConnection: close\r\n"
-                                         b"Content-Length: 0\r\n\r\n")
-            self.channel.transport.loseConnection()
-
-
 class Root(resource.Resource):
     def __init__(self, auth: WebAuth, portal: Portal) -> None:
         super().__init__()
@@ -497,8 +468,7 @@ def web_site(*, reactor: Any, service: SessionAPI, authenticator: Authenticator,
             log.info("web login of {user!r} ended after {idle:.0f} s idle", user=gone.caller.user,
                      idle=logins.idle_timeout, audit="logout", reason="idle timeout")
 
-    site = server.Site(root, requestFactory=LimitedRequest)
-    site.displayTracebacks = False
+    site = DoorSite(root, auth.header_items, reactor.seconds)
     site.expire_logins = follow_settings  # type: ignore[attr-defined]
     return site, auth
 

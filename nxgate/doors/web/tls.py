@@ -6,15 +6,19 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
-import re
 import socket
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from twisted.internet.endpoints import quoteStringArgument
+from OpenSSL import crypto
+from twisted.internet import ssl
+from twisted.internet.endpoints import SSL4ServerEndpoint, quoteStringArgument, serverFromString
+from twisted.internet.interfaces import IStreamServerEndpoint
 from twisted.logger import Logger
+from twisted.python.filepath import FilePath
 
 from nxgate.doors.conch.hostkeys import ensure_private_dir, write_private_file
 
@@ -23,6 +27,18 @@ log = Logger(namespace="nxgate.web")
 CERT_NAME = "portal-cert.pem"
 KEY_NAME = "portal-key.pem"
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+#: TLS 1.2 suites the portal offers: Mozilla's "intermediate" list — AEAD
+#: only, all with forward secrecy (no CBC, no SHA-1 MACs, no static RSA).
+#: The DHE ones need ``dhParameters=``; TLS 1.3 keeps OpenSSL's own (all AEAD).
+CIPHERS = ":".join((
+    "ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-RSA-AES128-GCM-SHA256",
+    "ECDHE-ECDSA-AES256-GCM-SHA384", "ECDHE-RSA-AES256-GCM-SHA384",
+    "ECDHE-ECDSA-CHACHA20-POLY1305", "ECDHE-RSA-CHACHA20-POLY1305",
+    "DHE-RSA-AES128-GCM-SHA256", "DHE-RSA-AES256-GCM-SHA384",
+))
+#: The ``ssl:`` options the door understands (Twisted's own names).
+SSL_OPTIONS = ("port", "interface", "backlog", "privateKey", "certKey", "extraCertChain", "dhParameters")
 
 
 class WebConfigError(ValueError):
@@ -33,13 +49,33 @@ def endpoint_options(listen: str) -> tuple[str, dict[str, str]]:
     """``ssl:4443:interface=::1`` -> (``ssl``, {``port``: ``4443``, ``interface``: ``::1``})."""
     kind, _, rest = listen.partition(":")
     options: dict[str, str] = {}
-    for part in re.split(r"(?<!\\):", rest) if rest else []:
-        key, equals, value = part.replace("\\:", ":").partition("=")
+    for part in _fields(rest) if rest else []:
+        key, equals, value = part.partition("=")
         if equals:
             options[key] = value
         elif "port" not in options:
             options["port"] = part
     return kind.lower(), options
+
+
+def _fields(rest: str) -> list[str]:
+    """Split at unescaped colons, undoing :func:`quoteStringArgument` (``\\:`` and ``\\\\``)."""
+    fields: list[str] = []
+    current: list[str] = []
+    escaped = False
+    for char in rest:
+        if escaped:
+            current.append(char)
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == ":":
+            fields.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    fields.append("".join(current))
+    return fields
 
 
 def is_tls(listen: str) -> bool:
@@ -103,3 +139,54 @@ def server_endpoint(listen: str, certificate: str, private_key: str, directory: 
     private_key = private_key or certificate
     return (f"{listen}:privateKey={quoteStringArgument(private_key)}"
             f":certKey={quoteStringArgument(certificate)}")
+
+
+def _pem_certificates(data: bytes) -> list[ssl.Certificate]:
+    marker = b"-----END CERTIFICATE-----"
+    return [ssl.Certificate.loadPEM(block + marker) for block in data.split(marker) if b"-----BEGIN" in block]
+
+
+def context_options(certificate: str, private_key: str, chain: str = "", dh_parameters: str = "",
+                    ) -> ssl.CertificateOptions:
+    """The portal's TLS settings: TLS 1.2 or newer, :data:`CIPHERS` only
+    (blocking: reads the PEM files)."""
+    with open(private_key, "rb") as handle:
+        key = ssl.KeyPair.load(handle.read(), crypto.FILETYPE_PEM)
+    with open(certificate, "rb") as handle:
+        certificates = _pem_certificates(handle.read())
+    if not certificates:
+        raise WebConfigError(f"[web] no certificate in {certificate}")
+    extra = certificates[1:]
+    if chain:
+        with open(chain, "rb") as handle:
+            extra += _pem_certificates(handle.read())
+    return ssl.CertificateOptions(
+        privateKey=key.original, certificate=certificates[0].original,
+        extraCertChain=[c.original for c in extra] or None,
+        dhParameters=ssl.DiffieHellmanParameters.fromFile(FilePath(dh_parameters)) if dh_parameters else None,
+        acceptableCiphers=ssl.AcceptableCiphers.fromOpenSSLCipherString(CIPHERS),
+        raiseMinimumTo=ssl.TLSVersion.TLSv1_2)
+
+
+def listening_endpoint(reactor: Any, description: str) -> IStreamServerEndpoint:
+    """The endpoint of a :func:`server_endpoint` description: ``ssl:`` with
+    :func:`context_options` (Twisted's own ``ssl:`` parser offers TLS 1.2
+    CBC suites and knows no cipher option), anything else as strports says."""
+    kind, options = endpoint_options(description)
+    if kind != "ssl":
+        return serverFromString(reactor, description)
+    unknown = sorted(set(options) - set(SSL_OPTIONS))
+    if unknown:
+        raise WebConfigError(f"[web] listen: unknown ssl option(s) {', '.join(unknown)} "
+                             f"(known: {', '.join(SSL_OPTIONS[1:])})")
+    try:
+        port = int(options.get("port", ""))
+        backlog = int(options.get("backlog", "50"))
+    except ValueError:
+        raise WebConfigError(f"[web] listen = {description}: the port and backlog are numbers") from None
+    key = options.get("privateKey", "")
+    if not key:
+        raise WebConfigError("[web] listen: ssl needs a privateKey")
+    context = context_options(options.get("certKey") or key, key, options.get("extraCertChain", ""),
+                              options.get("dhParameters", ""))
+    return SSL4ServerEndpoint(reactor, port, context, backlog=backlog, interface=options.get("interface", ""))

@@ -92,11 +92,7 @@ class Extras:
         found = []
         for name, module_name in (MODULES if modules is None else modules).items():
             try:
-                module = importlib.import_module(module_name)
-            except ImportError:
-                continue
-            try:
-                found.append(module.make(context))
+                found.append(importlib.import_module(module_name).make(context))
             except Exception:
                 log.failure("the {service} extra could not be set up; sessions go without it", service=name)
         return cls(found)

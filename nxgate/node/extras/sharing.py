@@ -39,6 +39,7 @@ from twisted.internet import task
 from twisted.logger import Logger
 
 from nxgate import channels
+from nxgate.node import files
 from nxgate.node.extras import Context
 
 log = Logger(namespace="nxgate.extras.sharing")
@@ -50,6 +51,7 @@ TRIES = 20
 PAUSE = 0.5
 RUN_TIMEOUT = 30.0
 MNT_DETACH = 2
+UMOUNT_NOFOLLOW = 8
 
 
 def mount_key(share: str) -> str:
@@ -104,12 +106,26 @@ def mounts_under(mountinfo: str, prefix: str) -> list[str]:
     return sorted(set(found), key=lambda path: (-path.count("/"), path))
 
 
-def _umount(path: str) -> None:
-    """Detach a mount as root (FUSE mounts of a user included)."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    if libc.umount2(os.fsencode(path), MNT_DETACH) != 0:
-        error = ctypes.get_errno()
-        raise OSError(error, os.strerror(error), path)
+def _umount(path: str, trusted: str) -> None:
+    """Detach the mount at ``path`` as root (FUSE mounts of a user included).
+
+    ``path`` lies in the user's session directory, found in mountinfo a
+    moment before: the user may meanwhile have unmounted their FUSE mount
+    and turned the mount point, or a directory above it, into a symlink to
+    another mount point (``/proc``, ``/run/user/N``, ...).  So the path is
+    walked from ``trusted`` (the gateway's ``sessions/``) without following
+    links (:func:`nxgate.node.files.open_parent_beneath`), and
+    ``UMOUNT_NOFOLLOW`` keeps the kernel from following a link in the last
+    place: such a swap makes the umount fail, it never moves it."""
+    parent, name = files.open_parent_beneath(trusted, path)
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        target = os.fsencode(f"/proc/self/fd/{parent}/{name}")
+        if libc.umount2(target, MNT_DETACH | UMOUNT_NOFOLLOW) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, os.strerror(error), path)
+    finally:
+        os.close(parent)
 
 
 class Sharing:
@@ -205,7 +221,7 @@ class Sharing:
             return []
         for point in points:
             try:
-                _umount(point)
+                _umount(point, self.context.layout.sessions)
             except OSError as error:
                 log.warn("cannot unmount {point}: {error}", point=point, error=error)
         return points

@@ -1,10 +1,12 @@
-"""What PostgreSQL and MariaDB/MySQL differ in, for the SQL store:
-drivers and their timeouts, column types, quoting, locks and upserts.
+"""What PostgreSQL, MariaDB/MySQL and SQLite differ in, for the SQL store:
+drivers and their timeouts, column types, quoting, locks, upserts, where
+the schema version is kept, and how a failure is put for people.
 
 Drivers: psycopg2 and PyMySQL, imported when a store of that kind is
 opened (a single box on SQLite needs neither).  Both speak the ``%s``
 parameter style, so the queries in :mod:`nxgate.sessions.store.sql` are
-shared.  Every connection gets bounded waits: connecting, each statement,
+shared (SQLite's dialect, :mod:`nxgate.sessions.store.sqlite`, translates
+them to its ``?``).  Every connection gets bounded waits: connecting, each statement,
 each lock, and the TCP connection itself (keepalives), so a call on a
 server that went away fails instead of hanging.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nxgate.sessions.store.errors import StoreError
 from nxgate.sessions.store.location import Location
 from nxgate.sessions.store.rows import MEMBER_COLUMNS, SESSION_COLUMNS
 
@@ -39,6 +42,51 @@ class Dialect:
     timeout = 5  # seconds, per statement and per lock wait
     migration_timeout = 120  # seconds: waiting for another member's migration
     types: dict[str, str] = {}
+    #: The database server's own backups cover it (SQLite's file is copied by :meth:`backup`).
+    backs_itself_up = True
+
+    def path(self, location: Location) -> str:
+        """The store as logs and the admin name it (never with a password)."""
+        return location.safe_url
+
+    def where(self, location: Location) -> str:
+        """The store in an error's detail."""
+        return f"{self.name} at {location.host}:{location.port}"
+
+    def backup_path(self, location: Location) -> str | None:
+        return None
+
+    def prepare(self, location: Location) -> None:
+        """Anything to do before the first connection (a server: nothing)."""
+
+    def backup(self, location: Location) -> str | None:
+        return None
+
+    def schema_version(self, cursor: Any) -> int:
+        """The schema version the store is at (0: empty)."""
+        cursor.execute("CREATE TABLE IF NOT EXISTS nxgate_schema (version INTEGER NOT NULL)")
+        cursor.execute("SELECT version FROM nxgate_schema")
+        row = cursor.fetchone()
+        return int(row[0]) if row else 0
+
+    def record_version(self, cursor: Any, version: int, previous: int) -> None:
+        if previous == 0:
+            cursor.execute("INSERT INTO nxgate_schema (version) VALUES (%s)", (version,))
+        else:
+            cursor.execute("UPDATE nxgate_schema SET version=%s", (version,))
+
+    def before_migration(self, location: Location, connection: Any, version: int) -> None:
+        """Called before a store at ``version`` (> 0) is migrated."""
+
+    def admission_lock(self, cursor: Any) -> None:
+        """Serialise admissions across machines: every admit queues here
+        until the one before committed."""
+        cursor.execute("SELECT name FROM nxgate_locks WHERE name='admit' FOR UPDATE")
+
+    def store_error(self, error: BaseException, location: Location) -> StoreError | None:
+        """The StoreError ``error`` means, when this dialect says more than
+        "cannot be reached" / "refused" (None: the SQL store's words)."""
+        return None
 
     def quote(self, identifier: str) -> str:
         return f"{self.quote_char}{identifier}{self.quote_char}"
@@ -235,4 +283,8 @@ class MySQL(Dialect):
 
 
 def dialect(kind: str) -> Dialect:
+    if kind == "sqlite":
+        from nxgate.sessions.store.sqlite import SQLite
+
+        return SQLite()
     return {"postgresql": PostgreSQL, "mysql": MySQL}[kind]()

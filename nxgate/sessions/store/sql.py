@@ -1,11 +1,16 @@
-"""The session store on a database server (PostgreSQL, MariaDB/MySQL),
-shared by every member of a cluster.
+"""The session store: one implementation for SQLite (the embedded
+default), and PostgreSQL and MariaDB/MySQL, shared by every member of a
+cluster.
 
-The drivers block, so every call runs in a small thread pool of the
-store's own, one connection per thread, and comes back as a Deferred (the
-interface in :mod:`nxgate.sessions.store.interface`).  What a dialect
-differs in (types, quoting, locks, upsert, the driver's errors) lives in
-:mod:`nxgate.sessions.store.dialects`; the queries are here, once.
+The drivers block (SQLite on its file lock too), so every call runs in a
+small thread pool of the store's own, one connection per thread, and comes
+back as a Deferred (the interface in
+:mod:`nxgate.sessions.store.interface`); the reactor never waits for the
+database.  What a dialect differs in (types, quoting, locks, upsert, the
+schema version, the driver's errors) lives in
+:mod:`nxgate.sessions.store.dialects` and :mod:`nxgate.sessions.store.sqlite`;
+the queries are here, once.  Unit tests run a store ``inline`` (in the
+calling thread, every Deferred fired at once) to stay deterministic.
 
 Failure: a server that cannot be reached, a connection that broke, or a
 statement that timed out is :class:`StoreUnavailable` with plain words
@@ -59,15 +64,20 @@ class Connections:
 
     def __init__(self, reactor: Any, connect: Callable[[], Any], size: int = 4,
                  unavailable: Callable[[BaseException], bool] = lambda error: False,
-                 broken: Callable[[BaseException, Any], bool] = lambda error, connection: False) -> None:
+                 broken: Callable[[BaseException, Any], bool] = lambda error, connection: False,
+                 inline: bool = False) -> None:
         self.reactor = reactor
         self.connect = connect
         self.unavailable = unavailable
         self.broken = broken
+        self.inline = inline
         self.pool = ThreadPool(minthreads=1, maxthreads=size, name="nxgate-store")
         self.local = threading.local()
         self.lock = threading.Lock()
         self.connections: set[Any] = set()
+        self.shutdown: Any = None
+        if inline:
+            return
         # Threads start with the reactor, not now: twistd may still fork
         # (daemonize) after the store is opened, and threads do not survive
         # a fork.  Calls made before are queued until then.
@@ -79,7 +89,14 @@ class Connections:
             self.pool.start()
 
     def run(self, work: Callable[[Any], T]) -> defer.Deferred[T]:
-        return threads.deferToThreadPool(self.reactor, self.pool, self._run, work)
+        """``work(cursor)`` in one transaction, in a worker thread."""
+        return self.call(self._run, work)
+
+    def call(self, function: Callable[..., T], *arguments: Any) -> defer.Deferred[T]:
+        """``function(*arguments)`` in a worker thread (inline: now)."""
+        if self.inline:
+            return defer.maybeDeferred(function, *arguments)
+        return threads.deferToThreadPool(self.reactor, self.pool, function, *arguments)
 
     def _connection(self) -> tuple[Any, bool]:
         """This thread's connection, and whether it was made just now."""
@@ -148,10 +165,11 @@ class Connections:
                 pass
 
     def close(self) -> None:
-        if self.shutdown is not None:
-            self.reactor.removeSystemEventTrigger(self.shutdown)
-            self.shutdown = None
-            self.pool.stop()
+        if self.shutdown is not None or self.inline:
+            if self.shutdown is not None:
+                self.reactor.removeSystemEventTrigger(self.shutdown)
+                self.shutdown = None
+                self.pool.stop()
             with self.lock:
                 connections, self.connections = self.connections, set()
             for connection in connections:
@@ -162,15 +180,16 @@ class Connections:
 
 
 class SQLStore:
-    """:class:`nxgate.sessions.store.interface.SessionStore` on a database server."""
+    """:class:`nxgate.sessions.store.interface.SessionStore` on SQLite or a database server."""
 
     def __init__(self, dialect: Dialect, location: Location, reactor: Any, *, size: int = 4,
-                 timeout: float | None = None, migrate: bool = True) -> None:
+                 timeout: float | None = None, migrate: bool = True, inline: bool = False) -> None:
         self.dialect = dialect
         self.location = location
         self.reactor = reactor
-        self.path = location.safe_url
-        self.backup_path: str | None = None
+        self.inline = inline
+        self.path = dialect.path(location)
+        self.backup_path: str | None = dialect.backup_path(location)
         self.timeout = timeout if timeout is not None else dialect.timeout * 2 + dialect.connect_timeout + 1
         self.reachable = True
         q = dialect.quote
@@ -183,21 +202,25 @@ class SQLStore:
         self._heartbeat = dialect.upsert("members", HEARTBEAT_COLUMNS, "name")
         if migrate:
             self.migrate()
-        self.connections = Connections(reactor, self._connect, size, dialect.is_unavailable, dialect.is_broken)
+        self.connections = Connections(reactor, self._connect, size, dialect.is_unavailable, dialect.is_broken,
+                                       inline=inline)
 
     # ------------------------------------------------------- plumbing
     def _connect(self) -> Any:
         return self.dialect.connect(self.location)
 
-    def _unavailable(self, error: BaseException) -> StoreUnavailable:
-        where = f"{self.dialect.name} at {self.location.host}:{self.location.port}"
+    def _unavailable(self, error: BaseException) -> StoreError:
+        translated = self.dialect.store_error(error, self.location)
+        if translated is not None:
+            return translated
         detail = " ".join(str(error).split()) or type(error).__name__
-        return StoreUnavailable(UNREACHABLE, f"{where}: {detail}")
+        return StoreUnavailable(UNREACHABLE, f"{self.dialect.where(self.location)}: {detail}")
 
     def _call(self, function: Callable[[Any], T]) -> defer.Deferred[T]:
         def run() -> defer.Deferred[T]:
             d = self.connections.run(function)
-            d.addTimeout(self.timeout, self.reactor)
+            if not self.inline:
+                d.addTimeout(self.timeout, self.reactor)
             return d
 
         d = defer.maybeDeferred(run)
@@ -213,8 +236,10 @@ class SQLStore:
     def _down(self, failure: Any) -> Any:
         if failure.check(defer.TimeoutError, defer.CancelledError):
             failure = type(failure)(StoreUnavailable(
-                "the session database does not answer", f"{self.dialect.name} at {self.location.host}:"
-                f"{self.location.port}: no answer within {self.timeout:g}s"))
+                "the session database does not answer",
+                f"{self.dialect.where(self.location)}: no answer within {self.timeout:g}s"))
+        elif not failure.check(StoreError) and self.dialect.store_error(failure.value, self.location) is not None:
+            failure = type(failure)(self.dialect.store_error(failure.value, self.location))
         elif not failure.check(StoreError) and self.dialect.is_unavailable(failure.value):
             failure = type(failure)(self._unavailable(failure.value))  # raised while connecting
         elif not failure.check(StoreError) and self.dialect.is_error(failure.value):
@@ -229,6 +254,7 @@ class SQLStore:
         """Bring the schema to :data:`SCHEMA_VERSION`, blocking (at start,
         before the reactor runs), under the server-wide schema lock: members
         starting together migrate once, the others wait and find it done."""
+        self.dialect.prepare(self.location)
         try:
             connection = self.dialect.connect(self.location, timeout=self.dialect.migration_timeout)
         except Exception as error:
@@ -242,7 +268,7 @@ class SQLStore:
             cursor = connection.cursor()
             self.dialect.lock_schema(cursor)
             try:
-                self._migrate(cursor)
+                self._migrate(connection, cursor)
             finally:
                 self.dialect.unlock_schema(cursor)
         except StoreError:
@@ -256,26 +282,22 @@ class SQLStore:
         finally:
             connection.close()
 
-    def _migrate(self, cursor: Any) -> None:
-        cursor.execute("CREATE TABLE IF NOT EXISTS nxgate_schema (version INTEGER NOT NULL)")
-        cursor.execute("SELECT version FROM nxgate_schema")
-        row = cursor.fetchone()
-        version = row[0] if row else 0
+    def _migrate(self, connection: Any, cursor: Any) -> None:
+        version = self.dialect.schema_version(cursor)
         if version > SCHEMA_VERSION:
             raise StoreError(f"the session store {self.path} has schema {version}; this nxgate knows up to "
                              f"{SCHEMA_VERSION}")
+        if 0 < version < SCHEMA_VERSION:
+            self.dialect.before_migration(self.location, connection, version)
         for target, statements in sorted(self.dialect.migrations.items()):
-            if target <= version:
+            if target <= version or target > SCHEMA_VERSION:
                 continue
-            cursor.execute("BEGIN")  # PostgreSQL: all or nothing; MariaDB commits each DDL (they are idempotent)
+            cursor.execute("BEGIN")  # PostgreSQL, SQLite: all or nothing; MariaDB commits each DDL (idempotent)
             try:
                 for statement in statements:
                     cursor.execute(statement)
-                if row is None:
-                    cursor.execute("INSERT INTO nxgate_schema (version) VALUES (%s)", (target,))
-                    row = (target,)
-                else:
-                    cursor.execute("UPDATE nxgate_schema SET version=%s", (target,))
+                self.dialect.record_version(cursor, target, version)
+                version = target
                 cursor.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(Exception):
@@ -308,7 +330,7 @@ class SQLStore:
 
         def work(cursor: Any) -> str | None:
             # Every admit on every machine queues here until the one before committed.
-            cursor.execute("SELECT name FROM nxgate_locks WHERE name='admit' FOR UPDATE")
+            self.dialect.admission_lock(cursor)
             counted = {"user": 0, "node": 0, "total": 0}
             for name, column in admission_counts(per_user, per_node, total):
                 where = f" AND {q(column)}=%s" if column else ""
@@ -393,7 +415,10 @@ class SQLStore:
         return self._call(work)
 
     def backup(self) -> defer.Deferred[str | None]:
-        return defer.succeed(None)  # the database server's own backups cover it
+        """A copy of the store beside it (None: a database server's own backups cover it)."""
+        if self.dialect.backs_itself_up:
+            return defer.succeed(None)
+        return self.connections.call(self.dialect.backup, self.location).addErrback(self._down)
 
     def close(self) -> defer.Deferred[None]:
         # Joins the workers: a call stuck on a dead server holds this up to its timeouts.

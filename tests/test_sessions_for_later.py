@@ -1,0 +1,96 @@
+"""The life cycle's side of a session started for later outliving nxagent's
+own 60-second wait for a first client (issue 27 b), with the fakes of
+tests/test_sessions_manager.py (a clock, stand-in agent processes, the
+agent's log lines fed by hand).  The real thing, five minutes with a real
+nxagent: tests/test_e2e_dbus_later.py."""
+
+from __future__ import annotations
+
+import signal
+
+from twisted.internet import defer
+from twisted.trial.unittest import TestCase
+
+from nxgate.sessions.lifecycle import RENEW_AFTER_SECONDS
+from nxgate.sessions.model import State
+from tests import test_sessions_manager as manager_tests
+from tests.test_sessions_manager import READY, STARTED, nx
+
+#: What nxagent writes when its watchdog ends its wait for a first client.
+GIVES_UP = ("Info: Aborting the procedure due to signal '1'.",
+            "Error: Aborting session with 'Unable to open display 'nx/nx,options=/x/options:3100''.",
+            "Session: Aborting session at 'now'.",
+            "Session: Session aborted at 'now'.")
+
+
+class RenewTests(TestCase):
+    setUp = manager_tests.ManagerTests.setUp
+    agent_says = manager_tests.ManagerTests.agent_says
+    started_for_later = manager_tests.ManagerTests.started_for_later
+
+    def gives_up(self, session_id: str) -> None:
+        self.agent_says(session_id, *GIVES_UP)
+        self.manager.lifecycle._agent_exited(session_id)
+
+    def test_a_fresh_agent_when_nxagent_stops_waiting(self):
+        session_id, _ = self.started_for_later()
+        first = self.manager.sessions[session_id]
+        for round_ in range(3):
+            self.reactor.advance(60)
+            agents = len(self.launcher.requests)
+            self.gives_up(session_id)
+            self.assertEqual(self.manager.sessions[session_id].state, State.WAITING)
+            self.assertEqual(len(self.launcher.requests), agents + 1, "no fresh agent")
+            self.assertEqual(self.launcher.requests[-1]["argv"], self.launcher.requests[0]["argv"])
+            self.agent_says(session_id, READY)
+        session = self.manager.sessions[session_id]
+        self.assertNotEqual(session.agent_pid, first.agent_pid)
+        self.assertEqual((session.display, session.cookie, session.for_later), (first.display, first.cookie, True))
+        self.assertEqual(self.store.get(session_id).state, State.WAITING)
+        self.assertNotIn(signal.SIGHUP, self.signals)
+        reply = self.successResultOf(nx(self.manager, self.client, "restoresession", f'--id="{session_id}"'))
+        self.assertIn(f"NX> 701 Proxy cookie: {first.cookie}", reply.lines)
+        self.agent_says(session_id, STARTED)
+        self.assertEqual(self.manager.sessions[session_id].state, State.RUNNING)
+
+    def test_a_first_client_during_the_renewal_waits_until_the_agent_listens(self):
+        session_id, _ = self.started_for_later()
+        self.reactor.advance(60)
+        self.gives_up(session_id)
+        restore = nx(self.manager, self.client, "restoresession", f'--id="{session_id}"')
+        self.assertNoResult(restore)
+        self.agent_says(session_id, READY)
+        self.successResultOf(restore)
+
+    def test_an_agent_that_ends_early_still_fails_the_session(self):
+        session_id, _ = self.started_for_later()
+        self.reactor.advance(RENEW_AFTER_SECONDS / 4)
+        agents = len(self.launcher.requests)
+        self.gives_up(session_id)
+        self.assertNotIn(session_id, self.manager.sessions)  # a broken agent is not started again and again
+        self.assertIn(self.store.get(session_id).state, (State.FAILED, State.TERMINATED))
+        self.assertEqual(len(self.launcher.requests), agents)
+
+    def test_terminate_still_ends_it(self):
+        session_id, _ = self.started_for_later()
+        self.reactor.advance(60)
+        done = defer.ensureDeferred(self.manager.lifecycle.terminate_session(session_id, "user request"))
+        self.agent_says(session_id, "Info: Aborting the procedure due to signal '15'.",
+                        "Session: Terminating session at 'now'.", "Session: Session terminated at 'now'.")
+        self.manager.lifecycle._agent_exited(session_id)
+        self.assertNotIn(session_id, self.manager.sessions)
+        self.assertEqual(self.store.get(session_id).state, State.TERMINATED)
+        self.assertIn(signal.SIGTERM, self.signals)
+        self.reactor.advance(30)  # the stand-in agent's escalation ends; nothing restarts it
+        self.assertEqual(len([r for r in self.launcher.requests if r["argv"] == self.launcher.requests[0]["argv"]]), 1)
+        del done
+
+    def test_a_session_started_normally_is_not_renewed(self):
+        d, session_id = manager_tests.ManagerTests.start(self)
+        self.agent_says(session_id, READY)
+        self.successResultOf(d)
+        self.reactor.advance(20)
+        agents = len(self.launcher.requests)
+        self.gives_up(session_id)
+        self.assertNotIn(session_id, self.manager.sessions)
+        self.assertEqual(len(self.launcher.requests), agents)

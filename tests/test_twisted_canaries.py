@@ -1,0 +1,72 @@
+"""Canaries for the private parts of Twisted that nxgate relies on (issue 23).
+
+requirements.txt bounds Twisted from above, but a new release inside that
+bound may still move a private name.  Each test here names one private API
+we override or reach into, and fails loudly, with what to re-check, when it
+is gone or changed shape -- instead of a relay, a viewer or the log filter
+going quietly wrong.  (Conch's key-exchange hooks have their own canary
+beside the transport's tests.)
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from twisted.internet.testing import StringTransport
+from twisted.logger import globalLogPublisher
+from twisted.protocols.tls import TLSMemoryBIOProtocol
+from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.http import HTTPChannel
+
+from nxgate.cluster import connection
+
+
+def _parameters(function) -> list[str]:
+    return list(inspect.signature(function).parameters)
+
+
+class TLSWriteCanary(SynchronousTestCase):
+    """nxgate.cluster.connection replaces ``TLSMemoryBIOProtocol._write``
+    (one TCP write per application write) with Twisted's own private names."""
+
+    def test_the_names_the_override_uses_are_there(self):
+        self.assertEqual(_parameters(TLSMemoryBIOProtocol._write), ["self", "bytes"])
+        self.assertEqual(_parameters(TLSMemoryBIOProtocol._bufferedWrite), ["self", "octets"])
+        self.assertEqual(_parameters(TLSMemoryBIOProtocol._tlsShutdownFinished), ["self", "reason"])
+        source = inspect.getsource(TLSMemoryBIOProtocol)
+        for name in ("self._lostTLSConnection", "self._tlsConnection"):
+            self.assertIn(name, source, f"Twisted's TLS protocol no longer has {name}: re-check "
+                                        "nxgate.cluster.connection's _write")
+
+    def test_public_writes_still_go_through_write_underscore(self):
+        self.assertIn("self._write(", inspect.getsource(TLSMemoryBIOProtocol.write))
+        overriding = [cls for cls in vars(connection).values()
+                      if isinstance(cls, type) and issubclass(cls, TLSMemoryBIOProtocol) and "_write" in vars(cls)]
+        self.assertTrue(overriding, "nxgate.cluster.connection no longer overrides _write: remove this canary")
+
+
+class WebSocketTakeOverCanary(SynchronousTestCase):
+    """nxgate.doors.web.websocket.upgrade takes a connection away from
+    twisted.web: it unregisters the channel as the transport's producer,
+    drops its timeout and sets ``channel.transport`` to None."""
+
+    def test_the_channel_registers_itself_as_the_producer(self):
+        channel = HTTPChannel()
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        self.assertIs(transport.producer, channel, "twisted.web's channel no longer registers itself as the "
+                                                   "connection's producer: re-check websocket.upgrade")
+        channel.setTimeout(None)
+        transport.unregisterProducer()
+        channel.transport = None
+        channel.connectionLost(None)  # what a taken-over channel sees at the end must not fail
+
+
+class LogPublisherCanary(SynchronousTestCase):
+    """nxgate.logs.filter_global_log wraps twistd's observers in place
+    through ``globalLogPublisher._observers``."""
+
+    def test_the_publisher_keeps_its_observers_in_a_list(self):
+        observers = getattr(globalLogPublisher, "_observers", None)
+        self.assertIsInstance(observers, list, "twisted.logger's publisher no longer has _observers: "
+                                               "re-check nxgate.logs.filter_global_log")
