@@ -194,7 +194,7 @@ class Gateway(service.MultiService):
             check_port_free(cluster.listen, "[cluster] listen")
             NodeListener(self.reactor, cluster.listen, self.cluster_tls, self.sessions,
                          gateway_members(self.sessions.store), self.users, cluster.name,
-                         wrap=lambda factory: self.guard.wrap(factory, "cluster")).setServiceParent(self)
+                         wrap=lambda factory: self.guard.wrap(factory, "cluster", trusts=True)).setServiceParent(self)
             log.info("cluster member {name}: listening for gateways on {where}", name=cluster.name,
                      where=configuration.describe_listen(cluster.listen))
         return RemoteStreams(self.reactor, self.cluster_tls)

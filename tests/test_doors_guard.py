@@ -156,6 +156,18 @@ class GuardTests(TestCase):
         self.assertIsNotNone(shell.buildProtocol(UNIXAddress(None)))
         self.assertEqual(self.guard.table.total, 0)  # the shell socket has a deadline but no place in the table
 
+    def test_a_member_verified_on_the_cluster_port_may_open_many_at_once(self) -> None:
+        cluster = self.guard.wrap(self.door, "cluster", trusts=True)
+        first, _ = self.connect("192.0.2.9", cluster)
+        authenticated(first)
+        opened = [cluster.buildProtocol(peer("192.0.2.9")) for _ in range(5)]  # the per-address cap is 2
+        self.assertNotIn(None, opened)
+        ssh_door, _ = self.connect("192.0.2.8")
+        authenticated(ssh_door)  # an SSH login earns no such trust
+        self.connect("192.0.2.8")
+        self.connect("192.0.2.8")
+        self.assertIsNone(self.factory.buildProtocol(peer("192.0.2.8")))
+
     def test_the_door_saying_no_costs_no_place(self) -> None:
         class Closed(protocol.Factory):
             def buildProtocol(self, addr: object) -> None:

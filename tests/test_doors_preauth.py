@@ -70,6 +70,19 @@ class CapTests(TestCase):
         self.assertFalse(preauth.exempt("192.0.2.1"))
 
 
+class TrustTests(TestCase):
+    def test_a_verified_members_address_is_exempt_for_a_while(self) -> None:
+        preauth, clock = table(per_address=1, penalty_noauth=100, penalty_min=1)
+        preauth.admit("192.0.2.5")
+        self.assertEqual(preauth.admit("192.0.2.5"), Refusal.PER_ADDRESS)
+        preauth.ended("192.0.2.5", Ending.AUTHENTICATED)
+        preauth.trust("192.0.2.5", 100)
+        self.assertEqual([preauth.admit("192.0.2.5") for _ in range(5)], [None] * 5)  # a burst of streams
+        self.assertIsNone(preauth.ended("192.0.2.5", Ending.NOAUTH))  # no penalty either
+        clock.now += 101
+        self.assertEqual(preauth.admit("192.0.2.5"), Refusal.PER_ADDRESS)
+
+
 class PenaltyTests(TestCase):
     def test_connections_ending_unauthenticated_lead_to_a_refusal_that_wears_off(self) -> None:
         preauth, clock = table(penalty_noauth=1, penalty_grace=10, penalty_min=15, penalty_max=600)

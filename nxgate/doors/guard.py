@@ -127,6 +127,8 @@ class GuardedConnection(ProtocolWrapper):
         if self.deadline is not None and self.deadline.active():
             self.deadline.cancel()
         self.factory.guard.ended(self.source, Ending.AUTHENTICATED)
+        if self.factory.trusts and self.source is not None:
+            self.factory.guard.table.trust(self.source)
 
     def handshakeCompleted(self) -> None:
         """Inside TLS (the portal): the handshake is done."""
@@ -169,8 +171,11 @@ class GuardedFactory(WrappingFactory):
     noisy = False  # "Starting factory" once is the door's own line
 
     def __init__(self, guard: DoorGuard, wrapped: Any, door: str, *, http: bool = False,
-                 counted: bool = True, inside_tls: bool = False) -> None:
+                 counted: bool = True, inside_tls: bool = False, trusts: bool = False) -> None:
+        """``trusts``: an authenticated connection exempts its address for
+        a while (the cluster port: authenticated means a member's certificate)."""
         super().__init__(wrapped)
+        self.trusts = trusts
         self.guard, self.door, self.http = guard, door, http
         self.counted, self.inside_tls = counted, inside_tls
         self.penalize = not http

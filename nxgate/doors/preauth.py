@@ -29,7 +29,8 @@ connection, and what it tells when the connection authenticates or ends:
 
 Exempt networks (``preauth_exempt``: a load balancer, a NAT of a whole
 office) skip the per-source cap and the penalties; they still count in the
-total, the deadline and the descriptor reserve.
+total, the deadline and the descriptor reserve.  So does, for an hour, an
+address a cluster member's certificate was verified from (:meth:`PreauthTable.trust`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ from nxgate.config import Config, parse_max_startups, parse_networks
 
 #: Sources remembered for penalties (each a few hundred bytes).
 MAX_SOURCES = 100_000
+#: Seconds a verified cluster member's address stays exempt, and how many such addresses.
+TRUST_SECONDS = 3600.0
+MAX_TRUSTED = 1024
 #: Seconds between two log lines about one source.
 LOG_INTERVAL = 60.0
 
@@ -131,6 +135,8 @@ class PreauthTable:
         self.total = 0
         self.refused: dict[str, int] = {reason.name.lower(): 0 for reason in Refusal}
         self.closed_at_deadline = 0
+        # Sources a cluster member's certificate was verified from, until when (see trust()).
+        self.trusted: dict[str, float] = {}
 
     # ----------------------------------------------------------- queries
     @staticmethod
@@ -146,7 +152,21 @@ class PreauthTable:
             return str(ipaddress.ip_network(f"{ip}/64", strict=False))
         return str(ip)
 
+    def trust(self, source: str, seconds: float = TRUST_SECONDS) -> None:
+        """A connection from ``source`` proved to be a cluster member (TLS
+        with a member's certificate): its further connections are exempt
+        for ``seconds``.  A gateway opens a stream per session to a node,
+        many at once in a morning rush; their handshakes must not meet the
+        per-address cap meant for strangers.  Only a member can earn this."""
+        if len(self.trusted) >= MAX_TRUSTED:
+            now = self.clock()
+            self.trusted = {s: until for s, until in self.trusted.items() if until > now}
+        if len(self.trusted) < MAX_TRUSTED:
+            self.trusted[source] = self.clock() + seconds
+
     def exempt(self, source: str) -> bool:
+        if self.trusted.get(source, float("-inf")) > self.clock():
+            return True
         try:
             network = ipaddress.ip_network(source, strict=False)
         except ValueError:
