@@ -1,0 +1,186 @@
+"""A bounded pool of key-exchange worker processes (:mod:`.kexworker`).
+
+The SSH transport hands each Diffie-Hellman or ML-KEM computation to
+:meth:`KexPool.submit` and gets a Deferred; jobs wait in one FIFO queue for
+an idle worker.  How many may wait is :mod:`.kexlimit`'s business, not the
+pool's.  A cancelled job that is still queued is dropped (the client left);
+one already running finishes and its answer is thrown away.  A worker that
+dies fails its job and is started again a second later.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sys
+from typing import Any
+
+from twisted.internet import defer, error, protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+import nxgate
+
+log = Logger(namespace="nxgate.ssh.kex")
+
+WORKER_MODULE = "nxgate.doors.conch.kexworker"
+RESPAWN_DELAY = 1.0
+#: The longest answer line we accept from a worker (an 8192-bit f and K are 4 KB).
+MAX_LINE = 65536
+
+
+class KexJobError(Exception):
+    """The job failed: the client's value was unusable, or the worker died."""
+
+
+class _Worker(protocol.ProcessProtocol):
+    def __init__(self, pool: KexPool, number: int) -> None:
+        self.pool = pool
+        self.number = number
+        self.job: tuple[dict[str, Any], defer.Deferred[dict[str, Any]]] | None = None
+        self._buffer = b""
+        self.running = False
+
+    def connectionMade(self) -> None:
+        self.running = True
+        self.pool._dispatch()
+
+    def outReceived(self, data: bytes) -> None:
+        self._buffer += data
+        while b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            self.pool._answered(self, line)
+        if len(self._buffer) > MAX_LINE:
+            log.error("key-exchange worker {n} sent an overlong line; stopping it", n=self.number)
+            self.transport.signalProcess("KILL")
+
+    def errReceived(self, data: bytes) -> None:
+        log.warn("key-exchange worker {n}: {text}", n=self.number, text=data[:2000].decode("utf-8", "replace"))
+
+    def processEnded(self, reason: Failure) -> None:
+        self.running = False
+        self.pool._ended(self, reason)
+
+
+class KexPool:
+    """``size`` worker processes, started by :meth:`start`."""
+
+    def __init__(self, reactor: Any, size: int, argv: list[str] | None = None) -> None:
+        self.reactor = reactor
+        self.size = size
+        self.argv = argv or [sys.executable, "-m", WORKER_MODULE]
+        self._queue: collections.deque[tuple[dict[str, Any], defer.Deferred[dict[str, Any]]]] = collections.deque()
+        self._workers: list[_Worker] = []
+        self._next_id = 0
+        self._stopping = False
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def start(self) -> None:
+        self._stopping = False
+        for number in range(self.size):
+            self._spawn(number)
+
+    def stop(self) -> None:
+        """Close the workers' input: each ends after its job, if it has one."""
+        self._stopping = True
+        for worker in self._workers:
+            if worker.running:
+                worker.transport.closeStdin()
+        while self._queue:
+            _, waiting = self._queue.popleft()
+            waiting.errback(KexJobError("the gateway is stopping"))
+
+    def submit(self, job: dict[str, Any]) -> defer.Deferred[dict[str, Any]]:
+        """The worker's answer to ``job`` (see :mod:`.kexworker`), or a
+        :class:`KexJobError` with the reason."""
+        self._next_id += 1
+        job = {**job, "id": self._next_id}
+
+        def cancel(waiting: defer.Deferred[dict[str, Any]]) -> None:
+            try:
+                self._queue.remove((job, waiting))
+            except ValueError:
+                pass  # running already: its answer will be ignored
+
+        waiting: defer.Deferred[dict[str, Any]] = defer.Deferred(cancel)
+        if self._stopping:
+            waiting.errback(KexJobError("the gateway is stopping"))
+            return waiting
+        self._queue.append((job, waiting))
+        self._dispatch()
+        return waiting
+
+    def _spawn(self, number: int) -> None:
+        worker = _Worker(self, number)
+        source_root = os.path.dirname(os.path.dirname(os.path.abspath(nxgate.__file__)))
+        path = os.pathsep.join(filter(None, [source_root, os.environ.get("PYTHONPATH", "")]))
+        self.reactor.spawnProcess(worker, self.argv[0], self.argv, env={**os.environ, "PYTHONPATH": path})
+        self._workers.append(worker)
+
+    def _dispatch(self) -> None:
+        for worker in self._workers:
+            if not self._queue:
+                return
+            if worker.running and worker.job is None:
+                worker.job = self._queue.popleft()
+                worker.transport.write(json.dumps(worker.job[0]).encode() + b"\n")
+
+    def _answered(self, worker: _Worker, line: bytes) -> None:
+        job, worker.job = worker.job, None
+        if job is None:
+            log.error("key-exchange worker {n} answered without a job", n=worker.number)
+            return
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            answer = {"error": "unreadable answer from the key-exchange worker"}
+        self._dispatch()
+        waiting = job[1]
+        if waiting.called:  # cancelled while it ran
+            return
+        if not isinstance(answer, dict) or answer.get("id") != job[0]["id"]:
+            waiting.errback(KexJobError("the key-exchange worker answered another job"))
+        elif "error" in answer:
+            waiting.errback(KexJobError(str(answer["error"])))
+        else:
+            waiting.callback(answer)
+
+    def _ended(self, worker: _Worker, reason: Failure) -> None:
+        self._workers.remove(worker)
+        job, worker.job = worker.job, None
+        if job is not None and not job[1].called:
+            job[1].errback(KexJobError("the key-exchange worker ended during the job"))
+        if self._stopping:
+            return
+        if not reason.check(error.ProcessDone):
+            log.error("key-exchange worker {n} ended ({why}); starting another", n=worker.number,
+                      why=reason.getErrorMessage())
+        self.reactor.callLater(RESPAWN_DELAY, self._respawn, worker.number)
+
+    def _respawn(self, number: int) -> None:
+        if not self._stopping:
+            self._spawn(number)
+            self._dispatch()
+
+
+class InlineKexPool:
+    """Computes each job at once on the calling thread: for unit tests with
+    in-memory transports, where no worker process can run."""
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def submit(self, job: dict[str, Any]) -> defer.Deferred[dict[str, Any]]:
+        from nxgate.doors.conch.kexworker import run_job
+
+        answer = run_job(job)
+        if "error" in answer:
+            return defer.fail(KexJobError(answer["error"]))
+        return defer.succeed(answer)
