@@ -106,3 +106,22 @@ def choose_group(primes: Mapping[int, Sequence[tuple[int, int]]], minimum: int, 
     target = min(ideal, preferred) if preferred else ideal
     size = min(sizes, key=lambda bits: (abs(bits - target), bits))
     return (choice or random).choice(list(primes[size]))
+
+
+#: The KEXINIT name-lists, in their order on the wire (RFC 4253, 7.1), and what each is called in the log.
+KEXINIT_LISTS = ("key exchange method", "host key algorithm", "cipher", "cipher", "MAC", "MAC",
+                 "compression", "compression")
+
+
+def unmatched(client: Sequence[Sequence[bytes]], ours: Sequence[Sequence[bytes]]) -> list[str]:
+    """For the log of a failed negotiation: each kind of algorithm where the
+    client's list (KEXINIT order) and ours have nothing in common, with what
+    the client offered."""
+    problems = []
+    for kind, theirs, mine in zip(KEXINIT_LISTS, client, ours):
+        if not set(theirs) & set(mine):
+            offered = b",".join(theirs)[:300].decode("ascii", "replace")
+            problem = f"no {kind} in common (the client offers {offered})"
+            if problem not in problems:
+                problems.append(problem)
+    return problems

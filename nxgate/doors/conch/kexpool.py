@@ -41,6 +41,7 @@ class _Worker(protocol.ProcessProtocol):
         self.job: tuple[dict[str, Any], defer.Deferred[dict[str, Any]]] | None = None
         self._buffer = b""
         self.running = False
+        self.ended: defer.Deferred[None] | None = None
 
     def connectionMade(self) -> None:
         self.running = True
@@ -61,6 +62,8 @@ class _Worker(protocol.ProcessProtocol):
     def processEnded(self, reason: Failure) -> None:
         self.running = False
         self.pool._ended(self, reason)
+        if self.ended is not None:
+            self.ended.callback(None)
 
 
 class KexPool:
@@ -84,15 +87,20 @@ class KexPool:
         for number in range(self.size):
             self._spawn(number)
 
-    def stop(self) -> None:
-        """Close the workers' input: each ends after its job, if it has one."""
+    def stop(self) -> defer.Deferred[None]:
+        """Close the workers' input: each ends after its job, if it has one.
+        The Deferred fires when all have ended."""
         self._stopping = True
+        ended = []
         for worker in self._workers:
             if worker.running:
+                worker.ended = defer.Deferred()
+                ended.append(worker.ended)
                 worker.transport.closeStdin()
         while self._queue:
             _, waiting = self._queue.popleft()
             waiting.errback(KexJobError("the gateway is stopping"))
+        return defer.gatherResults(ended).addCallback(lambda _: None)
 
     def submit(self, job: dict[str, Any]) -> defer.Deferred[dict[str, Any]]:
         """The worker's answer to ``job`` (see :mod:`.kexworker`), or a
@@ -174,8 +182,8 @@ class InlineKexPool:
     def start(self) -> None:
         pass
 
-    def stop(self) -> None:
-        pass
+    def stop(self) -> defer.Deferred[None]:
+        return defer.succeed(None)
 
     def submit(self, job: dict[str, Any]) -> defer.Deferred[dict[str, Any]]:
         from nxgate.doors.conch.kexworker import run_job

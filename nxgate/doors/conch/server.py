@@ -631,6 +631,26 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
         if not self._lost and self._kex_job is None and not self._receiving and self.buf:
             self.dataReceived(b"")
 
+    def sendDisconnect(self, reason: int, desc: bytes) -> None:
+        if reason == transport.DISCONNECT_KEY_EXCHANGE_FAILED and desc == b"couldn't match all kex parts":
+            self._log_no_common_algorithms()
+        super().sendDisconnect(reason, desc)
+
+    def _log_no_common_algorithms(self) -> None:
+        """Conch refuses a client with no algorithm in common without a word
+        in our log; say which kind, what the client offered, and the switch."""
+        try:
+            lists = common.getNS(self.otherKexInitPayload[17:], 8)[:8]
+        except (AttributeError, ValueError, struct.error, IndexError):
+            return
+        ours = (self.supportedKeyExchanges, self.supportedPublicKeys, self.supportedCiphers, self.supportedCiphers,
+                self.supportedMACs, self.supportedMACs, self.supportedCompressions, self.supportedCompressions)
+        problems = algorithms.unmatched([names.split(b",") for names in lists], ours)
+        legacy = self.factory.kex.policy.kex == algorithms.LEGACY_KEX
+        log.info("SSH connection from {peer} refused: {problems}{hint}", peer=getattr(self, "peer_text", "?"),
+                 problems="; ".join(problems) or "no algorithms in common",
+                 hint="" if legacy else " (NoMachine's nxssh and other old clients need [ssh] legacy_algorithms = yes)")
+
     @property
     def peer_host(self) -> str:
         peer = self.transport.getPeer()
