@@ -17,6 +17,7 @@ shared two-core machine does not decide.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import statistics
@@ -104,6 +105,7 @@ class DHEatTests(TestCase):
         base = web_base(gateway)
         quiet_login, quiet_page = self.nx_login(gateway), self.portal_page(base)
         attacker = Attacker(gateway.port)
+        attack_started = time.monotonic()
         self.addCleanup(attacker.stop)
         time.sleep(3)  # the attack in full swing
         before = attacker.totals()
@@ -117,6 +119,13 @@ class DHEatTests(TestCase):
               f" attacker before {before}, after {after}")
         self.assertGreater(after.get("inits", 0), before.get("inits", 0), "the attack was not running")
         self.assertEqual(after["bits"], 8192 if ssh_options.get("legacy_algorithms") == "yes" else 3072)
+        # The attacker's address is refused, and said so once a minute, not thousands of times.
+        logs = "".join(open(path, encoding="utf-8", errors="replace").read()
+                       for path in glob.glob(gateway.logfile + "*"))  # twistd rotates it at 1 MB
+        refusals = logs.count("SSH key exchange from 127.0.0.2 refused")
+        self.assertNotIn("too many key exchanges", logs)  # no line per refused connection
+        self.assertGreaterEqual(refusals, 1)
+        self.assertLessEqual(refusals, 1 + (time.monotonic() - attack_started) // 60)
         self.assertLess(statistics.median(logins), LOGIN_BOUND, f"NX logins under attack took {logins} s")
         self.assertLess(statistics.median(pages), PAGE_BOUND, f"portal pages under attack took {pages} s")
 

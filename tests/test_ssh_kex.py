@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, mlkem, x25519
 from twisted.conch.ssh import _kex, common, keys, service, transport
 from twisted.internet import defer, reactor
+from twisted.internet.task import deferLater
 from twisted.internet.testing import StringTransport
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
@@ -236,6 +237,20 @@ class WorkerTests(TestCase):
                 self.assertEqual(pow(int(answer["f"], 16), 77777, prime), int(answer["k"], 16))
             with self.assertRaises(KexJobError):
                 await pool.submit({**job, "e": "0"})
+            # A client that hangs up: a queued job is dropped at once, a running one is done when answered.
+            finished: list[str] = []
+            running = pool.submit(job, lambda: finished.append("running"))
+            pool.submit(job, lambda: finished.append("second"))  # the other worker
+            queued = pool.submit(job, lambda: finished.append("queued"))
+            running.addErrback(lambda _: None)
+            queued.addErrback(lambda _: None)
+            queued.cancel()
+            running.cancel()
+            self.assertEqual(finished, ["queued"])
+            self.assertEqual(pool.queued, 0)
+            while len(finished) < 3:
+                await deferLater(reactor, 0.01)
+            self.assertEqual(sorted(finished), ["queued", "running", "second"])
 
         return defer.ensureDeferred(run())
 
@@ -373,6 +388,7 @@ class _HeldPool:
 
     def __init__(self) -> None:
         self.jobs: list[tuple[dict[str, Any], defer.Deferred[dict[str, Any]]]] = []
+        self.done: dict[int, Any] = {}
 
     def start(self) -> None:
         pass
@@ -380,13 +396,19 @@ class _HeldPool:
     def stop(self) -> None:
         pass
 
-    def submit(self, job: dict[str, Any]) -> defer.Deferred[dict[str, Any]]:
-        waiting: defer.Deferred[dict[str, Any]] = defer.Deferred(lambda d: self.jobs.remove((job, d)))
+    def submit(self, job: dict[str, Any], done: Any) -> defer.Deferred[dict[str, Any]]:
+        def cancel(waiting: defer.Deferred[dict[str, Any]]) -> None:  # as if still queued
+            self.jobs.remove((job, waiting))
+            self.done.pop(id(job))()
+
+        waiting: defer.Deferred[dict[str, Any]] = defer.Deferred(cancel)
         self.jobs.append((job, waiting))
+        self.done[id(job)] = done
         return waiting
 
     def release(self) -> None:
         job, waiting = self.jobs.pop(0)
+        self.done.pop(id(job))()
         answer = kexworker.run_job(job)
         if "error" in answer:
             waiting.errback(KexJobError(answer["error"]))

@@ -4,8 +4,11 @@ The SSH transport hands each Diffie-Hellman or ML-KEM computation to
 :meth:`KexPool.submit` and gets a Deferred; jobs wait in one FIFO queue for
 an idle worker.  How many may wait is :mod:`.kexlimit`'s business, not the
 pool's.  A cancelled job that is still queued is dropped (the client left);
-one already running finishes and its answer is thrown away.  A worker that
-dies fails its job and is started again a second later.
+one already running finishes and its answer is thrown away.  ``done`` is
+called when a job has left the pool either way: a client that hangs up right
+after its request (as DHEat tools do) still holds its admission for as long
+as a worker computes for it.  A worker that dies fails its job and is
+started again a second later.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import collections
 import json
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from twisted.internet import defer, error, protocol
@@ -34,11 +39,18 @@ class KexJobError(Exception):
     """The job failed: the client's value was unusable, or the worker died."""
 
 
+@dataclass(eq=False)
+class _Job:
+    work: dict[str, Any]
+    waiting: defer.Deferred[dict[str, Any]]
+    done: Callable[[], None]
+
+
 class _Worker(protocol.ProcessProtocol):
     def __init__(self, pool: KexPool, number: int) -> None:
         self.pool = pool
         self.number = number
-        self.job: tuple[dict[str, Any], defer.Deferred[dict[str, Any]]] | None = None
+        self.job: _Job | None = None
         self._buffer = b""
         self.running = False
         self.ended: defer.Deferred[None] | None = None
@@ -73,7 +85,7 @@ class KexPool:
         self.reactor = reactor
         self.size = size
         self.argv = argv or [sys.executable, "-m", WORKER_MODULE]
-        self._queue: collections.deque[tuple[dict[str, Any], defer.Deferred[dict[str, Any]]]] = collections.deque()
+        self._queue: collections.deque[_Job] = collections.deque()
         self._workers: list[_Worker] = []
         self._next_id = 0
         self._stopping = False
@@ -98,29 +110,31 @@ class KexPool:
                 ended.append(worker.ended)
                 worker.transport.closeStdin()
         while self._queue:
-            _, waiting = self._queue.popleft()
-            waiting.errback(KexJobError("the gateway is stopping"))
+            job = self._queue.popleft()
+            job.done()
+            job.waiting.errback(KexJobError("the gateway is stopping"))
         return defer.gatherResults(ended).addCallback(lambda _: None)
 
-    def submit(self, job: dict[str, Any]) -> defer.Deferred[dict[str, Any]]:
-        """The worker's answer to ``job`` (see :mod:`.kexworker`), or a
-        :class:`KexJobError` with the reason."""
+    def submit(self, work: dict[str, Any], done: Callable[[], None] = lambda: None) -> defer.Deferred[dict[str, Any]]:
+        """The worker's answer to ``work`` (see :mod:`.kexworker`), or a
+        :class:`KexJobError` with the reason; ``done()`` once the job has
+        left the pool (answered, failed, or cancelled before it ran)."""
         self._next_id += 1
-        job = {**job, "id": self._next_id}
 
         def cancel(waiting: defer.Deferred[dict[str, Any]]) -> None:
-            try:
-                self._queue.remove((job, waiting))
-            except ValueError:
-                pass  # running already: its answer will be ignored
+            if job in self._queue:
+                self._queue.remove(job)
+                job.done()
+            # else running already: done() when the worker answers; the answer is ignored
 
-        waiting: defer.Deferred[dict[str, Any]] = defer.Deferred(cancel)
+        job = _Job({**work, "id": self._next_id}, defer.Deferred(cancel), done)
         if self._stopping:
-            waiting.errback(KexJobError("the gateway is stopping"))
-            return waiting
-        self._queue.append((job, waiting))
+            done()
+            job.waiting.errback(KexJobError("the gateway is stopping"))
+            return job.waiting
+        self._queue.append(job)
         self._dispatch()
-        return waiting
+        return job.waiting
 
     def _spawn(self, number: int) -> None:
         worker = _Worker(self, number)
@@ -135,7 +149,7 @@ class KexPool:
                 return
             if worker.running and worker.job is None:
                 worker.job = self._queue.popleft()
-                worker.transport.write(json.dumps(worker.job[0]).encode() + b"\n")
+                worker.transport.write(json.dumps(worker.job.work).encode() + b"\n")
 
     def _answered(self, worker: _Worker, line: bytes) -> None:
         job, worker.job = worker.job, None
@@ -147,10 +161,11 @@ class KexPool:
         except ValueError:
             answer = {"error": "unreadable answer from the key-exchange worker"}
         self._dispatch()
-        waiting = job[1]
+        job.done()
+        waiting = job.waiting
         if waiting.called:  # cancelled while it ran
             return
-        if not isinstance(answer, dict) or answer.get("id") != job[0]["id"]:
+        if not isinstance(answer, dict) or answer.get("id") != job.work["id"]:
             waiting.errback(KexJobError("the key-exchange worker answered another job"))
         elif "error" in answer:
             waiting.errback(KexJobError(str(answer["error"])))
@@ -160,8 +175,10 @@ class KexPool:
     def _ended(self, worker: _Worker, reason: Failure) -> None:
         self._workers.remove(worker)
         job, worker.job = worker.job, None
-        if job is not None and not job[1].called:
-            job[1].errback(KexJobError("the key-exchange worker ended during the job"))
+        if job is not None:
+            job.done()
+            if not job.waiting.called:
+                job.waiting.errback(KexJobError("the key-exchange worker ended during the job"))
         if self._stopping:
             return
         if not reason.check(error.ProcessDone):
@@ -185,10 +202,11 @@ class InlineKexPool:
     def stop(self) -> defer.Deferred[None]:
         return defer.succeed(None)
 
-    def submit(self, job: dict[str, Any]) -> defer.Deferred[dict[str, Any]]:
+    def submit(self, job: dict[str, Any], done: Callable[[], None] = lambda: None) -> defer.Deferred[dict[str, Any]]:
         from nxgate.doors.conch.kexworker import run_job
 
         answer = run_job(job)
+        done()
         if "error" in answer:
             return defer.fail(KexJobError(answer["error"]))
         return defer.succeed(answer)

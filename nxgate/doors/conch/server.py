@@ -594,11 +594,12 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
         if refusal is not None:
             self._refused(kex, source, refusal)
             return
-        pending = kex.pool.submit(job)
-        self._kex_job = pending  # a synchronous answer clears it again in _kex_ended
+        # Admission ends when the pool is done with the job: a client that
+        # hung up still holds it while a worker computes for it.
+        pending = kex.pool.submit(job, lambda: kex.admission.release(source))
+        self._kex_job = pending  # a synchronous answer clears it again in ended()
 
         def ended(result: Any) -> Any:
-            kex.admission.release(source)
             self._kex_job = None
             return result
 
@@ -613,7 +614,10 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
             log.warn("SSH key exchange from {address} refused: {why}; the connection is closed{held}",
                      address=source, why=refusal.reason, scope=refusal.scope,
                      held=f" ({held} more refused in the last minute)" if held else "")
-        self.sendDisconnect(transport.DISCONNECT_TOO_MANY_CONNECTIONS, b"too many key exchanges, try again later")
+        # Not sendDisconnect: Conch logs a line for every one, the flood we log once a minute.
+        self.sendPacket(transport.MSG_DISCONNECT, struct.pack(">L", transport.DISCONNECT_TOO_MANY_CONNECTIONS)
+                        + common.NS(b"too many key exchanges, try again later") + common.NS(b""))
+        self.transport.loseConnection()
 
     def _kex_failed(self, failure: Failure) -> None:
         if self._lost or failure.check(defer.CancelledError):
@@ -667,7 +671,7 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
         log.info("SSH connection from {peer} closed", peer=getattr(self, "peer_text", "?"))
         self._lost = True
         if self._kex_job is not None:
-            self._kex_job.cancel()  # a queued job is dropped; its admission released
+            self._kex_job.cancel()  # a queued job is dropped (and its admission released)
         super().connectionLost(reason)
 
 
