@@ -153,7 +153,7 @@ class SSHSection:
     max_channels: int = option(4, integer(1, 100), "session channels open at once per connection")
     legacy_algorithms: bool = option(False, boolean, "also offer SHA-1, CBC, MD5 and 8192-bit DH (NoMachine's nxssh)")
     kex_workers: int = option(2, integer(1, 64), "processes that compute SSH key exchanges")
-    kex_per_source: int = option(2, integer(1, 1000), "SSH key exchanges pending at once per client address")
+    kex_per_source: int = option(4, integer(1, 1000), "SSH key exchanges pending at once per client address")
     kex_max_pending: int = option(32, integer(2, 100000), "SSH key exchanges pending in all (random drop from half)")
 
 

@@ -10,6 +10,9 @@ must answer in under 200 ms.  Before the key exchanges left the reactor
 (Conch computes them inline and proves an 8192-bit group's primes on each
 use, 28 s) the login timed out and the page took as long.
 
+A third test runs the real ``ssh-audit --dheat 12`` (it cannot choose its
+source address, so there the victim's ssh binds 127.0.0.3 instead).
+
 The bounds are the issue's; each figure is the median of several tries
 (printed, with the attacker's totals) so that one scheduling hiccup of a
 shared two-core machine does not decide.
@@ -18,8 +21,11 @@ shared two-core machine does not decide.
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import os
+import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -62,6 +68,39 @@ class Attacker:
         self.process.stdout.close()
 
 
+class SSHAuditDHEat:
+    """``ssh-audit --dheat 12`` (its own worker processes: a process group of its own, to stop them all)."""
+
+    def __init__(self, port: int) -> None:
+        if importlib.util.find_spec("ssh_audit") is None:
+            raise AssertionError("ssh-audit is not installed in the tests' environment: pip install -r requirements.txt")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ssh_audit", "--dheat", "12", "-p", str(port), "127.0.0.1"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        self.out = Pipe(self.process.stdout)
+
+    def wait_for_the_attack(self) -> None:
+        self.out.read_until(b"Commencing denial-of-service attack", timeout=120)
+
+    def statistics(self) -> str:
+        """Stop it (SIGINT: it prints its statistics) and return them."""
+        os.killpg(self.process.pid, signal.SIGINT)
+        try:
+            report = self.out.read_until(b"Successful DH KEX replies", timeout=20)
+            report += self.out.read_until(b"\n", timeout=5)
+        finally:
+            self.stop()
+        return report.decode(errors="replace")
+
+    def stop(self) -> None:
+        try:  # the group: its worker processes outlive it otherwise
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+        self.process.stdout.close()
+
+
 class DHEatTests(TestCase):
     timeout = 300
 
@@ -76,9 +115,9 @@ class DHEatTests(TestCase):
         self.addCleanup(gateway.stop)
         return gateway
 
-    def nx_login(self, gateway: Gateway) -> float:
+    def nx_login(self, gateway: Gateway, source: str | None = None) -> float:
         started = time.monotonic()
-        client = NXClient(gateway.port, extra=VICTIM_SSH)
+        client = NXClient(gateway.port, extra=VICTIM_SSH + (["-b", source] if source else []))
         try:
             client.greet()
             answer = client.login(self.user.name, self.user.password)
@@ -136,3 +175,20 @@ class DHEatTests(TestCase):
     def test_legacy_algorithms_with_8192_bit_groups(self) -> None:
         """The worst case: with legacy algorithms on the attacker gets its 8192-bit groups."""
         self.under_attack({"legacy_algorithms": "yes"})
+
+    def test_the_real_ssh_audit_dheat_12(self) -> None:
+        gateway = self.start_gateway({})
+        base = web_base(gateway)
+        attack = SSHAuditDHEat(gateway.port)
+        self.addCleanup(attack.stop)
+        attack.wait_for_the_attack()
+        time.sleep(3)
+        logins = [self.nx_login(gateway, source="127.0.0.3") for _ in range(TRIES)]
+        pages = [self.portal_page(base) for _ in range(TRIES)]
+        report = attack.statistics()
+        summary = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in report.splitlines()
+                   if "DH KEX replies" in line or "Successful TCP connections" in line]
+        print(f"\nssh-audit --dheat 12: logins {[round(t, 3) for t in logins]} s, pages {[round(t * 1000) for t in pages]} ms;"
+              f" {summary}")
+        self.assertLess(statistics.median(logins), LOGIN_BOUND, f"NX logins under attack took {logins} s")
+        self.assertLess(statistics.median(pages), PAGE_BOUND, f"portal pages under attack took {pages} s")

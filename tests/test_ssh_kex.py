@@ -32,7 +32,7 @@ from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
 from nxgate.doors.conch import algorithms, etm, kexmath, kexworker
-from nxgate.doors.conch.kexlimit import KexAdmission, OncePer
+from nxgate.doors.conch.kexlimit import FairQueue, KexAdmission, OncePer
 from nxgate.doors.conch.kexpool import KexJobError, KexPool
 from nxgate.doors.conch.server import KexService, NXSSHFactory
 
@@ -281,6 +281,18 @@ class AdmissionTests(TestCase):
         self.assertIsNone(admission.admit("d"))  # 0.66 passes
         self.assertIsNotNone(admission.admit("e"))  # full: refused, no draw left to take
 
+    def test_addresses_take_turns_in_the_queue(self) -> None:
+        queue: FairQueue[str] = FairQueue()
+        for n in range(4):
+            queue.push("attacker", f"a{n}")
+        queue.push("victim", "v0")
+        queue.push("attacker", "a4")
+        self.assertTrue(queue.remove("attacker", "a4"))
+        self.assertFalse(queue.remove("victim", "a1"))
+        self.assertEqual(len(queue), 5)
+        self.assertEqual([queue.pop() for _ in range(5)], ["a0", "v0", "a1", "a2", "a3"])
+        self.assertRaises(IndexError, queue.pop)
+
     def test_release_without_admission_is_a_bug(self) -> None:
         self.assertRaises(ValueError, KexAdmission(2, 10).release, "nobody")
 
@@ -396,7 +408,7 @@ class _HeldPool:
     def stop(self) -> None:
         pass
 
-    def submit(self, job: dict[str, Any], done: Any) -> defer.Deferred[dict[str, Any]]:
+    def submit(self, job: dict[str, Any], done: Any, source: str) -> defer.Deferred[dict[str, Any]]:
         def cancel(waiting: defer.Deferred[dict[str, Any]]) -> None:  # as if still queued
             self.jobs.remove((job, waiting))
             self.done.pop(id(job))()

@@ -14,15 +14,20 @@ admitted here before it is queued for the worker processes:
   now and then.
 
 Refusals are logged once per address per minute (:class:`OncePer`), with the
-number left out in between, so that a flood cannot fill the log.
+number left out in between, so that a flood cannot fill the log.  Admitted
+jobs wait in a :class:`FairQueue`, served address by address in turn.
 Pure: no clock and no randomness of its own.
 """
 
 from __future__ import annotations
 
 import random
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 #: Probability of a refusal when half of max_pending is reached (OpenSSH's default rate).
 EARLY_DROP_RATE = 0.3
@@ -101,3 +106,42 @@ class OncePer:
             self._last = {k: v for k, v in self._last.items() if now - v[0] < self.interval}
         self._last[key] = (now, 0)
         return last[1] if last is not None else 0
+
+
+class FairQueue(Generic[T]):
+    """Waiting jobs by client address, served in turn: however many one
+    address has queued, another address's next job waits at most one turn
+    per address ahead of it, not behind the whole backlog."""
+
+    def __init__(self) -> None:
+        self._by_key: OrderedDict[str, deque[T]] = OrderedDict()
+        self._length = 0
+
+    def __len__(self) -> int:
+        return self._length
+
+    def push(self, key: str, item: T) -> None:
+        self._by_key.setdefault(key, deque()).append(item)
+        self._length += 1
+
+    def pop(self) -> T:
+        """The next address's oldest job; that address goes to the back."""
+        if not self._by_key:
+            raise IndexError("pop from an empty FairQueue")
+        key, items = next(iter(self._by_key.items()))
+        item = items.popleft()
+        del self._by_key[key]
+        if items:
+            self._by_key[key] = items
+        self._length -= 1
+        return item
+
+    def remove(self, key: str, item: T) -> bool:
+        items = self._by_key.get(key)
+        if items is None or item not in items:
+            return False
+        items.remove(item)
+        if not items:
+            del self._by_key[key]
+        self._length -= 1
+        return True

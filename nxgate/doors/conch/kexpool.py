@@ -2,7 +2,8 @@
 
 The SSH transport hands each Diffie-Hellman or ML-KEM computation to
 :meth:`KexPool.submit` and gets a Deferred; jobs wait in one FIFO queue for
-an idle worker.  How many may wait is :mod:`.kexlimit`'s business, not the
+an idle worker, served client address by client address in turn
+(:class:`~.kexlimit.FairQueue`).  How many may wait is :mod:`.kexlimit`'s business, not the
 pool's.  A cancelled job that is still queued is dropped (the client left);
 one already running finishes and its answer is thrown away.  ``done`` is
 called when a job has left the pool either way: a client that hangs up right
@@ -13,7 +14,6 @@ started again a second later.
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import sys
@@ -26,6 +26,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 import nxgate
+from nxgate.doors.conch.kexlimit import FairQueue
 
 log = Logger(namespace="nxgate.ssh.kex")
 
@@ -44,6 +45,7 @@ class _Job:
     work: dict[str, Any]
     waiting: defer.Deferred[dict[str, Any]]
     done: Callable[[], None]
+    source: str
 
 
 class _Worker(protocol.ProcessProtocol):
@@ -85,7 +87,7 @@ class KexPool:
         self.reactor = reactor
         self.size = size
         self.argv = argv or [sys.executable, "-m", WORKER_MODULE]
-        self._queue: collections.deque[_Job] = collections.deque()
+        self._queue: FairQueue[_Job] = FairQueue()
         self._workers: list[_Worker] = []
         self._next_id = 0
         self._stopping = False
@@ -110,29 +112,30 @@ class KexPool:
                 ended.append(worker.ended)
                 worker.transport.closeStdin()
         while self._queue:
-            job = self._queue.popleft()
+            job = self._queue.pop()
             job.done()
             job.waiting.errback(KexJobError("the gateway is stopping"))
         return defer.gatherResults(ended).addCallback(lambda _: None)
 
-    def submit(self, work: dict[str, Any], done: Callable[[], None] = lambda: None) -> defer.Deferred[dict[str, Any]]:
+    def submit(self, work: dict[str, Any], done: Callable[[], None] = lambda: None,
+               source: str = "") -> defer.Deferred[dict[str, Any]]:
         """The worker's answer to ``work`` (see :mod:`.kexworker`), or a
         :class:`KexJobError` with the reason; ``done()`` once the job has
-        left the pool (answered, failed, or cancelled before it ran)."""
+        left the pool (answered, failed, or cancelled before it ran).
+        ``source``, the client's address, is what the queue takes turns by."""
         self._next_id += 1
 
         def cancel(waiting: defer.Deferred[dict[str, Any]]) -> None:
-            if job in self._queue:
-                self._queue.remove(job)
+            if self._queue.remove(job.source, job):
                 job.done()
             # else running already: done() when the worker answers; the answer is ignored
 
-        job = _Job({**work, "id": self._next_id}, defer.Deferred(cancel), done)
+        job = _Job({**work, "id": self._next_id}, defer.Deferred(cancel), done, source)
         if self._stopping:
             done()
             job.waiting.errback(KexJobError("the gateway is stopping"))
             return job.waiting
-        self._queue.append(job)
+        self._queue.push(source, job)
         self._dispatch()
         return job.waiting
 
@@ -148,7 +151,7 @@ class KexPool:
             if not self._queue:
                 return
             if worker.running and worker.job is None:
-                worker.job = self._queue.popleft()
+                worker.job = self._queue.pop()
                 worker.transport.write(json.dumps(worker.job.work).encode() + b"\n")
 
     def _answered(self, worker: _Worker, line: bytes) -> None:
@@ -202,7 +205,8 @@ class InlineKexPool:
     def stop(self) -> defer.Deferred[None]:
         return defer.succeed(None)
 
-    def submit(self, job: dict[str, Any], done: Callable[[], None] = lambda: None) -> defer.Deferred[dict[str, Any]]:
+    def submit(self, job: dict[str, Any], done: Callable[[], None] = lambda: None,
+               source: str = "") -> defer.Deferred[dict[str, Any]]:
         from nxgate.doors.conch.kexworker import run_job
 
         answer = run_job(job)

@@ -367,7 +367,7 @@ class KexService:
 
     policy: algorithms.AlgorithmPolicy = field(default_factory=lambda: algorithms.policy(False))
     pool: Any = field(default_factory=InlineKexPool)
-    admission: KexAdmission = field(default_factory=lambda: KexAdmission(per_source=2, max_pending=32))
+    admission: KexAdmission = field(default_factory=lambda: KexAdmission(per_source=4, max_pending=32))
     refusals: OncePer = field(default_factory=lambda: OncePer(time.monotonic))
 
 
@@ -596,7 +596,7 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
             return
         # Admission ends when the pool is done with the job: a client that
         # hung up still holds it while a worker computes for it.
-        pending = kex.pool.submit(job, lambda: kex.admission.release(source))
+        pending = kex.pool.submit(job, lambda: kex.admission.release(source), source)
         self._kex_job = pending  # a synchronous answer clears it again in ended()
 
         def ended(result: Any) -> Any:
