@@ -547,3 +547,14 @@ class TransportTests(TestCase):
         self.assertEqual(len(lines), 1)
         self.assertIn("diffie-hellman-group1-sha1", lines[0])
         self.assertIn("legacy_algorithms", lines[0])
+
+    def test_a_second_key_exchange_message_is_refused(self) -> None:
+        """Conch would compute (and switch keys) again for each repeated INIT."""
+        client = _HybridClient()
+        server, server_wire, client_wire = self.connect(client, self.factory(legacy=False))
+        self.finish(server, server_wire, client, client_wire)
+        client.sendPacket(30, common.NS(client.client_init))
+        self.pump(server, server_wire, client, client_wire)
+        self.assertEqual(self.pool.jobs, [])
+        self.assertTrue(server_wire.disconnecting)
+        self.assertTrue(any("unexpected key-exchange message" in formatEvent(e) for e in self.events))

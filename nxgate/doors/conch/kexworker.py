@@ -11,8 +11,8 @@ both JSON objects; big numbers and bytes travel as hex strings:
 
 Why a process and not a thread: the exponentiations hold the GIL for their
 whole length (Python's ``pow`` and Cryptography alike), so a thread would
-stop the reactor just the same.  The worker lowers its own priority so that
-the gateway's reactor gets the CPU first: a flood of key exchanges slows
+stop the reactor just the same.  The worker runs as ``nobody`` and lowers
+its own priority so that the gateway's reactor gets the CPU first: a flood of key exchanges slows
 other key exchanges, not logins, the portal or running sessions.
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import sys
 from typing import Any, BinaryIO
 
@@ -56,11 +57,27 @@ def serve(source: BinaryIO, sink: BinaryIO) -> None:
         sink.flush()
 
 
+def drop_root() -> None:
+    """A worker needs no privilege: as root (the gateway runs as root for
+    PAM and sessions) it becomes ``nobody``, so that a flaw in the parsing
+    of a client's value could not act as root."""
+    if os.geteuid() != 0:
+        return
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        return
+    os.setgroups([])
+    os.setgid(nobody.pw_gid)
+    os.setuid(nobody.pw_uid)
+
+
 def main() -> None:
     try:
         os.nice(NICENESS)
     except OSError:
         pass  # runs at the gateway's priority then; still off the reactor
+    drop_root()
     serve(sys.stdin.buffer, sys.stdout.buffer)
 
 

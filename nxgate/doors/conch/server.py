@@ -404,6 +404,8 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
     _gex_group: tuple[int, int] | None = None
     _receiving = False
     _lost = False
+    #: Key-exchange messages the client may still send in this exchange.
+    _kex_messages_left = 0
 
     def sendPacket(self, messageType: int, payload: bytes) -> None:
         super().sendPacket(messageType, payload)
@@ -468,11 +470,32 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
             return None
         return super().getPacket()
 
+    def ssh_KEXINIT(self, packet: bytes) -> None:
+        super().ssh_KEXINIT(packet)
+        # One message for a fixed group, ECDH or the hybrid; two for group exchange.
+        try:
+            self._kex_messages_left = 2 if _kex.isDynamicPrimesGroup(self.kexAlg) else 1
+        except (AttributeError, ConchError):  # no algorithm agreed: Conch has disconnected
+            self._kex_messages_left = 0
+
+    def _take_kex_message(self) -> bool:
+        """Conch would answer key-exchange messages at any time, each a
+        computation and new keys; we take the ones this exchange has."""
+        if self._kex_messages_left <= 0:
+            log.info("SSH connection from {peer} closed: an unexpected key-exchange message",
+                     peer=getattr(self, "peer_text", "?"))
+            self.sendDisconnect(transport.DISCONNECT_PROTOCOL_ERROR, b"unexpected key-exchange message")
+            return False
+        self._kex_messages_left -= 1
+        return True
+
     def ssh_KEX_DH_GEX_REQUEST_OLD(self, packet: bytes) -> None:
         """Message 30: KEXDH_INIT, KEX_ECDH_INIT, the hybrid INIT or the old
         group-exchange request, by the negotiated algorithm (as Conch)."""
         if self.ignoreNextPacket:  # the client's wrong guess (RFC 4253, 7)
             self.ignoreNextPacket = 0
+            return
+        if not self._take_kex_message():
             return
         if _kex.isFixedGroup(self.kexAlg):
             self._fixed_group_init(packet)
@@ -489,6 +512,9 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
     def ssh_KEX_DH_GEX_REQUEST(self, packet: bytes) -> None:
         if self.ignoreNextPacket:
             self.ignoreNextPacket = 0
+            return
+        if not _kex.isDynamicPrimesGroup(self.kexAlg) or not self._take_kex_message():
+            self.sendDisconnect(transport.DISCONNECT_PROTOCOL_ERROR, b"unexpected group-exchange request")
             return
         if len(packet) != 12:
             self.sendDisconnect(transport.DISCONNECT_PROTOCOL_ERROR, b"bad group-exchange request")
@@ -515,7 +541,7 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
 
     def ssh_KEX_DH_GEX_INIT(self, packet: bytes) -> None:
         group, self._gex_group = self._gex_group, None
-        if group is None or not _kex.isDynamicPrimesGroup(self.kexAlg):
+        if group is None or not _kex.isDynamicPrimesGroup(self.kexAlg) or not self._take_kex_message():
             self.sendDisconnect(transport.DISCONNECT_PROTOCOL_ERROR, b"group-exchange init without a request")
             return
         generator, prime = group
