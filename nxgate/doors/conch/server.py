@@ -354,6 +354,18 @@ USER_KEY_ALGORITHMS = (
 _INCOMING_CIPHER_STATE = ("inCipType", "inMACType", "decryptor", "decBlockSize", "inMAC", "verifyDigestSize")
 
 
+def _is_hybrid(kex: bytes) -> bool:
+    """Conch before 25 (Debian 12 has 22.4) has no post-quantum hybrid."""
+    check = getattr(_kex, "isPQHybrid", None)
+    return bool(check and check(kex))
+
+
+def _is_group_exchange(kex: bytes) -> bool:
+    """``_kex.isDynamicPrimesGroup``, which Conch 22.4 lacks: what is neither
+    a fixed group, nor ECDH, nor a hybrid."""
+    return not (_kex.isFixedGroup(kex) or _kex.isEllipticCurve(kex) or _is_hybrid(kex))
+
+
 #: What a client may send while its key-exchange computation is pending
 #: (it has no reason to send anything until our reply).
 HELD_INPUT_LIMIT = 256 * 1024
@@ -474,7 +486,7 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
         super().ssh_KEXINIT(packet)
         # One message for a fixed group, ECDH or the hybrid; two for group exchange.
         try:
-            self._kex_messages_left = 2 if _kex.isDynamicPrimesGroup(self.kexAlg) else 1
+            self._kex_messages_left = 2 if _is_group_exchange(self.kexAlg) else 1
         except (AttributeError, ConchError):  # no algorithm agreed: Conch has disconnected
             self._kex_messages_left = 0
 
@@ -501,7 +513,7 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
             self._fixed_group_init(packet)
         elif _kex.isEllipticCurve(self.kexAlg):
             self._ssh_KEX_ECDH_INIT(packet)  # X25519 takes microseconds: Conch's, on the reactor
-        elif _kex.isPQHybrid(self.kexAlg):
+        elif _is_hybrid(self.kexAlg):
             self._hybrid_init(packet)
         elif len(packet) != 4:
             self.sendDisconnect(transport.DISCONNECT_PROTOCOL_ERROR, b"bad group-exchange request")
@@ -513,7 +525,7 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
         if self.ignoreNextPacket:
             self.ignoreNextPacket = 0
             return
-        if not _kex.isDynamicPrimesGroup(self.kexAlg) or not self._take_kex_message():
+        if not _is_group_exchange(self.kexAlg) or not self._take_kex_message():
             self.sendDisconnect(transport.DISCONNECT_PROTOCOL_ERROR, b"unexpected group-exchange request")
             return
         if len(packet) != 12:
@@ -541,7 +553,7 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
 
     def ssh_KEX_DH_GEX_INIT(self, packet: bytes) -> None:
         group, self._gex_group = self._gex_group, None
-        if group is None or not _kex.isDynamicPrimesGroup(self.kexAlg) or not self._take_kex_message():
+        if group is None or not _is_group_exchange(self.kexAlg) or not self._take_kex_message():
             self.sendDisconnect(transport.DISCONNECT_PROTOCOL_ERROR, b"group-exchange init without a request")
             return
         generator, prime = group
