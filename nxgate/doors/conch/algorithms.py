@@ -7,7 +7,8 @@ no NIST curves, no MD5, MACs only in encrypt-then-MAC mode.  The
 ``[ssh] legacy_algorithms`` set adds back what NoMachine's nxssh (OpenSSH
 3.x/4.x code) and other clients of that age need: SHA-1 host signatures
 (``ssh-rsa``), group exchange and group 14 with SHA-1, CBC ciphers and the
-SHA-1/MD5 MACs, and group-exchange moduli up to 8192 bits.
+SHA-1/MD5 MACs, and group-exchange moduli from 2048 up to 8192 bits for
+clients that insist.
 
 Each list is in order of preference and keeps only what the installed Conch
 and Cryptography implement (ML-KEM needs Cryptography 48).
@@ -47,11 +48,12 @@ LEGACY_MACS = MODERN_MACS + (b"hmac-sha2-512", b"hmac-sha2-256", b"hmac-sha1", b
 #: Group-exchange moduli we serve (bits): 3072 gives 128-bit strength, as
 #: X25519; 4096 is the most a key exchange may cost us by default (an
 #: 8192-bit exchange costs about 16 times a 3072-bit one, the DHEat attack).
-#: By default a client asking for more (OpenSSH asks 7680 or 8192 for AES-256)
-#: gets 3072 bits unless its minimum is higher; with legacy algorithms the
-#: client's ideal size is served, up to 8192 bits.
+#: A client asking for more (OpenSSH asks 7680 or 8192 for AES-256) gets
+#: 3072 bits unless its minimum is higher: up to 4096 by default, up to 8192
+#: with legacy algorithms (which also serve 2048 to a client whose maximum
+#: is below 3072).
 MODERN_MODULI = (3072, 4096, 3072)
-LEGACY_MODULI = (2048, 8192, 0)
+LEGACY_MODULI = (2048, 8192, 3072)
 
 
 @dataclass(frozen=True)
