@@ -17,6 +17,7 @@ import inspect
 import io
 import json
 import os
+import pwd
 import random
 import sys
 import textwrap
@@ -268,6 +269,32 @@ class WorkerTests(TestCase):
             while len(finished) < 3:
                 await deferLater(reactor, 0.01)
             self.assertEqual(sorted(finished), ["queued", "running", "second"])
+            if os.geteuid() == 0:  # as the gateway runs: the workers are nobody, and nicer
+                for worker in pool._workers:
+                    with open(f"/proc/{worker.transport.pid}/status") as status:
+                        uid = next(line.split()[1] for line in status if line.startswith("Uid:"))
+                    self.assertEqual(int(uid), pwd.getpwnam("nobody").pw_uid)
+                    self.assertEqual(os.getpriority(os.PRIO_PROCESS, worker.transport.pid), kexworker.NICENESS)
+
+    def test_a_worker_that_cannot_start_fails_jobs_instead_of_hanging_them(self) -> defer.Deferred[None]:
+        pool = KexPool(reactor, 1, argv=[sys.executable, "-c", "import sys; sys.exit(3)"])
+        pool.start()
+        self.addCleanup(pool.stop)
+        events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        waiting = pool.submit({"op": "dh"})
+
+        async def run() -> None:
+            with self.assertRaises(KexJobError):
+                await waiting  # the worker ended during the job
+            self.assertTrue(any("key-exchange worker 0 ended" in formatEvent(e) for e in events))
+            self.assertEqual(pool._delay, 2.0)  # backing off
+            with self.assertRaises(KexJobError) as raised:
+                await pool.submit({"op": "dh"})  # at once, not after the next attempt
+            self.assertIn("no key-exchange worker is running", str(raised.exception))
+
+        return defer.ensureDeferred(run())
 
         return defer.ensureDeferred(run())
 

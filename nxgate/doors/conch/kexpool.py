@@ -9,7 +9,8 @@ one already running finishes and its answer is thrown away.  ``done`` is
 called when a job has left the pool either way: a client that hangs up right
 after its request (as DHEat tools do) still holds its admission for as long
 as a worker computes for it.  A worker that dies fails its job and is
-started again a second later.
+started again a second later (later and later if it keeps dying at once;
+while none runs, jobs fail at once instead of waiting).
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ log = Logger(namespace="nxgate.ssh.kex")
 
 WORKER_MODULE = "nxgate.doors.conch.kexworker"
 RESPAWN_DELAY = 1.0
+MAX_RESPAWN_DELAY = 60.0
+#: A worker that ends sooner than this after its start did not really start.
+QUICK_DEATH = 5.0
 #: The longest answer line we accept from a worker (an 8192-bit f and K are 4 KB).
 MAX_LINE = 65536
 
@@ -56,6 +60,7 @@ class _Worker(protocol.ProcessProtocol):
         self._buffer = b""
         self.running = False
         self.ended: defer.Deferred[None] | None = None
+        self.started = 0.0
 
     def connectionMade(self) -> None:
         self.running = True
@@ -91,6 +96,8 @@ class KexPool:
         self._workers: list[_Worker] = []
         self._next_id = 0
         self._stopping = False
+        self._delay = RESPAWN_DELAY
+        self._respawns: list[Any] = []
 
     @property
     def queued(self) -> int:
@@ -105,6 +112,9 @@ class KexPool:
         """Close the workers' input: each ends after its job, if it has one.
         The Deferred fires when all have ended."""
         self._stopping = True
+        for call in self._respawns:
+            if call.active():
+                call.cancel()
         ended = []
         for worker in self._workers:
             if worker.running:
@@ -131,9 +141,10 @@ class KexPool:
             # else running already: done() when the worker answers; the answer is ignored
 
         job = _Job({**work, "id": self._next_id}, defer.Deferred(cancel), done, source)
-        if self._stopping:
+        if self._stopping or not any(worker.running for worker in self._workers):
             done()
-            job.waiting.errback(KexJobError("the gateway is stopping"))
+            job.waiting.errback(KexJobError("the gateway is stopping" if self._stopping
+                                            else "no key-exchange worker is running"))
             return job.waiting
         self._queue.push(source, job)
         self._dispatch()
@@ -141,6 +152,7 @@ class KexPool:
 
     def _spawn(self, number: int) -> None:
         worker = _Worker(self, number)
+        worker.started = self.reactor.seconds()
         source_root = os.path.dirname(os.path.dirname(os.path.abspath(nxgate.__file__)))
         path = os.pathsep.join(filter(None, [source_root, os.environ.get("PYTHONPATH", "")]))
         self.reactor.spawnProcess(worker, self.argv[0], self.argv, env={**os.environ, "PYTHONPATH": path})
@@ -178,18 +190,26 @@ class KexPool:
     def _ended(self, worker: _Worker, reason: Failure) -> None:
         self._workers.remove(worker)
         job, worker.job = worker.job, None
-        if job is not None:
-            job.done()
-            if not job.waiting.called:
-                job.waiting.errback(KexJobError("the key-exchange worker ended during the job"))
-        if self._stopping:
-            return
-        if not reason.check(error.ProcessDone):
-            log.error("key-exchange worker {n} ended ({why}); starting another", n=worker.number,
-                      why=reason.getErrorMessage())
-        self.reactor.callLater(RESPAWN_DELAY, self._respawn, worker.number)
+        if not self._stopping:
+            # A worker that cannot even start (its stderr is logged) is tried
+            # again less and less often, and no client waits for it meanwhile.
+            quick = self.reactor.seconds() - worker.started < QUICK_DEATH
+            self._delay = min(self._delay * 2, MAX_RESPAWN_DELAY) if quick else RESPAWN_DELAY
+            log.error("key-exchange worker {n} ended ({why}); starting another in {delay:.0f} s",
+                      n=worker.number, why=reason.getErrorMessage(), delay=self._delay)
+            self._respawns.append(self.reactor.callLater(self._delay, self._respawn, worker.number))
+        failed = [job] if job is not None else []
+        if not self._stopping and not any(other.running for other in self._workers):
+            while self._queue:
+                failed.append(self._queue.pop())
+        for each in failed:
+            each.done()
+            if not each.waiting.called:
+                each.waiting.errback(KexJobError("the key-exchange worker ended during the job" if each is job
+                                                 else "no key-exchange worker is running"))
 
     def _respawn(self, number: int) -> None:
+        self._respawns = [call for call in self._respawns if call.active()]
         if not self._stopping:
             self._spawn(number)
             self._dispatch()
