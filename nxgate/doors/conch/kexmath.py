@@ -39,16 +39,6 @@ class KexMathError(ValueError):
     (it goes into the log and the disconnect)."""
 
 
-def mpint(value: int) -> bytes:
-    """SSH ``mpint`` encoding (RFC 4251, section 5) of a non-negative integer."""
-    if value == 0:
-        return struct.pack(">L", 0)
-    data = value.to_bytes((value.bit_length() + 8) // 8, "big")  # room for a zero sign byte
-    if data[0] == 0 and not data[1] & 0x80:
-        data = data[1:]
-    return struct.pack(">L", len(data)) + data
-
-
 def check_dh_public(value: int, prime: int) -> None:
     """RFC 4253, section 8: 1 < e < p - 1; also refuse a value with a single
     bit set (a client that chose a trivial exponent, as OpenSSH refuses)."""

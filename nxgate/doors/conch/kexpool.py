@@ -1,10 +1,9 @@
 """A bounded pool of key-exchange worker processes (:mod:`.kexworker`).
 
 The SSH transport hands each Diffie-Hellman or ML-KEM computation to
-:meth:`KexPool.submit` and gets a Deferred; jobs wait in one FIFO queue for
-an idle worker, served client address by client address in turn
-(:class:`~.kexlimit.FairQueue`).  How many may wait is :mod:`.kexlimit`'s business, not the
-pool's.  A cancelled job that is still queued is dropped (the client left);
+:meth:`KexPool.submit` and gets a Deferred; jobs wait for an idle worker,
+served client address by client address in turn (:class:`~.kexlimit.FairQueue`).
+How many may wait is :mod:`.kexlimit`'s business, not the pool's.  A cancelled job that is still queued is dropped (the client left);
 one already running finishes and its answer is thrown away.  ``done`` is
 called when a job has left the pool either way: a client that hangs up right
 after its request (as DHEat tools do) still holds its admission for as long
@@ -22,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from twisted.internet import defer, error, protocol
+from twisted.internet import defer, protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 

@@ -647,11 +647,13 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
         pending.addCallback(lambda _: self._resume())
 
     def _refused(self, kex: KexService, source: str, refusal: Refusal) -> None:
-        held = kex.refusals.allow(source)
+        # Per address, once a minute; when all addresses together are too
+        # many (a flood from many), once a minute in all.
+        held = kex.refusals.allow(source if refusal.scope == "address" else "*")
         if held is not None:
             log.warn("SSH key exchange from {address} refused: {why}; the connection is closed{held}",
                      address=source, why=refusal.reason, scope=refusal.scope,
-                     held=f" ({held} more refused in the last minute)" if held else "")
+                     held=f" ({held} more refused since the last such line)" if held else "")
         # Not sendDisconnect: Conch logs a line for every one, the flood we log once a minute.
         self.sendPacket(transport.MSG_DISCONNECT, struct.pack(">L", transport.DISCONNECT_TOO_MANY_CONNECTIONS)
                         + common.NS(b"too many key exchanges, try again later") + common.NS(b""))
