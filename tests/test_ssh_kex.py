@@ -40,6 +40,7 @@ from twisted.trial.unittest import SkipTest, TestCase
 from nxgate.doors.conch import algorithms, etm, kexmath, kexworker
 from nxgate.doors.conch.kexlimit import FairQueue, KexAdmission, OncePer
 from nxgate.doors.conch.kexpool import KexJobError, KexPool
+from nxgate.doors.conch import server as server_module
 from nxgate.doors.conch.server import KexService, NXSSHFactory
 
 ECHO = 192
@@ -605,3 +606,13 @@ class TransportTests(TestCase):
         self.assertEqual(self.pool.jobs, [])
         self.assertTrue(server_wire.disconnecting)
         self.assertTrue(any("unexpected key-exchange message" in formatEvent(e) for e in self.events))
+
+    def test_a_client_that_floods_while_its_exchange_is_pending_is_closed(self) -> None:
+        client = _Client()
+        client.supportedKeyExchanges = [b"diffie-hellman-group-exchange-sha256"]
+        server, server_wire, _ = self.connect(client)
+        self.assertEqual(len(self.pool.jobs), 1)
+        server.dataReceived(b"x" * (server_module.HELD_INPUT_LIMIT // 2))
+        self.assertFalse(server_wire.disconnecting)  # held
+        server.dataReceived(b"x" * server_module.HELD_INPUT_LIMIT)
+        self.assertTrue(server_wire.disconnecting)
