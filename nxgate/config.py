@@ -212,6 +212,10 @@ class SSHSection:
                                    "exchange is done (the whole of it: [server] login_grace_time)")
     max_auth_tries: int = option(6, integer(1, 100), "failed SSH authentications before disconnect")
     max_channels: int = option(4, integer(1, 100), "session channels open at once per connection")
+    legacy_algorithms: bool = option(False, boolean, "also offer SHA-1, CBC, MD5 and 8192-bit DH (NoMachine's nxssh)")
+    kex_workers: int = option(2, integer(1, 64), "processes that compute SSH key exchanges")
+    kex_per_source: int = option(4, integer(1, 1000), "SSH key exchanges pending at once per client address")
+    kex_max_pending: int = option(32, integer(2, 100000), "SSH key exchanges pending in all (random drop from half)")
 
 
 @dataclass(frozen=True)
@@ -522,6 +526,7 @@ RESTART_NEEDED = (
     ("server", "audit_log"), ("auth", "pam_threads"), ("ssh", "user_logins"), ("metrics", "listen"),
     ("dbus", "enabled"), ("dbus", "address"), ("store", "url"), ("store", "password_file"),
     ("web", "listen"), ("web", "certificate"), ("web", "private_key"),
+    ("ssh", "legacy_algorithms"), ("ssh", "kex_workers"), ("ssh", "kex_per_source"), ("ssh", "kex_max_pending"),
 )
 
 

@@ -44,7 +44,7 @@ from nxgate.doors.conch import checkers, hostkeys
 from nxgate.doors.guard import DoorGuard, authenticated, raise_file_limit
 from nxgate.doors.preauth import Limits
 from nxgate.doors.conch.channel import ChannelHandler, ChannelTransport
-from nxgate.doors.conch.server import NXAvatar, NXRealm, NXSessionChannel, NXSSHFactory
+from nxgate.doors.conch.server import NXAvatar, NXRealm, NXSessionChannel, NXSSHFactory, kex_service
 
 log = Logger(namespace="nxgate")
 
@@ -353,7 +353,7 @@ class Gateway(service.MultiService):
         for checker in self.checkers:
             portal.registerChecker(checker)
         host_keys = hostkeys.load_host_keys(self.layout.hostkeys)
-        return NXSSHFactory(portal, host_keys, ssh.login_grace_time, ssh.max_auth_tries)
+        return NXSSHFactory(portal, host_keys, ssh.login_grace_time, ssh.max_auth_tries, kex_service(self.reactor, ssh))
 
     def conversation(self, transport: Any, address: str, preauthenticated_user: str | None,
                      relay_factory: Any, local_address: str = "127.0.0.1", door: str = "nx",

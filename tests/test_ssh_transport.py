@@ -19,6 +19,7 @@ from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
 from nxgate.doors.conch import server
+from nxgate.doors.conch.etm import ETM_MACS, EtmTransport
 from nxgate.doors.conch.server import NXSSHFactory
 from nxgate.tcp import no_delay
 
@@ -46,7 +47,8 @@ class _RecordingService(service.SSHService):
         self.received.append(packet)
 
 
-class _Client(transport.SSHClientTransport):
+class _Client(EtmTransport, transport.SSHClientTransport):
+    supportedMACs = [*ETM_MACS, *transport.SSHClientTransport.supportedMACs]
     service_requested: _RecordingService | None = None
 
     def verifyHostKey(self, hostKey: bytes, fingerprint: bytes) -> defer.Deferred[bool]:

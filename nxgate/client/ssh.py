@@ -25,6 +25,7 @@ from twisted.internet import defer, protocol
 from twisted.python.failure import Failure
 
 from nxgate.client.knownhosts import KnownHosts, Verdict, fingerprint, preferred_algorithms
+from nxgate.doors.conch.etm import ETM_MACS, EtmTransport
 from nxgate.tcp import no_delay
 
 
@@ -216,8 +217,10 @@ class _UserAuth(userauth.SSHUserAuthClient):
         return defer.succeed(answers)
 
 
-class _Transport(transport.SSHClientTransport):
+class _Transport(EtmTransport, transport.SSHClientTransport):
     factory: _Factory
+    # Encrypt-then-MAC first: the gateway offers nothing else by default.
+    supportedMACs = [*ETM_MACS, *transport.SSHClientTransport.supportedMACs]
 
     def connectionMade(self) -> None:
         no_delay(self.transport)  # the NX stream's small messages must not wait (nxgate.tcp)

@@ -11,23 +11,30 @@ from __future__ import annotations
 
 import copy
 import struct
+import time
 import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from twisted.conch.avatar import ConchUser
 from twisted.conch.error import ConchError
 from twisted.conch.interfaces import IConchUser
 from twisted.conch.openssh_compat import primes
-from twisted.conch.ssh import common, connection, factory, transport, userauth
+from twisted.conch.ssh import _kex, common, connection, factory, transport, userauth
 from twisted.conch.ssh.channel import SSHChannel
 from twisted.cred.portal import IRealm, Portal
 from twisted.internet import defer
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nxgate.auth.pam import Prompt
+from nxgate.doors.conch import algorithms, kexmath
 from nxgate.doors.conch.checkers import IKeyboardInteractive, KeyboardInteractive, Principal
+from nxgate.doors.conch.etm import EtmTransport
+from nxgate.doors.conch.kexlimit import KexAdmission, OncePer, Refusal
+from nxgate.doors.conch.kexpool import InlineKexPool, KexJobError, KexPool
 from nxgate.doors.guard import authenticated
 from nxgate.tcp import no_delay
 
@@ -348,8 +355,53 @@ USER_KEY_ALGORITHMS = (
 _INCOMING_CIPHER_STATE = ("inCipType", "inMACType", "decryptor", "decBlockSize", "inMAC", "verifyDigestSize")
 
 
-class NXServerTransport(transport.SSHServerTransport):
+def _is_hybrid(kex: bytes) -> bool:
+    """Conch before 25 (Debian 12 has 22.4) has no post-quantum hybrid."""
+    check = getattr(_kex, "isPQHybrid", None)
+    return bool(check and check(kex))
+
+
+def _is_group_exchange(kex: bytes) -> bool:
+    """``_kex.isDynamicPrimesGroup``, which Conch 22.4 lacks: what is neither
+    a fixed group, nor ECDH, nor a hybrid."""
+    return not (_kex.isFixedGroup(kex) or _kex.isEllipticCurve(kex) or _is_hybrid(kex))
+
+
+#: What a client may send while its key-exchange computation is pending
+#: (it has no reason to send anything until our reply).
+HELD_INPUT_LIMIT = 256 * 1024
+
+
+@dataclass
+class KexService:
+    """What all SSH connections share for their key exchanges: the algorithm
+    set, the worker pool that computes, the admission limits and the
+    rate-limited log of refusals."""
+
+    policy: algorithms.AlgorithmPolicy = field(default_factory=lambda: algorithms.policy(False))
+    pool: Any = field(default_factory=InlineKexPool)
+    admission: KexAdmission = field(default_factory=lambda: KexAdmission(per_source=4, max_pending=32))
+    refusals: OncePer = field(default_factory=lambda: OncePer(time.monotonic))
+
+
+def kex_service(reactor: Any, ssh: Any) -> KexService:
+    """The gateway's ``KexService`` from the ``[ssh]`` settings."""
+    return KexService(algorithms.policy(ssh.legacy_algorithms), KexPool(reactor, ssh.kex_workers),
+                      KexAdmission(ssh.kex_per_source, ssh.kex_max_pending), OncePer(reactor.seconds))
+
+
+class NXServerTransport(EtmTransport, transport.SSHServerTransport):
     """The SSH transport, logging each connection with its peer.
+
+    Key exchanges never compute on the reactor: the Diffie-Hellman and
+    ML-KEM arithmetic goes to the factory's worker pool (``KexService``),
+    admitted per client address and in total, and until the answer is back
+    and our reply sent, the connection reads no further packets (they wait,
+    undecrypted, in Conch's buffer: what follows the client's NEWKEYS needs
+    the keys still being computed).  Conch's own handlers for these messages
+    compute inline, and for group exchange take a group of any size the
+    client names, 8192 bits included, proving its primes on each use (28 s
+    of CPU): see ``tests.test_ssh_kex.ConchCanaryTests`` for what we replace.
 
     Our new keys take effect for what we send right after our NEWKEYS, not
     only once the client's NEWKEYS has arrived as in Conch, so that EXT_INFO
@@ -361,6 +413,12 @@ class NXServerTransport(transport.SSHServerTransport):
     """
 
     _sending_new_keys = False
+    _kex_job: defer.Deferred[Any] | None = None
+    _gex_group: tuple[int, int] | None = None
+    _receiving = False
+    _lost = False
+    #: Key-exchange messages the client may still send in this exchange.
+    _kex_messages_left = 0
 
     def sendPacket(self, messageType: int, payload: bytes) -> None:
         super().sendPacket(messageType, payload)
@@ -407,6 +465,242 @@ class NXServerTransport(transport.SSHServerTransport):
             self.outgoingCompression = compressor
             self._sending_new_keys = False
 
+    # ---------------------------------------------- key exchange, off the reactor
+    def dataReceived(self, data: bytes) -> None:
+        if self._kex_job is not None:  # hold everything until our reply is out
+            self.buf += data
+            if len(self.buf) > HELD_INPUT_LIMIT:
+                self.sendDisconnect(transport.DISCONNECT_PROTOCOL_ERROR, b"too much data during key exchange")
+            return
+        self._receiving = True
+        try:
+            super().dataReceived(data)
+        finally:
+            self._receiving = False
+
+    def getPacket(self) -> bytes | None:
+        if self._kex_job is not None:  # stops Conch's packet loop in dataReceived
+            return None
+        return super().getPacket()
+
+    def ssh_KEXINIT(self, packet: bytes) -> None:
+        super().ssh_KEXINIT(packet)
+        # One message for a fixed group, ECDH or the hybrid; two for group exchange.
+        try:
+            self._kex_messages_left = 2 if _is_group_exchange(self.kexAlg) else 1
+        except (AttributeError, ConchError):  # no algorithm agreed: Conch has disconnected
+            self._kex_messages_left = 0
+
+    def _take_kex_message(self) -> bool:
+        """Conch would answer key-exchange messages at any time, each a
+        computation and new keys; we take the ones this exchange has."""
+        if self._kex_messages_left <= 0:
+            log.info("SSH connection from {peer} closed: an unexpected key-exchange message",
+                     peer=getattr(self, "peer_text", "?"))
+            self.sendDisconnect(transport.DISCONNECT_PROTOCOL_ERROR, b"unexpected key-exchange message")
+            return False
+        self._kex_messages_left -= 1
+        return True
+
+    def ssh_KEX_DH_GEX_REQUEST_OLD(self, packet: bytes) -> None:
+        """Message 30: KEXDH_INIT, KEX_ECDH_INIT, the hybrid INIT or the old
+        group-exchange request, by the negotiated algorithm (as Conch)."""
+        if self.ignoreNextPacket:  # the client's wrong guess (RFC 4253, 7)
+            self.ignoreNextPacket = 0
+            return
+        if not self._take_kex_message():
+            return
+        if _kex.isFixedGroup(self.kexAlg):
+            self._fixed_group_init(packet)
+        elif _kex.isEllipticCurve(self.kexAlg):
+            self._ssh_KEX_ECDH_INIT(packet)  # X25519 takes microseconds: Conch's, on the reactor
+        elif _is_hybrid(self.kexAlg):
+            self._hybrid_init(packet)
+        elif len(packet) != 4:
+            self.sendDisconnect(transport.DISCONNECT_PROTOCOL_ERROR, b"bad group-exchange request")
+        else:
+            (ideal,) = struct.unpack(">L", packet)
+            self._send_group(packet, 0, ideal, 0xFFFFFFFF)
+
+    def ssh_KEX_DH_GEX_REQUEST(self, packet: bytes) -> None:
+        if self.ignoreNextPacket:
+            self.ignoreNextPacket = 0
+            return
+        if not _is_group_exchange(self.kexAlg) or not self._take_kex_message():
+            self.sendDisconnect(transport.DISCONNECT_PROTOCOL_ERROR, b"unexpected group-exchange request")
+            return
+        if len(packet) != 12:
+            self.sendDisconnect(transport.DISCONNECT_PROTOCOL_ERROR, b"bad group-exchange request")
+            return
+        minimum, ideal, maximum = struct.unpack(">3L", packet)
+        self._send_group(packet, minimum, ideal, maximum)
+
+    def _send_group(self, request: bytes, minimum: int, ideal: int, maximum: int) -> None:
+        """A group within our bounds (choosing costs nothing: our exponent is
+        computed with the client's value, in ``ssh_KEX_DH_GEX_INIT``)."""
+        policy = self.factory.kex.policy
+        try:
+            group = algorithms.choose_group(self.factory.primes or {}, minimum, ideal, maximum,
+                                            policy.smallest_modulus, policy.largest_modulus,
+                                            policy.preferred_modulus)
+        except algorithms.NoGroup as refusal:
+            log.info("SSH key exchange with {peer} refused: {why}", peer=self.peer_text, why=str(refusal))
+            self.sendDisconnect(transport.DISCONNECT_KEY_EXCHANGE_FAILED, str(refusal).encode())
+            return
+        self.dhGexRequest = request
+        self._gex_group = group
+        generator, prime = group
+        self.sendPacket(transport.MSG_KEX_DH_GEX_GROUP, common.MP(prime) + common.MP(generator))
+
+    def ssh_KEX_DH_GEX_INIT(self, packet: bytes) -> None:
+        group, self._gex_group = self._gex_group, None
+        if group is None or not _is_group_exchange(self.kexAlg) or not self._take_kex_message():
+            self.sendDisconnect(transport.DISCONNECT_PROTOCOL_ERROR, b"group-exchange init without a request")
+            return
+        generator, prime = group
+        client_public = self._dh_public(packet, prime)
+        if client_public is None:
+            return
+        request = self.dhGexRequest
+        prefix = request + common.MP(prime) + common.MP(generator)
+        self._compute({"op": "dh", "g": format(generator, "x"), "p": format(prime, "x"), "e": format(client_public, "x")},
+                      lambda answer: self._dh_reply(transport.MSG_KEX_DH_GEX_REPLY, prefix, client_public, answer))
+
+    def _fixed_group_init(self, packet: bytes) -> None:
+        generator, prime = _kex.getDHGeneratorAndPrime(self.kexAlg)
+        client_public = self._dh_public(packet, prime)
+        if client_public is None:
+            return
+        self._compute({"op": "dh", "g": format(generator, "x"), "p": format(prime, "x"), "e": format(client_public, "x")},
+                      lambda answer: self._dh_reply(transport.MSG_KEXDH_REPLY, b"", client_public, answer))
+
+    def _dh_public(self, packet: bytes, prime: int) -> int | None:
+        """The client's ``e``, checked here so that junk costs no worker."""
+        try:
+            value, _ = common.getMP(packet)
+            kexmath.check_dh_public(value, prime)
+        except (ValueError, struct.error, IndexError) as problem:
+            why = str(problem) if isinstance(problem, kexmath.KexMathError) else "malformed Diffie-Hellman value"
+            log.info("SSH key exchange with {peer} failed: {why}", peer=self.peer_text, why=why)
+            self.sendDisconnect(transport.DISCONNECT_KEY_EXCHANGE_FAILED, why.encode())
+            return None
+        return value
+
+    def _dh_reply(self, message: int, group_part: bytes, client_public: int, answer: dict[str, Any]) -> None:
+        """RFC 4253, 8 and RFC 4419, 3: hash, sign and send; new keys."""
+        ours, shared = int(answer["f"], 16), common.MP(int(answer["k"], 16))
+        public_key, private_key = self._getHostKeys(self.keyAlg)
+        exchange_hash = self._exchange_hash(public_key.blob(), group_part, common.MP(client_public),
+                                            common.MP(ours), shared)
+        self.sendPacket(message, common.NS(public_key.blob()) + common.MP(ours)
+                        + common.NS(private_key.sign(exchange_hash, signatureType=self.keyAlg)))
+        self._keySetup(shared, exchange_hash)
+
+    def _hybrid_init(self, packet: bytes) -> None:
+        try:
+            client_init, _ = common.getNS(packet)
+        except (ValueError, struct.error, IndexError):
+            client_init = b""
+        if len(client_init) != kexmath.MLKEM768_PUBLIC_KEY + kexmath.X25519_PUBLIC_KEY:
+            self.sendDisconnect(transport.DISCONNECT_KEY_EXCHANGE_FAILED, b"Invalid C_INIT length")
+            return
+        self._compute({"op": "mlkem768x25519", "init": client_init.hex()},
+                      lambda answer: self._hybrid_reply(client_init, answer))
+
+    def _hybrid_reply(self, client_init: bytes, answer: dict[str, Any]) -> None:
+        shared, reply = bytes.fromhex(answer["k"]), bytes.fromhex(answer["reply"])
+        public_key, private_key = self._getHostKeys(self.keyAlg)
+        exchange_hash = self._exchange_hash(public_key.blob(), b"", common.NS(client_init), common.NS(reply), shared)
+        self.sendPacket(transport.OVERLAP_MSG_KEX_HYBRID_REPLY, common.NS(public_key.blob()) + common.NS(reply)
+                        + common.NS(private_key.sign(exchange_hash, signatureType=self.keyAlg)))
+        self._keySetup(shared, exchange_hash)
+
+    def _exchange_hash(self, host_key: bytes, group_part: bytes, client_part: bytes, server_part: bytes,
+                       shared: bytes) -> bytes:
+        digest = _kex.getHashProcessor(self.kexAlg)()
+        for part in (common.NS(self.otherVersionString), common.NS(self.ourVersionString),
+                     common.NS(self.otherKexInitPayload), common.NS(self.ourKexInitPayload), common.NS(host_key),
+                     group_part, client_part, server_part, shared):
+            digest.update(part)
+        return digest.digest()
+
+    def _compute(self, job: dict[str, Any], finish: Callable[[dict[str, Any]], None]) -> None:
+        """Admit ``job``, send it to the pool and hold the connection's input
+        until ``finish`` has sent our reply."""
+        kex: KexService = self.factory.kex
+        source = self.peer_host
+        refusal = kex.admission.admit(source)
+        if refusal is not None:
+            self._refused(kex, source, refusal)
+            return
+        # Admission ends when the pool is done with the job: a client that
+        # hung up still holds it while a worker computes for it.
+        pending = kex.pool.submit(job, lambda: kex.admission.release(source), source)
+        self._kex_job = pending  # a synchronous answer clears it again in ended()
+
+        def ended(result: Any) -> Any:
+            self._kex_job = None
+            return result
+
+        pending.addBoth(ended)
+        pending.addCallback(lambda answer: None if self._lost else finish(answer))
+        pending.addErrback(self._kex_failed)
+        pending.addCallback(lambda _: self._resume())
+
+    def _refused(self, kex: KexService, source: str, refusal: Refusal) -> None:
+        # Per address, once a minute; when all addresses together are too
+        # many (a flood from many), once a minute in all.
+        held = kex.refusals.allow(source if refusal.scope == "address" else "*")
+        if held is not None:
+            log.warn("SSH key exchange from {address} refused: {why}; the connection is closed{held}",
+                     address=source, why=refusal.reason, scope=refusal.scope,
+                     held=f" ({held} more refused since the last such line)" if held else "")
+        # Not sendDisconnect: Conch logs a line for every one, the flood we log once a minute.
+        self.sendPacket(transport.MSG_DISCONNECT, struct.pack(">L", transport.DISCONNECT_TOO_MANY_CONNECTIONS)
+                        + common.NS(b"too many key exchanges, try again later") + common.NS(b""))
+        self.transport.loseConnection()
+
+    def _kex_failed(self, failure: Failure) -> None:
+        if self._lost or failure.check(defer.CancelledError):
+            return
+        if failure.check(KexJobError):
+            why = failure.getErrorMessage()
+            log.info("SSH key exchange with {peer} failed: {why}", peer=self.peer_text, why=why)
+        else:
+            log.failure("SSH key exchange with {peer} failed", failure, peer=self.peer_text)
+            why = "internal error"
+        self.sendDisconnect(transport.DISCONNECT_KEY_EXCHANGE_FAILED, why.encode()[:200])
+
+    def _resume(self) -> None:
+        """Our reply is out: read what the client sent meanwhile."""
+        if not self._lost and self._kex_job is None and not self._receiving and self.buf:
+            self.dataReceived(b"")
+
+    def sendDisconnect(self, reason: int, desc: bytes) -> None:
+        if reason == transport.DISCONNECT_KEY_EXCHANGE_FAILED and desc == b"couldn't match all kex parts":
+            self._log_no_common_algorithms()
+        super().sendDisconnect(reason, desc)
+
+    def _log_no_common_algorithms(self) -> None:
+        """Conch refuses a client with no algorithm in common without a word
+        in our log; say which kind, what the client offered, and the switch."""
+        try:
+            lists = common.getNS(self.otherKexInitPayload[17:], 8)[:8]
+        except (AttributeError, ValueError, struct.error, IndexError):
+            return
+        ours = (self.supportedKeyExchanges, self.supportedPublicKeys, self.supportedCiphers, self.supportedCiphers,
+                self.supportedMACs, self.supportedMACs, self.supportedCompressions, self.supportedCompressions)
+        problems = algorithms.unmatched([names.split(b",") for names in lists], ours)
+        legacy = self.factory.kex.policy.kex == algorithms.LEGACY_KEX
+        log.info("SSH connection from {peer} refused: {problems}{hint}", peer=getattr(self, "peer_text", "?"),
+                 problems="; ".join(problems) or "no algorithms in common",
+                 hint="" if legacy else " (NoMachine's nxssh and other old clients need [ssh] legacy_algorithms = yes)")
+
+    @property
+    def peer_host(self) -> str:
+        peer = self.transport.getPeer()
+        return str(getattr(peer, "host", peer))
+
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()
         self.peer_text = f"{getattr(peer, 'host', peer)}:{getattr(peer, 'port', '')}"
@@ -423,6 +717,9 @@ class NXServerTransport(transport.SSHServerTransport):
 
     def connectionLost(self, reason: Any) -> None:
         log.info("SSH connection from {peer} closed", peer=getattr(self, "peer_text", "?"))
+        self._lost = True
+        if self._kex_job is not None:
+            self._kex_job.cancel()  # a queued job is dropped (and its admission released)
         super().connectionLost(reason)
 
 
@@ -437,13 +734,34 @@ class NXSSHFactory(factory.SSHFactory):
     }
 
     def __init__(
-        self, portal: Portal, host_keys: dict[bytes, Any], login_grace_time: int, max_auth_tries: int
+        self, portal: Portal, host_keys: dict[bytes, Any], login_grace_time: int, max_auth_tries: int,
+        kex: KexService | None = None,
     ) -> None:
         self.portal = portal
         self.privateKeys = host_keys
         self.publicKeys = {kind: key.public() for kind, key in host_keys.items()}
         self.login_grace_time = login_grace_time
         self.max_auth_tries = max_auth_tries
+        self.kex = kex or KexService()
+
+    def startFactory(self) -> None:
+        super().startFactory()
+        self.kex.pool.start()
+
+    def stopFactory(self) -> None:
+        self.kex.pool.stop()
+        super().stopFactory()
+
+    def buildProtocol(self, addr: Any) -> NXServerTransport:
+        """A transport offering our algorithm set (``[ssh] legacy_algorithms``),
+        not all that Conch implements."""
+        built: NXServerTransport = super().buildProtocol(addr)
+        policy = self.kex.policy
+        built.supportedKeyExchanges = policy.offered_kex(built.supportedKeyExchanges, bool(self.primes))
+        built.supportedPublicKeys = policy.offered_host_key_algorithms(built.supportedPublicKeys)
+        built.supportedCiphers = [name for name in policy.ciphers if name in built.supportedCiphers]
+        built.supportedMACs = list(policy.macs)
+        return built
 
     def getPrimes(self) -> dict[int, list[tuple[int, int]]] | None:
         """Diffie-Hellman group-exchange primes from OpenSSH's moduli file.
