@@ -94,6 +94,8 @@ class PenaltyTests(TestCase):
         self.assertEqual((block.source, block.seconds, block.strikes), ("192.0.2.1", 15, 1))
         self.assertEqual(preauth.admit("192.0.2.1"), Refusal.PENALTY)
         self.assertIsNone(preauth.admit("192.0.2.2"))
+        self.assertIsNone(preauth.admit("192.0.2.1", penalties=False))  # the portal does not look at penalties
+        preauth.ended("192.0.2.1", Ending.UNPENALIZED)
         clock.now += 15
         self.assertIsNone(preauth.admit("192.0.2.1"))
         self.assertEqual(preauth.penalized(), 0)

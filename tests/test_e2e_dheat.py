@@ -111,7 +111,11 @@ class DHEatTests(TestCase):
         self.addCleanup(self.user.remove)
 
     def start_gateway(self, ssh_options: dict[str, str]) -> Gateway:
-        gateway = Gateway({**web_options(), "ssh": {**ssh_options}} if ssh_options else web_options()).start()
+        # The key-exchange queue is under test here: the doors' per-address cap and penalties
+        # (issue 26) would stop the attacker's address before it reaches it, and ssh-audit attacks
+        # from the victim's portal address.  tests.test_e2e_preauth tests those.
+        options = {**web_options(), "server": {"preauth_exempt": "127.0.0.0/8"}}
+        gateway = Gateway({**options, "ssh": {**ssh_options}} if ssh_options else options).start()
         self.addCleanup(gateway.stop)
         return gateway
 

@@ -192,7 +192,7 @@ class GuardedFactory(WrappingFactory):
         return wrapped.logPrefix() if ILoggingContext.providedBy(wrapped) else type(wrapped).__name__
 
     def buildProtocol(self, addr: Any) -> Any:
-        source = self.guard.admit(addr, self.door, self.counted)
+        source = self.guard.admit(addr, self.door, self.counted, self.penalize)
         if source is False:
             return _Refused() if self.inside_tls else None  # None: the port closes the socket at once
         inner = self.wrappedFactory.buildProtocol(addr)
@@ -236,14 +236,14 @@ class DoorGuard:
             self._files, self._files_at = self.count_files(), now
         return self._files
 
-    def admit(self, addr: Any, door: str, counted: bool) -> str | None | bool:
+    def admit(self, addr: Any, door: str, counted: bool, penalties: bool = True) -> str | None | bool:
         """The source a new connection counts under, None when it is not
         counted, or False when it is refused (logged, rate-limited)."""
         host = peer_host(addr)
         source = self.table.source_of(host)
         files = self.open_files()
         if counted:
-            refusal = self.table.admit(source, files, self.file_limit)
+            refusal = self.table.admit(source, files, self.file_limit, penalties)
         elif files >= self.file_limit - self.limits.fd_reserve:
             refusal = Refusal.FILES
             self.table.refused["files"] += 1

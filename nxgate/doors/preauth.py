@@ -179,17 +179,20 @@ class PreauthTable:
         return sum(1 for record in self.sources.values() if record.blocked_until > now)
 
     # ----------------------------------------------------------- changes
-    def admit(self, source: str, open_files: int = 0, file_limit: int = 0) -> Refusal | None:
+    def admit(self, source: str, open_files: int = 0, file_limit: int = 0, penalties: bool = True) -> Refusal | None:
         """A new connection from ``source``: None if it may go on (it then
         counts until :meth:`ended`), else why not.  ``open_files`` of
-        ``file_limit`` are the process's descriptors (0: not checked)."""
+        ``file_limit`` are the process's descriptors (0: not checked).
+        ``penalties``: whether this door refuses a penalized source (the
+        portal neither earns nor checks them: it has its own login throttle,
+        and one scanner behind an office NAT must not take it from all)."""
         limits, now = self.limits, self.clock()
         refusal = None
         record = self.sources.get(source)
         exempt = self.exempt(source)
         if file_limit and open_files >= file_limit - limits.fd_reserve:
             refusal = Refusal.FILES
-        elif not exempt and record is not None and record.blocked_until > now:
+        elif penalties and not exempt and record is not None and record.blocked_until > now:
             refusal = Refusal.PENALTY
         elif not exempt and record is not None and record.pending >= limits.per_address:
             refusal = Refusal.PER_ADDRESS
