@@ -234,7 +234,8 @@ class Gateway(service.MultiService):
 
         viewers = BrowserViewers(self.reactor, self.sessions.launcher, os.path.join(self.layout.root, "viewers"),
                                  self.layout.logs, ViewerLimits(per_user=self.config.web.max_viewers),
-                                 ViewerPrograms(path=self.config.sessions.path, lang=self.config.sessions.lang))
+                                 ViewerPrograms(path=self.config.sessions.path, lang=self.config.sessions.lang),
+                                 self.blocking)
         viewers.streams = self.cluster_streams  # a session on another node: its stream goes there
         viewers.prepare()
         return viewers

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import struct
 
+from twisted.internet import defer
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SkipTest, TestCase
 from twisted.internet.task import Clock
@@ -294,18 +295,21 @@ class LimitTests(TestCase):
         root = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, root, True)
         viewers = bv.BrowserViewers(Clock(), None, os.path.join(root, "viewers"), root, bv.ViewerLimits(2, 3))
-        first = viewers.open("root", 800, 600)
+
+        def open_one(user):
+            return self.successResultOf(defer.ensureDeferred(viewers.open(user, 800, 600)))
+
+        def refused(user):
+            return self.failureResultOf(defer.ensureDeferred(viewers.open(user, 800, 600)), bv.ViewerRefused).value
+        first = open_one("root")
         self.assertEqual(os.stat(first.directory).st_mode & 0o777, 0o700)
         self.assertEqual(os.stat(viewers.root).st_mode & 0o777, 0o711)
-        viewers.open("root", 800, 600)
-        with self.assertRaises(bv.ViewerRefused) as caught:
-            viewers.open("root", 800, 600)
-        self.assertIn("already has 2", str(caught.exception))
-        viewers.open("daemon", 800, 600)
-        with self.assertRaises(bv.ViewerRefused) as caught:
-            viewers.open("bin", 800, 600)
-        self.assertIn("already shows 3", str(caught.exception))
+        self.assertEqual(first.home, "/root")
+        open_one("root")
+        self.assertIn("already has 2", str(refused("root")))
+        open_one("daemon")
+        self.assertIn("already shows 3", str(refused("bin")))
         first.close()
-        viewers.open("bin", 800, 600)  # a closed viewer frees its place
+        open_one("bin")  # a closed viewer frees its place
         viewers.close_all()
         self.assertEqual(viewers.count(), 0)

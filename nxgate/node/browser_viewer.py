@@ -48,6 +48,7 @@ from twisted.logger import Logger
 from nxgate.backends import x11
 from nxgate.node import files, processes
 from nxgate.node.processes import LaunchError, ProcessId
+from nxgate.node.threads import Blocking, inline
 from nxgate.sessions.errors import Kind, SessionError
 
 log = Logger(namespace="nxgate.viewer")
@@ -149,6 +150,7 @@ class BrowserViewer:
     uid: int
     gid: int
     directory: str
+    home: str
     width: int = 1024
     height: int = 768
     display: int = -1
@@ -174,9 +176,8 @@ class BrowserViewer:
     def _request(self, argv: list[str], name: str, env: dict[str, str] | None = None,
                  status_fd: bool = False) -> dict[str, Any]:
         programs = self.viewers.programs
-        home = pwd.getpwuid(self.uid).pw_dir
         return {"user": self.user, "argv": argv, "log": self._log(name), "cwd": self.directory,
-                "env": {"HOME": home, "USER": self.user, "LOGNAME": self.user, "PATH": programs.path,
+                "env": {"HOME": self.home, "USER": self.user, "LOGNAME": self.user, "PATH": programs.path,
                         "LANG": programs.lang},
                 "env_fixed": env or {}, "status_fd": status_fd, "pam": None}
 
@@ -261,8 +262,12 @@ class BrowserViewers:
     """All browser viewers of this node, and their limits."""
 
     def __init__(self, reactor: Any, launcher: Any, root: str, log_dir: str,
-                 limits: ViewerLimits = ViewerLimits(), programs: ViewerPrograms = ViewerPrograms()) -> None:
+                 limits: ViewerLimits = ViewerLimits(), programs: ViewerPrograms = ViewerPrograms(),
+                 blocking: Blocking = inline) -> None:
+        """``blocking`` runs the account look-up (NSS: maybe LDAP) and the
+        directory's creation off the reactor (the gateway passes a thread)."""
         self.reactor = reactor
+        self.blocking = blocking
         self.launcher = launcher
         self.root = root
         self.log_dir = log_dir
@@ -291,24 +296,33 @@ class BrowserViewers:
     def count(self, user: str | None = None) -> int:
         return sum(1 for viewer in self.open_viewers.values() if user is None or viewer.user == user)
 
-    def open(self, user: str, width: int, height: int) -> BrowserViewer:
+    async def open(self, user: str, width: int, height: int) -> BrowserViewer:
         """A new viewer for ``user`` (programs not started yet), or
         :class:`ViewerRefused` past the limits."""
         if self.count(user) >= self.limits.per_user:
             raise ViewerRefused(f"{user} already has {self.limits.per_user} sessions open in a browser")
         if self.count() >= self.limits.total:
             raise ViewerRefused(f"the server already shows {self.limits.total} sessions in browsers")
-        entry = pwd.getpwnam(user)
         viewer_id = secrets.token_hex(12)
         directory = os.path.join(self.root, viewer_id)
-        self.prepare()
-        files.make_session_dir(directory, entry.pw_uid, entry.pw_gid)
-        width, height = clamp_size(width, height)
-        viewer = BrowserViewer(self, viewer_id, user, entry.pw_uid, entry.pw_gid, directory, width, height)
+        # Counted from now, while the look-up and the directory take their thread.
+        viewer = BrowserViewer(self, viewer_id, user, -1, -1, directory, "/", *clamp_size(width, height))
         self.open_viewers[viewer_id] = viewer
+        try:
+            entry = await self.blocking(self._make_directory, user, directory)
+        except BaseException:
+            self.open_viewers.pop(viewer_id, None)
+            raise
+        viewer.uid, viewer.gid, viewer.home = entry.pw_uid, entry.pw_gid, entry.pw_dir
         log.info("browser viewer {id} for {user} ({width}x{height})", id=viewer_id, user=user, width=width,
                  height=height)
         return viewer
+
+    def _make_directory(self, user: str, directory: str) -> pwd.struct_passwd:
+        entry = pwd.getpwnam(user)
+        self.prepare()
+        files.make_session_dir(directory, entry.pw_uid, entry.pw_gid)
+        return entry
 
     def forget(self, viewer: BrowserViewer) -> None:
         self.open_viewers.pop(viewer.id, None)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.internet.interfaces import IReadDescriptor
 from zope.interface import implementer
@@ -308,6 +309,22 @@ class ExitWatch:
 
     def logPrefix(self) -> str:
         return f"pidfd-{self.process.pid}"
+
+
+def exited(reactor: Any, process: ProcessId, timeout: float) -> defer.Deferred[bool]:
+    """Fires True when ``process`` has ended (its pidfd, no polling), False
+    if it still runs after ``timeout`` seconds."""
+    done: defer.Deferred[bool] = defer.Deferred()
+    watch = ExitWatch(reactor, process, lambda: done.called or done.callback(True))
+    timer = reactor.callLater(timeout, lambda: done.called or done.callback(False))
+
+    def settled(result: bool) -> bool:
+        watch.stop()
+        if timer.active():
+            timer.cancel()
+        return result
+
+    return done.addBoth(settled)
 
 
 def listening_inodes(port: int) -> set[int]:

@@ -29,8 +29,7 @@ from nxgate.safetext import printable
 from nxgate.node import displays, extras, files, processes
 from nxgate.node.launcher import Launcher
 from nxgate.sessions.model import FOR_LATER, Session, member_name
-from nxgate.sessions.programs import session_command
-from nxgate.sessions.remote_sessions import PROTOCOLS, RemoteSessions
+from nxgate.sessions.kinds import DesktopKind, RemoteDesktopKind, SessionKind, kind_for
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.housekeeping import Housekeeping
@@ -101,7 +100,9 @@ class SessionService(service.Service):
                                         self.background, lambda: self.node_name)
         if self.node_name:  # a cluster member: limits hold over every member (the store counts)
             self.lifecycle.admission = self.limits.admission
-        self.remote = RemoteSessions(self)
+        #: What a new session of each type starts (remote desktops before the desktops' catch-all).
+        self.kinds: tuple[SessionKind, ...] = (RemoteDesktopKind(reactor, lambda: self.config),
+                                               DesktopKind(lambda: self.config, lambda: self.settings))
         # Shadowing (nxgate.sessions.shadow_sessions.ShadowService), set by the gateway.
         self.shadow: Any = None
 
@@ -126,23 +127,20 @@ class SessionService(service.Service):
         self.notifier.loseConnection()
 
     async def start(self, caller: Caller, request: StartRequest) -> Ready:
-        """A new session for ``caller``, once its agent waits for the client
-        (the remote desktop types go to :class:`RemoteSessions`)."""
+        """A new session for ``caller``, once its agent waits for the client;
+        what runs in it is its kind's plan (:mod:`nxgate.sessions.kinds`)."""
         if request.ignored:
             log.info("startsession of {user} from {address}: ignored {ignored!r} (the server chooses the"
                      " session id and display)", user=caller.user, address=caller.address,
                      ignored=dict(request.ignored))
-        if request.type in PROTOCOLS:
-            return await self.remote.start(caller, request)
-        program = session_command(request, self.config.types, self.settings)
-        if not request.encrypted and not self.settings.allow_unencrypted:
-            raise SessionError(Kind.ENCRYPTION_REQUIRED, "Unencrypted sessions are not allowed.")
-        plan = nxagent.AgentPlan(mode="-R" if request.rootless else "-D", program=program)
+        launch = await kind_for(self.kinds, request.type).prepare(caller, request)
         session = self.new_session(caller, request.type, request.name, request.display, request.encrypted,
-                                   rootless=request.rootless)
-        session = session.evolve(options={**session.options,
-                                          "services": self.granted_services(caller, request.services, session)})
-        return await self.launch(caller, session, request.display, plan)
+                                   rootless=request.rootless and launch.plan.mode == "-R")
+        options = {**session.options, **launch.options}
+        if launch.services:
+            options["services"] = self.granted_services(caller, request.services, session)
+        return await self.launch(caller, session.evolve(options=options), request.display, launch.plan,
+                                 secret=launch.secret, judge=launch.judge)
 
     def granted_services(self, caller: Caller, wanted: frozenset[str], session: Session) -> list[str]:
         """What the client asked for beside the screen, less what the admin
@@ -162,11 +160,12 @@ class SessionService(service.Service):
         more than their name: not unix-application, not the remote desktops."""
         if len(session_type) > MAX_NAME:
             raise SessionError(Kind.INVALID_REQUEST, "No such session type.")
-        if session_type in PROTOCOLS or session_type == "unix-application" or session_type.startswith("shadow"):
-            raise SessionError(Kind.INVALID_REQUEST,
-                               f"Session type '{session_type}' needs more than a name; start it from an NX client.")
         if not session_type:
             raise SessionError(Kind.INVALID_REQUEST, "No session type given.")
+        desktop = any(isinstance(kind, DesktopKind) and kind.handles(session_type) for kind in self.kinds)
+        if not desktop or session_type == "unix-application":
+            raise SessionError(Kind.INVALID_REQUEST,
+                               f"Session type '{session_type}' needs more than a name; start it from an NX client.")
         if len(name) > MAX_RAW_NAME:  # before any per-character work (issue 22)
             raise SessionError(Kind.INVALID_REQUEST, f"A session name has 1 to {MAX_NAME} printable characters.")
         clean = printable(name).strip() or session_type
@@ -174,11 +173,10 @@ class SessionService(service.Service):
             raise SessionError(Kind.INVALID_REQUEST, f"A session name has 1 to {MAX_NAME} printable characters.")
         request = StartRequest(type=session_type, name=clean, display=DisplaySettings(), encrypted=True,
                                rootless=False)
-        program = session_command(request, self.config.types, self.settings)
-        plan = nxagent.AgentPlan(mode="-D", program=program)
+        launch = await kind_for(self.kinds, session_type).prepare(caller, request)
         session = self.new_session(caller, request.type, request.name, request.display, request.encrypted)
-        session = session.evolve(options={**session.options, FOR_LATER: True}, client_address="")
-        ready = await self.launch(caller, session, request.display, plan)
+        session = session.evolve(options={**session.options, **launch.options, FOR_LATER: True}, client_address="")
+        ready = await self.launch(caller, session, request.display, launch.plan)
         log.info("session {id} of {user} started for a later client", id=ready.view.id, user=caller.user,
                  audit="session_start_for_later")
         return ready.view

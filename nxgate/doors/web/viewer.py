@@ -353,7 +353,7 @@ class ViewerBridge:
         viewers = self.parent.viewers
         if viewers is None:
             raise SessionError(Kind.NOT_ALLOWED, "The browser viewer is not available on this server.")
-        self.viewer = viewers.open(self.caller.user, self.ticket.width, self.ticket.height)  # limits: SessionError
+        self.viewer = await viewers.open(self.caller.user, self.ticket.width, self.ticket.height)  # limits: SessionError
         viewer = self.viewer
         display = defer.ensureDeferred(viewer.start_display())
         # Full screen in the viewer's Xvfb, which has the browser window's size: the session takes that

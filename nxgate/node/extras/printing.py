@@ -45,10 +45,11 @@ import stat
 from collections.abc import Iterable
 from typing import Any
 
-from twisted.internet import defer, protocol, task
+from twisted.internet import defer, inotify, protocol, task
 from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.error import ConnectingCancelledError
 from twisted.logger import Logger
+from twisted.python.filepath import FilePath
 
 from nxgate import channels, ipp, printgate
 from nxgate.node import files, processes
@@ -284,7 +285,7 @@ class Printing:
             log.warn("session {id} of {user} asked for printing, but cupsd is not installed (Debian: cups-daemon); "
                      "the session has no printers", id=session.id, user=session.user)
             return
-        self._prepare(session)
+        await self._blocking(self._prepare, session)
         self._starts[session.id] = self._starts.get(session.id, 0) + 1
         old = self._tasks.pop(session.id, None)
         if old is not None:
@@ -326,37 +327,63 @@ class Printing:
 
     async def _bring_up(self, session: Any, port: int) -> None:
         reactor = self.context.reactor
-        delay, said_refused, since = FIRST_RETRY, False, reactor.seconds()
+        delay, said, since = FIRST_RETRY, "", reactor.seconds()
         while True:
             try:
                 printers = await discover(reactor, port, session.cookie)
                 break
-            except NotAnswering:
-                pass
+            except NotAnswering as error:
+                why = f"the client's print server does not answer through the cups channel yet ({error})"
             except Refused as error:
-                if not said_refused:
-                    log.warn("session {id} of {user}: {error}; retrying", id=session.id, user=session.user,
-                             error=str(error))
-                    said_refused = True
+                why = str(error)
+            if why != said:  # each new reason once, not every retry
+                log.info("session {id} of {user}: {why}; retrying, every {every:g} s at most", id=session.id,
+                         user=session.user, why=why, every=max(delay, LAST_RETRY))
+                said = why
             await task.deferLater(reactor, delay, lambda: None)
             delay = min(delay * 1.5, LAST_RETRY) if reactor.seconds() - since < PATIENCE else SLOW_RETRY
+        if said:
+            log.info("session {id} of {user}: the client's print server answered after {seconds:.1f} s",
+                     id=session.id, user=session.user, seconds=reactor.seconds() - since)
         # One cupsd per session: one left by an interrupted start would hold the socket.
         await self._end_cupsd(session, await self._blocking(_cupsd_of, session.id, session.uid))
-        files.write_user_file(os.path.join(self.directory(session), "printers.conf"),
-                              printers_conf(printers, port, printgate.credential(session.cookie)).encode(),
-                              session.uid, session.gid)
+        await self._blocking(files.write_user_file, os.path.join(self.directory(session), "printers.conf"),
+                             printers_conf(printers, port, printgate.credential(session.cookie)).encode(),
+                             session.uid, session.gid)
         cupsd = await self._launch(session)
         self._cupsd[session.id] = cupsd
-        socket_path = self.socket_path(session)
-        deadline = reactor.seconds() + SOCKET_TIMEOUT
-        while not os.path.exists(socket_path):
-            if not cupsd.alive():
-                raise OSError("the session's cupsd ended at once (see the session's log)")
-            if reactor.seconds() > deadline:
-                raise OSError("the session's cupsd did not open its socket")
-            await task.deferLater(reactor, 0.05, lambda: None)
+        await self._socket_made(self.socket_path(session), cupsd)
         log.info("session {id} of {user}: printing on the client's printers: {queues}", id=session.id,
                  user=session.user, queues=", ".join(p.queue for p in printers) or "(the client has none)")
+
+    async def _socket_made(self, path: str, cupsd: processes.ProcessId) -> None:
+        """Until cupsd has made its socket (told by inotify, no polling);
+        OSError if cupsd ends first or takes longer than SOCKET_TIMEOUT."""
+        reactor = self.context.reactor
+        made: defer.Deferred[None] = defer.Deferred()
+        notifier = inotify.INotify(reactor)
+        notifier.startReading()
+
+        def created(_watch: Any, filepath: FilePath, _mask: int) -> None:
+            if filepath.path == path and not made.called:
+                made.callback(None)
+
+        ended = None
+        try:
+            notifier.watch(FilePath(os.path.dirname(path)), mask=inotify.IN_CREATE | inotify.IN_MOVED_TO,
+                           callbacks=[created])
+            if os.path.exists(path):
+                return
+            ended = processes.exited(reactor, cupsd, SOCKET_TIMEOUT)
+            first, which = await defer.DeferredList([made, ended], fireOnOneCallback=True, fireOnOneErrback=True)
+            if which == 1:
+                raise OSError("the session's cupsd ended at once (see the session's log)" if first
+                              else "the session's cupsd did not open its socket")
+        finally:
+            notifier.loseConnection()
+            if ended is not None and not ended.called:
+                ended.cancel()
+                ended.addErrback(lambda failure: failure.trap(defer.CancelledError))
 
     async def _launch(self, session: Any) -> processes.ProcessId:
         user = await self._blocking(pwd.getpwuid, session.uid)
@@ -384,7 +411,7 @@ class Printing:
             running = await self._blocking(_cupsd_of, session.id, session.uid)
         await self._end_cupsd(session, running)
         if self._starts.get(session.id, 0) == starts:  # not when a resume started printing again meanwhile
-            _remove_printers_conf(self.directory(session))
+            await self._blocking(_remove_printers_conf, self.directory(session))
             if not getattr(getattr(session, "state", None), "live", True):
                 self._starts.pop(session.id, None)  # the session has ended
 
@@ -392,9 +419,7 @@ class Printing:
         """SIGTERM (cupsd then stops its jobs' backends), SIGKILL after STOP_GRACE."""
         for process in running:
             processes.send_signal(process, signal.SIGTERM)
-        deadline = self.context.reactor.seconds() + STOP_GRACE
-        while any(process.alive() for process in running) and self.context.reactor.seconds() < deadline:
-            await task.deferLater(self.context.reactor, 0.05, lambda: None)
+        await defer.gatherResults([processes.exited(self.context.reactor, process, STOP_GRACE) for process in running])
         for process in running:
             if process.alive():
                 log.warn("session {id}: its cupsd ignored SIGTERM; killing it", id=session.id)

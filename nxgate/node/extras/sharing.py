@@ -29,7 +29,7 @@ sessions it finds suspended or gone): unmounting is by path, from
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import hashlib
 import os
 import pwd
@@ -106,6 +106,12 @@ def mounts_under(mountinfo: str, prefix: str) -> list[str]:
     return sorted(set(found), key=lambda path: (-path.count("/"), path))
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """The C library, loaded once (``find_library`` runs ldconfig or a compiler each time)."""
+    return ctypes.CDLL("libc.so.6", use_errno=True)
+
+
 def _umount(path: str, trusted: str) -> None:
     """Detach the mount at ``path`` as root (FUSE mounts of a user included).
 
@@ -119,7 +125,7 @@ def _umount(path: str, trusted: str) -> None:
     place: such a swap makes the umount fail, it never moves it."""
     parent, name = files.open_parent_beneath(trusted, path)
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc = _libc()
         target = os.fsencode(f"/proc/self/fd/{parent}/{name}")
         if libc.umount2(target, MNT_DETACH | UMOUNT_NOFOLLOW) != 0:
             error = ctypes.get_errno()
@@ -152,10 +158,10 @@ class Sharing:
             log.warn("session {id}: display :{display} is too high for an smb channel port", id=session.id,
                      display=session.display)
             return
-        user = pwd.getpwnam(session.user)
+        user = await self.context.blocking(pwd.getpwnam, session.user)  # NSS: maybe LDAP
         base = os.path.join(self.root(session), mount_key(mount.share))
         mountpoint, smb = os.path.join(base, "mnt"), os.path.join(base, ".smb")
-        self._unmount(base)
+        await self.context.blocking(self._unmount, base)
         if await self._run(session, ["mkdir", "-p", smb, mountpoint]) != 0:
             log.warn("session {id}: cannot make the mount directory of {share!r}", id=session.id, share=mount.share)
             return
@@ -176,7 +182,7 @@ class Sharing:
                 log.warn("session {id} of {user}: the shared folder {share!r} could not be mounted (the client's "
                          "SMB server did not answer through the smb channel, or refused the login)",
                          id=session.id, user=session.user, share=mount.share)
-                self._unmount(base)
+                await self.context.blocking(self._unmount, base)
                 return
         finally:
             await self._run(session, ["rm", "-f", config])
@@ -199,7 +205,7 @@ class Sharing:
 
     async def _run(self, session: Any, argv: list[str], home: str | None = None,
                    stdin: str | None = None) -> int | None:
-        user = pwd.getpwnam(session.user)
+        user = await self.context.blocking(pwd.getpwnam, session.user)
         paths = self.context.layout.agent_files(session.id)
         request: dict[str, Any] = {
             "user": user.pw_name,
@@ -248,8 +254,8 @@ class Sharing:
             os.close(fd)
 
     async def stop(self, session: Any) -> None:
-        points = self._unmount(self.root(session))
-        self._unlink_links(session)
+        points = await self.context.blocking(self._unmount, self.root(session))
+        await self.context.blocking(self._unlink_links, session)
         if points:
             log.info("session {id} of {user}: {count} shared folder(s) unmounted", id=session.id,
                      user=session.user, count=len(points))
