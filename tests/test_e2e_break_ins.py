@@ -146,6 +146,10 @@ class BurstTests(TestCase):
         pam = CountingPAM()
         try:
             gateway = Gateway({**web_options(),
+                               # The login throttle is under test: the doors' cap of unauthenticated
+                               # connections per address (issue 26, tests.test_e2e_preauth) would close
+                               # 30 of the 40 before they reach it.
+                               "server": {"preauth_exempt": "127.0.0.0/8"},
                                "auth": {"pam_service": pam.name, "throttle_per_address": str(PER_ADDRESS),
                                         "throttle_per_account": "20", "throttle_block": "600",
                                         "failed_login_delay": "0.3"}}).start()
