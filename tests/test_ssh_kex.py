@@ -30,7 +30,7 @@ try:
     from cryptography.hazmat.primitives.asymmetric import mlkem
 except ImportError:  # Cryptography before 48 (Debian 12 has 38): no hybrid to test
     mlkem = None
-from twisted.conch.ssh import _kex, common, keys, service, transport
+from twisted.conch.ssh import _kex, common, keys, transport
 from twisted.internet import defer, reactor
 from twisted.internet.task import deferLater
 from twisted.internet.testing import StringTransport
@@ -382,21 +382,7 @@ class EtmTests(TestCase):
 
 
 # ------------------------------------------------------------------ the transport
-class _EchoService(service.SSHService):
-    name = b"ssh-userauth"
-
-    def packetReceived(self, messageNum: int, packet: bytes) -> None:
-        self.transport.sendPacket(messageNum, packet)
-
-
-class _RecordingService(service.SSHService):
-    name = b"ssh-userauth"
-
-    def __init__(self) -> None:
-        self.received: list[bytes] = []
-
-    def packetReceived(self, messageNum: int, packet: bytes) -> None:
-        self.received.append(packet)
+from tests.test_ssh_transport import _EchoService, _RecordingService  # noqa: E402 -- the same test services
 
 
 class _Client(etm.EtmTransport, transport.SSHClientTransport):

@@ -155,6 +155,24 @@ def write_user_file(path: str, data: bytes, uid: int, gid: int, mode: int = 0o60
         os.close(dir_fd)
 
 
+def remove_in_dir(directory: str, *names: str) -> None:
+    """Unlink ``names`` in a user's ``directory`` (reached without following
+    a link; unlink never follows one), those that are there; a directory
+    that is gone, or a link in its place, is left alone."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        for name in names:
+            try:
+                os.unlink(name, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+    finally:
+        os.close(fd)
+
+
 def remove_tree(path: str) -> None:
     """Remove a session directory without following links inside it.
 

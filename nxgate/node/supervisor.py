@@ -209,7 +209,7 @@ class AgentSupervisor:
         agent's log alone; its stale socket goes (nxcomp binds a fresh one);
         its PAM session is closed, as the new agent opens one."""
         await self.blocking(_empty_file, agent_files.log)
-        await self.blocking(_remove_in_dir, agent_files.directory, os.path.basename(agent_files.socket))
+        await self.blocking(files.remove_in_dir, agent_files.directory, os.path.basename(agent_files.socket))
         if session.agent_pid and plan.pam:
             try:
                 await self.launcher.close_pam({"user": session.user, "pam": self.pam_request(session)})
@@ -512,13 +512,3 @@ def _empty_file(path: str) -> None:
         os.close(fd)
 
 
-def _remove_in_dir(directory: str, name: str) -> None:
-    """Unlink ``name`` in the user's ``directory`` (reached without following a
-    link; unlink never follows one), if it is there."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        os.unlink(name, dir_fd=fd)
-    except FileNotFoundError:
-        pass
-    finally:
-        os.close(fd)

@@ -411,7 +411,8 @@ class Printing:
             running = await self._blocking(_cupsd_of, session.id, session.uid)
         await self._end_cupsd(session, running)
         if self._starts.get(session.id, 0) == starts:  # not when a resume started printing again meanwhile
-            await self._blocking(_remove_printers_conf, self.directory(session))
+            # The credential goes with the channel (cupsd keeps the previous file as .O).
+            await self._blocking(files.remove_in_dir, self.directory(session), "printers.conf", "printers.conf.O")
             if not getattr(getattr(session, "state", None), "live", True):
                 self._starts.pop(session.id, None)  # the session has ended
 
@@ -429,23 +430,6 @@ class Printing:
         if self.context.blocking is None:
             return function(*args)
         return await self.context.blocking(function, *args)
-
-
-def _remove_printers_conf(directory: str) -> None:
-    """The credential goes with the channel (no link followed: the directory
-    is the user's)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError:
-        return  # gone with the session, or not ours to touch
-    try:
-        for name in ("printers.conf", "printers.conf.O"):  # cupsd keeps the previous one as .O
-            try:
-                os.unlink(name, dir_fd=fd)
-            except FileNotFoundError:
-                pass
-    finally:
-        os.close(fd)
 
 
 def _cupsd_of(session_id: str, uid: int) -> list[processes.ProcessId]:
