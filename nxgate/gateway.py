@@ -107,7 +107,7 @@ class Gateway(service.MultiService):
         # the guard every listening door asks (issue 26, nxgate.doors.guard).
         self.file_limits = raise_file_limit()
         self.guard = DoorGuard(reactor, Limits.from_config(config))
-        flush = TimerService(15.0, self.guard.flush)  # refusals still to log after a flood stopped
+        flush = TimerService(15.0, steady(self.guard.flush, "logging the refusals of unauthenticated connections"))
         flush.clock = reactor
         flush.setServiceParent(self)
         self.users = UserDirectory(self.blocking)

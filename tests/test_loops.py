@@ -39,6 +39,26 @@ class Runs:
         return run()
 
 
+class EveryLoopIsSteadyTests(SynchronousTestCase):
+    """No bare LoopingCall or TimerService call in the package: each goes through steady()."""
+
+    def test_every_timer_service_call_is_steady(self):
+        import os
+        import re
+
+        package = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "nxgate")
+        found = []
+        for directory, _dirs, names in os.walk(package):
+            for name in names:
+                if name.endswith(".py") and name != "loops.py":
+                    with open(os.path.join(directory, name), encoding="utf-8") as handle:
+                        for number, line in enumerate(handle, 1):
+                            if re.search(r"TimerService\(|task\.LoopingCall\(", line):
+                                found.append((name, number, "steady(" in line))
+        self.assertTrue(found, "no timer found: the test reads the wrong place")
+        self.assertEqual([f for f in found if not f[2]], [])
+
+
 class SteadyLoopTests(SynchronousTestCase):
     def setUp(self):
         self.events = []
