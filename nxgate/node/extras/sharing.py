@@ -232,6 +232,12 @@ class Sharing:
                 log.warn("cannot unmount {point}: {error}", point=point, error=error)
         return points
 
+    def _take_down(self, session: Any) -> list[str]:
+        """The ``~/MyShares`` links first, then the mounts they point into (one
+        thread turn: nobody sees a link without its mount)."""
+        self._unlink_links(session)
+        return self._unmount(self.root(session))
+
     def _unlink_links(self, session: Any) -> None:
         """Remove the ``~/MyShares`` links into this session's mounts (as root,
         in the user's own directory: no link is followed)."""
@@ -254,8 +260,7 @@ class Sharing:
             os.close(fd)
 
     async def stop(self, session: Any) -> None:
-        points = await self.context.blocking(self._unmount, self.root(session))
-        await self.context.blocking(self._unlink_links, session)
+        points = await self.context.blocking(self._take_down, session)
         if points:
             log.info("session {id} of {user}: {count} shared folder(s) unmounted", id=session.id,
                      user=session.user, count=len(points))
