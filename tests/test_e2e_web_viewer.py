@@ -467,13 +467,11 @@ class WebViewerTests(client_tests.ClientTestCase):
         self.assertEqual(browser.find("#viewer").get_attribute("data-state"), "connected")
 
     def test_the_admins_page_shows_the_owners_whole_screen(self) -> None:
+        """Issue 23: the viewer's screen is the watched screen's size, so the shadow shows it 1:1 (it was a
+        stretched, cropped part of it: nxagent without a window manager stretched it over the browser's size)."""
         browser, session_id, _client, _admin = self.shadow_from_the_admin_page("a")
-        self.wait_for_the_canvas_to_be_the_session(browser, session_id, int(self.only_session()[1][0]))
+        self.wait_for_the_canvas_to_be_the_session(browser, session_id, int(self.only_session()[1][0]), whole=True)
 
-    test_the_admins_page_shows_the_owners_whole_screen.todo = (  # type: ignore[attr-defined]
-        "known defect: in the viewer's Xvfb (no window manager) the shadow agent takes the whole screen and "
-        "shows a stretched, cropped part of the owner's 600x450 screen (seen: 1024x552 canvas; with an Xvfb of "
-        "the window's size, 600x450, still cropped); NX clients with a window manager get it 1:1 (test_e2e_shadow)")
 
     def test_owner_refuses_the_admins_shadow(self) -> None:
         browser, session_id, client, _admin = self.shadow_from_the_admin_page("r")

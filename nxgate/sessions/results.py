@@ -115,6 +115,7 @@ class ShadowTarget:
     display: int
     name: str
     type: str
+    geometry: str = ""  # the watched screen's size (WxH) where known: a viewer may take it
 
 
 @dataclass(frozen=True)

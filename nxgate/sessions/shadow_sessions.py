@@ -53,10 +53,11 @@ class Target:
     type: str
     authority: str  # the X authority file the owner's programs use for it
     log: str  # where the consent dialog's output goes
+    geometry: str = ""  # the watched screen's size, where the session says it
 
     def view(self) -> ShadowTarget:
         """What the viewer may know of it (no cookie, no authority path)."""
-        return ShadowTarget(self.id, self.owner, self.display, self.name, self.type)
+        return ShadowTarget(self.id, self.owner, self.display, self.name, self.type, self.geometry)
 
 
 class ShadowService:
@@ -89,7 +90,7 @@ class ShadowService:
                     continue
                 agent_files = self.manager.layout.agent_files(session.id)
                 targets.append(Target(session.id, session.user, session.display, session.cookie, session.name,
-                                      session.type, agent_files.authority, agent_files.app_log))
+                                      session.type, agent_files.authority, agent_files.app_log, session.geometry))
         if local is not None:
             digest = hashlib.sha256(f"console:{self.config.server_name}:{local.display}".encode()).hexdigest()
             targets.append(Target(digest[:32].upper(), local.owner, local.display, local.cookie,

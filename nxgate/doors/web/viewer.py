@@ -255,6 +255,12 @@ class _VNCSide(protocol.Protocol):
         self.bridge.stop("the viewer's VNC server ended")
 
 
+def _screen_size(geometry: str) -> tuple[int, int] | None:
+    """``WxH`` (as listings show a session's screen) as numbers, None if it is not that."""
+    width, _, height = geometry.partition("x")
+    return (int(width), int(height)) if width.isdigit() and height.isdigit() else None
+
+
 class _ProxyChannel:
     """The viewer's nxproxy connection as the relay's client stream."""
 
@@ -353,7 +359,15 @@ class ViewerBridge:
         viewers = self.parent.viewers
         if viewers is None:
             raise SessionError(Kind.NOT_ALLOWED, "The browser viewer is not available on this server.")
-        self.viewer = await viewers.open(self.caller.user, self.ticket.width, self.ticket.height)  # limits: SessionError
+        width, height = self.ticket.width, self.ticket.height
+        if self.ticket.purpose == "shadow":
+            # The watched screen's own size: in a screen of that size the shadow agent shows it 1:1
+            # (in a bigger one, with no window manager, nxagent stretches it over the whole screen);
+            # the page scales the canvas to the window with its aspect kept.
+            targets = await self.parent.service.shadow_targets(self.caller)
+            watched = next((t.geometry for t in targets if t.id == self.ticket.session_id), "")
+            width, height = _screen_size(watched) or (width, height)
+        self.viewer = await viewers.open(self.caller.user, width, height)  # limits: SessionError
         viewer = self.viewer
         display = defer.ensureDeferred(viewer.start_display())
         # Full screen in the viewer's Xvfb, which has the browser window's size: the session takes that
