@@ -9,28 +9,14 @@ from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 from twisted.conch.ssh import keys
 from twisted.logger import Logger
 
+from nxgate.doors.keyfiles import ensure_private_dir, write_private_file
+
 log = Logger()
 
 HOST_KEY_FILES = {
     "ssh_host_ed25519_key": lambda: ed25519.Ed25519PrivateKey.generate(),
     "ssh_host_rsa_key": lambda: rsa.generate_private_key(public_exponent=65537, key_size=3072),
 }
-
-
-def ensure_private_dir(path: str) -> None:
-    """Create ``path`` with mode 0700, or tighten an existing one."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    mode = stat.S_IMODE(os.stat(path).st_mode)
-    if mode & 0o077:
-        log.warn("tightening permissions of {path} from {mode:o} to 700", path=path, mode=mode)
-        os.chmod(path, 0o700)
-
-
-def write_private_file(path: str, data: bytes) -> None:
-    """Create a new file readable by its owner only; never overwrite one."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
 
 
 def load_host_keys(directory: str) -> dict[bytes, keys.Key]:

@@ -20,7 +20,7 @@ from twisted.internet.interfaces import IStreamServerEndpoint
 from twisted.logger import Logger
 from twisted.python.filepath import FilePath
 
-from nxgate.doors.conch.hostkeys import ensure_private_dir, write_private_file
+from nxgate.doors.keyfiles import ensure_private_dir, write_private_file
 
 log = Logger(namespace="nxgate.web")
 
