@@ -19,6 +19,14 @@ from tests.harness.process import wait_for
 from tests.harness.users import NEED_ROOT, is_root
 
 
+def answers(path: str) -> dict | None:
+    """The admin socket's status, or None while nobody listens there."""
+    try:
+        return admin_status(path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        return None
+
+
 def admin_status(path: str) -> dict:
     """Ask a gateway's admin socket for its status, as nxgate-admin does."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
@@ -61,8 +69,10 @@ class StartupRefusalTests(TestCase):
         self.assert_one_clear_line(status, stderr, "already running", first.state_dir,
                                    f"pid {first.process.pid}", "--state-dir")
         self.assertNotIn("Traceback", second.log())
-        # The running gateway keeps its sockets, and they still answer.
-        self.assertTrue(admin_status(os.path.join(first.state_dir, "admin.sock"))["ok"])
+        # The running gateway keeps its sockets, and they still answer (the first's may come a moment
+        # after its SSH port).
+        admin_socket = os.path.join(first.state_dir, "admin.sock")
+        self.assertTrue(wait_for(lambda: answers(admin_socket), 15, "the first gateway's admin socket")["ok"])
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.connect(os.path.join(sockets, "shell.sock"))
 
@@ -106,4 +116,5 @@ class StartupRefusalTests(TestCase):
         second = Gateway(state_dir=first.state_dir).start()
         self.addCleanup(first.stop)
         self.addCleanup(second.stop)
-        self.assertTrue(admin_status(os.path.join(first.state_dir, "admin.sock"))["ok"])
+        # The SSH port may listen a moment before the stale admin socket is replaced.
+        self.assertTrue(wait_for(lambda: answers(admin_socket), 15, "the second gateway's admin socket")["ok"])

@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 from tests.harness.net import free_port, listening
 from tests.harness.process import Pipe, stop, wait_for
@@ -47,15 +48,23 @@ class ClientPrinter:
         wait_for(lambda: os.path.exists(os.path.join(self.dir, "bus")), 10, "the printer's D-Bus")
         env = {"PATH": "/usr/sbin:/usr/bin:/bin", "DBUS_SYSTEM_BUS_ADDRESS": f"unix:path={self.dir}/bus"}
         self.log = os.path.join(self.dir, "ippeveprinter.log")
-        self.process = subprocess.Popen(
-            ["ippeveprinter", "-r", "off", "-n", "localhost", "-p", str(self.port), "-d", self.spool, "-k",
-             "-c", "/bin/true",  # "prints" at once (without a command it idles 5-15 s per job)
-             "-f", "application/octet-stream,text/plain,application/pdf,application/postscript", name],
-            env=env, stdin=subprocess.DEVNULL, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT)
+        self.process: subprocess.Popen | None = None
         try:
-            wait_for(lambda: listening(self.port) or self.process.poll() is not None, 20, "ippeveprinter")
-            if self.process.poll() is not None:
-                raise AssertionError(f"ippeveprinter ended: {open(self.log).read()[-500:]}")
+            # Even with "-r off" ippeveprinter opens the (private) bus for DNS-SD, which may not
+            # answer yet although its socket exists: "Unable to initialize DNS-SD" means try again.
+            for attempt in range(3):
+                self.process = subprocess.Popen(
+                    ["ippeveprinter", "-r", "off", "-n", "localhost", "-p", str(self.port), "-d", self.spool, "-k",
+                     "-c", "/bin/true",  # "prints" at once (without a command it idles 5-15 s per job)
+                     "-f", "application/octet-stream,text/plain,application/pdf,application/postscript", name],
+                    env=env, stdin=subprocess.DEVNULL, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT)
+                wait_for(lambda: listening(self.port) or self.process.poll() is not None, 20, "ippeveprinter")
+                if self.process.poll() is None:
+                    break
+                said = open(self.log).read()[-500:]
+                if "Unable to initialize DNS-SD" not in said or attempt == 2:
+                    raise AssertionError(f"ippeveprinter ended: {said}")
+                time.sleep(0.5)
         except BaseException:
             self.close()
             raise
@@ -82,7 +91,8 @@ class ClientPrinter:
 
     def close(self) -> None:
         for process in (self.process, self.bus):
-            stop(process, grace=3)
+            if process is not None:
+                stop(process, grace=3)
         if not _keep():
             shutil.rmtree(self.dir, ignore_errors=True)
 
