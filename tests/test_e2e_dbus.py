@@ -17,6 +17,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from tests.harness.gateway import REPO
 from tests.harness.process import wait_for
@@ -122,24 +124,30 @@ def user_env(user, bus: SystemBus, base: dict[str, str] | None = None) -> dict[s
     return env
 
 
+def fixture_with_bus(case: SessionTestCase, options: Callable[[str], dict]) -> tuple[Any, Callable[[], None]]:
+    """SessionTestCase's fixture beside a private system bus (``case.bus``);
+    ``options(bus address)`` are the gateway's settings."""
+    bus = SystemBus()
+    type(case).bus = bus
+    type(case).options = options(bus.address)
+    try:
+        fixture, teardown = SessionTestCase.make_fixture(case)
+    except BaseException:
+        bus.close()
+        raise
+
+    def both() -> None:
+        teardown()
+        bus.close()
+
+    return fixture, both
+
+
 class DBusSessionTests(SessionTestCase):
     def make_fixture(self):
-        bus = SystemBus()
-        type(self).bus = bus
         # A short connect timeout: a session started for later must outlive it.
-        type(self).options = {"dbus": {"address": bus.address, "admin_groups": ADMIN_GROUP},
-                              "sessions": {"connect_timeout": str(CONNECT_TIMEOUT)}}
-        try:
-            fixture, teardown = SessionTestCase.make_fixture(self)
-        except BaseException:
-            bus.close()
-            raise
-
-        def both():
-            teardown()
-            bus.close()
-
-        return fixture, both
+        return fixture_with_bus(self, lambda address: {"dbus": {"address": address, "admin_groups": ADMIN_GROUP},
+                                                       "sessions": {"connect_timeout": str(CONNECT_TIMEOUT)}})
 
     def gdbus(self, user, method, *args):
         return as_user(user, ["gdbus", "call", "--system", "--dest", NAME, "--object-path", PATH,

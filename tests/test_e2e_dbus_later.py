@@ -25,7 +25,7 @@ import re
 import time
 
 from tests.harness.process import wait_for
-from tests.test_e2e_dbus import NAME, PATH, SystemBus, as_user, user_env
+from tests.test_e2e_dbus import NAME, PATH, as_user, fixture_with_bus, user_env
 from tests.test_e2e_sessions import RED, SessionTestCase
 
 CONNECT_TIMEOUT = 10
@@ -36,22 +36,9 @@ class StartedForLaterTests(SessionTestCase):
     timeout = WAIT + 300
 
     def make_fixture(self):
-        bus = SystemBus()
-        type(self).bus = bus
-        type(self).options = {"dbus": {"address": bus.address},
-                              "sessions": {"connect_timeout": str(CONNECT_TIMEOUT), "display_base": "560",
-                                           "display_limit": "40"}}
-        try:
-            fixture, teardown = SessionTestCase.make_fixture(self)
-        except BaseException:
-            bus.close()
-            raise
-
-        def both():
-            teardown()
-            bus.close()
-
-        return fixture, both
+        return fixture_with_bus(self, lambda address: {
+            "dbus": {"address": address},
+            "sessions": {"connect_timeout": str(CONNECT_TIMEOUT), "display_base": "560", "display_limit": "40"}})
 
     def gdbus(self, method, *args):
         return as_user(self.user, ["gdbus", "call", "--system", "--dest", NAME, "--object-path", PATH,
