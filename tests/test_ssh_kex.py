@@ -382,7 +382,7 @@ class EtmTests(TestCase):
 
 
 # ------------------------------------------------------------------ the transport
-from tests.test_ssh_transport import _EchoService, _RecordingService  # noqa: E402 -- the same test services
+from tests.test_ssh_transport import _EchoService, _RecordingService, pump  # noqa: E402 -- the same test services
 
 
 class _Client(etm.EtmTransport, transport.SSHClientTransport):
@@ -483,18 +483,7 @@ class TransportTests(TestCase):
         self.pump(server, server_wire, client, client_wire)
         return server, server_wire, client_wire
 
-    @staticmethod
-    def pump(server: Any, server_wire: StringTransport, client: Any, client_wire: StringTransport) -> None:
-        while True:
-            moved = False
-            for wire, receiver in ((server_wire, client), (client_wire, server)):
-                data = wire.value()
-                wire.clear()
-                if data:
-                    receiver.dataReceived(data)
-                    moved = True
-            if not moved:
-                return
+    pump = staticmethod(pump)
 
     def finish(self, server: Any, server_wire: StringTransport, client: _Client, client_wire: StringTransport) -> None:
         while self.pool.jobs:

@@ -10,6 +10,7 @@ fall back to SHA-1 ``ssh-rsa`` and refuse it.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from twisted.conch.ssh import keys, service, transport
@@ -22,6 +23,22 @@ from nxgate.doors.conch import server
 from nxgate.doors.conch.etm import ETM_MACS, EtmTransport
 from nxgate.doors.conch.server import NXSSHFactory
 from nxgate.tcp import no_delay
+
+def pump(server: Any, server_wire: StringTransport, client: Any, client_wire: StringTransport) -> None:
+    """Deliver until both sides are quiet; everything the server has sent
+    reaches the client before anything more of the client's reaches the
+    server, as when the server's packets arrive together."""
+    while True:
+        moved = False
+        for wire, receiver in ((server_wire, client), (client_wire, server)):
+            data = wire.value()
+            wire.clear()
+            if data:
+                receiver.dataReceived(data)
+                moved = True
+        if not moved:
+            return
+
 
 ECHO = 192  # a message number for the test services (local extensions)
 
@@ -89,19 +106,7 @@ class ExtInfoOrderTests(TestCase):
         self.assertIsInstance(self.server.service, _EchoService)
 
     def pump(self) -> None:
-        """Deliver until both sides are quiet; everything the server has sent
-        reaches the client before anything more of the client's reaches the
-        server, as when the server's packets arrive together."""
-        while True:
-            moved = False
-            for wire, receiver in ((self.server_wire, self.client), (self.client_wire, self.server)):
-                data = wire.value()
-                wire.clear()
-                if data:
-                    receiver.dataReceived(data)
-                    moved = True
-            if not moved:
-                return
+        pump(self.server, self.server_wire, self.client, self.client_wire)
 
     def echo(self, size: int = 20000) -> None:
         """A round trip through the encrypted (and maybe compressed) link."""
