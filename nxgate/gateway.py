@@ -32,9 +32,9 @@ from nxgate.node.files import StateLayout
 from nxgate.sessions.service import SessionService
 from nxgate.sessions.store.factory import open_store
 from nxgate.sessions.caller import Caller
-from nxgate.sessions.results import SessionView, StreamTarget
-from nxgate.node import thumbnails
-from nxgate.node.thumbnails import ThumbnailError
+from nxgate.sessions.results import StreamTarget
+from nxgate.cluster.sessions import Router
+from nxgate.node.local import LocalNode
 from nxgate.node.threads import in_thread
 from nxgate.auth.users import UserDirectory, resolve_caller
 from nxgate.auth.throttle import Throttle
@@ -142,9 +142,12 @@ class Gateway(service.MultiService):
         # A cluster member writes its heartbeat to the shared store (nodes, drain --node).
         self.membership = self._membership() if config.cluster else None
         self.shadow = self.sessions.shadow = ShadowService(self.sessions, config, self.blocking, self.users)
+        # This machine's node: what the router here and every other gateway of a cluster call.
+        self.node = LocalNode(self.sessions, self.users, lambda: self.sessions.node_name or self.config.server_name,
+                              self.blocking) if "node" in roles else None
         self.cluster_streams = self._cluster_wire(config.cluster) if config.cluster else None
-        # What every door calls: the cluster's routing, or this box's service.
-        self.api: Any = self._cluster_sessions() if config.cluster else self.sessions
+        # What every door calls: the router, over the cluster or over this box, a cluster of one.
+        self.api = self._router()
         self.commands = NXDispatcher(self.api)
         self.shell_settings = shell_settings(config)
         self.ssh_factory = self._ssh_factory()
@@ -192,22 +195,25 @@ class Gateway(service.MultiService):
             raise RuntimeError(f"[cluster] ca, certificate or key cannot be used: {error}") from error
         if "node" in cluster.roles:
             check_port_free(cluster.listen, "[cluster] listen")
-            NodeListener(self.reactor, cluster.listen, self.cluster_tls, self.sessions,
-                         gateway_members(self.sessions.store), self.users, cluster.name,
+            NodeListener(self.reactor, cluster.listen, self.cluster_tls, self.node,
+                         gateway_members(self.sessions.store),
                          wrap=lambda factory: self.guard.wrap(factory, "cluster", trusts=True)).setServiceParent(self)
             log.info("cluster member {name}: listening for gateways on {where}", name=cluster.name,
                      where=configuration.describe_listen(cluster.listen))
         return RemoteStreams(self.reactor, self.cluster_tls)
 
-    def _cluster_sessions(self) -> Any:
-        """The session API routed over the cluster (nxgate.cluster.sessions):
-        new sessions placed, the others sent to the node that runs them."""
+    def _router(self) -> Router:
+        """The session API of every door (nxgate.cluster.sessions): new
+        sessions placed, the others sent to the node that runs them; on a
+        single box, all to this machine's node."""
+        if not self.config.cluster:
+            return Router(self.reactor, lambda: self.config, self.node, self.store)
         from nxgate.cluster.remote import RemoteNodes
-        from nxgate.cluster.sessions import ClusterSessions
 
         self.remote_nodes = RemoteNodes(self.config, self.reactor, self.cluster_tls)
-        api = ClusterSessions(self.reactor, lambda: self.config, self.sessions, self.store, self.remote_nodes.get,
-                              self.remote_nodes.broken)
+        api = Router(self.reactor, lambda: self.config, self.node, self.store, self.remote_nodes.get,
+                     self.remote_nodes.broken)
+        self.remote_nodes.listener = api.heard  # every member's session events, through its connection
         if self.serves_doors:
             touch = TimerService(self.config.cluster.heartbeat, steady(api.keep_in_touch, "keeping in touch with the members"))
             touch.clock = self.reactor
@@ -224,7 +230,7 @@ class Gateway(service.MultiService):
             return None
         door = DBusDoor(self.reactor, self.api, self._dbus_caller, self.config.dbus.address,
                         account=self.authenticator.account)
-        self.sessions.observers.append(door.session_changed)
+        self.api.observers.append(door.session_changed)  # every member's sessions, through the router
         door.setServiceParent(self)
         return door
 
@@ -252,7 +258,8 @@ class Gateway(service.MultiService):
             raise StartupError(str(error)) from None
         check_port_free(self.config.web.listen, "[web] listen")
         door = WebDoor(reactor=self.reactor, service=self.api, authenticator=self.authenticator,
-                       resolve=self._web_caller, thumbnailer=self._thumbnail, settings=lambda: self.config.web,
+                       resolve=self._web_caller, settings=lambda: self.config.web,
+                       thumbnailer=lambda caller, view: self.api.thumbnail(caller, view.id),
                        types=self._browser_types, certificate_dir=os.path.join(self.layout.root, "web"),
                        host_name=self.config.server_name, viewers=getattr(self, "web_viewers", None),
                        wrap=lambda factory, tls: self.guard.wrap(factory, "HTTPS" if tls else "HTTP", http=True,
@@ -267,19 +274,6 @@ class Gateway(service.MultiService):
         """The session types a browser may start: those that need nothing but a name."""
         return [name for name, command in self.config.types.items()
                 if name != "unix-application" and (command or name == "unix-default")]
-
-    async def _thumbnail(self, view: SessionView) -> bytes:
-        """A PNG of a session's screen, taken on this node as the session's user."""
-        if view.node and view.node != (self.sessions.node_name or self.config.server_name):
-            raise ThumbnailError(f"session {view.id} runs on {view.node}")
-        entry = await self.users.lookup(view.user)
-        authority = self.layout.agent_files(view.id).authority
-        session = self.sessions.sessions.get(view.id)  # its agent: the only X server the picture may come from
-        if session is None or not session.agent_pid:
-            raise ThumbnailError(f"session {view.id} has no agent")
-        agent = (session.agent_pid, session.agent_started)
-        return await self.blocking(thumbnails.thumbnail, view.display, authority, entry.pw_uid, entry.pw_gid,
-                                   agent=agent)
 
     async def _dbus_caller(self, uid: int) -> Caller:
         """Who a D-Bus sender with ``uid`` (the bus daemon's word) is: root

@@ -1,6 +1,7 @@
 """Every implementation of the session API has its methods with its
-signatures (issue 23): the local service, the cluster's router and the
-remote node a gateway talks to.  A method added to one and forgotten in
+signatures (issue 23): the node's session service, the router every door
+uses, and the two nodes the router talks to (this machine's in process,
+another member's over the wire), which also implement the node interface.  A method added to one and forgotten in
 another, or an argument renamed, fails here instead of at a door."""
 
 from __future__ import annotations
@@ -10,16 +11,20 @@ import inspect
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.cluster.remote import RemoteNode
-from nxgate.cluster.sessions import ClusterSessions
-from nxgate.sessions.api import SessionAPI
+from nxgate.cluster.sessions import Router
+from nxgate.node.local import LocalNode
+from nxgate.sessions.api import NodeAPI, SessionAPI
 from nxgate.sessions.service import SessionService
 
-IMPLEMENTATIONS = (SessionService, ClusterSessions, RemoteNode)
+IMPLEMENTATIONS = (SessionService, Router, RemoteNode, LocalNode)
+NODES = (RemoteNode, LocalNode)
 
 
-def api_methods() -> dict[str, inspect.Signature]:
-    return {name: inspect.signature(value) for name, value in vars(SessionAPI).items()
-            if inspect.iscoroutinefunction(value) and not name.startswith("_")}
+def api_methods(api: type = SessionAPI) -> dict[str, inspect.Signature]:
+    """The public methods ``api`` declares (its own and its bases')."""
+    return {name: inspect.signature(value) for owner in reversed(api.__mro__) for name, value in vars(owner).items()
+            if callable(value) and not name.startswith("_") and owner not in (object,)
+            and getattr(owner, "_is_protocol", False)}
 
 
 def shape(parameter: inspect.Parameter) -> tuple[object, ...]:
@@ -31,6 +36,21 @@ def shape(parameter: inspect.Parameter) -> tuple[object, ...]:
 class ConformanceTests(SynchronousTestCase):
     def test_the_api_is_not_empty(self):
         self.assertGreaterEqual(len(api_methods()), 13)
+        self.assertEqual(set(api_methods(NodeAPI)) - set(api_methods()), {"thumbnail", "subscribe"})
+
+    def test_every_node_has_the_node_interface(self):
+        for node in NODES:
+            for name, expected in api_methods(NodeAPI).items():
+                with self.subTest(node=node.__name__, method=name):
+                    method = getattr(node, name, None)
+                    self.assertIsNotNone(method, f"{node.__name__} has no {name}")
+                    self.assertEqual(inspect.iscoroutinefunction(method),
+                                     inspect.iscoroutinefunction(getattr(NodeAPI, name)))
+                    self.assertEqual([shape(p) for p in inspect.signature(method).parameters.values()],
+                                     [shape(p) for p in expected.parameters.values()])
+
+    def test_the_router_draws_thumbnails_through_the_nodes(self):
+        self.assertTrue(inspect.iscoroutinefunction(Router.thumbnail))
 
     def test_every_implementation_has_every_method_with_its_signature(self):
         for implementation in IMPLEMENTATIONS:

@@ -1,4 +1,4 @@
-"""ClusterSessions: where a gateway sends each call of the session API
+"""The router: where a gateway sends each call of the session API
 (placement, resume affinity, the merged listing, lost sessions, the store
 down), with a fake store and fake nodes (issue 13)."""
 
@@ -11,7 +11,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.cluster.placement import NO_NODE
-from nxgate.cluster.sessions import ClusterSessions
+from nxgate.cluster.sessions import Router
 from nxgate.config import Config
 from nxgate.nx.dispatch import as_nx
 from nxgate.sessions.caller import Caller
@@ -133,7 +133,22 @@ class FakeNode:
         return on
 
     async def list(self, caller):
-        raise AssertionError("the listing comes from the store")
+        """This node's own sessions, as its memory has them (the router asks only the local node)."""
+        self.calls.append(("list",))
+        mine = [SessionView.of(r) for r in self.store.rows.values()
+                if r.node == self.name and r.state.live and caller.owns(r.user)]
+        return Listing(tuple(sorted(mine, key=lambda v: v.created)), capacity_reached=False)
+
+    def knows(self, session_id):
+        return False  # the router then reads the store, as for another member's session
+
+    def subscribe(self, observer):
+        self.observer = observer
+        return lambda: None
+
+    async def thumbnail(self, caller, session_id):
+        self.calls.append(("thumbnail", session_id))
+        return b"PNG of " + session_id.encode()
 
     async def connect(self):
         self.calls.append(("connect",))
@@ -147,7 +162,7 @@ def cluster_config(name="node-a", roles=("gateway", "node"), per_user=10):
     return config
 
 
-class ClusterSessionsTests(SynchronousTestCase):
+class RouterTests(SynchronousTestCase):
     def setUp(self):
         self.clock = Clock()
         self.clock.advance(NOW)
@@ -159,7 +174,7 @@ class ClusterSessionsTests(SynchronousTestCase):
         self.asked = []
         self.config = cluster_config()
         self.broken = {}
-        self.api = ClusterSessions(self.clock, lambda: self.config, self.local, self.store, self.remote,
+        self.api = Router(self.clock, lambda: self.config, self.local, self.store, self.remote,
                                    self.broken.get)
 
     def remote(self, name, address):
@@ -412,7 +427,7 @@ class ClusterSessionsTests(SynchronousTestCase):
 
     def test_it_offers_every_method_of_the_session_api(self):
         from nxgate.cluster.protocol import METHODS
-        missing = sorted(m for m in METHODS if not callable(getattr(ClusterSessions, m, None)))
+        missing = sorted(m for m in METHODS if not callable(getattr(Router, m, None)))
         self.assertEqual(missing, [])
         self.assertIsInstance(self.ok(self.api.list(ALICE)), Listing)
 
@@ -488,3 +503,43 @@ class NodeSideTests(SynchronousTestCase):
         self.assertEqual(manager.sessions, {})
         self.assertEqual(len(self.store.live(user="alice")), 2)
         self.assertEqual((len(given), released), (1, given))  # the display it was given is free again
+
+
+class RouterOverOneBoxTests(SynchronousTestCase):
+    """A single box is a cluster of one: every call goes to this machine's node."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.store = FakeStore()
+        self.node = FakeNode("", self.store)
+        self.api = Router(self.clock, lambda: Config(), self.node, self.store)
+
+    def ok(self, coroutine):
+        return self.successResultOf(defer.ensureDeferred(coroutine))
+
+    def test_new_sessions_start_on_this_machines_node_without_members(self):
+        ready = self.ok(self.api.start(ALICE, START))
+        self.assertEqual(self.node.calls, [("start", "alice")])
+        self.assertEqual(self.ok(self.api.list(ALICE)).sessions, (ready.view,))
+
+    def test_calls_about_a_session_and_its_thumbnail_go_to_the_node(self):
+        ready = self.ok(self.api.start(ALICE, START))
+        self.ok(self.api.suspend(ALICE, ready.view.id))
+        self.assertEqual(self.ok(self.api.thumbnail(ALICE, ready.view.id)), b"PNG of " + ready.view.id.encode())
+        self.assertEqual(self.node.calls[1:], [("suspend", ready.view.id), ("thumbnail", ready.view.id)])
+
+    def test_another_users_session_is_refused_before_the_node(self):
+        ready = self.ok(self.api.start(ALICE, START))
+        error = self.failureResultOf(defer.ensureDeferred(self.api.thumbnail(BOB, ready.view.id)), SessionError).value
+        self.assertEqual(error.kind, Kind.NOT_YOURS)
+        self.assertEqual(self.node.calls, [("start", "alice")])
+
+    def test_the_nodes_events_reach_every_observer_even_after_one_fails(self):
+        heard = []
+        self.api.observers.extend([lambda event: 1 / 0, heard.append])
+        self.node.observer(SimpleNamespace(view=SimpleNamespace(id="X")))
+        self.assertEqual([event.view.id for event in heard], ["X"])
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
+
+    def test_shadow_targets_are_this_machines(self):
+        self.assertEqual([t.id for t in self.ok(self.api.shadow_targets(ALICE))], ["console-"])

@@ -24,6 +24,7 @@ from nxgate.cluster import protocol as wire
 from nxgate.cluster import tls
 from nxgate.cluster.node_server import choose
 from nxgate.cluster.connection import GateFactory
+from nxgate.node.local import LocalNode
 from nxgate.cluster.remote import RemoteNode, RemoteNodes
 from nxgate.cluster.stream import RemoteStreams
 from nxgate.doors.admin.cli import main as admin_main
@@ -87,7 +88,8 @@ class SerialiserTests(SynchronousTestCase):
     def test_method_signatures_come_from_the_session_api(self):
         self.assertEqual(wire.METHODS, {"start", "start_for_later", "restore", "attach_shadow", "suspend",
                                         "terminate", "rename", "list", "show", "shadow_targets", "status",
-                                        "set_draining", "add_mount"})
+                                        "set_draining", "add_mount", "thumbnail"})
+        self.assertEqual(wire.decode_outcome("thumbnail", {"ok": wire.encode(b"\x89PNG\x00")}), b"\x89PNG\x00")
         args = wire.encode_arguments("terminate", (CALLER, "A" * 32, "admin"))
         self.assertEqual(wire.decode_arguments("terminate", json.loads(json.dumps(args))), [CALLER, "A" * 32, "admin"])
         targets = (ShadowTarget("A" * 32, "alice", 1001, "w", "unix-console"),)
@@ -249,13 +251,17 @@ class WireTests(TestCase):
         self.authorized = {"gw-a"}
         self.log = LogCatcher(self)
 
+    def node(self):
+        """This machine's node as the listener serves it (the caller resolved again by ``self.users``)."""
+        return LocalNode(self.sessions, self.users, lambda: "node-1", blocking=None)
+
     def authorize(self, names):
         known = names & self.authorized
         return next(iter(known)) if len(known) == 1 else None
 
     @defer.inlineCallbacks
     def listen(self, node_tls=None):
-        factory = GateFactory(self.authorize, choose(reactor, self.sessions, self.users, "node-1")).tls_factory(node_tls or self.node_tls)
+        factory = GateFactory(self.authorize, choose(reactor, self.node())).tls_factory(node_tls or self.node_tls)
         port = yield endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(factory)
         self.addCleanup(port.stopListening)
         return port
@@ -348,7 +354,7 @@ class WireTests(TestCase):
         self.assertTrue([e for e in self.log.events if e.get("event") == "cluster_member_unreachable"])
         self.assertTrue(error.unreachable)  # nothing was asked: a start may be placed elsewhere
         self.assertIsNotNone(node.broken_at)  # the gateway sees it down before its heartbeats go stale
-        factory = GateFactory(self.authorize, choose(reactor, self.sessions, self.users, "node-1")).tls_factory(self.node_tls)
+        factory = GateFactory(self.authorize, choose(reactor, self.node())).tls_factory(self.node_tls)
         again = yield endpoints.serverFromString(reactor, f"tcp:{number}:interface=127.0.0.1").listen(factory)
         self.addCleanup(again.stopListening)
         self.assertEqual((yield defer.ensureDeferred(node.status(CALLER))), ServiceStatus(False, 1, 0, ()))
@@ -482,7 +488,7 @@ class WireTests(TestCase):
         """TCP_NODELAY on both ends of AMP and of a stream: a request written
         right after the TLS handshake must not wait for a delayed ACK."""
         gates = []
-        factory = GateFactory(self.authorize, choose(reactor, self.sessions, self.users, "node-1"))
+        factory = GateFactory(self.authorize, choose(reactor, self.node()))
         build = factory.buildProtocol
         factory.buildProtocol = lambda addr: gates.append(build(addr)) or gates[-1]
         port = yield endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(

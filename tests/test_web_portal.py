@@ -251,7 +251,7 @@ class SiteTests(TestCase):
         async def resolve(user: str, address: str) -> Caller:
             return Caller(user, groups=frozenset({"wheel"} if user == "bob" else {"users"}), address=address)
 
-        async def thumbnailer(v: SessionView) -> bytes:
+        async def thumbnailer(caller: Caller, v: SessionView) -> bytes:
             self.drawn.append(v.id)
             return b"\x89PNG-" + v.id.encode()
 

@@ -29,14 +29,12 @@ from twisted.logger import Logger
 from twisted.protocols import amp
 from twisted.python.failure import Failure
 
-from nxgate.auth.users import UserDirectory
 from nxgate.cluster import protocol as wire
 from nxgate.cluster.connection import GateFactory
 from nxgate.cluster.stream import STREAM_BUFFER, Pauser, close, set_buffer
 from nxgate.cluster.tls import ClusterTLS
-from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
-from nxgate.sessions.results import Progress
+from nxgate.sessions.results import Progress, SessionEvent
 from nxgate.stream import agentsocket
 
 log = Logger(namespace="nxgate.cluster.node")
@@ -46,14 +44,34 @@ _STREAM_LINE = re.compile(rb"NXSTREAM ([A-Za-z0-9]{1,64})\n")
 
 
 class NodeAMP(amp.AMP):
-    """One gateway's AMP connection, answered by the local session service."""
+    """One gateway's AMP connection, answered by this machine's node
+    (:class:`nxgate.node.local.LocalNode`: the same object the router here
+    calls, so a call from another gateway meets the same checks, and the
+    caller is resolved again on this machine)."""
 
-    def __init__(self, sessions: Any, member: str, users: UserDirectory, machine: str) -> None:
+    def __init__(self, node: Any, member: str) -> None:
         super().__init__()
-        self.sessions = sessions
+        self.node = node
         self.member = member
-        self.users = users
-        self.machine = machine
+        self.unsubscribe: Callable[[], None] | None = None
+
+    @wire.Subscribe.responder
+    def subscribe(self) -> dict[str, Any]:
+        """From now on, push this node's session changes to the gateway (once per connection)."""
+        if self.unsubscribe is None:
+            self.unsubscribe = self.node.subscribe(self._event)
+            log.info("gateway {member} listens to this node's session events", member=self.member)
+        return {}
+
+    def _event(self, event: SessionEvent) -> None:
+        if self.transport is not None:
+            self.callRemote(wire.Event, event=wire.encode(event))
+
+    def connectionLost(self, reason: Any) -> None:
+        if self.unsubscribe is not None:
+            self.unsubscribe()
+            self.unsubscribe = None
+        super().connectionLost(reason)
 
     @wire.Call.responder
     def call(self, call: int, method: str, arguments: Any) -> defer.Deferred[dict[str, Any]]:
@@ -70,9 +88,7 @@ class NodeAMP(amp.AMP):
         if method == "attach_shadow":
             extra["progress"] = lambda progress: self._progress(call, progress)
         try:
-            values = [await self.users.here(value, self.machine) if isinstance(value, Caller) else value
-                      for value in values]
-            result = await getattr(self.sessions, method)(*values, **extra)
+            result = await getattr(self.node, method)(*values, **extra)
         except SessionError as error:
             return wire.encode_error(error)
         except Exception:
@@ -193,12 +209,13 @@ class NodeStream(protocol.Protocol):
                 log.info("stream of session {id} closed by gateway {member}", id=self.session_id, member=self.member)
 
 
-def choose(reactor: Any, sessions: Any, users: UserDirectory, machine: str) -> Callable[[bytes, str], Any]:
-    """AMP or a stream, by the first bytes (see the module's docstring);
-    ``machine`` is this member's name, for refusals."""
+def choose(reactor: Any, node: Any) -> Callable[[bytes, str], Any]:
+    """AMP or a stream, by the first bytes (see the module's docstring)."""
+    sessions = node.service
+
     def pick(head: bytes, member: str) -> Any:
         if head[:1] == b"\x00":
-            return NodeAMP(sessions, member, users, machine)
+            return NodeAMP(node, member)
         if head[:len(STREAM_HELLO)] == STREAM_HELLO[:len(head)]:
             return NodeStream(reactor, sessions, member) if len(head) >= len(STREAM_HELLO) else None
         return False
@@ -229,14 +246,14 @@ def gateway_members(store: Any, this_member: str = "") -> Callable[[frozenset[st
 
 
 class NodeListener(service.MultiService):
-    """``[cluster] listen`` with TLS, serving ``sessions`` to gateways."""
+    """``[cluster] listen`` with TLS, serving this machine's ``node`` to gateways."""
 
-    def __init__(self, reactor: Any, listen: str, tls: ClusterTLS, sessions: Any,
-                 authorize: Callable[[frozenset[str]], Any], users: UserDirectory, machine: str,
+    def __init__(self, reactor: Any, listen: str, tls: ClusterTLS, node: Any,
+                 authorize: Callable[[frozenset[str]], Any],
                  wrap: Callable[[Any], Any] | None = None) -> None:
         """``wrap``: what listens in front of the TLS factory (the gateway's
         guard of unauthenticated connections, nxgate.doors.guard)."""
         super().__init__()
-        self.factory = GateFactory(authorize, choose(reactor, sessions, users, machine), role="gateway")
+        self.factory = GateFactory(authorize, choose(reactor, node), role="gateway")
         front = self.factory.tls_factory(tls)
         strports.service(listen, wrap(front) if wrap is not None else front).setServiceParent(self)

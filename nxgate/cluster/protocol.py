@@ -1,23 +1,26 @@
 """What gateway and node say to each other over AMP: one generic call.
 
-The node answers the session API (:class:`nxgate.sessions.api.SessionAPI`)
-for the gateways.  Rather than one AMP command and one hand-written
+The node answers the node interface (:class:`nxgate.sessions.api.NodeAPI`:
+the session API and what doors need beyond it) for the gateways.  Rather than one AMP command and one hand-written
 converter per method, there is one command, :class:`Call` (method name,
 arguments, outcome), and one serialiser for the session vocabulary's
 frozen dataclasses, driven by their type hints: :func:`encode` makes JSON
 values of them, :func:`decode` rebuilds exactly the declared type (tuples,
 frozensets, enums, nested dataclasses, optional values).  The argument and
-result types of a method are read from ``SessionAPI`` itself, so a new
+result types of a method are read from ``NodeAPI`` itself, so a new
 method or field needs no change here.
 
 A refusal travels as its :class:`~nxgate.sessions.errors.SessionError`
 kind and sentence, so the door on the gateway answers with the same NX
 line as it would for a local session.  ``attach_shadow``'s progress
-(asking the owner) comes back as :class:`Progress` boxes for the call.
+(asking the owner) comes back as :class:`Progress` boxes for the call;
+after :class:`Subscribe` the node pushes its sessions' changes as
+:class:`Event` boxes (D-Bus signals, the portal's refreshes on every member).
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import enum
 import inspect
@@ -28,11 +31,11 @@ from typing import Any
 
 from twisted.protocols import amp
 
-from nxgate.sessions.api import SessionAPI
+from nxgate.sessions.api import NodeAPI
 from nxgate.sessions.errors import Kind, SessionError
 
-#: The methods a gateway may call (public SessionAPI methods).
-METHODS: frozenset[str] = frozenset(name for name, value in vars(SessionAPI).items()
+#: The methods a gateway may call: the public coroutine methods of NodeAPI (and so of SessionAPI).
+METHODS: frozenset[str] = frozenset(name for owner in NodeAPI.__mro__ for name, value in vars(owner).items()
                                     if inspect.iscoroutinefunction(value) and not name.startswith("_"))
 
 #: A value bigger than AMP's 64 KiB is cut into keys ``name``, ``name.1``, ...
@@ -46,6 +49,8 @@ def encode(value: Any) -> Any:
         return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, enum.Enum):
         return value.value
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
     if isinstance(value, (frozenset, set)):
         return sorted(encode(item) for item in value)
     if isinstance(value, (tuple, list)):
@@ -101,6 +106,12 @@ def decode(hint: Any, data: Any) -> Any:
         return hint(**values)
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return hint(data)
+    if hint is bytes:
+        _expect(data, str, hint)
+        try:
+            return base64.b64decode(data, validate=True)
+        except ValueError as error:
+            raise ValueError(f"bad base64 for bytes: {error}") from None
     if hint is float and isinstance(data, int) and not isinstance(data, bool):
         return float(data)
     if hint in (str, int, float, bool):
@@ -116,10 +127,10 @@ def _expect(data: Any, kind: type, hint: Any) -> None:
 
 
 def signature(method: str) -> tuple[list[tuple[str, Any]], Any]:
-    """``([(argument, type), ...], result type)`` of a SessionAPI method,
+    """``([(argument, type), ...], result type)`` of a NodeAPI method,
     without ``self`` and the progress callback (that travels as boxes)."""
-    hints = _hints(getattr(SessionAPI, method))
-    parameters = [name for name in inspect.signature(getattr(SessionAPI, method)).parameters
+    hints = _hints(getattr(NodeAPI, method))
+    parameters = [name for name in inspect.signature(getattr(NodeAPI, method)).parameters
                   if name not in ("self", "progress")]
     return [(name, hints[name]) for name in parameters], hints["return"]
 
@@ -189,5 +200,20 @@ class Progress(amp.Command):
     """Node to gateway: call ``call`` has this progress (nxgate.sessions.results.Progress)."""
 
     arguments = [(b"call", amp.Integer()), (b"progress", amp.Unicode())]
+    response: list[Any] = []
+    requiresAnswer = False
+
+
+class Subscribe(amp.Command):
+    """Gateway to node: push me every change of your sessions (:class:`Event`) while this connection lasts."""
+
+    arguments: list[Any] = []
+    response: list[Any] = []
+
+
+class Event(amp.Command):
+    """Node to gateway: one of its sessions changed (an encoded nxgate.sessions.results.SessionEvent)."""
+
+    arguments = [(b"event", JSON())]
     response: list[Any] = []
     requiresAnswer = False

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 from OpenSSL import SSL
@@ -31,8 +32,8 @@ from nxgate.cluster.tls import ClusterTLS
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
-from nxgate.sessions.results import (Listing, Progress, ProgressCallback, Ready, ServiceStatus, SessionView,
-                                     ShadowTarget)
+from nxgate.sessions.results import (Listing, Progress, ProgressCallback, Ready, ServiceStatus, SessionEvent,
+                                     SessionView, ShadowTarget)
 
 log = Logger(namespace="nxgate.cluster.remote")
 
@@ -54,6 +55,18 @@ class _GatewayAMP(amp.AMP):
                 log.warn("member {name} sent an unknown progress {progress!r}", name=self.node.name, progress=progress)
         return {}
 
+    @wire.Event.responder
+    def event(self, event: Any) -> dict[str, Any]:
+        try:
+            heard = wire.decode(SessionEvent, event)
+        except (ValueError, TypeError, KeyError) as error:
+            log.warn("member {name} sent an event this gateway cannot read: {error}", name=self.node.name,
+                     error=str(error))
+            return {}
+        if self.node.listener is not None:
+            self.node.listener(heard)
+        return {}
+
     def connectionLost(self, reason: Any) -> None:
         super().connectionLost(reason)
         self.node.lost(self)
@@ -62,8 +75,11 @@ class _GatewayAMP(amp.AMP):
 class RemoteNode:
     """Member ``name`` at ``address`` (``host:port``) as a SessionAPI."""
 
-    def __init__(self, reactor: Any, tls: ClusterTLS, name: str, address: str) -> None:
+    def __init__(self, reactor: Any, tls: ClusterTLS, name: str, address: str,
+                 listener: Callable[[SessionEvent], None] | None = None) -> None:
+        """``listener``: hears the member's session events, from each connection on."""
         self.reactor, self.tls, self.name, self.address = reactor, tls, name, address
+        self.listener = listener
         self.connection: _GatewayAMP | None = None
         self.connecting: defer.Deferred[_GatewayAMP] | None = None
         self.waiting: list[defer.Deferred[_GatewayAMP]] = []
@@ -119,6 +135,17 @@ class RemoteNode:
 
     async def set_draining(self, caller: Caller, on: bool) -> bool:
         return await self._call("set_draining", caller, on)
+
+    async def thumbnail(self, caller: Caller, session_id: str) -> bytes:
+        return await self._call("thumbnail", caller, session_id)
+
+    def subscribe(self, observer: Callable[[SessionEvent], None]) -> Callable[[], None]:
+        """``observer`` hears this member's session events from its next connection on."""
+        self.listener = observer
+
+        def stop() -> None:
+            self.listener = None
+        return stop
 
     async def connect(self) -> None:
         """Be connected (a gateway keeps in touch with every node, so that
@@ -193,6 +220,10 @@ class RemoteNode:
         self.connection = connection
         self.broken_at = None
         log.info("connected to cluster member {name} at {address}", name=self.name, address=self.address)
+        if self.listener is not None:
+            connection.callRemote(wire.Subscribe).addErrback(
+                lambda failure: log.warn("member {name} will not send its session events: {why}", name=self.name,
+                                         why=failure.getErrorMessage()))
         waiting, self.waiting = self.waiting, []
         for waiter in waiting:
             waiter.callback(connection)
@@ -225,9 +256,12 @@ class RemoteNode:
 class RemoteNodes:
     """One :class:`RemoteNode` per member, by name."""
 
-    def __init__(self, config: Any, reactor: Any, tls: ClusterTLS | None = None) -> None:
+    def __init__(self, config: Any, reactor: Any, tls: ClusterTLS | None = None,
+                 listener: Callable[[SessionEvent], None] | None = None) -> None:
+        """``listener``: hears every member's session events (the router's :meth:`heard`)."""
         self.reactor = reactor
         self.tls = tls or ClusterTLS.from_config(config.cluster)
+        self.listener = listener
         self.nodes: dict[str, RemoteNode] = {}
 
     def get(self, name: str, address: str) -> RemoteNode:
@@ -236,7 +270,7 @@ class RemoteNodes:
         if node is None or node.address != address:
             if node is not None:
                 node.close()
-            node = self.nodes[name] = RemoteNode(self.reactor, self.tls, name, address)
+            node = self.nodes[name] = RemoteNode(self.reactor, self.tls, name, address, self.listener)
         return node
 
     def broken(self, name: str) -> float | None:

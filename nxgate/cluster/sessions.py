@@ -1,32 +1,32 @@
-"""The session API of a cluster gateway: every door's calls routed to the
-node that runs (or will run) the session (issue 13, "Routing").
-
-With ``[cluster]`` set the doors talk to :class:`ClusterSessions` instead
-of the local :class:`~nxgate.sessions.service.SessionService`; without it
-nothing here is used and a single box works exactly as before.
+"""The router: the session API every door uses, on one box and on a
+cluster alike (issues 13 and 23).  A single box is a cluster of one, whose
+only node is this machine's :class:`~nxgate.node.local.LocalNode`.
 
 * A new session goes where :mod:`nxgate.cluster.placement` says, after the
   user's limit is checked against his live sessions on every node (counted
   in the shared store: a clear refusal early).  The node then registers it
   through the store's ``admit``, which counts and inserts in one step, so
-  two gateways racing cannot push a user past his limit.
+  two gateways racing cannot push a user past his limit.  On one box the
+  only place is this machine's node.
 * Every other call about a session goes to the node its store row names
-  (resume affinity: never a guess, never another node).
-* ``list`` reads the store: all the caller's sessions on every member.  A
-  session whose node is down stays listed as lost (``SessionView.lost``),
-  until that node comes back and reconciles it; acting
-  on it is refused with a sentence that says why (``NX> 596``); only the
-  admin may end it (its machine may never return).
+  (resume affinity: never a guess, never another node); this machine's own
+  sessions are known from its node's memory first (no store round trip).
+* ``list``: this machine's sessions from its node, every other member's
+  from the store.  A session whose node is down stays listed as lost
+  (``SessionView.lost``), until that node comes back and reconciles it;
+  acting on it is refused with a sentence that says why (``NX> 596``); only
+  the admin may end it (its machine may never return).
 * A node is down three heartbeats after its last one, or at once when this
   gateway's connection to it broke and it wrote no heartbeat since: every
   gateway keeps one to every node (:meth:`keep_in_touch`), so a node
-  process that dies is seen within a fraction of a second.
+  process that dies is seen within a fraction of a second.  The same
+  connection carries the node's session events to this gateway
+  (:attr:`observers`: the D-Bus door hears every member's sessions).
 * The store unreachable: new requests get a clear ``NX> 596``; the relays
   of running sessions do not depend on it and carry on.
+* Thumbnails are drawn by the session's node (:meth:`thumbnail`).
 
-The local service is used directly for sessions of this member when it
-has role ``node`` (no TLS round trip to itself); ``status`` and
-``set_draining`` are this member's own.
+``status`` and ``set_draining`` are this member's own.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.limits import Limits, limit_reached
 from nxgate.sessions.model import Member, Session, State
 from nxgate.sessions.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
-from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionView,
+from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
                                      ShadowTarget)
 from nxgate.sessions.store.errors import StoreError, storage_reason
 
@@ -68,15 +68,18 @@ def node_down(session_id: str, node: str) -> SessionError:
                         "listed as lost until that machine is back.", session_id=session_id)
 
 
-class ClusterSessions:
-    """:class:`nxgate.sessions.api.SessionAPI` over the cluster.
+class Router:
+    """:class:`nxgate.sessions.api.SessionAPI` over the nodes of a cluster,
+    or of the cluster of one that a single box is.
 
-    ``local``: this member's SessionService; ``store``: the shared store;
-    ``remote(name, address)``: the member's SessionAPI over the wire
-    (:class:`nxgate.cluster.remote.RemoteNodes.get`)."""
+    ``local``: this machine's node (:class:`nxgate.node.local.LocalNode`),
+    None on a member that only routes; ``store``: the (shared) store;
+    ``remote(name, address)``: another member's node over the wire
+    (:meth:`nxgate.cluster.remote.RemoteNodes.get`)."""
 
     def __init__(self, reactor: Any, config: Callable[[], Any], local: Any, store: Any,
-                 remote: Callable[[str, str], Any], broken: Callable[[str], float | None] = lambda name: None) -> None:
+                 remote: Callable[[str, str], Any] | None = None,
+                 broken: Callable[[str], float | None] = lambda name: None) -> None:
         """``broken(name)``: when this gateway's connection to that member
         broke, if it did (:meth:`nxgate.cluster.remote.RemoteNodes.broken`)."""
         self.reactor = reactor
@@ -88,11 +91,22 @@ class ClusterSessions:
         self.limits = Limits(config)
         #: Sessions placed on a member since its last heartbeat: {name: (that heartbeat, count)}.
         self.placed: dict[str, tuple[float, int]] = {}
+        #: Who hears every session change on every node (the D-Bus door):
+        #: this machine's node's and, through their connections, the others'.
+        self.observers: list[Callable[[SessionEvent], None]] = []
+        if local is not None:
+            local.subscribe(self.heard)
 
     # ---------------------------------------------------------- who is who
     @property
+    def clustered(self) -> bool:
+        return self.config().cluster is not None
+
+    @property
     def name(self) -> str:
-        return str(self.config().cluster.name)
+        """This member's name ("" on a single box: its sessions' node)."""
+        cluster = self.config().cluster
+        return str(cluster.name) if cluster is not None else ""
 
     @property
     def heartbeat(self) -> float:
@@ -100,7 +114,15 @@ class ClusterSessions:
 
     @property
     def runs_sessions(self) -> bool:
-        return "node" in self.config().cluster.roles
+        return self.local is not None
+
+    def heard(self, event: SessionEvent) -> None:
+        """A node's session changed: tell the observers (one that fails is logged, the rest still hear)."""
+        for observer in list(self.observers):
+            try:
+                observer(event)
+            except Exception:
+                log.failure("an observer of session {id} failed", id=event.view.id)
 
     async def _members(self) -> dict[str, Member]:
         try:
@@ -118,9 +140,11 @@ class ClusterSessions:
         return broke is not None and member.last_heartbeat <= broke
 
     def _api(self, member: Member) -> Any:
-        """This member's own service, or the other member over the wire."""
+        """This machine's node, or the other member's over the wire."""
         if member.name == self.name and self.runs_sessions:
             return self.local
+        if self.remote is None:
+            raise node_down("", member.name)
         return self.remote(member.name, member.address)
 
     async def keep_in_touch(self) -> None:
@@ -128,6 +152,8 @@ class ClusterSessions:
         a node whose process dies closes it, and this gateway lists its
         sessions as lost at once instead of three heartbeats later.  A
         machine that vanishes without closing it still goes by heartbeats."""
+        if not self.clustered:
+            return
         try:
             members = await self.store.members()
         except StoreError:
@@ -162,7 +188,10 @@ class ClusterSessions:
 
     async def _place(self, caller: Caller, method: str, *arguments: Any) -> Any:
         """Run ``method`` on the best node; one that cannot be reached is
-        skipped for the next (its heartbeat may not have gone stale yet)."""
+        skipped for the next (its heartbeat may not have gone stale yet).
+        A cluster of one has one place: this machine's node."""
+        if not self.clustered:
+            return await getattr(self._only_node(), method)(caller, *arguments)
         await self._check_user_limit(caller)
         members = await self._members()
         candidates = [member for member in ranked(members.values(), self.reactor.seconds(), self.heartbeat,
@@ -190,12 +219,21 @@ class ClusterSessions:
         return await self._place(caller, "start_for_later", session_type, name)
 
     # ------------------------------------------------------ existing ones
+    def _only_node(self) -> Any:
+        if self.local is None:
+            raise SessionError(Kind.UNAVAILABLE, NO_NODE)
+        return self.local
+
     async def _row(self, caller: Caller, session_id: str) -> Session:
-        """The caller's live session as the store has it (others' are NOT_YOURS, with NOT_FOUND's words)."""
-        try:
-            row = await self.store.get(session_id)
-        except StoreError as error:
-            raise store_unavailable(error) from None
+        """The caller's live session as its node (this machine's: from memory)
+        or the store has it (others' are NOT_YOURS, with NOT_FOUND's words)."""
+        if self.local is not None and self.local.knows(session_id):
+            row: Session | None = self.local.service.sessions[session_id]
+        else:
+            try:
+                row = await self.store.get(session_id)
+            except StoreError as error:
+                raise store_unavailable(error) from None
         if row is None or not row.state.live:
             raise SessionError(Kind.NOT_FOUND, f"Could not find session {session_id}.", session_id=session_id)
         if not caller.owns(row.user):
@@ -205,9 +243,11 @@ class ClusterSessions:
         return row
 
     async def _node_of(self, row: Session) -> Any:
-        """The API of the member running ``row`` (a row without a node: this box's, from before the cluster)."""
-        if not row.node or (row.node == self.name and self.runs_sessions):
+        """The node running ``row`` (a row without a node: this box's, from before the cluster)."""
+        if (not row.node or row.node == self.name) and self.runs_sessions:
             return self.local
+        if not row.node or not self.clustered:
+            raise node_down(row.id, row.node or "this machine")
         member = (await self._members()).get(row.node)
         if member is None or not self._up(member):
             raise node_down(row.id, row.node)
@@ -271,44 +311,57 @@ class ClusterSessions:
             return lost(SessionView.of(row))
         return await node.show(caller, session_id)
 
+    async def thumbnail(self, caller: Caller, session_id: str) -> bytes:
+        """A PNG of the session's screen, drawn by the node that runs it."""
+        return await self._on_node_of("thumbnail", caller, session_id)
+
     async def list(self, caller: Caller) -> Listing:
-        """The caller's live sessions on every member (an admin's: everyone's), oldest first."""
+        """The caller's live sessions on every member (an admin's: everyone's),
+        oldest first: this machine's from its node, the others' from the store."""
+        if not self.clustered:
+            return await self._only_node().list(caller)
         try:
             rows = await self.store.live(user=None if caller.admin else caller.user)
         except StoreError as error:
             raise store_unavailable(error) from None
         members = await self._members()
-        views = []
+        here = await self.local.list(caller) if self.local is not None else None
+        views = list(here.sessions) if here is not None else []
         for row in rows:
-            if not caller.owns(row.user):
+            if not caller.owns(row.user) or ((not row.node or row.node == self.name) and here is not None):
                 continue
             view = SessionView.of(row)
             if row.node and not self._up(members.get(row.node)):
                 view = lost(view)
             views.append(view)
         limit = self.limits.user_limit(caller.user, caller.groups)
-        mine = sum(1 for row in rows if row.user == caller.user)
+        mine = sum(1 for view in views if view.user == caller.user)
         return Listing(tuple(sorted(views, key=lambda v: v.created)),
                        capacity_reached=bool(limit and mine >= limit))
 
     # ------------------------------------------------------------- shadow
-    async def _up_nodes(self) -> list[Member]:
+    async def _up_nodes(self) -> list[tuple[str, Any]]:
+        """(name, node) of every node that is up: on one box, this machine's."""
+        if not self.clustered:
+            return [(self.name, self.local)] if self.local is not None else []
         members = await self._members()
-        return [m for m in members.values() if "node" in m.roles and self._up(m)]
+        return [(m.name, self._api(m)) for m in members.values() if "node" in m.roles and self._up(m)]
 
     async def shadow_targets(self, caller: Caller) -> tuple[ShadowTarget, ...]:
         """Every up node's targets (one that fails is left out, and logged)."""
         targets: list[ShadowTarget] = []
-        for member in await self._up_nodes():
+        for name, node in await self._up_nodes():
             try:
-                targets.extend(await self._api(member).shadow_targets(caller))
+                targets.extend(await node.shadow_targets(caller))
             except SessionError as error:
-                log.warn("shadow targets of member {name} left out: {error}", name=member.name, error=error.message)
+                log.warn("shadow targets of member {name} left out: {error}", name=name, error=error.message)
         return tuple(targets)
 
     async def attach_shadow(self, caller: Caller, request: ShadowRequest,
                             progress: ProgressCallback = lambda progress: None) -> Ready:
         """On the node of the shadowed session (a display that is no session: the node that offers it)."""
+        if not self.clustered:
+            return await self._only_node().attach_shadow(caller, request, progress)
         try:
             row = await self.store.get(request.target_id)
         except StoreError as error:
@@ -316,19 +369,18 @@ class ClusterSessions:
         if row is not None and row.state.live:
             node = await self._node_of(row)
             return await node.attach_shadow(caller, request, progress)
-        for member in await self._up_nodes():
-            api = self._api(member)
+        for _, node in await self._up_nodes():
             try:
-                offered = await api.shadow_targets(caller)
+                offered = await node.shadow_targets(caller)
             except SessionError:
                 continue
             if any(target.id == request.target_id for target in offered):
-                return await api.attach_shadow(caller, request, progress)
-        return await self.local.attach_shadow(caller, request, progress)  # its words for "no such target"
+                return await node.attach_shadow(caller, request, progress)
+        return await self._only_node().attach_shadow(caller, request, progress)  # its words for "no such target"
 
     # ----------------------------------------------------- this member's
     async def status(self, caller: Caller) -> ServiceStatus:
-        return await self.local.status(caller)
+        return await self._only_node().status(caller)
 
     async def set_draining(self, caller: Caller, on: bool) -> bool:
-        return await self.local.set_draining(caller, on)
+        return await self._only_node().set_draining(caller, on)

@@ -1,19 +1,30 @@
-"""The session service as front doors see it."""
+"""The session API every door uses, and the node interface beneath it.
+
+A door holds one :class:`SessionAPI`: the router
+(:class:`nxgate.cluster.sessions.Router`), on a single box too, where it
+routes over a cluster of one.  The router reaches each machine's sessions
+through a :class:`NodeAPI`: this machine's in process
+(:class:`nxgate.node.local.LocalNode`), another member's over the wire
+(:class:`nxgate.cluster.remote.RemoteNode`).  Both do the same checks in
+the same place, the node, so one box and a cluster behave alike.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
-from nxgate.sessions.results import Listing, ProgressCallback, Ready, ServiceStatus, SessionView, ShadowTarget
+from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
+                                     ShadowTarget)
 
 
 class SessionAPI(Protocol):
     """Every call checks the caller may do it and raises
     :class:`nxgate.sessions.errors.SessionError` when not (a session of
     someone else is NOT_YOURS, with NOT_FOUND's words).  Implemented, for
-    now, by :class:`nxgate.sessions.service.SessionService`."""
+    the router, by every node, and by the node's session service."""
 
     async def start(self, caller: Caller, request: StartRequest) -> Ready: ...
 
@@ -42,3 +53,16 @@ class SessionAPI(Protocol):
     async def status(self, caller: Caller) -> ServiceStatus: ...  # admin only
 
     async def set_draining(self, caller: Caller, on: bool) -> bool: ...  # admin only
+
+
+class NodeAPI(SessionAPI, Protocol):
+    """What a node answers beyond the session API: the things doors need
+    that live on the machine running the session.  The coroutine methods
+    travel over the members' wire (:mod:`nxgate.cluster.protocol` reads
+    them from here); :meth:`subscribe` is a push, carried by its own box."""
+
+    # A PNG of the session's screen, drawn on its node as its user (owner or admin only).
+    async def thumbnail(self, caller: Caller, session_id: str) -> bytes: ...
+
+    # ``observer`` hears every state change of this node's sessions; the result stops it.
+    def subscribe(self, observer: Callable[[SessionEvent], None]) -> Callable[[], None]: ...

@@ -98,8 +98,10 @@ class SessionService(service.Service):
         self.housekeeper = Housekeeping(reactor, lambda: self.settings, self.store, layout, self.supervisor,
                                         lambda: self.sessions.values(), self.lifecycle.terminate_session,
                                         self.background, lambda: self.node_name)
-        if self.node_name:  # a cluster member: limits hold over every member (the store counts)
-            self.lifecycle.admission = self.limits.admission
+        # Admission always goes through the store's ``admit`` (counted and
+        # inserted in one step): on one box as on a cluster, where limits hold
+        # over every member.
+        self.lifecycle.admission = self.limits.admission
         #: What a new session of each type starts (remote desktops before the desktops' catch-all).
         self.kinds: tuple[SessionKind, ...] = (RemoteDesktopKind(reactor, lambda: self.config),
                                                DesktopKind(lambda: self.config, lambda: self.settings))

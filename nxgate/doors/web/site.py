@@ -43,7 +43,8 @@ THUMBNAIL_STATES = ("Running", "Suspended")
 #: ``(user, address) -> Caller`` of a logged-in user (off the reactor: NSS).
 ResolveCaller = Callable[[str, str], Awaitable[Caller]]
 #: A PNG of a session's screen (off the reactor).
-Thumbnailer = Callable[[SessionView], Awaitable[bytes]]
+#: Draws a PNG of ``view`` for ``caller`` (the router's thumbnail: on the session's node).
+Thumbnailer = Callable[[Caller, SessionView], Awaitable[bytes]]
 
 
 def client_address(request: server.Request) -> str:
@@ -379,7 +380,7 @@ class Thumbnails(Deferring):
         cached = self.cache.get(view.id)
         if cached is None or now - cached[0] > self.ttl():
             try:
-                cached = (now, await self.draw(view))
+                cached = (now, await self.draw(caller, view))
             except Exception as error:  # an agent that just went away, xwd missing: no picture, no 500
                 log.info("no thumbnail of session {id}: {error}", id=view.id, error=str(error))
                 request.setResponseCode(404)
@@ -390,12 +391,12 @@ class Thumbnails(Deferring):
         request.setHeader(b"Content-Type", b"image/png")
         return cached[1]
 
-    async def draw(self, view: SessionView) -> bytes:
+    async def draw(self, caller: Caller, view: SessionView) -> bytes:
         """One redraw per session at a time: concurrent viewers share it."""
         pending = self.pending.get(view.id)
         if pending is None:
             pending = self.pending[view.id] = self.drawing.run(
-                lambda: defer.ensureDeferred(self.thumbnailer(view)))
+                lambda: defer.ensureDeferred(self.thumbnailer(caller, view)))
             pending.addBoth(lambda result: (self.pending.pop(view.id, None), result)[1])
         waiter: defer.Deferred[bytes] = defer.Deferred()
         pending.addBoth(lambda result: (waiter.errback(result) if isinstance(result, Failure)
