@@ -380,7 +380,15 @@ class Router:
 
     # ----------------------------------------------------- this member's
     async def status(self, caller: Caller) -> ServiceStatus:
-        return await self._only_node().status(caller)
+        """This machine's node's; a member that only routes runs no session."""
+        if self.local is None:
+            if not caller.admin:
+                raise SessionError(Kind.NOT_ALLOWED, "Only the admin may see the service's status.")
+            return ServiceStatus(draining=False, live=0, unsaved_changes=0, unknown_sessions=())
+        return await self.local.status(caller)
 
     async def set_draining(self, caller: Caller, on: bool) -> bool:
-        return await self._only_node().set_draining(caller, on)
+        if self.local is None:
+            raise SessionError(Kind.INVALID_REQUEST, f"Member {self.name} runs no sessions (role gateway only): "
+                                                     "drain a node by name instead (nxgate-admin drain --node NAME).")
+        return await self.local.set_draining(caller, on)
