@@ -9,7 +9,9 @@ NX login; it runs on the node.  Then:
   start and suspend (the node pushes its events over the members' wire);
 * the gateway's portal serves the session's thumbnail (drawn on the node,
   as the user, from the session's own agent): the PNG is compared with the
-  agent's framebuffer, scaled.
+  agent's framebuffer, scaled;
+* renamed "x (machine down)" over D-Bus, it is still listed as running:
+  "lost" is a field of the session, not a suffix of its name.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from tests.harness import pixels
 from tests.harness.process import wait_for
 from tests.harness.x11 import Screenshot
 from tests.test_e2e_cluster import ClusterTestCase
-from tests.test_e2e_dbus import SystemBus, Watcher
+from tests.test_e2e_dbus import NAME, PATH, SystemBus, Watcher, as_user, user_env
+from tests.test_e2e_store import listed
 from tests.test_e2e_web import matching, scaled
 
 _SITE = re.compile(r"Site \(TLS\) starting on (\d+)")
@@ -99,6 +102,15 @@ class GatewayOnlyDoorsTests(ClusterTestCase):
         self.assertGreaterEqual(matching(thumbnail, scaled(frame, thumbnail.width, thumbnail.height), tolerance=8),
                                 0.95)
         self.assertAlmostEqual(thumbnail.width / thumbnail.height, frame.width / frame.height, delta=0.05)
+
+        # A name that reads like the old "lost" suffix is only a name.
+        renamed = as_user(self.user, ["gdbus", "call", "--system", "--dest", NAME, "--object-path", PATH, "--method",
+                                      f"{NAME}.Rename", info.session_id, "x (machine down)"], env=user_env(self.user, bus))
+        self.assertEqual(renamed.returncode, 0, renamed.stderr)
+        row = listed(self.login(gateway).command('listsession --status="suspended,running"'))[info.session_id]
+        self.assertIn(b"x (machine down)", row)
+        self.assertRegex(row, rb"\bRunning\b")
+        self.assertEqual(self.sessions(gateway)[info.session_id]["state"], "running")
 
         attachment.detach()
         wait_for(lambda: "SessionSuspended" in watcher.signals(info.session_id), 30,
