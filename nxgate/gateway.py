@@ -34,7 +34,9 @@ from nxgate.sessions.store.factory import open_store
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.results import StreamTarget
 from nxgate.cluster.sessions import Router
+from nxgate.node.launcher import Launcher
 from nxgate.node.local import LocalNode
+from nxgate.sessions.model import member_name
 from nxgate.node.threads import in_thread
 from nxgate.auth.users import UserDirectory, resolve_caller
 from nxgate.auth.throttle import Throttle
@@ -137,14 +139,20 @@ class Gateway(service.MultiService):
         # [store] url: the state directory's SQLite file by default, or a
         # database server shared by a cluster (migrated here, before serving).
         self.store = open_store(config, self.layout, reactor)
-        self.sessions = SessionService(reactor, config, self.store, self.layout, blocking=in_thread(reactor))
-        self.sessions.setServiceParent(self)
+        # This machine's node (role node; a single box has it): its session
+        # service, and the node interface over it that the router here and
+        # every other gateway of a cluster call.  A member that only routes
+        # has none: no supervisor, no agents, nothing to reconcile.
+        self.sessions: SessionService | None = None
+        self.node: LocalNode | None = None
+        if "node" in roles:
+            self.sessions = SessionService(reactor, config, self.store, self.layout, blocking=in_thread(reactor))
+            self.sessions.setServiceParent(self)
+            self.shadow = self.sessions.shadow = ShadowService(self.sessions, config, self.blocking, self.users)
+            self.node = LocalNode(self.sessions, self.users,
+                                  lambda: member_name(self.config) or self.config.server_name, self.blocking)
         # A cluster member writes its heartbeat to the shared store (nodes, drain --node).
         self.membership = self._membership() if config.cluster else None
-        self.shadow = self.sessions.shadow = ShadowService(self.sessions, config, self.blocking, self.users)
-        # This machine's node: what the router here and every other gateway of a cluster call.
-        self.node = LocalNode(self.sessions, self.users, lambda: self.sessions.node_name or self.config.server_name,
-                              self.blocking) if "node" in roles else None
         self.cluster_streams = self._cluster_wire(config.cluster) if config.cluster else None
         # What every door calls: the router, over the cluster or over this box, a cluster of one.
         self.api = self._router()
@@ -167,7 +175,7 @@ class Gateway(service.MultiService):
         if config.metrics.listen:
             if not metrics.available():
                 raise RuntimeError("[metrics] listen is set but prometheus-client is not installed")
-            node = self.sessions.node_name or config.server_name
+            node = member_name(config) or config.server_name
             strports.service(config.metrics.listen,
                              Site(metrics.resource(self.sessions, node, self.guard))).setServiceParent(self)
 
@@ -175,7 +183,7 @@ class Gateway(service.MultiService):
         from nxgate.cluster.membership import Membership
 
         membership = Membership(self.config, self.store, self.reactor,
-                                lambda: sum(1 for s in self.sessions.sessions.values() if s.state.live))
+                                lambda: self.sessions.live_count() if self.sessions is not None else 0)
         membership.setServiceParent(self)
         return membership
 
@@ -196,7 +204,7 @@ class Gateway(service.MultiService):
         if "node" in cluster.roles:
             check_port_free(cluster.listen, "[cluster] listen")
             NodeListener(self.reactor, cluster.listen, self.cluster_tls, self.node,
-                         gateway_members(self.sessions.store),
+                         gateway_members(self.store),
                          wrap=lambda factory: self.guard.wrap(factory, "cluster", trusts=True)).setServiceParent(self)
             log.info("cluster member {name}: listening for gateways on {where}", name=cluster.name,
                      where=configuration.describe_listen(cluster.listen))
@@ -238,7 +246,8 @@ class Gateway(service.MultiService):
         """The node's browser viewers (Xvfb + nxproxy + x11vnc per open tab), for ``/view``."""
         from nxgate.node.browser_viewer import BrowserViewers, ViewerLimits, ViewerPrograms
 
-        viewers = BrowserViewers(self.reactor, self.sessions.launcher, os.path.join(self.layout.root, "viewers"),
+        launcher = self.sessions.launcher if self.sessions is not None else Launcher(self.reactor)
+        viewers = BrowserViewers(self.reactor, launcher, os.path.join(self.layout.root, "viewers"),
                                  self.layout.logs, ViewerLimits(per_user=self.config.web.max_viewers),
                                  ViewerPrograms(path=self.config.sessions.path, lang=self.config.sessions.lang),
                                  self.blocking)
@@ -323,8 +332,9 @@ class Gateway(service.MultiService):
         self.throttle.configure(new.auth.throttle_per_address, new.auth.throttle_per_account,
                                 new.auth.throttle_window, new.auth.throttle_block)
         self.shell_settings = shell_settings(new)
-        self.sessions.config, self.sessions.settings = new, new.sessions
-        self.shadow.config, self.shadow.settings = new, new.shadow
+        if self.sessions is not None:
+            self.sessions.config, self.sessions.settings = new, new.sessions
+            self.shadow.config, self.shadow.settings = new, new.shadow
         self.ssh_factory.login_grace_time = new.ssh.login_grace_time
         self.ssh_factory.max_auth_tries = new.ssh.max_auth_tries
         for checker in self.checkers:

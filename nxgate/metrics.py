@@ -59,8 +59,9 @@ def agent_started(seconds: float) -> None:
 
 
 class SessionCollector:
-    """``nxgate_sessions{node, state, type}``: the manager's live sessions right
-    now; ``node`` names this member, so a cluster's scrapes add up."""
+    """``nxgate_sessions{node, state, type}``: the node's live sessions right
+    now; ``node`` names this member, so a cluster's scrapes add up (a member
+    that only routes, ``manager`` None, has none)."""
 
     def __init__(self, manager: Any, node: str = "") -> None:
         self.manager = manager
@@ -69,7 +70,8 @@ class SessionCollector:
     def collect(self) -> Any:
         family = GaugeMetricFamily("nxgate_sessions", "Live sessions by node, state and type",
                                    labels=["node", "state", "type"])
-        counts = Counter((s.state.value, s.type) for s in self.manager.sessions.values() if s.state.live)
+        sessions = self.manager.sessions.values() if self.manager is not None else ()
+        counts = Counter((s.state.value, s.type) for s in sessions if s.state.live)
         for (state, session_type), count in sorted(counts.items()):
             family.add_metric([self.node, state, session_type], count)
         yield family

@@ -272,6 +272,10 @@ class SessionService(service.Service):
         """Callbacks for every session creation and state change (see :class:`SessionEvent`)."""
         return self.lifecycle.observers
 
+    def live_count(self) -> int:
+        """How many of this node's sessions are live (its heartbeat says so)."""
+        return sum(1 for s in self.sessions.values() if s.state.live)
+
     async def show(self, caller: Caller, session_id: str) -> SessionView:
         return SessionView.of(self._owned(caller, session_id))
 

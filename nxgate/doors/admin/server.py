@@ -114,7 +114,7 @@ class AdminProtocol(LineOnlyReceiver):
     async def do_status(self) -> dict[str, Any]:
         status = await self.gateway.api.status(ADMIN)
         # A cluster member answers with its member name (sessions carry it too).
-        node = getattr(self.gateway.sessions, "node_name", "") or self.gateway.config.server_name
+        node = self.gateway.api.name or self.gateway.config.server_name
         return {"version": __version__, "node": node, "draining": status.draining,
                 "sessions": status.live, "config": self.gateway.config.source,
                 "up_since": _iso(self.gateway.started),
