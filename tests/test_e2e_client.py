@@ -354,6 +354,20 @@ class SessionTests(ClientScreenTestCase):
         self.assertEqual(self.sessions()[session_id][2], "Running")
         self.assertIsNone(second.poll())
 
+    def test_a_gateway_that_goes_away_leaves_the_question_open(self):
+        """The stream ends and the listing that would say why cannot be had:
+        the client says who closed the connection and that it could not ask."""
+        gateway = Gateway({**self.options, "sessions": {**self.options["sessions"], "display_base": "860"}}).start()
+        self.addCleanup(gateway.stop)
+        client = self.background(self.argv("--geometry", "800x600", port=gateway.port), DISPLAY=self.screen.name)
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        gateway.stop(cleanup=False)  # its sessions outlive it (end_all_sessions ends them)
+        code, stderr = self.finished(client, 60)
+        self.assertEqual(code, 0, stderr)
+        self.assertRegex(stderr, r"disconnected from session [0-9A-F]{32}: (nxproxy|the server) closed the "
+                                 r"connection \(asking the server what became of the session failed: cannot connect "
+                                 rf"to 127\.0\.0\.1:{gateway.port}.*; --list shows it\)")
+
     def check_nxproxy(self, client_pid: int) -> None:
         """nxproxy runs with a private NX_HOME, without the password in its
         environment, and without the session cookie in its argv."""

@@ -583,14 +583,7 @@ class ClientRun:
             except defer.CancelledError:
                 pass  # interrupted: what we know will do
             self._status_wait = None
-        if problem is not None:
-            return (f"{self._ended_by} closed the connection (asking the server what became of the session "
-                    f"failed: {problem}; --list shows it)")
-        if row is None:
-            return "it was terminated (it is no longer on the server)"
-        if row.status == "Suspended":
-            return f"it was suspended and stays on the server (--resume {session_id} attaches to it again)"
-        return "another client took it over (it runs on, attached there)"
+        return fate_words(session_id, row, problem, self._ended_by or "the server")
 
     async def _listed(self, session_id: str) -> tuple[ParsedRow | None, str | None]:
         """``session_id``'s row in a fresh listing of our sessions (None if it
@@ -626,6 +619,19 @@ class ClientRun:
         call = self._timers.pop(name, None)
         if call is not None and call.active():
             call.cancel()
+
+
+def fate_words(session_id: str, row: ParsedRow | None, problem: str | None, ended_by: str) -> str:
+    """What became of a session whose stream ``ended_by`` closed, from its
+    row in a fresh listing (None: not listed) or why the listing failed."""
+    if problem is not None:
+        return (f"{ended_by} closed the connection (asking the server what became of the session failed: "
+                f"{problem}; --list shows it)")
+    if row is None:
+        return "it was terminated (it is no longer on the server)"
+    if row.status == "Suspended":
+        return f"it was suspended and stays on the server (--resume {session_id} attaches to it again)"
+    return "another client took it over (it runs on, attached there)"
 
 
 # ---------------------------------------------------------------- command line
