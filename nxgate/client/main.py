@@ -23,7 +23,7 @@ from importlib import resources
 from typing import Any, TextIO
 
 from twisted.conch.ssh.keys import BadKeyError, EncryptedKeyError, Key
-from twisted.internet import defer, task
+from twisted.internet import defer, task, threads
 from twisted.internet.error import CannotListenError
 from twisted.python.failure import Failure
 
@@ -128,6 +128,7 @@ class ClientRun:
         self._ended_by: str | None = None  # who closed the session stream, when not we
         self._status_query: ClientRun | None = None  # the listing that tells what became of the session
         self._status_wait: defer.Deferred[None] | None = None
+        self._proxy_trouble = False  # nxproxy failed: its log is worth showing
 
     # ---------------------------------------------------------------- start
     def start(self) -> defer.Deferred[int]:
@@ -412,9 +413,7 @@ class ClientRun:
 
     def _proxy_failed(self, message: str) -> None:
         self.say(message)
-        tail = self.proxy.log_tail() if self.proxy is not None else []
-        if tail:
-            self.say("the end of nxproxy's log:\n" + last_lines(tail))
+        self._proxy_trouble = True  # the end of its log is shown once it is gone
         self.finish(NX_ERROR)
 
     def proxy_connected(self, connection: LocalConnection) -> None:
@@ -534,23 +533,28 @@ class ClientRun:
                  self._fate() if self._ended_by is not None and not self._shadowing else defer.succeed(None),
                  *closing]
 
-        def ended(results: list[Any]) -> None:
+        def ended(results: list[Any]) -> defer.Deferred[None] | None:
             fate = results[1]
             if fate is not None:
                 assert self.info is not None
                 self.say(f"disconnected from session {self.info.session_id}: {fate}")
-            if proxy is not None:
-                errors = proxy.errors() if self._ended_by is not None and not self.options.verbose else []
-                if errors:  # nxproxy exits 0 whatever happened; its log says what
-                    self.say("nxproxy reported:\n" + last_lines(errors[-5:]))
-                if self.options.verbose:
-                    tail = proxy.log_tail()
-                    if tail:
-                        self.say("the end of nxproxy's log:\n" + last_lines(tail))
-                proxy.cleanup()
-            self.done.callback(code)
+            if proxy is None:
+                self.done.callback(code)
+                return None
+            proxy.stop_listening()
+            logs = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), proxy.wrap_up)
+            return logs.addCallback(self._report_logs, code)
 
         defer.gatherResults(waits, consumeErrors=True).addCallback(ended).addErrback(self._ending_failed, proxy, code)
+
+    def _report_logs(self, logs: tuple[list[str], list[str]], code: int) -> None:
+        """What nxproxy logged, now that it is gone; then the run's end."""
+        errors, tail = logs
+        if errors and self._ended_by is not None and not self.options.verbose:
+            self.say("nxproxy reported:\n" + last_lines(errors[-5:]))  # it exits 0 whatever happened
+        if tail and (self.options.verbose or self._proxy_trouble):
+            self.say("the end of nxproxy's log:\n" + last_lines(tail))
+        self.done.callback(code)
 
     def _ending_failed(self, failure: Failure, proxy: NXProxy | None, code: int) -> None:
         """A bug while ending: said, and the run still ends (and cleans up)."""
