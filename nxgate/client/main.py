@@ -31,6 +31,7 @@ from nxgate.client import cli
 from nxgate.nx import client_commands as commands
 from nxgate.nx import client_dialogue as dialogue
 from nxgate.nx.listing import ParsedRow
+from nxgate.client.fate import FateQuestion
 from nxgate.client.knownhosts import KnownHosts
 from nxgate.client.printing import LocalPrinting, PrintingError, default_server
 from nxgate.client.proxy import LocalConnection, NXProxy, last_lines
@@ -46,8 +47,6 @@ BYE_TIMEOUT = 30.0
 PROXY_CONNECT_TIMEOUT = 60.0
 QUIT_GRACE = 5.0  # for the server to close after our ``quit``
 PROXY_EXIT_GRACE = 5.0
-STATUS_TIMEOUT = 20.0  # for the listing that says what became of a session whose stream ended
-TAKEOVER_CHECK = 0.5  # a suspended session is listed again after this: taken over by another client?
 
 
 def nomachine_key() -> Key:
@@ -126,8 +125,7 @@ class ClientRun:
         self._finishing = False
         self.listed: tuple[ParsedRow, ...] | None = None  # what a ListSessions request got
         self._ended_by: str | None = None  # who closed the session stream, when not we
-        self._status_query: ClientRun | None = None  # the listing that tells what became of the session
-        self._status_wait: defer.Deferred[None] | None = None
+        self._question: FateQuestion | None = None  # what became of the session, once its stream ended
         self._proxy_trouble = False  # nxproxy failed: its log is worth showing
 
     # ---------------------------------------------------------------- start
@@ -485,11 +483,7 @@ class ClientRun:
         """SIGINT/SIGTERM: drop the connection; the server suspends the
         session (a shadow ends).  While asking the server what became of a
         session, give up asking."""
-        if self._status_query is not None:
-            self._status_query.finish(NX_ERROR)
-            return
-        if self._status_wait is not None:
-            self._status_wait.cancel()
+        if self._question is not None and self._question.cancel():
             return
         if self._finishing:
             return
@@ -565,50 +559,19 @@ class ClientRun:
             self.done.callback(code)
 
     def _fate(self) -> defer.Deferred[str]:
-        """What became of our session, whose stream the server ended: a
-        second connection lists the user's sessions (as ``--list`` does).
-        Not listed: terminated (or its desktop ended); Running: another
-        client took it over; Suspended: suspended elsewhere (``--suspend``,
-        the portal, D-Bus, an administrator), unless it runs again a moment
-        later: a client that takes a session over has it suspended first."""
-        return defer.ensureDeferred(self._ask_fate())
-
-    async def _ask_fate(self) -> str:
+        """What became of our session, whose stream the server ended (see
+        :mod:`nxgate.client.fate`): asked on a connection of its own."""
         assert self.info is not None
-        session_id = self.info.session_id
-        row, problem = await self._listed(session_id)
-        if row is not None and row.status == "Suspended":
-            self._status_wait = task.deferLater(self.reactor, TAKEOVER_CHECK, lambda: None)
-            try:
-                await self._status_wait
-                again, problem_again = await self._listed(session_id)
-                if problem_again is None:
-                    row = again
-            except defer.CancelledError:
-                pass  # interrupted: what we know will do
-            self._status_wait = None
-        return fate_words(session_id, row, problem, self._ended_by or "the server")
+        self._question = FateQuestion(self.reactor, self._listing, self.info.session_id,
+                                      self._ended_by or "the server")
+        return defer.ensureDeferred(self._question.ask())
 
-    async def _listed(self, session_id: str) -> tuple[ParsedRow | None, str | None]:
-        """``session_id``'s row in a fresh listing of our sessions (None if it
-        is not there), or None and why the listing failed."""
+    def _listing(self, errors: io.StringIO) -> ClientRun:
+        """A ``--list`` run with our login, quietly (its complaints to ``errors``)."""
         options = dataclasses.replace(self.options, request=dialogue.ListSessions(), verbose=False,
                                       sound_server=None, print_server=None, shares={})
-        errors = io.StringIO()
-        query = ClientRun(self.reactor, options, self.keys, self.password, None, self.environ, out=io.StringIO(),
-                          err=errors, stdin=self.stdin)
-        self._status_query = query
-        timer = self.reactor.callLater(STATUS_TIMEOUT, query.finish, NX_ERROR)
-        try:
-            code = await query.start()
-        finally:
-            self._status_query = None
-            if timer.active():
-                timer.cancel()
-        if code != OK or query.listed is None:
-            said = errors.getvalue().strip().splitlines()
-            return None, said[-1].removeprefix(f"{PROG}: ") if said else "interrupted, or no answer in time"
-        return next((row for row in query.listed if row.session_id == session_id), None), None
+        return ClientRun(self.reactor, options, self.keys, self.password, None, self.environ, out=io.StringIO(),
+                         err=errors, stdin=self.stdin)
 
     def say(self, message: str) -> None:
         self.err.write(f"{PROG}: {message}\n")
@@ -623,19 +586,6 @@ class ClientRun:
         call = self._timers.pop(name, None)
         if call is not None and call.active():
             call.cancel()
-
-
-def fate_words(session_id: str, row: ParsedRow | None, problem: str | None, ended_by: str) -> str:
-    """What became of a session whose stream ``ended_by`` closed, from its
-    row in a fresh listing (None: not listed) or why the listing failed."""
-    if problem is not None:
-        return (f"{ended_by} closed the connection (asking the server what became of the session failed: "
-                f"{problem}; --list shows it)")
-    if row is None:
-        return "it was terminated (it is no longer on the server)"
-    if row.status == "Suspended":
-        return f"it was suspended and stays on the server (--resume {session_id} attaches to it again)"
-    return "another client took it over (it runs on, attached there)"
 
 
 # ---------------------------------------------------------------- command line
