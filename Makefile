@@ -6,7 +6,7 @@ VENV    := $(CURDIR)/.venv
 STATE   ?= $(CURDIR)/.state
 STAMP   := $(VENV)/.installed
 # Where `make run` listens: every interface, port 4022, unless told otherwise
-# (`make run PORT=4122`, `make run LISTEN=tcp:4022:interface=127.0.0.1`).
+# (`make run PORT=4122`, `make run LISTEN=tcp:4022:interface=127.0.0.1:backlog=1024`).
 PORT    ?= 4022
 LISTEN  ?= tcp:$(PORT):backlog=1024
 # Where `make install` (as root) links the venv's commands, so that

@@ -20,3 +20,41 @@ class ArgumentTests(SynchronousTestCase):
     def test_defaults(self):
         args = cli.parse_arguments(["status"])
         self.assertEqual((args.socket, args.state_dir, args.json), (None, cli.DEFAULT_STATE_DIR, False))
+
+
+class RenderTests(SynchronousTestCase):
+    """What nxgate-admin prints for people: words, not Python values (issue 25)."""
+
+    STATUS = {"version": "1.0", "node": "gw", "draining": False, "sessions": 2, "unsaved_changes": 0,
+              "unknown_sessions": [], "penalized_addresses": [], "failure": None,
+              "held_displays": [{"display": 760, "users": ["bob"], "holds": ["X lock /tmp/.X760-lock of pid 7"]}]}
+
+    def test_status_values_are_words_in_one_column(self):
+        text = cli.show("status", self.STATUS)
+        self.assertEqual(text.splitlines(), [
+            "version:              1.0",
+            "node:                 gw",
+            "draining:             no",
+            "sessions:             2",
+            "unsaved changes:      0",
+            "unknown sessions:     none",
+            "penalized addresses:  none",
+            "failure:              none",
+            "held displays:",
+            "  :760 held by bob: X lock /tmp/.X760-lock of pid 7",
+        ])
+
+    def test_unknown_agents_are_listed_under_their_label(self):
+        text = cli.show("status", {"draining": True, "unknown_sessions": [
+            {"id": "AB" * 16, "user": "carol", "display": 705, "pid": 4242}]})
+        self.assertEqual(text, f"draining:  yes\nunknown sessions:\n  {'AB' * 16} of carol on :705 (agent pid 4242)")
+
+    def test_tables_show_dashes_for_empty_cells(self):
+        text = cli.show("sessions", [{"id": "X", "user": "alice", "client_address": "", "node": None}])
+        self.assertEqual(text.splitlines()[1].split(), ["X", "alice", "-", "-", "-", "-", "-", "-"])
+        self.assertEqual(cli.show("sessions", []), "no sessions")
+
+    def test_other_answers(self):
+        self.assertEqual(cli.show("drain", {"draining": True}), "draining:  yes")
+        self.assertEqual(cli.show("reload", {"ok": True, "restart_needed_for": ["listen", "state_dir"]}),
+                         "ok:                  yes\nrestart needed for:  listen, state_dir")

@@ -25,6 +25,16 @@ def view(state: State = State.RUNNING, **changes) -> SessionView:
 
 
 class WireTests(TestCase):
+    def test_not_yours_says_so_in_words_too(self):
+        """The NX door shows someone else's session as not found; on D-Bus the
+        name says NotYours, and its words agree (issue 25)."""
+        from nxgate.sessions.errors import SessionError
+
+        theirs = SessionError(Kind.NOT_YOURS, "Could not find session AB.", session_id="AB")
+        self.assertEqual(wire.error_message(theirs), "Session AB belongs to another user.")
+        gone = SessionError(Kind.NOT_FOUND, "Could not find session AB.", session_id="AB")
+        self.assertEqual(wire.error_message(gone), "Could not find session AB.")
+
     def test_every_kind_has_a_valid_distinct_error_name(self):
         names = {kind: wire.error_name(kind) for kind in Kind}
         self.assertEqual(names[Kind.NOT_YOURS], "org.nxgate.Error.NotYours")
@@ -96,6 +106,61 @@ class CommandLineTests(TestCase):
         options = parse(["start", "unix-xfce"])
         self.assertEqual((options.command, options.type, options.name), ("start", "unix-xfce", ""))
         self.assertEqual(parse(["--json", "start", "unix-xfce", "Work"]).name, "Work")
+
+
+    def test_words_for_what_went_wrong(self):
+        """A missing bus, a gateway not on the bus and a refusing policy in
+        words (issue 25); the gateway's own refusals keep its words."""
+        from nxgate.doors.dbus.cli import NoBus, explain
+
+        class Refusal(Exception):
+            def __init__(self, name: str, message: str) -> None:
+                super().__init__(message)
+                self.errName, self.message = name, message
+
+        environ = {"DBUS_SYSTEM_BUS_ADDRESS": "unix:path=/x/bus"}
+        name, text = explain(NoBus("Failed to connect to any bus address. Last error: 2: No such file or directory."),
+                             "system", environ)
+        self.assertEqual(name, "org.freedesktop.DBus.Error.NoServer")
+        self.assertTrue(text.startswith("cannot reach the system bus at unix:path=/x/bus (there is no bus socket there)"))
+        self.assertEqual(explain(NoBus("No valid bus addresses found."), "bogus", {})[1],
+                         "'bogus' is not a D-Bus address (such as unix:path=/run/dbus/system_bus_socket).")
+        name, text = explain(Refusal("org.freedesktop.DBus.Error.ServiceUnknown", "The name is not activatable"),
+                             "system", {})
+        self.assertIn("the gateway is not on the system bus at unix:path=/var/run/dbus/system_bus_socket", text)
+        self.assertIn("policy must include org.nxgate.Gateway1.conf",
+                      explain(Refusal("org.freedesktop.DBus.Error.AccessDenied", "Rejected"), "unix:path=/b", {})[1])
+        self.assertEqual(explain(Refusal("org.nxgate.Error.NotFound", "Could not find session X."), "system", {}),
+                         ("org.nxgate.Error.NotFound", "Could not find session X."))
+
+    def test_the_bus_is_the_option_then_the_sessions_variable_then_the_system_bus(self):
+        from nxgate.doors.dbus.cli import bus_address
+
+        self.assertEqual(bus_address("unix:path=/a", {"NXGATE_DBUS_ADDRESS": "unix:path=/b"}), "unix:path=/a")
+        self.assertEqual(bus_address(None, {"NXGATE_DBUS_ADDRESS": "unix:path=/b"}), "unix:path=/b")
+        self.assertEqual(bus_address(None, {}), "system")
+
+    def test_an_empty_list_says_so(self):
+        from nxgate.doors.dbus.cli import render
+
+        self.assertEqual(render("list", [], False), "No sessions.")
+        self.assertEqual(render("list", [], True), "[]")
+
+
+class SessionBusEnvironmentTests(TestCase):
+    """What a session learns of the gateway's bus (nxgate.node.environment)."""
+
+    def test_only_a_bus_other_than_the_system_bus_is_named(self):
+        from nxgate.config import DBusSection
+        from nxgate.node.environment import BUS_VARIABLE, bus_environment
+
+        self.assertEqual(BUS_VARIABLE, wire.BUS_VARIABLE)  # the node's name for what nxgate-session reads
+        private = "unix:path=/tmp/bus/socket"
+        self.assertEqual(bus_environment(DBusSection(address=private), {}), {BUS_VARIABLE: private})
+        self.assertEqual(bus_environment(DBusSection(), {"DBUS_SYSTEM_BUS_ADDRESS": private}), {BUS_VARIABLE: private})
+        self.assertEqual(bus_environment(DBusSection(), {}), {})
+        self.assertEqual(bus_environment(DBusSection(address="unix:path=/run/dbus/system_bus_socket"), {}), {})
+        self.assertEqual(bus_environment(DBusSection(enabled=False, address=private), {}), {})
 
 
 class DoorChecksTests(TestCase):

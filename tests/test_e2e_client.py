@@ -325,6 +325,9 @@ class SessionTests(ClientScreenTestCase):
         code, stderr = self.finished(second)
         self.assertEqual(code, 0, stderr)
         self.assertEqual(self.sessions()[session_id][2], "Suspended")
+        # The stream does not say why it ended; the client asks the server (issue 25).
+        self.assertIn(f"disconnected from session {session_id}: it was suspended and stays on the server "
+                      f"(--resume {session_id} attaches to it again)", stderr)
         third = self.attach("--resume", session_id)
         self.screen.wait_for_colour(RED, 20000, timeout=60)
 
@@ -333,9 +336,37 @@ class SessionTests(ClientScreenTestCase):
                          result.stderr)
         code, stderr = self.finished(third)
         self.assertEqual(code, 0, stderr)
-        self.assertIn(f"disconnected from session {session_id}", stderr)
+        self.assertIn(f"disconnected from session {session_id}: it was terminated (it is no longer on the server)",
+                      stderr)
+        self.assertNotIn("closed the connection", stderr)
         self.assertEqual(self.sessions(), {})
         self.assert_no_leftovers()
+
+    def test_taken_over_by_another_client(self):
+        first = self.attach("--name", "taken over")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        session_id, _ = self.only_session()
+        second = self.attach("--resume", session_id)
+        code, stderr = self.finished(first, 60)
+        self.assertEqual(code, 0, stderr)
+        self.assertIn(f"disconnected from session {session_id}: another client took it over", stderr)
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        self.assertEqual(self.sessions()[session_id][2], "Running")
+        self.assertIsNone(second.poll())
+
+    def test_a_gateway_that_goes_away_leaves_the_question_open(self):
+        """The stream ends and the listing that would say why cannot be had:
+        the client says who closed the connection and that it could not ask."""
+        gateway = Gateway({**self.options, "sessions": {**self.options["sessions"], "display_base": "860"}}).start()
+        self.addCleanup(gateway.stop)
+        client = self.background(self.argv("--geometry", "800x600", port=gateway.port), DISPLAY=self.screen.name)
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        gateway.stop(cleanup=False)  # its sessions outlive it (end_all_sessions ends them)
+        code, stderr = self.finished(client, 60)
+        self.assertEqual(code, 0, stderr)
+        self.assertRegex(stderr, r"disconnected from session [0-9A-F]{32}: (nxproxy|the server) closed the "
+                                 r"connection \(asking the server what became of the session failed: cannot connect "
+                                 rf"to 127\.0\.0\.1:{gateway.port}.*; --list shows it\)")
 
     def check_nxproxy(self, client_pid: int) -> None:
         """nxproxy runs with a private NX_HOME, without the password in its

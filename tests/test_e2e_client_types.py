@@ -190,11 +190,15 @@ class ShadowTests(ClientScreensTestCase):
         self.assertEqual(code, 0, stderr)
         self.assertIn(f"shadowing {session_id} (watched desk {self.user.name}), the only session you may shadow",
                       stderr)
+        # A shadow ends with its viewer (issue 25: it said the session "stays on the server").
+        self.assertIn(f"SIGTERM: disconnecting; the shadow of session {session_id} ends (that session goes on)",
+                      stderr)
+        self.assertNotIn("stays on the server", stderr)
         wait_for(lambda: list(self.sessions()) == [session_id], 30, "the shadow to end")
         self.assertIsNone(owner.poll())  # the watched session goes on
 
         # With the id, view-only: the viewer's typing does not reach the session.
-        self.run_client("--shadow", session_id, "--view-only", screen=viewer_screen)
+        viewer = self.run_client("--shadow", session_id, "--view-only", screen=viewer_screen)
         viewer_screen.wait_for_colour(RED, 20000, timeout=60)
         self.assertIn(f"watches {session_id} of {self.user.name} (view-only)", self.gateway.log())
         viewer_screen.xdotool("mousemove", "100", "100")
@@ -202,6 +206,13 @@ class ShadowTests(ClientScreensTestCase):
         viewer_screen.xdotool("key", "Return")
         time.sleep(4)
         self.assertEqual(owner_screen.shot().count((0, 255, 0)), 0)
+
+        # The watched session ends: so does the shadow, and the viewer says so.
+        self.assertEqual(self.client("--terminate", session_id).returncode, 0)
+        code, stderr = self.finished(viewer, 60)
+        self.assertEqual(code, 0, stderr)
+        self.assertIn(f"the shadow of session {session_id} ended (", stderr)
+        self.assertNotIn("stays on the server", stderr)
 
     def test_shadow_picture_is_the_owners_screen(self):
         """The viewer's screen, as big as the owner's, shows the same pixels
@@ -261,6 +272,9 @@ class ShadowTests(ClientScreensTestCase):
         result = self.client("--shadow", env=self.env(DISPLAY=self.screen.name))
         self.assertEqual(result.returncode, 1, result.stderr)
         self.assertIn("the server lists no session that you may shadow", result.stderr)
+        # ...and what decides it (issue 25).
+        self.assertIn("shadow policy allows it ([shadow] allow_own)", result.stderr)
+        self.assertIn("([shadow] allow_others: admins or everyone)", result.stderr)
 
 
 class VNCTests(ClientScreensTestCase):

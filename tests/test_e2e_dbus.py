@@ -143,11 +143,42 @@ def fixture_with_bus(case: SessionTestCase, options: Callable[[str], dict]) -> t
     return fixture, both
 
 
+#: A session program that asks nxgate-session about its own session from
+#: inside it, with nothing but the environment the session gave it (no
+#: PYTHONPATH: the checkout goes on sys.path here), then shows a red xterm.
+ASKS_FROM_INSIDE = """import json, os, subprocess, sys
+cli = "import sys; sys.path.insert(0, {repo!r}); from nxgate.doors.dbus.cli import main; sys.exit(main())"
+answers = []
+for args in (["--json", "info"], ["list"]):
+    done = subprocess.run([sys.executable, "-c", cli, *args], capture_output=True, text=True, timeout=60)
+    answers.append([done.returncode, done.stdout, done.stderr])
+path = os.path.join(os.environ["HOME"], "asked-from-inside.json")
+with open(path + ".tmp", "w") as handle:
+    json.dump(answers, handle)
+os.replace(path + ".tmp", path)
+os.execvp("xterm", ["xterm", "-bg", "#ff0000", "-geometry", "60x15+10+10"])
+"""
+
+
 class DBusSessionTests(SessionTestCase):
     def make_fixture(self):
+        scripts = tempfile.mkdtemp(prefix="nxgate-dbus-inside-")
+        os.chmod(scripts, 0o755)
+        script = os.path.join(scripts, "asks_from_inside.py")
+        with open(script, "w", encoding="utf-8") as handle:
+            handle.write(ASKS_FROM_INSIDE.format(repo=REPO))
+        os.chmod(script, 0o644)
         # A short connect timeout: a session started for later must outlive it.
-        return fixture_with_bus(self, lambda address: {"dbus": {"address": address, "admin_groups": ADMIN_GROUP},
-                                                       "sessions": {"connect_timeout": str(CONNECT_TIMEOUT)}})
+        fixture, teardown = fixture_with_bus(self, lambda address: {
+            "dbus": {"address": address, "admin_groups": ADMIN_GROUP},
+            "sessions": {"connect_timeout": str(CONNECT_TIMEOUT)},
+            "types": {"unix-asksinside": f"{sys.executable} {script}"}})
+
+        def both() -> None:
+            teardown()
+            shutil.rmtree(scripts, ignore_errors=True)
+
+        return fixture, both
 
     def gdbus(self, user, method, *args):
         return as_user(user, ["gdbus", "call", "--system", "--dest", NAME, "--object-path", PATH,
@@ -223,6 +254,54 @@ class DBusSessionTests(SessionTestCase):
         (address,) = [entry["args"][1] for entry in map(json.loads, list(hers.lines))
                       if entry.get("signal") == "SessionResumed"]
         self.assertIn("127.0.0.1", address)  # where the client came from
+
+    def test_nxgate_session_inside_a_session_reaches_the_gateway_on_its_private_bus(self):
+        """Issue 25: the gateway's door is on a bus of its own ([dbus] address),
+        and a program in the session, with only the environment the session
+        gave it, reaches the gateway: NXGATE_DBUS_ADDRESS names that bus,
+        while the session's system bus stays the machine's."""
+        client = self.login()
+        info = self.start(client, "unix-asksinside")
+        self.attach(client, info)
+        self.screen.wait_for_colour(RED, 20000)
+        with open(os.path.join(self.user.home, "asked-from-inside.json"), encoding="utf-8") as handle:
+            (info_code, info_out, info_err), (list_code, list_out, list_err) = json.load(handle)
+        self.assertEqual(info_code, 0, info_err)
+        shown = json.loads(info_out)
+        self.assertEqual((shown["id"], shown["user"], shown["type"]), (info.session_id, self.user.name,
+                                                                        "unix-asksinside"))
+        self.assertEqual(list_code, 0, list_err)
+        self.assertIn(info.session_id, list_out)
+        terms = subprocess.run(["pgrep", "-u", self.user.name, "-x", "xterm"], capture_output=True, text=True)
+        environment = proc_environ(int(terms.stdout.split()[0]))
+        self.assertEqual(environment.get("NXGATE_DBUS_ADDRESS"), self.bus.address)
+        self.assertNotIn("DBUS_SYSTEM_BUS_ADDRESS", environment)
+
+    def test_nxgate_session_says_plainly_what_is_wrong(self):
+        """No bus, someone else's session, no sessions: sentences, not
+        txdbus's exception text or an empty line (issue 25)."""
+        env = {key: value for key, value in user_env(self.other, self.bus).items() if key != "DBUS_SYSTEM_BUS_ADDRESS"}
+        nobus = as_user(self.other, nxgate_session("list"),
+                        env=dict(env, NXGATE_DBUS_ADDRESS=f"unix:path={self.bus.directory}/no-such-socket"))
+        self.assertEqual(nobus.returncode, 1)
+        self.assertEqual(nobus.stderr, f"nxgate-session: cannot reach the bus at unix:path={self.bus.directory}/"
+                                       "no-such-socket (there is no bus socket there), over which nxgate-session "
+                                       "talks to the gateway: is dbus-daemon running? (--bus ADDRESS or "
+                                       "$NXGATE_DBUS_ADDRESS names another bus.) (org.freedesktop.DBus.Error."
+                                       "NoServer)\n")
+        self.assertNotIn("ConnectError", nobus.stderr)
+
+        env = user_env(self.other, self.bus)
+        empty = as_user(self.other, nxgate_session("list"), env=env)
+        self.assertEqual((empty.returncode, empty.stdout, empty.stderr), (0, "No sessions.\n", ""))
+
+        _, info = self.running_session()
+        theirs = as_user(self.other, nxgate_session("--id", info.session_id, "info"), env=env)
+        self.assertEqual(theirs.returncode, 1)
+        self.assertEqual(theirs.stderr, f"nxgate-session: Session {info.session_id} belongs to another user. "
+                                        "(org.nxgate.Error.NotYours)\n")
+        gone = as_user(self.other, nxgate_session("--id", "0" * 32, "info"), env=env)
+        self.assertEqual(gone.stderr, f"nxgate-session: Could not find session {'0' * 32}. (org.nxgate.Error.NotFound)\n")
 
     def test_a_session_started_over_dbus_waits_as_suspended_and_an_nx_client_resumes_it(self):
         started = self.gdbus(self.user, "StartSession", "unix-console", "Later")

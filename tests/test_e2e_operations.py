@@ -68,6 +68,30 @@ class OperationsTests(SessionTestCase):
         self.assertIn(("admin_action", "suspend", info.session_id), actions)
         self.assertIn(("admin_action", "terminate", info.session_id), actions)
 
+    def test_status_reads_as_words_with_the_values_in_one_column(self):
+        """Issue 25: ``status`` printed Python values (``False``, ``[]``);
+        --json keeps the values themselves for scripts."""
+        self.admin("drain", "on")
+        self.addCleanup(self.admin, "drain", "off")
+        text = self.admin("status").stdout
+        data = json.loads(self.admin("--json", "status").stdout)["result"]
+        self.assertIs(data["draining"], True)
+        self.assertEqual(data["unknown_sessions"], [])
+        for python in ("True", "False", "None", "[]", "{}", "'"):
+            self.assertNotIn(python, text)
+        # Displays that other programs on this machine hold are listed under their label, indented.
+        held = [line for line in text.splitlines() if line.startswith("  ")]
+        self.assertEqual(len(held), len(data["held_displays"]))
+        lines = dict(line.split(":", 1) for line in text.splitlines() if not line.startswith("  "))
+        self.assertEqual(lines["draining"].strip(), "yes")
+        self.assertEqual(lines["unknown sessions"].strip(), "none")
+        self.assertEqual(lines["held displays"].strip(), "" if held else "none")
+        self.assertEqual(lines["sessions"].strip(), str(data["sessions"]))
+        columns = {len(line) - len(line.split(":", 1)[1].lstrip()) for line in text.splitlines()
+                   if not line.startswith("  ") and line.split(":", 1)[1]}
+        self.assertEqual(len(columns), 1, text)  # every value starts in the same column
+        print("\n    " + text.replace("\n", "\n    "))
+
     def test_admin_socket_is_for_root_only(self):
         result = self.admin("sessions", user=self.user.name, check=False)
         self.assertEqual(result.returncode, 3)

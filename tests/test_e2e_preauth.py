@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import http.cookiejar
+import json
 import os
 import re
 import socket
@@ -159,10 +160,10 @@ class FloodCase(SessionTestCase):
 
     def admin_status(self) -> dict[str, str]:
         status = subprocess.run([sys.executable, "-m", "nxgate.doors.admin.cli", "--state-dir",
-                                 self.gateway.state_dir, "status"], capture_output=True, text=True, timeout=30,
-                                env=dict(os.environ, PYTHONPATH=REPO))
+                                 self.gateway.state_dir, "--json", "status"], capture_output=True, text=True,
+                                timeout=30, env=dict(os.environ, PYTHONPATH=REPO))
         self.assertEqual(status.returncode, 0, status.stderr)
-        return dict(line.split(": ", 1) for line in status.stdout.splitlines() if ": " in line)
+        return json.loads(status.stdout)["result"]
 
 
 class FloodTests(FloodCase):
@@ -372,7 +373,7 @@ class ClusterDoorTests(ClusterTestCase):
         self.attach(client, info, screen, gateway)
         screen.wait_for_colour(RED, 20000, timeout=60)
         time.sleep(self.GRACE + 2)  # the gateway's connections to the node outlive the deadline
-        status = node.admin("status").stdout
-        self.assertIn("unauthenticated_connections: 0", status)
+        status = json.loads(node.admin("--json", "status").stdout)["result"]
+        self.assertEqual(status["unauthenticated_connections"], 0)
         self.assertEqual(self.sessions(gateway)[info.session_id]["state"], "running")
         self.assertEqual(screen.shot().count(RED) >= 20000, True)

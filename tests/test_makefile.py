@@ -25,6 +25,21 @@ class MakefileTests(SynchronousTestCase):
         self.assertIn(" --port tcp:4122:backlog=1024", self.run_command("PORT=4122"))
         self.assertIn(" --port tcp:4022:interface=127.0.0.1", self.run_command("LISTEN=tcp:4022:interface=127.0.0.1"))
 
+    def test_every_listen_example_keeps_the_backlog_it_recommends(self):
+        """Issue 25: the README's ``make run LISTEN=...`` example dropped the
+        ``backlog=1024`` that the default and the README recommend (Twisted's
+        default backlog is 50: a rush of logins would be dropped)."""
+        import re
+
+        examples = []
+        for name in ("README.md", "Makefile"):
+            with open(os.path.join(REPO, name), encoding="utf-8") as handle:
+                examples += [(name, found) for found in re.findall(r"make run LISTEN=(\S+?)`", handle.read())]
+        self.assertTrue(examples)
+        for name, listen in examples:
+            self.assertIn(":backlog=1024", listen, name)
+            self.assertIn(f" --port {listen}", self.run_command(f"LISTEN={listen}"))
+
     def test_install_links_the_commands_and_leaves_foreign_files_alone(self):
         bindir, venv = os.path.abspath(self.mktemp()), os.path.abspath(self.mktemp())
         os.makedirs(bindir)

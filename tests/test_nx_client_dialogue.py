@@ -582,6 +582,7 @@ class ShadowTests(SynchronousTestCase):
         self.assertTrue(command.startswith(f'attachsession --id="{SESSION_ID}" --display="1001" '.encode()), command)
         self.assertEqual(server.results(), [nx.Notice(
             f"shadowing {SESSION_ID} (desk alice), the only session you may shadow")])
+        self.assertEqual(server.client.shadowed, SESSION_ID)  # what the client names when the shadow ends
 
     def test_several_sessions_make_the_user_choose(self):
         server = self.shadow()
@@ -590,8 +591,10 @@ class ShadowTests(SynchronousTestCase):
         self.assertEqual([(row.session_id, row.display, row.name) for row in choices.sessions],
                          [(SESSION_ID, "1001", "desk alice"), (OTHER_ID, "1002", "x bob")])
         self.assertEqual(server.client.phase, nx.Phase.CHOOSING)
+        self.assertIsNone(server.client.shadowed)
         self.assertEqual(sent(server.client.choose(OTHER_ID)),
                          f'attachsession --id="{OTHER_ID}" --display="1002" {ATTACH_TAIL}\n'.encode())
+        self.assertEqual(server.client.shadowed, OTHER_ID)
         self.assertRaises(RuntimeError, server.client.choose, OTHER_ID)
 
     def test_choosing_nothing_quits(self):
@@ -604,7 +607,7 @@ class ShadowTests(SynchronousTestCase):
     def test_nothing_to_shadow(self):
         server = self.shadow()
         server.say(shadow_listing())
-        self.assertEqual(server.results(), [nx.Failed(("the server lists no session that you may shadow",))])
+        self.assertEqual(server.results(), [nx.Failed((nx.NOTHING_TO_SHADOW,))])
 
     def test_owner_asked_then_refuses(self):
         server = self.shadow(SESSION_ID)

@@ -8,7 +8,9 @@ channel after ``bye``.  It knows no protocol details itself.
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
+import io
 import os
 import shutil
 import signal
@@ -21,7 +23,7 @@ from importlib import resources
 from typing import Any, TextIO
 
 from twisted.conch.ssh.keys import BadKeyError, EncryptedKeyError, Key
-from twisted.internet import defer, task
+from twisted.internet import defer, task, threads
 from twisted.internet.error import CannotListenError
 from twisted.python.failure import Failure
 
@@ -29,6 +31,7 @@ from nxgate.client import cli
 from nxgate.nx import client_commands as commands
 from nxgate.nx import client_dialogue as dialogue
 from nxgate.nx.listing import ParsedRow
+from nxgate.client.fate import FateQuestion
 from nxgate.client.knownhosts import KnownHosts
 from nxgate.client.printing import LocalPrinting, PrintingError, default_server
 from nxgate.client.proxy import LocalConnection, NXProxy, last_lines
@@ -120,6 +123,10 @@ class ClientRun:
         self._to_server: list[bytes] = []  # from nxproxy before the switch
         self._timers: dict[str, Any] = {}
         self._finishing = False
+        self.listed: tuple[ParsedRow, ...] | None = None  # what a ListSessions request got
+        self._ended_by: str | None = None  # who closed the session stream, when not we
+        self._question: FateQuestion | None = None  # what became of the session, once its stream ended
+        self._proxy_trouble = False  # nxproxy failed: its log is worth showing
 
     # ---------------------------------------------------------------- start
     def start(self) -> defer.Deferred[int]:
@@ -198,6 +205,7 @@ class ClientRun:
                 prefix = {"server": "S", "client": "C", "stderr": "E"}[event.source]
                 self.err.write(f"{prefix}: {event.text}\n")
         elif isinstance(event, dialogue.Listed):
+            self.listed = event.sessions
             for row in event.sessions:
                 self.out.write(f"{row.session_id} {row.display} {row.session_type} {row.status} {row.name}\n")
             self._quit_then(OK)
@@ -284,15 +292,30 @@ class ClientRun:
 
     # --------------------------------------------------------------- session
     def _session_ready(self, info: dialogue.SessionInfo) -> None:
+        """The session waits for us: open the local services (sound, printing,
+        folders: each may take a child process's while, none on the reactor's
+        time), then start nxproxy with their ports."""
         self.info = info
         self._disarm("dialogue")
         assert self.nxproxy_path is not None
         self.say(f"session {info.session_id} on display {info.display} is ready; starting nxproxy")
         self.proxy = NXProxy(self.reactor, self.nxproxy_path, self, self.environ)
+        opened = defer.ensureDeferred(self._open_channels(info, self.proxy.home))
+        opened.addCallback(self._start_proxy, info)
+        opened.addErrback(self._bug)
+
+    def _bug(self, failure: Failure) -> None:
+        """A bug must end the run, not hang it."""
+        self.say("internal error:\n" + failure.getTraceback())
+        self.finish(NX_ERROR)
+
+    def _start_proxy(self, channels: dict[str, int], info: dialogue.SessionInfo) -> None:
+        if self._finishing or self.proxy is None:
+            return  # interrupted while the services opened; finish() closes them
         try:
             port = self.proxy.listen()
             argv = self.proxy.start(info, self.options.request.params.name, port,  # type: ignore[union-attr]
-                                    self._open_channels(info, self.proxy.home))
+                                    channels)
         except (OSError, ValueError, CannotListenError) as problem:
             self.say(f"cannot start nxproxy: {problem}")
             self.finish(NX_ERROR)
@@ -302,16 +325,18 @@ class ClientRun:
         self._arm("connect", PROXY_CONNECT_TIMEOUT, self._proxy_connect_timeout)
         self._add_mounts(info)
 
-    def _open_channels(self, info: dialogue.SessionInfo, directory: str) -> dict[str, int]:
+    async def _open_channels(self, info: dialogue.SessionInfo, directory: str) -> dict[str, int]:
         """nxproxy's service channels: nxcomp channel name -> the local port
-        it connects to (0: that service is off for this session)."""
-        return {
-            "media": self._open_sound(info, directory),
-            "cups": self._open_printing(info),
-            "smb": self._open_shares(info, directory),
-        }
+        it connects to (0: that service is off for this session), opened
+        side by side."""
+        media, cups, smb = await defer.gatherResults([
+            defer.ensureDeferred(self._open_sound(info, directory)),
+            defer.ensureDeferred(self._open_printing(info)),
+            defer.ensureDeferred(self._open_shares(info, directory)),
+        ])
+        return {"media": media, "cups": cups, "smb": smb}
 
-    def _open_shares(self, info: dialogue.SessionInfo, directory: str) -> int:
+    async def _open_shares(self, info: dialogue.SessionInfo, directory: str) -> int:
         """The private SMB server's port for nxproxy's ``smb=`` (0: no folders).
         Only when the server offers folder sharing (``NX> 709``); without it,
         or when Samba fails here, the session runs without the folders."""
@@ -320,17 +345,18 @@ class ClientRun:
         if info.file_sharing_port is None:
             self.say("no shared folders: the server does not offer folder sharing for this session")
             return 0
-        self.shares = LocalShares(self.options.shares, directory)
+        shares = self.shares = LocalShares(self.options.shares, directory)
         try:
-            port = self.shares.open()
+            port = await defer.maybeDeferred(shares.open)
         except (SharingError, OSError, subprocess.SubprocessError) as problem:
             self.say(f"no shared folders: {problem}")
-            self.shares.close()
-            self.shares = None
+            await defer.maybeDeferred(shares.close)
+            if self.shares is shares:
+                self.shares = None
             return 0
         if self.options.verbose:
             self.say(f"sharing {', '.join(sorted(self.options.shares))} from a private Samba on 127.0.0.1:{port}")
-        return port
+        return int(port)
 
     def _add_mounts(self, info: dialogue.SessionInfo) -> None:
         """Ask the server to mount each shared folder (``addmount``, before ``bye``)."""
@@ -342,39 +368,42 @@ class ClientRun:
                                            computer) for name in sorted(shares.shares)]
         self._run(self.dialogue.add_mounts, lines, (shares.password,))
 
-    def _open_sound(self, info: dialogue.SessionInfo, directory: str) -> int:
+    async def _open_sound(self, info: dialogue.SessionInfo, directory: str) -> int:
         """The local sound server's port for nxproxy's ``media=`` (0: no sound).
         Without it the session still runs, silent: said, not fatal."""
         if self.options.sound_server is None:
             return 0
-        self.sound = LocalSound(self.options.sound_server, directory)
+        # pactl finds the user's sound server as his programs do; it never sees our passwords.
+        environ = {name: value for name, value in self.environ.items() if name not in cli.PASSWORD_VARIABLES}
+        sound = self.sound = LocalSound(self.reactor, self.options.sound_server, directory, environ)
         try:
-            port = self.sound.open(info.cookie)
+            port = await sound.open(info.cookie)
         except (SoundError, OSError) as problem:
             self.say(f"no sound: {problem}")
-            self.sound.close()
-            self.sound = None
+            await sound.close()
+            if self.sound is sound:
+                self.sound = None
             return 0
         if self.options.verbose:
             self.say(f"sound: the session plays on the local sound server through 127.0.0.1:{port}")
         return port
 
-    def _open_printing(self, info: dialogue.SessionInfo) -> int:
+    async def _open_printing(self, info: dialogue.SessionInfo) -> int:
         """The gate's port for nxproxy's ``cups=`` (0: no printing).  Without
         it the session runs without the client's printers: said, not fatal."""
         if self.options.print_server is None:
             return 0
         server = self.options.print_server or default_server(self.environ)
         try:
-            self.printing = LocalPrinting(self.reactor, server)
-            port = self.printing.open(info.cookie)
+            printing = self.printing = LocalPrinting(self.reactor, server)
+            port = await defer.maybeDeferred(printing.open, info.cookie)
         except (PrintingError, CannotListenError, OSError) as problem:
             self.say(f"no printing: {problem}")
             self.printing = None
             return 0
         if self.options.verbose:
             self.say(f"printing: the session prints on {server} through 127.0.0.1:{port}")
-        return port
+        return int(port)
 
     def _proxy_connect_timeout(self) -> None:
         self._timers.pop("connect", None)
@@ -382,9 +411,7 @@ class ClientRun:
 
     def _proxy_failed(self, message: str) -> None:
         self.say(message)
-        tail = self.proxy.log_tail() if self.proxy is not None else []
-        if tail:
-            self.say("the end of nxproxy's log:\n" + last_lines(tail))
+        self._proxy_trouble = True  # the end of its log is shown once it is gone
         self.finish(NX_ERROR)
 
     def proxy_connected(self, connection: LocalConnection) -> None:
@@ -432,29 +459,49 @@ class ClientRun:
             self.say(f"nxproxy {status}")
 
     # ----------------------------------------------------------------- end
-    def _disconnected(self, by: str) -> None:
-        """The session stream ended: the session was suspended, terminated, or
-        taken over by another client; ``--list`` tells which."""
+    @property
+    def _shadowing(self) -> bool:
+        return isinstance(self.options.request, dialogue.ShadowSession)
+
+    def _watched(self) -> str:
+        """The session a shadow watches (the shadow's own id if unknown)."""
         assert self.info is not None
-        self.say(f"disconnected from session {self.info.session_id} ({by} closed the connection)")
-        errors = self.proxy.errors() if self.proxy is not None and not self.options.verbose else []
-        if errors:  # nxproxy exits 0 whatever happened; its log says what
-            self.say("nxproxy reported:\n" + last_lines(errors[-5:]))
+        return self.dialogue.shadowed or self.info.session_id
+
+    def _disconnected(self, by: str) -> None:
+        """The session stream ended, not by us.  A shadow simply ends; a
+        session may have been suspended, terminated or taken over by another
+        client, which the stream does not tell (nxproxy logs the same lines
+        for all three): :meth:`finish` asks the server (:meth:`_fate`)."""
+        assert self.info is not None
+        self._ended_by = by
+        if self._shadowing:
+            self.say(f"the shadow of session {self._watched()} ended ({by} closed the connection): the watched "
+                     "session ended, or the shadow was ended on the server")
 
     def interrupt(self, signum: int) -> None:
-        """SIGINT/SIGTERM: drop the connection; the server suspends the session."""
+        """SIGINT/SIGTERM: drop the connection; the server suspends the
+        session (a shadow ends).  While asking the server what became of a
+        session, give up asking."""
+        if self._question is not None and self._question.cancel():
+            return
         if self._finishing:
             return
-        if self.info is not None:
-            self.say(f"{signal.Signals(signum).name}: disconnecting; session {self.info.session_id} stays"
-                     " on the server")
+        name = signal.Signals(signum).name
+        if self.info is not None and self._shadowing:
+            self.say(f"{name}: disconnecting; the shadow of session {self._watched()} ends (that session goes on)")
+            self.finish(OK, proxy_grace=0.5)
+        elif self.info is not None:
+            self.say(f"{name}: disconnecting; session {self.info.session_id} stays on the server")
             self.finish(OK, proxy_grace=0.5)
         else:
-            self.say(f"{signal.Signals(signum).name}: interrupted")
+            self.say(f"{name}: interrupted")
             self.finish(self.result if self.result is not None else NX_ERROR)
 
     def finish(self, code: int, proxy_grace: float = PROXY_EXIT_GRACE) -> None:
-        """Close everything, wait for nxproxy, clean up, then report ``code``."""
+        """Close everything, wait for nxproxy (and, when the server ended the
+        session stream, for its word on the session), clean up, then report
+        ``code``."""
         if self._finishing:
             return
         self._finishing = True
@@ -466,28 +513,65 @@ class ClientRun:
         if self.channel is not None:
             self.channel.disconnect()
         proxy = self.proxy
+        closing: list[defer.Deferred[Any]] = []  # the services' children, waited for before we exit
         if self.sound is not None:
-            self.sound.close()
+            closing.append(defer.ensureDeferred(self.sound.close()))
             self.sound = None
         if self.printing is not None:
-            self.printing.close()
+            closing.append(defer.maybeDeferred(self.printing.close))
             self.printing = None
         if self.shares is not None:
-            self.shares.close()
+            closing.append(defer.maybeDeferred(self.shares.close))
             self.shares = None
-        if proxy is None:
-            self.done.callback(code)
-            return
+        waits = [proxy.stop(proxy_grace) if proxy is not None else defer.succeed(None),
+                 self._fate() if self._ended_by is not None and not self._shadowing else defer.succeed(None),
+                 *closing]
 
-        def cleaned(_: object) -> None:
-            if self.options.verbose:
-                tail = proxy.log_tail()
-                if tail:
-                    self.say("the end of nxproxy's log:\n" + last_lines(tail))
+        def ended(results: list[Any]) -> defer.Deferred[None] | None:
+            fate = results[1]
+            if fate is not None:
+                assert self.info is not None
+                self.say(f"disconnected from session {self.info.session_id}: {fate}")
+            if proxy is None:
+                self.done.callback(code)
+                return None
+            proxy.stop_listening()
+            logs = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), proxy.wrap_up)
+            return logs.addCallback(self._report_logs, code)
+
+        defer.gatherResults(waits, consumeErrors=True).addCallback(ended).addErrback(self._ending_failed, proxy, code)
+
+    def _report_logs(self, logs: tuple[list[str], list[str]], code: int) -> None:
+        """What nxproxy logged, now that it is gone; then the run's end."""
+        errors, tail = logs
+        if errors and self._ended_by is not None and not self.options.verbose:
+            self.say("nxproxy reported:\n" + last_lines(errors[-5:]))  # it exits 0 whatever happened
+        if tail and (self.options.verbose or self._proxy_trouble):
+            self.say("the end of nxproxy's log:\n" + last_lines(tail))
+        self.done.callback(code)
+
+    def _ending_failed(self, failure: Failure, proxy: NXProxy | None, code: int) -> None:
+        """A bug while ending: said, and the run still ends (and cleans up)."""
+        self.say("internal error while ending:\n" + failure.getTraceback())
+        if proxy is not None:
             proxy.cleanup()
+        if not self.done.called:
             self.done.callback(code)
 
-        proxy.stop(proxy_grace).addBoth(cleaned)
+    def _fate(self) -> defer.Deferred[str]:
+        """What became of our session, whose stream the server ended (see
+        :mod:`nxgate.client.fate`): asked on a connection of its own."""
+        assert self.info is not None
+        self._question = FateQuestion(self.reactor, self._listing, self.info.session_id,
+                                      self._ended_by or "the server")
+        return defer.ensureDeferred(self._question.ask())
+
+    def _listing(self, errors: io.StringIO) -> ClientRun:
+        """A ``--list`` run with our login, quietly (its complaints to ``errors``)."""
+        options = dataclasses.replace(self.options, request=dialogue.ListSessions(), verbose=False,
+                                      sound_server=None, print_server=None, shares={})
+        return ClientRun(self.reactor, options, self.keys, self.password, None, self.environ, out=io.StringIO(),
+                         err=errors, stdin=self.stdin)
 
     def say(self, message: str) -> None:
         self.err.write(f"{PROG}: {message}\n")

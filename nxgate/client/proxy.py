@@ -221,9 +221,19 @@ class NXProxy:
             except error.ProcessExitedAlready:
                 pass
 
+    def stop_listening(self) -> None:
+        self._factory.stop_listening()
+
     def cleanup(self) -> None:
         self._factory.stop_listening()
         shutil.rmtree(self.home, ignore_errors=True)
+
+    def wrap_up(self) -> tuple[list[str], list[str]]:
+        """Once nxproxy is gone, in a thread (file work): its ``Error:``
+        lines and the end of its logs, then its private home removed."""
+        lines = self.log_tail(200)
+        shutil.rmtree(self.home, ignore_errors=True)
+        return [line for line in lines if line.startswith("Error:")], lines[-20:]
 
 
 def last_lines(lines: Iterable[str]) -> str:

@@ -37,7 +37,7 @@ from nxgate.node.follow import LogFollower, replay
 from nxgate.node.launcher import Launcher
 from nxgate.sessions.model import Session, State, advance
 from nxgate.node.processes import ExitWatch, LaunchError, ProcessId
-from nxgate.node.environment import login_environment
+from nxgate.node.environment import bus_environment, login_environment
 from nxgate.sessions.requests import DisplaySettings
 from nxgate.node.threads import Blocking, inline
 
@@ -264,6 +264,7 @@ class AgentSupervisor:
             "argv": list(plan.program),
             "env": login_environment(user, self.settings),
             "env_fixed": {**nxagent.x11_environment(session, agent_files, {**(extra_env or {}), **dict(plan.program_env)}),
+                          **bus_environment(self.config().dbus, os.environ),
                           processes.SESSION_MARKER: session.id, processes.SESSION_ID_VARIABLE: session.id},
             "cwd": user.pw_dir,
             "log": agent_files.app_log,

@@ -207,6 +207,13 @@ class Failed:
 Event = Send | Trace | Listed | Terminated | Suspended | ShadowChoices | Notice | SessionReady | Switched | Failed
 
 
+#: ``--shadow`` found nothing to watch: what governs it (nxgate's [shadow]
+#: policy; FreeNX and Neatx list one's own sessions only).
+NOTHING_TO_SHADOW = ("the server lists no session that you may shadow: only running sessions can be watched, your "
+                     "own other ones when the server's shadow policy allows it ([shadow] allow_own), other users' "
+                     "only when it names you ([shadow] allow_others: admins or everyone); ask its administrator")
+
+
 class Phase(enum.Enum):
     GREETING = "greeting"
     HELLO = "hello"
@@ -267,6 +274,7 @@ class ClientDialogue:
         self._rows: list[ParsedRow] = []
         self._capacity_reached = False
         self._attaching = False  # a ShadowSession past its listing
+        self.shadowed: str | None = None  # the session a ShadowSession watches, once asked for
         self._mounts_pending = 0  # addmount commands not answered yet
         # Secret values (as sent and as typed) that no trace may show: a
         # server may echo the command line verbatim (FreeNX).
@@ -525,7 +533,7 @@ class ClientDialogue:
         if request.session_id is not None:
             self._attach(request.session_id)
         elif not rows:
-            self._fail("the server lists no session that you may shadow")
+            self._fail(NOTHING_TO_SHADOW)
         elif len(rows) == 1:
             row = rows[0]
             self._events.append(Notice(f"shadowing {row.session_id} ({row.name}), the only session you may shadow"))
@@ -541,6 +549,7 @@ class ClientDialogue:
         assert isinstance(request, ShadowSession)
         display = next((row.display for row in self._rows if row.session_id == session_id), "0")
         self._attaching = True
+        self.shadowed = session_id
         self._fields, self._lines, self._prompted = {}, [], False
         self._send(commands.attach_command(session_id, display, request.params, request.view_only))
 

@@ -18,6 +18,8 @@ import socket
 import sys
 from typing import Any
 
+from nxgate.doors.admin import render
+
 DEFAULT_STATE_DIR = "/var/lib/nxgate"
 
 
@@ -37,14 +39,6 @@ def request(path: str, command: str, **args: Any) -> dict[str, Any]:
     return json.loads(data)
 
 
-def table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
-    widths = [max(len(title), *(len(str(row.get(key, ""))) for row in rows)) for key, title in columns]
-    lines = ["  ".join(title.ljust(width) for (_, title), width in zip(columns, widths))]
-    for row in rows:
-        lines.append("  ".join(str(row.get(key, "")).ljust(width) for (key, _), width in zip(columns, widths)))
-    return "\n".join(line.rstrip() for line in lines)
-
-
 SESSION_COLUMNS = [("id", "ID"), ("user", "USER"), ("type", "TYPE"), ("state", "STATE"), ("display", "DISPLAY"),
                    ("since", "SINCE"), ("client_address", "CLIENT"), ("node", "NODE")]
 
@@ -55,20 +49,16 @@ NODE_COLUMNS = [("name", "NAME"), ("address", "ADDRESS"), ("roles", "ROLES"), ("
 
 
 def show(command: str, result: Any) -> str:
+    """The answer to ``command`` for people (see :mod:`nxgate.doors.admin.render`)."""
     if command == "sessions":
-        return table(result, SESSION_COLUMNS) if result else "no sessions"
+        return render.table(result, SESSION_COLUMNS) if result else "no sessions"
     if command == "nodes":
-        rows = [{**row, "roles": ",".join(row["roles"]), "drained": "yes" if row["drained"] else "no"}
-                for row in result]
-        return table(rows, NODE_COLUMNS) if rows else "no cluster members have sent a heartbeat yet"
-    if command == "status" and isinstance(result, dict) and "held_displays" in result:
-        held = result["held_displays"]
-        lines = show("", {key: value for key, value in result.items() if key != "held_displays"})
-        return lines + "\nheld_displays: " + ("none" if not held else "".join(
-            f"\n  :{h['display']} held by {', '.join(h['users'])}: {'; '.join(h['holds'])}" for h in held))
+        return render.table(result, NODE_COLUMNS) if result else "no cluster members have sent a heartbeat yet"
+    if command == "status" and isinstance(result, dict):
+        return render.status(result)
     if isinstance(result, dict):
-        return "\n".join(f"{key}: {value}" for key, value in result.items())
-    return str(result)
+        return render.record(result)
+    return render.words(result)
 
 
 def _global_options(parser: argparse.ArgumentParser, suppress: bool = False) -> None:

@@ -2,7 +2,9 @@
 
 For menus and panel launchers inside a session: the session is the one in
 ``$NXGATE_SESSION_ID`` (``--id`` names another of yours).  The gateway asks
-the bus who you are; nothing here is trusted by it.
+the bus who you are; nothing here is trusted by it.  The bus is the system
+bus unless ``$NXGATE_DBUS_ADDRESS`` (set in sessions by a gateway whose door
+is on another bus) or ``--bus`` names one.
 
     nxgate-session info|suspend|terminate [--id ID] [--json]
     nxgate-session list [--json]
@@ -29,7 +31,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="nxgate-session", description="Control your NX session.")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--id", default="", help="a session id (default: $NXGATE_SESSION_ID)")
-    parser.add_argument("--bus", default="system", help="bus address (default: the system bus)")
+    parser.add_argument("--bus", default=None,
+                        help=f"bus address (default: ${wire.BUS_VARIABLE}, which the gateway sets in sessions when "
+                             "its door is on another bus; else the system bus)")
     commands = parser.add_subparsers(dest="command", required=True)
     for name, text in (("info", "show the session"), ("suspend", "disconnect, keep the session running"),
                        ("terminate", "end the session"), ("list", "list your sessions"),
@@ -47,7 +51,7 @@ def render(command: str, result: Any, as_json: bool) -> str:
     if as_json:
         return json.dumps(result, sort_keys=True)
     if command == "list":
-        return "\n".join(_line(session) for session in result)
+        return "\n".join(_line(session) for session in result) if result else "No sessions."
     if isinstance(result, dict):
         return _line(result)
     return str(result)
@@ -64,7 +68,10 @@ async def run(reactor: Any, options: argparse.Namespace, out: Any) -> None:
     session_id = options.id or os.environ.get(wire.SESSION_ID_VARIABLE, "")
     if options.command not in ("list", "watch", "start") and not session_id:
         raise UsageError(f"not in an NX session (no {wire.SESSION_ID_VARIABLE}); use --id")
-    connection = await client.connect(reactor, options.bus)
+    try:
+        connection = await client.connect(reactor, bus_address(options.bus, os.environ))
+    except Exception as error:  # txdbus: ConnectError, or a bare Exception for a bad address
+        raise NoBus(str(error)) from None
 
     async def call(method: str, signature: str | None = None, *body: Any) -> Any:
         return await connection.callRemote(wire.OBJECT_PATH, method, interface=wire.INTERFACE,
@@ -123,6 +130,52 @@ class UsageError(Exception):
     pass
 
 
+class NoBus(Exception):
+    """The bus could not be reached at all (txdbus's words in the message)."""
+
+
+#: The D-Bus error names whose own words mean nothing to a user in a session.
+NO_SERVER = "org.freedesktop.DBus.Error.NoServer"
+_NOT_ON_THE_BUS = ("org.freedesktop.DBus.Error.ServiceUnknown", "org.freedesktop.DBus.Error.NameHasNoOwner")
+_ACCESS_DENIED = "org.freedesktop.DBus.Error.AccessDenied"
+
+
+def bus_address(option: str | None, environ: dict[str, str] | Any) -> str:
+    """--bus, else $NXGATE_DBUS_ADDRESS (the gateway's bus, set in its
+    sessions), else the system bus (txdbus reads $DBUS_SYSTEM_BUS_ADDRESS)."""
+    return option or environ.get(wire.BUS_VARIABLE) or "system"
+
+
+def _where(address: str, environ: dict[str, str] | Any) -> str:
+    if address == "system":
+        return "the system bus at " + environ.get("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/var/run/dbus/system_bus_socket")
+    return f"the bus at {address}"
+
+
+def explain(error: Exception, address: str, environ: dict[str, str] | Any) -> tuple[str, str]:
+    """(an error name, a sentence) for what went wrong: the gateway's refusal
+    in its own words, and plain words for a bus that is not there, a gateway
+    that is not on it, or a bus policy that refuses the call."""
+    if isinstance(error, NoBus):
+        text = str(error)
+        if "No valid bus addresses" in text:
+            return NO_SERVER, f"{address!r} is not a D-Bus address (such as unix:path=/run/dbus/system_bus_socket)."
+        reason = ("there is no bus socket there" if "No such file" in text
+                  else "nothing listens there" if "refused" in text else text.rstrip("."))
+        return NO_SERVER, (f"cannot reach {_where(address, environ)} ({reason}), over which nxgate-session talks to "
+                           f"the gateway: is dbus-daemon running? (--bus ADDRESS or ${wire.BUS_VARIABLE} names "
+                           "another bus.)")
+    name = getattr(error, "errName", None) or type(error).__name__
+    text = (getattr(error, "message", "") or str(error)).strip()
+    if name in _NOT_ON_THE_BUS:
+        return name, (f"the gateway is not on {_where(address, environ)} ({wire.BUS_NAME} has no "
+                      "owner): nxgate is not running there, or its [dbus] door is off or on another bus.")
+    if name == _ACCESS_DENIED:
+        return name, (f"{_where(address, environ)} refused the call: its policy must include "
+                      f"{wire.BUS_NAME}.conf (in /etc/dbus-1/system.d).")
+    return name, text
+
+
 def main(argv: list[str] | None = None) -> int:
     options = parse(sys.argv[1:] if argv is None else argv)
     from twisted.internet import defer, task
@@ -134,12 +187,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"nxgate-session: {error}", file=sys.stderr)
             raise SystemExit(EXIT_USAGE) from None
         except Exception as error:
-            # A refusal of the gateway: org.nxgate.Error.NotFound and its words.
-            name = getattr(error, "errName", None) or type(error).__name__
-            text = getattr(error, "message", "") or str(error)
+            # A refusal of the gateway (org.nxgate.Error.NotFound and its words), or no bus.
+            name, text = explain(error, bus_address(options.bus, os.environ), os.environ)
             if options.json:
                 print(json.dumps({"error": name, "message": text}))
-            print(f"nxgate-session: {name}: {text}", file=sys.stderr)
+            print(f"nxgate-session: {text} ({name})", file=sys.stderr)
             raise SystemExit(EXIT_ERROR) from None
 
     task.react(lambda reactor: defer.ensureDeferred(guarded(reactor)))  # exits with the code

@@ -234,7 +234,7 @@ class DBusDoor(service.Service):
         try:
             return await work(caller)
         except SessionError as error:
-            raise BusError(wire.error_name(error.kind), error.message) from None
+            raise BusError(wire.error_name(error.kind), wire.error_message(error)) from None
         except Exception:
             log.failure("D-Bus request of {user} failed", user=caller.user)
             raise BusError(wire.error_name(Kind.INTERNAL), "Internal error (see the server log).") from None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nxgate.sessions.errors import Kind
+from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.results import SessionEvent, SessionView, State
 
 BUS_NAME = "org.nxgate.Gateway1"
@@ -19,6 +19,10 @@ ERROR_PREFIX = "org.nxgate.Error."
 
 #: In a session's environment: its id (see nxgate.node.processes).
 SESSION_ID_VARIABLE = "NXGATE_SESSION_ID"
+#: In a session's environment when the gateway's door is on a bus other than
+#: the default system bus: that bus's address, for ``nxgate-session`` (see
+#: nxgate.node.environment, which sets it).
+BUS_VARIABLE = "NXGATE_DBUS_ADDRESS"
 
 
 def error_name(kind: Kind) -> str:
@@ -29,6 +33,16 @@ def error_name(kind: Kind) -> str:
     yours".  Ids are 128 random bits, so this tells nothing to someone who
     does not already hold the id."""
     return ERROR_PREFIX + "".join(part.capitalize() for part in kind.value.split("_"))
+
+
+def error_message(error: SessionError) -> str:
+    """The words that go with :func:`error_name`.  The session service gives
+    NOT_YOURS the words of NOT_FOUND ("Could not find session"), which the NX
+    door needs; here the name already says NotYours, so the words say it too."""
+    if error.kind is Kind.NOT_YOURS:
+        return f"Session {error.session_id} belongs to another user." if error.session_id \
+            else "The session belongs to another user."
+    return error.message
 
 
 def describe(view: SessionView) -> dict[str, Any]:
