@@ -22,66 +22,15 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import protocol
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IHalfCloseableProtocol
 from twisted.logger import Logger
 from zope.interface import implementer
 
 from nxgate.cluster.connection import dial
 from nxgate.cluster.tls import ClusterTLS
+from nxgate.stream.splice import Splice, TransportEnd
 
 log = Logger(namespace="nxgate.cluster.stream")
-
-#: What may wait in a stream's send buffer before its source is paused
-#: (Twisted's 64 KiB default pauses a bulk transfer thousands of times a second).
-STREAM_BUFFER = 1024 * 1024
-
-
-@implementer(IPushProducer)
-class Pauser:
-    """A transport as the producer that fills another one's buffer."""
-
-    def __init__(self, transport: Any) -> None:
-        self.transport = transport
-
-    def pauseProducing(self) -> None:
-        self.transport.pauseProducing()
-
-    def resumeProducing(self) -> None:
-        self.transport.resumeProducing()
-
-    def stopProducing(self) -> None:
-        self.transport.resumeProducing()
-
-
-def close(transport: Any) -> None:
-    """Close one side of a stream.  A TLS transport with a producer
-    registered would wait for that producer forever (it has no end of its
-    own): it is unregistered first."""
-    transport.unregisterProducer()
-    transport.loseConnection()
-
-
-class _Closing:
-    """A TLS transport as the relay's agent connection: closing it first
-    lets go of the relay's producer (see :func:`close`)."""
-
-    def __init__(self, transport: Any) -> None:
-        self._transport = transport
-
-    def loseConnection(self) -> None:
-        close(self._transport)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
-def set_buffer(transport: Any, size: int = STREAM_BUFFER) -> None:
-    """A bigger send buffer on ``transport`` (the TCP one under TLS)."""
-    transport.bufferSize = size
-    below = getattr(transport, "transport", None)
-    if below is not None and hasattr(below, "bufferSize"):
-        below.bufferSize = size
-
 
 class _StreamClient(protocol.Protocol):
     """Ask for the stream, then become ``inner``'s transport."""
@@ -108,8 +57,7 @@ class _StreamClient(protocol.Protocol):
             self._fail(line.decode("utf-8", "replace").removeprefix("ERR ") or "refused by the node")
             return
         self.open = True
-        set_buffer(self.transport)
-        self.inner.makeConnection(_Closing(self.transport))
+        self.inner.makeConnection(self.transport)
         if rest:
             self.inner.dataReceived(rest)
 
@@ -130,23 +78,27 @@ class _StreamClient(protocol.Protocol):
         failed(f"the node closed the stream before it was open ({reason.getErrorMessage()})")
 
 
+@implementer(IHalfCloseableProtocol)
 class _PairEnd(protocol.Protocol):
     """The gateway's end of the socket pair, spliced to the TLS stream."""
 
-    def __init__(self, tls_transport: Any) -> None:
-        self.tls = tls_transport
+    def __init__(self, tls: _Splice) -> None:
+        self.tls = tls
 
     def connectionMade(self) -> None:
-        set_buffer(self.transport)
-        self.transport.registerProducer(Pauser(self.tls), True)
-        self.tls.registerProducer(Pauser(self.transport), True)
-        self.tls.resumeProducing()
+        self.tls.paired(self.transport)
 
     def dataReceived(self, data: bytes) -> None:
-        self.tls.write(data)
+        self.tls.splice.received("pair", data)
+
+    def readConnectionLost(self) -> None:
+        self.tls.splice.eof("pair")  # TLS cannot half-close: the stream ends
+
+    def writeConnectionLost(self) -> None:
+        pass
 
     def connectionLost(self, reason: Any) -> None:
-        close(self.tls)
+        self.tls.splice.lost("pair")
 
 
 class _Splice(protocol.Protocol):
@@ -154,28 +106,27 @@ class _Splice(protocol.Protocol):
 
     def __init__(self, reactor: Any, mine: socket.socket) -> None:
         self.reactor, self.mine = reactor, mine
-        self.pair: _PairEnd | None = None
+        self.splice: Splice | None = None
 
     def connectionMade(self) -> None:
         self.transport.pauseProducing()  # until the pair's end is in the reactor
-
-        def build() -> _PairEnd:
-            self.pair = _PairEnd(self.transport)
-            return self.pair
-
         try:
             self.reactor.adoptStreamConnection(self.mine.fileno(), socket.AF_UNIX,
-                                               protocol.Factory.forProtocol(build))
+                                               protocol.Factory.forProtocol(lambda: _PairEnd(self)))
         finally:
             self.mine.close()  # the reactor holds its own copy of the descriptor
 
+    def paired(self, pair: Any) -> None:
+        self.splice = Splice(TransportEnd(self.transport), TransportEnd(pair), names=("member", "pair"))
+        self.transport.resumeProducing()
+
     def dataReceived(self, data: bytes) -> None:
-        assert self.pair is not None  # adoptStreamConnection connected it at once
-        self.pair.transport.write(data)
+        assert self.splice is not None  # adoptStreamConnection connected the pair at once
+        self.splice.received("member", data)
 
     def connectionLost(self, reason: Any) -> None:
-        if self.pair is not None and self.pair.transport is not None:
-            close(self.pair.transport)
+        if self.splice is not None:
+            self.splice.lost("member")
 
 
 class RemoteStreams:
