@@ -106,6 +106,11 @@ class _TLSFactory(TLSMemoryBIOFactory):
     protocol = _CoalescingTLS
 
 
+def _peer(transport: Any) -> str:
+    peer = transport.getPeer()
+    return f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
+
+
 def _describe(reason: Any) -> str:
     value = getattr(reason, "value", reason)
     return getattr(value, "args", None) and str(value.args[0]) or str(value) or type(value).__name__
@@ -155,8 +160,7 @@ class _ClientGate(_Batching):
         try:
             check_server(self.transport.getHandle(), self.name)
         except PeerRefused as refused:
-            peer = self.transport.getPeer()
-            log.warn("refused cluster member at {peer}: {reason}", peer=f"{peer.host}:{peer.port}",
+            log.warn("refused cluster member at {peer}: {reason}", peer=_peer(self.transport),
                      member=self.name, reason=str(refused), event="cluster_peer_refused")
             self.transport.abortConnection()
             self._fail(ConnectionRefusedError(f"member {self.name}: {refused}"))
@@ -212,8 +216,7 @@ class _ServerGate(_Batching):
         self.done = False
 
     def _peer(self) -> str:
-        peer = self.transport.getPeer()
-        return f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
+        return _peer(self.transport)
 
     def connectionMade(self) -> None:
         no_delay(self.transport)

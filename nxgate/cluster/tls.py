@@ -35,6 +35,7 @@ from service_identity import CertificateError, VerificationError
 from service_identity.hazmat import DNSPattern
 from service_identity.pyopenssl import extract_patterns, verify_hostname
 from twisted.internet.interfaces import IOpenSSLClientConnectionCreator, IOpenSSLServerConnectionCreator
+from twisted.internet.ssl import CertificateOptions, TLSVersion
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -83,16 +84,37 @@ def _verify(connection: SSL.Connection, certificate: crypto.X509, errno: int, de
     return bool(ok)
 
 
-def _context(ca: str, certificate: str, key: str) -> SSL.Context:
-    context = SSL.Context(SSL.TLS_METHOD)
-    context.set_min_proto_version(SSL.TLS1_3_VERSION)
-    context.set_options(SSL.OP_NO_TICKET | SSL.OP_NO_COMPRESSION)
-    context.use_certificate_chain_file(certificate.encode())
-    context.use_privatekey_file(key.encode())
-    context.check_privatekey()
-    context.load_verify_locations(ca.encode())
-    context.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT, _verify)
-    return context
+def _read(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def _certificates(path: str) -> list[crypto.X509]:
+    """Every certificate in the PEM file ``path`` (a chain, or CAs), in order."""
+    try:
+        found = x509.load_pem_x509_certificates(_read(path))
+    except ValueError as error:
+        raise SSL.Error(f"{path}: no PEM certificate can be read ({error})") from None
+    return [crypto.X509.from_cryptography(certificate) for certificate in found]
+
+
+def _options(ca: str, certificate: str, key: str) -> CertificateOptions:
+    """Twisted's CertificateOptions for a member: its certificate (and any
+    chain after it in the file) and key, the peer's certificate required and
+    verified against the cluster CA only (not the system's trust store),
+    TLS 1.3 only, no compression (Twisted's default)."""
+    chain = _certificates(certificate)
+    try:
+        private_key = crypto.load_privatekey(crypto.FILETYPE_PEM, _read(key))
+    except crypto.Error as error:
+        raise SSL.Error(f"{key}: the private key cannot be read ({error})") from None
+    options = CertificateOptions(privateKey=private_key, certificate=chain[0], extraCertChain=chain[1:],
+                                 verify=True, caCerts=_certificates(ca), requireCertificate=True,
+                                 raiseMinimumTo=TLSVersion.TLSv1_3)
+    context = options.getContext()  # built once and cached: every connection uses it
+    # Same checks as Twisted's (VERIFY_PEER | FAIL_IF_NO_PEER_CERT), but a refusal says why in the log.
+    context.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT | SSL.VERIFY_CLIENT_ONCE, _verify)
+    return options
 
 
 def peer_names(connection: SSL.Connection) -> frozenset[str]:
@@ -111,55 +133,57 @@ def peer_names(connection: SSL.Connection) -> frozenset[str]:
     return frozenset(names)
 
 
-@implementer(IOpenSSLClientConnectionCreator)
-class _ClientCreator:
-    def __init__(self, context: SSL.Context, name: str) -> None:
-        self.context = context
-        self.name = name
+@implementer(IOpenSSLClientConnectionCreator, IOpenSSLServerConnectionCreator)
+class _Creator:
+    """Twisted's connection from the member's options, which knows its TLS
+    protocol (the verify callback's log line names the peer's address)."""
+
+    def __init__(self, options: CertificateOptions) -> None:
+        self.options = options
 
     def clientConnectionForTLS(self, tls_protocol: Any) -> SSL.Connection:
-        connection = SSL.Connection(self.context, None)
+        connection = self.options.clientConnectionForTLS(tls_protocol)
         connection.set_app_data(tls_protocol)
-        connection.set_connect_state()
-        connection.set_tlsext_host_name(self.name.encode("ascii"))
         return connection
 
-
-@implementer(IOpenSSLServerConnectionCreator)
-class _ServerCreator:
-    def __init__(self, context: SSL.Context) -> None:
-        self.context = context
-
     def serverConnectionForTLS(self, tls_protocol: Any) -> SSL.Connection:
-        connection = SSL.Connection(self.context, None)
-        connection.set_app_data(tls_protocol)  # for the verify callback's log line
+        connection = self.options.serverConnectionForTLS(tls_protocol)
+        connection.set_app_data(tls_protocol)
         return connection
 
 
 @dataclass
 class ClusterTLS:
     """This member's TLS credentials, loaded once (the files are read at
-    start; a new certificate needs a restart, like every [cluster] change)."""
+    start; a new certificate needs a restart, like every [cluster] change).
+
+    The contexts are Twisted's ``CertificateOptions``; what a peer *is* is
+    decided after the handshake by the gates of :mod:`nxgate.cluster.connection`
+    (:func:`check_server` when dialling, :func:`peer_names` and the member
+    list when accepting)."""
 
     name: str
-    server_context: SSL.Context
-    client_context: SSL.Context
+    server_options: CertificateOptions
+    client_options: CertificateOptions
 
     @classmethod
     def load(cls, name: str, ca: str, certificate: str, key: str) -> ClusterTLS:
         """Raises OSError / SSL.Error with OpenSSL's words if a file is unusable."""
-        return cls(name, _context(ca, certificate, key), _context(ca, certificate, key))
+        return cls(name, _options(ca, certificate, key), _options(ca, certificate, key))
 
     @classmethod
     def from_config(cls, cluster: Any) -> ClusterTLS:
         return cls.load(cluster.name, cluster.ca, cluster.certificate, cluster.key)
 
-    def server(self) -> _ServerCreator:
-        return _ServerCreator(self.server_context)
+    def server(self) -> _Creator:
+        return _Creator(self.server_options)
 
-    def client(self, name: str) -> _ClientCreator:
-        """For dialling member ``name``: check :func:`check_server` after the handshake."""
-        return _ClientCreator(self.client_context, name)
+    def client(self, name: str) -> _Creator:
+        """For dialling member ``name``: check :func:`check_server` after the
+        handshake (Twisted's ``optionsForClientTLS`` would check the name
+        too, but it accepts a wildcard and its refusal does not say which
+        name the certificate had)."""
+        return _Creator(self.client_options)
 
 
 def check_server(connection: SSL.Connection, expected: str) -> None:
