@@ -361,6 +361,24 @@ class WireTests(TestCase):
         self.assertIsNone(node.broken_at)
 
     @defer.inlineCallbacks
+    def test_a_broken_member_link_is_dialled_again_in_the_background(self):
+        """Issue 23: the link is Twisted's ClientService: after a break it
+        reconnects by itself (backing off), not only at the next call."""
+        node = self.remote((yield self.listen()))
+        yield defer.ensureDeferred(node.status(CALLER))
+        first = node.connection
+        first.transport.abortConnection()
+        yield deferLater(reactor, 0.05, lambda: None)
+        self.assertIsNotNone(node.broken_at)
+        for _ in range(100):  # the first retry comes after about a second
+            if node.connection is not None:
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        self.assertIsNotNone(node.connection)
+        self.assertIsNot(node.connection, first)
+        self.assertIsNone(node.broken_at)
+
+    @defer.inlineCallbacks
     def test_remote_nodes_keeps_one_per_member(self):
         nodes = RemoteNodes(None, reactor, self.gateway_tls)
         self.assertIs(nodes.get("node-b", "127.0.0.1:1"), nodes.get("node-b", "127.0.0.1:1"))

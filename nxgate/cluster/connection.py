@@ -193,9 +193,21 @@ def dial(reactor: Any, tls: ClusterTLS, name: str, address: str, inner: protocol
     """Connect to member ``name`` at ``address``: fires with ``inner`` once
     it is connected to a peer whose certificate names ``name``."""
     host, port = split_address(address)
-    ready: defer.Deferred[Any] = defer.Deferred()
-    factory = _TLSFactory(tls.client(name), True,
-                                  protocol.Factory.forProtocol(lambda: _ClientGate(inner, name, ready)))
+    gates: list[_ClientGate] = []
+
+    def cancel(_: Any) -> None:  # ClientService stopping while it dials: nothing left open
+        connected.cancel()
+        for gate in gates:
+            if gate.transport is not None:
+                gate.transport.abortConnection()
+
+    ready: defer.Deferred[Any] = defer.Deferred(cancel)
+
+    def build() -> _ClientGate:
+        gates.append(_ClientGate(inner, name, ready))
+        return gates[-1]
+
+    factory = _TLSFactory(tls.client(name), True, protocol.Factory.forProtocol(build))
     connected = HostnameEndpoint(reactor, host, port, timeout=timeout).connect(factory)
     connected.addErrback(lambda failure: ready.called or ready.errback(failure))
     timer = reactor.callLater(timeout * 2, lambda: ready.called or ready.errback(
