@@ -22,11 +22,21 @@ ADDRESS = IPv4Address("TCP", "127.0.0.1", 7022)
 
 
 class Heard(protocol.Protocol):
+    """The node's inner protocol: answers, as a stream's OK does."""
+
     def __init__(self) -> None:
         self.data = b""
 
     def dataReceived(self, data: bytes) -> None:
+        if not self.data:
+            self.transport.write(b"OK\n")
         self.data += data
+
+
+def resumed(connection) -> bool:
+    from OpenSSL._util import lib  # pyOpenSSL has no public SSL_session_reused
+
+    return bool(lib.SSL_session_reused(connection._ssl))
 
 
 def member(directory: str, name: str, ca_dir: str | None = None) -> tls.ClusterTLS:
@@ -42,24 +52,32 @@ class ContextTests(SynchronousTestCase):
         self.base = os.path.abspath(self.mktemp())
         self.node = member(self.base, "node-b")
         self.events: list[dict] = []
+        self.names: list[frozenset[str]] = []
+        self.members = {"gw-a"}
         globalLogPublisher.addObserver(self.events.append)
         self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
 
     def connect(self, gateway: tls.ClusterTLS, dialled: str = "node-b"):
         """The gateway dials ``dialled`` at this node; the node serves members named gw-a."""
         heard = Heard()
-        server = GateFactory(lambda names: "gw-a" if "gw-a" in names else None,
-                             lambda head, member_name: heard).tls_factory(self.node).buildProtocol(ADDRESS)
+
+        def authorize(names):
+            self.names.append(names)
+            return "gw-a" if "gw-a" in names & self.members else None
+
+        server = GateFactory(authorize, lambda head, member_name: heard).tls_factory(self.node).buildProtocol(ADDRESS)
+        self.server = server
         ready: defer.Deferred = defer.Deferred()
         sender = protocol.Protocol()
         client = _TLSFactory(gateway.client(dialled), True, protocol.Factory.forProtocol(
-            lambda: _ClientGate(sender, dialled, ready))).buildProtocol(ADDRESS)
+            lambda: _ClientGate(sender, dialled, ready, gateway))).buildProtocol(ADDRESS)
         pump = iosim.connect(server, iosim.makeFakeServer(server), client, iosim.makeFakeClient(client))
         results: list = []
         ready.addBoth(results.append)
         if ready.called and not isinstance(results[0], Exception) and not hasattr(results[0], "value"):
             sender.transport.write(b"\x00\x04ping")
             pump.flush()
+            self.client = sender.transport.getHandle()
         return results, heard
 
     def refusals(self) -> str:
@@ -97,3 +115,24 @@ class ContextTests(SynchronousTestCase):
         self.assertTrue(hasattr(results[0], "value"), results)
         self.assertIn("names node-b, not node-c", str(results[0].value))
         self.assertEqual(heard.data, b"")
+
+    def test_a_second_connection_resumes_and_is_still_checked(self) -> None:
+        """TLS 1.3 tickets (issue 25: a stream opening re-did both certificate
+        signatures): the next connection to the member resumes, and the node
+        still gets the peer's names and checks them against its members."""
+        gateway = member(self.base, "gw-a")
+        self.connect(gateway)
+        self.assertFalse(resumed(self.client))
+        self.assertIn("node-b", gateway.sessions)
+        results, heard = self.connect(gateway)
+        self.assertEqual(heard.data, b"\x00\x04ping")
+        self.assertTrue(resumed(self.client))
+        self.assertEqual(self.names, [frozenset({"gw-a"})] * 2)
+
+    def test_a_member_removed_since_is_refused_on_a_resumed_session(self) -> None:
+        gateway = member(self.base, "gw-a")
+        self.connect(gateway)
+        self.members.clear()  # an admin removed gw-a from the cluster
+        results, heard = self.connect(gateway)
+        self.assertEqual(heard.data, b"")
+        self.assertIn("names gw-a, not a member with role gateway", self.refusals())

@@ -563,7 +563,7 @@ class WireTests(TestCase):
         ready = defer.Deferred()
         sender = protocol.Protocol()
         client_factory = _TLSFactory(self.gateway_tls.client("node-b"), True, protocol.Factory.forProtocol(
-            lambda: _ClientGate(sender, "node-b", ready)))
+            lambda: _ClientGate(sender, "node-b", ready, self.gateway_tls)))
         address = IPv4Address("TCP", "127.0.0.1", 7022)
         server, client = server_factory.buildProtocol(address), client_factory.buildProtocol(address)
         pump = iosim.connect(server, iosim.makeFakeServer(server), client, iosim.makeFakeClient(client))

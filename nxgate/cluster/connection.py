@@ -24,7 +24,8 @@ from typing import Any
 from OpenSSL.SSL import Error as TLSError
 from OpenSSL.SSL import WantReadError
 from twisted.internet import defer, protocol
-from twisted.internet.endpoints import HostnameEndpoint
+from twisted.internet.abstract import isIPAddress, isIPv6Address
+from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint
 from twisted.internet.interfaces import IHandshakeListener
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
@@ -149,9 +150,10 @@ class _Batching(protocol.Protocol):
 
 @implementer(IHandshakeListener)
 class _ClientGate(_Batching):
-    def __init__(self, inner: protocol.Protocol, name: str, ready: defer.Deferred[Any]) -> None:
-        self.inner, self.name, self.ready = inner, name, ready
+    def __init__(self, inner: protocol.Protocol, name: str, ready: defer.Deferred[Any], tls: ClusterTLS) -> None:
+        self.inner, self.name, self.ready, self.tls = inner, name, ready, tls
         self.open = False
+        self.remembered = False
 
     def connectionMade(self) -> None:
         no_delay(self.transport)
@@ -160,6 +162,7 @@ class _ClientGate(_Batching):
         try:
             check_server(self.transport.getHandle(), self.name)
         except PeerRefused as refused:
+            self.tls.forget(self.name)
             log.warn("refused cluster member at {peer}: {reason}", peer=_peer(self.transport),
                      member=self.name, reason=str(refused), event="cluster_peer_refused")
             self.transport.abortConnection()
@@ -173,6 +176,9 @@ class _ClientGate(_Batching):
 
     def deliver(self, data: bytes) -> None:
         if self.open:
+            if not self.remembered:  # the member's tickets came before its first bytes
+                self.remembered = True
+                self.tls.remember(self.name, self.transport.getHandle())
             self.inner.dataReceived(data)
 
     def _fail(self, error: Exception) -> None:
@@ -186,6 +192,17 @@ class _ClientGate(_Batching):
             self.inner.connectionLost(reason)
         else:
             self._fail(ConnectionError(f"TLS with member {self.name} failed: {_describe(reason)}"))
+
+
+def _endpoint(reactor: Any, host: str, port: int, timeout: float) -> Any:
+    """An address as written needs no name lookup: HostnameEndpoint would
+    still send it through getaddrinfo in the thread pool (a thread hand-off
+    on every stream opening, milliseconds on a busy machine)."""
+    if isIPAddress(host):
+        return TCP4ClientEndpoint(reactor, host, port, timeout=timeout)
+    if isIPv6Address(host):
+        return TCP6ClientEndpoint(reactor, host, port, timeout=timeout)
+    return HostnameEndpoint(reactor, host, port, timeout=timeout)
 
 
 def dial(reactor: Any, tls: ClusterTLS, name: str, address: str, inner: protocol.Protocol,
@@ -204,11 +221,11 @@ def dial(reactor: Any, tls: ClusterTLS, name: str, address: str, inner: protocol
     ready: defer.Deferred[Any] = defer.Deferred(cancel)
 
     def build() -> _ClientGate:
-        gates.append(_ClientGate(inner, name, ready))
+        gates.append(_ClientGate(inner, name, ready, tls))
         return gates[-1]
 
     factory = _TLSFactory(tls.client(name), True, protocol.Factory.forProtocol(build))
-    connected = HostnameEndpoint(reactor, host, port, timeout=timeout).connect(factory)
+    connected = _endpoint(reactor, host, port, timeout).connect(factory)
     connected.addErrback(lambda failure: ready.called or ready.errback(failure))
     timer = reactor.callLater(timeout * 2, lambda: ready.called or ready.errback(
         TimeoutError(f"member {name} at {address} did not complete TLS in time")))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cryptography import x509
@@ -43,6 +43,13 @@ log = Logger(namespace="nxgate.cluster.tls")
 
 CA_CERT, CA_KEY = "ca.pem", "ca.key"
 CA_DAYS, CERT_DAYS = 3650, 825
+#: How long a TLS session may be resumed (seconds).  A resumed handshake
+#: checks no certificate again (the peer proved it holds the key of a
+#: verified one within this time); the peer's *names* are still checked on
+#: every connection by both gates (the member list included), and the
+#: ticket key lives only in the accepting process's memory (a restart ends
+#: every session).  Short, so that a certificate that expires is seen soon.
+RESUME_SECONDS = 300
 
 #: X509_V_ERR_* numbers worth a sentence in the log (the rest: the number).
 _VERIFY_ERRORS = {
@@ -98,11 +105,15 @@ def _certificates(path: str) -> list[crypto.X509]:
     return [crypto.X509.from_cryptography(certificate) for certificate in found]
 
 
-def _options(ca: str, certificate: str, key: str) -> CertificateOptions:
+def _options(ca: str, certificate: str, key: str, tickets: bool = False) -> CertificateOptions:
     """Twisted's CertificateOptions for a member: its certificate (and any
     chain after it in the file) and key, the peer's certificate required and
     verified against the cluster CA only (not the system's trust store),
-    TLS 1.3 only, no compression (Twisted's default)."""
+    TLS 1.3 only, no compression (Twisted's default).
+
+    ``tickets`` (the accepting side): TLS 1.3 session tickets, so that a
+    gateway opening one stream after another resumes instead of signing and
+    verifying certificates again (see :data:`RESUME_SECONDS`)."""
     chain = _certificates(certificate)
     try:
         private_key = crypto.load_privatekey(crypto.FILETYPE_PEM, _read(key))
@@ -110,8 +121,9 @@ def _options(ca: str, certificate: str, key: str) -> CertificateOptions:
         raise SSL.Error(f"{key}: the private key cannot be read ({error})") from None
     options = CertificateOptions(privateKey=private_key, certificate=chain[0], extraCertChain=chain[1:],
                                  verify=True, caCerts=_certificates(ca), requireCertificate=True,
-                                 raiseMinimumTo=TLSVersion.TLSv1_3)
+                                 raiseMinimumTo=TLSVersion.TLSv1_3, enableSessionTickets=tickets)
     context = options.getContext()  # built once and cached: every connection uses it
+    context.set_timeout(RESUME_SECONDS)
     # Same checks as Twisted's (VERIFY_PEER | FAIL_IF_NO_PEER_CERT), but a refusal says why in the log.
     context.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT | SSL.VERIFY_CLIENT_ONCE, _verify)
     return options
@@ -138,12 +150,15 @@ class _Creator:
     """Twisted's connection from the member's options, which knows its TLS
     protocol (the verify callback's log line names the peer's address)."""
 
-    def __init__(self, options: CertificateOptions) -> None:
+    def __init__(self, options: CertificateOptions, resume: SSL.Session | None = None) -> None:
         self.options = options
+        self.resume = resume
 
     def clientConnectionForTLS(self, tls_protocol: Any) -> SSL.Connection:
         connection = self.options.clientConnectionForTLS(tls_protocol)
         connection.set_app_data(tls_protocol)
+        if self.resume is not None:
+            connection.set_session(self.resume)  # offered; the member decides (a full handshake otherwise)
         return connection
 
     def serverConnectionForTLS(self, tls_protocol: Any) -> SSL.Connection:
@@ -165,11 +180,13 @@ class ClusterTLS:
     name: str
     server_options: CertificateOptions
     client_options: CertificateOptions
+    #: The last resumable TLS session with each member, by member name.
+    sessions: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def load(cls, name: str, ca: str, certificate: str, key: str) -> ClusterTLS:
         """Raises OSError / SSL.Error with OpenSSL's words if a file is unusable."""
-        return cls(name, _options(ca, certificate, key), _options(ca, certificate, key))
+        return cls(name, _options(ca, certificate, key, tickets=True), _options(ca, certificate, key))
 
     @classmethod
     def from_config(cls, cluster: Any) -> ClusterTLS:
@@ -183,7 +200,17 @@ class ClusterTLS:
         handshake (Twisted's ``optionsForClientTLS`` would check the name
         too, but it accepts a wildcard and its refusal does not say which
         name the certificate had)."""
-        return _Creator(self.client_options)
+        return _Creator(self.client_options, self.sessions.get(name))
+
+    def remember(self, name: str, connection: SSL.Connection) -> None:
+        """Keep the session of ``connection`` to member ``name`` for the next
+        connection to it (called once the member's first bytes arrived: its
+        TLS 1.3 tickets come before them)."""
+        self.sessions[name] = connection.get_session()
+
+    def forget(self, name: str) -> None:
+        """The member's certificate was refused: offer it no session again."""
+        self.sessions.pop(name, None)
 
 
 def check_server(connection: SSL.Connection, expected: str) -> None:
