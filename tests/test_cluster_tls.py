@@ -136,3 +136,12 @@ class ContextTests(SynchronousTestCase):
         results, heard = self.connect(gateway)
         self.assertEqual(heard.data, b"")
         self.assertIn("names gw-a, not a member with role gateway", self.refusals())
+
+    def test_member_connections_write_whole_records_in_one_call(self) -> None:
+        """Canary for nxgate.cluster.records (pyOpenSSL's private _lib, _ffi,
+        _ssl and _raise_ssl_error): one send() takes a write of many records."""
+        from nxgate.cluster import records
+
+        self.assertTrue(records.AVAILABLE, "pyOpenSSL's private names changed: member streams lose throughput")
+        self.connect(member(self.base, "gw-a"))
+        self.assertEqual(self.client.send(b"y" * 100000), 100000)  # pyOpenSSL's default: 16384

@@ -39,6 +39,8 @@ from twisted.internet.ssl import CertificateOptions, TLSVersion
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from nxgate.cluster.records import whole_writes
+
 log = Logger(namespace="nxgate.cluster.tls")
 
 CA_CERT, CA_KEY = "ca.pem", "ca.key"
@@ -157,6 +159,7 @@ class _Creator:
     def clientConnectionForTLS(self, tls_protocol: Any) -> SSL.Connection:
         connection = self.options.clientConnectionForTLS(tls_protocol)
         connection.set_app_data(tls_protocol)
+        whole_writes(connection)
         if self.resume is not None:
             connection.set_session(self.resume)  # offered; the member decides (a full handshake otherwise)
         return connection
@@ -164,6 +167,7 @@ class _Creator:
     def serverConnectionForTLS(self, tls_protocol: Any) -> SSL.Connection:
         connection = self.options.serverConnectionForTLS(tls_protocol)
         connection.set_app_data(tls_protocol)
+        whole_writes(connection)
         return connection
 
 
