@@ -107,12 +107,16 @@ class _CoalescingTLS(TLSMemoryBIOProtocol):
                 break
             except ZeroReturnError:
                 self._shutdownTLS()
+                if self._tlsConnection is None:  # the connection ended inside (its lost() ran)
+                    return
                 self._tlsShutdownFinished(None)
             except TLSError:
                 self._tlsShutdownFinished(Failure())
             else:
                 if not self._aborted:
                     ProtocolWrapper.dataReceived(self, data)
+            if self._tlsConnection is None:
+                return
         self._flushSendBIO()
 
     def dataReceived(self, data: bytes) -> None:
