@@ -164,10 +164,15 @@ def node_process(pki: str, routes: str, port_file: str, profile: str) -> None:
     from nxgate.cluster.connection import GateFactory
     from nxgate.cluster.node_server import choose
     from nxgate.cluster.tls import ClusterTLS
+    from nxgate.node.local import LocalNode
+
+    class SameAccounts:  # the stream needs no account; NodeAMP (not used here) would ask
+        async def here(self, caller: Any, machine: str) -> Any:
+            return caller
 
     tls = ClusterTLS.load(NODE, *pki_files(pki, NODE))
-    factory = GateFactory(lambda names: GATEWAY if GATEWAY in names else None,
-                          choose(reactor, RoutedSessions(routes)), role="gateway")
+    node = LocalNode(RoutedSessions(routes), SameAccounts(), lambda: NODE, blocking=None)
+    factory = GateFactory(lambda names: GATEWAY if GATEWAY in names else None, choose(reactor, node), role="gateway")
     port = reactor.listenTCP(0, factory.tls_factory(tls), interface="127.0.0.1")
     write_routes(port_file, {"port": port.getHost().port})
     name_process("bench-node")
@@ -309,14 +314,22 @@ class Setup:
     """Users, certificates, the gateway, the node and the plain relay process."""
 
     def __init__(self, display_base: int, profile_dir: str) -> None:
+        """Everything started, or nothing left behind (users, processes) if a step failed."""
+        self.cleanups: list[Any] = []
+        self.processes: list[subprocess.Popen] = []
+        try:
+            self._start(display_base, profile_dir)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, display_base: int, profile_dir: str) -> None:
         import relay as rl
         from nxgate.cluster import tls
         from tests.harness.gateway import Gateway
         from tests.harness.users import create_user
 
         self.rl = rl
-        self.cleanups: list[Any] = []
-        self.processes: list[subprocess.Popen] = []
         self.dir = tempfile.mkdtemp(prefix="nxgate-bench-cluster-")
         os.chmod(self.dir, 0o755)
         self.cleanups.append(lambda: shutil.rmtree(self.dir, ignore_errors=True))

@@ -446,7 +446,12 @@ def take_agent_port(display: int, timeout: float = 20.0) -> socket.socket:
     for pid in agent_pids(display):
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             argv = handle.read().decode().split("\0")
-        path = os.path.join(os.path.dirname(argv[argv.index("-options") + 1]), "agent.sock")
+        if "-options" not in argv:  # exiting, or not a session agent
+            continue
+        options = argv[argv.index("-options") + 1]
+        # The agent is started in its session directory with "-options options": relative to its cwd.
+        directory = os.path.dirname(os.path.join(os.readlink(f"/proc/{pid}/cwd"), options))
+        path = os.path.join(directory, "agent.sock")
         os.kill(pid, signal.SIGKILL)
     return listen_unix_when_free(path, timeout)
 

@@ -249,6 +249,8 @@ class WireTests(TestCase):
         self.sessions = FakeSessions()
         self.users = SameNumbers()
         self.authorized = {"gw-a"}
+        self.clock = 0.0  # the node's, for re-checks of a member (GateFactory clock)
+        self.authorizations = 0
         self.log = LogCatcher(self)
 
     def node(self):
@@ -256,15 +258,22 @@ class WireTests(TestCase):
         return LocalNode(self.sessions, self.users, lambda: "node-1", blocking=None)
 
     def authorize(self, names):
+        self.authorizations += 1
         known = names & self.authorized
         return next(iter(known)) if len(known) == 1 else None
 
     @defer.inlineCallbacks
     def listen(self, node_tls=None):
-        factory = GateFactory(self.authorize, choose(reactor, self.node())).tls_factory(node_tls or self.node_tls)
+        factory = GateFactory(self.authorize, choose(reactor, self.node()),
+                              clock=lambda: self.clock).tls_factory(node_tls or self.node_tls)
         port = yield endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(factory)
         self.addCleanup(port.stopListening)
         return port
+
+    def streams(self):
+        streams = RemoteStreams(reactor, self.gateway_tls)
+        self.addCleanup(streams.close)
+        return streams
 
     def remote(self, port, gateway_tls=None, name="node-b"):
         node = RemoteNode(reactor, gateway_tls or self.gateway_tls, name, f"127.0.0.1:{port.getHost().port}")
@@ -364,6 +373,24 @@ class WireTests(TestCase):
         yield deferLater(reactor, 0.05, lambda: None)
         self.assertIsNotNone(node.broken_at)  # seen at once, not three heartbeats later
         self.assertIs((yield defer.ensureDeferred(node.set_draining(CALLER, False))), False)
+        self.assertIsNone(node.broken_at)
+
+    @defer.inlineCallbacks
+    def test_a_broken_member_link_is_dialled_again_in_the_background(self):
+        """Issue 23: the link is Twisted's ClientService: after a break it
+        reconnects by itself (backing off), not only at the next call."""
+        node = self.remote((yield self.listen()))
+        yield defer.ensureDeferred(node.status(CALLER))
+        first = node.connection
+        first.transport.abortConnection()
+        yield deferLater(reactor, 0.05, lambda: None)
+        self.assertIsNotNone(node.broken_at)
+        for _ in range(100):  # the first retry comes after about a second
+            if node.connection is not None:
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        self.assertIsNotNone(node.connection)
+        self.assertIsNot(node.connection, first)
         self.assertIsNone(node.broken_at)
 
     @defer.inlineCallbacks
@@ -477,11 +504,50 @@ class WireTests(TestCase):
         port = yield self.listen()
         target = dataclasses.replace(self.agent(), address=f"127.0.0.1:{port.getHost().port}")
         channel = FakeChannel()
-        relay = StreamRelay(reactor, CALLER, target, channel, b"hello ", RemoteStreams(reactor, self.gateway_tls))
+        relay = StreamRelay(reactor, CALLER, target, channel, b"hello ", self.streams())
         relay.write(b"world")
         yield channel.wait_for(b"HELLO WORLD")
         relay.close()
         yield deferLater(reactor, 0.05, lambda: None)
+
+    @defer.inlineCallbacks
+    def open_stream(self, streams, target, data=b"ping"):
+        channel = FakeChannel()
+        relay = StreamRelay(reactor, CALLER, target, channel, data, streams)
+        yield channel.wait_for(data.upper())
+        relay.close()
+        yield deferLater(reactor, 0.05, lambda: None)  # the spare is dialled once the node answered
+
+    @defer.inlineCallbacks
+    def test_the_next_stream_to_a_member_takes_a_spare_connection(self):
+        """Issue 25: after a stream opened, one connection to that member is
+        kept ready, and the next stream uses it (no TCP connect or handshake)."""
+        port = yield self.listen()
+        target = dataclasses.replace(self.agent(), address=f"127.0.0.1:{port.getHost().port}")
+        streams = self.streams()
+        yield self.open_stream(streams, target)
+        self.assertEqual(self.authorizations, 2)  # the stream's connection and the spare
+        spare = streams.spares[("node-b", target.address)][0]
+        yield self.open_stream(streams, target, b"again")
+        self.assertTrue(spare.open)  # it carried the second stream
+        self.assertEqual(self.authorizations, 3)  # and a new spare was dialled
+        streams.close()
+        self.assertEqual(streams.spares, {})
+
+    @defer.inlineCallbacks
+    def test_a_spare_used_later_has_its_member_checked_again(self):
+        port = yield self.listen()
+        target = dataclasses.replace(self.agent(), address=f"127.0.0.1:{port.getHost().port}")
+        streams = self.streams()
+        yield self.open_stream(streams, target)
+        self.clock += 60  # the spare waited a minute; meanwhile gw-a left the cluster
+        self.authorized = set()
+        channel = FakeChannel()
+        StreamRelay(reactor, CALLER, target, channel, b"ping", streams)
+        yield channel.closed
+        self.assertEqual(channel.data, b"")
+        self.assertIn("names gw-a, not a member with role gateway",
+                      " | ".join(e.get("reason", "") for e in self.log.refusals()))
 
     @defer.inlineCallbacks
     def test_control_and_stream_connections_send_small_writes_at_once(self):
@@ -500,7 +566,7 @@ class WireTests(TestCase):
         self.assertTrue(gates[0].transport.getTcpNoDelay(), "the node's AMP connection")
         target = dataclasses.replace(self.agent(), address=f"127.0.0.1:{port.getHost().port}")
         channel = FakeChannel()
-        relay = StreamRelay(reactor, CALLER, target, channel, b"ping", RemoteStreams(reactor, self.gateway_tls))
+        relay = StreamRelay(reactor, CALLER, target, channel, b"ping", self.streams())
         yield channel.wait_for(b"PING")
         self.assertTrue(relay.agent.getTcpNoDelay(), "the gateway's end of the stream")
         self.assertTrue(gates[1].transport.getTcpNoDelay(), "the node's end of the stream")
@@ -514,7 +580,7 @@ class WireTests(TestCase):
         port = yield self.listen()
         target = dataclasses.replace(self.agent(), address=f"127.0.0.1:{port.getHost().port}")
         channel = FakeChannel()
-        relay = StreamRelay(reactor, CALLER, target, channel, b"x", RemoteStreams(reactor, self.gateway_tls))
+        relay = StreamRelay(reactor, CALLER, target, channel, b"x", self.streams())
         yield channel.wait_for(b"X")
         tcp = relay.agent.transport  # under the TLS protocol
         writes = []
@@ -551,7 +617,7 @@ class WireTests(TestCase):
         ready = defer.Deferred()
         sender = protocol.Protocol()
         client_factory = _TLSFactory(self.gateway_tls.client("node-b"), True, protocol.Factory.forProtocol(
-            lambda: _ClientGate(sender, "node-b", ready)))
+            lambda: _ClientGate(sender, "node-b", ready, self.gateway_tls)))
         address = IPv4Address("TCP", "127.0.0.1", 7022)
         server, client = server_factory.buildProtocol(address), client_factory.buildProtocol(address)
         pump = iosim.connect(server, iosim.makeFakeServer(server), client, iosim.makeFakeClient(client))
@@ -573,7 +639,7 @@ class WireTests(TestCase):
         port = yield self.listen()
         target = StreamTarget("F" * 32, "", -1, "node-b", f"127.0.0.1:{port.getHost().port}")
         channel = FakeChannel()
-        StreamRelay(reactor, CALLER, target, channel, b"", RemoteStreams(reactor, self.gateway_tls))
+        StreamRelay(reactor, CALLER, target, channel, b"", self.streams())
         yield channel.closed
         self.assertTrue([e for e in self.log.events if "no live encrypted session" in str(e.get("why", ""))])
 
@@ -588,7 +654,7 @@ class WireTests(TestCase):
         port = yield self.listen()
         target = dataclasses.replace(self.agent(), address=f"127.0.0.1:{port.getHost().port}")
         got = defer.Deferred()
-        RemoteStreams(reactor, self.gateway_tls).connect_socket(target, lambda sock, error: got.callback((sock, error)))
+        self.streams().connect_socket(target, lambda sock, error: got.callback((sock, error)))
         sock, error = yield got
         self.assertEqual(error, "")
         sock.sendall(b"abc")

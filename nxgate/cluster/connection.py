@@ -18,19 +18,23 @@ session service.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from OpenSSL.SSL import Error as TLSError
-from OpenSSL.SSL import WantReadError
+from OpenSSL.SSL import WantReadError, ZeroReturnError
 from twisted.internet import defer, protocol
-from twisted.internet.endpoints import HostnameEndpoint
+from twisted.internet.abstract import isIPAddress, isIPv6Address
+from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint
 from twisted.internet.interfaces import IHandshakeListener
 from twisted.logger import Logger
+from twisted.protocols.policies import ProtocolWrapper
 from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from nxgate.cluster import records
 from nxgate.cluster.tls import ClusterTLS, PeerRefused, check_server, peer_names
 from nxgate.doors.guard import authenticated
 from nxgate.tcp import no_delay
@@ -41,6 +45,9 @@ log = Logger(namespace="nxgate.cluster")
 CONNECT_TIMEOUT = 5.0
 #: What a peer may send before it is known to be a member (bytes).
 _EARLY_LIMIT = 64 * 1024
+#: A connection's first request that comes later than this after its
+#: member was checked has the member checked again first (seconds).
+RECHECK_AFTER = 2.0
 
 Authorize = Callable[[frozenset[str]], "defer.Deferred[str | None] | str | None"]
 Choose = Callable[[bytes, str], "protocol.Protocol | None | bool"]
@@ -71,9 +78,9 @@ class _CoalescingTLS(TLSMemoryBIOProtocol):
             return
         view = memoryview(data)
         done = 0
-        while done < len(data):
+        while done < len(data):  # one pass: member connections write whole (records.whole_writes)
             try:
-                done += self._tlsConnection.send(view[done:done + 16384])  # one TLS record at most
+                done += self._tlsConnection.send(view[done:])
             except WantReadError:
                 self._bufferedWrite(data[done:])
                 break
@@ -85,6 +92,32 @@ class _CoalescingTLS(TLSMemoryBIOProtocol):
         except WantReadError:
             return
         self.transport.write(records)
+
+    def _flushReceiveBIO(self) -> None:
+        """Twisted's, but all the records one TCP read completed are
+        decrypted into one buffer and delivered as one piece
+        (:func:`nxgate.cluster.records.read_all`), not one ``recv`` each."""
+        if not records.AVAILABLE:
+            super()._flushReceiveBIO()
+            return
+        while not self._lostTLSConnection:
+            try:
+                data = records.read_all(self._tlsConnection)
+            except WantReadError:
+                break
+            except ZeroReturnError:
+                self._shutdownTLS()
+                if self._tlsConnection is None:  # the connection ended inside (its lost() ran)
+                    return
+                self._tlsShutdownFinished(None)
+            except TLSError:
+                self._tlsShutdownFinished(Failure())
+            else:
+                if not self._aborted:
+                    ProtocolWrapper.dataReceived(self, data)
+            if self._tlsConnection is None:
+                return
+        self._flushSendBIO()
 
     def dataReceived(self, data: bytes) -> None:
         """What one TCP read decrypts to goes to the gate as one piece:
@@ -104,6 +137,11 @@ class _CoalescingTLS(TLSMemoryBIOProtocol):
 
 class _TLSFactory(TLSMemoryBIOFactory):
     protocol = _CoalescingTLS
+
+
+def _peer(transport: Any) -> str:
+    peer = transport.getPeer()
+    return f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
 
 
 def _describe(reason: Any) -> str:
@@ -144,9 +182,10 @@ class _Batching(protocol.Protocol):
 
 @implementer(IHandshakeListener)
 class _ClientGate(_Batching):
-    def __init__(self, inner: protocol.Protocol, name: str, ready: defer.Deferred[Any]) -> None:
-        self.inner, self.name, self.ready = inner, name, ready
+    def __init__(self, inner: protocol.Protocol, name: str, ready: defer.Deferred[Any], tls: ClusterTLS) -> None:
+        self.inner, self.name, self.ready, self.tls = inner, name, ready, tls
         self.open = False
+        self.remembered = False
 
     def connectionMade(self) -> None:
         no_delay(self.transport)
@@ -155,8 +194,8 @@ class _ClientGate(_Batching):
         try:
             check_server(self.transport.getHandle(), self.name)
         except PeerRefused as refused:
-            peer = self.transport.getPeer()
-            log.warn("refused cluster member at {peer}: {reason}", peer=f"{peer.host}:{peer.port}",
+            self.tls.forget(self.name)
+            log.warn("refused cluster member at {peer}: {reason}", peer=_peer(self.transport),
                      member=self.name, reason=str(refused), event="cluster_peer_refused")
             self.transport.abortConnection()
             self._fail(ConnectionRefusedError(f"member {self.name}: {refused}"))
@@ -169,6 +208,9 @@ class _ClientGate(_Batching):
 
     def deliver(self, data: bytes) -> None:
         if self.open:
+            if not self.remembered:  # the member's tickets came before its first bytes
+                self.remembered = True
+                self.tls.remember(self.name, self.transport.getHandle())
             self.inner.dataReceived(data)
 
     def _fail(self, error: Exception) -> None:
@@ -184,15 +226,38 @@ class _ClientGate(_Batching):
             self._fail(ConnectionError(f"TLS with member {self.name} failed: {_describe(reason)}"))
 
 
+def _endpoint(reactor: Any, host: str, port: int, timeout: float) -> Any:
+    """An address as written needs no name lookup: HostnameEndpoint would
+    still send it through getaddrinfo in the thread pool (a thread hand-off
+    on every stream opening, milliseconds on a busy machine)."""
+    if isIPAddress(host):
+        return TCP4ClientEndpoint(reactor, host, port, timeout=timeout)
+    if isIPv6Address(host):
+        return TCP6ClientEndpoint(reactor, host, port, timeout=timeout)
+    return HostnameEndpoint(reactor, host, port, timeout=timeout)
+
+
 def dial(reactor: Any, tls: ClusterTLS, name: str, address: str, inner: protocol.Protocol,
          timeout: float = CONNECT_TIMEOUT) -> defer.Deferred[Any]:
     """Connect to member ``name`` at ``address``: fires with ``inner`` once
     it is connected to a peer whose certificate names ``name``."""
     host, port = split_address(address)
-    ready: defer.Deferred[Any] = defer.Deferred()
-    factory = _TLSFactory(tls.client(name), True,
-                                  protocol.Factory.forProtocol(lambda: _ClientGate(inner, name, ready)))
-    connected = HostnameEndpoint(reactor, host, port, timeout=timeout).connect(factory)
+    gates: list[_ClientGate] = []
+
+    def cancel(_: Any) -> None:  # ClientService stopping while it dials: nothing left open
+        connected.cancel()
+        for gate in gates:
+            if gate.transport is not None:
+                gate.transport.abortConnection()
+
+    ready: defer.Deferred[Any] = defer.Deferred(cancel)
+
+    def build() -> _ClientGate:
+        gates.append(_ClientGate(inner, name, ready, tls))
+        return gates[-1]
+
+    factory = _TLSFactory(tls.client(name), True, protocol.Factory.forProtocol(build))
+    connected = _endpoint(reactor, host, port, timeout).connect(factory)
     connected.addErrback(lambda failure: ready.called or ready.errback(failure))
     timer = reactor.callLater(timeout * 2, lambda: ready.called or ready.errback(
         TimeoutError(f"member {name} at {address} did not complete TLS in time")))
@@ -208,20 +273,26 @@ class _ServerGate(_Batching):
         self.factory = factory
         self.early: list[bytes] = []
         self.member: str | None = None
+        self.names: frozenset[str] = frozenset()
+        self.authorized_at = 0.0
+        self.checking = False
         self.inner: protocol.Protocol | None = None
         self.done = False
 
     def _peer(self) -> str:
-        peer = self.transport.getPeer()
-        return f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
+        return _peer(self.transport)
 
     def connectionMade(self) -> None:
         no_delay(self.transport)
 
     def handshakeCompleted(self) -> None:
-        names = peer_names(self.transport.getHandle())
-        d = defer.maybeDeferred(self.factory.authorize, names)
-        d.addCallbacks(lambda member: self._authorized(member, names), self._authorize_failed)
+        self.names = peer_names(self.transport.getHandle())
+        self._authorize()
+
+    def _authorize(self) -> None:
+        self.checking = True
+        d = defer.maybeDeferred(self.factory.authorize, self.names)
+        d.addCallbacks(lambda member: self._authorized(member, self.names), self._authorize_failed)
 
     def _authorize_failed(self, failure: Any) -> None:
         log.failure("checking a cluster peer failed", failure)
@@ -234,11 +305,16 @@ class _ServerGate(_Batching):
         self.transport.abortConnection()
 
     def _authorized(self, member: str | None, names: frozenset[str]) -> None:
+        self.checking = False
+        self.authorized_at = self.factory.clock()
         if self.done:
             return
-        if member is None:
+        if member is None or (self.member is not None and member != self.member):
             self._refuse(f"its certificate names {', '.join(sorted(names)) or 'no DNS name'},"
                          f" not a member with role {self.factory.role}", names)
+            return
+        if self.member is not None:  # checked again before its first request: see deliver()
+            self._choose()
             return
         self.member = member
         authenticated(self.transport)  # a verified member: no longer under [server] login_grace_time and caps
@@ -250,8 +326,13 @@ class _ServerGate(_Batching):
             self.inner.dataReceived(data)
             return
         self.early.append(data)
-        if self.member is not None:
-            self._choose()  # a known member's first bytes may come with more behind them (one TCP read)
+        if self.member is not None and not self.checking:
+            if self.factory.clock() - self.authorized_at > RECHECK_AFTER:
+                # A connection a gateway kept ready (nxgate.cluster.stream's spare) is asked
+                # for a stream later: its member is checked again as of now, before it is served.
+                self._authorize()
+            else:
+                self._choose()  # a known member's first bytes may come with more behind them (one TCP read)
         if self.inner is None and not self.done and sum(map(len, self.early)) > _EARLY_LIMIT:
             log.warn("cluster peer {peer} sent too much before saying what it wants", peer=self._peer())
             self.done = True
@@ -288,8 +369,9 @@ class _ServerGate(_Batching):
 class GateFactory(protocol.Factory):
     """Accepts members: wrap in :meth:`tls_factory` for the listener."""
 
-    def __init__(self, authorize: Authorize, choose: Choose, role: str = "gateway") -> None:
-        self.authorize, self.choose, self.role = authorize, choose, role
+    def __init__(self, authorize: Authorize, choose: Choose, role: str = "gateway",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.authorize, self.choose, self.role, self.clock = authorize, choose, role, clock
 
     def buildProtocol(self, addr: Any) -> _ServerGate:
         gate = _ServerGate(self)

@@ -25,17 +25,19 @@ from typing import Any
 
 from twisted.application import service, strports
 from twisted.internet import defer, protocol
+from twisted.internet.interfaces import IHalfCloseableProtocol
 from twisted.logger import Logger
 from twisted.protocols import amp
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from nxgate.cluster import protocol as wire
 from nxgate.cluster.connection import GateFactory
-from nxgate.cluster.stream import STREAM_BUFFER, Pauser, close, set_buffer
 from nxgate.cluster.tls import ClusterTLS
 from nxgate.sessions.errors import Kind, SessionError
 from nxgate.sessions.results import Progress, SessionEvent
 from nxgate.stream import agentsocket
+from nxgate.stream.splice import Splice, TransportEnd
 
 log = Logger(namespace="nxgate.cluster.node")
 
@@ -100,7 +102,10 @@ class NodeAMP(amp.AMP):
         self.callRemote(wire.Progress, call=call, progress=progress.value)
 
 
+@implementer(IHalfCloseableProtocol)
 class _AgentEnd(protocol.Protocol):
+    """The agent's socket: its events go to the stream's splice."""
+
     def __init__(self, stream: NodeStream) -> None:
         self.stream = stream
 
@@ -108,7 +113,15 @@ class _AgentEnd(protocol.Protocol):
         self.stream.agent_connected(self.transport)
 
     def dataReceived(self, data: bytes) -> None:
-        self.stream.transport.write(data)
+        if self.stream.splice is not None:
+            self.stream.splice.received("agent", data)
+
+    def readConnectionLost(self) -> None:
+        if self.stream.splice is not None:
+            self.stream.splice.eof("agent")  # TLS cannot half-close: the stream ends
+
+    def writeConnectionLost(self) -> None:
+        pass
 
     def connectionLost(self, reason: Any) -> None:
         self.stream.agent_lost()
@@ -124,14 +137,15 @@ class NodeStream(protocol.Protocol):
         self.reactor, self.sessions, self.member = reactor, sessions, member
         self.head = b""
         self.agent: Any = None
+        self.splice: Splice | None = None
         self.pending: list[bytes] = []
         self.session_id = ""
         self.closed = False
         self.up = self.down = 0
 
     def dataReceived(self, data: bytes) -> None:
-        if self.agent is not None:
-            self.agent.write(data)
+        if self.splice is not None:
+            self.splice.received("gateway", data)
             return
         if self.session_id:  # the agent is not connected yet
             self.pending.append(data)
@@ -178,14 +192,11 @@ class NodeStream(protocol.Protocol):
             transport.loseConnection()
             return
         self.agent = transport
-        transport.bufferSize = STREAM_BUFFER
-        set_buffer(self.transport)
         self.transport.write(b"OK\n")
         for chunk in self.pending:
             transport.write(chunk)
         self.pending.clear()
-        transport.registerProducer(Pauser(self.transport), True)
-        self.transport.registerProducer(Pauser(transport), True)
+        self.splice = Splice(TransportEnd(self.transport), TransportEnd(transport), names=("gateway", "agent"))
         self.transport.resumeProducing()
         log.info("relaying the stream of session {id} for gateway {member}", id=self.session_id, member=self.member)
 
@@ -198,14 +209,15 @@ class NodeStream(protocol.Protocol):
     def agent_lost(self) -> None:
         if not self.closed:
             self.closed = True
-            close(self.transport)
+            if self.splice is not None:
+                self.splice.lost("agent")
             log.info("stream of session {id} closed by the agent", id=self.session_id)
 
     def connectionLost(self, reason: Any) -> None:
         if not self.closed:
             self.closed = True
-            if self.agent is not None:
-                close(self.agent)
+            if self.splice is not None:
+                self.splice.lost("gateway")
                 log.info("stream of session {id} closed by gateway {member}", id=self.session_id, member=self.member)
 
 

@@ -8,9 +8,11 @@ node's own (a SessionError keeps its kind and words).  A Ready's stream is
 marked with the node's name and address, so the relay goes there
 (:mod:`nxgate.cluster.stream`).
 
-One connection per member, made at the first call and again at the next
-call after it broke; a member that cannot be reached fails the call with
-``Kind.UNAVAILABLE`` and a sentence naming it, and the log says why.
+One connection per member, kept by Twisted's ``ClientService`` (see
+:class:`RemoteNode`); a member that cannot be reached fails the call at
+once with ``Kind.UNAVAILABLE`` and a sentence naming it (``unreachable``:
+nothing was asked, placement may try the next member), and the log says
+why, once per outage.
 """
 
 from __future__ import annotations
@@ -21,10 +23,14 @@ from collections.abc import Callable
 from typing import Any
 
 from OpenSSL import SSL
-from twisted.internet import defer
+from twisted.application.internet import ClientService, backoffPolicy
+from twisted.internet import defer, protocol
 from twisted.internet.error import ConnectionClosed
+from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.protocols import amp
+from zope.interface import implementer
 
 from nxgate.cluster import protocol as wire
 from nxgate.cluster.connection import dial
@@ -67,13 +73,47 @@ class _GatewayAMP(amp.AMP):
             self.node.listener(heard)
         return {}
 
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        self.node.connection = self
+
     def connectionLost(self, reason: Any) -> None:
         super().connectionLost(reason)
         self.node.lost(self)
 
 
+@implementer(IStreamClientEndpoint)
+class _MemberEndpoint:
+    """:func:`nxgate.cluster.connection.dial` as the endpoint of the member
+    link's ClientService: connected means TLS done and the certificate
+    checked."""
+
+    def __init__(self, node: RemoteNode) -> None:
+        self.node = node
+
+    def __repr__(self) -> str:  # in Twisted's "Scheduling retry ... to connect {endpoint}" line
+        return f"cluster member {self.node.name} at {self.node.address}"
+
+    def connect(self, factory: Any) -> defer.Deferred[Any]:
+        node = self.node
+        node.attempting = True
+        connected = dial(node.reactor, node.tls, node.name, node.address, factory.buildProtocol(None))
+        connected.addCallbacks(node._connected, node._not_connected)
+        return connected
+
+
 class RemoteNode:
-    """Member ``name`` at ``address`` (``host:port``) as a SessionAPI."""
+    """Member ``name`` at ``address`` (``host:port``) as a SessionAPI.
+
+    The link is Twisted's ``ClientService``: it dials when first needed,
+    and after a break it dials again in the background (backing off) for a
+    few attempts, then rests until the next call or heartbeat.  A call never
+    waits for a back-off: if the link is down and no attempt is under way,
+    it dials at once, and fails with ``unreachable`` when that attempt fails."""
+
+    #: Background attempts after a break before the link rests (the
+    #: gateway's heartbeat, ``keep_in_touch``, still dials every node that is up).
+    RETRIES = 5
 
     def __init__(self, reactor: Any, tls: ClusterTLS, name: str, address: str,
                  listener: Callable[[SessionEvent], None] | None = None) -> None:
@@ -81,8 +121,8 @@ class RemoteNode:
         self.reactor, self.tls, self.name, self.address = reactor, tls, name, address
         self.listener = listener
         self.connection: _GatewayAMP | None = None
-        self.connecting: defer.Deferred[_GatewayAMP] | None = None
-        self.waiting: list[defer.Deferred[_GatewayAMP]] = []
+        self.attempting = False
+        self.failures = 0
         self.progress_callbacks: dict[int, ProgressCallback] = {}
         self.calls = itertools.count(1)
         #: When (this gateway's clock) the connection to the member broke or
@@ -91,6 +131,8 @@ class RemoteNode:
         #: periods (see :meth:`RemoteNodes.broken`).
         self.broken_at: float | None = None
         self.closing = False
+        self.link = ClientService(_MemberEndpoint(self), protocol.Factory.forProtocol(lambda: _GatewayAMP(self)),
+                                  retryPolicy=backoffPolicy(initialDelay=1.0, maxDelay=10.0), clock=reactor)
 
     def __repr__(self) -> str:
         return f"RemoteNode({self.name!r}, {self.address!r})"
@@ -203,41 +245,50 @@ class RemoteNode:
     async def _connection(self) -> _GatewayAMP:
         if self.connection is not None:
             return self.connection
-        waiter: defer.Deferred[_GatewayAMP] = defer.Deferred()
-        self.waiting.append(waiter)
-        if self.connecting is None:
-            self.connecting = dial(self.reactor, self.tls, self.name, self.address, _GatewayAMP(self))
-            self.connecting.addCallbacks(self._connected, self._not_connected)
+        if self.closing:
+            raise self._unavailable("this gateway is stopping", quiet=True)
+        if not self.attempting:
+            # Out of any transition of the link first (this call may come from
+            # a callback of its last attempt or of the connection's end).
+            await deferLater(self.reactor, 0, lambda: None)
+            if self.connection is not None:
+                return self.connection
+            if not self.link.running:
+                self.link.startService()
+            elif not self.attempting:  # waiting out a back-off: this call dials now
+                await self.link.stopService()
+                self.link.startService()
         try:
-            return await waiter
-        except SessionError:
-            raise
-        except Exception as error:
-            raise self._unavailable(str(error)) from None
+            return await self.link.whenConnected(failAfterFailures=1)
+        except Exception as error:  # the attempt's failure, logged once per outage by _not_connected
+            raise self._unavailable(str(error) or type(error).__name__, quiet=True) from None
 
-    def _connected(self, connection: _GatewayAMP) -> None:
-        self.connecting = None
-        self.connection = connection
+    def _connected(self, connection: Any) -> Any:
+        self.attempting = False
+        self.failures = 0
         self.broken_at = None
         log.info("connected to cluster member {name} at {address}", name=self.name, address=self.address)
         if self.listener is not None:
             connection.callRemote(wire.Subscribe).addErrback(
                 lambda failure: log.warn("member {name} will not send its session events: {why}", name=self.name,
                                          why=failure.getErrorMessage()))
-        waiting, self.waiting = self.waiting, []
-        for waiter in waiting:
-            waiter.callback(connection)
+        return connection
 
-    def _not_connected(self, failure: Any) -> None:
-        self.connecting = None
-        # Said once per outage (the gateway tries again every heartbeat); "connected" ends it.
-        quiet = self.broken_at is not None
+    def _not_connected(self, failure: Any) -> Any:
+        self.attempting = False
+        self.failures += 1
+        # Said once per outage (the link and the heartbeat try again); "connected" ends it.
         if self.broken_at is None:
             self.broken_at = self.reactor.seconds()
-        waiting, self.waiting = self.waiting, []
-        error = self._unavailable(failure.getErrorMessage(), quiet=quiet)
-        for waiter in waiting:
-            waiter.errback(error)
+            self._unavailable(failure.getErrorMessage())
+        if self.failures >= self.RETRIES and not self.closing:
+            self.reactor.callLater(0, self._rest)
+        return failure
+
+    def _rest(self) -> None:
+        """Stop the background attempts (the next call or heartbeat dials)."""
+        if self.connection is None and not self.attempting and self.link.running:
+            self.link.stopService()
 
     def lost(self, connection: _GatewayAMP) -> None:
         """The connection broke: the next call dials again."""
@@ -249,8 +300,8 @@ class RemoteNode:
 
     def close(self) -> None:
         self.closing = True
-        if self.connection is not None:
-            self.connection.transport.loseConnection()
+        if self.link.running:
+            self.link.stopService()
 
 
 class RemoteNodes:

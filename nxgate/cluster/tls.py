@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cryptography import x509
@@ -35,13 +35,23 @@ from service_identity import CertificateError, VerificationError
 from service_identity.hazmat import DNSPattern
 from service_identity.pyopenssl import extract_patterns, verify_hostname
 from twisted.internet.interfaces import IOpenSSLClientConnectionCreator, IOpenSSLServerConnectionCreator
+from twisted.internet.ssl import CertificateOptions, TLSVersion
 from twisted.logger import Logger
 from zope.interface import implementer
+
+from nxgate.cluster.records import whole_writes
 
 log = Logger(namespace="nxgate.cluster.tls")
 
 CA_CERT, CA_KEY = "ca.pem", "ca.key"
 CA_DAYS, CERT_DAYS = 3650, 825
+#: How long a TLS session may be resumed (seconds).  A resumed handshake
+#: checks no certificate again (the peer proved it holds the key of a
+#: verified one within this time); the peer's *names* are still checked on
+#: every connection by both gates (the member list included), and the
+#: ticket key lives only in the accepting process's memory (a restart ends
+#: every session).  Short, so that a certificate that expires is seen soon.
+RESUME_SECONDS = 300
 
 #: X509_V_ERR_* numbers worth a sentence in the log (the rest: the number).
 _VERIFY_ERRORS = {
@@ -83,16 +93,42 @@ def _verify(connection: SSL.Connection, certificate: crypto.X509, errno: int, de
     return bool(ok)
 
 
-def _context(ca: str, certificate: str, key: str) -> SSL.Context:
-    context = SSL.Context(SSL.TLS_METHOD)
-    context.set_min_proto_version(SSL.TLS1_3_VERSION)
-    context.set_options(SSL.OP_NO_TICKET | SSL.OP_NO_COMPRESSION)
-    context.use_certificate_chain_file(certificate.encode())
-    context.use_privatekey_file(key.encode())
-    context.check_privatekey()
-    context.load_verify_locations(ca.encode())
-    context.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT, _verify)
-    return context
+def _read(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def _certificates(path: str) -> list[crypto.X509]:
+    """Every certificate in the PEM file ``path`` (a chain, or CAs), in order."""
+    try:
+        found = x509.load_pem_x509_certificates(_read(path))
+    except ValueError as error:
+        raise SSL.Error(f"{path}: no PEM certificate can be read ({error})") from None
+    return [crypto.X509.from_cryptography(certificate) for certificate in found]
+
+
+def _options(ca: str, certificate: str, key: str, tickets: bool = False) -> CertificateOptions:
+    """Twisted's CertificateOptions for a member: its certificate (and any
+    chain after it in the file) and key, the peer's certificate required and
+    verified against the cluster CA only (not the system's trust store),
+    TLS 1.3 only, no compression (Twisted's default).
+
+    ``tickets`` (the accepting side): TLS 1.3 session tickets, so that a
+    gateway opening one stream after another resumes instead of signing and
+    verifying certificates again (see :data:`RESUME_SECONDS`)."""
+    chain = _certificates(certificate)
+    try:
+        private_key = crypto.load_privatekey(crypto.FILETYPE_PEM, _read(key))
+    except crypto.Error as error:
+        raise SSL.Error(f"{key}: the private key cannot be read ({error})") from None
+    options = CertificateOptions(privateKey=private_key, certificate=chain[0], extraCertChain=chain[1:],
+                                 verify=True, caCerts=_certificates(ca), requireCertificate=True,
+                                 raiseMinimumTo=TLSVersion.TLSv1_3, enableSessionTickets=tickets)
+    context = options.getContext()  # built once and cached: every connection uses it
+    context.set_timeout(RESUME_SECONDS)
+    # Same checks as Twisted's (VERIFY_PEER | FAIL_IF_NO_PEER_CERT), but a refusal says why in the log.
+    context.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT | SSL.VERIFY_CLIENT_ONCE, _verify)
+    return options
 
 
 def peer_names(connection: SSL.Connection) -> frozenset[str]:
@@ -111,55 +147,74 @@ def peer_names(connection: SSL.Connection) -> frozenset[str]:
     return frozenset(names)
 
 
-@implementer(IOpenSSLClientConnectionCreator)
-class _ClientCreator:
-    def __init__(self, context: SSL.Context, name: str) -> None:
-        self.context = context
-        self.name = name
+@implementer(IOpenSSLClientConnectionCreator, IOpenSSLServerConnectionCreator)
+class _Creator:
+    """Twisted's connection from the member's options, which knows its TLS
+    protocol (the verify callback's log line names the peer's address)."""
+
+    def __init__(self, options: CertificateOptions, resume: SSL.Session | None = None) -> None:
+        self.options = options
+        self.resume = resume
 
     def clientConnectionForTLS(self, tls_protocol: Any) -> SSL.Connection:
-        connection = SSL.Connection(self.context, None)
+        connection = self.options.clientConnectionForTLS(tls_protocol)
         connection.set_app_data(tls_protocol)
-        connection.set_connect_state()
-        connection.set_tlsext_host_name(self.name.encode("ascii"))
+        whole_writes(connection)
+        if self.resume is not None:
+            connection.set_session(self.resume)  # offered; the member decides (a full handshake otherwise)
         return connection
 
-
-@implementer(IOpenSSLServerConnectionCreator)
-class _ServerCreator:
-    def __init__(self, context: SSL.Context) -> None:
-        self.context = context
-
     def serverConnectionForTLS(self, tls_protocol: Any) -> SSL.Connection:
-        connection = SSL.Connection(self.context, None)
-        connection.set_app_data(tls_protocol)  # for the verify callback's log line
+        connection = self.options.serverConnectionForTLS(tls_protocol)
+        connection.set_app_data(tls_protocol)
+        whole_writes(connection)
         return connection
 
 
 @dataclass
 class ClusterTLS:
     """This member's TLS credentials, loaded once (the files are read at
-    start; a new certificate needs a restart, like every [cluster] change)."""
+    start; a new certificate needs a restart, like every [cluster] change).
+
+    The contexts are Twisted's ``CertificateOptions``; what a peer *is* is
+    decided after the handshake by the gates of :mod:`nxgate.cluster.connection`
+    (:func:`check_server` when dialling, :func:`peer_names` and the member
+    list when accepting)."""
 
     name: str
-    server_context: SSL.Context
-    client_context: SSL.Context
+    server_options: CertificateOptions
+    client_options: CertificateOptions
+    #: The last resumable TLS session with each member, by member name.
+    sessions: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def load(cls, name: str, ca: str, certificate: str, key: str) -> ClusterTLS:
         """Raises OSError / SSL.Error with OpenSSL's words if a file is unusable."""
-        return cls(name, _context(ca, certificate, key), _context(ca, certificate, key))
+        return cls(name, _options(ca, certificate, key, tickets=True), _options(ca, certificate, key))
 
     @classmethod
     def from_config(cls, cluster: Any) -> ClusterTLS:
         return cls.load(cluster.name, cluster.ca, cluster.certificate, cluster.key)
 
-    def server(self) -> _ServerCreator:
-        return _ServerCreator(self.server_context)
+    def server(self) -> _Creator:
+        return _Creator(self.server_options)
 
-    def client(self, name: str) -> _ClientCreator:
-        """For dialling member ``name``: check :func:`check_server` after the handshake."""
-        return _ClientCreator(self.client_context, name)
+    def client(self, name: str) -> _Creator:
+        """For dialling member ``name``: check :func:`check_server` after the
+        handshake (Twisted's ``optionsForClientTLS`` would check the name
+        too, but it accepts a wildcard and its refusal does not say which
+        name the certificate had)."""
+        return _Creator(self.client_options, self.sessions.get(name))
+
+    def remember(self, name: str, connection: SSL.Connection) -> None:
+        """Keep the session of ``connection`` to member ``name`` for the next
+        connection to it (called once the member's first bytes arrived: its
+        TLS 1.3 tickets come before them)."""
+        self.sessions[name] = connection.get_session()
+
+    def forget(self, name: str) -> None:
+        """The member's certificate was refused: offer it no session again."""
+        self.sessions.pop(name, None)
 
 
 def check_server(connection: SSL.Connection, expected: str) -> None:

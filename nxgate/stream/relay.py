@@ -22,9 +22,9 @@ from typing import Any, Protocol
 from twisted.internet import protocol
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
-from zope.interface import implementer
 
 from nxgate.stream import agentsocket
+from nxgate.stream.splice import Splice, TransportEnd
 from nxgate import metrics
 from nxgate.doors.conversation import ByteTransport
 from nxgate.sessions.caller import Caller
@@ -40,23 +40,35 @@ class ClientStream(ByteTransport, Protocol):
     def resume_input(self) -> None: ...
 
 
-@implementer(IPushProducer)
-class _ClientInput:
-    """The client's input as seen by the agent connection: Twisted pauses it
-    when that connection's send buffer is full, resumes it once drained, and
-    stops it when the connection is gone (the client is never left paused)."""
+class _ClientEnd:
+    """The client's channel as one end of the splice (:mod:`nxgate.stream.splice`).
+
+    Its send buffer is the client's SSH window: the channel says when it is
+    full (:meth:`StreamRelay.pause_agent`), and the splice's producer for it
+    (the agent's reading) is paused then."""
 
     def __init__(self, client: ClientStream) -> None:
         self.client = client
+        self.producer: IPushProducer | None = None
 
-    def pauseProducing(self) -> None:
+    def write(self, data: bytes) -> None:
+        self.client.write(data)
+
+    def pause_reading(self) -> None:
         self.client.pause_input()
 
-    def resumeProducing(self) -> None:
+    def resume_reading(self) -> None:
         self.client.resume_input()
 
-    def stopProducing(self) -> None:
-        self.client.resume_input()
+    def hold(self, producer: IPushProducer) -> None:
+        self.producer = producer
+
+    def write_eof(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.client.resume_input()  # the client's goodbye must still be read
+        self.client.close()
 
 
 class _AgentSide(protocol.Protocol):
@@ -69,7 +81,8 @@ class _AgentSide(protocol.Protocol):
     def dataReceived(self, data: bytes) -> None:
         self.relay.to_client += len(data)
         metrics.relayed_down(len(data))
-        self.relay.channel.write(data)
+        if self.relay.splice is not None:
+            self.relay.splice.received("agent", data)
 
     def connectionLost(self, reason: Any) -> None:
         self.relay.agent_closed()
@@ -78,11 +91,6 @@ class _AgentSide(protocol.Protocol):
 class StreamRelay:
     """One client's stream to its session's agent."""
 
-    #: What may wait for the agent before the client is held back: Twisted's
-    #: 64 KiB default paused and resumed the client thousands of times a
-    #: second during a bulk upload.
-    AGENT_BUFFER = 1024 * 1024
-
     def __init__(self, reactor: Any, client: Caller, target: Any, channel: ClientStream, leftover: bytes,
                  streams: Any = None) -> None:
         self.client = client
@@ -90,6 +98,8 @@ class StreamRelay:
         self.channel = channel
         self.pending = [leftover] if leftover else []
         self.agent: Any = None
+        self.client_end = _ClientEnd(channel)
+        self.splice: Splice | None = None
         self.closed = False
         self.to_agent = len(leftover)
         self.to_client = 0
@@ -127,8 +137,7 @@ class StreamRelay:
         for chunk in self.pending:
             transport.write(chunk)
         self.pending.clear()
-        transport.bufferSize = self.AGENT_BUFFER
-        transport.registerProducer(_ClientInput(self.channel), True)
+        self.splice = Splice(self.client_end, TransportEnd(transport), names=("client", "agent"))
         self.channel.resume_input()
 
     def _failed(self, error: str) -> None:
@@ -139,8 +148,8 @@ class StreamRelay:
     def write(self, data: bytes) -> None:
         self.to_agent += len(data)
         metrics.relayed_up(len(data))
-        if self.agent is not None:
-            self.agent.write(data)
+        if self.splice is not None:
+            self.splice.received("client", data)
         elif not self.closed:
             self.pending.append(data)
 
@@ -149,25 +158,28 @@ class StreamRelay:
         if self.closed:
             return
         self.closed = True
-        if self.agent is not None:
-            self.agent.loseConnection()
+        if self.splice is not None:
+            self.splice.lost("client")
         self._log_end("client")
 
     def pause_agent(self) -> None:
-        if self.agent is not None:
-            self.agent.pauseProducing()
+        """The client's SSH window is full."""
+        if self.client_end.producer is not None:
+            self.client_end.producer.pauseProducing()
 
     def resume_agent(self) -> None:
-        if self.agent is not None:
-            self.agent.resumeProducing()
+        if self.client_end.producer is not None:
+            self.client_end.producer.resumeProducing()
 
     # agent side --------------------------------------------------------
     def agent_closed(self) -> None:
         if self.closed:
             return
         self.closed = True
-        self.channel.resume_input()  # the client's goodbye must still be read
-        self.channel.close()
+        if self.splice is not None:
+            self.splice.lost("agent")
+        else:
+            self.client_end.close()
         self._log_end("agent")
 
     def _log_end(self, side: str) -> None:
