@@ -147,12 +147,14 @@ class LocalPrinting:
         self.server = parse_server(server)
         self.listener: Any = None
         self.factory: GateFactory | None = None
+        self.port = 0
 
     def open(self, session_cookie: str) -> int:
         """Listen for the channel; the port for nxproxy's ``cups=``."""
         self.factory = GateFactory(self.reactor, session_cookie, self.server)
         self.listener = self.reactor.listenTCP(0, self.factory, interface="127.0.0.1")
-        return int(self.listener.getHost().port)
+        self.port = int(self.listener.getHost().port)
+        return self.port
 
     def close(self) -> None:
         if self.listener is not None:

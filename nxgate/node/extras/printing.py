@@ -51,7 +51,7 @@ from twisted.internet.error import ConnectingCancelledError
 from twisted.logger import Logger
 from twisted.python.filepath import FilePath
 
-from nxgate import channels, ipp, printgate
+from nxgate import channels, ipp, printgate, tunnels
 from nxgate.node import files, processes
 from nxgate.node.extras import Context
 
@@ -329,6 +329,7 @@ class Printing:
         reactor = self.context.reactor
         delay, said, since = FIRST_RETRY, "", reactor.seconds()
         while True:
+            port = self.port(session) or port
             try:
                 printers = await discover(reactor, port, session.cookie)
                 break
@@ -355,6 +356,14 @@ class Printing:
         await self._socket_made(self.socket_path(session), cupsd)
         log.info("session {id} of {user}: printing on the client's printers: {queues}", id=session.id,
                  user=session.user, queues=", ".join(p.queue for p in printers) or "(the client has none)")
+
+    @staticmethod
+    def port(session: Any) -> int | None:
+        """Where the session's jobs reach the client's gate: the client's own
+        SSH channel when it asked for one (:mod:`nxgate.tunnels`), else the
+        NX cups channel."""
+        tunnel = tunnels.REGISTRY.port(session.id, session.user, "printing")
+        return tunnel if tunnel is not None else channels.channel_port("printing", session.display)
 
     async def _socket_made(self, path: str, cupsd: processes.ProcessId) -> None:
         """Until cupsd has made its socket (told by inotify, no polling);

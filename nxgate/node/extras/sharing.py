@@ -38,7 +38,7 @@ from typing import Any
 from twisted.internet import task
 from twisted.logger import Logger
 
-from nxgate import channels
+from nxgate import channels, tunnels
 from nxgate.node import files
 from nxgate.node.extras import Context
 
@@ -153,7 +153,7 @@ class Sharing:
         """Mount ``mount`` (a :class:`nxgate.sessions.requests.ShareMount`)
         for the session's user and link it as ``~/MyShares/<name>``.  Failures
         are logged; the session goes on without the folder."""
-        port = channels.channel_port("sharing", session.display)
+        port = self.port(session)
         if port is None:
             log.warn("session {id}: display :{display} is too high for an smb channel port", id=session.id,
                      display=session.display)
@@ -194,6 +194,15 @@ class Sharing:
                      "{target}", id=session.id, link=link, target=target)
         log.info("session {id} of {user}: the client's folder {share!r} is at {link}", id=session.id,
                  user=session.user, share=mount.share, link=link)
+
+    @staticmethod
+    def port(session: Any) -> int | None:
+        """Where smbnetfs reaches the client's SMB server: the client's own
+        SSH channel when it asked for one (:mod:`nxgate.tunnels`: not
+        throttled by nxagent, only the session's user let through), else
+        the NX smb channel."""
+        tunnel = tunnels.REGISTRY.port(session.id, session.user, "sharing")
+        return tunnel if tunnel is not None else channels.channel_port("sharing", session.display)
 
     async def _reachable(self, session: Any, path: str) -> bool:
         """Whether the user sees the share (the channel may need a moment)."""
