@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -290,10 +289,22 @@ class ClientRun:
         assert self.nxproxy_path is not None
         self.say(f"session {info.session_id} on display {info.display} is ready; starting nxproxy")
         self.proxy = NXProxy(self.reactor, self.nxproxy_path, self, self.environ)
+        # The private Samba first (its port goes to nxproxy), without blocking the reactor.
+        d = defer.ensureDeferred(self._open_shares(info, self.proxy.home))
+        d.addCallback(lambda smb: self._start_proxy(info, smb))
+        d.addErrback(self._internal_error)
+
+    def _internal_error(self, failure: Failure) -> None:
+        self.say("internal error:\n" + failure.getTraceback())
+        self.finish(NX_ERROR)
+
+    def _start_proxy(self, info: dialogue.SessionInfo, smb: int) -> None:
+        if self._finishing or self.proxy is None:
+            return
         try:
             port = self.proxy.listen()
             argv = self.proxy.start(info, self.options.request.params.name, port,  # type: ignore[union-attr]
-                                    self._open_channels(info, self.proxy.home))
+                                    self._open_channels(info, self.proxy.home, smb))
         except (OSError, ValueError, CannotListenError) as problem:
             self.say(f"cannot start nxproxy: {problem}")
             self.finish(NX_ERROR)
@@ -304,50 +315,16 @@ class ClientRun:
         self._request_tunnels(info)
         self._add_mounts(info)
 
-    def _request_tunnels(self, info: dialogue.SessionInfo) -> None:
-        """Ask the server to carry the folders and printers on SSH channels of
-        their own (:mod:`nxgate.tunnels`), beside the NX stream: nxagent's
-        proxy throttles its smb and cups channels.  Sent before ``addmount``
-        (the server reads them in order); a server that says no keeps using
-        the NX channels, which nxproxy serves all the same."""
-        assert self.channel is not None
-        for service, wanted in (("sharing", self.shares is not None), ("printing", self.printing is not None)):
-            if not wanted:
-                continue
-            d = self.channel.request_tunnel(service, info.session_id)
-            d.addCallbacks(lambda _, s=service: self._tunnel_granted(s),
-                           lambda failure, s=service: self._tunnel_refused(s))
-
-    def _tunnel_granted(self, service: str) -> None:
-        self.tunnels.add(service)
-        if self.options.verbose:
-            self.say(f"{service}: on an SSH channel of its own")
-
-    def _tunnel_refused(self, service: str) -> None:
-        if self.options.verbose:
-            self.say(f"{service}: the server keeps it in the NX stream (no tunnel)")
-
-    def tunnel_target(self, service: str, session_id: str) -> int | None:
-        """Where a tunnel connection the server opens goes: our print gate or
-        private Samba, for this session and a tunnel we asked for only."""
-        if self.info is None or session_id != self.info.session_id.upper() or service not in self.tunnels:
-            return None
-        if service == "sharing" and self.shares is not None:
-            return self.shares.port
-        if service == "printing" and self.printing is not None:
-            return self.printing.port
-        return None
-
-    def _open_channels(self, info: dialogue.SessionInfo, directory: str) -> dict[str, int]:
+    def _open_channels(self, info: dialogue.SessionInfo, directory: str, smb: int) -> dict[str, int]:
         """nxproxy's service channels: nxcomp channel name -> the local port
         it connects to (0: that service is off for this session)."""
         return {
             "media": self._open_sound(info, directory),
             "cups": self._open_printing(info),
-            "smb": self._open_shares(info, directory),
+            "smb": smb,
         }
 
-    def _open_shares(self, info: dialogue.SessionInfo, directory: str) -> int:
+    async def _open_shares(self, info: dialogue.SessionInfo, directory: str) -> int:
         """The private SMB server's port for nxproxy's ``smb=`` (0: no folders).
         Only when the server offers folder sharing (``NX> 709``); without it,
         or when Samba fails here, the session runs without the folders."""
@@ -356,12 +333,12 @@ class ClientRun:
         if info.file_sharing_port is None:
             self.say("no shared folders: the server does not offer folder sharing for this session")
             return 0
-        self.shares = LocalShares(self.options.shares, directory)
+        shares = self.shares = LocalShares(self.options.shares, directory)
         try:
-            port = self.shares.open()
-        except (SharingError, OSError, subprocess.SubprocessError) as problem:
+            port = await shares.open(self.reactor)
+        except (SharingError, OSError) as problem:
             self.say(f"no shared folders: {problem}")
-            self.shares.close()
+            shares.close()
             self.shares = None
             return 0
         if self.options.verbose:
@@ -422,6 +399,40 @@ class ClientRun:
         if tail:
             self.say("the end of nxproxy's log:\n" + last_lines(tail))
         self.finish(NX_ERROR)
+
+    def _request_tunnels(self, info: dialogue.SessionInfo) -> None:
+        """Ask the server to carry the folders and printers on SSH channels of
+        their own (:mod:`nxgate.tunnels`), beside the NX stream: nxagent's
+        proxy throttles its smb and cups channels.  Sent before ``addmount``
+        (the server reads them in order); a server that says no keeps using
+        the NX channels, which nxproxy serves all the same."""
+        assert self.channel is not None
+        for service, wanted in (("sharing", self.shares is not None), ("printing", self.printing is not None)):
+            if not wanted:
+                continue
+            d = self.channel.request_tunnel(service, info.session_id)
+            d.addCallbacks(lambda _, s=service: self._tunnel_granted(s),
+                           lambda failure, s=service: self._tunnel_refused(s))
+
+    def _tunnel_granted(self, service: str) -> None:
+        self.tunnels.add(service)
+        if self.options.verbose:
+            self.say(f"{service}: on an SSH channel of its own")
+
+    def _tunnel_refused(self, service: str) -> None:
+        if self.options.verbose:
+            self.say(f"{service}: the server keeps it in the NX stream (no tunnel)")
+
+    def tunnel_target(self, service: str, session_id: str) -> int | None:
+        """Where a tunnel connection the server opens goes: our print gate or
+        private Samba, for this session and a tunnel we asked for only."""
+        if self.info is None or session_id != self.info.session_id.upper() or service not in self.tunnels:
+            return None
+        if service == "sharing" and self.shares is not None:
+            return self.shares.port
+        if service == "printing" and self.printing is not None:
+            return self.printing.port
+        return None
 
     def proxy_connected(self, connection: LocalConnection) -> None:
         if self._finishing or self.channel is None:
