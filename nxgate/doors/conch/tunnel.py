@@ -35,7 +35,18 @@ log = Logger(namespace="nxgate.ssh.tunnel")
 #: Window of a tunnel channel: large enough that a bulk copy does not wait
 #: a round trip per window (the NX channel uses the same, see server.py).
 WINDOW = 2 * 1024 * 1024
-MAX_PACKET = 32768
+#: Bigger packets than Conch's 32 KiB: each costs Python work at both ends
+#: (both are ours, and our transports take packets up to 1 MiB).
+MAX_PACKET = 256 * 1024
+#: What a socket of a tunnel reads at once (Twisted's 64 KiB default), and
+#: how much it buffers before pausing what feeds it.
+SOCKET_BUFFER = 256 * 1024
+
+
+def _tune(transport: Any) -> None:
+    no_delay(transport)  # SMB and IPP are request/answer: no Nagle wait
+    if hasattr(transport, "bufferSize"):
+        transport.bufferSize = SOCKET_BUFFER
 
 
 class _Socket(protocol.Protocol):
@@ -45,7 +56,7 @@ class _Socket(protocol.Protocol):
         self.channel = channel
 
     def connectionMade(self) -> None:
-        no_delay(self.transport)  # SMB and IPP are request/answer: no Nagle wait
+        _tune(self.transport)
         self.transport.registerProducer(self.channel, True)
         self.channel.socket_ready(self)
 
@@ -189,7 +200,7 @@ class _Inbound(protocol.Protocol):
         self.buffered: list[bytes] = []
 
     def connectionMade(self) -> None:
-        no_delay(self.transport)
+        _tune(self.transport)
         self.transport.pauseProducing()  # nothing goes anywhere before the peer check
         self.tunnel.accepted(self)
 
