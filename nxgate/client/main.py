@@ -431,7 +431,7 @@ class ClientRun:
         if service == "sharing" and self.shares is not None:
             return self.shares.port
         if service == "printing" and self.printing is not None:
-            return self.printing.port
+            return self.printing.tunnel_port
         return None
 
     def proxy_connected(self, connection: LocalConnection) -> None:
