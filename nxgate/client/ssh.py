@@ -241,8 +241,12 @@ class _UserAuth(userauth.SSHUserAuthClient):
 
 class _Transport(EtmTransport, transport.SSHClientTransport):
     factory: _Factory
-    # Encrypt-then-MAC first: the gateway offers nothing else by default.
-    supportedMACs = [*ETM_MACS, *transport.SSHClientTransport.supportedMACs]
+    # Encrypt-then-MAC first: the gateway offers nothing else by default.  SHA-256
+    # before SHA-512: with the CPUs' SHA extensions (OpenSSL uses them) its HMAC
+    # ran at 405 MB/s against 120 here, and every byte of a folder copy on its own
+    # SSH channel is MACed by both ends (bench/sharing_copy.py).
+    supportedMACs = [*sorted(ETM_MACS, key=lambda name: b"sha2-256" not in name),
+                     *transport.SSHClientTransport.supportedMACs]
 
     def connectionMade(self) -> None:
         no_delay(self.transport)  # the NX stream's small messages must not wait (nxgate.tcp)
