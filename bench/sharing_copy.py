@@ -46,7 +46,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from nxgate.client.sharing import LocalShares  # noqa: E402
-from nxgate.node.extras.sharing import CLIENT_SMB_CONF, share_path, smbnetfs_config  # noqa: E402
+from nxgate.node.extras.sharing import CLIENT_SMB_CONF, MOUNT_OPTIONS, share_path, smbnetfs_config  # noqa: E402
 from nxgate.nx import client_commands as commands  # noqa: E402
 from tests.harness.gateway import Gateway  # noqa: E402
 from tests.harness.process import wait_for  # noqa: E402
@@ -107,7 +107,8 @@ def summary(pairs: list[tuple[float, float]]) -> dict:
 
 
 def direct_mount(user, home: str, port: int, shares: LocalShares) -> tuple[str, str]:
-    """smbnetfs as ``user`` straight on the client's Samba: (mount point, share path)."""
+    """smbnetfs as ``user`` straight on the client's Samba, with the options the
+    gateway mounts with: (mount point, share path)."""
     base = tempfile.mkdtemp(prefix="nxgate-bench-smb-", dir=home)
     os.makedirs(os.path.join(base, ".smb"))
     os.makedirs(os.path.join(base, "mnt"))
@@ -120,7 +121,7 @@ def direct_mount(user, home: str, port: int, shares: LocalShares) -> tuple[str, 
     subprocess.run(["chown", "-R", f"{user.name}:", base], check=True)
     os.chmod(base, 0o700)
     subprocess.run(["runuser", "-u", user.name, "--", "env", f"HOME={base}", "smbnetfs", os.path.join(base, "mnt"),
-                    "-o", f"config={config}"], check=True, cwd=base)
+                    "-o", f"config={config},{MOUNT_OPTIONS}"], check=True, cwd=base)
     return os.path.join(base, "mnt"), share_path(os.path.join(base, "mnt"), port, SHARE)
 
 

@@ -35,9 +35,11 @@ log = Logger(namespace="nxgate.ssh.tunnel")
 #: Window of a tunnel channel: large enough that a bulk copy does not wait
 #: a round trip per window (the NX channel uses the same, see server.py).
 WINDOW = 2 * 1024 * 1024
-#: Bigger packets than Conch's 32 KiB: each costs Python work at both ends
-#: (both are ours, and our transports take packets up to 1 MiB).
-MAX_PACKET = 256 * 1024
+#: Bigger packets than Conch's 32 KiB (each costs Python work at both ends;
+#: both are ours, and our transports take packets up to 1 MiB), but no
+#: bigger than what one read of the SSH socket brings (Twisted's 64 KiB):
+#: a longer packet is copied again with every read until it is complete.
+MAX_PACKET = 64 * 1024 - 256
 #: What a socket of a tunnel reads at once (Twisted's 64 KiB default), and
 #: how much it buffers before pausing what feeds it.
 SOCKET_BUFFER = 256 * 1024
