@@ -192,6 +192,13 @@ class _ServerTunnelChannel(TunnelChannel):
         if self.areWriting:  # else the peer's window is full already: startWriting resumes it
             self.inbound.transport.resumeProducing()
 
+    def openFailed(self, reason: Failure) -> None:
+        """The client would not take it (it did not ask for this tunnel, or it is going)."""
+        log.info("a tunnel connection was refused by the client: {reason}", reason=reason.getErrorMessage())
+        self._ended = True
+        self.inbound.channel = None
+        self.inbound.transport.abortConnection()
+
 
 class _Inbound(protocol.Protocol):
     """A connection from the session's side, before and after its channel opened."""
