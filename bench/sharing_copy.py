@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -84,7 +85,8 @@ def copy_once(user: str, folder: str, where: str, size_mb: int, tag: str, check:
     client's) and ``where`` (the same folder as the session's user sees it);
     ``check``: compare the files byte for byte too."""
     size = size_mb * 1_000_000
-    name, up = f"{tag}-down.bin", f"{tag}-up.bin"
+    # New names each run: smbnetfs caches what it saw, and these files are removed behind its back.
+    name, up = f"{tag}-down-{uuid.uuid4().hex[:8]}.bin", f"{tag}-up-{uuid.uuid4().hex[:8]}.bin"
     subprocess.run(["dd", "if=/dev/urandom", f"of={os.path.join(folder, name)}", "bs=1000000",
                     f"count={size_mb}", "status=none"], check=True)
     os.chmod(os.path.join(folder, name), 0o644)
