@@ -3,10 +3,12 @@
 the client's printer, against the same job printed on the client directly
 (issue 14).
 
-A real gateway, a console session attached by the real ``nxproxy -S`` with
-``cups=PORT`` onto nxgate-client's gate, in front of a private CUPS with one
-raw queue to ``ippeveprinter`` (tests/harness/cups.py), as in
-tests/test_e2e_printing.py.  Each run prints a fresh small text with ``lp``
+A real gateway and two console sessions of two users printing to the same
+private CUPS with one raw queue to ``ippeveprinter`` (tests/harness/cups.py):
+one attached by the real ``nxgate-client --print`` (the jobs on an SSH
+channel of their own, issue 25), one by OpenSSH and the real ``nxproxy -S``
+with ``cups=PORT`` onto nxgate-client's gate (the NX cups channel, as
+NoMachine's and OpenNX's clients use it).  Each run prints a fresh small text with ``lp``
 as the user in the session's environment (its own cupsd, its raw queue, CUPS's
 ipp backend, the NX cups channel, the gate, the client's CUPS) and waits for
 the file holding it in the printer's spool directory; the baseline prints
@@ -14,7 +16,7 @@ the same kind of text with ``lp`` straight into the client's CUPS (no NX,
 no session cupsd).  Both include starting ``lp`` (and, in the session,
 runuser); each job starts with every queue idle (CUPS's ipp backend stays
 with a job until the printer reports it done, and the next job on that
-queue waits for it); median and p90 of --runs.
+queue waits for it); the three ways alternate, median and p90 of --runs.
 
     .venv/bin/python bench/printing_latency.py [--runs 10] [--json FILE]
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -48,52 +51,69 @@ def p90(values: list[float]) -> float:
     return sorted(values)[max(0, int(round(0.9 * len(values))) - 1)]
 
 
+def session_env(user: str) -> list[str]:
+    environ = proc_environ(session_program(user))
+    return [f"{key}={environ[key]}" for key in ("CUPS_SERVER", "HOME")]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--json", default=os.path.join(REPO, "bench", "results", "printing.json"))
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the clean-up below runs on a kill too
     if os.geteuid() != 0:
         print("bench/printing_latency.py needs root (it creates a Unix user)", file=sys.stderr)
         return 2
-    user = create_user()
+    nx_user, tunnel_user = create_user(), create_user()
     gateway = Gateway({"sessions": {"display_base": "1560", "display_limit": "20"},
                        "types": {"unix-console": "xterm -bg #ff0000 -geometry 60x15+10+10"}}).start()
-    screen = ClientScreen(800, 600)
+    screen, tunnel_screen = ClientScreen(800, 600), ClientScreen(800, 600)
     workdir = tempfile.mkdtemp(prefix="printing-bench-")
     os.chmod(workdir, 0o711)
     printer = ClientPrinter(workdir)
     cups = ClientCups(printer, workdir)
-    gate = None
+    gate = client = None
     try:
-        client = NXClient(gateway.port)
-        client.greet()
-        client.login(user.name, user.password)
-        client.prompt()
-        reply = client.command(START.format(name="bench", type="unix-console", extra='--cups="1"'), timeout=60)
+        # The NX cups channel, as NoMachine's and OpenNX's clients use it: OpenSSH, nxproxy -S cups=, the gate.
+        nx_client = NXClient(gateway.port)
+        nx_client.greet()
+        nx_client.login(nx_user.name, nx_user.password)
+        nx_client.prompt()
+        reply = nx_client.command(START.format(name="bench", type="unix-console", extra='--cups="1"'), timeout=60)
         info = SessionInfo.parse(reply)
         gate = GateProcess(info.cookie, cups.server)
-        attachment = Attachment(client, info, screen.name, workdir, options=f"cups={gate.port}")
+        attachment = Attachment(nx_client, info, screen.name, workdir, options=f"cups={gate.port}")
+        # The real nxgate-client --print: the jobs on an SSH channel of their own.
+        env = dict(os.environ, PYTHONPATH=REPO, TMPDIR=workdir, NXGATE_PASSWORD=tunnel_user.password,
+                   DISPLAY=tunnel_screen.name)
+        client = subprocess.Popen([sys.executable, "-m", "nxgate.client", "--accept-any-host-key", "--type",
+                                   "unix-console", "--geometry", "800x600", "--print", "--print-server", cups.server,
+                                   f"{tunnel_user.name}@127.0.0.1:{gateway.port}"], env=env,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         screen.wait_for_colour(RED, 20000)
-        environ = proc_environ(session_program(user.name))
-        env = [f"{key}={environ[key]}" for key in ("CUPS_SERVER", "HOME")]
-        in_session = ["runuser", "-u", user.name, "--", "env", "-i", "PATH=/usr/bin:/bin", *env, "lp", "-d", QUEUE]
-        directly = ["env", "-i", "PATH=/usr/bin:/bin", f"CUPS_SERVER={cups.server}", "lp", "-d", QUEUE]
-        wait_for(lambda: subprocess.run([*in_session[:-3], "lpstat", "-a"], capture_output=True, text=True
-                                        ).stdout.startswith(QUEUE), 60, "the client's queue in the session")
+        tunnel_screen.wait_for_colour(RED, 20000)
+        ways = {}
+        for tag, user in (("nx", nx_user), ("tunnel", tunnel_user)):
+            environ = wait_for(lambda u=user: session_env(u.name), 20, "the session program")
+            ways[tag] = ["runuser", "-u", user.name, "--", "env", "-i", "PATH=/usr/bin:/bin", *environ, "lp", "-d",
+                         QUEUE]
+        ways["direct"] = ["env", "-i", "PATH=/usr/bin:/bin", f"CUPS_SERVER={cups.server}", "lp", "-d", QUEUE]
+        for tag in ("nx", "tunnel"):
+            argv = ways[tag]
+            wait_for(lambda a=argv: subprocess.run([*a[:-3], "lpstat", "-a"], capture_output=True, text=True
+                                                   ).stdout.startswith(QUEUE), 60, "the client's queue in the session")
 
-        def idle(argv: list[str]) -> None:
+        def idle() -> None:
             """Each job starts on idle queues: CUPS's ipp backend stays with a
             job until the printer has finished it, and a job behind it waits."""
-            lpstat = [*argv[:argv.index("lp")], "lpstat", "-o"]
-            wait_for(lambda: subprocess.run(lpstat, capture_output=True, text=True).stdout.strip() == "", 60,
-                     "the queue to be idle", interval=0.1)
-            direct_lpstat = [*directly[:directly.index("lp")], "lpstat", "-o"]
-            wait_for(lambda: subprocess.run(direct_lpstat, capture_output=True, text=True).stdout.strip() == "",
-                     60, "the client's queue to be idle", interval=0.1)
+            for argv in ways.values():
+                lpstat = [*argv[:argv.index("lp")], "lpstat", "-o"]
+                wait_for(lambda a=lpstat: subprocess.run(a, capture_output=True, text=True).stdout.strip() == "", 60,
+                         "the queues to be idle", interval=0.1)
 
         def latency(argv: list[str]) -> float:
-            idle(argv)
+            idle()
             text = f"bench {uuid.uuid4().hex}\n"
             path = os.path.join(workdir, f"{uuid.uuid4().hex[:8]}.txt")
             with open(path, "w") as handle:
@@ -104,33 +124,45 @@ def main() -> int:
             printer.wait_for_text(text.encode(), timeout=60, interval=0.005)
             return (time.monotonic() - started) * 1000
 
-        latency(in_session)  # warm-up: the first job starts the session's backend
-        session_ms = [latency(in_session) for _ in range(args.runs)]
-        direct_ms = [latency(directly) for _ in range(args.runs)]
+        latency(ways["nx"])  # warm-up: the first job starts the session's backend
+        latency(ways["tunnel"])
+        figures: dict[str, list[float]] = {tag: [] for tag in ways}
+        for _ in range(args.runs):  # alternating: the machine's load hits all three alike
+            for tag in ("tunnel", "direct", "nx"):
+                figures[tag].append(latency(ways[tag]))
         attachment.detach()
-        client.close()
+        nx_client.close()
     finally:
+        if client is not None:
+            client.terminate()
+            client.wait(30)
         if gate is not None:
             gate.close()
         cups.close()
         printer.close()
         screen.close()
+        tunnel_screen.close()
         gateway.stop()
-        user.remove()
+        nx_user.remove()
+        tunnel_user.remove()
 
+    median = {tag: statistics.median(values) for tag, values in figures.items()}
     result = {
-        "session_ms_median": statistics.median(session_ms), "session_ms_p90": p90(session_ms),
-        "direct_ms_median": statistics.median(direct_ms), "direct_ms_p90": p90(direct_ms),
-        "nx_adds_ms": statistics.median(session_ms) - statistics.median(direct_ms),
-        "runs": {"session": session_ms, "direct": direct_ms},
+        "session_ms_median": median["tunnel"], "session_ms_p90": p90(figures["tunnel"]),
+        "nx_channel_ms_median": median["nx"], "nx_channel_ms_p90": p90(figures["nx"]),
+        "direct_ms_median": median["direct"], "direct_ms_p90": p90(figures["direct"]),
+        "ratio": median["tunnel"] / median["direct"], "nx_channel_ratio": median["nx"] / median["direct"],
+        "runs": figures,
     }
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as handle:
         json.dump(result, handle, indent=2)
-    print(f"lp in the session -> job at the client's printer: median {result['session_ms_median']:.0f} ms, "
-          f"p90 {result['session_ms_p90']:.0f} ms")
-    print(f"lp straight into the client's CUPS:               median {result['direct_ms_median']:.0f} ms, "
-          f"p90 {result['direct_ms_p90']:.0f} ms (the session and NX add {result['nx_adds_ms']:.0f} ms)")
+    print(f"lp in the session -> the client's printer, own SSH channel: median {median['tunnel']:.0f} ms, "
+          f"p90 {result['session_ms_p90']:.0f} ms ({result['ratio']:.2f}x direct)")
+    print(f"lp in the session -> the client's printer, NX cups channel: median {median['nx']:.0f} ms, "
+          f"p90 {result['nx_channel_ms_p90']:.0f} ms ({result['nx_channel_ratio']:.2f}x direct)")
+    print(f"lp straight into the client's CUPS:                        median {median['direct']:.0f} ms, "
+          f"p90 {result['direct_ms_p90']:.0f} ms")
     print(f"(JSON: {args.json})")
     return 0
 

@@ -1,5 +1,5 @@
-"""The little IPP (RFC 8010/8011) and HTTP that printing through NX needs
-(issue 14), pure: no sockets here.
+"""The little IPP (RFC 8010/8011) that printing through NX needs (issue 14),
+pure: no sockets here (the HTTP around it is twisted.web's Agent).
 
 The session's side asks the client's print server, through the NX cups
 channel, which printers it has (``CUPS-Get-Printers``, or for a bare IPP
@@ -36,7 +36,6 @@ OPERATION_NOT_SUPPORTED = 0x0501
 
 #: The most an answer may hold: a print server's printer list is a few KiB.
 MAX_RESPONSE = 1 << 20
-MAX_HEAD = 16384
 
 PRINTER_ATTRIBUTES = ("printer-name", "printer-uri-supported", "printer-info", "printer-make-and-model")
 
@@ -140,86 +139,14 @@ def _value(tag: int, value: bytes) -> object:
 
 # ------------------------------------------------------------------ HTTP
 def http_post(path: str, body: bytes, host: str, authorization: str | None = None) -> bytes:
-    """One IPP POST that asks the server to close the connection after it."""
+    """One IPP POST that asks the server to close the connection after it
+    (raw bytes for tests that speak to a port by hand; the session side
+    itself asks through twisted.web's Agent)."""
     head = [f"POST {path} HTTP/1.1", f"Host: {host}", "Content-Type: application/ipp",
             f"Content-Length: {len(body)}", "Connection: close"]
     if authorization is not None:
         head.append(f"Authorization: {authorization}")
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
-
-
-@dataclass(frozen=True)
-class HTTPResponse:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-
-def parse_http_response(data: bytes) -> HTTPResponse:
-    """A complete HTTP/1.x response read to the connection's end; informational
-    (1xx) responses before the final one are skipped; the body is de-chunked."""
-    while True:
-        end = data.find(b"\r\n\r\n")
-        if end < 0 or end > MAX_HEAD:
-            raise IPPError("no complete HTTP response head")
-        lines = data[:end].decode("latin-1").split("\r\n")
-        match = re.fullmatch(r"HTTP/1\.[01] (\d{3})(?: .*)?", lines[0])
-        if match is None:
-            raise IPPError("not an HTTP response")
-        status = int(match.group(1))
-        headers = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if sep:
-                headers[name.strip().lower()] = value.strip()
-        rest = data[end + 4:]
-        if 100 <= status < 200:
-            data = rest
-            continue
-        break
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        body = dechunk(rest)
-    elif "content-length" in headers:
-        try:
-            length = int(headers["content-length"])
-        except ValueError:
-            raise IPPError("bad Content-Length") from None
-        if length < 0 or len(rest) < length:
-            raise IPPError("truncated HTTP body")
-        body = rest[:length]
-    else:
-        body = rest
-    return HTTPResponse(status, headers, body)
-
-
-def response_complete(data: bytes) -> bool:
-    """Whether ``data`` holds a whole final response (a server may keep the
-    connection open despite ``Connection: close``)."""
-    try:
-        answer = parse_http_response(data)
-    except IPPError:
-        return False
-    return "content-length" in answer.headers or "chunked" in answer.headers.get("transfer-encoding", "").lower()
-
-
-def dechunk(data: bytes) -> bytes:
-    body, position = b"", 0
-    while True:
-        line_end = data.find(b"\r\n", position)
-        if line_end < 0:
-            raise IPPError("truncated chunked body")
-        size_text = data[position:line_end].split(b";")[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise IPPError("bad chunk size") from None
-        if size == 0:
-            return body
-        start = line_end + 2
-        if size < 0 or start + size > len(data):
-            raise IPPError("truncated chunk")
-        body += data[start:start + size]
-        position = start + size + 2
 
 
 # -------------------------------------------------------------- printers

@@ -12,6 +12,12 @@ the header is removed (the local CUPS must not see, check or log it) and
 ``Host`` is set to the print server's own name (a CUPS checks it), and the
 request goes on to the local print server unchanged.  Answers go back untouched.
 
+Requests that come through the session's own SSH channel (issue 25,
+:mod:`nxgate.tunnels`) need no credential: the gateway let only the session
+user's processes into that channel, which is what the credential stood for,
+and CUPS's backend would otherwise pay a 401 and a new connection per job.
+The header is still taken off and ``Host`` still set.
+
 CUPS's ``ipp`` backend sends the credential from the device URI's user info
 after the ``401``; it sends it again with every later request on the same
 connection, so every request is checked.  Request bodies are framed
@@ -67,6 +73,9 @@ class Gate:
 
     session_cookie: str
     host: str = "localhost"
+    #: False for connections that came through the session's own SSH channel
+    #: (nxgate.tunnels): the gateway let in only the session user's processes.
+    credential_required: bool = True
     _buffer: bytes = b""
     _state: str = "head"  # head, body, chunk-size, chunk-data, chunk-end, trailer, closed
     _left: int = 0
@@ -171,7 +180,7 @@ class Gate:
                     return
                 length = int(text)
             kept.append(line)
-        if not authorized:
+        if not authorized and self.credential_required:
             self._refuse(out, UNAUTHORIZED)
             return
         out.to_server += b"\r\n".join([request_line, b"Host: " + self.host.encode(), *kept]) + b"\r\n\r\n"

@@ -18,10 +18,12 @@ and ``nxgate-client --print`` itself.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 import uuid
 
@@ -30,6 +32,7 @@ from tests.harness.cups import ClientCups, GateProcess, client_printing
 from tests.harness.gateway import Gateway
 from tests.harness.process import wait_for
 from tests.harness.ssh import Attachment, NXClient, SessionInfo
+from tests.harness.users import create_user
 from tests.test_e2e_client import TYPES as CLIENT_TYPES
 from tests.test_e2e_client import ClientScreenTestCase, agent_processes
 from tests.test_e2e_sessions import RED, START, TYPES, SessionTestCase, proc_environ
@@ -316,6 +319,38 @@ class ClientPrintingTests(ClientScreenTestCase):
         printed = as_user(self.user.name, env, "lp", path)  # the default: the client's default printer
         self.assertEqual(printed.returncode, 0, printed.stderr)
         self.assertEqual(self.printer.wait_for_text(text.encode()).strip(), text.encode())
+        # Issue 25: the jobs went on an SSH channel of their own, not through nxagent's cups channel ...
+        tunnel = re.search(r"printing through its own SSH channel \(tunnel on 127\.0\.0\.1:(\d+)\)",
+                           self.gateway.log())
+        self.assertIsNotNone(tunnel, "the gateway's log says where the printers' tunnel listens")
+        port = int(tunnel.group(1))
+        (display, *_), = self.sessions().values()
+        self.assertNotEqual(port, channels.channel_port("printing", int(display)))
+        conf = os.path.join(os.path.dirname(env["CUPS_SERVER"]), "printers.conf")
+        with open(conf) as handle:
+            self.assertIn(f"@127.0.0.1:{port}/printers/{QUEUE}", handle.read(), "the queue sends into the tunnel")
+        # ... whose port lets in the session's user only: another user is cut off before the client sees him.
+        stranger = create_user()
+        self.addCleanup(stranger.remove)
+        probe = ("import socket, sys\n"
+                 "s = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=10)\n"
+                 "s.sendall(sys.stdin.buffer.read())\n"
+                 "answer = b''\n"
+                 "try:\n"
+                 "    while chunk := s.recv(65536): answer += chunk\n"
+                 "except OSError: pass\n"
+                 "sys.stdout.buffer.write(answer)\n")
+        body = ipp.request(ipp.CUPS_GET_PRINTERS, 1, requested=("printer-name",))
+        request = ipp.http_post("/", body, f"127.0.0.1:{port}")
+        answers = {}
+        for who in (stranger.name, self.user.name):
+            answers[who] = subprocess.run(["runuser", "-u", who, "--", sys.executable, "-c", probe, str(port)],
+                                          input=request, capture_output=True, timeout=30).stdout
+        self.assertEqual(answers[stranger.name], b"", "another user got an answer through the tunnel")
+        self.assertIn(f"refused a printing connection to its tunnel from uid {stranger.entry.pw_uid}",
+                      self.gateway.log())
+        self.assertTrue(answers[self.user.name].startswith(b"HTTP/1.1 200 "), answers[self.user.name][:100])
+        self.assertIn(QUEUE.encode(), answers[self.user.name])
         client.send_signal(signal.SIGTERM)
         client.wait(30)
         for pid in agent_processes(self.user.name):

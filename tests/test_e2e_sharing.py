@@ -18,6 +18,7 @@ and harms nothing; with sharing switched off the session runs without it.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -30,6 +31,8 @@ from nxgate.client.sharing import LocalShares
 from nxgate.nx import client_commands as commands
 from tests.harness.gateway import Gateway
 from tests.harness.process import wait_for
+from tests.harness.samba import open_blocking
+from tests.harness.users import create_user
 from tests.harness.ssh import Attachment, NXClient, SessionInfo
 from tests.test_e2e_client import TYPES as CLIENT_TYPES
 from tests.test_e2e_client import ClientScreenTestCase, agent_processes
@@ -101,7 +104,7 @@ class SharingTestCase(SessionTestCase):
     def local_shares(self) -> LocalShares:
         shares = LocalShares({SHARE: self.folder}, self.client_dir)
         self.addCleanup(shares.close)
-        shares.open()
+        open_blocking(shares)
         return shares
 
     def addmount(self, client: NXClient, info: SessionInfo, shares: LocalShares, **override: str) -> bytes:
@@ -325,6 +328,60 @@ class ClientSharingTests(ClientScreenTestCase):
         self.assertNotIn("Traceback", output)
         for pid in smbd:
             wait_for(lambda p=pid: not os.path.exists(f"/proc/{p}"), 20, "the client's smbd to end")
+        wait_for(lambda: not os.path.lexists(link), 30, "the folder to go when the client went (suspend)")
+        for pid in agent_processes(self.user.name):
+            os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not agent_processes(self.user.name), 20, "the agents to end")
+
+    def test_the_folder_travels_on_its_own_ssh_channel_that_only_its_user_may_use(self):
+        """Issue 25: nxgate-client's folder goes beside the NX stream, on an SSH
+        channel of its own; its port on the server lets in the session's user
+        only (another user is cut off before the client's Samba sees him, even
+        with the share's password), and the client's Samba still wants the password."""
+        stranger = create_user()
+        self.addCleanup(stranger.remove)
+        client = self.background(self.argv("--geometry", "800x600", "--share", f"work={self.folder}", "--verbose"),
+                                 DISPLAY=self.screen.name)
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        link = os.path.join(self.user.home, "MyShares", "work")
+        wait_for(lambda: as_user(self.user.name, "test", "-d", link + "/").returncode == 0, 60,
+                 "the client's folder at ~/MyShares/work")
+        tunnel = re.search(r"sharing through its own SSH channel \(tunnel on 127\.0\.0\.1:(\d+)\)",
+                           self.gateway.log())
+        self.assertIsNotNone(tunnel, "the gateway's log says where the folder's tunnel listens")
+        port = int(tunnel.group(1))
+        self.assertIn(f"/127.0.0.1:{port}/work", os.readlink(link), "smbnetfs mounts through the tunnel")
+        (display, *_), = self.sessions().values()
+        self.assertNotEqual(port, 3000 + int(display), "not the NX smb channel's port")
+        # Byte for byte, both ways, through the channel.
+        payload = os.urandom(3_000_000)
+        with open(os.path.join(self.folder, "down.bin"), "wb") as handle:
+            handle.write(payload)
+        read = as_user(self.user.name, "cat", os.path.join(link, "down.bin"))
+        self.assertEqual(read.returncode, 0, read.stderr)
+        self.assertEqual(read.stdout, payload)
+        upload = os.urandom(2_000_000)
+        wrote = as_user(self.user.name, "dd", f"of={os.path.join(link, 'up.bin')}", "bs=1M", "status=none",
+                        data=upload)
+        self.assertEqual(wrote.returncode, 0, wrote.stderr)
+        with open(os.path.join(self.folder, "up.bin"), "rb") as handle:
+            self.assertEqual(handle.read(), upload)
+        # A wrong password is refused by the client's Samba (the owner's connection gets through to it).
+        owner = as_user(self.user.name, "smbclient", "-p", str(port), "//127.0.0.1/work", "-U",
+                        f"{self.user.name}%wrong", "-c", "ls")
+        self.assertNotEqual(owner.returncode, 0)
+        self.assertIn(b"NT_STATUS_LOGON_FAILURE", owner.stdout + owner.stderr)
+        # Another user never reaches the client's Samba: cut off at the port.
+        other = as_user(stranger.name, "smbclient", "-p", str(port), "//127.0.0.1/work", "-U",
+                        f"{self.user.name}%wrong", "-c", "ls")
+        self.assertNotEqual(other.returncode, 0)
+        self.assertNotIn(b"NT_STATUS_LOGON_FAILURE", other.stdout + other.stderr, "reached the client's Samba")
+        self.assertIn(f"refused a sharing connection to its tunnel from uid {stranger.entry.pw_uid}",
+                      self.gateway.log())
+        self.assertNotEqual(as_user(stranger.name, "ls", link).returncode, 0)
+        client.send_signal(signal.SIGTERM)
+        _code, output = self.finished(client)
+        self.assertNotIn("Traceback", output)
         wait_for(lambda: not os.path.lexists(link), 30, "the folder to go when the client went (suspend)")
         for pid in agent_processes(self.user.name):
             os.kill(pid, signal.SIGTERM)

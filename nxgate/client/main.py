@@ -15,7 +15,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -116,6 +115,7 @@ class ClientRun:
         self.sound: LocalSound | None = None
         self.printing: LocalPrinting | None = None
         self.shares: LocalShares | None = None
+        self.tunnels: set[str] = set()  # the services the server carries on channels of their own
         self.local: LocalConnection | None = None
         self.info: dialogue.SessionInfo | None = None
         self.switched = False
@@ -323,6 +323,7 @@ class ClientRun:
         if self.options.verbose:
             self.say("started " + " ".join(argv) + f" (log: {self.proxy.log_path})")
         self._arm("connect", PROXY_CONNECT_TIMEOUT, self._proxy_connect_timeout)
+        self._request_tunnels(info)
         self._add_mounts(info)
 
     async def _open_channels(self, info: dialogue.SessionInfo, directory: str) -> dict[str, int]:
@@ -347,7 +348,7 @@ class ClientRun:
             return 0
         shares = self.shares = LocalShares(self.options.shares, directory)
         try:
-            port = await defer.maybeDeferred(shares.open)
+            port = await shares.open(self.reactor)
         except (SharingError, OSError, subprocess.SubprocessError) as problem:
             self.say(f"no shared folders: {problem}")
             await defer.maybeDeferred(shares.close)
@@ -413,6 +414,40 @@ class ClientRun:
         self.say(message)
         self._proxy_trouble = True  # the end of its log is shown once it is gone
         self.finish(NX_ERROR)
+
+    def _request_tunnels(self, info: dialogue.SessionInfo) -> None:
+        """Ask the server to carry the folders and printers on SSH channels of
+        their own (:mod:`nxgate.tunnels`), beside the NX stream: nxagent's
+        proxy throttles its smb and cups channels.  Sent before ``addmount``
+        (the server reads them in order); a server that says no keeps using
+        the NX channels, which nxproxy serves all the same."""
+        assert self.channel is not None
+        for service, wanted in (("sharing", self.shares is not None), ("printing", self.printing is not None)):
+            if not wanted:
+                continue
+            d = self.channel.request_tunnel(service, info.session_id)
+            d.addCallbacks(lambda _, s=service: self._tunnel_granted(s),
+                           lambda failure, s=service: self._tunnel_refused(s))
+
+    def _tunnel_granted(self, service: str) -> None:
+        self.tunnels.add(service)
+        if self.options.verbose:
+            self.say(f"{service}: on an SSH channel of its own")
+
+    def _tunnel_refused(self, service: str) -> None:
+        if self.options.verbose:
+            self.say(f"{service}: the server keeps it in the NX stream (no tunnel)")
+
+    def tunnel_target(self, service: str, session_id: str) -> int | None:
+        """Where a tunnel connection the server opens goes: our print gate or
+        private Samba, for this session and a tunnel we asked for only."""
+        if self.info is None or session_id != self.info.session_id.upper() or service not in self.tunnels:
+            return None
+        if service == "sharing" and self.shares is not None:
+            return self.shares.port
+        if service == "printing" and self.printing is not None:
+            return self.printing.tunnel_port
+        return None
 
     def proxy_connected(self, connection: LocalConnection) -> None:
         if self._finishing or self.channel is None:

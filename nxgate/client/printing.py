@@ -21,6 +21,7 @@ from twisted.internet.endpoints import HostnameEndpoint, UNIXClientEndpoint
 from twisted.logger import Logger
 
 from nxgate import printgate
+from nxgate.tcp import no_delay
 
 log = Logger(namespace="nxgate.client.printing")
 
@@ -60,6 +61,7 @@ class _Upstream(protocol.Protocol):
         self.downstream = downstream
 
     def connectionMade(self) -> None:
+        no_delay(self.transport)
         self.downstream.upstream_ready(self)
 
     def dataReceived(self, data: bytes) -> None:
@@ -76,7 +78,11 @@ class _GateProtocol(protocol.Protocol):
     factory: GateFactory
 
     def connectionMade(self) -> None:
-        self.gate = printgate.Gate(self.factory.session_cookie, host=self.factory.host_header)
+        # IPP answers come in pieces: with Nagle's algorithm, the piece after a
+        # first segment waited for the peer's delayed ACK (40 ms per request).
+        no_delay(self.transport)
+        self.gate = printgate.Gate(self.factory.session_cookie, host=self.factory.host_header,
+                                   credential_required=not self.factory.tunnel)
         self.upstream: _Upstream | None = None
         self.connecting = False
         self.pending = b""
@@ -117,8 +123,11 @@ class _GateProtocol(protocol.Protocol):
 class GateFactory(protocol.ServerFactory):
     protocol = _GateProtocol
 
-    def __init__(self, reactor: Any, session_cookie: str, server: tuple[str, int] | str) -> None:
+    noisy = False
+
+    def __init__(self, reactor: Any, session_cookie: str, server: tuple[str, int] | str, tunnel: bool = False) -> None:
         self.reactor = reactor
+        self.tunnel = tunnel  # for the session's own SSH channel (no credential: see nxgate.printgate)
         self.session_cookie = session_cookie
         self.server = server
         # The print server's own name: a CUPS refuses a Host it does not know
@@ -140,21 +149,31 @@ class GateFactory(protocol.ServerFactory):
 
 
 class LocalPrinting:
-    """The gate of one attachment, on 127.0.0.1 and a free port."""
+    """The gates of one attachment, on 127.0.0.1 and free ports: one for the
+    NX cups channel, one for the session's own SSH channel (its connections
+    come only from the gateway's tunnel, see :mod:`nxgate.tunnels`)."""
 
     def __init__(self, reactor: Any, server: str) -> None:
         self.reactor = reactor
         self.server = parse_server(server)
         self.listener: Any = None
+        self.tunnel_listener: Any = None
         self.factory: GateFactory | None = None
+        self.port = 0
+        self.tunnel_port = 0
 
     def open(self, session_cookie: str) -> int:
         """Listen for the channel; the port for nxproxy's ``cups=``."""
         self.factory = GateFactory(self.reactor, session_cookie, self.server)
         self.listener = self.reactor.listenTCP(0, self.factory, interface="127.0.0.1")
-        return int(self.listener.getHost().port)
+        self.port = int(self.listener.getHost().port)
+        self.tunnel_listener = self.reactor.listenTCP(0, GateFactory(self.reactor, session_cookie, self.server,
+                                                                     tunnel=True), interface="127.0.0.1")
+        self.tunnel_port = int(self.tunnel_listener.getHost().port)
+        return self.port
 
     def close(self) -> None:
-        if self.listener is not None:
-            self.listener.stopListening()
-            self.listener = None
+        for listener in (self.listener, self.tunnel_listener):
+            if listener is not None:
+                listener.stopListening()
+        self.listener = self.tunnel_listener = None

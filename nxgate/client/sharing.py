@@ -7,7 +7,8 @@ the time of the session this starts a private Samba ``smbd`` as the user
 (no root needed) on 127.0.0.1 and a free port, in a private (0700)
 directory, serving exactly the folders given, to exactly one account: the
 local user, with a random password made for this session.  That password
-goes to smbd's database through ``pdbedit``'s stdin and to the server in
+goes to smbd's database through ``pdbedit``'s stdin (both run as processes
+of the reactor: nothing here blocks it) and to the server in
 ``addmount`` (inside the encrypted SSH channel; the server masks it in its
 logs); never argv.  smbd ends with the client.
 
@@ -24,10 +25,13 @@ import re
 import secrets
 import shutil
 import signal
-import socket
-import subprocess
 import tempfile
-import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from twisted.internet import defer, protocol, task, threads
+from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.python.failure import Failure
 
 from nxgate.client.sound import free_port
 
@@ -87,6 +91,46 @@ def parse_share(text: str) -> tuple[str, str]:
     return name, path
 
 
+@dataclass(frozen=True)
+class SambaPlan:
+    """What starting the private smbd takes: ``pdbedit`` adds the account
+    (its password twice on stdin, never argv), then ``smbd`` serves."""
+
+    pdbedit: list[str]
+    password_input: bytes = field(repr=False)
+    smbd: list[str]
+    log: str
+
+
+class _Collect(protocol.ProcessProtocol):
+    """A short process: ``stdin`` written and closed, its output kept (bounded)."""
+
+    def __init__(self, stdin: bytes, done: defer.Deferred[tuple[int | None, bytes]]) -> None:
+        self.stdin = stdin
+        self.done = done
+        self.output = b""
+
+    def connectionMade(self) -> None:
+        self.transport.write(self.stdin)
+        self.transport.closeStdin()
+
+    def outReceived(self, data: bytes) -> None:
+        self.output = (self.output + data)[-4096:]
+
+    errReceived = outReceived
+
+    def processEnded(self, reason: Failure) -> None:
+        self.done.callback((reason.value.exitCode, self.output))
+
+
+class _Smbd(protocol.ProcessProtocol):
+    def __init__(self) -> None:
+        self.ended: int | None = None
+
+    def processEnded(self, reason: Failure) -> None:
+        self.ended = reason.value.exitCode if reason.value.exitCode is not None else -1
+
+
 class LocalShares:
     """The private smbd of one attachment."""
 
@@ -94,16 +138,19 @@ class LocalShares:
         self.shares = shares
         self.parent = directory  # the client's private (0700) directory
         self.directory = ""
-        self.user = pwd.getpwuid(os.getuid()).pw_name
+        self.user = ""
         self.password = secrets.token_hex(16)
-        self.process: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self.pid: int | None = None
+        self._smbd: _Smbd | None = None
 
-    def open(self) -> int:
-        """Start smbd; the port for nxproxy's ``smb=``."""
+    def prepare(self) -> SambaPlan:
+        """The configuration and state directories (blocking file work and a
+        user look-up: run it in a thread), and the commands to run."""
         smbd, pdbedit = shutil.which("smbd", path=os.defpath + ":/usr/sbin"), shutil.which("pdbedit")
         if smbd is None or pdbedit is None:
             raise SharingError("Samba is not installed here (smbd, pdbedit: the samba package)")
+        self.user = pwd.getpwuid(os.getuid()).pw_name
         self.directory = tempfile.mkdtemp(prefix="smb-", dir=self.parent)
         self.port = free_port()
         conf = os.path.join(self.directory, "smb.conf")
@@ -111,35 +158,53 @@ class LocalShares:
             handle.write(smb_conf(self.directory, self.port, self.user, self.shares))
         for name in ("lock", "state", "cache", "private", "pid", "ncalrpc"):
             os.makedirs(os.path.join(self.directory, name), mode=0o700, exist_ok=True)
-        added = subprocess.run([pdbedit, "-s", conf, "-a", "-t", "-u", self.user],
-                               input=f"{self.password}\n{self.password}\n".encode(), capture_output=True, timeout=30)
-        if added.returncode != 0:
-            raise SharingError(f"pdbedit refused the share account: {added.stderr.decode(errors='replace').strip()}")
-        log = open(os.path.join(self.directory, "smbd.out"), "wb")
-        with log:
-            # A session of its own: smbd signals its whole process group when it ends.
-            self.process = subprocess.Popen([smbd, "--foreground", "--no-process-group", "-s", conf],
-                                            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                            start_new_session=True)
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise SharingError(f"smbd ended at once (exit {self.process.returncode}); see {self.directory}")
+        # setsid: smbd signals its whole process group when it ends; ours must not be it.
+        return SambaPlan(pdbedit=[pdbedit, "-s", conf, "-a", "-t", "-u", self.user],
+                         password_input=f"{self.password}\n{self.password}\n".encode(),
+                         smbd=[shutil.which("setsid") or "/usr/bin/setsid", smbd, "--foreground",
+                               "--no-process-group", "-s", conf],
+                         log=os.path.join(self.directory, "smbd.out"))
+
+    async def open(self, reactor: Any) -> int:
+        """Start smbd without blocking the reactor; the port for nxproxy's
+        ``smb=`` and the folders' tunnel."""
+        plan = await threads.deferToThreadPool(reactor, reactor.getThreadPool(), self.prepare)
+        done: defer.Deferred[tuple[int | None, bytes]] = defer.Deferred()
+        reactor.spawnProcess(_Collect(plan.password_input, done), plan.pdbedit[0], plan.pdbedit,
+                             env={"PATH": os.defpath, "LANG": "C"})
+        code, output = await done
+        if code != 0:
+            raise SharingError(f"pdbedit refused the share account: {output.decode(errors='replace').strip()}")
+        log = os.open(plan.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            self._smbd = _Smbd()
+            process = reactor.spawnProcess(self._smbd, plan.smbd[0], plan.smbd, env={"PATH": os.defpath},
+                                           childFDs={0: "w", 1: log, 2: log})
+            self.pid = process.pid
+        finally:
+            os.close(log)
+        deadline = reactor.seconds() + START_TIMEOUT
+        while reactor.seconds() < deadline:
+            if self._smbd.ended is not None:
+                raise SharingError(f"smbd ended at once (exit {self._smbd.ended}); see {self.directory}")
             try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return self.port
-            except OSError:
-                time.sleep(0.1)
+                connection = await TCP4ClientEndpoint(reactor, "127.0.0.1", self.port, timeout=1).connect(
+                    protocol.Factory.forProtocol(protocol.Protocol))
+            except Exception:
+                await task.deferLater(reactor, 0.1, lambda: None)
+                continue
+            connection.transport.loseConnection()
+            return self.port
         raise SharingError(f"smbd did not listen on 127.0.0.1:{self.port} within {START_TIMEOUT:g} seconds")
 
     def close(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
+        """smbd (and the children it forked, its process group) gets SIGTERM;
+        its directory goes."""
+        if self.pid is not None and (self._smbd is None or self._smbd.ended is None):
             try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.process = None
+                os.killpg(self.pid, signal.SIGTERM)
+            except OSError:
+                pass
+        self.pid = None
         if self.directory:
             shutil.rmtree(self.directory, ignore_errors=True)

@@ -4,7 +4,12 @@ writes to, :class:`ChannelHandler` is what the channel feeds."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from twisted.internet import defer
+
 from nxgate.doors.conch.server import NXSessionChannel
+from nxgate.doors.conch.tunnel import ServiceTunnels
 from nxgate.doors.conversation import Conversation
 
 
@@ -35,6 +40,29 @@ class ChannelHandler:
     def __init__(self, conversation: Conversation, channel: NXSessionChannel) -> None:
         self.conversation = conversation
         self.channel = channel
+        self.tunnels: ServiceTunnels | None = None
+
+    def tunnel_request(self, data: bytes) -> defer.Deferred[int]:
+        """The client asks for a session's folders or printers on SSH channels
+        of their own (:mod:`nxgate.tunnels`)."""
+        if self.tunnels is None:
+            self.tunnels = ServiceTunnels(self.conversation.reactor, self.channel.conn, self._authorize,
+                                          self.conversation.blocking)
+        return self.tunnels.request(data)
+
+    async def _authorize(self, service: str, session_id: str) -> tuple[str, int]:
+        """(user, uid) when this shell's NX login owns the session and it was
+        granted ``service``; else PermissionError (the service's refusals
+        raise its own errors: not found, not yours)."""
+        caller = self.conversation.caller
+        if caller is None:
+            raise PermissionError("no NX login on this channel yet")
+        view: Any = await self.conversation.commands.service.show(caller, session_id)
+        if view.user != caller.user:  # an admin too: a tunnel only into the caller's own session
+            raise PermissionError(f"the session belongs to {view.user!r}, not {caller.user!r}")
+        if service not in view.options.get("services", ()):
+            raise PermissionError(f"the session was not granted {service}")
+        return caller.user, caller.uid
 
     def data_received(self, data: bytes) -> None:
         self.conversation.data_received(data)
@@ -52,4 +80,6 @@ class ChannelHandler:
             self.conversation.relay.resume_agent()
 
     def connection_lost(self) -> None:
+        if self.tunnels is not None:
+            self.tunnels.close()
         self.conversation.connection_lost()

@@ -29,6 +29,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from nxgate import tunnels
 from nxgate.auth.pam import Prompt
 from nxgate.doors.conch import algorithms, kexmath
 from nxgate.doors.conch.checkers import IKeyboardInteractive, KeyboardInteractive, Principal
@@ -292,6 +293,9 @@ class NXSessionChannel(SSHChannel):
             return 0
         if requestType == KEEPALIVE:
             return 0  # as for the global one
+        if requestType == tunnels.REQUEST:  # nxgate-client's folders and printers beside the NX stream
+            tunnel_request = getattr(self.handler, "tunnel_request", None)
+            return tunnel_request(data) if tunnel_request is not None else 0
         return super().requestReceived(requestType, data)
 
     def _refuse(self, what: bytes) -> None:

@@ -43,6 +43,7 @@ import shutil
 import signal
 import stat
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from twisted.internet import defer, inotify, protocol, task
@@ -50,8 +51,13 @@ from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.error import ConnectingCancelledError
 from twisted.logger import Logger
 from twisted.python.filepath import FilePath
+from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone
+from twisted.web.http import PotentialDataLoss
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
+from zope.interface import implementer
 
-from nxgate import channels, ipp, printgate
+from nxgate import channels, ipp, printgate, tunnels
 from nxgate.node import files, processes
 from nxgate.node.extras import Context
 
@@ -157,60 +163,124 @@ def printers_conf(printers: Iterable[ipp.Printer], port: int, credential: str) -
 
 
 # ------------------------------------------------------ asking the client
-class _Exchange(protocol.Protocol):
-    def __init__(self, payload: bytes, done: defer.Deferred[bytes]) -> None:
-        self.payload = payload
-        self.done = done
-        self.data = b""
+@implementer(IBodyProducer)
+class _Body:
+    """An IPP request's bytes, all known in advance (Agent wants a producer)."""
 
-    def connectionMade(self) -> None:
-        self.transport.write(self.payload)
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.length = len(data)
+
+    def startProducing(self, consumer: Any) -> defer.Deferred[None]:
+        consumer.write(self.data)
+        return defer.succeed(None)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
+class _BoundedBody(protocol.Protocol):
+    """An answer's body, at most ipp.MAX_RESPONSE bytes (a client's print
+    server is not trusted to stop)."""
+
+    def __init__(self, done: defer.Deferred[bytes]) -> None:
+        self.done = done
+        self.parts: list[bytes] = []
+        self.size = 0
 
     def dataReceived(self, data: bytes) -> None:
-        self.data += data
-        if len(self.data) > ipp.MAX_RESPONSE:
-            self.transport.abortConnection()
-        elif ipp.response_complete(self.data) and not self.done.called:
-            self.done.callback(self.data)
+        self.size += len(data)
+        if self.size > ipp.MAX_RESPONSE:
+            self.transport.stopProducing()
+            if not self.done.called:
+                self.done.errback(NotAnswering(f"an answer longer than {ipp.MAX_RESPONSE} bytes"))
+            return
+        self.parts.append(data)
 
     def connectionLost(self, reason: Any = None) -> None:
-        if not self.done.called:
-            self.done.callback(self.data)
+        if self.done.called:
+            return
+        if reason is None or reason.check(ResponseDone, PotentialDataLoss):
+            self.done.callback(b"".join(self.parts))
+        else:
+            self.done.errback(NotAnswering(f"the answer broke off: {reason.getErrorMessage()}"))
 
 
-async def exchange(reactor: Any, port: int, payload: bytes, timeout: float = ASK_TIMEOUT) -> bytes:
-    """Send ``payload`` to 127.0.0.1:``port`` and read to the end (bounded)."""
-    done: defer.Deferred[bytes] = defer.Deferred()
-    endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", port, timeout=timeout)
+@dataclass(frozen=True)
+class Answer:
+    """An HTTP answer of the client's print server."""
+
+    status: int
+    body: bytes
+
+
+@implementer(IAgentEndpointFactory)
+class _Loopback:
+    """Agent's connections go to 127.0.0.1 itself: no name to resolve."""
+
+    def __init__(self, reactor: Any, timeout: float) -> None:
+        self.reactor = reactor
+        self.timeout = timeout
+
+    def endpointForURI(self, uri: Any) -> TCP4ClientEndpoint:
+        return TCP4ClientEndpoint(self.reactor, "127.0.0.1", uri.port, timeout=self.timeout)
+
+
+def _cancelled(error: BaseException) -> bool:
+    """Whether ``error`` is (or wraps, as Agent's errors do) a cancellation."""
+    if isinstance(error, (defer.CancelledError, ConnectingCancelledError)):
+        return True
+    reasons = getattr(error, "reasons", None) or []
+    return any(reason.check(defer.CancelledError, ConnectingCancelledError) for reason in reasons)
+
+
+async def post(reactor: Any, port: int, path: str, body: bytes, authorization: str | None = None,
+               timeout: float = ASK_TIMEOUT) -> Answer:
+    """POST an IPP request to 127.0.0.1:``port`` (twisted.web's Agent, one
+    connection per request); NotAnswering when nobody answers in time."""
+    headers = Headers({b"Content-Type": [b"application/ipp"]})
+    if authorization is not None:
+        headers.addRawHeader(b"Authorization", authorization.encode())
+    agent = Agent.usingEndpointFactory(reactor, _Loopback(reactor, timeout),
+                                       pool=HTTPConnectionPool(reactor, persistent=False))
+    url = f"http://127.0.0.1:{port}{path}".encode()
+    timed_out = []
+    work: defer.Deferred[Any] = agent.request(b"POST", url, headers, _Body(body))
+    timer = reactor.callLater(timeout, lambda: (timed_out.append(True), work.cancel()))
     try:
-        connection = await endpoint.connect(protocol.Factory.forProtocol(lambda: _Exchange(payload, done)))
-    except (defer.CancelledError, ConnectingCancelledError):
-        raise defer.CancelledError() from None  # the session's printing is being stopped
-    except Exception as error:  # refused, timed out: nobody there yet
-        raise NotAnswering(str(error)) from None
-    timer = reactor.callLater(timeout, connection.transport.abortConnection)
-    try:
-        return await done
+        response = await work
+        work = defer.Deferred()
+        response.deliverBody(_BoundedBody(work))
+        return Answer(response.code, await work)
+    except NotAnswering:
+        raise
+    except Exception as error:
+        if timed_out:
+            raise NotAnswering(f"no answer within {timeout:g} s") from None
+        if _cancelled(error):
+            raise defer.CancelledError() from None  # the session's printing is being stopped
+        # Refused, reset, not HTTP: nobody (usable) there yet.
+        raise NotAnswering(str(error) or type(error).__name__) from None
     finally:
         if timer.active():
             timer.cancel()
-        connection.transport.abortConnection()
 
 
 async def ask(reactor: Any, port: int, cookie: str, operation: int, path: str, printer_uri: str | None = None,
-              requested: tuple[str, ...] = ()) -> ipp.HTTPResponse:
+              requested: tuple[str, ...] = ()) -> Answer:
     """One IPP request through the channel; the credential is sent only when
     asked for (a 401), as CUPS's ipp backend does, so that a client whose
     print server wants none (a plain CUPS behind the channel) works too."""
     body = ipp.request(operation, 1, printer_uri, requested)
-    host = f"127.0.0.1:{port}"
-    try:
-        answer = ipp.parse_http_response(await exchange(reactor, port, ipp.http_post(path, body, host)))
-        if answer.status == 401:
-            answer = ipp.parse_http_response(await exchange(
-                reactor, port, ipp.http_post(path, body, host, printgate.authorization(cookie))))
-    except ipp.IPPError as error:
-        raise NotAnswering(str(error)) from None
+    answer = await post(reactor, port, path, body)
+    if answer.status == 401:
+        answer = await post(reactor, port, path, body, printgate.authorization(cookie))
     if answer.status == 401:
         raise Refused("the client's print gate refused the session's credential")
     if answer.status >= 500:  # e.g. the client's gate cannot reach its CUPS (yet)
@@ -329,6 +399,7 @@ class Printing:
         reactor = self.context.reactor
         delay, said, since = FIRST_RETRY, "", reactor.seconds()
         while True:
+            port = self.port(session) or port
             try:
                 printers = await discover(reactor, port, session.cookie)
                 break
@@ -355,6 +426,14 @@ class Printing:
         await self._socket_made(self.socket_path(session), cupsd)
         log.info("session {id} of {user}: printing on the client's printers: {queues}", id=session.id,
                  user=session.user, queues=", ".join(p.queue for p in printers) or "(the client has none)")
+
+    @staticmethod
+    def port(session: Any) -> int | None:
+        """Where the session's jobs reach the client's gate: the client's own
+        SSH channel when it asked for one (:mod:`nxgate.tunnels`), else the
+        NX cups channel."""
+        tunnel = tunnels.REGISTRY.port(session.id, session.user, "printing")
+        return tunnel if tunnel is not None else channels.channel_port("printing", session.display)
 
     async def _socket_made(self, path: str, cupsd: processes.ProcessId) -> None:
         """Until cupsd has made its socket (told by inotify, no polling);
