@@ -26,7 +26,7 @@ setup(
     python_requires=">=3.11",
     # twisted/plugins has no __init__.py on purpose: it joins Twisted's plugin package.
     packages=find_packages(include=["nxgate", "nxgate.*"]) + ["twisted.plugins"],
-    package_data={"nxgate.client": ["nomachine-client.key"], "nxgate.doors.web": ["static/*", "viewer_static/*"]},
+    package_data={"nxgate.clients.nx": ["nomachine-client.key"], "nxgate.gateway.doors.web": ["static/*", "viewer_static/*"]},
     install_requires=[
         "Twisted[conch]>=22.4",
         "pyOpenSSL",
@@ -37,10 +37,10 @@ setup(
     entry_points={
         "console_scripts": [
             "nxgate-config = nxgate.configtool:main",
-            "nxgate-client = nxgate.client.main:main",
-            "nxgate-shell = nxgate.doors.openssh.login_shell:main",
-            "nxgate-admin = nxgate.doors.admin.cli:main",
-            "nxgate-session = nxgate.doors.dbus.cli:main",
+            "nxgate-client = nxgate.clients.nx.main:main",
+            "nxgate-shell = nxgate.gateway.doors.openssh.login_shell:main",
+            "nxgate-admin = nxgate.gateway.doors.admin.cli:main",
+            "nxgate-session = nxgate.gateway.doors.dbus.cli:main",
         ],
     },
     cmdclass={"build_py": BuildWithHelper},

@@ -30,7 +30,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from nxgate.cluster.sessions import LOST_MARK  # noqa: E402
+from nxgate.gateway.router import LOST_MARK  # noqa: E402
 from tests.harness import databases  # noqa: E402
 from tests.harness.cluster import Cluster  # noqa: E402
 from tests.harness.gateway import Gateway  # noqa: E402

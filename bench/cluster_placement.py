@@ -3,11 +3,11 @@
 
 Two figures:
 
-* pure: :func:`nxgate.cluster.placement.place` over the members' rows (3
+* pure: :func:`nxgate.gateway.placement.place` over the members' rows (3
   nodes as in the issue, and 100 to see how it grows); the live sessions
   are in the rows' counts, so this is what the formula itself costs;
 * with the store: what a gateway's ``startsession`` pays before it asks the
-  chosen node, :class:`nxgate.cluster.sessions.ClusterSessions` deciding
+  chosen node, :class:`nxgate.gateway.router.ClusterSessions` deciding
   against a private PostgreSQL server (tests/harness/databases.py) holding
   1,000 live sessions over 3 nodes: the user's live sessions counted over
   the cluster, the members read, the node chosen.  The node's own start is
@@ -33,15 +33,15 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from twisted.internet import defer, task  # noqa: E402
 
-from nxgate.cluster.placement import place  # noqa: E402
-from nxgate.cluster.sessions import ClusterSessions  # noqa: E402
+from nxgate.gateway.placement import place  # noqa: E402
+from nxgate.gateway.router import ClusterSessions  # noqa: E402
 from nxgate.config import Config, StoreSection  # noqa: E402
 from nxgate.node.files import StateLayout  # noqa: E402
-from nxgate.node.threads import inline  # noqa: E402
-from nxgate.sessions.caller import Caller  # noqa: E402
-from nxgate.sessions.model import Member, Session, State  # noqa: E402
-from nxgate.sessions.requests import DisplaySettings, StartRequest  # noqa: E402
-from nxgate.sessions.store.factory import open_store  # noqa: E402
+from nxgate.threads import inline  # noqa: E402
+from nxgate.vocabulary.caller import Caller  # noqa: E402
+from nxgate.vocabulary.model import Member, Session, State  # noqa: E402
+from nxgate.vocabulary.requests import DisplaySettings, StartRequest  # noqa: E402
+from nxgate.store.factory import open_store  # noqa: E402
 from tests.harness import databases  # noqa: E402
 
 TARGET_MS = 5.0

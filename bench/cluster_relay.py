@@ -3,7 +3,7 @@
 
 A session on another member is reached as gateway -> the node's
 authenticated TLS stream endpoint -> the agent's local socket
-(:mod:`nxgate.cluster.stream`, :mod:`nxgate.cluster.node_server`).  This
+(:mod:`nxgate.wire.member_stream`, :mod:`nxgate.wire.node_listener`).  This
 measures that path and, in the same run and the same processes, the
 single-box path (gateway -> the agent's socket), and prints the ratios:
 
@@ -22,7 +22,7 @@ Two kinds of rows:
   and listens on its socket itself before ``bye``.  For the cluster row the
   gateway's stream target is that session on member ``bench-node-1``: a
   separate process running nxgate's own node listener (GateFactory + the
-  NodeStream of node_server, over the TLS of nxgate.cluster.tls with
+  NodeStream of node_server, over the TLS of nxgate.wire.tls with
   certificates made by ``nxgate-admin cluster``), whose session table
   knows just the sessions this benchmark hands it.  Routing a session to a
   node is issue 13's placement/routing work, not what is measured here: the
@@ -113,7 +113,7 @@ def profiled(profile: str, run: Any) -> None:
 def gateway_process(routes: str, twistd_args: list[str]) -> None:
     """``twistd nxgate`` whose streams for the sessions listed in ``routes``
     go to member ``NODE`` (the one hook; see the module's docstring)."""
-    from nxgate import gateway
+    from nxgate.gateway.root import root as gateway
 
     original = gateway.Gateway._relay
 
@@ -146,12 +146,12 @@ class RoutedSessions:
 
     @property
     def sessions(self) -> dict[str, _Session]:
-        from nxgate.sessions.model import State
+        from nxgate.vocabulary.model import State
 
         return {sid: _Session(sid, State.RUNNING) for sid in read_routes(self.routes)}
 
     def stream_target(self, session: _Session) -> Any:
-        from nxgate.sessions.results import StreamTarget
+        from nxgate.vocabulary.results import StreamTarget
 
         return StreamTarget(session.id, read_routes(self.routes)[session.id], 0)
 
@@ -161,9 +161,9 @@ def node_process(pki: str, routes: str, port_file: str, profile: str) -> None:
     stream's NodeStream) for gateway ``GATEWAY``, on a free loopback port."""
     from twisted.internet import reactor
 
-    from nxgate.cluster.connection import GateFactory
-    from nxgate.cluster.node_server import choose
-    from nxgate.cluster.tls import ClusterTLS
+    from nxgate.wire.connection import GateFactory
+    from nxgate.wire.node_listener import choose
+    from nxgate.wire.tls import ClusterTLS
     from nxgate.node.local import LocalNode
 
     class SameAccounts:  # the stream needs no account; NodeAMP (not used here) would ask
@@ -216,9 +216,9 @@ class PlainClient:
         from twisted.internet.interfaces import IPushProducer
         from zope.interface import implementer
 
-        from nxgate.sessions.caller import Caller
-        from nxgate.sessions.results import StreamTarget
-        from nxgate.stream.relay import StreamRelay
+        from nxgate.vocabulary.caller import Caller
+        from nxgate.vocabulary.results import StreamTarget
+        from nxgate.wire.relay import StreamRelay
 
         line, _, rest = self.head.partition(b"\n")
         kind, sid, where = line.decode().split()
@@ -261,8 +261,8 @@ def plain_gateway_process(pki: str, port_file: str, profile: str) -> None:
     """A relay-only 'gateway': StreamRelay for TCP clients (see PlainClient)."""
     from twisted.internet import protocol, reactor
 
-    from nxgate.cluster.stream import RemoteStreams
-    from nxgate.cluster.tls import ClusterTLS
+    from nxgate.wire.member_stream import RemoteStreams
+    from nxgate.wire.tls import ClusterTLS
 
     streams = RemoteStreams(reactor, ClusterTLS.load(GATEWAY, *pki_files(pki, GATEWAY)))
 
@@ -325,7 +325,7 @@ class Setup:
 
     def _start(self, display_base: int, profile_dir: str) -> None:
         import relay as rl
-        from nxgate.cluster import tls
+        from nxgate.wire import tls
         from tests.harness.gateway import Gateway
         from tests.harness.users import create_user
 

@@ -87,7 +87,7 @@ def main() -> int:
         # The real nxgate-client --print: the jobs on an SSH channel of their own.
         env = dict(os.environ, PYTHONPATH=REPO, TMPDIR=workdir, NXGATE_PASSWORD=tunnel_user.password,
                    DISPLAY=tunnel_screen.name)
-        client = subprocess.Popen([sys.executable, "-m", "nxgate.client", "--accept-any-host-key", "--type",
+        client = subprocess.Popen([sys.executable, "-m", "nxgate.clients.nx", "--accept-any-host-key", "--type",
                                    "unix-console", "--geometry", "800x600", "--print", "--print-server", cups.server,
                                    f"{tunnel_user.name}@127.0.0.1:{gateway.port}"], env=env,
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -277,8 +277,8 @@ def fill_store(path: str, user, count: int, state: str, dead_agents: bool) -> fl
     """Rows written with nxgate's own store and row format (the gateway is stopped), in one transaction."""
     import secrets
 
-    from nxgate.sessions.model import Session, State
-    from nxgate.sessions.store.factory import sqlite_store
+    from nxgate.vocabulary.model import Session, State
+    from nxgate.store.factory import sqlite_store
 
     store = sqlite_store(path, None, inline=True)
     now = time.time()
@@ -302,7 +302,7 @@ def fill_store(path: str, user, count: int, state: str, dead_agents: bool) -> fl
         for session in sessions:
             cursor.execute(store._insert, session_row(session))
 
-    from nxgate.sessions.store.rows import session_row
+    from nxgate.store.rows import session_row
 
     store.connections.run(insert_all)
     store.close()
@@ -485,12 +485,12 @@ def bench_phases(runs: int, profile_dir: str | None) -> dict:
                             "sessions": {"display_base": "2400", "connect_timeout": "120"}}).start()
     screen = ClientScreen(1024, 768)
     env = dict(os.environ, PYTHONPATH=REPO, DISPLAY=screen.name, NXGATE_PASSWORD=user.password)
-    client_argv = [sys.executable, "-m", "nxgate.client", "--accept-any-host-key", "--port", str(gateway.port)]
+    client_argv = [sys.executable, "-m", "nxgate.clients.nx", "--accept-any-host-key", "--port", str(gateway.port)]
     out: dict = {"runs": []}
     spy = None
     try:
         out["python_start_s"] = median_run([sys.executable, "-c", "pass"])
-        out["client_import_s"] = median_run([sys.executable, "-c", "import nxgate.client.main"], env=env)
+        out["client_import_s"] = median_run([sys.executable, "-c", "import nxgate.clients.nx.main"], env=env)
         out["client_help_s"] = median_run(client_argv + ["--help"], env=env)
         out["launcher_start_s"] = median_run([sys.executable, "-m", "nxgate.node.runas"], env=env)
         out["client_list_s"] = median_run(client_argv + ["--list", f"{user.name}@127.0.0.1"], env=env)

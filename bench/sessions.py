@@ -42,7 +42,7 @@ class Bench:
                         PYTHONPATH=REPO)
 
     def client(self, *args: str, wait: bool = True) -> subprocess.Popen | subprocess.CompletedProcess:
-        argv = [sys.executable, "-m", "nxgate.client", "--accept-any-host-key", "--port", str(self.gateway.port),
+        argv = [sys.executable, "-m", "nxgate.clients.nx", "--accept-any-host-key", "--port", str(self.gateway.port),
                 *args, f"{self.user.name}@127.0.0.1"]
         if wait:
             return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=120)

@@ -8,7 +8,7 @@ mounted by the gateway at ``~/MyShares/bench`` (smbnetfs, as the user):
 * own channel: the real ``nxgate-client --share`` (its private Samba; the
   SMB stream on an SSH channel of its own beside the NX stream);
 * NX channel: OpenSSH + the real ``nxproxy -S smb=PORT`` onto a private
-  Samba (:class:`nxgate.client.sharing.LocalShares`), as NoMachine's and
+  Samba (:class:`nxgate.clients.nx.sharing.LocalShares`), as NoMachine's and
   OpenNX's clients do, the SMB stream inside nxcomp's smb channel;
 * without NX or SSH (the peer): the same smbnetfs, as the same user,
   mounted straight on the private Samba's loopback port.
@@ -46,9 +46,9 @@ import uuid
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from nxgate.client.sharing import LocalShares  # noqa: E402
+from nxgate.clients.nx.sharing import LocalShares  # noqa: E402
 from nxgate.node.extras.sharing import CLIENT_SMB_CONF, MOUNT_OPTIONS, share_path, smbnetfs_config  # noqa: E402
-from nxgate.nx import client_commands as commands  # noqa: E402
+from nxgate.protocols.nx import client_commands as commands  # noqa: E402
 from tests.harness.gateway import Gateway  # noqa: E402
 from tests.harness.process import wait_for  # noqa: E402
 from tests.harness.samba import open_blocking  # noqa: E402
@@ -131,7 +131,7 @@ def client_mount(gateway: Gateway, user, screen: ClientScreen, folder: str, tmp:
     """``nxgate-client --share`` (its private Samba, its own SSH channel for
     the folder): the real client, in the background."""
     env = dict(os.environ, PYTHONPATH=REPO, TMPDIR=tmp, NXGATE_PASSWORD=user.password, DISPLAY=screen.name)
-    argv = [sys.executable, "-m", "nxgate.client", "--accept-any-host-key", "--type", "unix-console",
+    argv = [sys.executable, "-m", "nxgate.clients.nx", "--accept-any-host-key", "--type", "unix-console",
             "--geometry", "800x600", "--share", f"{SHARE}={folder}", f"{user.name}@127.0.0.1:{gateway.port}"]
     return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)

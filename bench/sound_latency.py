@@ -38,7 +38,7 @@ import numpy
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from nxgate import channels  # noqa: E402
+from nxgate.protocols import channels  # noqa: E402
 from tests.harness.gateway import Gateway  # noqa: E402
 from tests.harness.pulse import RATE, SINK, PulseServer  # noqa: E402
 from tests.harness.ssh import Attachment, NXClient, SessionInfo  # noqa: E402

@@ -12,7 +12,7 @@ Also measured: the whole live list (what ``nxgate-admin sessions`` reads),
 query, for choosing a driver.
 
 Why ``live(user)`` is "listsession through a gateway": a clustered gateway
-answers ``listsession`` from the shared store (nxgate.cluster.sessions:
+answers ``listsession`` from the shared store (nxgate.gateway.router:
 ``store.live(user=...)``, merged with the members' states), so with 10 000
 stored sessions this query is what grows; the NX round trip on top of it
 (SSH channel, formatting) does not depend on the store and is measured by
@@ -39,9 +39,9 @@ from twisted.internet import defer, task  # noqa: E402
 
 from nxgate.config import Config, StoreSection  # noqa: E402
 from nxgate.node.files import StateLayout  # noqa: E402
-from nxgate.node.threads import inline  # noqa: E402
-from nxgate.sessions.model import Member, Session, State  # noqa: E402
-from nxgate.sessions.store.factory import open_store  # noqa: E402
+from nxgate.threads import inline  # noqa: E402
+from nxgate.vocabulary.model import Member, Session, State  # noqa: E402
+from nxgate.store.factory import open_store  # noqa: E402
 from tests.harness import databases  # noqa: E402
 
 USERS_EVERY = 10  # sessions per user: max_sessions_per_user's default
@@ -109,7 +109,7 @@ async def measure(store, calls: int, sessions: int) -> dict:
 
 def bare_driver(kind: str, server, calls: int) -> dict:
     """The same user query through each importable driver, without nxgate."""
-    from nxgate.sessions.store.location import parse
+    from nxgate.store.location import parse
 
     location = parse(server.url, server.password_file)
     out = {}

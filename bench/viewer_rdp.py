@@ -126,7 +126,7 @@ def in_process(host: RDPHost, screen: ClientScreen, frames: int) -> dict[str, An
     from twisted.internet import reactor
     from twisted.internet.task import Clock
 
-    from nxgate.viewer import common, rdp
+    from nxgate.clients.engines import common, rdp
 
     os.environ["DISPLAY"] = screen.name
     args = argparse.Namespace(host="127.0.0.1", port=host.port, geometry=f"{WIDTH}x{HEIGHT}", keyboard="pc105/us",

@@ -47,7 +47,7 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from nxgate.doors.admin.cli import request as admin_request  # noqa: E402
+from nxgate.gateway.doors.admin.cli import request as admin_request  # noqa: E402
 from tests.harness.browser import Browser, available  # noqa: E402
 from tests.harness.gateway import Gateway  # noqa: E402
 from tests.harness.process import wait_for  # noqa: E402

@@ -184,7 +184,7 @@ class ServerSection:
                             is_path=True)
     admin_socket: str = option("", text, "root-only socket for nxgate-admin (empty: admin.sock in state_dir)",
                                is_path=True)
-    # Before authentication (issue 26; nxgate.doors.preauth): every door.
+    # Before authentication (issue 26; nxgate.gateway.doors.preauth): every door.
     login_grace_time: float = option(30.0, number(1, 3600), "seconds from a connection's first byte to its "
                                      "authentication, on every door (SSH, HTTPS, cluster port, shell socket)")
     max_startups_per_address: int = option(10, integer(1, 1_000_000), "unauthenticated connections one address "
@@ -409,7 +409,7 @@ class ClusterConfig:
 
     Absent, :attr:`Config.cluster` is None and the gateway is one box as
     before.  Members talk over mutually authenticated TLS
-    (:mod:`nxgate.cluster.tls`): ``certificate`` must name ``name`` as a DNS
+    (:mod:`nxgate.wire.tls`): ``certificate`` must name ``name`` as a DNS
     subjectAltName and be signed by ``ca``."""
 
     name: str = option("", member_name, "this member's name, as in its certificate's DNS subjectAltName")

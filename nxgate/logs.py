@@ -36,7 +36,7 @@ from nxgate.safetext import printable
 
 LEVELS = {"debug": LogLevel.debug, "info": LogLevel.info, "warn": LogLevel.warn, "error": LogLevel.error}
 # Conch's per-connection chatter; our own modules log what matters with context.
-QUIET_NAMESPACES = ("twisted.conch", "nxgate.doors.conch.server.NXSessionChannel", "nxgate.doors.conch.server.NXUserAuthServer")
+QUIET_NAMESPACES = ("twisted.conch", "nxgate.gateway.doors.conch.server.NXSessionChannel", "nxgate.gateway.doors.conch.server.NXUserAuthServer")
 NORMAL_DISCONNECT = 11  # SSH_DISCONNECT_BY_APPLICATION: a client saying goodbye
 
 

@@ -80,7 +80,7 @@ class SessionCollector:
 class PreauthCollector:
     """``nxgate_unauthenticated_connections``, ``nxgate_open_files`` and
     ``nxgate_refused_connections_total{reason}`` from the doors' guard
-    (nxgate.doors.guard), read when scraped."""
+    (nxgate.gateway.doors.guard), read when scraped."""
 
     def __init__(self, guard: Any, node: str = "") -> None:
         self.guard = guard

@@ -38,9 +38,9 @@ class Options(usage.Options):
 def makeService(options: Options):  # type: ignore[no-untyped-def]
     from twisted.internet import reactor
 
-    from nxgate.gateway import Gateway
+    from nxgate.gateway.root import Gateway
     from nxgate.instance import StartupError
-    from nxgate.sessions.store.errors import StoreError
+    from nxgate.store.errors import StoreError
 
     try:
         return Gateway(options.config, reactor)

@@ -2,7 +2,7 @@
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.doors.admin import cli
+from nxgate.gateway.doors.admin import cli
 
 
 class ArgumentTests(SynchronousTestCase):

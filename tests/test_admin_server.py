@@ -8,9 +8,9 @@ import json
 from twisted.internet import defer
 from twisted.trial.unittest import TestCase
 
-from nxgate.doors.admin.server import AdminProtocol
-from nxgate.sessions.model import State
-from nxgate.sessions.errors import Kind, SessionError
+from nxgate.gateway.doors.admin.server import AdminProtocol
+from nxgate.vocabulary.model import State
+from nxgate.vocabulary.errors import Kind, SessionError
 from tests import test_sessions_manager as manager_tests
 
 MISSING = "0" * 32

@@ -2,7 +2,7 @@
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.backends.agentlog import AgentEvent, LineSplitter, parse_line
+from nxgate.node.agents.agentlog import AgentEvent, LineSplitter, parse_line
 
 # Lines as measured on this system (nxagent-recipe.md and a real log).
 LINES = {

@@ -10,11 +10,11 @@ import inspect
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.cluster.remote import RemoteNode
-from nxgate.cluster.sessions import Router
+from nxgate.wire.remote_node import RemoteNode
+from nxgate.gateway.router import Router
 from nxgate.node.local import LocalNode
-from nxgate.sessions.api import NodeAPI, SessionAPI
-from nxgate.sessions.service import SessionService
+from nxgate.vocabulary.api import NodeAPI, SessionAPI
+from nxgate.node.service import SessionService
 
 IMPLEMENTATIONS = (SessionService, Router, RemoteNode, LocalNode)
 NODES = (RemoteNode, LocalNode)

@@ -4,9 +4,10 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from nxgate.auth import pam as auth
-from nxgate.auth.pam import Authenticator, Verdict
-from nxgate.auth.throttle import Throttle
+from nxgate.gateway.auth import pam as auth
+from nxgate.node import pamlib
+from nxgate.gateway.auth.pam import Authenticator, Verdict
+from nxgate.gateway.auth.throttle import Throttle
 
 
 def immediate(reactor, pool, function, *args):
@@ -45,7 +46,7 @@ class PrecheckTests(SynchronousTestCase):
         self.assertRaises(LookupError, respond, [(2, "OTP: ")])
 
     def test_resolve_service(self):
-        self.assertEqual(auth.resolve_service("definitely-missing-service"), "login")
+        self.assertEqual(pamlib.resolve_service("definitely-missing-service"), "login")
 
 
 class ShellAndLockTests(SynchronousTestCase):
@@ -275,7 +276,7 @@ class KeyboardInteractiveAnswerTests(TestCase):
         from twisted.cred.error import UnauthorizedLogin
         from twisted.internet import reactor
 
-        from nxgate.doors.conch.checkers import KeyboardInteractive, KeyboardInteractiveChecker
+        from nxgate.gateway.doors.conch.checkers import KeyboardInteractive, KeyboardInteractiveChecker
 
         seen = []
 

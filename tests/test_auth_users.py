@@ -12,9 +12,9 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.doors.conversation import Conversation
-from nxgate.nx.server_dialogue import Reply, DialogueSettings
-from nxgate.auth.users import UserDirectory, group_names, resolve_caller
+from nxgate.gateway.doors.conversation import Conversation
+from nxgate.protocols.nx.server_dialogue import Reply, DialogueSettings
+from nxgate.users import UserDirectory, group_names, resolve_caller
 
 ME = pwd.getpwuid(os.getuid())
 

@@ -10,9 +10,9 @@ from twisted.conch.ssh import keys
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.doors.conch import authorized_keys as ak
-from nxgate.doors.conch import checkers
-from nxgate.doors.conch.checkers import NOMACHINE_PUBLIC_KEY
+from nxgate.gateway.doors.conch import authorized_keys as ak
+from nxgate.gateway.doors.conch import checkers
+from nxgate.gateway.doors.conch.checkers import NOMACHINE_PUBLIC_KEY
 
 ED = keys.Key.fromString(
     b"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl test"

@@ -1,10 +1,10 @@
-"""Unit tests of nxgate.backends.jail: who is jailed, and bubblewrap's command line."""
+"""Unit tests of nxgate.node.agents.jail: who is jailed, and bubblewrap's command line."""
 
 from __future__ import annotations
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.backends import jail
+from nxgate.node.agents import jail
 from nxgate.config import JailSection
 
 

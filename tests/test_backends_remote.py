@@ -2,13 +2,13 @@
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.backends import remote
+from nxgate.node.agents import remote_desktop as remote
 from nxgate.config import Config, RemoteSection, TargetSection
-from nxgate.nx.dispatch import as_nx
-from nxgate.nx.params import parse_params
-from nxgate.nx.requests import remote_request
-from nxgate.sessions.errors import Kind, SessionError
-from nxgate.sessions.requests import DisplaySettings
+from nxgate.protocols.nx.dispatch import as_nx
+from nxgate.protocols.nx.params import parse_params
+from nxgate.protocols.nx.requests import remote_request
+from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.requests import DisplaySettings
 
 OPEN = Config(remote=RemoteSection(allow_any_host=True))
 TARGETS = Config(targets={
@@ -84,7 +84,7 @@ class ViewerCommandTests(SynchronousTestCase):
     def test_python_engines_report_and_keep_secrets_off_argv(self):
         desktop = remote.RemoteDesktop("rdp", "win", 3389, "rdpy", "tls", "bob", "CORP", "s3cret")
         command = remote.viewer_command(desktop, self.display, OPEN, "/venv/bin/python")
-        self.assertEqual(command.argv[:3], ("/venv/bin/python", "-m", "nxgate.viewer.rdp"))
+        self.assertEqual(command.argv[:3], ("/venv/bin/python", "-m", "nxgate.clients.engines.rdp"))
         self.assertIn("--password-stdin", command.argv)
         self.assertEqual(command.argv[command.argv.index("--geometry") + 1], "1280x800")
         self.assertEqual(command.argv[command.argv.index("--keyboard") + 1], "pc105/de")

@@ -8,8 +8,8 @@ import tempfile
 from twisted.internet import defer, protocol, reactor
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from nxgate.backends import shadow_screen as screen
-from nxgate.backends.shadow_screen import Incomplete, screen_size, setup_request, shadow_geometry, watched_size
+from nxgate.node.agents import shadow_screen as screen
+from nxgate.node.agents.shadow_screen import Incomplete, screen_size, setup_request, shadow_geometry, watched_size
 
 
 def setup_reply(width: int, height: int, vendor: bytes = b"NoMachine", formats: int = 7, status: int = 1) -> bytes:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from twisted.internet import defer, task
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.client import fate
-from nxgate.client.fate import fate_words
-from nxgate.nx.listing import ParsedRow
+from nxgate.clients.nx import fate
+from nxgate.clients.nx.fate import fate_words
+from nxgate.protocols.nx.listing import ParsedRow
 
 ID = "0123456789ABCDEF0123456789ABCDEF"
 

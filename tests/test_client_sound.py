@@ -16,7 +16,7 @@ import sys
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
 
-from nxgate.client import sound
+from nxgate.clients.nx import sound
 
 FAKE_PACTL = """#!{python}
 import os, sys, time

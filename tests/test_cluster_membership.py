@@ -13,14 +13,14 @@ from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 
-from nxgate.cluster.membership import DOWN_AFTER, Membership, available_memory, load_average, state
+from nxgate.gateway.membership import DOWN_AFTER, Membership, available_memory, load_average, state
 from nxgate.config import Config, StoreSection
-from nxgate.doors.admin import cli
-from nxgate.doors.admin.server import AdminProtocol
+from nxgate.gateway.doors.admin import cli
+from nxgate.gateway.doors.admin.server import AdminProtocol
 from nxgate.node.files import StateLayout
-from nxgate.sessions.model import Member
-from nxgate.sessions.store.errors import StoreUnavailable
-from nxgate.sessions.store.factory import open_store, sqlite_store
+from nxgate.vocabulary.model import Member
+from nxgate.store.errors import StoreUnavailable
+from nxgate.store.factory import open_store, sqlite_store
 from tests.harness import databases
 
 PROC = {"/proc/loadavg": "0.42 0.30 0.20 1/234 5678\n",

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.cluster.placement import MIN_FREE_MEMORY, NO_NODE, eligible, place, ranked, score
-from nxgate.nx.dispatch import as_nx
-from nxgate.sessions.errors import Kind, SessionError
-from nxgate.sessions.model import Member
+from nxgate.gateway.placement import MIN_FREE_MEMORY, NO_NODE, eligible, place, ranked, score
+from nxgate.protocols.nx.dispatch import as_nx
+from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.model import Member
 
 NOW = 1000.0
 GIB = 1024 ** 3

@@ -10,16 +10,16 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.cluster.placement import NO_NODE
-from nxgate.cluster.sessions import Router
+from nxgate.gateway.placement import NO_NODE
+from nxgate.gateway.router import Router
 from nxgate.config import Config
-from nxgate.nx.dispatch import as_nx
-from nxgate.sessions.caller import Caller
-from nxgate.sessions.errors import Kind, SessionError
-from nxgate.sessions.model import Member, Session, State
-from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequest, ShareMount, StartRequest
-from nxgate.sessions.results import Listing, Ready, ServiceStatus, SessionView, ShadowTarget
-from nxgate.sessions.store.errors import StoreUnavailable
+from nxgate.protocols.nx.dispatch import as_nx
+from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.model import Member, Session, State
+from nxgate.vocabulary.requests import DisplaySettings, RestoreRequest, ShadowRequest, ShareMount, StartRequest
+from nxgate.vocabulary.results import Listing, Ready, ServiceStatus, SessionView, ShadowTarget
+from nxgate.store.errors import StoreUnavailable
 
 NOW = 5000.0
 GIB = 1024 ** 3
@@ -426,7 +426,7 @@ class RouterTests(SynchronousTestCase):
         self.assertEqual(self.local.calls, [("status",), ("set_draining", True)])
 
     def test_it_offers_every_method_of_the_session_api(self):
-        from nxgate.cluster.protocol import METHODS
+        from nxgate.wire.protocol import METHODS
         missing = sorted(m for m in METHODS if not callable(getattr(Router, m, None)))
         self.assertEqual(missing, [])
         self.assertIsInstance(self.ok(self.api.list(ALICE)), Listing)
@@ -444,7 +444,7 @@ class NodeSideTests(SynchronousTestCase):
 
     def manager(self, name, per_user=10):
         from nxgate.config import SessionsSection
-        from nxgate.sessions.service import SessionService
+        from nxgate.node.service import SessionService
 
         config = Config(sessions=SessionsSection(display_base=3200, max_sessions_per_user=per_user),
                         types={"unix-console": ("true",)})

@@ -1,5 +1,5 @@
-"""The cluster's TLS contexts (Twisted's CertificateOptions, nxgate.cluster.tls)
-and the peer-name gates of nxgate.cluster.connection, over an in-memory
+"""The cluster's TLS contexts (Twisted's CertificateOptions, nxgate.wire.tls)
+and the peer-name gates of nxgate.wire.connection, over an in-memory
 connection (twisted.test.iosim): a member's certificate is accepted both
 ways, a certificate of another CA or naming no member is refused and the
 refusal says why.  tests/test_cluster_wire.py does the same over real TCP."""
@@ -15,8 +15,8 @@ from twisted.logger import globalLogPublisher
 from twisted.test import iosim
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.cluster import tls
-from nxgate.cluster.connection import GateFactory, _ClientGate, _TLSFactory
+from nxgate.wire import tls
+from nxgate.wire.connection import GateFactory, _ClientGate, _TLSFactory
 
 ADDRESS = IPv4Address("TCP", "127.0.0.1", 7022)
 
@@ -138,9 +138,9 @@ class ContextTests(SynchronousTestCase):
         self.assertIn("names gw-a, not a member with role gateway", self.refusals())
 
     def test_member_connections_write_whole_records_in_one_call(self) -> None:
-        """Canary for nxgate.cluster.records (pyOpenSSL's private _lib, _ffi,
+        """Canary for nxgate.wire.records (pyOpenSSL's private _lib, _ffi,
         _ssl and _raise_ssl_error): one send() takes a write of many records."""
-        from nxgate.cluster import records
+        from nxgate.wire import records
 
         self.assertTrue(records.AVAILABLE, "pyOpenSSL's private names changed: member streams lose throughput")
         self.connect(member(self.base, "gw-a"))

@@ -19,24 +19,24 @@ from twisted.internet.task import deferLater
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from nxgate.auth.users import UserDirectory
-from nxgate.cluster import protocol as wire
-from nxgate.cluster import tls
-from nxgate.cluster.node_server import choose
-from nxgate.cluster.connection import GateFactory
+from nxgate.users import UserDirectory
+from nxgate.wire import protocol as wire
+from nxgate.wire import tls
+from nxgate.wire.node_listener import choose
+from nxgate.wire.connection import GateFactory
 from nxgate.node.local import LocalNode
-from nxgate.cluster.remote import RemoteNode, RemoteNodes
-from nxgate.cluster.stream import RemoteStreams
-from nxgate.doors.admin.cli import main as admin_main
-from nxgate.node.threads import inline
-from nxgate.sessions.caller import Caller
-from nxgate.sessions.errors import Kind, SessionError
-from nxgate.sessions.model import State
-from nxgate.sessions.requests import (DisplaySettings, RemoteRequest, RestoreRequest, ShadowRequest, ShareMount,
+from nxgate.wire.remote_node import RemoteNode, RemoteNodes
+from nxgate.wire.member_stream import RemoteStreams
+from nxgate.gateway.doors.admin.cli import main as admin_main
+from nxgate.threads import inline
+from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.model import State
+from nxgate.vocabulary.requests import (DisplaySettings, RemoteRequest, RestoreRequest, ShadowRequest, ShareMount,
                                       StartRequest)
-from nxgate.sessions.results import (Listing, Progress, Ready, ServiceStatus, SessionView, ShadowTarget,
+from nxgate.vocabulary.results import (Listing, Progress, Ready, ServiceStatus, SessionView, ShadowTarget,
                                      StreamTarget, UnknownSession, HeldDisplay)
-from nxgate.stream.relay import StreamRelay
+from nxgate.wire.relay import StreamRelay
 
 CALLER = Caller("alice", 1001, 1001, frozenset({"staff", "nxadmin"}), "10.0.0.9:4711 (claimed by uid 5)",
                 "10.0.0.1", "nx-conch", False)
@@ -602,7 +602,7 @@ class WireTests(TestCase):
         from twisted.internet.address import IPv4Address
         from twisted.test import iosim
 
-        from nxgate.cluster.connection import _ClientGate, _TLSFactory
+        from nxgate.wire.connection import _ClientGate, _TLSFactory
 
         got, ends = [], []
 

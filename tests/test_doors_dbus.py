@@ -9,10 +9,10 @@ from twisted.internet import defer, reactor
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import TestCase
 
-from nxgate.doors.dbus import wire
-from nxgate.doors.dbus.door import DBusDoor
-from nxgate.sessions.errors import Kind
-from nxgate.sessions.results import SessionEvent, SessionView, State
+from nxgate.gateway.doors.dbus import wire
+from nxgate.gateway.doors.dbus.door import DBusDoor
+from nxgate.vocabulary.errors import Kind
+from nxgate.vocabulary.results import SessionEvent, SessionView, State
 
 
 def view(state: State = State.RUNNING, **changes) -> SessionView:
@@ -28,7 +28,7 @@ class WireTests(TestCase):
     def test_not_yours_says_so_in_words_too(self):
         """The NX door shows someone else's session as not found; on D-Bus the
         name says NotYours, and its words agree (issue 25)."""
-        from nxgate.sessions.errors import SessionError
+        from nxgate.vocabulary.errors import SessionError
 
         theirs = SessionError(Kind.NOT_YOURS, "Could not find session AB.", session_id="AB")
         self.assertEqual(wire.error_message(theirs), "Session AB belongs to another user.")
@@ -101,7 +101,7 @@ class NoBusTests(TestCase):
 
 class CommandLineTests(TestCase):
     def test_start_takes_a_type_and_an_optional_name(self):
-        from nxgate.doors.dbus.cli import parse
+        from nxgate.gateway.doors.dbus.cli import parse
 
         options = parse(["start", "unix-xfce"])
         self.assertEqual((options.command, options.type, options.name), ("start", "unix-xfce", ""))
@@ -111,7 +111,7 @@ class CommandLineTests(TestCase):
     def test_words_for_what_went_wrong(self):
         """A missing bus, a gateway not on the bus and a refusing policy in
         words (issue 25); the gateway's own refusals keep its words."""
-        from nxgate.doors.dbus.cli import NoBus, explain
+        from nxgate.gateway.doors.dbus.cli import NoBus, explain
 
         class Refusal(Exception):
             def __init__(self, name: str, message: str) -> None:
@@ -134,14 +134,14 @@ class CommandLineTests(TestCase):
                          ("org.nxgate.Error.NotFound", "Could not find session X."))
 
     def test_the_bus_is_the_option_then_the_sessions_variable_then_the_system_bus(self):
-        from nxgate.doors.dbus.cli import bus_address
+        from nxgate.gateway.doors.dbus.cli import bus_address
 
         self.assertEqual(bus_address("unix:path=/a", {"NXGATE_DBUS_ADDRESS": "unix:path=/b"}), "unix:path=/a")
         self.assertEqual(bus_address(None, {"NXGATE_DBUS_ADDRESS": "unix:path=/b"}), "unix:path=/b")
         self.assertEqual(bus_address(None, {}), "system")
 
     def test_an_empty_list_says_so(self):
-        from nxgate.doors.dbus.cli import render
+        from nxgate.gateway.doors.dbus.cli import render
 
         self.assertEqual(render("list", [], False), "No sessions.")
         self.assertEqual(render("list", [], True), "[]")
@@ -167,8 +167,8 @@ class DoorChecksTests(TestCase):
     """Issue 22: arguments' lengths first, then the account check, on every call."""
 
     def make(self, refused=()):
-        from nxgate.auth.pam import AuthResult, Verdict
-        from nxgate.sessions.caller import Caller
+        from nxgate.gateway.auth.pam import AuthResult, Verdict
+        from nxgate.vocabulary.caller import Caller
 
         self.resolved, self.checked, self.done = [], [], []
 
@@ -192,7 +192,7 @@ class DoorChecksTests(TestCase):
         return "ok"
 
     async def test_a_refused_account_gets_not_allowed_and_nothing_runs(self):
-        from nxgate.doors.dbus.door import BusError
+        from nxgate.gateway.doors.dbus.door import BusError
 
         door = self.make(refused=("user1001",))
         with self.assertRaises(BusError) as caught:
@@ -205,7 +205,7 @@ class DoorChecksTests(TestCase):
         self.assertEqual(self.checked, ["user1001", "user1002", "user1002"])
 
     async def test_root_administers_unchecked_but_starts_nothing(self):
-        from nxgate.doors.dbus.door import BusError
+        from nxgate.gateway.doors.dbus.door import BusError
 
         door = self.make(refused=("root",))
         self.assertEqual(await door.call(":0", self.work, ("A" * 32,)), "ok")
@@ -214,7 +214,7 @@ class DoorChecksTests(TestCase):
         self.assertEqual(self.checked, ["root"])
 
     async def test_an_overlong_argument_is_refused_before_anything(self):
-        from nxgate.doors.dbus.door import MAX_ARGUMENT, BusError
+        from nxgate.gateway.doors.dbus.door import MAX_ARGUMENT, BusError
 
         door = self.make()
         with self.assertRaises(BusError) as caught:
@@ -229,7 +229,7 @@ class BoundedConnectionTests(TestCase):
     def connection(self):
         from twisted.internet.testing import StringTransport
 
-        from nxgate.doors.dbus.connection import BoundedConnection
+        from nxgate.gateway.doors.dbus.connection import BoundedConnection
 
         received = []
         bus = BoundedConnection()

@@ -1,4 +1,4 @@
-"""The guard in front of the doors (nxgate.doors.guard) with Twisted's
+"""The guard in front of the doors (nxgate.gateway.doors.guard) with Twisted's
 fakes: the deadline, the authenticated hook through a wrapper in between,
 refusals and their log lines.  The real gateway is tests.test_e2e_preauth."""
 
@@ -11,8 +11,9 @@ from twisted.logger import capturedLogs
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.trial.unittest import TestCase
 
-from nxgate.doors.guard import DoorGuard, authenticated
-from nxgate.doors.preauth import Limits
+from nxgate.gateway.doors.guard import DoorGuard
+from nxgate.wire.guarded import authenticated
+from nxgate.gateway.doors.preauth import Limits
 
 
 class Door(protocol.Factory):

@@ -1,4 +1,4 @@
-"""The table of unauthenticated connections (nxgate.doors.preauth), with a
+"""The table of unauthenticated connections (nxgate.gateway.doors.preauth), with a
 fake clock and a chosen random number; the real gateway under a flood is
 tests.test_e2e_preauth."""
 
@@ -8,7 +8,7 @@ from twisted.trial.unittest import TestCase
 
 from nxgate import config as configuration
 from nxgate.config import parse_max_startups, parse_networks
-from nxgate.doors.preauth import MAX_SOURCES, Ending, Limits, PreauthTable, Refusal
+from nxgate.gateway.doors.preauth import MAX_SOURCES, Ending, Limits, PreauthTable, Refusal
 
 
 class Clock:

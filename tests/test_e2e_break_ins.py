@@ -352,7 +352,7 @@ class DoorPolicyTests(TestCase):
     @staticmethod
     def _remove(users, gateway, bus, directory) -> None:
         if gateway is not None:
-            from nxgate.doors.admin.cli import request as admin_request
+            from nxgate.gateway.doors.admin.cli import request as admin_request
 
             admin = os.path.join(gateway.state_dir, "admin.sock")
             try:  # a door that let a refused user in started a session: end it

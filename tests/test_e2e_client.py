@@ -1,6 +1,6 @@
 """End to end: ``nxgate-client`` against the real gateway.
 
-The client runs as a separate process (``python -m nxgate.client``), the
+The client runs as a separate process (``python -m nxgate.clients.nx``), the
 way users and other tests run it; the gateway is the real ``twistd nxgate``
 with real Unix users and PAM.  The session tests draw on an Xvfb standing
 in for the user's screen and check its pixels.
@@ -81,7 +81,7 @@ class ClientTestCase(TestCase):
 
     def argv(self, *args: str, port: int | None = None, host_keys: bool = False) -> list[str]:
         checks = ["--known-hosts", self.known_hosts] if host_keys else ["--accept-any-host-key"]
-        return [sys.executable, "-m", "nxgate.client", *checks, *args,
+        return [sys.executable, "-m", "nxgate.clients.nx", *checks, *args,
                 f"{self.user.name}@127.0.0.1:{port or self.gateway.port}"]
 
     def client(self, *args: str, password: str | None = None, port: int | None = None, host_keys: bool = False,

@@ -115,7 +115,7 @@ class Watcher:
 
 
 def nxgate_session(*args: str) -> list[str]:
-    return [sys.executable, "-c", "import sys; from nxgate.doors.dbus.cli import main; sys.exit(main())", *args]
+    return [sys.executable, "-c", "import sys; from nxgate.gateway.doors.dbus.cli import main; sys.exit(main())", *args]
 
 
 def user_env(user, bus: SystemBus, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -147,7 +147,7 @@ def fixture_with_bus(case: SessionTestCase, options: Callable[[str], dict]) -> t
 #: inside it, with nothing but the environment the session gave it (no
 #: PYTHONPATH: the checkout goes on sys.path here), then shows a red xterm.
 ASKS_FROM_INSIDE = """import json, os, subprocess, sys
-cli = "import sys; sys.path.insert(0, {repo!r}); from nxgate.doors.dbus.cli import main; sys.exit(main())"
+cli = "import sys; sys.path.insert(0, {repo!r}); from nxgate.gateway.doors.dbus.cli import main; sys.exit(main())"
 answers = []
 for args in (["--json", "info"], ["list"]):
     done = subprocess.run([sys.executable, "-c", cli, *args], capture_output=True, text=True, timeout=60)

@@ -22,7 +22,7 @@ from tests.harness.shared import class_fixture
 from tests.harness.ssh import NXClient
 from tests.harness.users import NEED_ROOT, is_root
 
-ADMIN = [sys.executable, "-m", "nxgate.doors.admin.cli"]
+ADMIN = [sys.executable, "-m", "nxgate.gateway.doors.admin.cli"]
 
 
 class FirstHourTests(TestCase):

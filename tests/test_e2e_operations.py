@@ -14,7 +14,7 @@ import urllib.request
 from tests.harness.gateway import REPO
 from tests.test_e2e_sessions import START, SessionTestCase
 
-ADMIN = [sys.executable, "-m", "nxgate.doors.admin.cli"]
+ADMIN = [sys.executable, "-m", "nxgate.gateway.doors.admin.cli"]
 LIMITED_GROUP = "nxgatetestlimited"
 
 

@@ -6,7 +6,7 @@ web portal on.  One address (127.0.0.2) holds 1,100 silent connections to
 the SSH port; meanwhile another (127.0.0.1) logs in over NX and draws a new
 session, logs in to the portal, starts a session over D-Bus, and a session
 started before the flood keeps relaying keystrokes up and pictures down.
-Before the guard (nxgate.doors.guard) the gateway took every connection
+Before the guard (nxgate.gateway.doors.guard) the gateway took every connection
 until EMFILE, and then PAM, NSS, the store and the doors failed for all.
 
 The other class checks the deadline from the first byte on each door and
@@ -159,7 +159,7 @@ class FloodCase(SessionTestCase):
         self.assertIn("'state': <'waiting'>", started.stdout)
 
     def admin_status(self) -> dict[str, str]:
-        status = subprocess.run([sys.executable, "-m", "nxgate.doors.admin.cli", "--state-dir",
+        status = subprocess.run([sys.executable, "-m", "nxgate.gateway.doors.admin.cli", "--state-dir",
                                  self.gateway.state_dir, "--json", "status"], capture_output=True, text=True,
                                 timeout=30, env=dict(os.environ, PYTHONPATH=REPO))
         self.assertEqual(status.returncode, 0, status.stderr)
@@ -326,7 +326,7 @@ class DeadlineTests(SessionTestCase):
             original = handle.read()
         self.addCleanup(self._write_config, original)
         self._write_config(original.replace(f"login_grace_time = {self.GRACE}", "login_grace_time = 7"))
-        reloaded = subprocess.run([sys.executable, "-m", "nxgate.doors.admin.cli", "--state-dir",
+        reloaded = subprocess.run([sys.executable, "-m", "nxgate.gateway.doors.admin.cli", "--state-dir",
                                    self.gateway.state_dir, "reload"], capture_output=True, text=True, timeout=30,
                                   env=dict(os.environ, PYTHONPATH=REPO))
         self.assertEqual(reloaded.returncode, 0, reloaded.stdout + reloaded.stderr)
@@ -337,7 +337,7 @@ class DeadlineTests(SessionTestCase):
         with open(self.gateway.config, "w", encoding="utf-8") as handle:
             handle.write(text)
         if text.count("login_grace_time = 7") == 0 and self.gateway.process is not None:
-            subprocess.run([sys.executable, "-m", "nxgate.doors.admin.cli", "--state-dir", self.gateway.state_dir,
+            subprocess.run([sys.executable, "-m", "nxgate.gateway.doors.admin.cli", "--state-dir", self.gateway.state_dir,
                             "reload"], capture_output=True, timeout=30, env=dict(os.environ, PYTHONPATH=REPO))
 
 

@@ -27,7 +27,8 @@ import sys
 import time
 import uuid
 
-from nxgate import channels, ipp
+from nxgate.protocols import channels
+from nxgate.protocols import ipp
 from tests.harness.cups import ClientCups, GateProcess, client_printing
 from tests.harness.gateway import Gateway
 from tests.harness.process import wait_for
@@ -149,7 +150,7 @@ class PrintingTests(PrintingTestCase):
         self.assertEqual((st.st_uid, stat.S_IMODE(st.st_mode)), (self.user.entry.pw_uid, 0o700))
         conf = os.path.join(directory, "printers.conf")
         self.assertEqual(stat.S_IMODE(os.stat(conf).st_mode), 0o600)
-        from nxgate import printgate
+        from nxgate.protocols import printgate
 
         credential = printgate.credential(info.cookie)
         with open(conf) as handle:

@@ -61,7 +61,7 @@ class RdpyTests(RDPTestCase):
         info, attachment = self.check_login_screen_and_typing()
         attachment.detach()
         self.wait_status(info.session_id, "Suspended")
-        self.assertTrue(subprocess.run(["pgrep", "-u", self.user.name, "-f", "nxgate.viewer.rdp"],
+        self.assertTrue(subprocess.run(["pgrep", "-u", self.user.name, "-f", "nxgate.clients.engines.rdp"],
                                        capture_output=True).stdout)
         second = self.login()
         self.attach(second, self.restore(second, info.session_id))

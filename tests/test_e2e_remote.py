@@ -70,7 +70,7 @@ class VNCTests(VNCSessionTestCase):
         # The password is in no process's argv or environment.
         listing = subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, text=True).stdout
         self.assertNotIn(PASSWORD, listing)
-        viewer = subprocess.run(["pgrep", "-u", self.user.name, "-f", "nxgate.viewer.vnc"], capture_output=True,
+        viewer = subprocess.run(["pgrep", "-u", self.user.name, "-f", "nxgate.clients.engines.vnc"], capture_output=True,
                                 text=True).stdout.split()
         self.assertEqual(len(viewer), 1)
         with open(f"/proc/{viewer[0]}/environ", "rb") as environ:
@@ -82,13 +82,13 @@ class VNCTests(VNCSessionTestCase):
         info = SessionInfo.parse(reply)
         attachment = self.attach(client, info)
         self.screen.wait_for_colour(ORANGE, 20000, timeout=30)
-        viewer = subprocess.run(["pgrep", "-u", self.user.name, "-f", "nxgate.viewer"], capture_output=True,
+        viewer = subprocess.run(["pgrep", "-u", self.user.name, "-f", "nxgate.clients.engines"], capture_output=True,
                                 text=True).stdout.split()
         attachment.detach()
         self.wait_status(info.session_id, "Suspended")
         self.host.set_background((0, 128, 0))  # changes while suspended are seen on resume
         time.sleep(1)
-        self.assertEqual(subprocess.run(["pgrep", "-u", self.user.name, "-f", "nxgate.viewer"],
+        self.assertEqual(subprocess.run(["pgrep", "-u", self.user.name, "-f", "nxgate.clients.engines"],
                                         capture_output=True, text=True).stdout.split(), viewer)
         second = self.login()
         self.attach(second, self.restore(second, info.session_id))

@@ -3,7 +3,7 @@ channel (issue 14).
 
 The client side is what ``nxgate-client --share`` sets up: a private Samba
 ``smbd`` on a loopback port serving one folder to one account with a
-per-session password (:class:`nxgate.client.sharing.LocalShares`, the
+per-session password (:class:`nxgate.clients.nx.sharing.LocalShares`, the
 client's own code), and the real ``nxproxy -S`` with ``smb=PORT``.  The
 client asks with ``--samba="1"``, hears ``NX> 709``, sends ``addmount`` as
 OpenNX does; the gateway mounts the share as the user with smbnetfs (FUSE)
@@ -27,8 +27,8 @@ import time
 
 from twisted.trial.unittest import SkipTest
 
-from nxgate.client.sharing import LocalShares
-from nxgate.nx import client_commands as commands
+from nxgate.clients.nx.sharing import LocalShares
+from nxgate.protocols.nx import client_commands as commands
 from tests.harness.gateway import Gateway
 from tests.harness.process import wait_for
 from tests.harness.samba import open_blocking

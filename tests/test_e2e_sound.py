@@ -21,7 +21,7 @@ import signal
 import subprocess
 import time
 
-from nxgate import channels
+from nxgate.protocols import channels
 from tests.harness.process import wait_for
 from tests.test_e2e_client import TYPES as CLIENT_TYPES
 from tests.test_e2e_client import ClientScreenTestCase, agent_processes

@@ -71,7 +71,7 @@ def wait_stored(state_dir: str, session_id: str, state: str) -> None:
 
 
 def admin_status(state_dir: str) -> dict:
-    result = subprocess.run([sys.executable, "-m", "nxgate.doors.admin.cli", "--socket", os.path.join(state_dir, "admin.sock"),
+    result = subprocess.run([sys.executable, "-m", "nxgate.gateway.doors.admin.cli", "--socket", os.path.join(state_dir, "admin.sock"),
                              "--json", "status"], capture_output=True, text=True, timeout=60, check=True,
                             env=dict(os.environ, PYTHONPATH=REPO), cwd="/")
     return json.loads(result.stdout)["result"]

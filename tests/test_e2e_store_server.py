@@ -8,8 +8,8 @@ import os
 
 from twisted.trial.unittest import SkipTest
 
-from nxgate.sessions.store.dialects import dialect
-from nxgate.sessions.store.location import parse
+from nxgate.store.dialects import dialect
+from nxgate.store.location import parse
 from tests.harness import databases
 from tests.harness.process import wait_for
 from tests.test_e2e_store import OPTIONS, START, StoreTestCase, end_agents, listed
@@ -93,7 +93,7 @@ def admin(gateway, *argv, check=True):
 
     from tests.harness.gateway import REPO
 
-    return subprocess.run([sys.executable, "-m", "nxgate.doors.admin.cli", "--socket",
+    return subprocess.run([sys.executable, "-m", "nxgate.gateway.doors.admin.cli", "--socket",
                            os.path.join(gateway.state_dir, "admin.sock"), *argv], capture_output=True, text=True,
                           timeout=60, check=check, env=dict(os.environ, PYTHONPATH=REPO), cwd="/")
 
@@ -123,9 +123,9 @@ class ClusterMemberTests(StoreTestCase):
         import tempfile
         import time
 
-        from nxgate.cluster import tls
-        from nxgate.cluster.membership import state
-        from nxgate.sessions.model import Member
+        from nxgate.wire import tls
+        from nxgate.gateway.membership import state
+        from nxgate.vocabulary.model import Member
         from tests.harness.gateway import Gateway
         from tests.harness.net import free_port
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from twisted.trial.unittest import SkipTest, TestCase
 
-from nxgate.doors.admin.cli import request as admin_request
+from nxgate.gateway.doors.admin.cli import request as admin_request
 from tests.harness import browser as browsers
 from tests.harness import pixels
 from tests.harness.gateway import Gateway

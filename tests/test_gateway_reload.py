@@ -11,8 +11,8 @@ from twisted.internet import defer
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate import config as configuration
-from nxgate.gateway import Gateway, read_config
-from nxgate.node.threads import inline
+from nxgate.gateway.root import Gateway, read_config
+from nxgate.threads import inline
 
 
 class Stub:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from twisted.trial.unittest import TestCase
 
 from nxgate.config import ClusterConfig, Config, ServerSection
-from nxgate.gateway import startup_line
+from nxgate.gateway.root import startup_line
 
 
 def formatted(config: Config, serves_doors: bool) -> str:

@@ -10,8 +10,8 @@ import threading
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.node import threads
-from nxgate.backends import x11
+from nxgate import threads
+from nxgate.node.agents import x11
 from nxgate.node import displays, files
 from nxgate.node import console
 

@@ -10,7 +10,7 @@ from twisted.internet.task import Clock
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.node import threads
+from nxgate import threads
 from nxgate.node import follow
 
 

@@ -15,7 +15,7 @@ from nxgate.config import Config, SessionsSection
 from nxgate.node import supervisor as supervision
 from nxgate.node.supervisor import AgentSupervisor
 from nxgate.node import files, processes
-from nxgate.sessions.model import Session, State
+from nxgate.vocabulary.model import Session, State
 from nxgate.node.processes import ProcessId
 from tests.test_sessions_manager import ME, FakeLauncher, FakeNotifier, short_state_dir
 

@@ -5,7 +5,7 @@ import threading
 from twisted.internet import reactor
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from nxgate.node import threads
+from nxgate import threads
 
 
 class InlineTests(SynchronousTestCase):

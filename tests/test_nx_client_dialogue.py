@@ -16,14 +16,14 @@ import tempfile
 from twisted.conch.ssh.keys import Key
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.client import cli
-from nxgate.nx import client_commands as commands
-from nxgate.nx import client_dialogue as nx
-from nxgate.client.knownhosts import KnownHosts, Verdict, preferred_algorithms
-from nxgate.client.proxy import proxy_environment, proxy_options
-from nxgate.backends.remote import parse_server
-from nxgate.nx.listing import DASHES, HEADER, ListingRow, ParsedRow, format_session_list, parse_row
-from nxgate.nx.params import escape, parse_params
+from nxgate.clients.nx import cli
+from nxgate.protocols.nx import client_commands as commands
+from nxgate.protocols.nx import client_dialogue as nx
+from nxgate.clients.nx.knownhosts import KnownHosts, Verdict, preferred_algorithms
+from nxgate.clients.nx.proxy import proxy_environment, proxy_options
+from nxgate.node.agents.remote_desktop import parse_server
+from nxgate.protocols.nx.listing import DASHES, HEADER, ListingRow, ParsedRow, format_session_list, parse_row
+from nxgate.protocols.nx.params import escape, parse_params
 
 BANNER = b"HELLO NXSERVER - Version 3.5.0 - GPL\nNX> 105 "
 HELLO_REPLY = b"hello NXCLIENT - Version 3.5.0\nNX> 134 Accepted protocol: 3.5.0\nNX> 105 "
@@ -163,7 +163,7 @@ class GreetingTests(SynchronousTestCase):
         self.assertEqual(server.client.accepted_version, "3.3.0")
 
     def test_freenx_banner_version_and_nx4_fallback(self):
-        from nxgate.nx.client_commands import hello
+        from nxgate.protocols.nx.client_commands import hello
 
         self.assertEqual(hello("3.2.0-74-SVN"), "hello NXCLIENT - Version 3.2.0")
         self.assertEqual(hello("4.0.0"), "hello NXCLIENT - Version 3.5.0")

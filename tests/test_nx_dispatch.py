@@ -7,18 +7,18 @@ from __future__ import annotations
 from twisted.internet import defer
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.backends import remote
+from nxgate.node.agents import remote_desktop as remote
 from nxgate.config import Config, RemoteSection, SessionsSection, TargetSection
-from nxgate.nx.dispatch import NXDispatcher, as_nx
-from nxgate.nx.errors import NXError
-from nxgate.nx.params import parse_params
-from nxgate.nx.requests import remote_request
-from nxgate.sessions.model import State
-from nxgate.sessions.programs import session_command
-from nxgate.sessions.caller import Caller
-from nxgate.sessions.errors import Kind, SessionError
-from nxgate.sessions.requests import DisplaySettings, StartRequest
-from nxgate.sessions.results import Listing, Progress, Ready, SessionView, ShadowTarget, StreamTarget
+from nxgate.protocols.nx.dispatch import NXDispatcher, as_nx
+from nxgate.protocols.nx.errors import NXError
+from nxgate.protocols.nx.params import parse_params
+from nxgate.protocols.nx.requests import remote_request
+from nxgate.vocabulary.model import State
+from nxgate.node.programs import session_command
+from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.requests import DisplaySettings, StartRequest
+from nxgate.vocabulary.results import Listing, Progress, Ready, SessionView, ShadowTarget, StreamTarget
 
 ID = "0123456789ABCDEF0123456789ABCDEF"
 LAST = "NX> 500 ERROR: Last operation failed."

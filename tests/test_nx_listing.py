@@ -4,7 +4,7 @@ import re
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.nx.listing import DASHES, HEADER, ListingRow, format_session_list, session_options
+from nxgate.protocols.nx.listing import DASHES, HEADER, ListingRow, format_session_list, session_options
 
 OPENNX_ROW = re.compile(
     r"^(\d+)\s+([\w-]+)\s+([0-9A-F]{32})\s+([A-Z-]{8})\s+(\d+)\s+(\d+x\d+)\s+(\w+)\s+(\S.*)$"

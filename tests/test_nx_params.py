@@ -2,8 +2,8 @@
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.nx.errors import NXError
-from nxgate.nx.params import mask_secrets, parse_params, unescape
+from nxgate.protocols.nx.errors import NXError
+from nxgate.protocols.nx.params import mask_secrets, parse_params, unescape
 
 
 class ParseTests(SynchronousTestCase):

@@ -2,8 +2,8 @@
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.nx import server_dialogue as nx
-from nxgate.nx.errors import NXError
+from nxgate.protocols.nx import server_dialogue as nx
+from nxgate.protocols.nx.errors import NXError
 
 SETTINGS = nx.DialogueSettings(server_name="gw.example", protocol_version="3.5.0", max_line_length=300)
 

@@ -2,7 +2,7 @@
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.doors.openssh import framing as sp
+from nxgate.gateway.doors.openssh import framing as sp
 
 
 class FramingTests(SynchronousTestCase):

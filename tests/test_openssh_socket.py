@@ -11,10 +11,10 @@ from types import SimpleNamespace
 from twisted.internet import defer
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.doors.openssh import framing
-from nxgate.doors.openssh.socket import OpenSSHDoorProtocol
-from nxgate.auth.pam import AuthResult, Verdict
-from nxgate.auth.users import UserDirectory
+from nxgate.gateway.doors.openssh import framing
+from nxgate.gateway.doors.openssh.socket import OpenSSHDoorProtocol
+from nxgate.gateway.auth.pam import AuthResult, Verdict
+from nxgate.users import UserDirectory
 
 UID = 4321  # not root's: root is refused before any look-up
 

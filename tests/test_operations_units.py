@@ -7,7 +7,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.audit import AuditLog, audit_record
-from nxgate.auth.throttle import Outcome, Throttle
+from nxgate.gateway.auth.throttle import Outcome, Throttle
 
 
 class ThrottleTests(SynchronousTestCase):

@@ -14,7 +14,8 @@ from types import SimpleNamespace
 from twisted.internet import defer, protocol, reactor
 from twisted.trial.unittest import TestCase
 
-from nxgate import ipp, printgate
+from nxgate.protocols import ipp
+from nxgate.protocols import printgate
 from nxgate.node.extras import printing
 
 COOKIE = "0123456789abcdef0123456789abcdef"
@@ -228,7 +229,7 @@ class ThroughTheGate(TestCase):
     """The session side's discovery through the client's gate, on loopback."""
 
     def serve(self, printers, bare=False) -> int:
-        from nxgate.client.printing import LocalPrinting
+        from nxgate.clients.nx.printing import LocalPrinting
 
         factory = protocol.Factory.forProtocol(FakeCups)
         factory.seen, factory.printers, factory.bare, factory.open, factory.closed = [], printers, bare, 0, []
@@ -277,7 +278,7 @@ class ThroughTheGate(TestCase):
 
 class ClientOptions(TestCase):
     def options(self, *argv: str):
-        from nxgate.client.cli import parse_options
+        from nxgate.clients.nx.cli import parse_options
 
         return parse_options([*argv, "u@h"], {"DISPLAY": ":9"} if "--list" not in argv else {})
 
@@ -290,7 +291,7 @@ class ClientOptions(TestCase):
         self.assertIsNone(plain.print_server)
 
     def test_print_server_needs_print_and_a_session(self) -> None:
-        from nxgate.client.cli import UsageError
+        from nxgate.clients.nx.cli import UsageError
 
         self.assertRaises(UsageError, self.options, "--geometry", "800x600", "--print-server", "localhost:631")
         self.assertRaises(UsageError, self.options, "--list", "--print")
@@ -299,7 +300,7 @@ class ClientOptions(TestCase):
                          "/run/c.sock")
 
     def test_print_servers(self) -> None:
-        from nxgate.client.printing import PrintingError, default_server, parse_server
+        from nxgate.clients.nx.printing import PrintingError, default_server, parse_server
 
         self.assertEqual(parse_server("/run/cups/cups.sock"), "/run/cups/cups.sock")
         self.assertEqual(parse_server("printhost"), ("printhost", 631))
@@ -310,8 +311,8 @@ class ClientOptions(TestCase):
         self.assertEqual(default_server({"CUPS_SERVER": "cups.example:631"}), "cups.example:631")
 
     def test_nxproxy_gets_the_cups_port(self) -> None:
-        from nxgate.client.proxy import proxy_options
-        from nxgate.nx.client_dialogue import SessionInfo
+        from nxgate.clients.nx.proxy import proxy_options
+        from nxgate.protocols.nx.client_dialogue import SessionInfo
 
         info = SessionInfo(full_id="h-1001-" + "A" * 32, session_id="A" * 32, display=1001, cookie=COOKIE)
         self.assertIn(",cups=6310,", proxy_options(info, "s", 1234, {"cups": 6310, "media": 0}))
@@ -351,7 +352,7 @@ class Lifecycle(TestCase):
         factory.printers = [{"printer-name": "home", "printer-uri-supported": "ipp://x/printers/home"}]
         server = reactor.listenTCP(0, factory, interface="127.0.0.1")
         self.addCleanup(server.stopListening)
-        from nxgate.client.printing import LocalPrinting
+        from nxgate.clients.nx.printing import LocalPrinting
 
         gate = LocalPrinting(reactor, f"127.0.0.1:{server.getHost().port}")
         gate_port = gate.open(COOKIE)
@@ -421,7 +422,7 @@ class WithoutCupsd(TestCase):
 
 class HostHeader(TestCase):
     def test_the_print_servers_own_name(self) -> None:
-        from nxgate.client.printing import GateFactory
+        from nxgate.clients.nx.printing import GateFactory
 
         self.assertEqual(GateFactory(reactor, COOKIE, "/run/cups/cups.sock").host_header, "localhost")
         self.assertEqual(GateFactory(reactor, COOKIE, ("printhost", 631)).host_header, "printhost:631")

@@ -8,13 +8,13 @@ from types import SimpleNamespace
 
 from twisted.trial.unittest import TestCase
 
-from nxgate import channels
+from nxgate.protocols import channels
 from nxgate.config import ServicesSection
 from nxgate.node.extras import Extras, grant
 from nxgate.node.extras.ports import endpoints
-from nxgate.nx import replies
-from nxgate.nx.params import parse_params
-from nxgate.nx.requests import restore_request, start_request
+from nxgate.protocols.nx import replies
+from nxgate.protocols.nx.params import parse_params
+from nxgate.protocols.nx.requests import restore_request, start_request
 
 # What the clients send on startsession (reference §2.5; the parts that matter here).
 NOMACHINE_3 = ('--session="work" --type="unix-xfce" --cache="16M" --images="64M" --link="lan" --kbtype="pc105/us"'
@@ -133,7 +133,7 @@ class ClientSide(TestCase):
     """nxgate-client --sound: what it asks for and what its nxproxy is told."""
 
     def options(self, *argv: str):
-        from nxgate.client.cli import parse_options
+        from nxgate.clients.nx.cli import parse_options
 
         return parse_options([*argv, "u@h"], {"DISPLAY": ":9"} if "--list" not in argv else {})
 
@@ -146,7 +146,7 @@ class ClientSide(TestCase):
         self.assertIsNone(plain.sound_server)
 
     def test_sound_server_needs_sound_and_a_session(self) -> None:
-        from nxgate.client.cli import UsageError
+        from nxgate.clients.nx.cli import UsageError
 
         self.assertRaises(UsageError, self.options, "--geometry", "800x600", "--sound-server", "unix:/x")
         self.assertRaises(UsageError, self.options, "--list", "--sound")
@@ -154,8 +154,8 @@ class ClientSide(TestCase):
                          "unix:/x")
 
     def test_nxproxy_gets_the_media_port(self) -> None:
-        from nxgate.client.proxy import proxy_options
-        from nxgate.nx.client_dialogue import SessionInfo
+        from nxgate.clients.nx.proxy import proxy_options
+        from nxgate.protocols.nx.client_dialogue import SessionInfo
 
         info = SessionInfo(full_id="h-1001-" + "A" * 32, session_id="A" * 32, display=1001,
                            cookie="0123456789abcdef0123456789abcdef")
@@ -163,7 +163,7 @@ class ClientSide(TestCase):
         self.assertNotIn("media", proxy_options(info, "s", 1234))
 
     def test_the_pulse_module_demands_the_cookie_on_loopback(self) -> None:
-        from nxgate.client.sound import load_argv
+        from nxgate.clients.nx.sound import load_argv
 
         argv = load_argv("unix:/run/pulse", 4713, "/tmp/c")
         self.assertEqual(argv[:3], ["pactl", "--server", "unix:/run/pulse"])
@@ -198,7 +198,7 @@ class SessionSide(TestCase):
 
     def service(self, services: ServicesSection = ServicesSection()):
         from nxgate.config import Config, SessionsSection
-        from nxgate.sessions.service import SessionService
+        from nxgate.node.service import SessionService
 
         config = Config(sessions=SessionsSection(display_base=3300, display_limit=20), services=services,
                         types={"unix-console": ("true",)})
@@ -242,7 +242,7 @@ class SessionSide(TestCase):
     def test_start_up_stops_the_services_of_a_session_left_suspended(self) -> None:
         from twisted.internet import defer
 
-        from nxgate.sessions.model import Session, State
+        from nxgate.vocabulary.model import Session, State
         from tests.test_sessions_manager import ME, READY, STARTED, SUSPENDED
 
         agent = self.successResultOf(defer.ensureDeferred(self.launcher.start({})))

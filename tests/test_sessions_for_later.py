@@ -11,8 +11,8 @@ import signal
 from twisted.internet import defer
 from twisted.trial.unittest import TestCase
 
-from nxgate.sessions.lifecycle import RENEW_AFTER_SECONDS
-from nxgate.sessions.model import State
+from nxgate.node.lifecycle import RENEW_AFTER_SECONDS
+from nxgate.vocabulary.model import State
 from tests import test_sessions_manager as manager_tests
 from tests.test_sessions_manager import READY, STARTED, nx
 

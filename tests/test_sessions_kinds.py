@@ -7,10 +7,10 @@ from twisted.internet import defer
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.config import Config, SessionsSection
-from nxgate.sessions.caller import Caller
-from nxgate.sessions.errors import Kind, SessionError
-from nxgate.sessions.kinds import DesktopKind, RemoteDesktopKind, kind_for
-from nxgate.sessions.requests import DisplaySettings, StartRequest
+from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.node.kinds import DesktopKind, RemoteDesktopKind, kind_for
+from nxgate.vocabulary.requests import DisplaySettings, StartRequest
 
 CALLER = Caller("alice", 1000, 1000)
 

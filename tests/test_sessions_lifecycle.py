@@ -5,9 +5,9 @@ from __future__ import annotations
 from twisted.internet import defer
 from twisted.trial.unittest import TestCase
 
-from nxgate.sessions.model import FOR_LATER, Session, State, listed_status
-from nxgate.sessions.results import SessionView
-from nxgate.sessions.lifecycle import OPERATIONS, Action, Background, Op, action
+from nxgate.vocabulary.model import FOR_LATER, Session, State, listed_status
+from nxgate.vocabulary.results import SessionView
+from nxgate.node.lifecycle import OPERATIONS, Action, Background, Op, action
 
 
 class OperationsTableTests(TestCase):

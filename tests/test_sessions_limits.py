@@ -10,10 +10,10 @@ from twisted.trial.unittest import TestCase
 from nxgate.config import Config, SessionsSection
 from nxgate.node import displays
 from nxgate.node.displays import DisplayAllocator, NoFreeDisplay
-from nxgate.sessions.model import Session, State
-from nxgate.sessions.caller import Caller
-from nxgate.sessions.errors import Kind, SessionError
-from nxgate.sessions.limits import Limits
+from nxgate.vocabulary.model import Session, State
+from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.limits import Limits
 
 
 def session(user: str, state: State = State.RUNNING) -> Session:

@@ -21,19 +21,19 @@ from twisted.test.proto_helpers import MemoryReactorClock
 from twisted.trial.unittest import TestCase
 
 from nxgate.config import Config, SessionsSection
-from nxgate.nx.dispatch import NXDispatcher
-from nxgate.nx.errors import NXError
-from nxgate.nx.params import parse_params
+from nxgate.protocols.nx.dispatch import NXDispatcher
+from nxgate.protocols.nx.errors import NXError
+from nxgate.protocols.nx.params import parse_params
 from nxgate.node import files, processes
 from nxgate.node.supervisor import SIGHUP_RETRY_SECONDS
-from nxgate.sessions.service import SessionService
-from nxgate.sessions.model import State
+from nxgate.node.service import SessionService
+from nxgate.vocabulary.model import State
 from nxgate.node.processes import ProcessId
-from nxgate.nx.requests import start_request
+from nxgate.protocols.nx.requests import start_request
 from tests.harness.stores import inline_store
-from nxgate.sessions.caller import Caller
-from nxgate.sessions.errors import Kind, SessionError
-from nxgate.sessions.results import StreamTarget
+from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.results import StreamTarget
 
 ME = pwd.getpwuid(os.getuid()).pw_name
 
@@ -520,7 +520,7 @@ class ReconcileTests(TestCase):
                               launcher=self.launcher)
 
     def leave_session(self, agent: ProcessId, log_lines: list[str], state: State):
-        from nxgate.sessions.model import Session
+        from nxgate.vocabulary.model import Session
 
         session = Session(id="B" * 32, user=ME, uid=os.getuid(), gid=os.getgid(), type="unix-console", name="left",
                           display=3201, server_name="h", cookie="0" * 32, state=state, ever_attached=True,

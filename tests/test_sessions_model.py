@@ -2,8 +2,8 @@
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.backends.agentlog import AgentEvent as E
-from nxgate.sessions.model import Session, State as S, advance, listed_status
+from nxgate.node.agents.agentlog import AgentEvent as E
+from nxgate.vocabulary.model import Session, State as S, advance, listed_status
 
 
 def run(events, state=S.CREATED):

@@ -2,12 +2,12 @@
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.backends import nxagent
-from nxgate.nx.errors import NXError
-from nxgate.nx.params import parse_params
-from nxgate.sessions.model import Session
-from nxgate.nx.requests import display_settings, session_id, start_request
-from nxgate.sessions.requests import DisplaySettings
+from nxgate.node.agents import nxagent
+from nxgate.protocols.nx.errors import NXError
+from nxgate.protocols.nx.params import parse_params
+from nxgate.vocabulary.model import Session
+from nxgate.protocols.nx.requests import display_settings, session_id, start_request
+from nxgate.vocabulary.requests import DisplaySettings
 
 NXCL = ('--session="sebtest" --type="unix-kde" --cache="8M" --images="32M" --cookie="0123" --link="adsl" '
         '--kbtype="pc102/gb" --nodelay="1" --encryption="1" --backingstore="never" --geometry="1024x768+0+0" '

@@ -14,12 +14,12 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.config import Config, ShadowSection
 from nxgate.node.files import StateLayout
-from nxgate.sessions.model import Session, State
+from nxgate.vocabulary.model import Session, State
 from nxgate.node.processes import ProcessId
-from nxgate.sessions.caller import Caller
+from nxgate.vocabulary.caller import Caller
 from nxgate.node import console, processes
-from nxgate.sessions.shadow_sessions import ShadowService, Target
-from nxgate.auth.users import UserDirectory
+from nxgate.node.shadow_sessions import ShadowService, Target
+from nxgate.users import UserDirectory
 
 ME = pwd.getpwuid(os.getuid())
 WATCHED = "A" * 32

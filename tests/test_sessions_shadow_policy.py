@@ -3,8 +3,8 @@
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.config import ShadowSection
-from nxgate.backends.x11 import cookie_in_xauthority, xauthority
-from nxgate.sessions.shadow_policy import decide
+from nxgate.node.agents.x11 import cookie_in_xauthority, xauthority
+from nxgate.node.shadow_policy import decide
 
 ADMINS = frozenset({"nxadmin"})
 NOBODY = frozenset({"users"})

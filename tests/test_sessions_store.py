@@ -6,10 +6,10 @@ import sqlite3
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.sessions.model import Session, State
-from nxgate.sessions.store import rows, sql as sql_module
-from nxgate.sessions.store import sqlite as sqlite_module
-from nxgate.sessions.store.errors import STORAGE_FULL, StoreCorrupt, StoreError, StoreUnavailable
+from nxgate.vocabulary.model import Session, State
+from nxgate.store import rows, sql as sql_module
+from nxgate.store import sqlite as sqlite_module
+from nxgate.store.errors import STORAGE_FULL, StoreCorrupt, StoreError, StoreUnavailable
 from tests.harness.stores import inline_store
 
 SCHEMA_VERSION = sql_module.SCHEMA_VERSION

@@ -9,10 +9,10 @@ from twisted.internet import defer
 from twisted.test.proto_helpers import MemoryReactorClock
 from twisted.trial.unittest import TestCase
 
-from nxgate.sessions.model import Session, State
-from nxgate.sessions.store.errors import STORAGE_FULL, StoreError, StoreUnavailable
-from nxgate.sessions.store.factory import sqlite_store
-from nxgate.sessions.writer import STORE_RETRY_SECONDS, StoreWriter
+from nxgate.vocabulary.model import Session, State
+from nxgate.store.errors import STORAGE_FULL, StoreError, StoreUnavailable
+from nxgate.store.factory import sqlite_store
+from nxgate.node.writer import STORE_RETRY_SECONDS, StoreWriter
 
 
 def record(session_id: str, state: State = State.CREATED, **changes) -> Session:

@@ -10,19 +10,19 @@ import tempfile
 from twisted.internet import defer
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from nxgate.client import cli
-from nxgate.client.sharing import parse_share, smb_conf
+from nxgate.clients.nx import cli
+from nxgate.clients.nx.sharing import parse_share, smb_conf
 from nxgate.node.extras import sharing
-from nxgate.nx import client_commands as commands
-from nxgate.nx import client_dialogue as nx
-from nxgate.nx import replies
-from nxgate.nx.dispatch import NXDispatcher
-from nxgate.nx.errors import NXError
-from nxgate.nx.mounts import mount_name, parse_addmount
-from nxgate.nx.params import parse_params
-from nxgate.sessions.caller import Caller
-from nxgate.sessions.errors import Kind, SessionError
-from nxgate.sessions.requests import ShareMount
+from nxgate.protocols.nx import client_commands as commands
+from nxgate.protocols.nx import client_dialogue as nx
+from nxgate.protocols.nx import replies
+from nxgate.protocols.nx.dispatch import NXDispatcher
+from nxgate.protocols.nx.errors import NXError
+from nxgate.protocols.nx.mounts import mount_name, parse_addmount
+from nxgate.protocols.nx.params import parse_params
+from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.requests import ShareMount
 from nxgate.config import ServicesSection
 from tests.test_nx_client_dialogue import COOKIE, NXGATE_START_REPLY, PARAMS, SESSION_ID, Server
 from tests.test_services import SessionSide

@@ -7,7 +7,7 @@ is pending.  The real worker processes, once, with the real reactor.  The
 end-to-end proofs are tests/test_e2e_dheat.py and tests/test_e2e_ssh_audit.py.
 
 :class:`ConchCanaryTests` fails loudly when the Conch private API that
-nxgate/doors/conch/server.py and etm.py replace or lean on changes.
+nxgate/gateway/doors/conch/server.py and etm.py replace or lean on changes.
 """
 
 from __future__ import annotations
@@ -37,11 +37,12 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import SkipTest, TestCase
 
-from nxgate.doors.conch import algorithms, etm, kexmath, kexworker
-from nxgate.doors.conch.kexlimit import FairQueue, KexAdmission, OncePer
-from nxgate.doors.conch.kexpool import KexJobError, KexPool
-from nxgate.doors.conch import server as server_module
-from nxgate.doors.conch.server import KexService, NXSSHFactory
+from nxgate.gateway.doors.conch import algorithms, kexmath, kexworker
+from nxgate.wire import ssh_etm as etm
+from nxgate.gateway.doors.conch.kexlimit import FairQueue, KexAdmission, OncePer
+from nxgate.gateway.doors.conch.kexpool import KexJobError, KexPool
+from nxgate.gateway.doors.conch import server as server_module
+from nxgate.gateway.doors.conch.server import KexService, NXSSHFactory
 
 ECHO = 192
 
@@ -84,7 +85,7 @@ class ConchCanaryTests(TestCase):
             source = textwrap.dedent(inspect.getsource(getattr(getattr(transport, owner), method)))
             if hashlib.sha256(source.encode()).hexdigest()[:16] != digest:
                 changed.append(name)
-        self.assertEqual(changed, [], "Conch changed these since nxgate/doors/conch/server.py and etm.py were "
+        self.assertEqual(changed, [], "Conch changed these since nxgate/gateway/doors/conch/server.py and etm.py were "
                                       "written against them: review the overrides, then update REVIEWED_CONCH")
 
     def test_conch_has_no_key_exchange_handler_we_do_not_take_over(self) -> None:

@@ -19,10 +19,10 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
-from nxgate.doors.conch import server
-from nxgate.doors.conch.etm import ETM_MACS, EtmTransport
-from nxgate.doors.conch.server import NXSSHFactory
-from nxgate.tcp import no_delay
+from nxgate.gateway.doors.conch import server
+from nxgate.wire.ssh_etm import ETM_MACS, EtmTransport
+from nxgate.gateway.doors.conch.server import NXSSHFactory
+from nxgate.wire.tcp import no_delay
 
 def pump(server: Any, server_wire: StringTransport, client: Any, client_wire: StringTransport) -> None:
     """Deliver until both sides are quiet; everything the server has sent
@@ -194,7 +194,7 @@ class _TCPWire(StringTransport):
 
 class NoDelayTests(TestCase):
     """The NX stream after ``bye`` carries the smb channel's small SMB calls:
-    Nagle's delays cut folder copies to a fraction (nxgate.tcp)."""
+    Nagle's delays cut folder copies to a fraction (nxgate.wire.tcp)."""
 
     def test_the_gateways_ssh_connections_send_small_writes_at_once(self) -> None:
         factory = NXSSHFactory(None, {b"ssh-ed25519": keys.Key(ed25519.Ed25519PrivateKey.generate())}, 120, 6)

@@ -1,5 +1,5 @@
 """One body of store tests, run against every back end behind
-:class:`nxgate.sessions.store.interface.SessionStore`: SQLite here, and
+:class:`nxgate.store.interface.SessionStore`: SQLite here, and
 PostgreSQL and MariaDB (private servers from tests.harness.databases) when
 their drivers and server programs are installed."""
 
@@ -15,12 +15,12 @@ from twisted.trial.unittest import SkipTest, TestCase
 
 from nxgate.config import Config, StoreSection
 from nxgate.node.files import StateLayout
-from nxgate.sessions.model import Member, Session, State
-from nxgate.sessions.store import sql as sql_module
-from nxgate.sessions.store.dialects import dialect
-from nxgate.sessions.store.errors import StoreError, StoreUnavailable
-from nxgate.sessions.store.factory import open_store, sqlite_store
-from nxgate.sessions.store.location import parse
+from nxgate.vocabulary.model import Member, Session, State
+from nxgate.store import sql as sql_module
+from nxgate.store.dialects import dialect
+from nxgate.store.errors import StoreError, StoreUnavailable
+from nxgate.store.factory import open_store, sqlite_store
+from nxgate.store.location import parse
 from tests.harness import databases
 
 

@@ -8,7 +8,7 @@ import socket
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SkipTest, TestCase
 
-from nxgate.stream import agentsocket
+from nxgate.wire import agentsocket
 
 
 class ConnectTests(TestCase):

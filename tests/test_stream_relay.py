@@ -8,9 +8,9 @@ import socket
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.stream.relay import StreamRelay
-from nxgate.sessions.caller import Caller
-from nxgate.sessions.results import StreamTarget
+from nxgate.wire.relay import StreamRelay
+from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.results import StreamTarget
 
 
 class FakeChannel:

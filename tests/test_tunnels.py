@@ -1,4 +1,4 @@
-"""The pure parts of the service tunnels (issue 25, nxgate.tunnels) and the
+"""The pure parts of the service tunnels (issue 25, nxgate.wire.tunnel_registry) and the
 tunnel channel's flow control, with fakes; the real thing is tested end to
 end in tests.test_e2e_sharing and tests.test_e2e_printing (nxgate-client)."""
 
@@ -8,8 +8,9 @@ from types import SimpleNamespace
 
 from twisted.trial.unittest import TestCase
 
-from nxgate import printgate, tunnels
-from nxgate.doors.conch.tunnel import WINDOW, TunnelChannel
+from nxgate.wire import tunnel_registry as tunnels
+from nxgate.protocols import printgate
+from nxgate.wire.service_tunnels import WINDOW, TunnelChannel
 
 SID = "0123456789ABCDEF0123456789ABCDEF"
 TABLE = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode

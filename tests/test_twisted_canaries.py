@@ -18,7 +18,7 @@ from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http import HTTPChannel
 
-from nxgate.cluster import connection
+from nxgate.wire import connection
 
 
 def _parameters(function) -> list[str]:
@@ -26,7 +26,7 @@ def _parameters(function) -> list[str]:
 
 
 class TLSWriteCanary(SynchronousTestCase):
-    """nxgate.cluster.connection replaces ``TLSMemoryBIOProtocol._write``
+    """nxgate.wire.connection replaces ``TLSMemoryBIOProtocol._write``
     (one TCP write per application write) with Twisted's own private names."""
 
     def test_the_names_the_override_uses_are_there(self):
@@ -36,17 +36,17 @@ class TLSWriteCanary(SynchronousTestCase):
         source = inspect.getsource(TLSMemoryBIOProtocol)
         for name in ("self._lostTLSConnection", "self._tlsConnection"):
             self.assertIn(name, source, f"Twisted's TLS protocol no longer has {name}: re-check "
-                                        "nxgate.cluster.connection's _write")
+                                        "nxgate.wire.connection's _write")
 
     def test_public_writes_still_go_through_write_underscore(self):
         self.assertIn("self._write(", inspect.getsource(TLSMemoryBIOProtocol.write))
         overriding = [cls for cls in vars(connection).values()
                       if isinstance(cls, type) and issubclass(cls, TLSMemoryBIOProtocol) and "_write" in vars(cls)]
-        self.assertTrue(overriding, "nxgate.cluster.connection no longer overrides _write: remove this canary")
+        self.assertTrue(overriding, "nxgate.wire.connection no longer overrides _write: remove this canary")
 
 
 class WebSocketTakeOverCanary(SynchronousTestCase):
-    """nxgate.doors.web.websocket.upgrade takes a connection away from
+    """nxgate.protocols.websocket.upgrade takes a connection away from
     twisted.web: it unregisters the channel as the transport's producer,
     drops its timeout and sets ``channel.transport`` to None."""
 

@@ -1,4 +1,4 @@
-"""The RDP viewer engine (``python -m nxgate.viewer.rdp``): its pure parts,
+"""The RDP viewer engine (``python -m nxgate.clients.engines.rdp``): its pure parts,
 then the real program against a real xrdp and against broken servers, and
 xfreerdp (the native engine) against the same xrdp.
 
@@ -21,7 +21,7 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 
-from nxgate.viewer import rdp
+from nxgate.clients.engines import rdp
 from tests.harness.process import wait_for
 from tests.harness.rdphost import (GREEN, MAGENTA, PASSWORD_FIELD, USERNAME_FIELD, X224_CONFIRM_TLS, NLAHost,
                                    RDPHost, ScriptedServer, free_port, rdp_viewer, silent_listener, xfreerdp)

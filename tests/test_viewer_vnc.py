@@ -1,4 +1,4 @@
-"""The VNC viewer engine (nxgate.viewer.vnc).
+"""The VNC viewer engine (nxgate.clients.engines.vnc).
 
 Unit tests drive the RFB client with scripted server bytes (handshake
 outcomes, Hextile decoding) and test the key/button/clipping logic.  The
@@ -27,7 +27,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.trial import unittest
 
-from nxgate.viewer import vnc
+from nxgate.clients.engines import vnc
 from tests.harness.process import wait_for
 from tests.harness.viewer import ViewerProcess
 from tests.harness.vnchost import BLUE, ORANGE, ButtonRecorder, VNCHost, free_port, vnc_viewer

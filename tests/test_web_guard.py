@@ -12,9 +12,9 @@ from twisted.trial.unittest import TestCase
 from twisted.web import resource
 from twisted.web.test.requesthelper import DummyChannel
 
-from nxgate.doors.web.guard import DoorRequest, DoorSite, Quota, clean_path
-from nxgate.doors.web.logins import LoginTable
-from nxgate.doors.web.site import Deferring, WebAuth
+from nxgate.gateway.doors.web.guard import DoorRequest, DoorSite, Quota, clean_path
+from nxgate.gateway.doors.web.logins import LoginTable
+from nxgate.gateway.doors.web.site import Deferring, WebAuth
 
 
 class Boom(resource.Resource):
@@ -114,20 +114,20 @@ class ListenTests(TestCase):
     def test_quoted_paths(self) -> None:
         from twisted.internet.endpoints import quoteStringArgument
 
-        from nxgate.doors.web import tls
+        from nxgate.gateway.doors.web import tls
         path = "/etc/odd:dir\\x/key.pem"
         kind, options = tls.endpoint_options(f"ssl:4443:privateKey={quoteStringArgument(path)}:interface=\\:\\:1")
         self.assertEqual((kind, options["privateKey"], options["interface"], options["port"]),
                          ("ssl", path, "::1", "4443"))
 
     def test_unknown_ssl_option_refused(self) -> None:
-        from nxgate.doors.web import tls
+        from nxgate.gateway.doors.web import tls
         error = self.assertRaises(tls.WebConfigError, tls.listening_endpoint, Clock(),
                                   "ssl:4443:privateKey=/k.pem:sslmethod=TLSv1_METHOD")
         self.assertIn("sslmethod", str(error))
 
     def test_ciphers_are_aead_with_forward_secrecy(self) -> None:
-        from nxgate.doors.web import tls
+        from nxgate.gateway.doors.web import tls
         for name in tls.CIPHERS.split(":"):
             self.assertTrue(name.startswith(("ECDHE-", "DHE-")), name)
             self.assertTrue(name.endswith(("GCM-SHA256", "GCM-SHA384", "CHACHA20-POLY1305")), name)

@@ -18,16 +18,16 @@ from twisted.trial.unittest import TestCase
 from twisted.web.resource import getChildForRequest
 from twisted.web.test.requesthelper import DummyRequest
 
-from nxgate.auth.pam import AuthResult, Verdict
+from nxgate.gateway.auth.pam import AuthResult, Verdict
 from nxgate.config import WebSection
-from nxgate.doors.web import pages, tls
-from nxgate.doors.web.logins import COOKIE_NAME, LoginTable
-from nxgate.doors.web.site import PRELOGIN_COOKIE, web_site, words_of
+from nxgate.gateway.doors.web import pages, tls
+from nxgate.gateway.doors.web.logins import COOKIE_NAME, LoginTable
+from nxgate.gateway.doors.web.site import PRELOGIN_COOKIE, web_site, words_of
 from nxgate.node import thumbnails
-from nxgate.sessions.caller import Caller
-from nxgate.sessions.errors import Kind, SessionError
-from nxgate.sessions.results import Listing, ServiceStatus, SessionView
-from nxgate.sessions.model import State
+from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.results import Listing, ServiceStatus, SessionView
+from nxgate.vocabulary.model import State
 
 
 class LoginTableTests(TestCase):

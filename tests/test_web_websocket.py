@@ -13,9 +13,9 @@ from twisted.trial.unittest import SkipTest, TestCase
 from twisted.internet.task import Clock
 from twisted.web.test.requesthelper import DummyRequest
 
-from nxgate.doors.web import websocket as ws
-from nxgate.doors.web.viewer import login_key, same_origin
-from nxgate.node import browser_viewer as bv
+from nxgate.protocols import websocket as ws
+from nxgate.gateway.doors.web.viewer import login_key, same_origin
+from nxgate.clients import browser_viewer as bv
 
 MASK = b"\x37\xfa\x21\x3d"
 
@@ -151,7 +151,7 @@ class BridgeRefusalTests(TestCase):
     def test_the_reason_reaches_novnc_after_its_version(self) -> None:
         from types import SimpleNamespace
 
-        from nxgate.doors.web.viewer import ViewerBridge
+        from nxgate.gateway.doors.web.viewer import ViewerBridge
 
         clock = Clock()
         parent = SimpleNamespace(reactor=clock, bridges=set(), viewers=None, service=None)

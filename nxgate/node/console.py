@@ -7,7 +7,7 @@ Its cookie comes from the server's ``-auth`` file or the owner's
 
 :func:`find_console` blocks (user database look-ups, /proc, utmp, files in
 the owner's home and in /tmp): callers on the reactor run it in a thread,
-``blocking(find_console, spec)`` (see :mod:`nxgate.node.threads`), or call
+``blocking(find_console, spec)`` (see :mod:`nxgate.threads`), or call
 :func:`find_console_with`.  The files a user controls are read with
 :func:`nxgate.node.files.read_regular_file`, so a FIFO or a link put in
 their place neither hangs the thread nor makes root read elsewhere.
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
-from nxgate.backends import x11
+from nxgate.node.agents import x11
 from nxgate.node import files
 from nxgate.node.processes import ProcessId
-from nxgate.node.threads import Blocking
+from nxgate.threads import Blocking
 
 UTMP = "/var/run/utmp"
 UTMP_RECORD = struct.Struct("hi32s4s32s256shhiii4i20s")
@@ -156,5 +156,5 @@ def find_console(spec: str) -> Console | None:
 
 def find_console_with(blocking: Blocking, spec: str) -> Deferred[Console | None]:
     """:func:`find_console` run through ``blocking`` (a
-    :data:`nxgate.node.threads.Blocking`): a Deferred of the Console or None."""
+    :data:`nxgate.threads.Blocking`): a Deferred of the Console or None."""
     return blocking(find_console, spec)

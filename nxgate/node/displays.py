@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from twisted.logger import Logger
 
-from nxgate.backends import x11
+from nxgate.node.agents import x11
 from nxgate.node import files
 
 log = Logger(namespace="nxgate.session")

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from nxgate.config import DBusSection, SessionsSection
 
 #: Where ``nxgate-session`` looks for the gateway's bus (the same name as
-#: nxgate.doors.dbus.wire.BUS_VARIABLE, which the node may not import).
+#: nxgate.gateway.doors.dbus.wire.BUS_VARIABLE, which the node may not import).
 BUS_VARIABLE = "NXGATE_DBUS_ADDRESS"
 #: The system bus's well-known addresses: sessions need no word about those.
 SYSTEM_BUS = frozenset({"system", "unix:path=/var/run/dbus/system_bus_socket", "unix:path=/run/dbus/system_bus_socket"})

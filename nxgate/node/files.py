@@ -22,7 +22,7 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from nxgate.backends.nxagent import MAX_SOCKET_PATH, AgentFiles
+from nxgate.node.agents.nxagent import MAX_SOCKET_PATH, AgentFiles
 
 log = Logger(namespace="nxgate.session")
 

@@ -21,7 +21,7 @@ from twisted.internet import inotify
 from twisted.logger import Logger
 from twisted.python.filepath import FilePath
 
-from nxgate.backends.agentlog import LineSplitter
+from nxgate.node.agents.agentlog import LineSplitter
 
 log = Logger(namespace="nxgate.session")
 

@@ -1,13 +1,13 @@
 """This machine's node, in process: the node interface over its session service.
 
-The router (:class:`nxgate.cluster.sessions.Router`) reaches the sessions of
+The router (:class:`nxgate.gateway.router.Router`) reaches the sessions of
 this machine through a :class:`LocalNode`, and so does every other gateway
-of a cluster, through :class:`nxgate.cluster.node_server.NodeAMP`, which
+of a cluster, through :class:`nxgate.wire.node_listener.NodeAMP`, which
 answers with the same object.  So the node's own rules hold whichever way
 a call arrives, on one box and on many:
 
 * **The node owns the user.**  Every call's caller is looked up again here
-  by name (:meth:`nxgate.auth.users.UserDirectory.here`): the uid, gid and
+  by name (:meth:`nxgate.users.UserDirectory.here`): the uid, gid and
   groups a gateway resolved are never trusted, and an account this machine
   does not have is refused with words for the user.
 * **Thumbnails** are drawn here, as the session's user, from its own agent
@@ -23,20 +23,20 @@ from typing import Any
 
 from nxgate.node import thumbnails
 from nxgate.node.thumbnails import ThumbnailError
-from nxgate.sessions.caller import Caller
-from nxgate.sessions.errors import Kind, SessionError
-from nxgate.sessions.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
-from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
+from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
+from nxgate.vocabulary.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
                                      ShadowTarget)
 
 Blocking = Callable[..., Awaitable[Any]]
 
 
 class LocalNode:
-    """:class:`nxgate.sessions.api.NodeAPI` of this machine.
+    """:class:`nxgate.vocabulary.api.NodeAPI` of this machine.
 
-    ``service``: its :class:`nxgate.sessions.service.SessionService`;
-    ``users``: its :class:`nxgate.auth.users.UserDirectory`; ``machine``:
+    ``service``: its :class:`nxgate.node.service.SessionService`;
+    ``users``: its :class:`nxgate.users.UserDirectory`; ``machine``:
     its name for refusals; ``blocking``: runs a blocking call off the reactor."""
 
     def __init__(self, service: Any, users: Any, machine: Callable[[], str], blocking: Blocking) -> None:

@@ -10,7 +10,7 @@ and signals go through :func:`send_signal` (a pidfd), never ``os.kill``.
 The /proc scans (:func:`named_children`, :func:`agents_in`,
 :func:`tagged_processes`, :func:`listens`) read every process's files:
 they are thread-safe, and callers on the reactor run them through their
-``blocking`` (:mod:`nxgate.node.threads`).
+``blocking`` (:mod:`nxgate.threads`).
 """
 
 from __future__ import annotations

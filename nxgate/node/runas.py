@@ -15,7 +15,7 @@ It reads a JSON request on stdin (never argv: nothing here may show up in
 
 ``as_root`` skips step 3: the program is bubblewrap, which needs root to
 build a jail and becomes the user in it (``setpriv``, see
-:mod:`nxgate.backends.jail`).  ``cgroup`` is a ``cgroup.procs`` file we
+:mod:`nxgate.node.agents.jail`).  ``cgroup`` is a ``cgroup.procs`` file we
 join first (the session's resource limits).  ``stdin`` in the request is a
 secret the program reads on stdin (a remote desktop's password); with
 ``status_fd`` the program gets our stdout, the pipe to the gateway, as fd 3
@@ -61,7 +61,7 @@ import socket
 import sys
 from typing import Any
 
-from nxgate.auth import pamlib
+from nxgate.node import pamlib
 
 MAX_REQUEST = 1 << 20
 

@@ -12,7 +12,7 @@ Every signal goes through the injected ``send_signal`` (default:
 signal, not even the last SIGKILL of a terminate, reaches a recycled pid.
 Work that may take long on the reactor thread (user look-ups, /proc scans,
 removing a directory the user can fill, replaying a long log) goes through
-the injected ``blocking`` (:mod:`nxgate.node.threads`).
+the injected ``blocking`` (:mod:`nxgate.threads`).
 """
 
 from __future__ import annotations
@@ -28,18 +28,18 @@ from typing import Any
 from twisted.internet import defer, inotify, task
 from twisted.logger import Logger
 
-from nxgate.backends import jail, nxagent, x11
-from nxgate.backends.agentlog import AgentEvent, LogEvent, parse_line
-from nxgate import channels
+from nxgate.node.agents import jail, nxagent, x11
+from nxgate.node.agents.agentlog import AgentEvent, LogEvent, parse_line
+from nxgate.protocols import channels
 from nxgate.config import Config
 from nxgate.node import cgroups, files, processes
 from nxgate.node.follow import LogFollower, replay
 from nxgate.node.launcher import Launcher
-from nxgate.sessions.model import Session, State, advance
+from nxgate.vocabulary.model import Session, State, advance
 from nxgate.node.processes import ExitWatch, LaunchError, ProcessId
 from nxgate.node.environment import bus_environment, login_environment
-from nxgate.sessions.requests import DisplaySettings
-from nxgate.node.threads import Blocking, inline
+from nxgate.vocabulary.requests import DisplaySettings
+from nxgate.threads import Blocking, inline
 
 log = Logger(namespace="nxgate.session")
 
@@ -184,7 +184,7 @@ class AgentSupervisor:
                 "as_root": jailed,
                 "cgroup": await self.limit(session) if jailed else None,
                 # The display's abstract X name, held by the jail while it lives
-                # (the agent does not listen there): see nxgate.backends.jail.
+                # (the agent does not listen there): see nxgate.node.agents.jail.
                 "hold_abstract": session.display if jailed else None,
                 # bubblewrap's options (the session directory) on a pipe, not in ps.
                 "args_fd": [jail.ARGS_FD, bwrap_options] if jailed else None,
@@ -201,7 +201,7 @@ class AgentSupervisor:
                     plan: nxagent.AgentPlan, on_line: Callable[[str], None]) -> tuple[ProcessId, LogFollower]:
         """A fresh agent for a session started for later whose agent gave up
         waiting for its first client (nxcomp's fixed 60-second limit, see
-        :meth:`nxgate.sessions.lifecycle.Lifecycle._renew_agent`): same
+        :meth:`nxgate.node.lifecycle.Lifecycle._renew_agent`): same
         display, cookie and options, in the same directory.
 
         The old agent's log is emptied first (it said only that it waited

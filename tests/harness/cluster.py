@@ -30,7 +30,7 @@ HEARTBEAT = 0.5
 def admin_cli(*argv: str, socket: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
     """``nxgate-admin ARGV`` from this checkout."""
     prefix = ["--socket", socket] if socket else []
-    return subprocess.run([sys.executable, "-m", "nxgate.doors.admin.cli", *prefix, *argv], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "nxgate.gateway.doors.admin.cli", *prefix, *argv], capture_output=True,
                           text=True, timeout=60, check=check, env=dict(os.environ, PYTHONPATH=REPO), cwd="/")
 
 

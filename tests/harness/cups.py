@@ -10,7 +10,7 @@ real CUPS in front of it, and nxgate-client's gate, all private to the test.
 * :class:`ClientCups`: a cupsd run as ``nobody`` on its own loopback port
   and directory, with one raw queue that sends to the printer: what a
   user's own CUPS is in front of his printer.
-* :class:`GateProcess`: ``nxgate-client``'s gate (:mod:`nxgate.client.printing`)
+* :class:`GateProcess`: ``nxgate-client``'s gate (:mod:`nxgate.clients.nx.printing`)
   in a process of its own, for tests that drive nxproxy themselves
   (``python -m tests.harness.cups gate COOKIE SERVER`` prints its port).
 """
@@ -177,7 +177,7 @@ def client_printing(case, workdir: str, name: str | None = None,
 def _gate(cookie: str, server: str) -> None:
     from twisted.internet import reactor
 
-    from nxgate.client.printing import LocalPrinting
+    from nxgate.clients.nx.printing import LocalPrinting
 
     port = LocalPrinting(reactor, server).open(cookie)
     print(f"gate {port}", flush=True)

@@ -199,10 +199,10 @@ class ScriptedServer:
 
 def rdp_viewer(port: int, display: str, password: str | None = "", timeout: float = 15.0, attach_now: bool = False,
                extra: tuple[str, ...] = ()) -> ViewerProcess:
-    """``python -m nxgate.viewer.rdp`` against 127.0.0.1:``port``."""
+    """``python -m nxgate.clients.engines.rdp`` against 127.0.0.1:``port``."""
     args = ["--host", "127.0.0.1", "--port", str(port), "--timeout", str(timeout),
             *(["--password-stdin"] if password is not None else []), *(["--attach-now"] if attach_now else []), *extra]
-    return ViewerProcess(args, display, stdin=(password or "").encode() + b"\n", module="nxgate.viewer.rdp")
+    return ViewerProcess(args, display, stdin=(password or "").encode() + b"\n", module="nxgate.clients.engines.rdp")
 
 
 def xfreerdp(port: int, display: str, password: str = "", user: str | None = None,

@@ -1,7 +1,7 @@
 """The client's private Samba of ``nxgate-client --share``, started from a
 blocking test or benchmark (issue 23: the client starts it asynchronously).
 
-It runs exactly the commands :meth:`nxgate.client.sharing.LocalShares.prepare`
+It runs exactly the commands :meth:`nxgate.clients.nx.sharing.LocalShares.prepare`
 plans (the same smb.conf, account and smbd), with ``subprocess`` instead of
 the client's reactor, so tests that drive nxproxy themselves keep a plain
 ``shares.port``.
@@ -14,7 +14,7 @@ import socket
 import subprocess
 import time
 
-from nxgate.client.sharing import LocalShares, SharingError
+from nxgate.clients.nx.sharing import LocalShares, SharingError
 
 
 def open_blocking(shares: LocalShares, timeout: float = 15.0) -> int:

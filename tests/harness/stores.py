@@ -9,8 +9,8 @@ from typing import Any
 
 from twisted.python.failure import Failure
 
-from nxgate.sessions.store.factory import sqlite_store
-from nxgate.sessions.store.sql import SQLStore
+from nxgate.store.factory import sqlite_store
+from nxgate.store.sql import SQLStore
 
 
 class Synchronous:

@@ -3,7 +3,7 @@
 A host is an X display whose root window is a known colour, served by
 x11vnc (over an Xvfb) or by Xtigervnc (an X server that is its own VNC
 server), with or without a VNC password.  :func:`vnc_viewer` runs
-``python -m nxgate.viewer.vnc`` the way the gateway does: password on
+``python -m nxgate.clients.engines.vnc`` the way the gateway does: password on
 stdin, status line on fd 3.
 """
 
@@ -220,12 +220,12 @@ def paint(display_name: str) -> None:
 
 def vnc_viewer(port: int, display: str, password: str | None = None, timeout: float = 15.0,
                attach_now: bool = False, host: str = "127.0.0.1", extra: tuple[str, ...] = ()) -> ViewerProcess:
-    """``python -m nxgate.viewer.vnc`` with the password on stdin."""
+    """``python -m nxgate.clients.engines.vnc`` with the password on stdin."""
     args = ["--host", host, "--port", str(port), "--timeout", str(timeout),
             *(["--password-stdin"] if password is not None else []), *(["--attach-now"] if attach_now else []),
             *extra]
     stdin = password.encode() + b"\n" if password is not None else b""
-    return ViewerProcess(args, display, stdin=stdin, module="nxgate.viewer.vnc")
+    return ViewerProcess(args, display, stdin=stdin, module="nxgate.clients.engines.vnc")
 
 
 if __name__ == "__main__":

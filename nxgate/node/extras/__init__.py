@@ -2,7 +2,7 @@
 printing, folder sharing; issue 14, plans/services-contract.md).
 
 Each granted service has an :class:`Extra` on the session's side.  The life
-cycle (:mod:`nxgate.sessions.lifecycle`) calls ``start`` once the agent
+cycle (:mod:`nxgate.node.lifecycle`) calls ``start`` once the agent
 listens (at a start and at every resume), ``stop`` when the session is
 suspended, ends or fails, and at gateway start-up for what a killed gateway
 left behind; ``environment`` goes into the session program's environment.
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from twisted.logger import Logger
 
-from nxgate import channels
+from nxgate.protocols import channels
 from nxgate.node.extras.ports import openable
 
 log = Logger(namespace="nxgate.extras")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from nxgate import channels
+from nxgate.protocols import channels
 
 
 def granted(session: Any) -> list[str]:

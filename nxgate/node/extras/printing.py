@@ -11,9 +11,9 @@ never touched.  FreeNX ran a per-session cupsd too, but on TCP port
 9000+display where every local user could reach it.
 
 Its queues are raw IPP queues, one per printer of the client: the agent's
-cups channel listens on 127.0.0.1:2000+display (:mod:`nxgate.channels`),
+cups channel listens on 127.0.0.1:2000+display (:mod:`nxgate.protocols.channels`),
 the client's nxproxy connects it to the client's print server (behind
-``nxgate-client``'s gate, :mod:`nxgate.printgate`), so a queue's device URI
+``nxgate-client``'s gate, :mod:`nxgate.protocols.printgate`), so a queue's device URI
 is ``ipp://nxgate:CREDENTIAL@127.0.0.1:2000+d/printers/NAME`` and CUPS's own
 ``ipp`` backend sends the job there; documents are not converted here, the
 client's CUPS does that for its printer.  The credential (derived from the
@@ -22,7 +22,7 @@ takes the password out of the backend's argv.
 
 The client's printers are known only once the client is attached, after
 ``start``: a background task asks the client's print server through the
-channel (:mod:`nxgate.ipp`), retrying until the client answers, then writes
+channel (:mod:`nxgate.protocols.ipp`), retrying until the client answers, then writes
 printers.conf and starts cupsd.
 
 At suspend cupsd is stopped, not kept: the channel is gone with the client,
@@ -57,7 +57,10 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
-from nxgate import channels, ipp, printgate, tunnels
+from nxgate.wire import tunnel_registry as tunnels
+from nxgate.protocols import channels
+from nxgate.protocols import ipp
+from nxgate.protocols import printgate
 from nxgate.node import files, processes
 from nxgate.node.extras import Context
 
@@ -137,7 +140,7 @@ def device_uri(port: int, resource: str, credential: str) -> str:
 
 def printers_conf(printers: Iterable[ipp.Printer], port: int, credential: str) -> str:
     """printers.conf: a raw queue per client printer (names and texts were
-    cleaned by :mod:`nxgate.ipp`: nothing can end a line or a section)."""
+    cleaned by :mod:`nxgate.protocols.ipp`: nothing can end a line or a section)."""
     printers = list(printers)
     default = next((p.queue for p in printers if p.default), printers[0].queue if printers else None)
     lines = []
@@ -430,7 +433,7 @@ class Printing:
     @staticmethod
     def port(session: Any) -> int | None:
         """Where the session's jobs reach the client's gate: the client's own
-        SSH channel when it asked for one (:mod:`nxgate.tunnels`), else the
+        SSH channel when it asked for one (:mod:`nxgate.wire.tunnel_registry`), else the
         NX cups channel."""
         tunnel = tunnels.REGISTRY.port(session.id, session.user, "printing")
         return tunnel if tunnel is not None else channels.channel_port("printing", session.display)

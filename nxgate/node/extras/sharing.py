@@ -6,7 +6,7 @@ The client runs an SMB server for its folders (``nxgate-client --share``
 starts a private Samba on a loopback port; NoMachine's clients use the
 machine's own), and its ``nxproxy -S smb=PORT`` connects every channel
 connection there; the agent's side of the channel listens on
-127.0.0.1:3000+display (:mod:`nxgate.channels`).  Kernel CIFS mounts are not
+127.0.0.1:3000+display (:mod:`nxgate.protocols.channels`).  Kernel CIFS mounts are not
 available in containers and need root, so the session mounts the share with
 a FUSE SMB client *as the user*: ``smbnetfs``, which shows a share as
 ``<mountpoint>/<host>:<port>/<share>``; ``~/MyShares/<name>`` is a symbolic
@@ -38,7 +38,8 @@ from typing import Any
 from twisted.internet import task
 from twisted.logger import Logger
 
-from nxgate import channels, tunnels
+from nxgate.wire import tunnel_registry as tunnels
+from nxgate.protocols import channels
 from nxgate.node import files
 from nxgate.node.extras import Context
 
@@ -64,7 +65,7 @@ def smbnetfs_config(username: str, password: str) -> str:
     """smbnetfs's configuration for one share: the credentials, no network
     browsing, no keyring, no re-reading (the file goes once mounted).
     The values were checked to hold no quote or backslash
-    (:mod:`nxgate.nx.mounts`)."""
+    (:mod:`nxgate.protocols.nx.mounts`)."""
     return ("smb_query_browsers \"false\"\n"
             "use_libsecret \"false\"\n"
             "config_update_period 0\n"
@@ -155,7 +156,7 @@ class Sharing:
         """Nothing until the client shares a folder (``addmount``)."""
 
     async def mount(self, session: Any, mount: Any) -> None:
-        """Mount ``mount`` (a :class:`nxgate.sessions.requests.ShareMount`)
+        """Mount ``mount`` (a :class:`nxgate.vocabulary.requests.ShareMount`)
         for the session's user and link it as ``~/MyShares/<name>``.  Failures
         are logged; the session goes on without the folder."""
         port = self.port(session)
@@ -204,7 +205,7 @@ class Sharing:
     @staticmethod
     def port(session: Any) -> int | None:
         """Where smbnetfs reaches the client's SMB server: the client's own
-        SSH channel when it asked for one (:mod:`nxgate.tunnels`: not
+        SSH channel when it asked for one (:mod:`nxgate.wire.tunnel_registry`: not
         throttled by nxagent, only the session's user let through), else
         the NX smb channel."""
         tunnel = tunnels.REGISTRY.port(session.id, session.user, "sharing")

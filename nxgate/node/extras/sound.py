@@ -2,7 +2,7 @@
 and the sound comes out on the client's machine through the NX media channel.
 
 No sound daemon runs in the session.  The agent's media channel listens on
-127.0.0.1:7000+display (:mod:`nxgate.channels`; a Unix socket cannot be kept
+127.0.0.1:7000+display (:mod:`nxgate.protocols.channels`; a Unix socket cannot be kept
 there, see its docstring), and on the client's side ``nxproxy -S media=PORT``
 connects each channel connection to the client's PulseAudio native-protocol
 TCP port.  So the session's programs are PulseAudio clients of the client's
@@ -24,7 +24,7 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from nxgate import channels
+from nxgate.protocols import channels
 from nxgate.node import files
 from nxgate.node.extras import Context
 

@@ -1,7 +1,0 @@
-"""``python -m nxgate.client``."""
-
-import sys
-
-from nxgate.client.main import main
-
-sys.exit(main())

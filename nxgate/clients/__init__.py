@@ -1,0 +1,1 @@
+"""Client programs: nxgate-client (NX), the browser viewer and the RDP/VNC engines."""

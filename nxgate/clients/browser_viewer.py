@@ -1,0 +1,337 @@
+"""The NX client half of a browser viewer: a private Xvfb, the system
+``nxproxy`` drawing the session into it, and ``x11vnc`` serving that
+display, all three run as the session's user.
+
+A browser cannot speak NX, so the gateway does for it what an NX client's
+machine does: ``nxproxy -S`` decodes the session's stream into an X display
+(here an Xvfb of the browser window's size, which exists for this one
+viewer), and x11vnc turns that display into RFB for noVNC.  The browser's
+door (:mod:`nxgate.gateway.doors.web`) takes the session over with the session
+service's ``restore`` (exactly an NX resume) and relays the stream, as the
+other doors do after ``bye``; this module only runs and stops the programs.
+
+Nothing listens where another user could reach it:
+
+* Xvfb listens on no TCP port and accepts only the per-viewer MIT cookie
+  (``auth``, 0600, the user's, in a 0700 directory of the user's);
+* nxproxy connects to a Unix socket the door listens on (``nx.sock``,
+  0600, the user's) and reads its options, with the session cookie, from a
+  0600 file, never argv;
+* x11vnc listens only on a Unix socket in the viewer's 0700 directory
+  (``vnc.sock``): no TCP, no IPv6.  ``-rfbport 0 -no6 -noipv6`` is not
+  enough: x11vnc 0.9.16 still opens ``[::]:5900`` with no password unless
+  ``-rfbportv6 0`` says otherwise, so both are given (``-localhost`` is
+  no help: it makes x11vnc refuse its Unix-socket clients too, whose
+  address is not 127.0.0.1).  Only the
+  user and root can connect, and only the door does (as root, without
+  following links: :mod:`nxgate.wire.agentsocket`).
+
+Each viewer has a directory ``<state>/viewers/<random id>`` (the parent
+0711), removed with the viewer.  :class:`BrowserViewers` counts viewers
+per user and in all and refuses more than the configured limits.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import secrets
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from twisted.internet import defer
+from twisted.logger import Logger
+
+from nxgate.node.agents import x11
+from nxgate.node import files, processes
+from nxgate.node.processes import LaunchError, ProcessId
+from nxgate.threads import Blocking, inline
+from nxgate.vocabulary.errors import Kind, SessionError
+
+log = Logger(namespace="nxgate.clients.engines")
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]")
+_COOKIE = re.compile(r"[0-9A-Za-z]{1,128}")
+#: The browser's window decides the size, within what Xvfb and nxagent take.
+MIN_SIZE, MAX_SIZE = (320, 200), (7680, 4320)
+
+
+class ViewerRefused(SessionError):
+    """Too many viewers (of this user, or in all); the text says which."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(Kind.LIMIT_REACHED, message)
+
+
+@dataclass(frozen=True)
+class ViewerLimits:
+    per_user: int = 2
+    total: int = 20
+
+
+@dataclass(frozen=True)
+class ViewerPrograms:
+    xvfb: str = "Xvfb"
+    nxproxy: str = "nxproxy"
+    x11vnc: str = "x11vnc"
+    xprop: str = "xprop"
+    path: str = "/usr/local/bin:/usr/bin:/bin"
+    lang: str = "C.UTF-8"
+    #: Viewer displays come from here, away from consoles (:0) and the sessions' range.
+    first_display: int = 3000
+    displays: int = 1000
+
+
+def clamp_size(width: int, height: int) -> tuple[int, int]:
+    """The browser's window size as a screen Xvfb and nxagent accept (even widths: some X drivers want them)."""
+    width = max(MIN_SIZE[0], min(MAX_SIZE[0], int(width)))
+    height = max(MIN_SIZE[1], min(MAX_SIZE[1], int(height)))
+    return width - width % 2, height
+
+
+def xvfb_argv(program: str, display: int, width: int, height: int, auth: str) -> list[str]:
+    """Xvfb for one viewer: it says on fd 3 when it accepts clients
+    (``-displayfd``); no TCP; the cookie file; RandR for resizes.  No GLX:
+    its only clients are nxproxy and x11vnc, and without it Xvfb does not
+    load Mesa (about 10 MB of PSS instead of 60, measured by
+    bench/web_viewer.py)."""
+    return [program, f":{int(display)}", "-displayfd", "3", "-nolisten", "tcp", "-auth", auth, "-noreset",
+            "-screen", "0", f"{width}x{height}x24", "+extension", "RANDR", "-extension", "GLX"]
+
+
+def nxproxy_options(cookie: str, full_id: str, session_name: str, socket_path: str, agent_display: int) -> str:
+    """nxproxy's option line (the file it reads, never argv: the cookie is a
+    credential).  Values are checked: a comma or colon would add options."""
+    if not _COOKIE.fullmatch(cookie):
+        raise ValueError("the session cookie has unexpected characters")
+    if "," in socket_path or ":" in socket_path:
+        raise ValueError("the viewer's socket path has a comma or a colon")
+    name = _SAFE.sub("_", session_name) or "session"
+    session_id = _SAFE.sub("_", full_id)
+    return (f"nx/nx,session={name},cookie={cookie},id={session_id},"
+            f"connect=unix:{socket_path}:{int(agent_display)}")
+
+
+def x11vnc_argv(program: str, display: int, socket_path: str) -> list[str]:
+    """x11vnc on the viewer's display, on a Unix socket only, for one client
+    (it exits when the browser leaves); the browser's key events mapped
+    with XKB; RandR followed.  Short delays (``-defer 3 -wait 3``) with
+    X DAMAGE hints (x11vnc's default, kept): measured by bench/web_viewer.py
+    against ``-defer 10 -wait 10 -noxdamage``, the echo of a key in the
+    page went from 56/101 to 31/68 ms (p50/p99) and a 60/s full-screen
+    change from 34 to 57 frames/s, for 1.6 % of a CPU while idle (0.8).
+
+    ``-rfbportv6 0`` matters: without it x11vnc listens on ``[::]:5900``
+    despite ``-rfbport 0 -no6 -noipv6`` (and ``-nopw`` would leave that
+    port open to anyone)."""
+    return [program, "-display", f":{int(display)}", "-unixsock", socket_path, "-rfbport", "0",
+            "-rfbportv6", "0", "-no6", "-noipv6", "-nopw", "-norc", "-once", "-xkb", "-xrandr", "resize", "-shared",
+            "-nevershared", "-defer", "3", "-wait", "3", "-nowf", "-quiet"]
+
+
+def selection_nudge_argv(program: str) -> list[str]:
+    """``xprop`` emptying the root window's CUT_BUFFER0.  x11vnc sends a
+    client no selection in its first 15 seconds unless that property
+    changed meanwhile; changed right after the browser connected, the
+    session's clipboard reaches the page at once instead of 15 s later."""
+    return [program, "-root", "-f", "CUT_BUFFER0", "8s", "-set", "CUT_BUFFER0", ""]
+
+
+@dataclass
+class BrowserViewer:
+    """One browser's viewer: its directory, its display and its programs."""
+
+    viewers: BrowserViewers
+    id: str
+    user: str
+    uid: int
+    gid: int
+    directory: str
+    home: str
+    width: int = 1024
+    height: int = 768
+    display: int = -1
+    processes: dict[str, ProcessId] = field(default_factory=dict)
+    closed: bool = False
+
+    @property
+    def nx_socket(self) -> str:
+        """Where the door listens for this viewer's nxproxy."""
+        return os.path.join(self.directory, "nx.sock")
+
+    @property
+    def vnc_socket(self) -> str:
+        return os.path.join(self.directory, "vnc.sock")
+
+    @property
+    def auth(self) -> str:
+        return os.path.join(self.directory, "auth")
+
+    def _log(self, name: str) -> str:
+        return os.path.join(self.viewers.log_dir, f"viewer-{self.id}.{name}.log")
+
+    def _request(self, argv: list[str], name: str, env: dict[str, str] | None = None,
+                 status_fd: bool = False) -> dict[str, Any]:
+        programs = self.viewers.programs
+        return {"user": self.user, "argv": argv, "log": self._log(name), "cwd": self.directory,
+                "env": {"HOME": self.home, "USER": self.user, "LOGNAME": self.user, "PATH": programs.path,
+                        "LANG": programs.lang},
+                "env_fixed": env or {}, "status_fd": status_fd, "pam": None}
+
+    async def start_display(self) -> int:
+        """Start the Xvfb; its display number once it accepts clients."""
+        cookie = secrets.token_hex(16)
+        programs = self.viewers.programs
+        for _attempt in range(5):
+            display = self.viewers.free_display()
+            files.write_user_file(self.auth, x11.xauthority(display, cookie), self.uid, self.gid)
+            argv = xvfb_argv(programs.xvfb, display, self.width, self.height, self.auth)
+            process, status = await self.viewers.launcher.start_reporting(self._request(argv, "xvfb", status_fd=True))
+            try:
+                line = await status
+            except LaunchError:  # taken meanwhile: Xvfb ends without a word
+                continue
+            if line.strip() != str(display):
+                processes.send_signal(process, signal.SIGTERM)
+                raise LaunchError(f"Xvfb said {line!r} instead of its display")
+            self.processes["xvfb"] = process
+            self.display = display
+            return display
+        raise LaunchError("no free display for the browser viewer's Xvfb")
+
+    def _x_env(self) -> dict[str, str]:
+        return {"DISPLAY": f":{self.display}", "XAUTHORITY": self.auth}
+
+    async def start_proxy(self, cookie: str, full_id: str, session_name: str, agent_display: int) -> None:
+        """Start nxproxy, the NX client half: it connects to :attr:`nx_socket`
+        (the door must listen there already) and draws into the Xvfb."""
+        home = os.path.join(self.directory, "nx")
+        files.make_session_dir(home, self.uid, self.gid)
+        options = os.path.join(self.directory, "options")
+        line = nxproxy_options(cookie, full_id, session_name, self.nx_socket, agent_display)
+        files.write_user_file(options, (line + "\n").encode(), self.uid, self.gid)
+        argv = [self.viewers.programs.nxproxy, "-S", f"nx/nx,options={options}:{int(agent_display)}"]
+        self.processes["nxproxy"] = await self.viewers.launcher.start(
+            self._request(argv, "nxproxy", {**self._x_env(), "NX_HOME": home}))
+
+    async def start_vnc(self) -> None:
+        """Start x11vnc on the Xvfb; it listens on :attr:`vnc_socket` soon after."""
+        argv = x11vnc_argv(self.viewers.programs.x11vnc, self.display, self.vnc_socket)
+        # x11vnc would wait 45 s (a display manager's grace) before it makes its window and asks XFIXES:
+        # no clipboard until then.  This display has no display manager.
+        env = {**self._x_env(), "X11VNC_AVOID_WINDOWS": "never"}
+        self.processes["x11vnc"] = await self.viewers.launcher.start(self._request(argv, "x11vnc", env))
+
+    async def nudge_selection(self) -> None:
+        """Lift x11vnc's first 15 seconds without clipboard (:func:`selection_nudge_argv`)."""
+        argv = selection_nudge_argv(self.viewers.programs.xprop)
+        try:
+            await self.viewers.launcher.start(self._request(argv, "xprop", self._x_env()))
+        except LaunchError:  # xprop is done before the launcher saw it run: that is all it had to do
+            pass
+
+    def alive(self) -> dict[str, bool]:
+        return {name: process.alive() for name, process in self.processes.items()}
+
+    def close(self) -> None:
+        """Stop the programs (x11vnc and nxproxy first, then the display) and
+        remove the directory.  The session itself is not touched: the agent
+        suspends when its proxy goes (or the door suspends it)."""
+        if self.closed:
+            return
+        self.closed = True
+        for name in ("x11vnc", "nxproxy", "xvfb"):
+            process = self.processes.get(name)
+            if process is not None:
+                processes.send_signal(process, signal.SIGTERM)
+        self.viewers.reactor.callLater(3.0, self._kill_leftovers)
+        self.viewers.forget(self)
+        log.info("browser viewer {id} of {user} closed", id=self.id, user=self.user)
+
+    def _kill_leftovers(self) -> None:
+        for process in self.processes.values():
+            if process.alive():
+                processes.send_signal(process, signal.SIGKILL)
+        files.remove_tree(self.directory)
+
+
+class BrowserViewers:
+    """All browser viewers of this node, and their limits."""
+
+    def __init__(self, reactor: Any, launcher: Any, root: str, log_dir: str,
+                 limits: ViewerLimits = ViewerLimits(), programs: ViewerPrograms = ViewerPrograms(),
+                 blocking: Blocking = inline) -> None:
+        """``blocking`` runs the account look-up (NSS: maybe LDAP) and the
+        directory's creation off the reactor (the gateway passes a thread)."""
+        self.reactor = reactor
+        self.blocking = blocking
+        self.launcher = launcher
+        self.root = root
+        self.log_dir = log_dir
+        self.limits = limits
+        self.programs = programs
+        self.open_viewers: dict[str, BrowserViewer] = {}
+        self.on_change: Callable[[], None] = lambda: None
+        # On a cluster gateway: how a viewer's stream reaches a session on
+        # another node (nxgate.wire.member_stream.RemoteStreams), set by the gateway.
+        self.streams: Any = None
+
+    def prepare(self) -> None:
+        os.makedirs(self.root, mode=0o711, exist_ok=True)
+        os.chmod(self.root, 0o711)
+
+    def free_display(self) -> int:
+        """A display number of the viewers' range with no X server's lock file (a random one:
+        two viewers starting at once rarely pick the same, and Xvfb refuses a taken one)."""
+        first, count = self.programs.first_display, self.programs.displays
+        for _ in range(50):
+            display = first + secrets.randbelow(count)
+            if not os.path.exists(f"/tmp/.X{display}-lock") and not os.path.exists(f"/tmp/.X11-unix/X{display}"):
+                return display
+        return first + secrets.randbelow(count)
+
+    def count(self, user: str | None = None) -> int:
+        return sum(1 for viewer in self.open_viewers.values() if user is None or viewer.user == user)
+
+    async def open(self, user: str, width: int, height: int) -> BrowserViewer:
+        """A new viewer for ``user`` (programs not started yet), or
+        :class:`ViewerRefused` past the limits."""
+        if self.count(user) >= self.limits.per_user:
+            raise ViewerRefused(f"{user} already has {self.limits.per_user} sessions open in a browser")
+        if self.count() >= self.limits.total:
+            raise ViewerRefused(f"the server already shows {self.limits.total} sessions in browsers")
+        viewer_id = secrets.token_hex(12)
+        directory = os.path.join(self.root, viewer_id)
+        # Counted from now, while the look-up and the directory take their thread.
+        viewer = BrowserViewer(self, viewer_id, user, -1, -1, directory, "/", *clamp_size(width, height))
+        self.open_viewers[viewer_id] = viewer
+        try:
+            entry = await self.blocking(self._make_directory, user, directory)
+        except BaseException:
+            self.open_viewers.pop(viewer_id, None)
+            raise
+        viewer.uid, viewer.gid, viewer.home = entry.pw_uid, entry.pw_gid, entry.pw_dir
+        log.info("browser viewer {id} for {user} ({width}x{height})", id=viewer_id, user=user, width=width,
+                 height=height)
+        return viewer
+
+    def _make_directory(self, user: str, directory: str) -> pwd.struct_passwd:
+        entry = pwd.getpwnam(user)
+        self.prepare()
+        files.make_session_dir(directory, entry.pw_uid, entry.pw_gid)
+        return entry
+
+    def forget(self, viewer: BrowserViewer) -> None:
+        self.open_viewers.pop(viewer.id, None)
+
+    def close_all(self) -> None:
+        for viewer in list(self.open_viewers.values()):
+            viewer.close()
+
+
+def gather(*works: Any) -> defer.Deferred[list[Any]]:
+    """Run coroutines side by side; the first failure fails the whole."""
+    return defer.gatherResults([defer.ensureDeferred(work) for work in works], consumeErrors=True)

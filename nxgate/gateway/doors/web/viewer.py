@@ -1,0 +1,505 @@
+"""``/view``: a session of the logged-in user drawn in the browser.
+
+The page (``POST /view/open`` from the portal, CSRF-checked) holds only the
+session's opaque per-login handle.  Its script (``viewer_static/viewer.js``)
+asks ``POST /view/ticket`` (CSRF header) for a one-time ticket bound to this
+login, this session and the window's size, then opens
+``wss://<us>/view/ws?ticket=...`` with noVNC (Debian's ``novnc``, served
+from ``/view/novnc/``).  The upgrade checks the Origin, the login cookie and
+the ticket, which is used up; nothing else is in any URL.
+
+Then :class:`ViewerBridge` does what an NX client does: it starts the
+viewer's Xvfb (:mod:`nxgate.clients.browser_viewer`), takes the session over
+with the session service's ``restore`` (a session shown elsewhere is
+suspended there, as for any NX resume), relays the NX stream between the
+viewer's nxproxy and the agent (:mod:`nxgate.wire.relay`, as after
+``bye``) and bridges x11vnc's RFB to the WebSocket.  When the tab closes the
+programs stop; the agent loses its proxy and suspends, ready for nxclient.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from html import escape
+import os
+import socket
+import struct
+from typing import Any
+from urllib.parse import urlsplit
+
+from twisted.internet import defer, protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web import resource, server, static
+
+from nxgate.protocols import websocket
+from nxgate.gateway.doors.web.site import words_of
+from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.requests import DisplaySettings, RestoreRequest, ShadowRequest
+from nxgate.vocabulary.results import Ready
+from nxgate.wire import agentsocket
+from nxgate.wire.relay import StreamRelay
+
+log = Logger(namespace="nxgate.web.viewer")
+
+NOVNC = "/usr/share/novnc"
+STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "viewer_static")
+#: The portal's policy, plus ``data:`` images: noVNC draws the remote cursor as a data: URL.
+CSP = (b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       b"font-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+_UCRED = struct.Struct("3i")
+
+
+def login_key(csrf: str) -> str:
+    """What a ticket remembers of the login that asked (its CSRF secret, hashed)."""
+    return hashlib.sha256(csrf.encode()).hexdigest()
+
+
+def same_origin(request: Any) -> bool:
+    """Whether the upgrade comes from one of our own pages: its Origin is
+    the scheme and host the browser addressed (a cross-site page's Origin
+    is its own)."""
+    origin = (request.getHeader(b"origin") or b"").decode("latin-1")
+    host = (request.getHeader(b"host") or b"").decode("latin-1")
+    if not origin or not host:
+        return False
+    parts = urlsplit(origin)
+    scheme = "https" if request.isSecure() else "http"
+    return parts.scheme == scheme and parts.netloc.lower() == host.lower() and not parts.path
+
+
+def _size(text: str, default: int) -> int:
+    return int(text) if text.isdigit() and len(text) < 6 else default
+
+
+def _form(request: Any, name: str) -> str:
+    values = request.args.get(name.encode()) if request.args else None
+    return values[0].decode("utf-8", "replace") if values else ""
+
+
+class _Static(static.File):
+    """Files only, no directory listings, JavaScript as JavaScript (module
+    scripts need the right type under ``nosniff``)."""
+
+    contentTypes = {**static.File.contentTypes, ".js": "text/javascript", ".css": "text/css"}
+
+    def directoryListing(self) -> resource.Resource:
+        return resource.NoResource()
+
+    def render_GET(self, request: Any) -> Any:
+        request.setHeader(b"X-Content-Type-Options", b"nosniff")
+        request.setHeader(b"Cache-Control", b"public, max-age=3600")
+        return super().render_GET(request)
+
+
+class ViewerResource(resource.Resource):
+    """``/view``: ``open`` and ``shadow`` (pages), ``ticket``, ``ws``, and the scripts."""
+
+    def __init__(self, service: Any, viewers: Any, auth: Any, reactor: Any = None) -> None:
+        super().__init__()
+        if reactor is None:
+            from twisted.internet import reactor as default_reactor
+            reactor = default_reactor
+        self.reactor = reactor
+        self.service = service
+        self.viewers = viewers
+        self.auth = auth
+        self.tickets = websocket.Tickets(reactor.seconds)
+        self.bridges: set[ViewerBridge] = set()
+        self.putChild(b"open", _Page(self, "open"))
+        self.putChild(b"shadow", _Page(self, "shadow"))
+        self.putChild(b"ticket", _TicketResource(self))
+        self.putChild(b"ws", _SocketResource(self))
+        novnc = resource.Resource()
+        for part in ("core", "vendor"):
+            novnc.putChild(part.encode(), _Static(os.path.join(NOVNC, part)))
+        self.putChild(b"novnc", novnc)
+        self.putChild(b"static", _Static(STATIC))
+
+    def caller_for(self, request: Any, purpose: str) -> Caller | None:
+        if purpose == "shadow":
+            return self.auth.admin_caller(request)
+        return self.auth(request)
+
+    def close_all(self) -> None:
+        for bridge in list(self.bridges):
+            bridge.stop("the gateway stops")
+
+
+class _Page(resource.Resource):
+    isLeaf = True
+
+    def __init__(self, parent: ViewerResource, purpose: str) -> None:
+        super().__init__()
+        self.parent = parent
+        self.purpose = purpose
+
+    def render_GET(self, request: Any) -> bytes:
+        request.setResponseCode(303)
+        request.setHeader(b"Location", b"/")
+        return b""
+
+    def render_POST(self, request: Any) -> bytes:
+        auth = self.parent.auth
+        caller = self.parent.caller_for(request, self.purpose)
+        if caller is None:
+            request.setResponseCode(403)
+            return auth.page(request, "Refused", '<p class="error" role="alert">Log in first.</p>')
+        if not auth.csrf_ok(request):
+            request.setResponseCode(403)
+            return auth.page(request, "Refused", '<p class="error" role="alert">Stale form: reload the page.</p>')
+        handle = _form(request, "handle")
+        if auth.session_id(request, handle) is None:
+            request.setResponseCode(404)
+            return auth.page(request, "Refused", '<p class="error" role="alert">No such session.</p>')
+        body = (f'<section id="viewer" data-handle="{escape(handle)}" data-purpose="{self.purpose}">'
+                '<div id="viewer-bar"><p id="viewer-status" role="status">Connecting…</p>'
+                '<details id="viewer-clipboard-panel"><summary>Clipboard</summary>'
+                '<textarea id="viewer-clipboard" rows="3" cols="40" spellcheck="false" '
+                'aria-label="The session\'s clipboard: what is copied there shows here; edit and send"></textarea>'
+                '<button type="button" id="viewer-clipboard-send">Send to the session</button>'
+                '</details></div>'
+                '<div id="viewer-screen"></div></section>')
+        page = auth.page(request, "Session", body, scripts=("/view/static/viewer.js",))
+        request.setHeader(b"Content-Security-Policy", CSP)
+        return page.replace(b'<link rel="stylesheet" href="/static/portal.css">',
+                            b'<link rel="stylesheet" href="/static/portal.css">'
+                            b'<link rel="stylesheet" href="/view/static/viewer.css">', 1)
+
+
+class _TicketResource(resource.Resource):
+    """``POST /view/ticket`` (``X-CSRF-Token``; ``handle``, ``purpose``,
+    ``width``, ``height``): ``{"ticket": ...}`` for one WebSocket."""
+
+    isLeaf = True
+
+    def __init__(self, parent: ViewerResource) -> None:
+        super().__init__()
+        self.parent = parent
+
+    def render_POST(self, request: Any) -> bytes:
+        auth = self.parent.auth
+        request.setHeader(b"Content-Type", b"application/json")
+        request.setHeader(b"Cache-Control", b"no-store")
+        purpose = "shadow" if _form(request, "purpose") == "shadow" else "open"
+        caller = self.parent.caller_for(request, purpose)
+        if caller is None or not auth.csrf_ok(request):
+            request.setResponseCode(403)
+            return b'{"error": "refused"}'
+        session_id = auth.session_id(request, _form(request, "handle"))
+        if session_id is None:
+            request.setResponseCode(404)
+            return b'{"error": "no such session"}'
+        ticket = self.parent.tickets.issue(caller.user, login_key(auth.csrf_token(request)), session_id, purpose,
+                                           _size(_form(request, "width"), 1024), _size(_form(request, "height"), 768))
+        return json.dumps({"ticket": ticket}).encode()
+
+
+class _SocketResource(resource.Resource):
+    """``GET /view/ws?ticket=...``: the upgrade, after every check."""
+
+    isLeaf = True
+
+    def __init__(self, parent: ViewerResource) -> None:
+        super().__init__()
+        self.parent = parent
+
+    def _refuse(self, request: Any, code: int, why: str, user: str = "") -> bytes:
+        log.warn("browser viewer WebSocket refused ({why}) for {user} from {address}", why=why, user=user or "-",
+                 address=request.getClientAddress().host if hasattr(request.getClientAddress(), "host") else "?",
+                 audit="web_viewer_refused")
+        request.setResponseCode(code)
+        request.setHeader(b"Content-Type", b"text/plain")
+        return why.encode() + b"\n"
+
+    def render_GET(self, request: Any) -> Any:
+        problem = websocket.handshake_problem(request)
+        if problem:
+            return self._refuse(request, 400, problem)
+        # The ticket is used up by any attempt, whatever refuses it next: one try each.
+        ticket = self.parent.tickets.take(_form(request, "ticket"))
+        if ticket is None:
+            return self._refuse(request, 403, "unknown, used or expired ticket")
+        if not same_origin(request):
+            return self._refuse(request, 403, "foreign origin", ticket.user)
+        caller = self.parent.caller_for(request, ticket.purpose)
+        if caller is None or caller.user != ticket.user:
+            return self._refuse(request, 403, "ticket of another login", caller.user if caller else "")
+        if login_key(self.parent.auth.csrf_token(request)) != ticket.login:
+            return self._refuse(request, 403, "ticket of another login", caller.user)
+        connection = websocket.WebSocketConnection(self.parent.reactor)
+        bridge = ViewerBridge(self.parent, caller, ticket, connection)
+        connection.handler = bridge
+        websocket.upgrade(request, connection)
+        bridge.start()
+        return server.NOT_DONE_YET
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The bridge: browser <-> x11vnc, and nxproxy <-> agent
+
+
+class _VNCSide(protocol.Protocol):
+    def __init__(self, bridge: ViewerBridge) -> None:
+        self.bridge = bridge
+
+    def connectionMade(self) -> None:
+        self.bridge.vnc_connected(self.transport)
+
+    def dataReceived(self, data: bytes) -> None:
+        self.bridge.ws.send(data)
+
+    def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
+        self.bridge.stop("the viewer's VNC server ended")
+
+
+def _screen_size(geometry: str) -> tuple[int, int] | None:
+    """``WxH`` (as listings show a session's screen) as numbers, None if it is not that."""
+    width, _, height = geometry.partition("x")
+    return (int(width), int(height)) if width.isdigit() and height.isdigit() else None
+
+
+class _ProxyChannel:
+    """The viewer's nxproxy connection as the relay's client stream."""
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+
+    def write(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    def close(self) -> None:
+        self.transport.loseConnection()
+
+    def pause_input(self) -> None:
+        self.transport.pauseProducing()
+
+    def resume_input(self) -> None:
+        self.transport.resumeProducing()
+
+
+class _AgentOutput:
+    """The agent's output as a producer for the nxproxy connection."""
+
+    def __init__(self, relay: StreamRelay) -> None:
+        self.relay = relay
+
+    def pauseProducing(self) -> None:
+        self.relay.pause_agent()
+
+    def resumeProducing(self) -> None:
+        self.relay.resume_agent()
+
+    def stopProducing(self) -> None:
+        self.relay.close()
+
+
+class _ProxySide(protocol.Protocol):
+    """nxproxy's connection to the viewer's ``nx.sock``: relayed to the agent."""
+
+    def __init__(self, bridge: ViewerBridge) -> None:
+        self.bridge = bridge
+        self.relay: StreamRelay | None = None
+
+    def connectionMade(self) -> None:
+        bridge = self.bridge
+        handle = self.transport.getHandle()
+        _pid, uid, _gid = _UCRED.unpack(handle.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+        if bridge.relay is not None or bridge.ready is None or uid != bridge.viewer.uid:
+            log.warn("unexpected connection to browser viewer {id}'s NX socket (uid {uid})", id=bridge.viewer.id,
+                     uid=uid)
+            self.transport.loseConnection()
+            return
+        bridge.stop_listening()
+        assert bridge.ready.stream is not None
+        self.relay = bridge.relay = StreamRelay(bridge.reactor, bridge.caller, bridge.ready.stream,
+                                                _ProxyChannel(self.transport), b"",
+                                                getattr(bridge.parent.viewers, "streams", None))
+        self.transport.registerProducer(_AgentOutput(self.relay), True)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.relay is not None:
+            self.relay.write(data)
+
+    def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
+        if self.relay is not None:
+            self.relay.close()
+            self.bridge.stop("the viewer's NX proxy ended")
+
+
+class ViewerBridge:
+    """One browser tab showing one session."""
+
+    def __init__(self, parent: ViewerResource, caller: Caller, ticket: websocket.Ticket,
+                 ws: websocket.WebSocketConnection) -> None:
+        self.parent = parent
+        self.reactor = parent.reactor
+        self.caller = caller
+        self.ticket = ticket
+        self.ws = ws
+        self.viewer: Any = None
+        self.ready: Ready | None = None
+        self.relay: StreamRelay | None = None
+        self.listener: Any = None
+        self.vnc: Any = None
+        self.pending: list[bytes] = []
+        #: Set when the viewer cannot start: the RFB answer that says why, sent after the client's version.
+        self.refusal: bytes | None = None
+        self.heard = b""
+        self.stopped = False
+        self.started = self.reactor.seconds()
+
+    def start(self) -> None:
+        self.parent.bridges.add(self)
+        defer.ensureDeferred(self._start()).addErrback(self._failed)
+
+    async def _start(self) -> None:
+        viewers = self.parent.viewers
+        if viewers is None:
+            raise SessionError(Kind.NOT_ALLOWED, "The browser viewer is not available on this server.")
+        width, height = self.ticket.width, self.ticket.height
+        if self.ticket.purpose == "shadow":
+            # The watched screen's own size: in a screen of that size the shadow agent shows it 1:1
+            # (in a bigger one, with no window manager, nxagent stretches it over the whole screen);
+            # the page scales the canvas to the window with its aspect kept.
+            targets = await self.parent.service.shadow_targets(self.caller)
+            watched = next((t.geometry for t in targets if t.id == self.ticket.session_id), "")
+            width, height = _screen_size(watched) or (width, height)
+        self.viewer = await viewers.open(self.caller.user, width, height)  # limits: SessionError
+        viewer = self.viewer
+        display = defer.ensureDeferred(viewer.start_display())
+        # Full screen in the viewer's Xvfb, which has the browser window's size: the session takes that
+        # size at this resume (nxagent's resize=1), and a new window size is a new resume (viewer.js).
+        settings = DisplaySettings(geometry=f"{viewer.width}x{viewer.height}", fullscreen=True, client="browser",
+                                   link="lan", clipboard="both")
+        try:
+            if self.ticket.purpose == "shadow":
+                ready = await self.parent.service.attach_shadow(
+                    self.caller, ShadowRequest(self.ticket.session_id, settings, view_only=False))
+            else:
+                ready = await self.parent.service.restore(
+                    self.caller, RestoreRequest(self.ticket.session_id, settings, encrypted=True))
+        finally:
+            await display  # never left running unwatched, even when the restore failed
+        if self.stopped:
+            raise _Gone()
+        if ready.stream is None:
+            raise SessionError(Kind.INTERNAL, "The session offers no stream to relay.")
+        self.ready = ready
+        log.info("{user} opens session {id} in a browser (viewer {viewer})", user=self.caller.user,
+                 id=ready.view.id, viewer=viewer.id, audit="web_viewer_open")
+        self.listener = self.reactor.listenUNIX(viewer.nx_socket, protocol.Factory.forProtocol(
+            lambda: _ProxySide(self)), mode=0o600, backlog=1)
+        os.chown(viewer.nx_socket, viewer.uid, viewer.gid)
+        await defer.gatherResults([
+            defer.ensureDeferred(viewer.start_proxy(ready.cookie, ready.view.full_id, ready.view.name,
+                                                    ready.view.display)),
+            defer.ensureDeferred(viewer.start_vnc())], consumeErrors=True)
+        if self.stopped:
+            raise _Gone()
+        agentsocket.connect_soon(self.reactor, viewer.vnc_socket, viewer.uid, self._vnc_reached, wait=10.0)
+
+    def _vnc_reached(self, sock: socket.socket | None, error: str) -> None:
+        if sock is None:
+            self.stop(f"the viewer's VNC server did not listen: {error}")
+            return
+        if self.stopped:
+            sock.close()
+            return
+        try:
+            factory = protocol.Factory.forProtocol(lambda: _VNCSide(self))
+            self.reactor.adoptStreamConnection(sock.fileno(), socket.AF_UNIX, factory)
+        finally:
+            sock.close()
+
+    def vnc_connected(self, transport: Any) -> None:
+        if self.stopped:
+            transport.loseConnection()
+            return
+        self.vnc = transport
+        for data in self.pending:
+            transport.write(data)
+        self.pending.clear()
+        # Neither side buffers without bound: each pauses the other when its own send buffer fills.
+        transport.registerProducer(self.ws.transport, True)
+        self.ws.transport.registerProducer(transport, True)
+        log.info("browser viewer {id}: first VNC bytes path ready after {seconds:.2f}s", id=self.viewer.id,
+                 seconds=self.reactor.seconds() - self.started)
+        # Once noVNC is through the RFB handshake (loopback: well within a second), x11vnc is told to
+        # stop holding the clipboard back (its first 15 seconds; see browser_viewer.selection_nudge_argv).
+        self.reactor.callLater(1.0, self._nudge_selection)
+
+    def _nudge_selection(self) -> None:
+        if self.stopped or self.viewer is None:
+            return
+        defer.ensureDeferred(self.viewer.nudge_selection()).addErrback(
+            lambda failure: log.failure("browser viewer {id}: cannot nudge the clipboard", failure,
+                                        id=self.viewer.id))
+
+    def stop_listening(self) -> None:
+        if self.listener is not None:
+            listener, self.listener = self.listener, None
+            listener.stopListening()
+
+    # WebSocket handler ------------------------------------------------------------------------------
+    def ws_message(self, payload: bytes) -> None:
+        if self.refusal is not None:
+            self.heard += payload[:len(websocket.RFB_VERSION)]
+            if len(self.heard) >= len(websocket.RFB_VERSION):
+                refusal, self.refusal = self.refusal, None
+                self.ws.send(refusal)
+                self.ws.close(websocket.REFUSED, "refused")
+            return
+        if self.vnc is not None:
+            self.vnc.write(payload)
+        elif len(self.pending) < 64:
+            self.pending.append(payload)
+
+    def ws_closed(self, code: int | None, reason: str) -> None:
+        self.stop("the browser went away")
+
+    # -------------------------------------------------------------------------------------------------
+    def _failed(self, failure: Failure) -> None:
+        if failure.check(_Gone):
+            self.stop("the browser went away")
+            return
+        if failure.check(SessionError):
+            error = failure.value
+            words = words_of(error)
+            log.info("browser viewer for {user} refused: {why}", user=self.caller.user, why=error.message)
+        else:
+            log.failure("browser viewer for {user} failed", failure, user=self.caller.user)
+            words = "The viewer could not start (see the server log)."
+        self.stop(words, close_socket=False)
+        self.refuse(words)
+
+    def refuse(self, words: str) -> None:
+        """Tell the page why, as an RFB server refusing the connection would
+        (noVNC shows it); the WebSocket closes after that, or soon anyway."""
+        if self.ws.closing or self.ws.gone:
+            return
+        self.refusal = websocket.rfb_refusal(words)
+        self.ws.send(websocket.RFB_VERSION)
+        self.reactor.callLater(10.0, self.ws.close, websocket.REFUSED, words[:100])
+
+    def stop(self, why: str, close_socket: bool = True) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        self.parent.bridges.discard(self)
+        log.info("browser viewer of {user} ends: {why}", user=self.caller.user, why=why)
+        if close_socket:
+            self.ws.close(websocket.VIEWER_ENDED, why[:100])
+        self.stop_listening()
+        if self.vnc is not None:
+            self.vnc.loseConnection()
+        if self.relay is not None:
+            self.relay.close()  # the agent loses its client and suspends (closing the tab = suspend)
+        if self.viewer is not None:
+            self.viewer.close()
+
+
+class _Gone(Exception):
+    """The browser left while the viewer was starting."""

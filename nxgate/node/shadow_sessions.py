@@ -1,0 +1,186 @@
+"""Shadowing: listing what a user may watch, asking the owner, attaching.
+
+A shadow is an nxagent in shadow mode (``-S``, ``shadow=:N``) that is an X
+client of the watched display and an NX session for the viewer.  It runs as
+the *owner* of the watched display, so the viewer never learns that
+display's cookie: he gets the shadow's own cookie only.  Display and cookie
+come from the gateway's store, never from the client's ``--display`` (nxcl
+always sends 0).  The shadow is not persistent: when the viewer goes, it
+ends; when the watched session ends, it ends itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from twisted.logger import Logger
+
+from nxgate.node.agents import nxagent
+from nxgate.config import Config
+from nxgate.vocabulary.model import State
+from nxgate.node.environment import login_environment
+from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.requests import DisplaySettings, ShadowRequest
+from nxgate.vocabulary.results import Progress, ProgressCallback, Ready, ShadowTarget
+from nxgate.node import console, processes
+from nxgate.node import shadow_policy as policy
+from nxgate.node.agents import shadow_screen as screen
+from nxgate.threads import Blocking, in_thread
+from nxgate.users import UserDirectory
+
+if TYPE_CHECKING:
+    from nxgate.node.service import SessionService
+
+log = Logger(namespace="nxgate.shadow")
+
+CONSENT_PROGRAM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "node", "consent.py")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A display that may be shadowed: a running session or the console."""
+
+    id: str
+    owner: str
+    display: int
+    cookie: str | None
+    name: str
+    type: str
+    authority: str  # the X authority file the owner's programs use for it
+    log: str  # where the consent dialog's output goes
+    geometry: str = ""  # the watched screen's size, where the session says it
+
+    def view(self) -> ShadowTarget:
+        """What the viewer may know of it (no cookie, no authority path)."""
+        return ShadowTarget(self.id, self.owner, self.display, self.name, self.type, self.geometry)
+
+
+class ShadowService:
+    """Lists, asks and attaches.  Nothing here blocks the reactor: finding
+    the console (``/proc``, utmp, NSS, the owner's ``~/.Xauthority``) runs
+    through ``blocking``, and the owner's account comes from ``users``."""
+
+    def __init__(self, manager: SessionService, config: Config, blocking: Blocking | None = None,
+                 users: UserDirectory | None = None) -> None:
+        self.manager = manager
+        self.config = config
+        self.settings = config.shadow
+        self.blocking = blocking if blocking is not None else in_thread(manager.reactor)
+        self.users = users if users is not None else UserDirectory(self.blocking)
+
+    # ------------------------------------------------------------ targets
+    async def _targets(self) -> list[Target]:
+        # The console first (in a thread): the sessions are then read in the
+        # same reactor turn as the caller uses them, not from before a wait.
+        local = await console.find_console_with(self.blocking, self.settings.console_display)
+        targets = []
+        for session in self.manager.sessions.values():
+            if session.state is State.RUNNING and session.type != "shadow" and session.ever_attached:
+                if session.agent_pid and not processes.same_pid_namespace(session.agent_pid):
+                    # Jailed: its display exists only in its jail.  A shadow
+                    # agent, the size probe and the consent dialog on the host
+                    # would reach whoever holds /tmp/.X11-unix/XN there, with
+                    # the owner's cookie.  (Two readlinks: cheap enough here,
+                    # and the sessions stay read in one reactor turn.)
+                    continue
+                agent_files = self.manager.layout.agent_files(session.id)
+                targets.append(Target(session.id, session.user, session.display, session.cookie, session.name,
+                                      session.type, agent_files.authority, agent_files.app_log, session.geometry))
+        if local is not None:
+            digest = hashlib.sha256(f"console:{self.config.server_name}:{local.display}".encode()).hexdigest()
+            targets.append(Target(digest[:32].upper(), local.owner, local.display, local.cookie,
+                                  f"Console :{local.display}", "console", os.path.join(local.home, ".Xauthority"),
+                                  os.path.join(self.manager.layout.logs, f"console-{local.display}.log")))
+        return targets
+
+    async def _visible(self, caller: Caller) -> list[tuple[Target, policy.Decision]]:
+        result = []
+        for target in await self._targets():
+            decision = policy.decide(caller.user, caller.groups, target.owner, self.settings)
+            if decision.allowed:
+                result.append((target, decision))
+        return result
+
+    # ----------------------------------------------------------- commands
+    async def targets(self, caller: Caller) -> tuple[ShadowTarget, ...]:
+        """The displays ``caller`` may shadow."""
+        return tuple(target.view() for target, _ in await self._visible(caller))
+
+    async def attach(self, caller: Caller, request: ShadowRequest,
+                     progress: ProgressCallback = lambda progress: None) -> Ready:
+        wanted = request.target_id
+        found = [(t, d) for t, d in await self._visible(caller) if t.id == wanted]
+        if not found:
+            log.warn("{user} from {address} may not shadow {id} (or it does not exist)", user=caller.user,
+                     address=caller.address, id=wanted, audit="shadow_denied")
+            raise SessionError(Kind.NOT_FOUND, f"Could not find shadowed session {wanted}. Session failed.",
+                               session_id=wanted)
+        target, _ = found[0]
+        decision = policy.decide(caller.user, caller.groups, target.owner, self.settings, request.view_only)
+        mode = "interactive" if decision.interactive else "view-only"
+        if decision.ask_owner:
+            progress(Progress.ASKING_OWNER)
+            answer = await self._ask(caller, target, mode)
+            if answer is not True:
+                why = "no answer" if answer is None else "refused"
+                log.info("shadow of {id} ({owner}) for {user} from {address}: {why}", id=target.id,
+                         owner=target.owner, user=caller.user, address=caller.address, why=why,
+                         audit="shadow_refused")
+                suffix = "" if answer is False else f" (no answer within {self.settings.consent_timeout:g} seconds)"
+                raise SessionError(Kind.REFUSED_BY_OWNER, f"Authorization refused by user: {target.owner}.{suffix}",
+                                   session_id=wanted)
+        plan = nxagent.AgentPlan(
+            mode="-S",
+            extra_options=(("shadow", f":{target.display}"), ("shadowmode", "1" if decision.interactive else "0")),
+            extra_cookies=((target.display, target.cookie),) if target.cookie else (),
+            run_as=target.owner,
+            persistent=False,
+            pam=False,
+        )
+        settings = await self._shadow_settings(request.display, target)
+        session = self.manager.new_session(caller, "shadow", f"Shadow of {target.name}", settings, True,
+                                           run_as=target.owner)
+        session = session.evolve(options={"shadow": {"target": target.id, "owner": target.owner, "mode": mode}})
+        log.info("shadow attach: {user} from {address} watches {target} of {owner} ({mode}) as session {id}",
+                 user=caller.user, address=caller.address, target=target.id, owner=target.owner, mode=mode,
+                 id=session.id, audit="shadow_attach")
+        return await self.manager.launch(caller, session, settings, plan)
+
+    async def _shadow_settings(self, settings: DisplaySettings, target: Target) -> DisplaySettings:
+        """The viewer's display settings with the shadow window's size: the
+        watched screen at 1:1, or scaled to fit the viewer's window (see
+        :mod:`nxgate.node.agents.shadow_screen`).  Full screen only where the client's
+        screen has the watched screen's size: otherwise nxagent would stretch
+        the watched screen to the client's whole screen."""
+        area_w, area_h = (int(n) for n in settings.geometry.split("x"))
+        watched = await screen.watched_size(self.manager.reactor, target.display, target.cookie)
+        if settings.fullscreen and watched == (area_w, area_h):
+            return settings  # a full screen of the watched screen's size: 1:1, with no window frame
+        width, height = screen.shadow_geometry(watched, (area_w, area_h))
+        log.info("shadow of :{display} ({watched}) in a viewer area of {area}: window {width}x{height}",
+                 display=target.display, watched="unknown size" if watched is None else "x".join(map(str, watched)),
+                 area=settings.geometry, width=width, height=height)
+        return dataclasses.replace(settings, geometry=f"{width}x{height}", fullscreen=False)
+
+    async def _ask(self, caller: Caller, target: Target, mode: str) -> bool | None:
+        """Show the consent dialog as the owner, on her display.
+
+        True: allowed; False: refused; None: no answer in time."""
+        owner = await self.users.lookup(target.owner)
+        request: dict[str, Any] = {
+            "user": owner.pw_name,
+            "argv": [self.settings.dialog_python, CONSENT_PROGRAM, caller.user, caller.address, mode, target.name],
+            "env": login_environment(owner, self.config.sessions),
+            "env_fixed": {"DISPLAY": f":{target.display}", "XAUTHORITY": target.authority},
+            "cwd": owner.pw_dir,
+            "log": target.log,
+        }
+        code = await self.manager.launcher.run(request, self.settings.consent_timeout)
+        if code is None:
+            return None
+        return code == 0

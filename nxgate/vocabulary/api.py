@@ -1,0 +1,68 @@
+"""The session API every door uses, and the node interface beneath it.
+
+A door holds one :class:`SessionAPI`: the router
+(:class:`nxgate.gateway.router.Router`), on a single box too, where it
+routes over a cluster of one.  The router reaches each machine's sessions
+through a :class:`NodeAPI`: this machine's in process
+(:class:`nxgate.node.local.LocalNode`), another member's over the wire
+(:class:`nxgate.wire.remote_node.RemoteNode`).  Both do the same checks in
+the same place, the node, so one box and a cluster behave alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
+from nxgate.vocabulary.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
+                                     ShadowTarget)
+
+
+class SessionAPI(Protocol):
+    """Every call checks the caller may do it and raises
+    :class:`nxgate.vocabulary.errors.SessionError` when not (a session of
+    someone else is NOT_YOURS, with NOT_FOUND's words).  Implemented, for
+    the router, by every node, and by the node's session service."""
+
+    async def start(self, caller: Caller, request: StartRequest) -> Ready: ...
+
+    async def start_for_later(self, caller: Caller, session_type: str, name: str) -> SessionView: ...
+
+    async def restore(self, caller: Caller, request: RestoreRequest) -> Ready: ...
+
+    async def attach_shadow(self, caller: Caller, request: ShadowRequest,
+                            progress: ProgressCallback = lambda progress: None) -> Ready: ...
+
+    async def suspend(self, caller: Caller, session_id: str) -> SessionView: ...  # a suspended one: no-op
+
+    async def terminate(self, caller: Caller, session_id: str, reason: str = "user request") -> SessionView: ...
+
+    async def rename(self, caller: Caller, session_id: str, name: str) -> SessionView: ...
+
+    # A folder the client shares, mounted in the caller's session; False: sharing is off there.
+    async def add_mount(self, caller: Caller, session_id: str, mount: ShareMount) -> bool: ...
+
+    async def list(self, caller: Caller) -> Listing: ...  # live sessions, oldest first; an admin's: everyone's
+
+    async def show(self, caller: Caller, session_id: str) -> SessionView: ...
+
+    async def shadow_targets(self, caller: Caller) -> tuple[ShadowTarget, ...]: ...
+
+    async def status(self, caller: Caller) -> ServiceStatus: ...  # admin only
+
+    async def set_draining(self, caller: Caller, on: bool) -> bool: ...  # admin only
+
+
+class NodeAPI(SessionAPI, Protocol):
+    """What a node answers beyond the session API: the things doors need
+    that live on the machine running the session.  The coroutine methods
+    travel over the members' wire (:mod:`nxgate.wire.protocol` reads
+    them from here); :meth:`subscribe` is a push, carried by its own box."""
+
+    # A PNG of the session's screen, drawn on its node as its user (owner or admin only).
+    async def thumbnail(self, caller: Caller, session_id: str) -> bytes: ...
+
+    # ``observer`` hears every state change of this node's sessions; the result stops it.
+    def subscribe(self, observer: Callable[[SessionEvent], None]) -> Callable[[], None]: ...

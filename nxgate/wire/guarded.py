@@ -1,0 +1,17 @@
+"""How a door tells the connection guard under its transport that the peer
+authenticated (nxgate.gateway.doors.guard installs the hook): here, on the
+wire, so that every layer that wraps a transport (the cluster's TLS, the
+doors) can pass the word down without importing a door."""
+
+from __future__ import annotations
+
+from typing import Any
+
+def authenticated(transport: Any) -> None:
+    """Tell the guard of the connection under ``transport`` that it
+    authenticated: it stops counting against the caps and its deadline is
+    off.  A door calls this with its own transport; wrappers in between
+    (TLS) pass the call down to ours.  Without a guard (tests), nothing."""
+    hook = getattr(transport, "nxgate_authenticated", None)
+    if callable(hook):
+        hook()

@@ -1,0 +1,193 @@
+"""The raw NX stream after ``bye``: SSH channel <-> the agent's Unix socket.
+
+From ``NX> 999 Bye.`` on, the channel carries only the client proxy's bytes;
+they go to the agent's socket (:mod:`nxgate.wire.agentsocket`) and back, byte for
+byte.  Neither side can make the gateway buffer without bound: when the
+client's SSH window is full the agent connection is paused (the channel
+tells us), and when the agent reads slower than the client sends, the
+client's input is paused.
+Either side closing closes the other.
+
+A session on another cluster member (``target.node`` set) is reached the
+same way through ``streams`` (:class:`nxgate.wire.member_stream.RemoteStreams`):
+a TLS connection to that member instead of the local socket; everything
+else here is the same.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any, Protocol
+
+from twisted.internet import protocol
+from twisted.internet.interfaces import IPushProducer
+from twisted.logger import Logger
+
+from nxgate.wire import agentsocket
+from nxgate.wire.splice import Splice, TransportEnd
+from nxgate import metrics
+from nxgate.vocabulary.caller import Caller
+
+log = Logger(namespace="nxgate.relay")
+
+class ByteTransport(Protocol):
+    """Where the conversation's bytes go."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ClientStream(ByteTransport, Protocol):
+    """The client's end of the stream (an SSH session channel)."""
+
+    def pause_input(self) -> None: ...
+
+    def resume_input(self) -> None: ...
+
+
+class _ClientEnd:
+    """The client's channel as one end of the splice (:mod:`nxgate.wire.splice`).
+
+    Its send buffer is the client's SSH window: the channel says when it is
+    full (:meth:`StreamRelay.pause_agent`), and the splice's producer for it
+    (the agent's reading) is paused then."""
+
+    def __init__(self, client: ClientStream) -> None:
+        self.client = client
+        self.producer: IPushProducer | None = None
+
+    def write(self, data: bytes) -> None:
+        self.client.write(data)
+
+    def pause_reading(self) -> None:
+        self.client.pause_input()
+
+    def resume_reading(self) -> None:
+        self.client.resume_input()
+
+    def hold(self, producer: IPushProducer) -> None:
+        self.producer = producer
+
+    def write_eof(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.client.resume_input()  # the client's goodbye must still be read
+        self.client.close()
+
+
+class _AgentSide(protocol.Protocol):
+    def __init__(self, relay: StreamRelay) -> None:
+        self.relay = relay
+
+    def connectionMade(self) -> None:
+        self.relay.connected(self.transport)
+
+    def dataReceived(self, data: bytes) -> None:
+        self.relay.to_client += len(data)
+        metrics.relayed_down(len(data))
+        if self.relay.splice is not None:
+            self.relay.splice.received("agent", data)
+
+    def connectionLost(self, reason: Any) -> None:
+        self.relay.agent_closed()
+
+
+class StreamRelay:
+    """One client's stream to its session's agent."""
+
+    def __init__(self, reactor: Any, client: Caller, target: Any, channel: ClientStream, leftover: bytes,
+                 streams: Any = None) -> None:
+        self.client = client
+        self.target = target
+        self.channel = channel
+        self.pending = [leftover] if leftover else []
+        self.agent: Any = None
+        self.client_end = _ClientEnd(channel)
+        self.splice: Splice | None = None
+        self.closed = False
+        self.to_agent = len(leftover)
+        self.to_client = 0
+        channel.pause_input()  # nothing piles up before the agent is connected
+        log.info("relaying {user}'s stream from {address} to session {id}", user=client.user,
+                 address=client.address, id=target.session_id)
+        self.reactor = reactor
+        if getattr(target, "node", ""):
+            if streams is None:
+                reactor.callLater(0, self._failed, f"the session runs on member {target.node}, and this gateway"
+                                                   " is not a cluster member")
+            else:
+                streams.connect(target, _AgentSide(self), self._failed)
+        else:
+            agentsocket.connect_soon(reactor, target.path, target.uid, self._reached)
+
+    def _reached(self, sock: socket.socket | None, error: str) -> None:
+        if sock is None:
+            self._failed(error)
+            return
+        if self.closed:  # the client left while the agent was not listening yet
+            sock.close()
+            return
+        try:
+            factory = protocol.Factory.forProtocol(lambda: _AgentSide(self))
+            self.reactor.adoptStreamConnection(sock.fileno(), socket.AF_UNIX, factory)
+        finally:
+            sock.close()  # the reactor holds its own copy of the descriptor
+
+    def connected(self, transport: Any) -> None:
+        if self.closed:
+            transport.loseConnection()
+            return
+        self.agent = transport
+        for chunk in self.pending:
+            transport.write(chunk)
+        self.pending.clear()
+        self.splice = Splice(self.client_end, TransportEnd(transport), names=("client", "agent"))
+        self.channel.resume_input()
+
+    def _failed(self, error: str) -> None:
+        log.warn("cannot reach the agent of session {id}: {error}", id=self.target.session_id, error=error)
+        self.agent_closed()
+
+    # client side -------------------------------------------------------
+    def write(self, data: bytes) -> None:
+        self.to_agent += len(data)
+        metrics.relayed_up(len(data))
+        if self.splice is not None:
+            self.splice.received("client", data)
+        elif not self.closed:
+            self.pending.append(data)
+
+    def close(self) -> None:
+        """The client went away."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.splice is not None:
+            self.splice.lost("client")
+        self._log_end("client")
+
+    def pause_agent(self) -> None:
+        """The client's SSH window is full."""
+        if self.client_end.producer is not None:
+            self.client_end.producer.pauseProducing()
+
+    def resume_agent(self) -> None:
+        if self.client_end.producer is not None:
+            self.client_end.producer.resumeProducing()
+
+    # agent side --------------------------------------------------------
+    def agent_closed(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.splice is not None:
+            self.splice.lost("agent")
+        else:
+            self.client_end.close()
+        self._log_end("agent")
+
+    def _log_end(self, side: str) -> None:
+        log.info("stream of session {id} closed by the {side} ({up} bytes up, {down} down)",
+                 id=self.target.session_id, side=side, up=self.to_agent, down=self.to_client)
