@@ -134,6 +134,50 @@ def handshake(base: str, ticket: str, cookie: str | None, origin: str | None = N
             return tls.recv(4096).decode("latin-1").split("\r\n", 1)[0]
 
 
+#: Every printable ASCII character, as typed into the page (issue 25: "(" and ")" never arrived).
+PRINTABLE_ASCII = "".join(chr(code) for code in range(0x20, 0x7F))
+SHIFT = 8  # the CDP modifier bit of Shift (AltGraph is a key of its own here)
+
+#: What a browser reports for keys typed on a layout: (key, code, modifier keys held).  The page
+#: (noVNC) sends the keysym of ``key``; the layout only changes which physical keys (``code``) and
+#: modifiers make the character, which the session must not care about.
+LAYOUTS: dict[str, dict[str, tuple[str, str, tuple[str, ...]]]] = {
+    "us-altgr-intl": {"(": ("(", "Digit9", ("Shift",)), ")": (")", "Digit0", ("Shift",)),
+                      "z": ("z", "KeyZ", ()), "y": ("y", "KeyY", ()),
+                      "é": ("é", "KeyE", ("AltGraph",)), "ß": ("ß", "KeyS", ("AltGraph",)),
+                      "€": ("€", "Digit5", ("AltGraph",))},
+    "de": {"(": ("(", "Digit8", ("Shift",)), ")": (")", "Digit9", ("Shift",)),
+           "z": ("z", "KeyY", ()), "y": ("y", "KeyZ", ()),
+           "é": ("é", "KeyE", ("Dead",)), "ß": ("ß", "Minus", ()), "€": ("€", "KeyE", ("AltGraph",))},
+}
+_MODIFIER_KEYS = {"Shift": ("Shift", "ShiftLeft", 16), "AltGraph": ("AltGraph", "AltRight", 225),
+                  "Dead": ("Dead", "Equal", 187)}
+
+
+def press(browser: Browser, key: str, code: str, held: tuple[str, ...]) -> None:
+    """One key stroke as Chromium reports it for a real keyboard (CDP ``Input.dispatchKeyEvent``):
+    the modifiers (or the dead key) first, then the key with its text."""
+    send = browser.driver.execute_cdp_cmd
+    modifiers = SHIFT if "Shift" in held else 0
+    for name in held:
+        mod_key, mod_code, vk = _MODIFIER_KEYS[name]
+        send("Input.dispatchKeyEvent", {"type": "rawKeyDown", "key": mod_key, "code": mod_code,
+                                        "windowsVirtualKeyCode": vk, "modifiers": modifiers})
+        if name == "Dead":
+            send("Input.dispatchKeyEvent", {"type": "keyUp", "key": mod_key, "code": mod_code,
+                                            "windowsVirtualKeyCode": vk})
+    text = "\r" if key == "Enter" else key
+    send("Input.dispatchKeyEvent", {"type": "keyDown", "key": key, "code": code, "text": text,
+                                    "unmodifiedText": text, "modifiers": modifiers,
+                                    "windowsVirtualKeyCode": 13 if key == "Enter" else 0})
+    send("Input.dispatchKeyEvent", {"type": "keyUp", "key": key, "code": code, "modifiers": modifiers})
+    for name in reversed(held):
+        if name != "Dead":
+            mod_key, mod_code, vk = _MODIFIER_KEYS[name]
+            send("Input.dispatchKeyEvent", {"type": "keyUp", "key": mod_key, "code": mod_code,
+                                            "windowsVirtualKeyCode": vk})
+
+
 class WebViewerTests(client_tests.ClientTestCase):
     """One gateway with the portal, one user, a client screen; a browser per test."""
 
@@ -284,6 +328,11 @@ class WebViewerTests(client_tests.ClientTestCase):
         self.screen.wait_for_colour(RED, 20000, timeout=60)
         self.screen.wait_for_colour(YELLOW, TEXT_YELLOW, timeout=20)
         self.assertEqual(self.status(session_id), "Running")
+        # The keyboard is the NX client's again (the browser's resume cloned the viewer's keymap).
+        self.screen.xdotool("mousemove", "100", "60")
+        self.screen.xdotool("type", "--delay", "30", "$((6*7)) back;\n")
+        wait_for(lambda: "back;" in self.typed(), 30, "the client's typed line in the session's file")
+        self.assertEqual(self.typed().split("\n")[1], "$((6*7)) back;")
 
     def test_started_in_the_browser_then_resumed_by_the_client(self) -> None:
         # A session started from the portal (no NX client ever had it)...
@@ -534,3 +583,49 @@ class WebViewerTests(client_tests.ClientTestCase):
         log = self.gateway.log()
         for why in ("unknown, used or expired ticket", "ticket of another login", "foreign origin"):
             self.assertIn(f"browser viewer WebSocket refused ({why})", log)
+
+    # Issue 25: what is typed in the page arrives in the session exactly ----------------------------
+
+    def typed_into_the_session(self) -> Browser:
+        self.attach("--name", "keys")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        browser = self.logged_in()
+        self.open_in_browser(browser)
+        self.click_into_xterm(browser)
+        return browser
+
+    def enter_and_read(self, browser: Browser, marker: str) -> str:
+        """Press Return; the line the session's program read, up to ``marker``'s line."""
+        press(browser, "Enter", "Enter", ())
+        wait_for(lambda: marker in self.typed(), 30, f"the line {marker!r} in the session's file")
+        return self.typed().split("\n")[-2]
+
+    def test_every_printable_ascii_character_arrives(self) -> None:
+        from selenium.webdriver.common.action_chains import ActionChains
+        from selenium.webdriver.common.keys import Keys
+
+        browser = self.typed_into_the_session()
+        ActionChains(browser.driver).send_keys(PRINTABLE_ASCII + "<end>\n").perform()
+        wait_for(lambda: "<end>" in self.typed(), 30, "the typed line in the session's file")
+        self.assertEqual(self.typed().split("\n")[0], PRINTABLE_ASCII + "<end>")
+        # Shift+9 and Shift+0 as explicit key presses: "$((6*7))" arrived as "$6*7".
+        chain = ActionChains(browser.driver).send_keys("$")
+        for digit in "99":
+            chain = chain.key_down(Keys.SHIFT).send_keys(digit).key_up(Keys.SHIFT)
+        chain = chain.send_keys("6*7")
+        for digit in "00":
+            chain = chain.key_down(Keys.SHIFT).send_keys(digit).key_up(Keys.SHIFT)
+        chain.send_keys("<shift>\n").perform()
+        wait_for(lambda: "<shift>" in self.typed(), 30, "the second line in the session's file")
+        self.assertEqual(self.typed().split("\n")[1], "$((6*7))<shift>")
+
+    def test_layouts_and_non_ascii_characters(self) -> None:
+        browser = self.typed_into_the_session()
+        for layout, keys in LAYOUTS.items():
+            text = "".join(keys)
+            for character in text:
+                press(browser, *keys[character])
+            for character in layout:
+                press(browser, character, "Minus" if character == "-" else f"Key{character.upper()}", ())
+            line = self.enter_and_read(browser, layout)
+            self.assertEqual(line, text + layout, f"typed on a {layout} keyboard")

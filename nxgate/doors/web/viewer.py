@@ -372,8 +372,10 @@ class ViewerBridge:
         display = defer.ensureDeferred(viewer.start_display())
         # Full screen in the viewer's Xvfb, which has the browser window's size: the session takes that
         # size at this resume (nxagent's resize=1), and a new window size is a new resume (viewer.js).
+        # The session's keymap is the viewer display's (keyboard=clone): the keys x11vnc presses for the
+        # page's keysyms mean the same in the session (node.browser_viewer.keymap_argv).
         settings = DisplaySettings(geometry=f"{viewer.width}x{viewer.height}", fullscreen=True, client="browser",
-                                   link="lan", clipboard="both")
+                                   keyboard="clone", link="lan", clipboard="both")
         try:
             if self.ticket.purpose == "shadow":
                 ready = await self.parent.service.attach_shadow(
