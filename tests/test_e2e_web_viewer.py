@@ -629,3 +629,25 @@ class WebViewerTests(client_tests.ClientTestCase):
                 press(browser, character, "Minus" if character == "-" else f"Key{character.upper()}", ())
             line = self.enter_and_read(browser, layout)
             self.assertEqual(line, text + layout, f"typed on a {layout} keyboard")
+
+    def test_zz_measure(self) -> None:
+        self.attach("--name", "m")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        session_id, _ = self.only_session()
+        browser = self.logged_in()
+        self.open_in_browser(browser)
+        browser.driver.switch_to.new_window("tab")
+        spare = browser.driver.current_window_handle
+        browser.driver.switch_to.window(browser.driver.window_handles[0])
+        browser.driver.close()
+        browser.driver.switch_to.window(spare)
+        began = time.monotonic()
+        seen = []
+        while time.monotonic() - began < 10:
+            browser.get(self.base + "/")
+            seen.append((round(time.monotonic() - began, 2), browser.find("td.state").text))
+            if seen[-1][1] != "Running":
+                break
+        print("MEASURE", seen)
+        log = self.gateway.log()
+        print("\n".join(line for line in log.splitlines()[-40:] if "viewer" in line or "uspend" in line))

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 
 log = Logger(namespace="nxgate.shadow")
 
+#: Why a jailed session is not offered for shadowing (said when it is asked for by id).
+JAILED = "it runs in a jail, where its display exists only for its own programs (its owner was not asked)"
+
 CONSENT_PROGRAM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "node", "consent.py")
 
 
@@ -54,6 +57,9 @@ class Target:
     authority: str  # the X authority file the owner's programs use for it
     log: str  # where the consent dialog's output goes
     geometry: str = ""  # the watched screen's size, where the session says it
+    #: Why it cannot be shadowed although it runs (a jail); empty: it can.  Never listed then, and
+    #: asked for by id, the answer says this (to a caller the policy would let watch it).
+    unavailable: str = ""
 
     def view(self) -> ShadowTarget:
         """What the viewer may know of it (no cookie, no authority path)."""
@@ -81,16 +87,18 @@ class ShadowService:
         targets = []
         for session in self.manager.sessions.values():
             if session.state is State.RUNNING and session.type != "shadow" and session.ever_attached:
+                unavailable = ""
                 if session.agent_pid and not processes.same_pid_namespace(session.agent_pid):
                     # Jailed: its display exists only in its jail.  A shadow
                     # agent, the size probe and the consent dialog on the host
                     # would reach whoever holds /tmp/.X11-unix/XN there, with
                     # the owner's cookie.  (Two readlinks: cheap enough here,
                     # and the sessions stay read in one reactor turn.)
-                    continue
+                    unavailable = JAILED
                 agent_files = self.manager.layout.agent_files(session.id)
                 targets.append(Target(session.id, session.user, session.display, session.cookie, session.name,
-                                      session.type, agent_files.authority, agent_files.app_log, session.geometry))
+                                      session.type, agent_files.authority, agent_files.app_log, session.geometry,
+                                      unavailable))
         if local is not None:
             digest = hashlib.sha256(f"console:{self.config.server_name}:{local.display}".encode()).hexdigest()
             targets.append(Target(digest[:32].upper(), local.owner, local.display, local.cookie,
@@ -98,11 +106,12 @@ class ShadowService:
                                   os.path.join(self.manager.layout.logs, f"console-{local.display}.log")))
         return targets
 
-    async def _visible(self, caller: Caller) -> list[tuple[Target, policy.Decision]]:
+    async def _visible(self, caller: Caller, unavailable: bool = False) -> list[tuple[Target, policy.Decision]]:
+        """The targets the policy lets ``caller`` watch (``unavailable``: jailed ones too)."""
         result = []
         for target in await self._targets():
             decision = policy.decide(caller.user, caller.groups, target.owner, self.settings)
-            if decision.allowed:
+            if decision.allowed and (unavailable or not target.unavailable):
                 result.append((target, decision))
         return result
 
@@ -114,7 +123,14 @@ class ShadowService:
     async def attach(self, caller: Caller, request: ShadowRequest,
                      progress: ProgressCallback = lambda progress: None) -> Ready:
         wanted = request.target_id
-        found = [(t, d) for t, d in await self._visible(caller) if t.id == wanted]
+        found = [(t, d) for t, d in await self._visible(caller, unavailable=True) if t.id == wanted]
+        if found and found[0][0].unavailable:
+            target = found[0][0]
+            log.warn("{user} from {address} may not shadow {id} of {owner}: {why}", user=caller.user,
+                     address=caller.address, id=wanted, owner=target.owner, why=target.unavailable,
+                     audit="shadow_denied")
+            raise SessionError(Kind.NOT_ALLOWED, f"Session {wanted} of {target.owner} cannot be shadowed: "
+                               f"{target.unavailable}.", session_id=wanted)
         if not found:
             log.warn("{user} from {address} may not shadow {id} (or it does not exist)", user=caller.user,
                      address=caller.address, id=wanted, audit="shadow_denied")
