@@ -41,6 +41,7 @@ YELLOW = (255, 255, 0)
 #: More yellow pixels than the xterm's cursor alone has (78 when focused): a typed line is on screen.
 TEXT_YELLOW = 120
 TK_GREY = (217, 217, 217)  # the owner's consent dialog's background
+NOTICE_AMBER, NOTICE_RED = (255, 204, 0), (176, 0, 0)  # the shadow notice's background and its End button
 #: The admin group of the portal and of the shadow policy (made by the shadow tests).
 ADMINS = "nxtwv" + secrets.token_hex(3)
 TYPED = "typed.txt"
@@ -495,6 +496,8 @@ class WebViewerTests(client_tests.ClientTestCase):
         browser.get(self.base + "/admin")
         browser.wait(lambda: browser.find_all("form[action='/view/shadow'] button"), 30, "a Shadow button")[0].click()
         self.screen.wait_for_colour(TK_GREY, 2000, timeout=30)  # the owner is asked, on her own screen
+        # Meanwhile the admin's page says that the owner is being asked (issue 25: a bare "Connecting…").
+        self.assertIn("Asking the session's owner", browser.find("#viewer-status").text)
         time.sleep(0.5)
         self.screen.xdotool("key", answer)
         return browser, session_id, client, admin
@@ -514,6 +517,17 @@ class WebViewerTests(client_tests.ClientTestCase):
         time.sleep(2.0)  # past the page's 0.7 s wait for the window to keep still
         self.assertEqual(browser.driver.execute_script("return window.nxgateViewer.resizes;"), 0)
         self.assertEqual(browser.find("#viewer").get_attribute("data-state"), "connected")
+        # A shadow ends with its tab (it is not suspended), and the audit says so, not the shadow agent's
+        # "Please check the state of your network and retry." on losing its client (issue 25).
+        status = browser.find("#viewer-status").text
+        self.assertIn("Closing this tab ends the shadow", status)
+        self.assertNotIn("suspends", status)
+        browser.quit()
+        wait_for(lambda: "shadow detach" in self.gateway.log(), 30, "the shadow's end")
+        ended = [line for line in self.gateway.log().splitlines() if "ended (terminated" in line]
+        self.assertTrue(ended and "its viewer left: the browser went away" in ended[-1], ended)
+        self.assertNotIn("check the state of your network", ended[-1])
+        self.assertEqual(self.status(session_id), "Running")
 
     def test_the_admins_page_shows_the_owners_whole_screen(self) -> None:
         """Issue 23: the viewer's screen is the watched screen's size, so the shadow shows it 1:1 (it was a
@@ -630,24 +644,42 @@ class WebViewerTests(client_tests.ClientTestCase):
             line = self.enter_and_read(browser, layout)
             self.assertEqual(line, text + layout, f"typed on a {layout} keyboard")
 
-    def test_zz_measure(self) -> None:
-        self.attach("--name", "m")
-        self.screen.wait_for_colour(RED, 20000, timeout=60)
-        session_id, _ = self.only_session()
-        browser = self.logged_in()
-        self.open_in_browser(browser)
-        browser.driver.switch_to.new_window("tab")
-        spare = browser.driver.current_window_handle
-        browser.driver.switch_to.window(browser.driver.window_handles[0])
-        browser.driver.close()
-        browser.driver.switch_to.window(spare)
-        began = time.monotonic()
-        seen = []
-        while time.monotonic() - began < 10:
-            browser.get(self.base + "/")
-            seen.append((round(time.monotonic() - began, 2), browser.find("td.state").text))
-            if seen[-1][1] != "Running":
-                break
-        print("MEASURE", seen)
-        log = self.gateway.log()
-        print("\n".join(line for line in log.splitlines()[-40:] if "viewer" in line or "uspend" in line))
+    # Issue 25: the owner sees that she is watched, and can end it -----------------------------------
+    def bounding_box(self, shot: Screenshot, colour: tuple[int, int, int]) -> tuple[int, int, int, int] | None:
+        """(left, top, right, bottom) of the pixels of ``colour`` in ``shot``."""
+        xs, ys = [], []
+        for y in range(0, shot.height, 2):
+            for x in range(0, shot.width, 2):
+                if shot.pixel(x, y) == colour:
+                    xs.append(x)
+                    ys.append(y)
+        return (min(xs), min(ys), max(xs), max(ys)) if xs else None
+
+    def test_the_owner_sees_the_shadow_and_ends_it_from_the_notice(self) -> None:
+        browser, session_id, client, admin = self.shadow_from_the_admin_page("a")
+        browser.wait(lambda: (shot := canvas_shot(browser)) is not None and shot.count(RED) > 20000, 60,
+                     "the owner's session drawn in the admin's page")
+        display = int(self.only_session()[1][0])
+        authority = os.path.join(self.gateway.state_dir, "sessions", session_id, "authority")
+        # The owner's own framebuffer (xwd on her session's display) shows who watches...
+        shot = wait_for(lambda: (found := pixels.grab(f":{display}", authority)).count(NOTICE_AMBER) > 2000 and found,
+                        30, "the shadow notice on the owner's screen")
+        self.assertIsNotNone(self.bounding_box(shot, NOTICE_RED), "the notice's End button")
+        names = [name for _id, name, _rect in pixels.windows(f":{display}", authority)]
+        self.assertTrue(any("screen is shared" in name for name in names), names)
+        # ...and its End button ends the shadow (a click on the owner's screen, through her session's X server).
+        left, top, right, bottom = self.bounding_box(shot, NOTICE_RED)
+        env = dict(os.environ, DISPLAY=f":{display}", XAUTHORITY=authority)
+        subprocess.run(["xdotool", "mousemove", str((left + right) // 2), str((top + bottom) // 2), "click", "1"],
+                       env=env, check=True, timeout=10)
+        browser.wait(lambda: browser.find("#viewer").get_attribute("data-state") == "disconnected", 30,
+                     "the admin's page to lose the shadow")
+        self.assertIn("shadow ended", browser.find("#viewer-status").text.lower())
+        wait_for(lambda: f"{self.user.name} ended it from the notice" in self.gateway.log(), 10, "the audit line")
+        wait_for(lambda: f"ended by {self.user.name}, the watched session's owner" in self.gateway.log(), 20,
+                 "the shadow's end, with its reason, in the log")
+        wait_for(lambda: pixels.grab(f":{display}", authority).count(NOTICE_AMBER) == 0, 20, "the notice to go")
+        # The owner's session goes on, her client still attached.
+        self.assertIsNone(client.poll())
+        self.assertEqual(self.status(session_id), "Running")
+        del admin

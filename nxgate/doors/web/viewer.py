@@ -497,6 +497,13 @@ class ViewerBridge:
         self.stop_listening()
         if self.vnc is not None:
             self.vnc.loseConnection()
+        if self.ticket.purpose == "shadow" and self.ready is not None:
+            # A shadow ends with its viewer; ended first, so that the audit says why rather than the shadow
+            # agent's "Please check the state of your network" on losing its client.
+            defer.ensureDeferred(self.parent.service.terminate(self.caller, self.ready.view.id,
+                                                               f"its viewer left: {why}")).addErrback(
+                lambda failure: log.info("browser shadow {id}: {error}", id=self.ready.view.id,
+                                         error=failure.getErrorMessage()))
         if self.relay is not None:
             self.relay.close()  # the agent loses its client and suspends (closing the tab = suspend)
         if self.viewer is not None:
