@@ -17,6 +17,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import ssl
@@ -683,3 +684,63 @@ class WebViewerTests(client_tests.ClientTestCase):
         self.assertIsNone(client.poll())
         self.assertEqual(self.status(session_id), "Running")
         del admin
+
+    # Issue 25: the start form and the list -------------------------------------------------------------
+    def test_the_start_form_offers_what_is_installed_and_starts_and_opens_in_one_step(self) -> None:
+        browser = self.logged_in()
+        browser.get(self.base + "/")
+        offered = [option.get_attribute("value") for option in browser.find_all("form.start select option")]
+        self.assertIn("unix-console", offered)
+        for session_type, program in (("unix-gnome", "gnome-session"), ("unix-kde", "startplasma-x11")):
+            if shutil.which(program) is None:  # configured by default, not installed here: not offered
+                self.assertNotIn(session_type, offered)
+        self.assertNotIn("unix-application", offered)  # needs a command line: an NX client's
+        # A type that is not offered (a stale form) is refused in the error colour, not the notice's.
+        browser.driver.execute_script("""
+            const option = document.createElement('option');
+            option.value = option.textContent = 'unix-gnome';
+            document.querySelector('form.start select').appendChild(option);""")
+        browser.find("form.start select option[value=unix-gnome]").click()
+        browser.find("form.start button.start-only").click()
+        refusal = browser.wait(lambda: browser.find_all("main p.error"), 20, "the refusal")[0]
+        self.assertIn("cannot be started here", refusal.text)
+        self.assertEqual(refusal.value_of_css_property("color"), "rgba(170, 0, 0, 1)")
+        self.assertEqual(browser.find_all("main p.notice"), [])
+        self.assertEqual(self.sessions(), {})
+
+        # "Start and open": one click, and the page shows the new session.
+        browser.get(self.base + "/")
+        browser.find("form.start input[name=name]").send_keys("one click")
+        browser.find("form.start select option[value=unix-console]").click()
+        browser.find("form.start button.start-open").click()
+        browser.wait(lambda: canvas_shot(browser) and canvas_shot(browser).count(RED) > 20000, 60,
+                     "the new session drawn in the page")
+        session_id, row = self.only_session()
+        self.assertEqual(row[3], "one click")
+        self.assertEqual(self.status(session_id), "Running")
+        # Back from the viewer: the portal is not sent to the viewer a second time.
+        browser.driver.back()
+        browser.wait(lambda: browser.find_all("table.sessions"), 20, "the portal again")
+        time.sleep(1.0)
+        self.assertTrue(browser.url.rstrip("/").endswith(urlsplit(self.base).netloc), browser.url)
+
+    def test_the_list_follows_a_closed_viewer_tab(self) -> None:
+        """The portal's tab, loaded while the session ran in the viewer's tab, says Suspended once that
+        tab is closed, without a reload (it went on saying Running)."""
+        self.attach("--name", "two tabs")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        session_id, _row = self.only_session()
+        browser = self.logged_in()
+        viewer_tab = browser.driver.current_window_handle
+        self.open_in_browser(browser)
+        browser.driver.switch_to.new_window("tab")
+        portal_tab = browser.driver.current_window_handle
+        browser.get(self.base + "/")
+        self.assertEqual(browser.find("td.state").text, "Running")
+        browser.driver.execute_script("window.notReloaded = true;")
+        browser.driver.switch_to.window(viewer_tab)
+        browser.driver.close()
+        browser.driver.switch_to.window(portal_tab)
+        browser.wait(lambda: browser.find("td.state").text == "Suspended", 15, "the list to say Suspended")
+        self.assertTrue(browser.driver.execute_script("return window.notReloaded === true;"))
+        self.assertEqual(self.status(session_id), "Suspended")
