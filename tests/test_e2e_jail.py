@@ -363,7 +363,8 @@ class JailedShadowTests(SessionTestCase):
     never asked."""
 
     options = {"jail": {"enabled": "yes", "types": "unix-bluebox"},
-               "shadow": {"admin_groups": "nxgatetestadmins", "consent_timeout": "8"}}
+               "shadow": {"admin_groups": "nxgatetestadmins", "consent_timeout": "8"},
+               **web_options(admin_groups="nxgatetestadmins")}
 
     def setUp(self):
         if not shutil.which("bwrap"):
@@ -391,6 +392,14 @@ class JailedShadowTests(SessionTestCase):
         self.attach(client, free, other_screen)
         wait_for(lambda: free.session_id in self.shadow_rows(self.other), 20, "the free session offered")
         self.assertNotIn(jailed.session_id, self.shadow_rows(self.other))
+        # The portal's admin page offers Shadow for the free session only (it offered it for every one).
+        base, cookies = JailedThumbnailTests.portal_login(self, self.other)  # type: ignore[arg-type]
+        status, page = fetch(base + "/admin", cookies)
+        self.assertEqual(status, 200)
+        rows = {html.unescape(name.decode()): b'action="/view/shadow"' in row
+                for row in re.findall(rb'<tr class="session">.*?</tr>', page)
+                for name in re.findall(rb'<td class="name">([^<]*)</td>', row)}
+        self.assertEqual(rows, {"jailed-blue": False, "free": True})
 
         viewer = self.login(self.other)
         viewer.send(f'attachsession --type="shadow" --id="{jailed.session_id}" --display="0" '

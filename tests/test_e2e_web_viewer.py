@@ -744,3 +744,19 @@ class WebViewerTests(client_tests.ClientTestCase):
         browser.wait(lambda: browser.find("td.state").text == "Suspended", 15, "the list to say Suspended")
         self.assertTrue(browser.driver.execute_script("return window.notReloaded === true;"))
         self.assertEqual(self.status(session_id), "Suspended")
+
+    def test_no_shadow_for_a_suspended_session(self) -> None:
+        """Issue 25: the admin page offered Shadow for suspended sessions (there is no screen to watch)."""
+        owner = self.logged_in()
+        owner.get(self.base + "/")
+        owner.find("form.start select option[value=unix-console]").click()
+        owner.find("form.start button.start-only").click()
+        owner.wait(lambda: "new session was started" in owner.text(), 60, "the session to start")
+        session_id, _row = self.only_session()
+        self.assertEqual(self.status(session_id), "Suspended")
+        admin = self.logged_in(self.admin_user())
+        admin.get(self.base + "/admin")
+        row = admin.wait(lambda: admin.find_all("tr.session"), 20, "the session on the admin page")[0]
+        buttons = [button.text for button in row.find_elements("css selector", "button")]
+        self.assertIn("Terminate", buttons)
+        self.assertNotIn("Shadow", buttons)
