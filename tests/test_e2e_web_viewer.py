@@ -417,9 +417,9 @@ class WebViewerTests(client_tests.ClientTestCase):
         wait_for(lambda: "snow ☃ man" in selections().values(), 30, "the snowman in the session")
 
     def wait_for_the_canvas_to_be_the_session(self, browser: Browser, session_id: str, display: int,
-                                              whole: bool = False) -> None:
+                                              whole: bool = False, tolerance: int = 0) -> None:
         """Until the page's canvas shows what the session's framebuffer holds
-        (97 % of the pixels equal); ``whole``: at the same size too."""
+        (97 % of the pixels equal, each colour channel within ``tolerance``); ``whole``: at the same size too."""
         authority = os.path.join(self.gateway.state_dir, "sessions", session_id, "authority")
 
         def same_picture() -> float:
@@ -427,7 +427,7 @@ class WebViewerTests(client_tests.ClientTestCase):
             if shot is None or (whole and (shot.width, shot.height) != (master.width, master.height)):
                 return 0.0
             area = pixels.Rect(0, 0, min(shot.width, master.width), min(shot.height, master.height))
-            share = pixels.equal_share(pixels.crop(shot, area), pixels.crop(master, area))
+            share = pixels.equal_share(pixels.crop(shot, area), pixels.crop(master, area), tolerance)
             return share if share > 0.97 else 0.0
 
         wait_for(same_picture, 30, "the canvas to equal the session's framebuffer")
@@ -534,7 +534,10 @@ class WebViewerTests(client_tests.ClientTestCase):
         """Issue 23: the viewer's screen is the watched screen's size, so the shadow shows it 1:1 (it was a
         stretched, cropped part of it: nxagent without a window manager stretched it over the browser's size)."""
         browser, session_id, _client, _admin = self.shadow_from_the_admin_page("a")
-        self.wait_for_the_canvas_to_be_the_session(browser, session_id, int(self.only_session()[1][0]), whole=True)
+        # The owner's notice (issue 25) reaches the shadow as an NX image update, whose encoding is lossy:
+        # a few units off in a colour channel here and there, around its text.
+        self.wait_for_the_canvas_to_be_the_session(browser, session_id, int(self.only_session()[1][0]), whole=True,
+                                                   tolerance=12)
 
 
     def test_owner_refuses_the_admins_shadow(self) -> None:

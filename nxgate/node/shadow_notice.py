@@ -39,8 +39,9 @@ def start_time(pid: int) -> int | None:
 
 
 def words(viewer: str, address: str, mode: str) -> str:
-    what = "watching and can use" if mode == "interactive" else "watching"
-    return f"{viewer} (from {address}) is {what} your screen."
+    """Short: the notice stays on the screen, over the owner's work, as long as the shadow lasts."""
+    what = "watches and can use" if mode == "interactive" else "watches"
+    return f"{viewer} ({address}) {what} your screen"
 
 
 def main(argv: list[str]) -> int:
@@ -61,12 +62,13 @@ def main(argv: list[str]) -> int:
         result["code"] = code
         root.destroy()
 
-    frame = tkinter.Frame(root, background=BACKGROUND, padx=12, pady=8)
+    frame = tkinter.Frame(root, background=BACKGROUND, padx=6, pady=3)
     frame.pack(fill="both", expand=True)
     tkinter.Label(frame, text=words(viewer, address, mode), background=BACKGROUND, justify="left").pack(
-        side="left", padx=(0, 12))
+        side="left", padx=(0, 6))
     tkinter.Button(frame, text="End", command=lambda: finish(END), background=BUTTON, foreground="white",
-                   activebackground=BUTTON, activeforeground="white", takefocus=False).pack(side="left")
+                   activebackground=BUTTON, activeforeground="white", takefocus=False, padx=6, pady=0,
+                   borderwidth=1).pack(side="left")
     root.protocol("WM_DELETE_WINDOW", lambda: finish(END))
 
     def check() -> None:
@@ -76,8 +78,8 @@ def main(argv: list[str]) -> int:
             root.after(CHECK_EVERY_MS, check)
 
     root.update_idletasks()
-    x = max(0, root.winfo_screenwidth() - root.winfo_reqwidth() - 16)
-    root.geometry(f"+{x}+16")
+    x = max(0, root.winfo_screenwidth() - root.winfo_reqwidth() - 8)
+    root.geometry(f"+{x}+8")
     root.attributes("-topmost", True)
     root.after(CHECK_EVERY_MS, check)
     root.mainloop()
