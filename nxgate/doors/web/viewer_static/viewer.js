@@ -96,7 +96,8 @@
     const scheme = location.protocol === "https:" ? "wss:" : "ws:";
     const url = scheme + "//" + location.host + "/view/ws?ticket=" + encodeURIComponent(secret);
     /* A shadow waits for the owner's answer to the question on her screen: say so, not a bare "Connecting". */
-    say("connecting", shadow ? "Asking the session's owner: the question is on their screen, waiting for their answer…"
+    say("connecting", shadow ? "Connecting… Where the server asks the session's owner first, the question is on "
+                               + "their screen and this waits for their answer."
                              : "Connecting…");
     const rfb = new RFB(screen, url, { wsProtocols: ["binary"] });
     state.rfb = rfb;
@@ -105,8 +106,7 @@
     rfb.focusOnClick = true;
     rfb.addEventListener("connect", () => {
       state.connectedAt = performance.now();
-      say("connected", shadow ? "Connected: you are watching this session; its owner sees a notice and can end it. "
-                                + "Closing this tab ends the shadow."
+      say("connected", shadow ? "Connected. Closing this tab ends the shadow."
                               : "Connected. Closing this tab suspends the session.");
       rfb.focus();
       resized();  /* the window may have changed while this connection was made */
