@@ -647,6 +647,10 @@ class WebViewerTests(client_tests.ClientTestCase):
                 press(browser, character, "Minus" if character == "-" else f"Key{character.upper()}", ())
             line = self.enter_and_read(browser, layout)
             self.assertEqual(line, text + layout, f"typed on a {layout} keyboard")
+        # A character the keymap has no key for is dropped, never typed as some other key.
+        for key, code in (("a", "KeyA"), ("☃", "KeyS"), ("b", "KeyB")):
+            press(browser, key, code, ())
+        self.assertEqual(self.enter_and_read(browser, "ab"), "ab")
 
     # Issue 25: the owner sees that she is watched, and can end it -----------------------------------
     def bounding_box(self, shot: Screenshot, colour: tuple[int, int, int]) -> tuple[int, int, int, int] | None:
