@@ -159,3 +159,28 @@ class ShadowServiceTests(SynchronousTestCase):
         self.assertIn("runs in a jail", error.message)
         self.assertIn("was not asked", error.message)
         self.assertEqual(self.manager.runs, [])  # no dialog
+
+
+class ShadowNoticeTests(SynchronousTestCase):
+    """The notice program's pure parts (its window is tested end to end: test_e2e_web_viewer)."""
+
+    def test_it_reads_a_process_start_time_as_the_gateway_does(self):
+        from nxgate.node import shadow_notice
+
+        self.assertEqual(shadow_notice.start_time(os.getpid()), processes.start_time(os.getpid()))
+        self.assertIsNone(shadow_notice.start_time(2 ** 22 + 1))  # above pid_max: no such process
+
+    def test_it_ends_at_once_when_the_shadow_is_already_gone(self):
+        from nxgate.node import shadow_notice
+
+        started = processes.start_time(os.getpid())
+        self.assertEqual(shadow_notice.main(["bob", "192.0.2.1", "view-only", str(os.getpid()), str(started + 1)]),
+                         shadow_notice.GONE)
+        self.assertEqual(shadow_notice.main(["bob", "192.0.2.1", "view-only", "x", "1"]), 2)
+
+    def test_the_words_say_who_and_whether_he_can_use_the_session(self):
+        from nxgate.node import shadow_notice
+
+        self.assertEqual(shadow_notice.words("bob", "192.0.2.1", "interactive"),
+                         "bob (192.0.2.1) watches and can use your screen")
+        self.assertEqual(shadow_notice.words("bob", "192.0.2.1", "view-only"), "bob (192.0.2.1) watches your screen")
