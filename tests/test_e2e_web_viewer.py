@@ -544,6 +544,7 @@ class WebViewerTests(client_tests.ClientTestCase):
         browser, session_id, client, _admin = self.shadow_from_the_admin_page("r")
         browser.wait(lambda: browser.find("#viewer").get_attribute("data-state") == "refused", 30, "the refusal")
         self.assertIn(f"refused by user: {self.user.name}", browser.find("#viewer-status").text)
+        self.assertEqual(browser.find("#viewer-status").value_of_css_property("color"), "rgba(170, 0, 0, 1)")
         shot = canvas_shot(browser)
         self.assertTrue(shot is None or shot.count(RED) == 0, "the refused page drew the session")
         self.assertIsNone(client.poll())
