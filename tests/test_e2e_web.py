@@ -406,7 +406,8 @@ class PortalTests(WebTestCase):
 
     def test_admin_page_fits_a_1280_pixel_window(self) -> None:
         """Issue 25: at 1280 px the table overflowed and the first row's Terminate was cut off."""
-        self.nx_session("alice", "a session with a rather long name to show", keep=True)
+        session = self.nx_session("alice", "a session with a rather long name to show", keep=True)
+        self.addCleanup(admin_request, self.fixture.admin_socket, "terminate", id=session["id"])
         admin = self.logged_in("admin")  # 1280 x 900
         admin.get(self.base + "/admin")
         admin.wait(lambda: admin.find_all("tr.session img.thumb"), 20, "the admin page with a picture")
