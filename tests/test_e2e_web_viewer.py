@@ -498,7 +498,7 @@ class WebViewerTests(client_tests.ClientTestCase):
         browser.wait(lambda: browser.find_all("form[action='/view/shadow'] button"), 30, "a Shadow button")[0].click()
         self.screen.wait_for_colour(TK_GREY, 2000, timeout=30)  # the owner is asked, on her own screen
         # Meanwhile the admin's page says that the owner is being asked (issue 25: a bare "Connecting…").
-        self.assertIn("asks the session's owner first", browser.find("#viewer-status").text)
+        self.assertIn("Asking the session's owner", browser.find("#viewer-status").text)
         time.sleep(0.5)
         self.screen.xdotool("key", answer)
         return browser, session_id, client, admin

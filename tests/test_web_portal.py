@@ -403,6 +403,7 @@ class SiteTests(TestCase):
         page = self.request(b"/admin", cookies=bob).body
         shadows = re.findall(r'action="/view/shadow".*?name="handle" value="([^"]+)"', page)
         self.assertEqual(shadows, [login.handle("S2BOB")])  # running; S1ALICE is suspended
+        self.assertIn('name="asks" value="0"', page)  # the fake policy asks nobody: the viewer says "Connecting…"
 
     def test_another_users_session_is_out_of_reach(self) -> None:
         alice, bob = self.cookie(), self.cookie("bob", "bobs")

@@ -69,9 +69,9 @@ class Target:
     #: asked for by id, the answer says this (to a caller the policy would let watch it).
     unavailable: str = ""
 
-    def view(self) -> ShadowTarget:
+    def view(self, asks_owner: bool = False) -> ShadowTarget:
         """What the viewer may know of it (no cookie, no authority path)."""
-        return ShadowTarget(self.id, self.owner, self.display, self.name, self.type, self.geometry)
+        return ShadowTarget(self.id, self.owner, self.display, self.name, self.type, self.geometry, asks_owner)
 
 
 class ShadowService:
@@ -126,7 +126,7 @@ class ShadowService:
     # ----------------------------------------------------------- commands
     async def targets(self, caller: Caller) -> tuple[ShadowTarget, ...]:
         """The displays ``caller`` may shadow."""
-        return tuple(target.view() for target, _ in await self._visible(caller))
+        return tuple(target.view(decision.ask_owner) for target, decision in await self._visible(caller))
 
     async def attach(self, caller: Caller, request: ShadowRequest,
                      progress: ProgressCallback = lambda progress: None) -> Ready:

@@ -50,6 +50,7 @@ class Row:
     client: str = ""
     openable: bool = False
     shadowable: bool = False  # the admin page: the shadow policy lets this admin watch it now (running, not jailed)
+    asks_owner: bool = False  # ...after its owner agrees (the viewer's page says so while it waits)
 
 
 def when(seconds: float) -> str:
@@ -103,7 +104,8 @@ def session_table(rows: Iterable[Row], csrf: str, *, admin: bool, viewer: bool, 
     for row in rows:
         buttons = []
         if viewer and admin and row.shadowable:
-            buttons.append(button("/view/shadow", csrf, "Shadow", "open", handle=row.handle))
+            buttons.append(button("/view/shadow", csrf, "Shadow", "open", handle=row.handle,
+                                  asks="1" if row.asks_owner else "0"))
         elif viewer and not admin and row.openable:
             buttons.append(button("/view/open", csrf, "Open in browser", "open", handle=row.handle))
         if row.state == "Running":

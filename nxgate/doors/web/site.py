@@ -278,7 +278,9 @@ class Portal(Deferring):
         return self.run(request, self.show(request, caller, pages.NOTICES.get(notice, ""), notice=notice))
 
     def rows(self, request: server.Request, views: Sequence[SessionView],
-             shadowable: frozenset[str] = frozenset()) -> list[pages.Row]:
+             shadowable: dict[str, bool] | None = None) -> list[pages.Row]:
+        """``shadowable``: session id -> whether its owner is asked first, for those the admin may shadow."""
+        shadowable = shadowable or {}
         rows = []
         for view in views:
             state = view.status or view.state.value
@@ -288,19 +290,20 @@ class Portal(Deferring):
                                   thumbnail=state in THUMBNAIL_STATES and view.attached_before and not view.lost,
                                   user=view.user, node=view.node, client=view.client_address,
                                   openable=state in THUMBNAIL_STATES and not view.lost,
-                                  shadowable=view.id in shadowable and not view.lost))
+                                  shadowable=view.id in shadowable and not view.lost,
+                                  asks_owner=shadowable.get(view.id, False)))
         return rows
 
-    async def shadowable(self, caller: Caller) -> frozenset[str]:
+    async def shadowable(self, caller: Caller) -> dict[str, bool]:
         """The sessions the admin may shadow now (the shadow service's list: running, not jailed, the
-        policy's yes): only those get a Shadow button."""
+        policy's yes), each with whether its owner is asked first: only those get a Shadow button."""
         if not self.viewer:
-            return frozenset()
+            return {}
         try:
-            return frozenset(target.id for target in await self.service.shadow_targets(caller))
+            return {target.id: target.asks_owner for target in await self.service.shadow_targets(caller)}
         except SessionError as error:
             log.info("no shadow targets for {user}: {error}", user=caller.user, error=error.message)
-            return frozenset()
+            return {}
 
     async def show(self, request: server.Request, caller: Caller, message: str, error: bool = False,
                    notice: str = "") -> bytes:

@@ -154,7 +154,10 @@ class _Page(resource.Resource):
         if auth.session_id(request, handle) is None:
             request.setResponseCode(404)
             return auth.page(request, "Refused", '<p class="error" role="alert">No such session.</p>')
-        body = (f'<section id="viewer" data-handle="{escape(handle)}" data-purpose="{self.purpose}">'
+        # data-asks: the admin page's word that the owner is asked first (only the waiting line's text).
+        asks = "1" if self.purpose == "shadow" and _form(request, "asks") == "1" else "0"
+        body = (f'<section id="viewer" data-handle="{escape(handle)}" data-purpose="{self.purpose}" '
+                f'data-asks="{asks}">'
                 '<div id="viewer-bar"><p id="viewer-status" role="status">Connecting…</p>'
                 '<details id="viewer-clipboard-panel"><summary>Clipboard</summary>'
                 '<textarea id="viewer-clipboard" rows="3" cols="40" spellcheck="false" '

@@ -96,9 +96,9 @@
     const scheme = location.protocol === "https:" ? "wss:" : "ws:";
     const url = scheme + "//" + location.host + "/view/ws?ticket=" + encodeURIComponent(secret);
     /* A shadow waits for the owner's answer to the question on her screen: say so, not a bare "Connecting". */
-    say("connecting", shadow ? "Connecting… Where the server asks the session's owner first, the question is on "
-                               + "their screen and this waits for their answer."
-                             : "Connecting…");
+    say("connecting", shadow && section.dataset.asks === "1"
+      ? "Asking the session's owner: the question is on their screen, and this waits for their answer…"
+      : "Connecting…");
     const rfb = new RFB(screen, url, { wsProtocols: ["binary"] });
     state.rfb = rfb;
     state.size = size;
