@@ -43,6 +43,8 @@ APT_PACKAGES += chromium chromium-driver
 APT_PACKAGES += novnc
 # Issue 15: the viewer's clipboard test copies and pastes in the session with xclip.
 APT_PACKAGES += xclip
+# Issue 25: the browser viewer gives its Xvfb a keymap with every Latin-1 key (setxkbmap: x11-xkb-utils).
+APT_PACKAGES += x11-xkb-utils
 
 .PHONY: install system-packages link-commands run test bench bench-profile deb clean
 

@@ -355,3 +355,58 @@ class JailedThumbnailTests(SessionTestCase):
             self.assertNotIn(info.session_id, " ".join(argv), argv)
             self.assertNotIn("sessions", " ".join(argv), argv)
         self.assertEqual(argv[:3], [shutil.which("bwrap"), "--args", "4"])
+
+
+class JailedShadowTests(SessionTestCase):
+    """Issue 25: a jailed session cannot be shadowed (its display exists only in its jail), so it is
+    not offered, and asked for by id the answer says why -- never "refused by user" when the owner was
+    never asked."""
+
+    options = {"jail": {"enabled": "yes", "types": "unix-bluebox"},
+               "shadow": {"admin_groups": "nxgatetestadmins", "consent_timeout": "8"},
+               **web_options(admin_groups="nxgatetestadmins")}
+
+    def setUp(self):
+        if not shutil.which("bwrap"):
+            raise SkipTest("bubblewrap (bwrap) is not installed")
+        super().setUp()
+        subprocess.run(["groupadd", "-f", "nxgatetestadmins"], check=True)
+        subprocess.run(["usermod", "-aG", "nxgatetestadmins", self.other.name], check=True)
+
+    def shadow_rows(self, user) -> set[str]:
+        reply = self.login(user).command('listsession --type="shadow"')
+        self.assertTrue(reply.endswith(b"NX> 105 "), reply)
+        return {sid.decode() for sid in re.findall(rb"^\d+\s+[\w-]+\s+([0-9A-F]{32})\s", reply, re.MULTILINE)}
+
+    def test_a_jailed_session_is_not_offered_and_refused_with_the_reason(self):
+        from tests.harness.x11 import ClientScreen
+
+        client = self.login()
+        jailed = self.start(client, "unix-bluebox", name="jailed-blue")
+        self.attach(client, jailed)
+        self.screen.wait_for_colour(BLUE, 10000)
+        other_screen = ClientScreen(800, 600)
+        self.addCleanup(other_screen.close)
+        client = self.login()
+        free = self.start(client, "unix-console", name="free")  # not jailed: offered
+        self.attach(client, free, other_screen)
+        wait_for(lambda: free.session_id in self.shadow_rows(self.other), 20, "the free session offered")
+        self.assertNotIn(jailed.session_id, self.shadow_rows(self.other))
+        # The portal's admin page offers Shadow for the free session only (it offered it for every one).
+        base, cookies = JailedThumbnailTests.portal_login(self, self.other)  # type: ignore[arg-type]
+        status, page = fetch(base + "/admin", cookies)
+        self.assertEqual(status, 200)
+        rows = {html.unescape(name.decode()): b'action="/view/shadow"' in row
+                for row in re.findall(rb'<tr class="session">.*?</tr>', page)
+                for name in re.findall(rb'<td class="name">([^<]*)</td>', row)}
+        self.assertEqual(rows, {"jailed-blue": False, "free": True})
+
+        viewer = self.login(self.other)
+        viewer.send(f'attachsession --type="shadow" --id="{jailed.session_id}" --display="0" '
+                    '--geometry="800x600" --link="lan" --encryption="1"')
+        reply = viewer.prompt(timeout=40)
+        self.assertNotIn(b"refused by user", reply)
+        self.assertNotIn(b"726 Asking user", reply)
+        self.assertIn(b"runs in a jail", reply)
+        self.assertIn(b"NX> 596 Error: Session", reply)
+        self.assertIn(f"may not shadow {jailed.session_id} of {self.user.name}: it runs in a jail", self.gateway.log())

@@ -404,6 +404,26 @@ class PortalTests(WebTestCase):
         admin.wait(lambda: "session was terminated" in admin.text(), 30, "the terminate")
         self.assertNotIn(session["id"], [s["id"] for s in self.fixture.sessions()])
 
+    def test_admin_page_fits_a_1280_pixel_window(self) -> None:
+        """Issue 25: at 1280 px the table overflowed and the first row's Terminate was cut off."""
+        session = self.nx_session("alice", "a session with a rather long name to show", keep=True)
+        self.addCleanup(admin_request, self.fixture.admin_socket, "terminate", id=session["id"])
+        admin = self.logged_in("admin")  # 1280 x 900
+        admin.get(self.base + "/admin")
+        admin.wait(lambda: admin.find_all("tr.session img.thumb"), 20, "the admin page with a picture")
+        admin.wait(lambda: admin.driver.execute_script("return document.querySelector('img.thumb').complete;"), 20,
+                   "the picture to load")
+        admin.save_screenshot(os.path.join(self.fixture.gateway.workdir, "admin-1280.png"))
+        width = admin.driver.execute_script("return document.documentElement.clientWidth;")
+        self.assertLessEqual(width, 1280)
+        overflow = admin.driver.execute_script("return document.documentElement.scrollWidth;")
+        self.assertLessEqual(overflow, width, "the page scrolls sideways")
+        first = admin.find_all("tr.session")[0]
+        for button in first.find_elements("css selector", "button"):
+            left, top, button_width, height = admin.element_box(button)
+            self.assertLessEqual(left + button_width, width, f"{button.text} is cut off")
+        self.assertIn("Terminate", [b.text for b in first.find_elements("css selector", "button")])
+
     def test_admin_drains_the_node(self) -> None:
         admin = self.logged_in("admin")
         admin.get(self.base + "/admin")

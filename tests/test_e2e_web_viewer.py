@@ -17,6 +17,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import ssl
@@ -41,6 +42,7 @@ YELLOW = (255, 255, 0)
 #: More yellow pixels than the xterm's cursor alone has (78 when focused): a typed line is on screen.
 TEXT_YELLOW = 120
 TK_GREY = (217, 217, 217)  # the owner's consent dialog's background
+NOTICE_AMBER, NOTICE_RED = (255, 204, 0), (176, 0, 0)  # the shadow notice's background and its End button
 #: The admin group of the portal and of the shadow policy (made by the shadow tests).
 ADMINS = "nxtwv" + secrets.token_hex(3)
 TYPED = "typed.txt"
@@ -132,6 +134,50 @@ def handshake(base: str, ticket: str, cookie: str | None, origin: str | None = N
         with context.wrap_socket(raw) as tls:
             tls.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
             return tls.recv(4096).decode("latin-1").split("\r\n", 1)[0]
+
+
+#: Every printable ASCII character, as typed into the page (issue 25: "(" and ")" never arrived).
+PRINTABLE_ASCII = "".join(chr(code) for code in range(0x20, 0x7F))
+SHIFT = 8  # the CDP modifier bit of Shift (AltGraph is a key of its own here)
+
+#: What a browser reports for keys typed on a layout: (key, code, modifier keys held).  The page
+#: (noVNC) sends the keysym of ``key``; the layout only changes which physical keys (``code``) and
+#: modifiers make the character, which the session must not care about.
+LAYOUTS: dict[str, dict[str, tuple[str, str, tuple[str, ...]]]] = {
+    "us-altgr-intl": {"(": ("(", "Digit9", ("Shift",)), ")": (")", "Digit0", ("Shift",)),
+                      "z": ("z", "KeyZ", ()), "y": ("y", "KeyY", ()),
+                      "é": ("é", "KeyE", ("AltGraph",)), "ß": ("ß", "KeyS", ("AltGraph",)),
+                      "€": ("€", "Digit5", ("AltGraph",))},
+    "de": {"(": ("(", "Digit8", ("Shift",)), ")": (")", "Digit9", ("Shift",)),
+           "z": ("z", "KeyY", ()), "y": ("y", "KeyZ", ()),
+           "é": ("é", "KeyE", ("Dead",)), "ß": ("ß", "Minus", ()), "€": ("€", "KeyE", ("AltGraph",))},
+}
+_MODIFIER_KEYS = {"Shift": ("Shift", "ShiftLeft", 16), "AltGraph": ("AltGraph", "AltRight", 225),
+                  "Dead": ("Dead", "Equal", 187)}
+
+
+def press(browser: Browser, key: str, code: str, held: tuple[str, ...]) -> None:
+    """One key stroke as Chromium reports it for a real keyboard (CDP ``Input.dispatchKeyEvent``):
+    the modifiers (or the dead key) first, then the key with its text."""
+    send = browser.driver.execute_cdp_cmd
+    modifiers = SHIFT if "Shift" in held else 0
+    for name in held:
+        mod_key, mod_code, vk = _MODIFIER_KEYS[name]
+        send("Input.dispatchKeyEvent", {"type": "rawKeyDown", "key": mod_key, "code": mod_code,
+                                        "windowsVirtualKeyCode": vk, "modifiers": modifiers})
+        if name == "Dead":
+            send("Input.dispatchKeyEvent", {"type": "keyUp", "key": mod_key, "code": mod_code,
+                                            "windowsVirtualKeyCode": vk})
+    text = "\r" if key == "Enter" else key
+    send("Input.dispatchKeyEvent", {"type": "keyDown", "key": key, "code": code, "text": text,
+                                    "unmodifiedText": text, "modifiers": modifiers,
+                                    "windowsVirtualKeyCode": 13 if key == "Enter" else 0})
+    send("Input.dispatchKeyEvent", {"type": "keyUp", "key": key, "code": code, "modifiers": modifiers})
+    for name in reversed(held):
+        if name != "Dead":
+            mod_key, mod_code, vk = _MODIFIER_KEYS[name]
+            send("Input.dispatchKeyEvent", {"type": "keyUp", "key": mod_key, "code": mod_code,
+                                            "windowsVirtualKeyCode": vk})
 
 
 class WebViewerTests(client_tests.ClientTestCase):
@@ -284,6 +330,11 @@ class WebViewerTests(client_tests.ClientTestCase):
         self.screen.wait_for_colour(RED, 20000, timeout=60)
         self.screen.wait_for_colour(YELLOW, TEXT_YELLOW, timeout=20)
         self.assertEqual(self.status(session_id), "Running")
+        # The keyboard is the NX client's again (the browser's resume cloned the viewer's keymap).
+        self.screen.xdotool("mousemove", "100", "60")
+        self.screen.xdotool("type", "--delay", "30", "$((6*7)) back;\n")
+        wait_for(lambda: "back;" in self.typed(), 30, "the client's typed line in the session's file")
+        self.assertEqual(self.typed().split("\n")[1], "$((6*7)) back;")
 
     def test_started_in_the_browser_then_resumed_by_the_client(self) -> None:
         # A session started from the portal (no NX client ever had it)...
@@ -366,9 +417,9 @@ class WebViewerTests(client_tests.ClientTestCase):
         wait_for(lambda: "snow ☃ man" in selections().values(), 30, "the snowman in the session")
 
     def wait_for_the_canvas_to_be_the_session(self, browser: Browser, session_id: str, display: int,
-                                              whole: bool = False) -> None:
+                                              whole: bool = False, tolerance: int = 0) -> None:
         """Until the page's canvas shows what the session's framebuffer holds
-        (97 % of the pixels equal); ``whole``: at the same size too."""
+        (97 % of the pixels equal, each colour channel within ``tolerance``); ``whole``: at the same size too."""
         authority = os.path.join(self.gateway.state_dir, "sessions", session_id, "authority")
 
         def same_picture() -> float:
@@ -376,7 +427,7 @@ class WebViewerTests(client_tests.ClientTestCase):
             if shot is None or (whole and (shot.width, shot.height) != (master.width, master.height)):
                 return 0.0
             area = pixels.Rect(0, 0, min(shot.width, master.width), min(shot.height, master.height))
-            share = pixels.equal_share(pixels.crop(shot, area), pixels.crop(master, area))
+            share = pixels.equal_share(pixels.crop(shot, area), pixels.crop(master, area), tolerance)
             return share if share > 0.97 else 0.0
 
         wait_for(same_picture, 30, "the canvas to equal the session's framebuffer")
@@ -446,6 +497,8 @@ class WebViewerTests(client_tests.ClientTestCase):
         browser.get(self.base + "/admin")
         browser.wait(lambda: browser.find_all("form[action='/view/shadow'] button"), 30, "a Shadow button")[0].click()
         self.screen.wait_for_colour(TK_GREY, 2000, timeout=30)  # the owner is asked, on her own screen
+        # Meanwhile the admin's page says that the owner is being asked (issue 25: a bare "Connecting…").
+        self.assertIn("Asking the session's owner", browser.find("#viewer-status").text)
         time.sleep(0.5)
         self.screen.xdotool("key", answer)
         return browser, session_id, client, admin
@@ -465,18 +518,33 @@ class WebViewerTests(client_tests.ClientTestCase):
         time.sleep(2.0)  # past the page's 0.7 s wait for the window to keep still
         self.assertEqual(browser.driver.execute_script("return window.nxgateViewer.resizes;"), 0)
         self.assertEqual(browser.find("#viewer").get_attribute("data-state"), "connected")
+        # A shadow ends with its tab (it is not suspended), and the audit says so, not the shadow agent's
+        # "Please check the state of your network and retry." on losing its client (issue 25).
+        status = browser.find("#viewer-status").text
+        self.assertIn("Closing this tab ends the shadow", status)
+        self.assertNotIn("suspends", status)
+        browser.quit()
+        wait_for(lambda: "shadow detach" in self.gateway.log(), 30, "the shadow's end")
+        ended = [line for line in self.gateway.log().splitlines() if "ended (terminated" in line]
+        self.assertTrue(ended and "its viewer left: the browser went away" in ended[-1], ended)
+        self.assertNotIn("check the state of your network", ended[-1])
+        self.assertEqual(self.status(session_id), "Running")
 
     def test_the_admins_page_shows_the_owners_whole_screen(self) -> None:
         """Issue 23: the viewer's screen is the watched screen's size, so the shadow shows it 1:1 (it was a
         stretched, cropped part of it: nxagent without a window manager stretched it over the browser's size)."""
         browser, session_id, _client, _admin = self.shadow_from_the_admin_page("a")
-        self.wait_for_the_canvas_to_be_the_session(browser, session_id, int(self.only_session()[1][0]), whole=True)
+        # The owner's notice (issue 25) reaches the shadow as an NX image update, whose encoding is lossy:
+        # a few units off in a colour channel here and there, around its text.
+        self.wait_for_the_canvas_to_be_the_session(browser, session_id, int(self.only_session()[1][0]), whole=True,
+                                                   tolerance=12)
 
 
     def test_owner_refuses_the_admins_shadow(self) -> None:
         browser, session_id, client, _admin = self.shadow_from_the_admin_page("r")
         browser.wait(lambda: browser.find("#viewer").get_attribute("data-state") == "refused", 30, "the refusal")
         self.assertIn(f"refused by user: {self.user.name}", browser.find("#viewer-status").text)
+        self.assertEqual(browser.find("#viewer-status").value_of_css_property("color"), "rgba(170, 0, 0, 1)")
         shot = canvas_shot(browser)
         self.assertTrue(shot is None or shot.count(RED) == 0, "the refused page drew the session")
         self.assertIsNone(client.poll())
@@ -534,3 +602,169 @@ class WebViewerTests(client_tests.ClientTestCase):
         log = self.gateway.log()
         for why in ("unknown, used or expired ticket", "ticket of another login", "foreign origin"):
             self.assertIn(f"browser viewer WebSocket refused ({why})", log)
+
+    # Issue 25: what is typed in the page arrives in the session exactly ----------------------------
+
+    def typed_into_the_session(self) -> Browser:
+        self.attach("--name", "keys")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        browser = self.logged_in()
+        self.open_in_browser(browser)
+        self.click_into_xterm(browser)
+        return browser
+
+    def enter_and_read(self, browser: Browser, marker: str) -> str:
+        """Press Return; the line the session's program read, up to ``marker``'s line."""
+        press(browser, "Enter", "Enter", ())
+        wait_for(lambda: marker in self.typed(), 30, f"the line {marker!r} in the session's file")
+        return self.typed().split("\n")[-2]
+
+    def test_every_printable_ascii_character_arrives(self) -> None:
+        from selenium.webdriver.common.action_chains import ActionChains
+        from selenium.webdriver.common.keys import Keys
+
+        browser = self.typed_into_the_session()
+        ActionChains(browser.driver).send_keys(PRINTABLE_ASCII + "<end>\n").perform()
+        wait_for(lambda: "<end>" in self.typed(), 30, "the typed line in the session's file")
+        self.assertEqual(self.typed().split("\n")[0], PRINTABLE_ASCII + "<end>")
+        # Shift+9 and Shift+0 as explicit key presses: "$((6*7))" arrived as "$6*7".
+        chain = ActionChains(browser.driver).send_keys("$")
+        for digit in "99":
+            chain = chain.key_down(Keys.SHIFT).send_keys(digit).key_up(Keys.SHIFT)
+        chain = chain.send_keys("6*7")
+        for digit in "00":
+            chain = chain.key_down(Keys.SHIFT).send_keys(digit).key_up(Keys.SHIFT)
+        chain.send_keys("<shift>\n").perform()
+        wait_for(lambda: "<shift>" in self.typed(), 30, "the second line in the session's file")
+        self.assertEqual(self.typed().split("\n")[1], "$((6*7))<shift>")
+
+    def test_layouts_and_non_ascii_characters(self) -> None:
+        browser = self.typed_into_the_session()
+        for layout, keys in LAYOUTS.items():
+            text = "".join(keys)
+            for character in text:
+                press(browser, *keys[character])
+            for character in layout:
+                press(browser, character, "Minus" if character == "-" else f"Key{character.upper()}", ())
+            line = self.enter_and_read(browser, layout)
+            self.assertEqual(line, text + layout, f"typed on a {layout} keyboard")
+        # A character the keymap has no key for is dropped, never typed as some other key.
+        for key, code in (("a", "KeyA"), ("☃", "KeyS"), ("b", "KeyB")):
+            press(browser, key, code, ())
+        self.assertEqual(self.enter_and_read(browser, "ab"), "ab")
+
+    # Issue 25: the owner sees that she is watched, and can end it -----------------------------------
+    def bounding_box(self, shot: Screenshot, colour: tuple[int, int, int]) -> tuple[int, int, int, int] | None:
+        """(left, top, right, bottom) of the pixels of ``colour`` in ``shot``."""
+        xs, ys = [], []
+        for y in range(0, shot.height, 2):
+            for x in range(0, shot.width, 2):
+                if shot.pixel(x, y) == colour:
+                    xs.append(x)
+                    ys.append(y)
+        return (min(xs), min(ys), max(xs), max(ys)) if xs else None
+
+    def test_the_owner_sees_the_shadow_and_ends_it_from_the_notice(self) -> None:
+        browser, session_id, client, admin = self.shadow_from_the_admin_page("a")
+        browser.wait(lambda: (shot := canvas_shot(browser)) is not None and shot.count(RED) > 20000, 60,
+                     "the owner's session drawn in the admin's page")
+        display = int(self.only_session()[1][0])
+        authority = os.path.join(self.gateway.state_dir, "sessions", session_id, "authority")
+        # The owner's own framebuffer (xwd on her session's display) shows who watches...
+        shot = wait_for(lambda: (found := pixels.grab(f":{display}", authority)).count(NOTICE_AMBER) > 2000 and found,
+                        30, "the shadow notice on the owner's screen")
+        self.assertIsNotNone(self.bounding_box(shot, NOTICE_RED), "the notice's End button")
+        names = [name for _id, name, _rect in pixels.windows(f":{display}", authority)]
+        self.assertTrue(any("screen is shared" in name for name in names), names)
+        # ...and its End button ends the shadow (a click on the owner's screen, through her session's X server).
+        left, top, right, bottom = self.bounding_box(shot, NOTICE_RED)
+        env = dict(os.environ, DISPLAY=f":{display}", XAUTHORITY=authority)
+        subprocess.run(["xdotool", "mousemove", str((left + right) // 2), str((top + bottom) // 2), "click", "1"],
+                       env=env, check=True, timeout=10)
+        browser.wait(lambda: browser.find("#viewer").get_attribute("data-state") == "disconnected", 30,
+                     "the admin's page to lose the shadow")
+        self.assertIn("shadow ended", browser.find("#viewer-status").text.lower())
+        wait_for(lambda: f"{self.user.name} ended it from the notice" in self.gateway.log(), 10, "the audit line")
+        wait_for(lambda: f"ended by {self.user.name}, the watched session's owner" in self.gateway.log(), 20,
+                 "the shadow's end, with its reason, in the log")
+        wait_for(lambda: pixels.grab(f":{display}", authority).count(NOTICE_AMBER) == 0, 20, "the notice to go")
+        # The owner's session goes on, her client still attached.
+        self.assertIsNone(client.poll())
+        self.assertEqual(self.status(session_id), "Running")
+        del admin
+
+    # Issue 25: the start form and the list -------------------------------------------------------------
+    def test_the_start_form_offers_what_is_installed_and_starts_and_opens_in_one_step(self) -> None:
+        browser = self.logged_in()
+        browser.get(self.base + "/")
+        offered = [option.get_attribute("value") for option in browser.find_all("form.start select option")]
+        self.assertIn("unix-console", offered)
+        for session_type, program in (("unix-gnome", "gnome-session"), ("unix-kde", "startplasma-x11")):
+            if shutil.which(program) is None:  # configured by default, not installed here: not offered
+                self.assertNotIn(session_type, offered)
+        self.assertNotIn("unix-application", offered)  # needs a command line: an NX client's
+        # A type that is not offered (a stale form) is refused in the error colour, not the notice's.
+        browser.driver.execute_script("""
+            const option = document.createElement('option');
+            option.value = option.textContent = 'unix-gnome';
+            document.querySelector('form.start select').appendChild(option);""")
+        browser.find("form.start select option[value=unix-gnome]").click()
+        browser.find("form.start button.start-only").click()
+        refusal = browser.wait(lambda: browser.find_all("main p.error"), 20, "the refusal")[0]
+        self.assertIn("cannot be started here", refusal.text)
+        self.assertEqual(refusal.value_of_css_property("color"), "rgba(170, 0, 0, 1)")
+        self.assertEqual(browser.find_all("main p.notice"), [])
+        self.assertEqual(self.sessions(), {})
+
+        # "Start and open": one click, and the page shows the new session.
+        browser.get(self.base + "/")
+        browser.find("form.start input[name=name]").send_keys("one click")
+        browser.find("form.start select option[value=unix-console]").click()
+        browser.find("form.start button.start-open").click()
+        browser.wait(lambda: canvas_shot(browser) and canvas_shot(browser).count(RED) > 20000, 60,
+                     "the new session drawn in the page")
+        session_id, row = self.only_session()
+        self.assertEqual(row[3], "one click")
+        self.assertEqual(self.status(session_id), "Running")
+        # Back from the viewer: the portal is not sent to the viewer a second time.
+        browser.driver.back()
+        browser.wait(lambda: browser.find_all("table.sessions"), 20, "the portal again")
+        time.sleep(1.0)
+        self.assertTrue(browser.url.rstrip("/").endswith(urlsplit(self.base).netloc), browser.url)
+
+    def test_the_list_follows_a_closed_viewer_tab(self) -> None:
+        """The portal's tab, loaded while the session ran in the viewer's tab, says Suspended once that
+        tab is closed, without a reload (it went on saying Running)."""
+        self.attach("--name", "two tabs")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        session_id, _row = self.only_session()
+        browser = self.logged_in()
+        viewer_tab = browser.driver.current_window_handle
+        self.open_in_browser(browser)
+        browser.driver.switch_to.new_window("tab")
+        portal_tab = browser.driver.current_window_handle
+        browser.get(self.base + "/")
+        self.assertEqual(browser.find("td.state").text, "Running")
+        browser.driver.execute_script("window.notReloaded = true;")
+        browser.driver.switch_to.window(viewer_tab)
+        browser.driver.close()
+        browser.driver.switch_to.window(portal_tab)
+        browser.wait(lambda: browser.find("td.state").text == "Suspended", 15, "the list to say Suspended")
+        self.assertTrue(browser.driver.execute_script("return window.notReloaded === true;"))
+        self.assertEqual(self.status(session_id), "Suspended")
+
+    def test_no_shadow_for_a_suspended_session(self) -> None:
+        """Issue 25: the admin page offered Shadow for suspended sessions (there is no screen to watch)."""
+        owner = self.logged_in()
+        owner.get(self.base + "/")
+        owner.find("form.start select option[value=unix-console]").click()
+        owner.find("form.start button.start-only").click()
+        owner.wait(lambda: "new session was started" in owner.text(), 60, "the session to start")
+        session_id, _row = self.only_session()
+        self.assertEqual(self.status(session_id), "Suspended")
+        admin = self.logged_in(self.admin_user())
+        admin.get(self.base + "/admin")
+        row = admin.wait(lambda: admin.find_all("tr.session"), 20, "the session on the admin page")[0]
+        buttons = [button.text for button in row.find_elements("css selector", "button")]
+        self.assertIn("Terminate", buttons)
+        self.assertNotIn("Shadow", buttons)

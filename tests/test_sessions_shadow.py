@@ -17,6 +17,8 @@ from nxgate.node.files import StateLayout
 from nxgate.vocabulary.model import Session, State
 from nxgate.node.processes import ProcessId
 from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.requests import DisplaySettings, ShadowRequest
 from nxgate.node import console, processes
 from nxgate.node.shadow_sessions import ShadowService, Target
 from nxgate.users import UserDirectory
@@ -34,6 +36,7 @@ class Manager:
         self.sessions = {WATCHED: Session(WATCHED, ME.pw_name, ME.pw_uid, ME.pw_gid, "unix-desktop", "desk", 7,
                                           "gw", "c0" * 16, state=State.RUNNING, ever_attached=True)}
         self.runs = []
+        self.exit_code = 0
 
     @property
     def launcher(self):
@@ -41,7 +44,7 @@ class Manager:
 
     async def run(self, request, timeout):
         self.runs.append(request)
-        return 0
+        return self.exit_code
 
 
 class Late:
@@ -122,3 +125,62 @@ class ShadowServiceTests(SynchronousTestCase):
         self.blocking.calls[0][2].errback(KeyError("gone"))
         self.failureResultOf(d, KeyError)
         self.assertEqual(self.manager.runs, [])
+
+    def ask_with_exit_code(self, code):
+        self.manager.exit_code = code
+        target = Target(WATCHED, ME.pw_name, 7, "c0" * 16, "desk", "unix-desktop", "/x/authority", "/x/log")
+        d = defer.ensureDeferred(self.service._ask(self.caller, target, "view-only"))
+        for _function, _args, pending in self.blocking.calls:  # the first time (the directory keeps it)
+            if not pending.called:
+                pending.callback(ME)
+        return d
+
+    def test_the_owners_answer_is_read_from_the_dialogs_exit_code(self):
+        self.assertIs(self.successResultOf(self.ask_with_exit_code(0)), True)
+        self.assertIs(self.successResultOf(self.ask_with_exit_code(3)), False)
+        self.assertIsNone(self.successResultOf(self.ask_with_exit_code(None)))
+
+    def test_a_dialog_that_never_opened_is_not_the_owners_refusal(self):
+        """Issue 25: Python's exit 1 (no display: the consent dialog never reached the owner) was
+        reported as "Authorization refused by user"."""
+        error = self.failureResultOf(self.ask_with_exit_code(1), SessionError).value
+        self.assertEqual(error.kind, Kind.UNAVAILABLE)
+        self.assertIn("could not be asked", error.message)
+        self.assertNotIn("refused", error.message)
+
+    def test_a_jailed_session_asked_for_by_id_is_refused_with_the_reason(self):
+        self.manager.sessions[WATCHED] = self.manager.sessions[WATCHED].evolve(agent_pid=4242, agent_started=1)
+        self.patch(processes, "same_pid_namespace", lambda pid: pid != 4242)
+        request = ShadowRequest(WATCHED, DisplaySettings(), view_only=True)
+        d = defer.ensureDeferred(self.service.attach(self.caller, request))
+        self.blocking.calls[0][2].callback(None)
+        error = self.failureResultOf(d, SessionError).value
+        self.assertEqual(error.kind, Kind.NOT_ALLOWED)
+        self.assertIn("runs in a jail", error.message)
+        self.assertIn("was not asked", error.message)
+        self.assertEqual(self.manager.runs, [])  # no dialog
+
+
+class ShadowNoticeTests(SynchronousTestCase):
+    """The notice program's pure parts (its window is tested end to end: test_e2e_web_viewer)."""
+
+    def test_it_reads_a_process_start_time_as_the_gateway_does(self):
+        from nxgate.node import shadow_notice
+
+        self.assertEqual(shadow_notice.start_time(os.getpid()), processes.start_time(os.getpid()))
+        self.assertIsNone(shadow_notice.start_time(2 ** 22 + 1))  # above pid_max: no such process
+
+    def test_it_ends_at_once_when_the_shadow_is_already_gone(self):
+        from nxgate.node import shadow_notice
+
+        started = processes.start_time(os.getpid())
+        self.assertEqual(shadow_notice.main(["bob", "192.0.2.1", "view-only", str(os.getpid()), str(started + 1)]),
+                         shadow_notice.GONE)
+        self.assertEqual(shadow_notice.main(["bob", "192.0.2.1", "view-only", "x", "1"]), 2)
+
+    def test_the_words_say_who_and_whether_he_can_use_the_session(self):
+        from nxgate.node import shadow_notice
+
+        self.assertEqual(shadow_notice.words("bob", "192.0.2.1", "interactive"),
+                         "bob (192.0.2.1) watches and can use your screen")
+        self.assertEqual(shadow_notice.words("bob", "192.0.2.1", "view-only"), "bob (192.0.2.1) watches your screen")

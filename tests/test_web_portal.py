@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import stat
 import struct
 import tempfile
@@ -26,7 +27,7 @@ from nxgate.gateway.doors.web.site import PRELOGIN_COOKIE, web_site, words_of
 from nxgate.node import thumbnails
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
-from nxgate.vocabulary.results import Listing, ServiceStatus, SessionView
+from nxgate.vocabulary.results import Listing, ServiceStatus, SessionView, ShadowTarget
 from nxgate.vocabulary.model import State
 
 
@@ -196,6 +197,11 @@ class FakeService:
     async def status(self, caller: Caller) -> ServiceStatus:
         return ServiceStatus(False, len(self.sessions), 0, ())
 
+    async def shadow_targets(self, caller: Caller) -> tuple[ShadowTarget, ...]:
+        """As the shadow service: running sessions only (a jailed one would be left out too)."""
+        return tuple(ShadowTarget(v.id, v.user, v.display, v.name, v.type) for v in self.sessions.values()
+                     if v.state is State.RUNNING)
+
     async def set_draining(self, caller: Caller, on: bool) -> bool:
         if not caller.admin:
             raise SessionError(Kind.NOT_ALLOWED, "Only the admin may drain the server.")
@@ -351,6 +357,53 @@ class SiteTests(TestCase):
                               cookies=cookies)
         self.assertEqual(answer.responseCode, 403)
         self.assertEqual(self.service.calls, [("start", "alice", "unix-console")])
+
+    def test_a_refusal_is_shown_as_an_error(self) -> None:
+        """Issue 25: a refused start was shown in the success colour (class "notice")."""
+        cookies = self.cookie()
+        csrf = self.auth.logins.find(cookies[COOKIE_NAME]).csrf
+        answer = self.request(b"/act", b"POST", args={"op": "start", "type": "unix-gnome", "csrf": csrf},
+                              cookies=cookies)
+        self.assertEqual(answer.responseCode, 403)
+        self.assertIn('<p class="error" role="alert">Sessions of type &#x27;unix-gnome&#x27; cannot be started',
+                      answer.body)
+        self.assertNotIn('class="notice"', answer.body)
+
+    def test_start_and_open_in_one_step(self) -> None:
+        """Issue 25: "Start and open" starts the session, then the next page (a GET) opens it in the viewer."""
+        cookies = self.cookie()
+        login = self.auth.logins.find(cookies[COOKIE_NAME])
+        page = self.request(b"/", cookies=cookies).body
+        self.assertIn('name="then" value="open"', page)
+        answer = self.request(b"/act", b"POST", args={"op": "start", "type": "unix-console", "then": "open",
+                                                      "csrf": login.csrf}, cookies=cookies)
+        self.assertEqual(answer.responseHeaders.getRawHeaders(b"location"), [b"/?m=opening"])
+        page = self.request(b"/", args={"m": "opening"}, cookies=cookies).body
+        self.assertIn('<form method="post" action="/view/open" class="open-now">', page)
+        self.assertIn(f'name="handle" value="{login.handle("S3NEW")}"', page)
+        self.assertNotIn("S3NEW", page)
+        # Once only: a reload of that page opens nothing again.
+        self.assertNotIn("open-now", self.request(b"/", args={"m": "opening"}, cookies=cookies).body)
+
+    def test_the_pages_own_refresh_is_not_activity(self) -> None:
+        """portal.js fetches the page again to keep the list current: the idle timeout still ends the login."""
+        cookies = self.cookie()
+        for _ in range(2):
+            self.clock.advance(100)
+            answer = self.request(b"/", cookies=cookies, headers={b"X-Nxgate-Refresh": b"1"})
+            self.assertIn("My sessions", answer.body)
+        self.clock.advance(150)  # 350 s after the login, 150 s after the last refresh (idle timeout: 300 s)
+        self.site.expire_logins()
+        self.assertEqual(len(self.auth.logins), 0)
+
+    def test_shadow_is_offered_only_for_what_may_be_shadowed(self) -> None:
+        """Issue 25: Shadow was offered for suspended (and jailed) sessions."""
+        bob = self.cookie("bob", "bobs")
+        login = self.auth.logins.find(bob[COOKIE_NAME])
+        page = self.request(b"/admin", cookies=bob).body
+        shadows = re.findall(r'action="/view/shadow".*?name="handle" value="([^"]+)"', page)
+        self.assertEqual(shadows, [login.handle("S2BOB")])  # running; S1ALICE is suspended
+        self.assertIn('name="asks" value="0"', page)  # the fake policy asks nobody: the viewer says "Connecting…"
 
     def test_another_users_session_is_out_of_reach(self) -> None:
         alice, bob = self.cookie(), self.cookie("bob", "bobs")

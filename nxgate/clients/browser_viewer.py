@@ -78,6 +78,7 @@ class ViewerPrograms:
     nxproxy: str = "nxproxy"
     x11vnc: str = "x11vnc"
     xprop: str = "xprop"
+    setxkbmap: str = "setxkbmap"
     path: str = "/usr/local/bin:/usr/bin:/bin"
     lang: str = "C.UTF-8"
     #: Viewer displays come from here, away from consoles (:0) and the sessions' range.
@@ -124,12 +125,34 @@ def x11vnc_argv(program: str, display: int, socket_path: str) -> list[str]:
     page went from 56/101 to 31/68 ms (p50/p99) and a 60/s full-screen
     change from 34 to 57 frames/s, for 1.6 % of a CPU while idle (0.8).
 
+    ``-skip_keycodes 187,188``: the evdev keymap has "(" and ")" twice, on
+    Shift+9/Shift+0 and alone on two multimedia keys (``<I187>``,
+    ``<I188>``), which x11vnc preferred (no Shift needed).  A session that
+    maps those keycodes otherwise never saw a parenthesis typed in the page
+    (issue 25: ``$((6*7))`` arrived as ``$6*7``).
+
     ``-rfbportv6 0`` matters: without it x11vnc listens on ``[::]:5900``
     despite ``-rfbport 0 -no6 -noipv6`` (and ``-nopw`` would leave that
     port open to anyone)."""
     return [program, "-display", f":{int(display)}", "-unixsock", socket_path, "-rfbport", "0",
             "-rfbportv6", "0", "-no6", "-noipv6", "-nopw", "-norc", "-once", "-xkb", "-xrandr", "resize", "-shared",
-            "-nevershared", "-defer", "3", "-wait", "3", "-nowf", "-quiet"]
+            "-nevershared", "-skip_keycodes", "187,188", "-defer", "3", "-wait", "3", "-nowf", "-quiet"]
+
+
+#: The viewer display's keyboard: US with AltGr for Latin-1 and the euro sign (see :func:`keymap_argv`).
+VIEWER_LAYOUT, VIEWER_VARIANT = "us", "altgr-intl"
+
+
+def keymap_argv(program: str) -> list[str]:
+    """``setxkbmap`` giving the viewer's Xvfb a keymap that has a key for
+    every Latin-1 character and the euro sign (US, AltGr international).
+
+    noVNC sends keysyms, and x11vnc presses the keys of the Xvfb's keymap
+    that make them; nxagent reads the keys with the keymap it took from that
+    same display at the resume (``keyboard=clone``).  A keysym the keymap
+    lacks, x11vnc adds on a spare keycode that the session never learns of:
+    with the plain US map "é", "ß" and "€" became nothing, or another key."""
+    return [program, "-layout", VIEWER_LAYOUT, "-variant", VIEWER_VARIANT, "-option", ""]
 
 
 def selection_nudge_argv(program: str) -> list[str]:
@@ -199,11 +222,26 @@ class BrowserViewer:
                 raise LaunchError(f"Xvfb said {line!r} instead of its display")
             self.processes["xvfb"] = process
             self.display = display
+            await self.set_keymap()
             return display
         raise LaunchError("no free display for the browser viewer's Xvfb")
 
     def _x_env(self) -> dict[str, str]:
         return {"DISPLAY": f":{self.display}", "XAUTHORITY": self.auth}
+
+    async def set_keymap(self) -> None:
+        """The display's keymap (:func:`keymap_argv`), before nxproxy connects: the session takes it at
+        the resume.  Without ``setxkbmap`` the page still types ASCII; the log says why é does not."""
+        argv = keymap_argv(self.viewers.programs.setxkbmap)
+        try:
+            code = await self.viewers.launcher.run(self._request(argv, "setxkbmap", self._x_env()), 10.0)
+        except LaunchError as error:
+            code, why = None, str(error)
+        else:
+            why = f"exit code {code}"
+        if code != 0:
+            log.warn("browser viewer {id}: setxkbmap failed ({why}): only the keys of a US keyboard reach the "
+                     "session", id=self.id, why=why)
 
     async def start_proxy(self, cookie: str, full_id: str, session_name: str, agent_display: int) -> None:
         """Start nxproxy, the NX client half: it connects to :attr:`nx_socket`

@@ -281,9 +281,9 @@ class Gateway(service.MultiService):
         return await self.blocking(resolve_caller, user, address, "127.0.0.1", "web")
 
     def _browser_types(self) -> list[str]:
-        """The session types a browser may start: those that need nothing but a name."""
-        return [name for name, command in self.config.types.items()
-                if name != "unix-application" and (command or name == "unix-default")]
+        """The session types a browser may start: installed ones that need nothing but a name."""
+        from nxgate.node.programs import available_types
+        return [name for name in available_types(self.config.types, self.config.sessions) if name != "unix-application"]
 
     async def _dbus_caller(self, uid: int) -> Caller:
         """Who a D-Bus sender with ``uid`` (the bus daemon's word) is: root

@@ -1,8 +1,10 @@
 """The consent dialog: ``python -m nxgate.node.consent VIEWER ADDRESS MODE NAME``.
 
 It runs as the owner of the session, on her display (never as root), and
-asks whether VIEWER may watch. Exit status 0 means "allow", anything else
-"refuse"; the gateway kills it when the owner does not answer in time.
+asks whether VIEWER may watch.  Exit status 0 means "allow", 3 "refuse";
+anything else (1: Python's own, when the dialog could not open) means the
+owner was never asked, which the gateway must not report as her refusal.
+The gateway kills it when the owner does not answer in time.
 Keyboard: ``a`` allows, ``r`` or Escape refuses, Tab moves between the
 buttons and Return presses the focused one (Refuse has the focus first).
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 import sys
 
 ALLOW = 0
-REFUSE = 1
+REFUSE = 3  # not 1: an exception (no display) exits with 1, and that is no answer of the owner's
 
 
 def main(argv: list[str]) -> int:

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from twisted.internet import defer
 from twisted.logger import Logger
 
 from nxgate.node.agents import nxagent
@@ -38,7 +39,17 @@ if TYPE_CHECKING:
 
 log = Logger(namespace="nxgate.shadow")
 
+#: Why a jailed session is not offered for shadowing (said when it is asked for by id).
+JAILED = "it runs in a jail, where its display exists only for its own programs (its owner was not asked)"
+
 CONSENT_PROGRAM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "node", "consent.py")
+NOTICE_PROGRAM = os.path.join(os.path.dirname(CONSENT_PROGRAM), "shadow_notice.py")
+#: consent.py's exit codes: allowed, refused (any other: the dialog never reached the owner).
+CONSENT_ALLOW, CONSENT_REFUSE = 0, 3
+#: shadow_notice.py's exit codes: the owner pressed "End", the shadow ended by itself.
+NOTICE_END, NOTICE_GONE = 0, 3
+#: How long a notice may stay up: as long as a shadow may last (it goes with the shadow's agent).
+NOTICE_LIFETIME = 30 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -54,10 +65,13 @@ class Target:
     authority: str  # the X authority file the owner's programs use for it
     log: str  # where the consent dialog's output goes
     geometry: str = ""  # the watched screen's size, where the session says it
+    #: Why it cannot be shadowed although it runs (a jail); empty: it can.  Never listed then, and
+    #: asked for by id, the answer says this (to a caller the policy would let watch it).
+    unavailable: str = ""
 
-    def view(self) -> ShadowTarget:
+    def view(self, asks_owner: bool = False) -> ShadowTarget:
         """What the viewer may know of it (no cookie, no authority path)."""
-        return ShadowTarget(self.id, self.owner, self.display, self.name, self.type, self.geometry)
+        return ShadowTarget(self.id, self.owner, self.display, self.name, self.type, self.geometry, asks_owner)
 
 
 class ShadowService:
@@ -81,16 +95,18 @@ class ShadowService:
         targets = []
         for session in self.manager.sessions.values():
             if session.state is State.RUNNING and session.type != "shadow" and session.ever_attached:
+                unavailable = ""
                 if session.agent_pid and not processes.same_pid_namespace(session.agent_pid):
                     # Jailed: its display exists only in its jail.  A shadow
                     # agent, the size probe and the consent dialog on the host
                     # would reach whoever holds /tmp/.X11-unix/XN there, with
                     # the owner's cookie.  (Two readlinks: cheap enough here,
                     # and the sessions stay read in one reactor turn.)
-                    continue
+                    unavailable = JAILED
                 agent_files = self.manager.layout.agent_files(session.id)
                 targets.append(Target(session.id, session.user, session.display, session.cookie, session.name,
-                                      session.type, agent_files.authority, agent_files.app_log, session.geometry))
+                                      session.type, agent_files.authority, agent_files.app_log, session.geometry,
+                                      unavailable))
         if local is not None:
             digest = hashlib.sha256(f"console:{self.config.server_name}:{local.display}".encode()).hexdigest()
             targets.append(Target(digest[:32].upper(), local.owner, local.display, local.cookie,
@@ -98,23 +114,31 @@ class ShadowService:
                                   os.path.join(self.manager.layout.logs, f"console-{local.display}.log")))
         return targets
 
-    async def _visible(self, caller: Caller) -> list[tuple[Target, policy.Decision]]:
+    async def _visible(self, caller: Caller, unavailable: bool = False) -> list[tuple[Target, policy.Decision]]:
+        """The targets the policy lets ``caller`` watch (``unavailable``: jailed ones too)."""
         result = []
         for target in await self._targets():
             decision = policy.decide(caller.user, caller.groups, target.owner, self.settings)
-            if decision.allowed:
+            if decision.allowed and (unavailable or not target.unavailable):
                 result.append((target, decision))
         return result
 
     # ----------------------------------------------------------- commands
     async def targets(self, caller: Caller) -> tuple[ShadowTarget, ...]:
         """The displays ``caller`` may shadow."""
-        return tuple(target.view() for target, _ in await self._visible(caller))
+        return tuple(target.view(decision.ask_owner) for target, decision in await self._visible(caller))
 
     async def attach(self, caller: Caller, request: ShadowRequest,
                      progress: ProgressCallback = lambda progress: None) -> Ready:
         wanted = request.target_id
-        found = [(t, d) for t, d in await self._visible(caller) if t.id == wanted]
+        found = [(t, d) for t, d in await self._visible(caller, unavailable=True) if t.id == wanted]
+        if found and found[0][0].unavailable:
+            target = found[0][0]
+            log.warn("{user} from {address} may not shadow {id} of {owner}: {why}", user=caller.user,
+                     address=caller.address, id=wanted, owner=target.owner, why=target.unavailable,
+                     audit="shadow_denied")
+            raise SessionError(Kind.NOT_ALLOWED, f"Session {wanted} of {target.owner} cannot be shadowed: "
+                               f"{target.unavailable}.", session_id=wanted)
         if not found:
             log.warn("{user} from {address} may not shadow {id} (or it does not exist)", user=caller.user,
                      address=caller.address, id=wanted, audit="shadow_denied")
@@ -149,7 +173,10 @@ class ShadowService:
         log.info("shadow attach: {user} from {address} watches {target} of {owner} ({mode}) as session {id}",
                  user=caller.user, address=caller.address, target=target.id, owner=target.owner, mode=mode,
                  id=session.id, audit="shadow_attach")
-        return await self.manager.launch(caller, session, settings, plan)
+        ready = await self.manager.launch(caller, session, settings, plan)
+        if target.owner != caller.user:  # one's own session: nobody to tell
+            self._notice_in_background(caller, target, mode, session.id)
+        return ready
 
     async def _shadow_settings(self, settings: DisplaySettings, target: Target) -> DisplaySettings:
         """The viewer's display settings with the shadow window's size: the
@@ -183,4 +210,50 @@ class ShadowService:
         code = await self.manager.launcher.run(request, self.settings.consent_timeout)
         if code is None:
             return None
-        return code == 0
+        if code not in (CONSENT_ALLOW, CONSENT_REFUSE):
+            log.warn("shadow of {id} ({owner}) for {user}: the consent dialog did not open on :{display} (exit "
+                     "code {code}; its output is in {log})", id=target.id, owner=target.owner, user=caller.user,
+                     display=target.display, code=code, log=target.log, audit="shadow_refused")
+            raise SessionError(Kind.UNAVAILABLE, f"{target.owner} could not be asked: the consent dialog did not "
+                               "open on the session's screen (see the server log).", session_id=target.id)
+        return code == CONSENT_ALLOW
+
+    # ------------------------------------------------------------- notice
+    def _notice_request(self, owner: Any, viewer: Caller, target: Target, mode: str,
+                        agent: processes.ProcessId) -> dict[str, Any]:
+        return {
+            "user": owner.pw_name,
+            "argv": [self.settings.dialog_python, NOTICE_PROGRAM, viewer.user, viewer.address, mode,
+                     str(agent.pid), str(agent.started)],
+            "env": login_environment(owner, self.config.sessions),
+            "env_fixed": {"DISPLAY": f":{target.display}", "XAUTHORITY": target.authority},
+            "cwd": owner.pw_dir,
+            "log": target.log,
+        }
+
+    async def _show_notice(self, viewer: Caller, target: Target, mode: str, shadow_id: str) -> None:
+        """While ``shadow_id`` watches ``target``, a notice on the watched screen says who watches
+        (as NoMachine does), with a button that ends the shadow.  It runs as the owner, like the
+        consent dialog, and goes by itself when the shadow's agent does."""
+        session = self.manager.sessions.get(shadow_id)
+        if session is None or not session.agent_pid:
+            return
+        agent = processes.ProcessId(session.agent_pid, session.agent_started)
+        owner = await self.users.lookup(target.owner)
+        code = await self.manager.launcher.run(self._notice_request(owner, viewer, target, mode, agent),
+                                               NOTICE_LIFETIME)
+        if code == NOTICE_END:
+            log.info("shadow session {id}: {owner} ended it from the notice on :{display}", id=shadow_id,
+                     owner=target.owner, display=target.display, audit="shadow_ended_by_owner")
+            await self.manager.lifecycle.terminate_session(shadow_id, f"ended by {target.owner}, the watched "
+                                                           "session's owner")
+        elif code != NOTICE_GONE:
+            log.warn("shadow session {id}: the notice on :{display} ended with code {code} (its output is in "
+                     "{log})", id=shadow_id, display=target.display, code=code, log=target.log)
+
+    def _notice_in_background(self, viewer: Caller, target: Target, mode: str, shadow_id: str) -> None:
+        def failed(failure: Any) -> None:
+            log.failure("shadow session {id}: the notice on :{display} failed", failure, id=shadow_id,
+                        display=target.display)
+
+        defer.ensureDeferred(self._show_notice(viewer, target, mode, shadow_id)).addErrback(failed)

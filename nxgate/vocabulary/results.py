@@ -116,6 +116,7 @@ class ShadowTarget:
     name: str
     type: str
     geometry: str = ""  # the watched screen's size (WxH) where known: a viewer may take it
+    asks_owner: bool = False  # the policy has the owner asked first (a viewer's page says so while it waits)
 
 
 @dataclass(frozen=True)

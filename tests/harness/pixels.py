@@ -124,9 +124,10 @@ def crop(shot: Screenshot, rect: Rect) -> Screenshot:
     return Screenshot(x1 - x0, y1 - y0, b"".join(rows))
 
 
-def equal_share(a: Screenshot, b: Screenshot) -> float:
+def equal_share(a: Screenshot, b: Screenshot, tolerance: int = 0) -> float:
     """The share of pixels equal in both pictures, over the larger one's
-    area (so a missing part counts as different)."""
+    area (so a missing part counts as different); ``tolerance``: how far
+    each of a pixel's colour channels may be off and still count as equal."""
     area = max(a.width * a.height, b.width * b.height)
     if area == 0:
         return 0.0
@@ -137,6 +138,9 @@ def equal_share(a: Screenshot, b: Screenshot) -> float:
         row_b = b.rgba[4 * y * b.width: 4 * (y * b.width + width)]
         if row_a == row_b:
             equal += width
+        elif tolerance:
+            equal += sum(1 for i in range(0, 4 * width, 4)
+                         if all(abs(row_a[i + c] - row_b[i + c]) <= tolerance for c in range(3)))
         else:
             equal += sum(1 for i in range(0, 4 * width, 4) if row_a[i:i + 3] == row_b[i:i + 3])
     return equal / area

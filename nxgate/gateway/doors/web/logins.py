@@ -48,6 +48,8 @@ class Login:
     admin: bool = False
     handles: dict[str, str] = field(default_factory=dict, repr=False)  # handle -> session id
     _by_session: dict[str, str] = field(default_factory=dict, repr=False)  # session id -> handle
+    #: The handle of a session just started with "Start and open": the next portal page opens it.
+    opening: str = field(default="", repr=False)
 
     def handle(self, session_id: str, token: Callable[[int], str] = new_token) -> str:
         """The opaque handle of ``session_id`` for this login (the same one each time)."""

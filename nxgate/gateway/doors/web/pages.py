@@ -27,6 +27,7 @@ SECURITY_HEADERS = {
 #: What a page says after a redirect (``?m=started``): fixed words, never text from the URL.
 NOTICES = {
     "started": "A new session was started; it is listed as Suspended until you open it.",
+    "opening": "A new session was started; opening it in this window…",
     "suspended": "The session was suspended.",
     "terminated": "The session was terminated.",
     "drain": "This node is draining: no new sessions.",
@@ -48,6 +49,8 @@ class Row:
     node: str = ""
     client: str = ""
     openable: bool = False
+    shadowable: bool = False  # the admin page: the shadow policy lets this admin watch it now (running, not jailed)
+    asks_owner: bool = False  # ...after its owner agrees (the viewer's page says so while it waits)
 
 
 def when(seconds: float) -> str:
@@ -100,9 +103,11 @@ def session_table(rows: Iterable[Row], csrf: str, *, admin: bool, viewer: bool, 
     lines = []
     for row in rows:
         buttons = []
-        if viewer and row.openable:
-            buttons.append(button("/view/shadow" if admin else "/view/open", csrf,
-                                  "Shadow" if admin else "Open in browser", "open", handle=row.handle))
+        if viewer and admin and row.shadowable:
+            buttons.append(button("/view/shadow", csrf, "Shadow", "open", handle=row.handle,
+                                  asks="1" if row.asks_owner else "0"))
+        elif viewer and not admin and row.openable:
+            buttons.append(button("/view/open", csrf, "Open in browser", "open", handle=row.handle))
         if row.state == "Running":
             buttons.append(button(action, csrf, "Suspend", "suspend", op="suspend", handle=row.handle))
         buttons.append(button(action, csrf, "Terminate", "terminate", op="terminate", handle=row.handle))
@@ -118,24 +123,49 @@ def session_table(rows: Iterable[Row], csrf: str, *, admin: bool, viewer: bool, 
     return f'<table class="sessions"><thead><tr>{head}</tr></thead><tbody>{"".join(lines)}</tbody></table>'
 
 
+def message_line(message: str, error: bool = False) -> str:
+    """A notice (what was done) or, in the error colour, a refusal."""
+    if not message:
+        return ""
+    if error:
+        return f'<p class="error" role="alert">{escape(message)}</p>'
+    return f'<p class="notice" role="status">{escape(message)}</p>'
+
+
+def open_now(csrf: str, handle: str) -> str:
+    """The viewer's form for a session just started with "Start and open": portal.js sends it at
+    once (no inline script); without script, its button does."""
+    return (f'<form method="post" action="/view/open" class="open-now">{hidden("csrf", csrf)}'
+            f'{hidden("handle", handle)}<button type="submit" class="open">Open the new session</button></form>')
+
+
 def portal(rows: Sequence[Row], csrf: str, types: Sequence[str], viewer: bool, message: str = "",
-           capacity_reached: bool = False) -> str:
-    note = f'<p class="notice" role="status">{escape(message)}</p>' if message else ""
+           capacity_reached: bool = False, error: bool = False, opening: str = "") -> str:
+    """The user's page.  ``types``: the installed types a browser may start; ``opening``: the handle
+    of a session to open in the viewer now ("Start and open")."""
+    note = message_line(message, error)
     options = "".join(f'<option value="{escape(t)}">{escape(t)}</option>' for t in types)
     start = ""
     if types and not capacity_reached:
+        open_button = ('<button type="submit" name="then" value="open" class="start-open">Start and open</button>'
+                       if viewer else "")
         start = (f'<form method="post" action="/act" class="start">{hidden("csrf", csrf)}{hidden("op", "start")}'
                  f'<label>New session <select name="type">{options}</select></label>'
-                 '<label>Name <input name="name" maxlength="64"></label><button type="submit">Start</button></form>')
+                 '<label>Name <input name="name" maxlength="64"></label>'
+                 f'<button type="submit" name="then" value="" class="start-only">Start</button>{open_button}</form>')
     elif capacity_reached:
         start = ('<p class="notice capacity">No new session can be started now: you have as many as you may, '
                  'or the server takes no new ones for the moment.</p>')
-    return (f"<h2>My sessions</h2>{note}{session_table(rows, csrf, admin=False, viewer=viewer, action='/act')}"
+    elif not types:
+        start = '<p class="notice">No session type can be started from the browser on this server.</p>'
+    now = open_now(csrf, opening) if opening and viewer else ""
+    return (f"<h2>My sessions</h2>{note}{now}{session_table(rows, csrf, admin=False, viewer=viewer, action='/act')}"
             f"{start}")
 
 
-def admin(rows: Sequence[Row], csrf: str, viewer: bool, draining: bool, message: str = "") -> str:
-    note = f'<p class="notice" role="status">{escape(message)}</p>' if message else ""
+def admin(rows: Sequence[Row], csrf: str, viewer: bool, draining: bool, message: str = "",
+          error: bool = False) -> str:
+    note = message_line(message, error)
     drain = button("/admin/act", csrf, "Stop draining" if draining else "Drain this node", "drain",
                    op="undrain" if draining else "drain")
     state = "draining: no new sessions" if draining else "accepting sessions"

@@ -39,6 +39,8 @@ PRELOGIN_COOKIE = "nxgate_prelogin"
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 DRAWING_AT_ONCE = 2
 THUMBNAIL_STATES = ("Running", "Suspended")
+#: Sent by portal.js when it fetches the page again to refresh the list (see Portal.render_GET).
+REFRESH_HEADER = b"x-nxgate-refresh"
 
 #: ``(user, address) -> Caller`` of a logged-in user (off the reactor: NSS).
 ResolveCaller = Callable[[str, str], Awaitable[Caller]]
@@ -71,23 +73,24 @@ class WebAuth:
     def login(self, request: server.Request, touch: bool = True) -> Login | None:
         return self.logins.find(request.getCookie(COOKIE_NAME.encode()), touch)
 
-    def __call__(self, request: server.Request) -> Caller | None:
-        found = self.login(request)
+    def __call__(self, request: server.Request, touch: bool = True) -> Caller | None:
+        found = self.login(request, touch)
         return None if found is None else found.caller
 
-    def admin_caller(self, request: server.Request) -> Caller | None:
+    def admin_caller(self, request: server.Request, touch: bool = True) -> Caller | None:
         """The caller acting on everyone's sessions, for members of the admin groups; else None."""
-        found = self.login(request)
+        found = self.login(request, touch)
         if found is None or not found.admin:
             return None
         return dataclasses.replace(found.caller, admin=True)
 
+    # The two look-ups below are no activity of their own: whoever asks has judged that (caller()).
     def session_id(self, request: server.Request, handle: str | None) -> str | None:
-        found = self.login(request)
+        found = self.login(request, touch=False)
         return None if found is None else found.session_id(handle)
 
     def handle(self, request: server.Request, session_id: str) -> str:
-        found = self.login(request)
+        found = self.login(request, touch=False)
         if found is None:
             raise KeyError("not logged in")
         return found.handle(session_id)
@@ -262,19 +265,23 @@ class Portal(Deferring):
         self.viewer = viewer
         self.admin = admin
 
-    def caller(self, request: server.Request) -> Caller | None:
-        return self.auth.admin_caller(request) if self.admin else self.auth(request)
+    def caller(self, request: server.Request, touch: bool = True) -> Caller | None:
+        return self.auth.admin_caller(request, touch) if self.admin else self.auth(request, touch)
 
     def render_GET(self, request: server.Request) -> int | bytes:
-        caller = self.caller(request)
+        # portal.js keeps an open page's list current: that is not the user's activity (the idle timeout).
+        caller = self.caller(request, touch=request.getHeader(REFRESH_HEADER) is None)
         if caller is None:
             if self.admin and self.auth(request) is not None:
                 return refuse(self.auth, request, 403, "Only members of the admin groups see all sessions.")
             return redirect(request, b"/login")
-        message = form(request, "m")
-        return self.run(request, self.show(request, caller, pages.NOTICES.get(message, "")))
+        notice = form(request, "m")
+        return self.run(request, self.show(request, caller, pages.NOTICES.get(notice, ""), notice=notice))
 
-    def rows(self, request: server.Request, views: Sequence[SessionView]) -> list[pages.Row]:
+    def rows(self, request: server.Request, views: Sequence[SessionView],
+             shadowable: dict[str, bool] | None = None) -> list[pages.Row]:
+        """``shadowable``: session id -> whether its owner is asked first, for those the admin may shadow."""
+        shadowable = shadowable or {}
         rows = []
         for view in views:
             state = view.status or view.state.value
@@ -283,18 +290,38 @@ class Portal(Deferring):
                                   # A session started for later has no screen until its first client comes.
                                   thumbnail=state in THUMBNAIL_STATES and view.attached_before and not view.lost,
                                   user=view.user, node=view.node, client=view.client_address,
-                                  openable=state in THUMBNAIL_STATES and not view.lost))
+                                  openable=state in THUMBNAIL_STATES and not view.lost,
+                                  shadowable=view.id in shadowable and not view.lost,
+                                  asks_owner=shadowable.get(view.id, False)))
         return rows
 
-    async def show(self, request: server.Request, caller: Caller, message: str) -> bytes:
+    async def shadowable(self, caller: Caller) -> dict[str, bool]:
+        """The sessions the admin may shadow now (the shadow service's list: running, not jailed, the
+        policy's yes), each with whether its owner is asked first: only those get a Shadow button."""
+        if not self.viewer:
+            return {}
+        try:
+            return {target.id: target.asks_owner for target in await self.service.shadow_targets(caller)}
+        except SessionError as error:
+            log.info("no shadow targets for {user}: {error}", user=caller.user, error=error.message)
+            return {}
+
+    async def show(self, request: server.Request, caller: Caller, message: str, error: bool = False,
+                   notice: str = "") -> bytes:
         listing = await self.service.list(caller)
-        rows = self.rows(request, listing.sessions)
         csrf = self.auth.csrf_token(request)
         if self.admin:
+            rows = self.rows(request, listing.sessions, await self.shadowable(caller))
             status = await self.service.status(caller)
-            body = pages.admin(rows, csrf, self.viewer, status.draining, message)
+            body = pages.admin(rows, csrf, self.viewer, status.draining, message, error)
             return self.auth.page(request, "All sessions", body, ("/static/portal.js",))
-        body = pages.portal(rows, csrf, self.types(), self.viewer, message, listing.capacity_reached)
+        rows = self.rows(request, listing.sessions)
+        found = self.auth.login(request, touch=False)
+        opening = ""
+        if notice == "opening" and found is not None:
+            opening, found.opening = found.opening, ""
+        body = pages.portal(rows, csrf, self.types(), self.viewer, message, listing.capacity_reached, error,
+                            opening)
         return self.auth.page(request, "My sessions", body, ("/static/portal.js",))
 
     def render_POST(self, request: server.Request) -> int | bytes:
@@ -313,8 +340,14 @@ class Portal(Deferring):
             if op == "start" and not self.admin:
                 session_type = form(request, "type")
                 if session_type not in self.types():
-                    raise SessionError(Kind.UNAVAILABLE, "This session type is not offered here.")
-                await self.service.start_for_later(caller, session_type, form(request, "name"))
+                    raise SessionError(Kind.UNAVAILABLE, f"Sessions of type '{session_type}' cannot be started "
+                                       "here: it is not installed on this server, or needs an NX client.")
+                view = await self.service.start_for_later(caller, session_type, form(request, "name"))
+                found = self.auth.login(request, touch=False)
+                if form(request, "then") == "open" and self.viewer and found is not None:
+                    # "Start and open": the next page (a GET, safe to reload) opens it in the viewer.
+                    found.opening = self.auth.handle(request, view.id)
+                    return redirect(request, back + b"?m=opening")
                 return redirect(request, back + b"?m=started")
             if op in ("drain", "undrain") and self.admin:
                 await self.service.set_draining(caller, op == "drain")
@@ -332,9 +365,9 @@ class Portal(Deferring):
         except SessionError as error:
             log.info("web {op} by {user} refused: {error}", op=op, user=caller.user, error=error.message)
             request.setResponseCode(409 if error.kind is Kind.WRONG_STATE else 403)
-            return await self.show(request, caller, words_of(error))
+            return await self.show(request, caller, words_of(error), error=True)
         request.setResponseCode(400)
-        return await self.show(request, caller, "Unknown request.")
+        return await self.show(request, caller, "Unknown request.", error=True)
 
 
 class Thumbnails(Deferring):

@@ -154,7 +154,10 @@ class _Page(resource.Resource):
         if auth.session_id(request, handle) is None:
             request.setResponseCode(404)
             return auth.page(request, "Refused", '<p class="error" role="alert">No such session.</p>')
-        body = (f'<section id="viewer" data-handle="{escape(handle)}" data-purpose="{self.purpose}">'
+        # data-asks: the admin page's word that the owner is asked first (only the waiting line's text).
+        asks = "1" if self.purpose == "shadow" and _form(request, "asks") == "1" else "0"
+        body = (f'<section id="viewer" data-handle="{escape(handle)}" data-purpose="{self.purpose}" '
+                f'data-asks="{asks}">'
                 '<div id="viewer-bar"><p id="viewer-status" role="status">Connecting…</p>'
                 '<details id="viewer-clipboard-panel"><summary>Clipboard</summary>'
                 '<textarea id="viewer-clipboard" rows="3" cols="40" spellcheck="false" '
@@ -372,8 +375,10 @@ class ViewerBridge:
         display = defer.ensureDeferred(viewer.start_display())
         # Full screen in the viewer's Xvfb, which has the browser window's size: the session takes that
         # size at this resume (nxagent's resize=1), and a new window size is a new resume (viewer.js).
+        # The session's keymap is the viewer display's (keyboard=clone): the keys x11vnc presses for the
+        # page's keysyms mean the same in the session (node.browser_viewer.keymap_argv).
         settings = DisplaySettings(geometry=f"{viewer.width}x{viewer.height}", fullscreen=True, client="browser",
-                                   link="lan", clipboard="both")
+                                   keyboard="clone", link="lan", clipboard="both")
         try:
             if self.ticket.purpose == "shadow":
                 ready = await self.parent.service.attach_shadow(
@@ -495,6 +500,13 @@ class ViewerBridge:
         self.stop_listening()
         if self.vnc is not None:
             self.vnc.loseConnection()
+        if self.ticket.purpose == "shadow" and self.ready is not None:
+            # A shadow ends with its viewer; ended first, so that the audit says why rather than the shadow
+            # agent's "Please check the state of your network" on losing its client.
+            defer.ensureDeferred(self.parent.service.terminate(self.caller, self.ready.view.id,
+                                                               f"its viewer left: {why}")).addErrback(
+                lambda failure: log.info("browser shadow {id}: {error}", id=self.ready.view.id,
+                                         error=failure.getErrorMessage()))
         if self.relay is not None:
             self.relay.close()  # the agent loses its client and suspends (closing the tab = suspend)
         if self.viewer is not None:

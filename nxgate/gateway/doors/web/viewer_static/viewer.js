@@ -7,6 +7,7 @@
   const section = document.getElementById("viewer");
   const status = document.getElementById("viewer-status");
   const screen = document.getElementById("viewer-screen");
+  const shadow = section.dataset.purpose === "shadow";
   const state = { phase: "starting", openedAt: performance.now(), connectedAt: null, rfb: null, clipboard: "",
                   sent: "", size: null, resizes: 0, reconnecting: false, refusal: "" };
   window.nxgateViewer = state;
@@ -94,7 +95,10 @@
     const { default: RFB } = await import("/view/novnc/core/rfb.js");
     const scheme = location.protocol === "https:" ? "wss:" : "ws:";
     const url = scheme + "//" + location.host + "/view/ws?ticket=" + encodeURIComponent(secret);
-    say("connecting", "Connecting…");
+    /* A shadow waits for the owner's answer to the question on her screen: say so, not a bare "Connecting". */
+    say("connecting", shadow && section.dataset.asks === "1"
+      ? "Asking the session's owner: the question is on their screen, and this waits for their answer…"
+      : "Connecting…");
     const rfb = new RFB(screen, url, { wsProtocols: ["binary"] });
     state.rfb = rfb;
     state.size = size;
@@ -102,7 +106,8 @@
     rfb.focusOnClick = true;
     rfb.addEventListener("connect", () => {
       state.connectedAt = performance.now();
-      say("connected", "Connected. Closing this tab suspends the session.");
+      say("connected", shadow ? "Connected. Closing this tab ends the shadow."
+                              : "Connected. Closing this tab suspends the session.");
       rfb.focus();
       resized();  /* the window may have changed while this connection was made */
     });
@@ -118,7 +123,9 @@
         say("refused", state.refusal);
         return;
       }
-      say("disconnected", event.detail.clean ? "The session was suspended." : "Connection lost.");
+      /* A shadow is not suspended: it ends (closed here, by the owner's notice, or with the session). */
+      say("disconnected", shadow ? "The shadow ended."
+                                 : event.detail.clean ? "The session was suspended." : "Connection lost.");
     });
     /* The gateway refuses a viewer that cannot start (the owner said no, limits, a session gone) as
        an RFB server would, with the reason in UTF-8. */
@@ -146,7 +153,7 @@
   function resized() {
     clearTimeout(resizeTimer);
     /* A shadow follows the watched session's size, and a new resume would ask its owner again. */
-    if (section.dataset.purpose === "shadow") return;
+    if (shadow) return;
     resizeTimer = setTimeout(() => {
       if (!state.rfb || state.phase !== "connected" || !state.size) return;
       const [width, height] = screenSize();
