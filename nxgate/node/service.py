@@ -1,4 +1,7 @@
-"""The session service: the one API every front door uses (:class:`nxgate.vocabulary.api.SessionAPI`).
+"""The node's session service (:class:`nxgate.vocabulary.api.SessionAPI`): what this machine runs.
+
+Doors never call it directly: the router reaches it through this machine's
+:class:`nxgate.node.local.LocalNode`, as other members' gateways do over the wire.
 
 It composes the parts and adds what is about callers: who may see and act
 on a session (the owner check, the admin), admission (limits, then a
