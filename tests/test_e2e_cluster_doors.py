@@ -16,14 +16,20 @@ NX login; it runs on the node.  Then:
 
 from __future__ import annotations
 
+import grp
 import http.cookiejar
 import io
+import os
+import pwd
 import re
+import shutil
 import ssl
+import subprocess
+import tempfile
 import urllib.parse
 import urllib.request
 
-from tests.harness import pixels
+from tests.harness import accounts, pixels
 from tests.harness.process import wait_for
 from tests.harness.x11 import Screenshot
 from tests.test_e2e_cluster import ClusterTestCase
@@ -117,3 +123,60 @@ class GatewayOnlyDoorsTests(ClusterTestCase):
                  "SessionSuspended on the gateway's bus")
         # Nothing of the session is on the gateway: it only routes.
         self.assertNotIn(info.session_id, gateway.admin("--json", "status").stdout)
+
+
+class NodeOwnsTheUserTests(ClusterTestCase):
+    """A node whose accounts are numbered differently from the gateway's: the
+    session's files and processes are the node's own uid for that name
+    (issue 23: the node never trusts the uid a gateway resolved)."""
+
+    def test_a_node_with_another_uid_for_the_user_runs_the_session_as_its_own(self):
+        entry = self.user.entry
+        elsewhere = entry.pw_uid + 20000
+        with self.assertRaises(KeyError):
+            pwd.getpwuid(elsewhere)
+        directory = tempfile.mkdtemp(prefix="nxgate-accounts-")
+        self.addCleanup(shutil.rmtree, directory, True)
+        etc = accounts.private_etc(directory, self.user.name, grp.getgrgid(entry.pw_gid).gr_name, elsewhere)
+        # On the node's machine the user's home is its own uid's.
+        subprocess.run(["chown", "-R", f"{elsewhere}:{elsewhere}", entry.pw_dir], check=True)
+        self.addCleanup(subprocess.run, ["pkill", "-KILL", "-U", str(elsewhere)], check=False)
+
+        gateway = self.cluster.member("gw-a", "gateway")
+        node = self.cluster.member("node-b", "node")
+        node.wrapper = accounts.wrapper(etc)
+        gateway.start()
+        node.start()
+        wait_for(lambda: {row["name"] for row in self.nodes(gateway) if row["state"] == "up"} >= {"gw-a", "node-b"},
+                 20, "every member's heartbeat")
+
+        client, info = self.start(gateway, "renumbered")
+        session_dir = os.path.join(node.state_dir, "sessions", info.session_id)
+        self.assertEqual(os.stat(session_dir).st_uid, elsewhere)
+        self.assertEqual(os.stat(self.authority(node, info.session_id)).st_uid, elsewhere)
+        screen = self.screen()
+        self.attach(client, info, screen, node)
+        self.assert_picture(screen, node, info)
+        agents = [pid for pid in os.listdir("/proc") if pid.isdigit() and _uid_of(pid) == elsewhere
+                  and _name_of(pid) == "nxagent"]
+        self.assertTrue(agents, "no nxagent runs as the node's uid of the user")
+        self.assertEqual(self.sessions(gateway)[info.session_id]["node"], "node-b")
+
+
+def _uid_of(pid: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _name_of(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""

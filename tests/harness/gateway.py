@@ -61,10 +61,12 @@ class Gateway:
                 handle.writelines(f"{key} = {value}\n" for key, value in values.items())
         self.process: subprocess.Popen | None = None
         self.port = 0
+        #: argv put before twistd's (e.g. a private mount namespace: tests.harness.accounts)
+        self.wrapper: list[str] = []
 
     def _spawn(self, args: tuple[str, ...] = ()) -> subprocess.Popen:
         return subprocess.Popen(
-            [TWISTD, "--nodaemon", "--pidfile=", "--logfile", self.logfile, "nxgate", "--config", self.config, *args],
+            [*self.wrapper, TWISTD, "--nodaemon", "--pidfile=", "--logfile", self.logfile, "nxgate", "--config", self.config, *args],
             cwd=self.workdir, env=dict(os.environ, PYTHONPATH=REPO), stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=self._limit_files if self.file_limit else None,
         )
