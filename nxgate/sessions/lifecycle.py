@@ -334,7 +334,7 @@ class Lifecycle:
                                    f"Session {session.id} cannot be resumed while it is {session.state.value}.",
                                    session_id=session.id)
             session = self._update(
-                session.id, cookie=secrets.token_hex(16), client_address=printable(caller.address),
+                session.id, cookie=_cookie(request.cookie), client_address=printable(caller.address),
                 encrypted=encrypted,
                 geometry=settings.geometry, depth=settings.depth, render=settings.render,
                 fullscreen=settings.fullscreen, options={**session.options, "display": settings.as_dict(),
@@ -886,3 +886,9 @@ class Lifecycle:
             raise SessionError(Kind.FAILED_TO_START, "Session startup failed: its port is in use by another "
                                "process.", session_id=session_id)
         return session
+
+
+def _cookie(wanted: str) -> str:
+    """A resumed agent's cookie: the one the client was shown (32 hex
+    digits, nxgate.doors.x2go), or a fresh one."""
+    return wanted if len(wanted) == 32 and all(c in "0123456789abcdef" for c in wanted) else secrets.token_hex(16)
