@@ -116,6 +116,9 @@ async def _one(call: Call, context: Context) -> tuple[str, str, int]:
     try:
         return await handler(call, context)
     except SessionError as error:
+        context.log.info("X2Go {verb} of {user} from {address} refused: {message}", verb=call.verb,
+                         user=context.caller.user, address=context.caller.address, message=error.message,
+                         kind=error.kind.value)
         if error.kind in (Kind.NOT_YOURS, Kind.NOT_FOUND):
             return "", "nxgate: no such session\n", 1
         if error.kind is Kind.LIMIT_REACHED:
