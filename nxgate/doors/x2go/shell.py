@@ -29,8 +29,9 @@ MAX_COMMANDS = 16
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MARKER = re.compile(r"X2GODATA(BEGIN|END):[0-9a-fA-F-]{8,64}")
-#: Characters that end an unquoted word.
-_BREAKS = frozenset(" \t;&|<>(){}")
+#: Characters that end an unquoted word (braces do not: ``{`` and ``}`` are
+#: words of their own, reserved only where a command starts).
+_BREAKS = frozenset(" \t;&|<>()")
 #: Unquoted characters that would mean more shell than we read.
 _REFUSED_UNQUOTED = {"|": "a pipe", "<": "an input redirection", "(": "a sub-shell", ")": "a sub-shell",
                      "`": "command substitution", "*": "a glob", "?": "a glob", "[": "a glob", "\n": "a new line",
@@ -150,7 +151,10 @@ def tokens(text: str, facts: Facts) -> list[_Word | _Op]:
             continue
         if c in _REFUSED_UNQUOTED:
             raise Refused(_REFUSED_UNQUOTED[c])
-        word, i = _read_word(text, i, facts)
+        word, after = _read_word(text, i, facts)
+        if after <= i:  # cannot happen with the breaks above; never loop on it
+            raise Refused(f"an unexpected {c!r}")
+        i = after
         # "1>" / "2>": a digit word glued to a redirection.
         if not word.quoted and word.text in ("1", "2") and i < n and text[i] == ">":
             append = text.startswith(">>", i)
