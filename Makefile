@@ -43,6 +43,8 @@ APT_PACKAGES += chromium chromium-driver
 APT_PACKAGES += novnc
 # Issue 15: the viewer's clipboard test copies and pastes in the session with xclip.
 APT_PACKAGES += xclip
+# Issue 24: X2Go's own command-line client (python-x2go, Debian's nxproxy) drives the X2Go door's e2e test.
+APT_PACKAGES += python3-x2go pyhoca-cli
 
 .PHONY: install system-packages link-commands run test bench bench-profile deb clean
 
