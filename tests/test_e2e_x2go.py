@@ -17,12 +17,13 @@ import random
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 
 from twisted.trial.unittest import SkipTest, TestCase
 
 from tests.harness import pixels
-from tests.harness.gateway import Gateway
+from tests.harness.gateway import REPO, Gateway
 from tests.harness.pixels import Rect
 from tests.harness.process import stop, wait_for
 from tests.harness.shared import class_fixture
@@ -308,3 +309,47 @@ class RefusalTests(X2GoCase):
         self.assertNotIn(name, listing.stdout)
         self.assertEqual(self.listed().get(name), "R")
         self.assertIn(f"no session '{name}' of theirs", self.gateway.log())
+
+
+class MixedClientTests(X2GoCase):
+    """One session, several kinds of client: pyhoca-cli, nxgate-client (NX), pyhoca-cli again."""
+
+    def nxgate_client(self, *args: str, background: bool = False):
+        argv = [sys.executable, "-m", "nxgate.client", "--accept-any-host-key", *args,
+                f"{self.user.name}@127.0.0.1:{self.gateway.port}"]
+        env = dict(os.environ, PYTHONPATH=REPO, NXGATE_PASSWORD=PASSWORD, DISPLAY=self.screen.name, HOME=self.home,
+                   TMPDIR=self.home)
+        if background:
+            process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL)
+            self.clients.append(process)
+            return process
+        return subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+
+    def nx_listing(self) -> dict[str, str]:
+        """Session id -> status, as an NX client lists them."""
+        result = self.nxgate_client("--list")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return {line.split()[0]: line.split()[3] for line in result.stdout.splitlines() if line.strip()}
+
+    def test_pyhoca_then_nxgate_client_then_pyhoca_again(self):
+        title = f"{self.user.name}@"
+        first, log = self.session_client("-c", "TERMINAL", "-g", "800x600", "-q", "lan")
+        name = self.started_name(first, log)
+        session_id = self.session_id(name)
+        self.assertGreaterEqual(self.window_equal(name, title), 0.99)
+        stop(first)  # the X2Go client goes away: the session is suspended, as with X2Go's server
+        wait_for(lambda: self.listed().get(name) == "S", 30, "the session suspended after pyhoca-cli left")
+
+        self.assertEqual(self.nx_listing().get(session_id), "Suspended")
+        nx = self.nxgate_client("--resume", session_id, "--geometry", "800x600", background=True)
+        wait_for(lambda: self.nx_listing().get(session_id) == "Running", 60, "nxgate-client to resume it")
+        self.assertGreaterEqual(self.window_equal(name, title), 0.99)
+        self.assertEqual(self.listed().get(name), "R")  # X2Go's listing sees the NX client's resume
+        stop(nx)
+        wait_for(lambda: self.listed().get(name) == "S", 30, "the session suspended after nxgate-client left")
+
+        again, log = self.session_client("-R", name, "-g", "800x600", "-q", "lan")
+        self.assertEqual(self.started_name(again, log), name)
+        self.assertGreaterEqual(self.window_equal(name, title), 0.99)
+        self.assertEqual(self.nx_listing().get(session_id), "Running")
