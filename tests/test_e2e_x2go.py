@@ -22,6 +22,7 @@ import tempfile
 
 from twisted.trial.unittest import SkipTest, TestCase
 
+from tests.harness import browser as browsers
 from tests.harness import pixels
 from tests.harness.gateway import REPO, Gateway
 from tests.harness.pixels import Rect
@@ -29,6 +30,7 @@ from tests.harness.process import stop, wait_for
 from tests.harness.shared import class_fixture
 from tests.harness.ssh import askpass_env
 from tests.harness.users import NEED_ROOT, create_user, is_root
+from tests.harness.web import web_base, web_options
 from tests.harness.x11 import ClientScreen, Screenshot
 
 PASSWORD = "X2go-e2e-Pw-7731"
@@ -353,3 +355,79 @@ class MixedClientTests(X2GoCase):
         self.assertEqual(self.started_name(again, log), name)
         self.assertGreaterEqual(self.window_equal(name, title), 0.99)
         self.assertEqual(self.nx_listing().get(session_id), "Running")
+
+
+def _portal_fixture():
+    if not is_root():
+        raise SkipTest(NEED_ROOT)
+    why = browsers.available()
+    if why is not None or shutil.which("pyhoca-cli") is None:
+        raise SkipTest(why or "pyhoca-cli is not installed")
+    user = create_user(password=PASSWORD)
+    gateway = Gateway(web_options()).start()
+    screen = ClientScreen(1280, 1024, window_manager=True)
+
+    def teardown() -> None:
+        screen.close()
+        gateway.stop()
+        user.remove()
+
+    return (user, user, gateway, screen), teardown
+
+
+class PortalThenPyhocaTests(X2GoCase):
+    """A session started in the browser portal (started for a later client, never attached) resumed by pyhoca-cli."""
+
+    def setUp(self) -> None:
+        self.user, self.other, self.gateway, self.screen = class_fixture(PortalThenPyhocaTests, _portal_fixture)
+        self.home = tempfile.mkdtemp(prefix="x2go-client-")
+        self.addCleanup(shutil.rmtree, self.home, True)
+        self.clients = []
+        self.addCleanup(self._stop_clients)
+        self.addCleanup(self._terminate_all)
+
+    def test_a_portal_session_resumes_in_pyhoca_cli(self):
+        browser = browsers.Browser()
+        self.addCleanup(browser.quit)
+        base = web_base(self.gateway)
+        browser.login(base, self.user.name, PASSWORD)
+        browser.wait(lambda: browser.find_all("nav .who"), what="the portal")
+        browser.find("form.start input[name=name]").send_keys("from-the-portal")
+        browser.find("form.start select[name=type] option[value=unix-console]").click()
+        browser.find("form.start button[type=submit]").click()
+        browser.wait(lambda: "new session was started" in browser.text(), 60, "the session to start")
+
+        listed = wait_for(lambda: self.listed() or None, 30, "the portal's session in X2Go's listing")
+        (name, status), = listed.items()
+        self.assertEqual(status, "S")
+        self.assertRegex(name, rf"^{self.user.name}-\d+-\d+_stDTERMINAL_dp24$")
+        display = int(name.split("-")[-2])
+        session_id = re.search(rf"starting session ([0-9A-F]{{32}}) \(unix-console, display :{display}\)",
+                               self.gateway.log()).group(1)
+        client, log = self.session_client("-R", name, "-g", "800x600", "-q", "lan")
+        self.assertEqual(self.started_name(client, log), name)
+        self.assertIn(f"session {session_id} of {self.user.name}, started for later: a fresh agent with the first"
+                      " client's cookie", self.gateway.log())
+        self.assertGreaterEqual(self.portal_desktop_equal(display, session_id, name), 0.99)
+        self.assertEqual(self.listed().get(name), "R")
+
+    def portal_desktop_equal(self, display: int, session_id: str, name: str) -> float:
+        best: list = [0.0, None, None]
+
+        def equal() -> bool:
+            drawn = self.agent_shot(display, session_id)
+            window = pixels.find_window(self.screen.name, "NX - ", min_size=50)
+            if window is None:
+                return False
+            shown = pixels.crop(self.screen.shot(), Rect(window.x, window.y, drawn.width, drawn.height))
+            share = pixels.equal_share(drawn, shown) if drawn.colours() > 1 else 0.0
+            if share >= best[0]:
+                best[:] = [share, drawn, shown]
+            return share >= 0.99
+
+        try:
+            wait_for(equal, 90, "the portal's session on the X2Go client", interval=1)
+        except AssertionError:
+            pass
+        self.keep_pictures(name, best)
+        return best[0]
