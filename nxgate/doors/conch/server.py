@@ -45,6 +45,8 @@ MSG_USERAUTH_INFO_REQUEST = 60
 MODULI_FILE = "/etc/ssh/moduli"
 #: OpenSSH clients' ServerAliveInterval probe (global or on a channel).
 KEEPALIVE = b"keepalive@openssh.com"
+#: paramiko's (python-x2go's) probe, every 5 seconds with want_reply=0.
+PARAMIKO_KEEPALIVE = b"keepalive@lag.net"
 
 # Makes the NX conversation for a channel: (avatar, channel) -> handler
 # with data_received(bytes), eof_received() and connection_lost().
@@ -183,7 +185,7 @@ class NXAvatar(ConchUser):
         return super().lookupChannel(channelType, windowSize, maxPacket, data)
 
     def gotGlobalRequest(self, requestType: bytes, data: bytes) -> int:
-        if requestType == KEEPALIVE:
+        if requestType in (KEEPALIVE, PARAMIKO_KEEPALIVE):
             return 0  # any answer tells the client we are alive; no log line every interval
         log.warn(
             "refused global request {kind!r} for {user!r}", kind=requestType, user=self.principal.ssh_user
