@@ -13,6 +13,7 @@ OpenSSH's client to the same SSH port and must run nothing.
 from __future__ import annotations
 
 import os
+import pwd
 import random
 import re
 import shutil
@@ -431,3 +432,59 @@ class PortalThenPyhocaTests(X2GoCase):
             pass
         self.keep_pictures(name, best)
         return best[0]
+
+
+class X2GoClientTests(X2GoCase):
+    """Debian's x2goclient (Qt, libssh) under the client Xvfb, driven by a session profile and a key.
+
+    x2goclient takes no password on its command line: the user logs in with
+    a key from his ~/.ssh/authorized_keys (the profile's ``key=``), so no
+    dialog needs typing.  Sound, printing and folder sharing are off in the
+    profile: they would push files with SCP, which nxgate does not offer."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        if shutil.which("x2goclient") is None:
+            raise SkipTest("x2goclient is not installed (apt-get install x2goclient)")
+
+    def profile(self, command: str) -> str:
+        key = os.path.join(self.home, "id")
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
+        entry = pwd.getpwnam(self.user.name)
+        ssh_dir = os.path.join(entry.pw_dir, ".ssh")
+        os.makedirs(ssh_dir, exist_ok=True)
+        with open(key + ".pub") as public, open(os.path.join(ssh_dir, "authorized_keys"), "w") as keys:
+            keys.write(public.read())
+        for path, mode in ((ssh_dir, 0o700), (os.path.join(ssh_dir, "authorized_keys"), 0o600)):
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+            os.chmod(path, mode)
+        self.addCleanup(shutil.rmtree, ssh_dir, True)
+        os.makedirs(os.path.join(self.home, ".x2goclient"))
+        with open(os.path.join(self.home, ".x2goclient", "sessions"), "w") as handle:
+            handle.write(f"[gw]\nname=gw\nhost=127.0.0.1\nsshport={self.gateway.port}\nuser={self.user.name}\n"
+                         f"key={key}\nautologin=false\ncommand={command}\nrootless=false\nspeed=4\n"
+                         "pack=16m-jpeg\nquality=9\nwidth=1024\nheight=768\nfullscreen=false\nsound=false\n"
+                         "print=false\nfstunnel=false\nexport=\nusekbd=false\nsetdpi=false\n")
+        return "gw"
+
+    def test_x2goclient_logs_in_with_a_key_and_shows_the_desktop(self):
+        name = self.profile("XFCE")
+        log = os.path.join(self.home, "x2goclient.log")
+        with open(log, "wb") as handle:
+            process = subprocess.Popen(["x2goclient", f"--session={name}", "--add-to-known-hosts", "--no-menu",
+                                        "--debug"], env=dict(self.env(), XDG_RUNTIME_DIR=self.home),
+                                       stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT)
+        self.clients.append(process)
+
+        def started() -> str | None:
+            if process.poll() is not None:
+                raise AssertionError(f"x2goclient exited {process.returncode}: {self.read(log)[-3000:]}")
+            found = _STARTED.findall(self.gateway.log())
+            return found[-1][0] if found else None
+
+        session = wait_for(started, 90, "x2goclient to start a session")
+        self.assertRegex(session, r"_stDXFCE_dp24$")
+        wait_for(lambda: "X2Go runcommand 'xfce4-session'" in self.gateway.log(), 60,
+                 "x2goclient's x2goruncommand once its link was up")
+        self.assertGreaterEqual(self.desktop_equal(session), 0.99)
+        self.assertEqual(self.listed().get(session), "R")
