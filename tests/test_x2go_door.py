@@ -217,6 +217,14 @@ class CommandTests(TestCase):
         self.assertEqual(lines[2], "c" * 32)
         self.assertEqual(api.calls[0][1].type, "unix-xfce")
 
+    def test_a_command_with_blanks_shifts_the_arguments_and_is_put_back_together(self):
+        api = FakeAPI([])
+        run(python_x2go("X2GO_XINERAMA=false x2gostartagent 1024x768 lan 16m-jpeg-9 unix-kde-depth_24 null auto 1 R "
+                        "xterm -bg magenta -geometry 100x30+0+0 both"), api)
+        request = api.calls[0][1]
+        self.assertEqual((request.type, request.application, request.rootless),
+                         ("unix-application", ("xterm", "-bg", "magenta", "-geometry", "100x30+0+0"), True))
+
     def test_the_limit_is_x2gostartagents_exit_9(self):
         out = run(python_x2go("x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_24 null auto 1 R TERMINAL both"),
                   FakeAPI([], limit=True))

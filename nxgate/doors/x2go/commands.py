@@ -209,12 +209,12 @@ def _linked(ready: Ready, context: Context) -> names.X2GoNumbers:
     return numbers
 
 
-def session_type_for(command: str, offered: set[str]) -> tuple[str, tuple[str, ...]]:
+def session_type_for(command: str, offered: set[str], more: tuple[str, ...] = ()) -> tuple[str, tuple[str, ...]]:
     """The nxgate type for an X2Go command word, and an application's argv."""
     desktop = names.DESKTOPS.get(command) or names.DESKTOPS.get(command.upper())
-    if desktop is not None:
+    if desktop is not None and not more:
         return desktop, ()
-    argv = tuple(part for part in command.replace("X2GO_SPACE_CHAR", " ").split(" ") if part)
+    argv = tuple(part for part in command.replace("X2GO_SPACE_CHAR", " ").split(" ") if part) + more
     return "unix-application", argv
 
 
@@ -226,7 +226,7 @@ async def _start(call: Call, context: Context) -> tuple[str, str, int]:
         return "", "ACCESS DENIED: desktop sharing (XSHAD) is not offered by this server\n", 8
     if start.kind == "P":
         return "", "nxgate: published applications are not offered by this server\n", 1
-    session_type, application = session_type_for(start.command, context.types())
+    session_type, application = session_type_for(start.command, context.types(), start.command_args)
     request = StartRequest(type=session_type, name=start.command[:64], encrypted=True,
                            rootless=start.kind == "R", application=application,
                            display=_settings(start.geometry, start.depth, start.link, start.kbtype, start.clipboard))

@@ -57,6 +57,7 @@ class StartAgent:
     kind: str  # D, R, S or P
     command: str
     clipboard: str
+    command_args: tuple[str, ...] = ()  # a command with blanks arrives as more words (a client bug)
 
 
 def check_program(program: Program, facts: Facts) -> tuple[Call, ...]:
@@ -171,17 +172,25 @@ def _name_then_words(low: int, high: int):
 
 
 def parse_start(args: tuple[str, ...]) -> StartAgent:
-    """x2gostartagent's positional arguments (both clients' forms)."""
-    if not 9 <= len(args) <= 10:
+    """x2gostartagent's positional arguments (both clients' forms).  A
+    command with blanks shifts the clipboard mode to the end (X2Go's script
+    would take its second word as the mode): the words between are the
+    command's arguments."""
+    if not 9 <= len(args) <= 40:
         raise Refused("x2gostartagent needs 9 or 10 arguments")
     geometry, link, pack, cache_depth, kblayout, kbtype, _setkbd, kind, command = args[:9]
-    clipboard = args[9] if len(args) == 10 else "both"
+    rest = args[9:]
+    clipboard = rest[-1] if rest and rest[-1] in _CLIPBOARD else "both"
+    command_args = tuple(rest[:-1] if rest and rest[-1] in _CLIPBOARD else rest)
+    if any(len(word) > 200 or not re.fullmatch(r"[A-Za-z0-9._@+,:/=%#-]*", word) for word in command_args):
+        raise Refused("x2gostartagent with an argument out of range")
     depth = _DEPTH.fullmatch(cache_depth)
     if not _GEOMETRY.fullmatch(geometry) or link not in _LINK or depth is None or kind not in ("D", "R", "S", "P") \
             or clipboard not in _CLIPBOARD or not all(_WORD.fullmatch(a) for a in (pack, kblayout, kbtype)) \
             or not re.fullmatch(r"[A-Za-z0-9._@+,:-]{1,200}", command):
         raise Refused("x2gostartagent with an argument out of range")
-    return StartAgent(geometry, link, pack, int(depth.group(1)), kblayout, kbtype, kind, command, clipboard)
+    return StartAgent(geometry, link, pack, int(depth.group(1)), kblayout, kbtype, kind, command, clipboard,
+                      command_args)
 
 
 def _start(args: tuple[str, ...], facts: Facts) -> None:
