@@ -439,8 +439,10 @@ class X2GoClientTests(X2GoCase):
 
     x2goclient takes no password on its command line: the user logs in with
     a key from his ~/.ssh/authorized_keys (the profile's ``key=``), so no
-    dialog needs typing.  Sound, printing and folder sharing are off in the
-    profile: they would push files with SCP, which nxgate does not offer."""
+    dialog needs typing.  Sound, printing and folder sharing are on, as in
+    a new profile: x2goclient then asks for reverse forwards and copies its
+    sshfs key with SCP, and shows a "Connection failed" dialog if either is
+    refused."""
 
     def setUp(self) -> None:
         super().setUp()
@@ -463,8 +465,8 @@ class X2GoClientTests(X2GoCase):
         with open(os.path.join(self.home, ".x2goclient", "sessions"), "w") as handle:
             handle.write(f"[gw]\nname=gw\nhost=127.0.0.1\nsshport={self.gateway.port}\nuser={self.user.name}\n"
                          f"key={key}\nautologin=false\ncommand={command}\nrootless=false\nspeed=4\n"
-                         "pack=16m-jpeg\nquality=9\nwidth=1024\nheight=768\nfullscreen=false\nsound=false\n"
-                         "print=false\nfstunnel=false\nexport=\nusekbd=false\nsetdpi=false\n")
+                         "pack=16m-jpeg\nquality=9\nwidth=1024\nheight=768\nfullscreen=false\nusekbd=false\n"
+                         "setdpi=false\n")
         return "gw"
 
     def test_x2goclient_logs_in_with_a_key_and_shows_the_desktop(self):
@@ -488,3 +490,8 @@ class X2GoClientTests(X2GoCase):
                  "x2goclient's x2goruncommand once its link was up")
         self.assertGreaterEqual(self.desktop_equal(session), 0.99)
         self.assertEqual(self.listed().get(session), "R")
+        log_text = self.gateway.log()
+        self.assertIn("asked for a reverse forward", log_text)
+        self.assertRegex(log_text, r"copied \.x2go/ssh/key\.\S+ \(\d+ bytes\): discarded")
+        self.assertNotIn("refused X2Go command", log_text)
+        self.assertEqual([name for _, name, _ in pixels.windows(self.screen.name) if name == "Error"], [])

@@ -276,3 +276,30 @@ class FileTests(TestCase):
         os.symlink("/etc/passwd", os.path.join(self.home, ".x2go", "key"))
         self.assertRaises(files.PathRefused, files.open_for_writing, ".x2go/key", self.owner)
         self.assertEqual(os.listdir(target), [])
+
+
+class ScpSinkTests(TestCase):
+    def test_libssh_pushes_a_file_and_a_directory(self):
+        from nxgate.doors.x2go import scp
+
+        sink = scp.Sink(".x2go/ssh")
+        self.assertEqual(sink.start(), b"\0")
+        out, got = sink.feed(b"C0600 5 key.abc\n")
+        self.assertEqual((out, got), (b"\0", []))
+        out, got = sink.feed(b"hel")
+        out2, got2 = sink.feed(b"lo\0D0700 0 sub\nC0600 1 x\nz\0E\n")
+        self.assertEqual(out + out2, b"\0\0\0\0\0")
+        self.assertEqual([(f.path, f.data) for f in got + got2], [(".x2go/ssh/key.abc", b"hello"),
+                                                                  (".x2go/ssh/sub/x", b"z")])
+
+    def test_what_a_sink_refuses(self):
+        from nxgate.doors.x2go import scp
+
+        for data in (b"C0600 5 ../x\n", b"C0600 99999999 big\n", b"D0700 0 ..\n", b"X\n", b"x" * 2000,
+                     b"C0600 1 a\nzz"):
+            self.assertRaises(scp.Failed, scp.Sink(".x2go/ssh").feed, data)
+
+    def test_scp_is_a_sink_into_x2go_only(self):
+        self.assertEqual(read(b"scp -t -r '.x2go/ssh'")[1][0].verb, "scp")
+        for raw in (b"scp -f .x2go/ssh", b"scp -t /etc", b"scp -t .ssh", b"scp -t -r .x2go/../.ssh", b"scp x y"):
+            self.assertRaises(shell.Refused, read, raw)

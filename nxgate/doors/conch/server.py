@@ -187,6 +187,8 @@ class NXAvatar(ConchUser):
     def gotGlobalRequest(self, requestType: bytes, data: bytes) -> int:
         if requestType in (KEEPALIVE, PARAMIKO_KEEPALIVE):
             return 0  # any answer tells the client we are alive; no log line every interval
+        if self.x2go is not None and requestType in (b"tcpip-forward", b"cancel-tcpip-forward"):
+            return self.x2go.forward_request(self, requestType, data)
         log.warn(
             "refused global request {kind!r} for {user!r}", kind=requestType, user=self.principal.ssh_user
         )

@@ -110,6 +110,9 @@ class X2GoDoor:
             channel.finish(127)
             return
         log.debug("X2Go command of {user}: {verbs}", user=caller.user, verbs=[call.verb for call in calls])
+        if [call.verb for call in calls] == ["scp"] and program.begin is None:
+            self._scp_sink(channel, context, calls[0])
+            return
         try:
             outcome = await commands.run(program, calls, context)
         except Exception:
@@ -122,6 +125,32 @@ class X2GoDoor:
         if outcome.stderr:
             channel.write_stderr(outcome.stderr.encode())
         channel.finish(outcome.status)
+
+    def _scp_sink(self, channel: Any, context: Context, call: Any) -> None:
+        """x2goclient's ``scp -t``: files below ~/.x2go, written in a thread, acknowledged in order."""
+        from nxgate.doors.x2go import files, scp
+
+        target = [arg for arg in call.args if not arg.startswith("-")][0]
+        owner = files.Owner(context.caller.uid, context.caller.gid, context.facts.home)
+        sink = scp.Sink(target)
+        handler = _ScpHandler(self, channel, sink, owner, context.caller.user)
+        channel.handler = handler
+        channel.write(sink.start())
+
+    def forward_request(self, avatar: Any, kind: bytes, data: bytes) -> Any:
+        """X2Go's reverse forwards (sound, folders, printing) are accepted and
+        never used: nothing here offers those services, and x2goclient shows
+        critical dialogs when the requests fail."""
+        try:
+            host, rest = common.getNS(data)
+            (port,) = struct.unpack(">L", rest[:4])
+        except (ValueError, struct.error):
+            return 0
+        if kind == b"tcpip-forward":
+            log.info("X2Go client of {user} asked for a reverse forward to port {port}: accepted, not used (sound"
+                     " and folders are not offered)", user=avatar.principal.unix_user, port=port)
+            return (1, struct.pack(">L", port or 1)) if port == 0 else 1
+        return 1
 
     # -------------------------------------------------------------- sftp
     def sftp(self, channel: Any) -> int:
@@ -268,3 +297,80 @@ class _LinkStream:
 
     def resume_input(self) -> None:
         self.channel.conn.transport.transport.resumeProducing()
+
+
+class _ScpHandler:
+    """Feeds an SCP sink; writes its files one after the other, then acknowledges."""
+
+    def __init__(self, door: X2GoDoor, channel: Any, sink: Any, owner: Any, user: str) -> None:
+        self.door = door
+        self.channel = channel
+        self.sink = sink
+        self.owner = owner
+        self.user = user
+        self.chain: defer.Deferred[Any] = defer.succeed(None)
+        self.failed = False
+
+    def data_received(self, data: bytes) -> None:
+        from nxgate.doors.x2go import scp
+
+        if self.failed:
+            return
+        try:
+            answer, received = self.sink.feed(data)
+        except scp.Failed as error:
+            self._fail(str(error))
+            return
+        for item in received:
+            self.chain.addCallback(lambda _, item=item: self.door.blocking(_write_file, item.path, item.data,
+                                                                          self.owner))
+            self.chain.addCallback(lambda kept, item=item: log.info(
+                "X2Go client of {user} copied {path} ({size} bytes){kept}", user=self.user, path=item.path,
+                size=len(item.data), kept="" if kept else ": discarded, an sshfs key for folders, which are not"
+                " offered"))
+        self.chain.addCallback(lambda _: self.channel.write(answer) if answer and not self.channel.closing else None)
+        self.chain.addErrback(lambda failure: self._fail(failure.getErrorMessage()))
+        if self.sink.done:
+            self.chain.addCallback(lambda _: self.channel.finish(0) if not self.failed else None)
+
+    def _fail(self, why: str) -> None:
+        from nxgate.doors.x2go import scp
+
+        if self.failed:
+            return
+        self.failed = True
+        log.info("refused an SCP copy of {user}: {why}", user=self.user, why=why)
+        if not self.channel.closing:
+            self.channel.write(scp.failure(why))
+            self.channel.finish(1)
+
+    def eof_received(self) -> None:
+        self.chain.addCallback(lambda _: self.channel.finish(0) if not self.failed and not self.channel.closing
+                               else None)
+
+    def connection_lost(self) -> None:
+        self.failed = True
+
+    def pause_output(self) -> None:
+        pass
+
+    def resume_output(self) -> None:
+        pass
+
+
+def _write_file(path: str, data: bytes, owner: Any) -> bool:
+    """Write a copied file below ~/.x2go (False: discarded).  The keys for
+    folder sharing (``~/.x2go/ssh/``: the client's private key for sshfs back
+    to it) are not kept: nothing here would use them."""
+    import os
+
+    from nxgate.doors.x2go import files
+
+    if files.parts(path, owner.home)[1] == "ssh":
+        return False
+    fd = files.open_for_writing(path, owner)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    return True

@@ -15,6 +15,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from nxgate.doors.x2go import files
 from nxgate.doors.x2go.shell import Facts, Program, Refused, Simple
 
 #: Variables a client may set before a command or export.
@@ -215,13 +216,24 @@ def _echo(args: tuple[str, ...], facts: Facts) -> None:
         raise Refused("a long echo")
 
 
+def _scp(args: tuple[str, ...], facts: Facts) -> None:
+    """x2goclient's ``scp -t [-r] DIR`` (a sink below ~/.x2go only)."""
+    flags, targets = [a for a in args if a.startswith("-")], [a for a in args if not a.startswith("-")]
+    if "-t" not in flags or not set(flags) <= {"-t", "-r", "-p", "-d"} or len(targets) != 1:
+        raise Refused("scp other than a sink (-t) into one directory")
+    try:
+        files.parts(targets[0].rstrip("/") + "/x", facts.home)
+    except files.PathRefused as error:
+        raise Refused(f"scp into {targets[0][:80]!r}: {error}") from None
+
+
 def _printf(args: tuple[str, ...], facts: Facts) -> None:
     if len(args) != 2 or args[0] != "%b" or len(args[1]) > 1024:
         raise Refused("printf other than %b 'TEXT'")
 
 
 _CHECKS = {
-    "echo": _echo, "printf": _printf, "export": _export, "which": _which, "stat": _stat, "test": _test,
+    "echo": _echo, "printf": _printf, "scp": _scp, "export": _export, "which": _which, "stat": _stat, "test": _test,
     "exit": _none, "true": _none,
     "setxkbmap": _any_words(8), "xrandr": _any_words(8),
     "x2golistsessions": _none, "x2golistshadowsessions": _none, "x2golistdesktops": _none,
