@@ -248,6 +248,46 @@ class PyhocaSessionTests(X2GoCase):
         self.assertRegex(self.gateway.log(), r"X2Go x2gostartagent of \S+ from \S+ refused: Server capacity: reached")
 
 
+class DesktopSharingTests(X2GoCase):
+    """X2Go's desktop sharing (pyhoca-cli -D user@:display) on nxgate's shadowing."""
+
+    def test_sharing_ones_own_desktop_view_only_and_another_user_is_denied(self):
+        client, log = self.session_client("-c", "TERMINAL", "-t", "desktop", "-g", "800x600", "-q", "lan")
+        name = self.started_name(client, log)
+        display, session_id = int(name.split("-")[-2]), self.session_id(name)
+        listed = self.cli("--list-desktops")
+        self.assertIn(f"{self.user.name}@:{display}", listed.stdout)
+        self.assertNotIn(f"{self.user.name}@:{display}", self.cli("--list-desktops", user=self.other).stdout)
+
+        viewer, log = self.session_client("-D", f"{self.user.name}@:{display}", "--share-mode", "0")
+        shared = self.started_name(viewer, log)
+        self.assertIn("_stS", shared)
+        self.assertIn(f"watches {session_id} of {self.user.name} (view-only)", self.gateway.log())
+        shadow_display = int(shared.split("-")[-2])
+        best = [0.0]
+
+        def equal() -> bool:
+            window = pixels.find_window(self.screen.name, f"NX - nxgate.test:{shadow_display}", min_size=50)
+            if window is None:
+                return False
+            drawn = self.agent_shot(display, session_id)
+            shown = pixels.crop(self.screen.shot(), Rect(window.x, window.y, drawn.width, drawn.height))
+            best[0] = max(best[0], pixels.equal_share(drawn, shown) if drawn.colours() > 1 else 0.0)
+            return best[0] >= 0.99
+
+        try:
+            wait_for(equal, 90, "the shared desktop in the viewer's window", interval=1)
+        except AssertionError:
+            pass
+        self.assertGreaterEqual(best[0], 0.99)
+
+        denied = self.cli("-D", f"{self.user.name}@:{display}", "--share-mode", "1", user=self.other)
+        self.assertNotIn("Using session", denied.stdout + denied.stderr)
+        # python-x2go checks --list-desktops first, which does not offer it; the server would refuse it too
+        # (CommandTests.test_sharing_a_desktop_one_may_not_share_is_access_denied).
+        self.assertNotIn(f"shadow attach: {self.other.name} ", self.gateway.log())
+
+
 class RefusalTests(X2GoCase):
     """Commands outside the contract and other users' sessions, over OpenSSH's client."""
 

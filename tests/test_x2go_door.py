@@ -243,6 +243,20 @@ class CommandTests(TestCase):
         self.assertEqual(api.calls, [])
         self.assertNotIn(name, run(python_x2go("x2golistsessions"), api).stdout)
 
+    def test_sharing_a_desktop_one_may_not_share_is_access_denied(self):
+        api = FakeAPI([view(user="bob")])
+
+        async def no_targets(caller):
+            return ()
+
+        api.shadow_targets = no_targets
+        out = run(python_x2go("x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_24 null auto 1 S "
+                              "1XSHADbobXSHAD:1003"), api)
+        self.assertEqual(out.status, 8)
+        self.assertIn("ACCESS DENIED", out.stderr)
+        self.assertIn("XSHAD", out.stderr)  # what python-x2go looks for
+        self.assertEqual(api.calls, [])
+
     def test_resume_asks_for_the_listed_cookie(self):
         mine = view(state=State.SUSPENDED)
         api = FakeAPI([mine])

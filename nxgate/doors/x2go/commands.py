@@ -25,7 +25,7 @@ from nxgate.doors.x2go.shell import Facts, Program
 from nxgate.doors.x2go.verbs import VERBS, Call, parse_start
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
-from nxgate.sessions.requests import DisplaySettings, RestoreRequest, StartRequest
+from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequest, StartRequest
 from nxgate.sessions.results import Ready, SessionView
 
 #: x2gostartagent's exit status for a session limit (x2goclient then says "Sessions limit reached").
@@ -221,9 +221,7 @@ def session_type_for(command: str, offered: set[str], more: tuple[str, ...] = ()
 async def _start(call: Call, context: Context) -> tuple[str, str, int]:
     start = parse_start(call.args)
     if start.kind == "S":
-        context.log.info("X2Go desktop sharing asked by {user} from {address}: not offered",
-                         user=context.caller.user, address=context.caller.address)
-        return "", "ACCESS DENIED: desktop sharing (XSHAD) is not offered by this server\n", 8
+        return await _share(start, context)
     if start.kind == "P":
         return "", "nxgate: published applications are not offered by this server\n", 1
     session_type, application = session_type_for(start.command, context.types(), start.command_args)
@@ -236,6 +234,43 @@ async def _start(call: Call, context: Context) -> tuple[str, str, int]:
                      name=numbers.name, id=ready.view.id, type=session_type, user=context.caller.user,
                      address=context.caller.address)
     return names.start_output(numbers), "", 0
+
+
+_SHARED = re.compile(r"([01])XSHAD([A-Za-z0-9._@-]{1,64})XSHAD(?::|PP)?(\d{1,5})")
+
+
+async def _share(start: Any, context: Context) -> tuple[str, str, int]:
+    """X2Go's desktop sharing (``S``: ``<mode>XSHAD<user>XSHAD:<display>``) on
+    nxgate's shadowing: the same policy and the owner's consent; mode 0 is
+    view-only.  python-x2go reads a refusal from ``ACCESS DENIED`` and ``XSHAD``."""
+    wanted = _SHARED.fullmatch(start.command)
+    if wanted is None:
+        return "", "ACCESS DENIED: no such desktop (XSHAD)\n", 8
+    mode, owner, display = wanted.group(1), wanted.group(2), int(wanted.group(3))
+    targets = await context.api.shadow_targets(context.caller)
+    target = next((t for t in targets if t.owner == owner and t.display == display), None)
+    if target is None:
+        context.log.info("X2Go desktop sharing of {owner}@:{display} asked by {user}: not a desktop they may share",
+                         owner=owner, display=display, user=context.caller.user)
+        return "", "ACCESS DENIED: no such desktop to share (XSHAD)\n", 8
+    settings = _settings(start.geometry, start.depth, start.link, start.kbtype, "both")
+    try:
+        ready = await context.api.attach_shadow(context.caller, ShadowRequest(target.id, settings, mode == "0"))
+    except SessionError as error:
+        if error.kind in (Kind.REFUSED_BY_OWNER, Kind.NOT_ALLOWED, Kind.NOT_FOUND, Kind.NOT_YOURS):
+            context.log.info("X2Go desktop sharing of {owner}@:{display} by {user} refused: {why}", owner=owner,
+                             display=display, user=context.caller.user, why=error.message)
+            return "", f"ACCESS DENIED: {error.message} (XSHAD)\n", 8
+        raise
+    numbers = _linked(ready, context)
+    context.log.info("X2Go desktop sharing of {owner}@:{display} for {user} as session {name}", owner=owner,
+                     display=display, user=context.caller.user, name=numbers.name)
+    return names.start_output(numbers), "", 0
+
+
+async def _desktops(call: Call, context: Context) -> tuple[str, str, int]:
+    targets = await context.api.shadow_targets(context.caller)
+    return "".join(f"{t.owner}@:{t.display}\n" for t in targets), "", 0
 
 
 async def _resume(call: Call, context: Context) -> tuple[str, str, int]:
@@ -289,7 +324,7 @@ _HANDLERS: dict[str, Callable[[Call, Context], Awaitable[tuple[str, str, int]]]]
     "echo": _echo, "printf": _quiet, "export": _quiet, "assign": _quiet, "true": _quiet,
     "setxkbmap": _quiet, "xrandr": _quiet, "which": _which, "test": _test, "stat": _stat,
     "x2goversion": _version, "x2gofeaturelist": _features, "x2gobasepath": _basepath, "x2gogetservers": _servers,
-    "x2golistsessions": _list, "x2golistshadowsessions": _quiet, "x2golistdesktops": _quiet,
+    "x2golistsessions": _list, "x2golistshadowsessions": _quiet, "x2golistdesktops": _desktops,
     "x2gostartagent": _start, "x2goresume-session": _resume, "x2gosuspend-session": _suspend,
     "x2goterminate-session": _terminate, "x2goruncommand": _runcommand, "x2gocmdexitmessage": _owned_quiet,
     "x2goumount-session": _owned_quiet, "x2golistmounts": _owned_quiet, "x2gomountdirs": _mountdirs,
