@@ -14,6 +14,7 @@ clients push over SFTP below his ``~/.x2go`` (:mod:`~nxgate.doors.x2go.sftp`).
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import shutil
@@ -29,7 +30,7 @@ from twisted.logger import Logger
 
 from nxgate import __version__
 from nxgate.auth.users import resolve_caller
-from nxgate.doors.x2go import commands, shell, verbs
+from nxgate.doors.x2go import commands, files, scp, sftp, shell, verbs
 from nxgate.doors.x2go.commands import Context, Link, Links
 from nxgate.sessions.caller import Caller
 from nxgate.stream.relay import StreamRelay
@@ -128,8 +129,6 @@ class X2GoDoor:
 
     def _scp_sink(self, channel: Any, context: Context, call: Any) -> None:
         """x2goclient's ``scp -t``: files below ~/.x2go, written in a thread, acknowledged in order."""
-        from nxgate.doors.x2go import files, scp
-
         target = [arg for arg in call.args if not arg.startswith("-")][0]
         owner = files.Owner(context.caller.uid, context.caller.gid, context.facts.home)
         sink = scp.Sink(target)
@@ -154,9 +153,7 @@ class X2GoDoor:
 
     # -------------------------------------------------------------- sftp
     def sftp(self, channel: Any) -> int:
-        from nxgate.doors.x2go.sftp import start_sftp
-
-        return start_sftp(self, channel)
+        return sftp.start_sftp(self, channel)
 
     # ------------------------------------------------------------- links
     def link_channel(self, avatar: Any, window: int, max_packet: int, data: bytes) -> SSHChannel:
@@ -205,8 +202,6 @@ class _Quiet:
 
 
 def _executable(path: str) -> bool:
-    import os
-
     return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
@@ -312,8 +307,6 @@ class _ScpHandler:
         self.failed = False
 
     def data_received(self, data: bytes) -> None:
-        from nxgate.doors.x2go import scp
-
         if self.failed:
             return
         try:
@@ -334,8 +327,6 @@ class _ScpHandler:
             self.chain.addCallback(lambda _: self.channel.finish(0) if not self.failed else None)
 
     def _fail(self, why: str) -> None:
-        from nxgate.doors.x2go import scp
-
         if self.failed:
             return
         self.failed = True
@@ -362,10 +353,6 @@ def _write_file(path: str, data: bytes, owner: Any) -> bool:
     """Write a copied file below ~/.x2go (False: discarded).  The keys for
     folder sharing (``~/.x2go/ssh/``: the client's private key for sshfs back
     to it) are not kept: nothing here would use them."""
-    import os
-
-    from nxgate.doors.x2go import files
-
     if files.parts(path, owner.home)[1] == "ssh":
         return False
     fd = files.open_for_writing(path, owner)
