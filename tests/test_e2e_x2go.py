@@ -514,8 +514,9 @@ class X2GoClientTests(X2GoCase):
         before = len(self.gateway.log())  # the gateway is shared with other tests of the module
         log = os.path.join(self.home, "x2goclient.log")
         with open(log, "wb") as handle:
+            # --bypass-cleanup-helper: its helper process outlives x2goclient by design (the test stops it).
             process = subprocess.Popen(["x2goclient", f"--session={name}", "--add-to-known-hosts", "--no-menu",
-                                        "--debug"], env=dict(self.env(), XDG_RUNTIME_DIR=self.home),
+                                        "--bypass-cleanup-helper", "--debug"], env=dict(self.env(), XDG_RUNTIME_DIR=self.home),
                                        stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT)
         self.clients.append(process)
 
