@@ -45,6 +45,10 @@ APT_PACKAGES += novnc
 APT_PACKAGES += xclip
 # Issue 25: the browser viewer gives its Xvfb a keymap with every Latin-1 key (setxkbmap: x11-xkb-utils).
 APT_PACKAGES += x11-xkb-utils
+# Issue 24: X2Go's own command-line client (python-x2go, Debian's nxproxy) drives the X2Go door's e2e test.
+APT_PACKAGES += python3-x2go pyhoca-cli
+# Issue 24: and X2Go's Qt client, driven by a session profile under the client Xvfb.
+APT_PACKAGES += x2goclient
 
 .PHONY: install system-packages link-commands run test bench bench-profile deb clean
 

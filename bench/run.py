@@ -194,6 +194,10 @@ def cluster_relay_rows(table: Table, cluster: dict | None) -> None:
                   note=f"bye/request -> agent socket accepted, median of {len(there['open']['all_ms'])}")
 
 
+def x2mem_of(x2go: dict | None) -> dict:
+    return (x2go or {}).get("memory") or {}
+
+
 def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, scale: dict | None) -> Table:
     table = Table()
     # ---------------------------------------------------------------- sessions
@@ -217,6 +221,17 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
             f"{key} {x2go_spread[key]:.0f}%" for key, _, _ in TIME_TARGETS if x2go_spread[key] is not None))
     elif x2go:
         table.add("X2Go", "not measured", "", note=f"{x2go.get('source')}: {x2go.get('reason')}")
+    door = (x2go or {}).get("nxgate_x2go_door") if x2go_measured else None
+    if door:
+        table.section("X2Go's pyhoca-cli against nxgate's X2Go door vs against x2goserver (same client, alternating)")
+        for key, label, _ in TIME_TARGETS:
+            ours, peer = door["medians"][key], x2go["medians"][key]
+            table.add(f"{label} (pyhoca-cli)", ours, "s", peer, "x2goserver here", ratio(ours, peer), "<= 0.3x",
+                      ours <= 0.3 * peer, spread_pct([run[key] for run in door["runs"]]))
+        if door.get("memory") and x2mem_of(x2go):
+            ours, peer = door["memory"]["session_mb"], x2mem_of(x2go)["session_mb"]
+            table.add("memory per session (pyhoca-cli)", ours, "MB", peer, "x2goserver here", ratio(ours, peer),
+                      "<= 1.0x", ours <= peer, note="user's processes + the gateway's growth vs X2Go's without sshd")
     # ------------------------------------------------------------------ memory
     table.section("memory per session (attached application sessions, RSS)")
     memory = (sessions or {}).get("memory") or {}

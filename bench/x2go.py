@@ -23,6 +23,11 @@ The X2Go server runs as a Debian installation does: x2goserver's session
 scripts over sshd, and x2gocleansessions (started here in the foreground, as
 systemd would run it, and stopped at the end).
 
+The same pyhoca-cli then runs against nxgate's X2Go door (the real
+gateway), the runs alternating with X2Go's (``--no-nxgate`` leaves it out):
+its medians, its memory per session (the user's processes and the gateway's
+growth) and the ratios to X2Go's are in the JSON under ``nxgate_x2go_door``.
+
 Needs root.  With --install (make bench passes it) the Debian packages
 x2goserver, x2goserver-xsession and pyhoca-cli are installed if missing.  If
 X2Go cannot be installed or run, the reason is reported and the reference
@@ -75,6 +80,19 @@ def user_processes(user: str) -> list[tuple[int, str]]:
 
 
 class X2GoBench:
+    """pyhoca-cli against X2Go's server (x2goserver over a private sshd)."""
+
+    label = "x2go"
+    agent_name = "x2goagent"
+
+    @property
+    def port(self) -> int:
+        return self.sshd.port
+
+    def server_growth_kb(self) -> int:
+        """Memory the server side grew by beyond the user's own processes (root-owned)."""
+        return 0
+
     def __init__(self) -> None:
         self.cleanups: list = []
         self.clients: list[subprocess.Popen] = []
@@ -108,7 +126,7 @@ class X2GoBench:
 
     # ------------------------------------------------------------ client
     def cli(self, *args: str, log: str, wait: bool = True):
-        argv = ["pyhoca-cli", "--server", "127.0.0.1", "-p", str(self.sshd.port), "-l", self.user.name,
+        argv = ["pyhoca-cli", "--server", "127.0.0.1", "-p", str(self.port), "-l", self.user.name,
                 "--password", self.user.password, "--add-to-known-hosts", *args]
         handle = open(os.path.join(self.workdir, log), "wb")
         if wait:
@@ -186,11 +204,11 @@ class X2GoBench:
         terminate = time.monotonic() - started
         if result.returncode != 0:
             raise RuntimeError(f"terminate failed: {self.read_log(f'term{index}.log')[-1500:]}")
-        wait_for(lambda: not [p for p, n in user_processes(self.user.name) if n == "x2goagent"], 30,
-                 "the x2goagent to end")
+        wait_for(lambda: not [p for p, n in user_processes(self.user.name) if n == self.agent_name], 30,
+                 f"the {self.agent_name} to end")
         run = {"new_to_picture": new, "suspend": suspend, "resume_to_picture": resume, "terminate": terminate,
                "session": name}
-        print(f"x2go run {index}: new->picture {new:.2f}s suspend {suspend:.2f}s resume->picture {resume:.2f}s "
+        print(f"{self.label} run {index}: new->picture {new:.2f}s suspend {suspend:.2f}s resume->picture {resume:.2f}s "
               f"terminate {terminate:.2f}s", flush=True)
         return run
 
@@ -210,9 +228,9 @@ class X2GoBench:
         by_name: dict[str, int] = {}
         for pid, name in processes:
             by_name[name] = by_name.get(name, 0) + rss_kb(pid)
-        agents = [rss_kb(pid) for pid, name in processes if name == "x2goagent"]
+        agents = [rss_kb(pid) for pid, name in processes if name == self.agent_name]
         ssh_side = sum(kb for name, kb in by_name.items() if name in ("sshd", "sftp-server"))
-        everything = sum(by_name.values())
+        everything = sum(by_name.values()) + self.server_growth_kb()
         result = {
             "sessions": count,
             "agent_rss_mb_median": statistics.median(agents) / 1024,
@@ -251,6 +269,42 @@ class X2GoBench:
                 print(f"cleanup: {error}", file=sys.stderr)
 
 
+class NxgateX2GoBench(X2GoBench):
+    """The same pyhoca-cli against nxgate's X2Go door (the real gateway, ``twistd nxgate``)."""
+
+    label = "nxgate"
+    agent_name = "nxagent"
+
+    @property
+    def port(self) -> int:
+        return self.gateway.port
+
+    def _setup(self) -> None:
+        from tests.harness.gateway import Gateway
+
+        self.user = create_user(prefix="x2n")
+        self.cleanups.append(self.user.remove)
+        self.gateway = Gateway({"sessions": {"max_sessions_per_user": "0"}}).start()
+        self.cleanups.append(self.gateway.stop)
+        self.gateway_rss_before = rss_kb(self.gateway.process.pid)
+        self.workdir = tempfile.mkdtemp(prefix="nxgate-bench-x2go-nxgate-")
+        self.cleanups.append(lambda: shutil.rmtree(self.workdir, ignore_errors=True))
+        self.screen = ClientScreen(1024, 768)
+        self.cleanups.append(self.screen.close)
+        home = os.path.join(self.workdir, "client-home")
+        os.makedirs(home)
+        self.env = dict(os.environ, DISPLAY=self.screen.name, HOME=home)
+        self.cleaner = None
+
+    def server_growth_kb(self) -> int:
+        return max(0, rss_kb(self.gateway.process.pid) - self.gateway_rss_before)
+
+    def terminate_all(self) -> None:
+        listing = self.cli("--list-sessions", log="cleanup-list.log")
+        for name in re.findall(r"Session Name: (\S+)", self.read_log("cleanup-list.log")) if listing else []:
+            self.cli("-T", name, log="cleanup-term.log")
+
+
 def reference_result(reason: str) -> dict:
     return {
         "measured": False,
@@ -267,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=10, help="concurrent sessions for the memory figure")
     parser.add_argument("--install", action="store_true", help="apt-get install X2Go if it is missing (root)")
     parser.add_argument("--json", default=os.path.join(HERE, "results", "x2go.json"))
+    parser.add_argument("--no-nxgate", action="store_true", help="X2Go's server only, not nxgate's X2Go door")
     args = parser.parse_args(argv)
     result: dict
     if os.geteuid() != 0:
@@ -277,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             why = "not installed" + ("" if args.install else " (run with --install)")
             result = reference_result(f"Debian packages {' '.join(missing)} {why}")
         else:
-            result = measure(args.runs, args.sessions)
+            result = measure(args.runs, args.sessions, nxgate=not args.no_nxgate)
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as handle:
         json.dump(result, handle, indent=2)
@@ -289,33 +344,59 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in result["memory"].items():
         if isinstance(value, (int, float)):
             print(f"  {key:<34}{value:>10.1f}")
+    door = result.get("nxgate_x2go_door")
+    if door:
+        print("nxgate's X2Go door, the same pyhoca-cli (ratio to x2goserver; goal <= 0.3 for times, <= 1.0 memory):")
+        for key, value in door["medians"].items():
+            print(f"  {key:<34}{value:>9.2f}s  {door['ratio'].get(key, 0):>5.2f}x")
+        if door["memory"]:
+            print(f"  {'session_mb':<34}{door['memory']['session_mb']:>10.1f}  {door['memory_ratio'] or 0:>5.2f}x")
     if not result["measured"]:
         print(f"  why not measured: {result['reason']}")
     print(f"(JSON: {args.json})")
     return 0
 
 
-def measure(runs: int, sessions: int) -> dict:
-    bench = None
+KEYS = ("new_to_picture", "suspend", "resume_to_picture", "terminate")
+
+
+def measure(runs: int, sessions: int, nxgate: bool = True) -> dict:
+    """X2Go's server and (with ``nxgate``) nxgate's X2Go door, the same
+    pyhoca-cli against both, runs alternating so that both see the same load."""
+    bench = door = None
     try:
         bench = X2GoBench()
+        door = NxgateX2GoBench() if nxgate else None
         load_before = os.getloadavg()
-        all_runs = [bench.one_run(index) for index in range(runs)]
-        keys = ("new_to_picture", "suspend", "resume_to_picture", "terminate")
-        medians = {key: statistics.median(run[key] for run in all_runs) for key in keys}
+        all_runs, door_runs = [], []
+        for index in range(runs):
+            all_runs.append(bench.one_run(index))
+            if door is not None:
+                door_runs.append(door.one_run(index))
+        medians = {key: statistics.median(run[key] for run in all_runs) for key in KEYS}
         memory = bench.memory(sessions) if sessions else {}
-        return {"measured": True, "source": "measured on this machine", "runs": all_runs, "medians": medians,
-                "spread": {key: [min(run[key] for run in all_runs), max(run[key] for run in all_runs)]
-                           for key in keys},
-                "memory": memory, "load_before": load_before, "load_after": os.getloadavg(),
-                "versions": versions()}
+        result = {"measured": True, "source": "measured on this machine", "runs": all_runs, "medians": medians,
+                  "spread": {key: [min(run[key] for run in all_runs), max(run[key] for run in all_runs)]
+                             for key in KEYS},
+                  "memory": memory, "load_before": load_before, "load_after": os.getloadavg(),
+                  "versions": versions()}
+        if door is not None:
+            door_medians = {key: statistics.median(run[key] for run in door_runs) for key in KEYS}
+            door_memory = door.memory(sessions) if sessions else {}
+            result["nxgate_x2go_door"] = {
+                "runs": door_runs, "medians": door_medians, "memory": door_memory,
+                "ratio": {key: door_medians[key] / medians[key] for key in KEYS if medians[key]},
+                "memory_ratio": (door_memory.get("session_mb", 0) / memory["session_mb"]
+                                 if memory.get("session_mb") else None)}
+        return result
     except Exception as error:  # noqa: BLE001 - report exactly why, fall back
         traceback.print_exc()
         detail = f"{type(error).__name__}: {error}"
         return reference_result(f"X2Go could not be run here: {detail}")
     finally:
-        if bench is not None:
-            bench.close()
+        for each in (door, bench):
+            if each is not None:
+                each.close()
 
 
 def versions() -> dict[str, str]:

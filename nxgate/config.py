@@ -311,6 +311,12 @@ class DBusSection:
     admin_groups: tuple[str, ...] = option(("nxadmin",), words, "members of these groups act on every session")
 
 
+@dataclass(frozen=True)
+class X2GoSection:
+    enabled: bool = option(True, boolean, "let X2Go clients (x2goclient, pyhoca-cli) log in to the SSH port as"
+                           " themselves and use their sessions (needs [ssh] user_logins)")
+
+
 _STORE_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb")
 
 
@@ -468,6 +474,7 @@ class Config:
     remote: RemoteSection = RemoteSection()
     metrics: MetricsSection = MetricsSection()
     dbus: DBusSection = DBusSection()
+    x2go: X2GoSection = X2GoSection()
     store: StoreSection = StoreSection()
     # [cluster]: None when absent (one box, as before issue 13).
     cluster: ClusterConfig | None = None
@@ -524,7 +531,7 @@ def with_overrides(config: Config, **server_options: str | None) -> Config:
 RESTART_NEEDED = (
     ("server", "listen"), ("server", "state_dir"), ("server", "shell_socket"), ("server", "admin_socket"),
     ("server", "audit_log"), ("auth", "pam_threads"), ("ssh", "user_logins"), ("metrics", "listen"),
-    ("dbus", "enabled"), ("dbus", "address"), ("store", "url"), ("store", "password_file"),
+    ("dbus", "enabled"), ("dbus", "address"), ("x2go", "enabled"), ("store", "url"), ("store", "password_file"),
     ("web", "listen"), ("web", "certificate"), ("web", "private_key"),
     ("ssh", "legacy_algorithms"), ("ssh", "kex_workers"), ("ssh", "kex_per_source"), ("ssh", "kex_max_pending"),
 )

@@ -348,7 +348,8 @@ class Gateway(service.MultiService):
 
     def _ssh_factory(self) -> NXSSHFactory:
         ssh = self.config.ssh
-        portal = Portal(NXRealm(self._open_nx_channel, ssh.max_channels))
+        self.x2go = self._x2go_door() if self.config.x2go.enabled and ssh.user_logins else None
+        portal = Portal(NXRealm(self._open_nx_channel, ssh.max_channels, self.x2go))
         nx_keys = checkers.load_nx_keys(ssh.nx_authorized_keys)
         user_auth = self.authenticator if ssh.user_logins else None
         self.key_checker = checkers.PublicKeyChecker(self.reactor, ssh.nx_user, nx_keys, user_auth)
@@ -360,6 +361,13 @@ class Gateway(service.MultiService):
             portal.registerChecker(checker)
         host_keys = hostkeys.load_host_keys(self.layout.hostkeys)
         return NXSSHFactory(portal, host_keys, ssh.login_grace_time, ssh.max_auth_tries, kex_service(self.reactor, ssh))
+
+    def _x2go_door(self) -> Any:
+        """X2Go's clients on the SSH port (nxgate.gateway.doors.conch.x2go), for users' own logins."""
+        from nxgate.gateway.doors.conch.x2go.door import X2GoDoor
+
+        return X2GoDoor(self.reactor, lambda: self.api, self.blocking, self.users, lambda: self.config,
+                        lambda: self.cluster_streams)
 
     def conversation(self, transport: Any, address: str, preauthenticated_user: str | None,
                      relay_factory: Any, local_address: str = "127.0.0.1", door: str = "nx",
@@ -397,6 +405,9 @@ class Gateway(service.MultiService):
                  raised=f", raised from {before}" if soft != before else "", reserve=self.config.server.fd_reserve)
         text, fields = startup_line(self.config, self.serves_doors, self.authenticator.service)
         log.info(text, **fields)
+        if getattr(self, "x2go", None) is not None and self.serves_doors:
+            log.info("X2Go clients (x2goclient, pyhoca-cli) may log in to the same SSH port as themselves and use"
+                     " their sessions ([x2go] enabled)")
         super().startService()
 
     def stopService(self) -> Any:

@@ -320,6 +320,9 @@ class Lifecycle:
             session = owned()
             todo = action(Op.RESTORE, session.state, session.ever_attached, session.for_later)
             if todo is Action.FIRST_ATTACH:
+                wanted = request.cookie if request.cookie and _cookie(request.cookie) == request.cookie else ""
+                if wanted and wanted != session.cookie and encrypted == session.encrypted:
+                    session = await self._first_client_cookie(session, runtime, wanted)
                 return await self._first_attach(caller, session, encrypted)
             if todo is Action.TAKE_OVER:
                 log.info("session {id} is attached elsewhere: suspending it for {address}", id=session.id,
@@ -334,7 +337,7 @@ class Lifecycle:
                                    f"Session {session.id} cannot be resumed while it is {session.state.value}.",
                                    session_id=session.id)
             session = self._update(
-                session.id, cookie=secrets.token_hex(16), client_address=printable(caller.address),
+                session.id, cookie=_cookie(request.cookie), client_address=printable(caller.address),
                 encrypted=encrypted,
                 geometry=settings.geometry, depth=settings.depth, render=settings.render,
                 fullscreen=settings.fullscreen, options={**session.options, "display": settings.as_dict(),
@@ -431,6 +434,16 @@ class Lifecycle:
             self._stop_watching(runtime)
             log.info("session {id} of {user}, started for later: nxagent stopped waiting for a first client (its "
                      "own 60-second limit); starting a fresh agent that waits on", id=session_id, user=session.user)
+            await self._fresh_agent(session, runtime)
+        finally:
+            runtime.listening = None
+            runtime.lock.release()
+
+    async def _fresh_agent(self, session: Session, runtime: Runtime) -> None:
+        """A new agent for a session whose agent never had a client (under
+        its lock, the old agent no longer watched); the session stays waiting."""
+        session_id = session.id
+        try:
             settings = DisplaySettings.from_dict(session.options.get("display", {}))
             runtime.listening = defer.Deferred()
             runtime.last_error = ""
@@ -454,7 +467,30 @@ class Lifecycle:
                                 session_id)
         finally:
             runtime.listening = None
-            runtime.lock.release()
+
+    async def _first_client_cookie(self, session: Session, runtime: Runtime, cookie: str) -> Session:
+        """A first client that brings its own cookie (an X2Go client takes it
+        from the listing it made before: nxgate.gateway.doors.conch.x2go).  nxagent reads
+        its options once before a first client, so the waiting agent, which
+        never had a client and runs no program yet, is replaced by a fresh one
+        with that cookie (under the session's lock)."""
+        self._stop_watching(runtime)
+        old = ProcessId(session.agent_pid, session.agent_started)
+        self._signal_agent(session, signal.SIGTERM)
+        for _ in range(50):
+            if not old.alive():
+                break
+            await _sleep(self.reactor, 0.1)
+        else:
+            self.supervisor.kill_if_alive(old)
+            await _sleep(self.reactor, 0.2)
+        session = self._update(session.id, cookie=cookie)
+        log.info("session {id} of {user}, started for later: a fresh agent with the first client's cookie",
+                 id=session.id, user=session.user)
+        await self._fresh_agent(session, runtime)
+        if not self.sessions.get(session.id, session).state.live:
+            raise SessionEnded(f"session {session.id} ended")
+        return self.sessions[session.id]
 
     async def _start_program(self, session_id: str, report: bool = False) -> str:
         """Start the session's program; with ``report``, return its status line
@@ -886,3 +922,15 @@ class Lifecycle:
             raise SessionError(Kind.FAILED_TO_START, "Session startup failed: its port is in use by another "
                                "process.", session_id=session_id)
         return session
+
+
+def _cookie(wanted: str) -> str:
+    """A resumed agent's cookie: the one the client was shown (32 hex
+    digits, nxgate.gateway.doors.conch.x2go), or a fresh one."""
+    return wanted if len(wanted) == 32 and all(c in "0123456789abcdef" for c in wanted) else secrets.token_hex(16)
+
+
+def _sleep(reactor: Any, seconds: float) -> defer.Deferred[None]:
+    from twisted.internet.task import deferLater
+
+    return deferLater(reactor, seconds, lambda: None)

@@ -71,6 +71,9 @@ class RestoreRequest:
     encrypted: bool
     # Asked for anew at each resume: the client may come back from another machine.
     services: frozenset[str] = frozenset()
+    # The agent's cookie after the resume ("": a fresh one).  X2Go clients take the
+    # cookie from the listing made before the resume (nxgate.gateway.doors.conch.x2go.names).
+    cookie: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)

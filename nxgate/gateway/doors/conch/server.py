@@ -46,6 +46,8 @@ MSG_USERAUTH_INFO_REQUEST = 60
 MODULI_FILE = "/etc/ssh/moduli"
 #: OpenSSH clients' ServerAliveInterval probe (global or on a channel).
 KEEPALIVE = b"keepalive@openssh.com"
+#: paramiko's (python-x2go's) probe, every 5 seconds with want_reply=0.
+PARAMIKO_KEEPALIVE = b"keepalive@lag.net"
 
 # Makes the NX conversation for a channel: (avatar, channel) -> handler
 # with data_received(bytes), eof_received() and connection_lost().
@@ -141,13 +143,18 @@ def _spread_answers(answers: list[str], styles: list[int]) -> list[str | None]:
 class NXAvatar(ConchUser):
     """An authenticated SSH login; it may open only NX session channels."""
 
-    def __init__(self, principal: Principal, shell_factory: ChannelHandlerFactory, max_channels: int) -> None:
+    def __init__(self, principal: Principal, shell_factory: ChannelHandlerFactory, max_channels: int,
+                 x2go: Any = None) -> None:
         super().__init__()
         self.principal = principal
         self.shell_factory = shell_factory
         self.max_channels = max_channels
         self.open_channels = 0
         self.channelLookup[b"session"] = NXSessionChannel
+        # The X2Go door (nxgate.gateway.doors.conch.x2go.door) for a user's own login with [x2go] enabled, else None:
+        # then exec, the sftp subsystem and direct-tcpip to the user's session links are served.
+        self.x2go = x2go if principal.unix_user and principal.ssh_user == principal.unix_user else None
+        self.open_links = 0
 
     def refusal(self, channel_type: bytes, data: bytes, address: str) -> str | None:
         """Why a channel of ``channel_type`` is refused (after one INFO line
@@ -155,6 +162,12 @@ class NXAvatar(ConchUser):
         refusal as a CRITICAL traceback: the nx key is public, so anyone
         could fill the log with ``ssh -W`` or ``-L`` attempts."""
         user = self.principal.ssh_user
+        if channel_type == b"direct-tcpip" and self.x2go is not None:
+            if self.open_links >= self.max_channels:
+                log.info("refused an X2Go link for {user!r} from {address}: {limit} are open already",
+                         user=user, address=address, limit=self.max_channels)
+                return "too many channels"
+            return None
         if channel_type != b"session":
             log.info("refused {kind!r} channel{target} for {user!r} from {address} (only the NX shell is offered)",
                      kind=channel_type[:64], target=_forward_target(channel_type, data), user=user, address=address)
@@ -166,13 +179,17 @@ class NXAvatar(ConchUser):
         return None
 
     def lookupChannel(self, channelType: bytes, windowSize: int, maxPacket: int, data: bytes) -> SSHChannel:
+        if channelType == b"direct-tcpip" and self.x2go is not None and self.open_links < self.max_channels:
+            return self.x2go.link_channel(self, windowSize, maxPacket, data)  # counts itself in open_links
         if channelType != b"session" or self.open_channels >= self.max_channels:  # see NXConnection
             raise ConchError(OPEN_ADMINISTRATIVELY_PROHIBITED, "refused")
         return super().lookupChannel(channelType, windowSize, maxPacket, data)
 
     def gotGlobalRequest(self, requestType: bytes, data: bytes) -> int:
-        if requestType == KEEPALIVE:
+        if requestType in (KEEPALIVE, PARAMIKO_KEEPALIVE):
             return 0  # any answer tells the client we are alive; no log line every interval
+        if self.x2go is not None and requestType in (b"tcpip-forward", b"cancel-tcpip-forward"):
+            return self.x2go.forward_request(self, requestType, data)
         log.warn(
             "refused global request {kind!r} for {user!r}", kind=requestType, user=self.principal.ssh_user
         )
@@ -270,6 +287,8 @@ class NXSessionChannel(SSHChannel):
         return 1
 
     def request_exec(self, data: bytes) -> int:
+        if self.avatar.x2go is not None and self.handler is None:
+            return self.avatar.x2go.exec(self, common.getNS(data)[0])
         command = common.getNS(data)[0][:200]
         log.warn(
             "refused exec {command!r} for {user!r} from {address}",
@@ -279,6 +298,8 @@ class NXSessionChannel(SSHChannel):
         return 0
 
     def request_subsystem(self, data: bytes) -> int:
+        if self.avatar.x2go is not None and self.handler is None and common.getNS(data)[0] == b"sftp":
+            return self.avatar.x2go.sftp(self)
         self._refuse(b"subsystem " + common.getNS(data)[0][:100])
         return 0
 
@@ -330,15 +351,16 @@ class NXSessionChannel(SSHChannel):
 
 @implementer(IRealm)
 class NXRealm:
-    def __init__(self, shell_factory: ChannelHandlerFactory, max_channels: int) -> None:
+    def __init__(self, shell_factory: ChannelHandlerFactory, max_channels: int, x2go: Any = None) -> None:
         self.shell_factory = shell_factory
         self.max_channels = max_channels
+        self.x2go = x2go
 
     def requestAvatar(self, avatarId: Principal, mind: Any, *interfaces: Any) -> tuple[Any, NXAvatar, Any]:
         """``mind`` is the client's address (see :class:`_AddressPortal`)."""
         if IConchUser not in interfaces:
             raise NotImplementedError("only SSH logins are served")
-        avatar = NXAvatar(avatarId, self.shell_factory, self.max_channels)
+        avatar = NXAvatar(avatarId, self.shell_factory, self.max_channels, self.x2go)
         log.info(
             "SSH login of {user!r} from {address} ({method})",
             user=avatarId.ssh_user, address=mind, method=avatarId.method, audit="ssh_login",

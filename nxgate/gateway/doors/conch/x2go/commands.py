@@ -1,0 +1,331 @@
+"""Running a checked X2Go program against the session API (no Twisted here).
+
+The calls of one exec (see :mod:`nxgate.gateway.doors.conch.x2go.verbs`) run in order,
+with ``;``/``&&``/``exit`` as the shell would, and their output is gathered
+between the client's markers.  The X2Go verbs map to
+:class:`nxgate.vocabulary.api.SessionAPI`, the same calls every door makes
+(the owner checks are the service's: a caller's listing holds only the
+caller's sessions, so another user's session name is simply not found);
+the rest is answered from what the door knows.  A start or resume leaves
+a :class:`Link` behind: which agent a ``direct-tcpip`` to the session's
+virtual graphics port reaches, and with which cookie.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nxgate.gateway.doors.conch.x2go import names
+from nxgate.gateway.doors.conch.x2go.shell import Facts, Program
+from nxgate.gateway.doors.conch.x2go.verbs import VERBS, Call, parse_start
+from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.requests import DisplaySettings, RestoreRequest, ShadowRequest, StartRequest
+from nxgate.vocabulary.results import Ready, SessionView
+
+#: x2gostartagent's exit status for a session limit (x2goclient then says "Sessions limit reached").
+LIMIT_STATUS = 9
+MAX_LINKS_PER_USER = 16
+
+
+@dataclass(frozen=True)
+class Link:
+    """Where a ``direct-tcpip`` to a session's graphics port goes."""
+
+    session_id: str
+    target: Any  # nxgate.vocabulary.results.StreamTarget
+    agent_cookie: str = field(repr=False)
+
+    def cookie_matches(self, offered: str) -> bool:
+        return hmac.compare_digest(offered.encode(), self.agent_cookie.encode())
+
+
+class Links:
+    """The door's links by (user, graphics port); one owner: the door."""
+
+    def __init__(self) -> None:
+        self._links: dict[tuple[str, int], Link] = {}
+
+    def put(self, user: str, port: int, link: Link) -> None:
+        mine = [key for key in self._links if key[0] == user]
+        for key in mine:
+            if self._links[key].session_id == link.session_id:
+                del self._links[key]
+        if len(mine) >= MAX_LINKS_PER_USER:
+            self._links.pop(next(key for key in self._links if key[0] == user), None)
+        self._links[(user, port)] = link
+
+    def get(self, user: str, port: int) -> Link | None:
+        return self._links.get((user, port))
+
+
+@dataclass
+class Outcome:
+    stdout: str = ""
+    stderr: str = ""
+    status: int = 0
+    exited: bool = False  # "& exit": the END marker is not echoed
+
+
+@dataclass(frozen=True)
+class Context:
+    """What one connection's commands may use."""
+
+    api: Any  # nxgate.vocabulary.api.SessionAPI
+    caller: Caller
+    facts: Facts
+    secret: bytes
+    links: Links
+    version: str
+    now: Callable[[], float]
+    locate: Callable[[str], Awaitable[str | None]]  # a program on the sessions' PATH, or None
+    log: Any
+    types: Callable[[], set[str]] = set  # the session types this server offers
+
+
+async def run(program: Program, calls: tuple[Call, ...], context: Context) -> Outcome:
+    outcome = Outcome()
+    if program.begin:
+        outcome.stdout += program.begin + "\n"
+    status = 0
+    for call in calls:
+        if call.joiner == "&&" and status != 0:
+            continue
+        if call.verb == "exit":
+            outcome.exited = True
+            break
+        out, err, status = await _one(call, context)
+        if call.output is None:
+            outcome.stdout += out
+        outcome.stderr += err
+    outcome.status = status
+    if program.end and not outcome.exited:
+        outcome.stdout += program.end + "\n"
+    return outcome
+
+
+async def _one(call: Call, context: Context) -> tuple[str, str, int]:
+    handler = _HANDLERS.get(call.verb)
+    if handler is None:  # the checks and this table disagree: a bug, said plainly
+        return "", f"nxgate: {call.verb} is not available\n", 127
+    try:
+        return await handler(call, context)
+    except SessionError as error:
+        context.log.info("X2Go {verb} of {user} from {address} refused: {message}", verb=call.verb,
+                         user=context.caller.user, address=context.caller.address, message=error.message,
+                         kind=error.kind.value)
+        if error.kind in (Kind.NOT_YOURS, Kind.NOT_FOUND):
+            return "", "nxgate: no such session\n", 1
+        if error.kind is Kind.LIMIT_REACHED:
+            return "", f"LIMIT {error.message}\n", LIMIT_STATUS
+        return "", f"nxgate: {error.message}\n", 1
+
+
+async def _echo(call: Call, context: Context) -> tuple[str, str, int]:
+    return " ".join(call.args) + "\n", "", 0
+
+
+async def _quiet(call: Call, context: Context) -> tuple[str, str, int]:
+    return "", "", 0
+
+
+async def _which(call: Call, context: Context) -> tuple[str, str, int]:
+    name = call.args[0]
+    if name in VERBS:
+        return f"/usr/bin/{name}\n", "", 0
+    if name == "fusermount":  # no folders here: python-x2go then switches sshfs off cleanly
+        return "", "", 1
+    found = await context.locate(name)
+    return (f"{found}\n", "", 0) if found else ("", "", 1)
+
+
+async def _test(call: Call, context: Context) -> tuple[str, str, int]:
+    path = call.args[1]
+    if "/" not in path:
+        return "", "", 1
+    found = await context.locate(path)
+    return "", "", 0 if found else 1
+
+
+async def _stat(call: Call, context: Context) -> tuple[str, str, int]:
+    caller = context.caller
+    return f"{context.facts.home} 4096 8 41ed {caller.uid} {caller.gid} 0 0 1 0 0 0 0 0 0 4096\n", "", 0
+
+
+async def _version(call: Call, context: Context) -> tuple[str, str, int]:
+    return names.version_output(context.version), "", 0
+
+
+async def _features(call: Call, context: Context) -> tuple[str, str, int]:
+    return "".join(f"{name}\n" for name in names.FEATURES), "", 0
+
+
+async def _basepath(call: Call, context: Context) -> tuple[str, str, int]:
+    return "/usr", "", 0  # printf, no new line (x2goclient appends /bin/x2goruncommand)
+
+
+async def _servers(call: Call, context: Context) -> tuple[str, str, int]:
+    return context.facts.hostname + "\n", "", 0
+
+
+async def _mine(context: Context) -> list[SessionView]:
+    listing = await context.api.list(context.caller)
+    return [view for view in listing.sessions if view.user == context.caller.user]
+
+
+async def _list(call: Call, context: Context) -> tuple[str, str, int]:
+    views = await _mine(context)
+    return names.listing(views, context.secret, context.facts.hostname, context.now()), "", 0
+
+
+async def _session(call: Call, context: Context) -> SessionView:
+    view = names.find(await _mine(context), call.args[0])
+    if view is None:
+        context.log.info("X2Go {verb} of {user} from {address}: no session {name!r} of theirs",
+                         verb=call.verb, user=context.caller.user, address=context.caller.address,
+                         name=call.args[0][:160])
+        raise SessionError(Kind.NOT_FOUND, "no such session")
+    return view
+
+
+def _settings(geometry: str, depth: int, link: str, kbtype: str, clipboard: str) -> DisplaySettings:
+    fullscreen = geometry in ("fullscreen", "maximize")
+    return DisplaySettings(geometry="1024x768" if fullscreen else geometry, fullscreen=fullscreen, depth=depth,
+                           keyboard=kbtype if re.fullmatch(r"[a-z0-9]+/[a-z0-9_-]+", kbtype) else "pc105/us",
+                           link=link, clipboard=clipboard, client="x2go")
+
+
+def _linked(ready: Ready, context: Context) -> names.X2GoNumbers:
+    """The numbers to print for a session just started or resumed (with the
+    agent's own cookie), remembered for the graphics link that follows."""
+    numbers = dataclasses.replace(names.numbers(ready.view, context.secret), cookie=ready.cookie)
+    if ready.stream is not None:
+        context.links.put(context.caller.user, numbers.gr_port, Link(ready.view.id, ready.stream, ready.cookie))
+    return numbers
+
+
+def session_type_for(command: str, offered: set[str], more: tuple[str, ...] = ()) -> tuple[str, tuple[str, ...]]:
+    """The nxgate type for an X2Go command word, and an application's argv."""
+    desktop = names.DESKTOPS.get(command) or names.DESKTOPS.get(command.upper())
+    if desktop is not None and not more:
+        return desktop, ()
+    argv = tuple(part for part in command.replace("X2GO_SPACE_CHAR", " ").split(" ") if part) + more
+    return "unix-application", argv
+
+
+async def _start(call: Call, context: Context) -> tuple[str, str, int]:
+    start = parse_start(call.args)
+    if start.kind == "S":
+        return await _share(start, context)
+    if start.kind == "P":
+        return "", "nxgate: published applications are not offered by this server\n", 1
+    session_type, application = session_type_for(start.command, context.types(), start.command_args)
+    request = StartRequest(type=session_type, name=start.command[:64], encrypted=True,
+                           rootless=start.kind == "R", application=application,
+                           display=_settings(start.geometry, start.depth, start.link, start.kbtype, start.clipboard))
+    ready = await context.api.start(context.caller, request)
+    numbers = _linked(ready, context)
+    context.log.info("X2Go session {name} (session {id}, {type}) started for {user} from {address}",
+                     name=numbers.name, id=ready.view.id, type=session_type, user=context.caller.user,
+                     address=context.caller.address)
+    return names.start_output(numbers), "", 0
+
+
+_SHARED = re.compile(r"([01])XSHAD([A-Za-z0-9._@-]{1,64})XSHAD(?::|PP)?(\d{1,5})")
+
+
+async def _share(start: Any, context: Context) -> tuple[str, str, int]:
+    """X2Go's desktop sharing (``S``: ``<mode>XSHAD<user>XSHAD:<display>``) on
+    nxgate's shadowing: the same policy and the owner's consent; mode 0 is
+    view-only.  python-x2go reads a refusal from ``ACCESS DENIED`` and ``XSHAD``."""
+    wanted = _SHARED.fullmatch(start.command)
+    if wanted is None:
+        return "", "ACCESS DENIED: no such desktop (XSHAD)\n", 8
+    mode, owner, display = wanted.group(1), wanted.group(2), int(wanted.group(3))
+    targets = await context.api.shadow_targets(context.caller)
+    target = next((t for t in targets if t.owner == owner and t.display == display), None)
+    if target is None:
+        context.log.info("X2Go desktop sharing of {owner}@:{display} asked by {user}: not a desktop they may share",
+                         owner=owner, display=display, user=context.caller.user)
+        return "", "ACCESS DENIED: no such desktop to share (XSHAD)\n", 8
+    settings = _settings(start.geometry, start.depth, start.link, start.kbtype, "both")
+    try:
+        ready = await context.api.attach_shadow(context.caller, ShadowRequest(target.id, settings, mode == "0"))
+    except SessionError as error:
+        if error.kind in (Kind.REFUSED_BY_OWNER, Kind.NOT_ALLOWED, Kind.NOT_FOUND, Kind.NOT_YOURS):
+            context.log.info("X2Go desktop sharing of {owner}@:{display} by {user} refused: {why}", owner=owner,
+                             display=display, user=context.caller.user, why=error.message)
+            return "", f"ACCESS DENIED: {error.message} (XSHAD)\n", 8
+        raise
+    numbers = _linked(ready, context)
+    context.log.info("X2Go desktop sharing of {owner}@:{display} for {user} as session {name}", owner=owner,
+                     display=display, user=context.caller.user, name=numbers.name)
+    return names.start_output(numbers), "", 0
+
+
+async def _desktops(call: Call, context: Context) -> tuple[str, str, int]:
+    targets = await context.api.shadow_targets(context.caller)
+    return "".join(f"{t.owner}@:{t.display}\n" for t in targets), "", 0
+
+
+async def _resume(call: Call, context: Context) -> tuple[str, str, int]:
+    view = await _session(call, context)
+    _, geometry, link, _pack, _layout, kbtype = call.args[:6]
+    clipboard = call.args[7] if len(call.args) > 7 and call.args[7] in ("both", "server", "client", "none") else "both"
+    settings = _settings(geometry, view.depth, link, kbtype, clipboard)
+    # The client connects with the cookie of the listing it made before this resume.
+    cookie = names.link_cookie(context.secret, view.id)
+    ready = await context.api.restore(context.caller, RestoreRequest(view.id, settings, encrypted=True, cookie=cookie))
+    if ready.cookie != cookie:
+        context.log.warn("X2Go resume of session {id} by {user}: the agent kept its cookie (a session started for a"
+                         " later client that never had one); the X2Go client cannot connect to it until an NX client"
+                         " or the browser has attached once", id=view.id, user=context.caller.user)
+    return names.resume_output(_linked(ready, context)), "", 0
+
+
+async def _suspend(call: Call, context: Context) -> tuple[str, str, int]:
+    view = await _session(call, context)
+    await context.api.suspend(context.caller, view.id)
+    return "", "", 0
+
+
+async def _terminate(call: Call, context: Context) -> tuple[str, str, int]:
+    view = await _session(call, context)
+    await context.api.terminate(context.caller, view.id, "X2Go client request")
+    return "", "", 0
+
+
+async def _runcommand(call: Call, context: Context) -> tuple[str, str, int]:
+    """The program starts when the graphics link is up (nxgate starts it at
+    the first attach, as X2Go's clients expect of x2goruncommand): here only
+    the session is checked to be the caller's."""
+    view = await _session(call.__class__(call.verb, (call.args[2],)), context)
+    context.log.info("X2Go runcommand {command!r} for session {id} of {user}: its program starts with the link",
+                     command=call.args[4][:80], id=view.id, user=context.caller.user)
+    return "", "", 0
+
+
+async def _owned_quiet(call: Call, context: Context) -> tuple[str, str, int]:
+    await _session(call, context)
+    return "", "", 0
+
+
+async def _mountdirs(call: Call, context: Context) -> tuple[str, str, int]:
+    context.log.info("X2Go folder sharing asked by {user}: not offered", user=context.caller.user)
+    return "the sshfs command is not installed on this server\n", "", 0
+
+
+_HANDLERS: dict[str, Callable[[Call, Context], Awaitable[tuple[str, str, int]]]] = {
+    "echo": _echo, "printf": _quiet, "export": _quiet, "assign": _quiet, "true": _quiet,
+    "setxkbmap": _quiet, "xrandr": _quiet, "which": _which, "test": _test, "stat": _stat,
+    "x2goversion": _version, "x2gofeaturelist": _features, "x2gobasepath": _basepath, "x2gogetservers": _servers,
+    "x2golistsessions": _list, "x2golistshadowsessions": _quiet, "x2golistdesktops": _desktops,
+    "x2gostartagent": _start, "x2goresume-session": _resume, "x2gosuspend-session": _suspend,
+    "x2goterminate-session": _terminate, "x2goruncommand": _runcommand, "x2gocmdexitmessage": _owned_quiet,
+    "x2goumount-session": _owned_quiet, "x2golistmounts": _owned_quiet, "x2gomountdirs": _mountdirs,
+}

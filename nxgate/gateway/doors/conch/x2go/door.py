@@ -1,0 +1,363 @@
+"""The X2Go door: the thin Twisted wiring of X2Go clients on the Conch SSH port.
+
+A user who logged in to the SSH port as himself (password,
+keyboard-interactive or key: :mod:`nxgate.gateway.doors.conch.checkers`) may, with
+``[x2go] enabled``, send the ``exec`` requests of X2Go's clients
+(read by :mod:`~nxgate.gateway.doors.conch.x2go.shell`, checked by
+:mod:`~nxgate.gateway.doors.conch.x2go.verbs`, run by :mod:`~nxgate.gateway.doors.conch.x2go.commands`
+against the session API), open ``direct-tcpip`` channels to his sessions'
+virtual graphics ports (spliced into the agent's socket through the same
+:class:`~nxgate.wire.relay.StreamRelay` the NX door uses, so a session on
+another cluster member is reached the same way), and write the files the
+clients push over SFTP below his ``~/.x2go`` (:mod:`~nxgate.gateway.doors.conch.x2go.sftp`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from twisted.conch.error import ConchError
+from twisted.conch.ssh import common
+from twisted.conch.ssh.channel import SSHChannel
+from twisted.internet import defer
+from twisted.logger import Logger
+
+from nxgate import __version__
+from nxgate.users import resolve_caller
+from nxgate.gateway.doors.conch.x2go import commands, files, scp, sftp, shell, verbs
+from nxgate.gateway.doors.conch.x2go.commands import Context, Link, Links
+from nxgate.vocabulary.caller import Caller
+from nxgate.wire.relay import StreamRelay
+
+log = Logger(namespace="nxgate.x2go")
+
+OPEN_CONNECT_FAILED = 2
+LOOPBACK = frozenset({b"localhost", b"127.0.0.1", b"::1", b"ip6-localhost"})
+_COOKIE = re.compile(rb"cookie=([0-9A-Fa-f]{32})")
+#: The nxproxy's first line (``NXPROXY-3.5.0-3.5.99 cookie=…,stream=…``) is short.
+MAX_HANDSHAKE = 1024
+
+
+class X2GoDoor:
+    """One per gateway: the door's secret (for the cookies it shows), its
+    links, and the per-connection callers."""
+
+    def __init__(self, reactor: Any, api: Callable[[], Any], blocking: Any, users: Any,
+                 config: Callable[[], Any], streams: Callable[[], Any]) -> None:
+        self.reactor = reactor
+        self.api = api
+        self.blocking = blocking
+        self.users = users
+        self.config = config
+        self.streams = streams
+        self.secret = secrets.token_bytes(32)
+        self.links = Links()
+
+    # --------------------------------------------------------------- who
+    async def context(self, avatar: Any, channel: Any) -> Context:
+        cached = getattr(avatar, "x2go_context", None)
+        if cached is not None:
+            return cached
+        user = avatar.principal.unix_user
+        entry = await self.users.lookup(user)
+        caller: Caller = await self.blocking(resolve_caller, user, channel.peer, channel.local_address, "x2go")
+        config = self.config()
+        hostname = config.server_name if config.server_name not in ("localhost", "(none)", "") else "nxgate"
+        facts = shell.Facts(user=user, home=entry.pw_dir, hostname=hostname)
+        path = config.sessions.path
+
+        async def locate(name: str) -> str | None:
+            if "/" in name:
+                return name if await self.blocking(_executable, name) else None
+            return await self.blocking(shutil.which, name, 1, path)
+
+        context = Context(api=self.api(), caller=caller, facts=facts, secret=self.secret, links=self.links,
+                          version=__version__, now=self.reactor.seconds, locate=locate, log=log,
+                          types=lambda: set(self.config().types))
+        avatar.x2go_context = context
+        return context
+
+    # -------------------------------------------------------------- exec
+    def exec(self, channel: Any, raw: bytes) -> int:
+        """Accept the exec (the answer comes on the channel) and run it soon."""
+        channel.handler = _Quiet()
+        self.reactor.callLater(0, lambda: defer.ensureDeferred(self._exec(channel, raw)))
+        return 1
+
+    async def _exec(self, channel: Any, raw: bytes) -> None:
+        try:
+            context = await self.context(channel.avatar, channel)
+        except Exception as error:  # an account gone since the login
+            log.warn("X2Go command of {user!r} refused: the account cannot be looked up ({error})",
+                     user=channel.avatar.principal.unix_user, error=str(error))
+            channel.write_stderr(b"nxgate: your account cannot be looked up\n")
+            channel.finish(1)
+            return
+        caller = context.caller
+        try:
+            program = shell.read_exec(raw, context.facts)
+            calls = verbs.check_program(program, context.facts)
+        except shell.Refused as refusal:
+            log.warn("refused X2Go command {command!r} of {user} from {address}: {why}; nothing was run",
+                     command=raw[:200], user=caller.user, address=caller.address, why=str(refusal),
+                     audit="x2go_refused")
+            channel.write_stderr(f"nxgate: command refused ({refusal})\n".encode())
+            channel.finish(127)
+            return
+        log.debug("X2Go command of {user}: {verbs}", user=caller.user, verbs=[call.verb for call in calls])
+        if [call.verb for call in calls] == ["scp"] and program.begin is None:
+            self._scp_sink(channel, context, calls[0])
+            return
+        try:
+            outcome = await commands.run(program, calls, context)
+        except Exception:
+            log.failure("X2Go command {command!r} of {user} failed", command=raw[:200], user=caller.user)
+            outcome = commands.Outcome(stderr="nxgate: internal error (see the server log)\n", status=1)
+        if channel.closing:
+            return
+        if outcome.stdout:
+            channel.write(outcome.stdout.encode())
+        if outcome.stderr:
+            channel.write_stderr(outcome.stderr.encode())
+        channel.finish(outcome.status)
+
+    def _scp_sink(self, channel: Any, context: Context, call: Any) -> None:
+        """x2goclient's ``scp -t``: files below ~/.x2go, written in a thread, acknowledged in order."""
+        target = [arg for arg in call.args if not arg.startswith("-")][0]
+        owner = files.Owner(context.caller.uid, context.caller.gid, context.facts.home)
+        sink = scp.Sink(target)
+        handler = _ScpHandler(self, channel, sink, owner, context.caller.user)
+        channel.handler = handler
+        channel.write(sink.start())
+
+    def forward_request(self, avatar: Any, kind: bytes, data: bytes) -> Any:
+        """X2Go's reverse forwards (sound, folders, printing) are accepted and
+        never used: nothing here offers those services, and x2goclient shows
+        critical dialogs when the requests fail."""
+        try:
+            host, rest = common.getNS(data)
+            (port,) = struct.unpack(">L", rest[:4])
+        except (ValueError, struct.error):
+            return 0
+        if kind == b"tcpip-forward":
+            log.info("X2Go client of {user} asked for a reverse forward to port {port}: accepted, not used (sound"
+                     " and folders are not offered)", user=avatar.principal.unix_user, port=port)
+            return (1, struct.pack(">L", port or 1)) if port == 0 else 1
+        return 1
+
+    # -------------------------------------------------------------- sftp
+    def sftp(self, channel: Any) -> int:
+        return sftp.start_sftp(self, channel)
+
+    # ------------------------------------------------------------- links
+    def link_channel(self, avatar: Any, window: int, max_packet: int, data: bytes) -> SSHChannel:
+        """A ``direct-tcpip`` channel to one of the user's graphics ports."""
+        user = avatar.principal.unix_user
+        try:
+            host, rest = common.getNS(data)
+            (port,) = struct.unpack(">L", rest[:4])
+        except (ValueError, struct.error):
+            raise ConchError(OPEN_CONNECT_FAILED, "bad forwarding request") from None
+        link = self.links.get(user, port) if host.lower() in LOOPBACK else None
+        if link is None:
+            log.info("refused a forward of {user} to {host!r}:{port}: not a graphics port of a session of theirs"
+                     " started or resumed here", user=user, host=host[:100], port=port)
+            raise ConchError(OPEN_CONNECT_FAILED, "no such session port")
+        return X2GoLinkChannel(self, link, localWindow=LINK_WINDOW, remoteWindow=window, remoteMaxPacket=max_packet,
+                               data=data, avatar=avatar)
+
+    def caller_of(self, avatar: Any) -> Caller:
+        context = getattr(avatar, "x2go_context", None)
+        if context is not None:
+            return context.caller
+        return Caller(user=avatar.principal.unix_user, door="x2go")
+
+
+LINK_WINDOW = 2 * 1024 * 1024
+
+
+class _Quiet:
+    """The handler of an exec channel: what the client sends is not read."""
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> None:
+        pass
+
+    def connection_lost(self) -> None:
+        pass
+
+    def pause_output(self) -> None:
+        pass
+
+    def resume_output(self) -> None:
+        pass
+
+
+def _executable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+class X2GoLinkChannel(SSHChannel):
+    """The client's nxproxy <-> the session's agent.
+
+    The proxy's first line carries the cookie; a wrong one is turned away
+    here, before anything reaches the agent (which checks it again).  The
+    cookie cannot be swapped in the stream: nxcomp uses it as the fake X
+    authority cookie too."""
+
+    name = b"direct-tcpip"
+
+    def __init__(self, door: X2GoDoor, link: Link, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.door = door
+        self.link = link
+        self.head = b""
+        self.relay: StreamRelay | None = None
+        self.ended = False
+
+    def channelOpen(self, specificData: bytes) -> None:
+        self.avatar.open_links += 1
+        self.counted = True
+        log.info("X2Go graphics link of {user} to session {id} opened", user=self.avatar.principal.unix_user,
+                 id=self.link.session_id)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.relay is not None:
+            self.relay.write(data)
+            return
+        if self.ended:
+            return
+        self.head += data
+        match = _COOKIE.search(self.head)
+        if match is None:
+            if len(self.head) > MAX_HANDSHAKE:
+                self._refuse("no cookie in the proxy's first line")
+            return
+        if not self.link.cookie_matches(match.group(1).decode().lower()):
+            self._refuse("a wrong cookie")
+            return
+        head, self.head = self.head, b""
+        caller = self.door.caller_of(self.avatar)
+        self.relay = StreamRelay(self.door.reactor, caller, self.link.target, _LinkStream(self), head,
+                                 self.door.streams())
+
+    def _refuse(self, why: str) -> None:
+        log.warn("X2Go graphics link of {user} to session {id} closed: {why}", user=self.avatar.principal.unix_user,
+                 id=self.link.session_id, why=why)
+        self.ended = True
+        self.loseConnection()
+
+    def stopWriting(self) -> None:
+        if self.relay is not None:
+            self.relay.pause_agent()
+
+    def startWriting(self) -> None:
+        if self.relay is not None:
+            self.relay.resume_agent()
+
+    def eofReceived(self) -> None:
+        self.loseConnection()
+
+    def closed(self) -> None:
+        if getattr(self, "counted", False):
+            self.counted = False
+            self.avatar.open_links -= 1
+        if self.relay is not None:
+            relay, self.relay = self.relay, None
+            relay.close()
+
+
+class _LinkStream:
+    """The link channel as the relay's client stream."""
+
+    def __init__(self, channel: X2GoLinkChannel) -> None:
+        self.channel = channel
+
+    def write(self, data: bytes) -> None:
+        self.channel.write(data)
+
+    def close(self) -> None:
+        self.channel.loseConnection()
+
+    def pause_input(self) -> None:
+        self.channel.conn.transport.transport.pauseProducing()
+
+    def resume_input(self) -> None:
+        self.channel.conn.transport.transport.resumeProducing()
+
+
+class _ScpHandler:
+    """Feeds an SCP sink; writes its files one after the other, then acknowledges."""
+
+    def __init__(self, door: X2GoDoor, channel: Any, sink: Any, owner: Any, user: str) -> None:
+        self.door = door
+        self.channel = channel
+        self.sink = sink
+        self.owner = owner
+        self.user = user
+        self.chain: defer.Deferred[Any] = defer.succeed(None)
+        self.failed = False
+
+    def data_received(self, data: bytes) -> None:
+        if self.failed:
+            return
+        try:
+            answer, received = self.sink.feed(data)
+        except scp.Failed as error:
+            self._fail(str(error))
+            return
+        for item in received:
+            self.chain.addCallback(lambda _, item=item: self.door.blocking(_write_file, item.path, item.data,
+                                                                          self.owner))
+            self.chain.addCallback(lambda kept, item=item: log.info(
+                "X2Go client of {user} copied {path} ({size} bytes){kept}", user=self.user, path=item.path,
+                size=len(item.data), kept="" if kept else ": discarded, an sshfs key for folders, which are not"
+                " offered"))
+        self.chain.addCallback(lambda _: self.channel.write(answer) if answer and not self.channel.closing else None)
+        self.chain.addErrback(lambda failure: self._fail(failure.getErrorMessage()))
+        if self.sink.done:
+            self.chain.addCallback(lambda _: self.channel.finish(0) if not self.failed else None)
+
+    def _fail(self, why: str) -> None:
+        if self.failed:
+            return
+        self.failed = True
+        log.info("refused an SCP copy of {user}: {why}", user=self.user, why=why)
+        if not self.channel.closing:
+            self.channel.write(scp.failure(why))
+            self.channel.finish(1)
+
+    def eof_received(self) -> None:
+        self.chain.addCallback(lambda _: self.channel.finish(0) if not self.failed and not self.channel.closing
+                               else None)
+
+    def connection_lost(self) -> None:
+        self.failed = True
+
+    def pause_output(self) -> None:
+        pass
+
+    def resume_output(self) -> None:
+        pass
+
+
+def _write_file(path: str, data: bytes, owner: Any) -> bool:
+    """Write a copied file below ~/.x2go (False: discarded).  The keys for
+    folder sharing (``~/.x2go/ssh/``: the client's private key for sshfs back
+    to it) are not kept: nothing here would use them."""
+    if files.parts(path, owner.home)[1] == "ssh":
+        return False
+    fd = files.open_for_writing(path, owner)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    return True
