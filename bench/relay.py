@@ -442,11 +442,14 @@ def agent_pids(display: int) -> list[int]:
 
 def take_agent_port(display: int, timeout: float = 20.0) -> socket.socket:
     """SIGKILL the session's nxagent and listen on its socket ourselves."""
+    pids = agent_pids(display)
+    if not pids:
+        raise RuntimeError(f"no nxagent runs for display :{display}")
     path = ""
-    for pid in agent_pids(display):
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            argv = handle.read().decode().split("\0")
-        path = os.path.join(os.path.dirname(argv[argv.index("-options") + 1]), "agent.sock")
+    for pid in pids:
+        # The agent runs in its session directory and names its files
+        # relative to it (nxgate.backends.nxagent.agent_argv): the socket is there.
+        path = os.path.join(os.readlink(f"/proc/{pid}/cwd"), "agent.sock")
         os.kill(pid, signal.SIGKILL)
     return listen_unix_when_free(path, timeout)
 
