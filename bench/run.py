@@ -236,8 +236,9 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
                       memory.get("session_mb_agent_plus_program"), x2mem["session_mb_agent_plus_program"]),
                   "(like for like)", None if not memory else
                   memory["session_mb_agent_plus_program"] < x2mem["session_mb_agent_plus_program"],
-                  note=f"nxagent median {memory.get('agent_rss_mb_median', 0):.1f} MB vs x2goagent "
-                       f"{x2mem['agent_rss_mb_median']:.1f} MB")
+                  note=f"rootless like X2Go's: nxagent median {memory.get('agent_rss_mb_median', 0):.1f} MB vs "
+                       f"x2goagent {x2mem['agent_rss_mb_median']:.1f} MB; desktop mode "
+                       f"{memory.get('desktop_agent_rss_mb_median', 0):.1f} MB (its root window)")
     table.add("agent + program (vs reference)", ours, "MB", X2GO_REFERENCE["session_mb"], "X2Go reference (issue)",
               ratio(ours, X2GO_REFERENCE["session_mb"]), "below X2Go's",
               None if ours is None else ours < X2GO_REFERENCE["session_mb"])
