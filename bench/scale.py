@@ -619,6 +619,7 @@ def bench_phases(runs: int, profile_dir: str | None) -> dict:
         out["sighup_retries"] = log.count("not taken yet")
         out["watchdog_kills"] = log.count("ending nxagent's watchdog")
         out["second_sigterm_or_kill"] = log.count("ignored SIGTERM") + log.count("still running after it ended")
+        out["second_sigterm"] = log.count("has not terminated after")
     finally:
         subprocess.run(["pkill", "-TERM", "-u", user.name, "-x", "nxagent"], check=False)
         screen.close()
