@@ -35,8 +35,6 @@ class ByteTransport(Protocol):
 
     def write(self, data: bytes) -> None: ...
 
-    def end_of_input(self) -> None: ...  # the client's EOF (it sends no more)
-
     def close(self) -> None: ...
 
 
