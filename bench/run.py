@@ -291,6 +291,13 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
             if row:
                 table.add(f"{label} latency p50 / p99", f"{row['latency_p50_us']:.0f}/{row['latency_p99_us']:.0f}",
                           "us", None, "1-byte round trips", None, "(info)", note=f"cipher: {row.get('algorithms', '')}")
+        paired = relay.get("ratios") or {}
+        for direction in ("up", "down"):
+            value = paired.get(f"paired_conch_vs_openssh_nc_same_cipher_{direction}")
+            if value is not None:
+                table.add(f"Conch relay {direction}, paired runs", None, "", None, "OpenSSH+nc same cipher", value,
+                          ">= 1.0x", value >= 1.0, note="median over repetitions of the ratio of the runs made "
+                                                        "next to each other (less load drift)")
         table.section("plain relays on loopback (no SSH)")
         nxcopy = figure("nxcopy (splice)", "up")
         candidates = [(figure(n, "up"), n) for n in ("python os.splice loop", "socat -b 262144")]
@@ -299,6 +306,10 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
             best, best_name = max(candidates)
             table.add("nxcopy vs best(splice loop, socat 256k)", nxcopy, "GB/s", best, best_name,
                       ratio(nxcopy, best), ">= 0.9x", nxcopy >= 0.9 * best, spread_of("nxcopy (splice)", "up"))
+        value = paired.get("paired_nxcopy_vs_best_of_splice_loop_and_socat_256k")
+        if value is not None:
+            table.add("nxcopy vs best, paired runs", None, "", None, "splice loop / socat 256k", value, ">= 0.9x",
+                      value >= 0.9)
         socat = figure("socat (default)", "up")
         if nxcopy is not None and socat is not None:
             table.add("nxcopy vs default socat", nxcopy, "GB/s", socat, "socat (default)", ratio(nxcopy, socat),
