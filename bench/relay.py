@@ -442,8 +442,11 @@ def agent_pids(display: int) -> list[int]:
 
 def take_agent_port(display: int, timeout: float = 20.0) -> socket.socket:
     """SIGKILL the session's nxagent and listen on its socket ourselves."""
+    pids = agent_pids(display)
+    if not pids:
+        raise RuntimeError(f"no nxagent runs for display :{display}")
     path = ""
-    for pid in agent_pids(display):
+    for pid in pids:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             argv = handle.read().decode().split("\0")
         if "-options" not in argv:  # exiting, or not a session agent
@@ -832,7 +835,27 @@ def ratios(results: list[dict]) -> dict[str, float | None]:
         out[f"conch_vs_openssh_nc_default_{direction}"] = ratio(gbps(conch, direction), gbps(nc_default, direction))
     out["nxcopy_vs_best_of_splice_loop_and_socat_256k"] = ratio(nxcopy, best)
     out["nxcopy_vs_socat_default"] = ratio(nxcopy, gbps(find(results, "socat (default)")))
+    # The same ratios from runs made next to each other (rows run round-robin):
+    # on a shared machine the load drifts between repetitions, and a ratio of
+    # medians taken at different moments can swing by 2x where the paired
+    # ratio does not.
+    for direction in ("up", "down"):
+        out[f"paired_conch_vs_openssh_nc_same_cipher_{direction}"] = paired(conch, nc_same, direction)
+    nxcopy_row = find(results, "nxcopy (splice)")
+    out["paired_nxcopy_vs_best_of_splice_loop_and_socat_256k"] = min(
+        filter(None, [paired(nxcopy_row, find(results, name)) for name in ("python os.splice loop",
+                                                                          "socat -b 262144")]), default=None)
     return out
+
+
+def paired(ours: dict | None, peer: dict | None, direction: str = "up") -> float | None:
+    """The median over repetitions of ours/peer, each from the runs of one
+    repetition (None without both)."""
+    if ours is None or peer is None or direction not in ours["directions"] or direction not in peer["directions"]:
+        return None
+    pairs = [a / b for a, b in zip(ours["directions"][direction]["all_gb_per_s"],
+                                   peer["directions"][direction]["all_gb_per_s"]) if b]
+    return statistics.median(pairs) if pairs else None
 
 
 def print_table(results: list[dict], directions: list[str]) -> None:

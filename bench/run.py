@@ -251,8 +251,9 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
                       memory.get("session_mb_agent_plus_program"), x2mem["session_mb_agent_plus_program"]),
                   "(like for like)", None if not memory else
                   memory["session_mb_agent_plus_program"] < x2mem["session_mb_agent_plus_program"],
-                  note=f"nxagent median {memory.get('agent_rss_mb_median', 0):.1f} MB vs x2goagent "
-                       f"{x2mem['agent_rss_mb_median']:.1f} MB")
+                  note=f"rootless like X2Go's: nxagent median {memory.get('agent_rss_mb_median', 0):.1f} MB vs "
+                       f"x2goagent {x2mem['agent_rss_mb_median']:.1f} MB; desktop mode "
+                       f"{memory.get('desktop_agent_rss_mb_median', 0):.1f} MB (its root window)")
     table.add("agent + program (vs reference)", ours, "MB", X2GO_REFERENCE["session_mb"], "X2Go reference (issue)",
               ratio(ours, X2GO_REFERENCE["session_mb"]), "below X2Go's",
               None if ours is None else ours < X2GO_REFERENCE["session_mb"])
@@ -305,6 +306,13 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
             if row:
                 table.add(f"{label} latency p50 / p99", f"{row['latency_p50_us']:.0f}/{row['latency_p99_us']:.0f}",
                           "us", None, "1-byte round trips", None, "(info)", note=f"cipher: {row.get('algorithms', '')}")
+        paired = relay.get("ratios") or {}
+        for direction in ("up", "down"):
+            value = paired.get(f"paired_conch_vs_openssh_nc_same_cipher_{direction}")
+            if value is not None:
+                table.add(f"Conch relay {direction}, paired runs", None, "", None, "OpenSSH+nc same cipher", value,
+                          ">= 1.0x", value >= 1.0, note="median over repetitions of the ratio of the runs made "
+                                                        "next to each other (less load drift)")
         table.section("plain relays on loopback (no SSH)")
         nxcopy = figure("nxcopy (splice)", "up")
         candidates = [(figure(n, "up"), n) for n in ("python os.splice loop", "socat -b 262144")]
@@ -313,6 +321,10 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
             best, best_name = max(candidates)
             table.add("nxcopy vs best(splice loop, socat 256k)", nxcopy, "GB/s", best, best_name,
                       ratio(nxcopy, best), ">= 0.9x", nxcopy >= 0.9 * best, spread_of("nxcopy (splice)", "up"))
+        value = paired.get("paired_nxcopy_vs_best_of_splice_loop_and_socat_256k")
+        if value is not None:
+            table.add("nxcopy vs best, paired runs", None, "", None, "splice loop / socat 256k", value, ">= 0.9x",
+                      value >= 0.9)
         socat = figure("socat (default)", "up")
         if nxcopy is not None and socat is not None:
             table.add("nxcopy vs default socat", nxcopy, "GB/s", socat, "socat (default)", ratio(nxcopy, socat),

@@ -6,7 +6,14 @@ terminate (the answer comes once the agent is gone); medians of N runs.
 Then the memory of the gateway and of each session with M sessions up.
 Needs root (it creates a Unix user).  Prints a table and writes JSON.
 
-    .venv/bin/python bench/sessions.py [--runs 5] [--sessions 20] [--json FILE]
+The sessions are application sessions shown rootless (``--rootless``), as
+X2Go's ``pyhoca-cli -t application`` ones are (x2goagent ``-R``): like for
+like.  A desktop-mode application session (nxgate-client's default) draws
+and keeps its whole root window, ~3.8 MB more per agent; its agent RSS is
+measured too (``--desktop-sessions``, info), and ``--mode desktop`` times
+desktop-mode sessions instead.
+
+    .venv/bin/python bench/sessions.py [--runs 5] [--sessions 20] [--mode rootless|desktop] [--json FILE]
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ APP = "xterm -bg #ff00ff -fg #ff00ff -geometry 200x60+0+0"
 
 
 class Bench:
-    def __init__(self, sessions: int) -> None:
+    def __init__(self, sessions: int, rootless: bool = True) -> None:
+        self.mode = ("--rootless",) if rootless else ()
         self.user = create_user()
         self.gateway = Gateway({"sessions": {"display_base": "1300", "display_limit": str(sessions + 20),
                                              "max_sessions_per_user": str(sessions + 10)}}).start()
@@ -61,7 +69,8 @@ class Bench:
 
     def one_run(self) -> dict[str, float]:
         started = time.monotonic()
-        first = self.client("--type", "unix-application", "--application", APP, "--geometry", "1024x768", wait=False)
+        first = self.client("--type", "unix-application", *self.mode, "--application", APP, "--geometry", "1024x768",
+                            wait=False)
         new = self.picture_after(started)
         sid = self.session_id()
         started = time.monotonic()
@@ -84,13 +93,13 @@ class Bench:
         wait_for(lambda: self.magenta() < 100, 30, "the picture to go")
         return {"new_to_picture": new, "suspend": suspend, "resume_to_picture": resume, "terminate": terminate}
 
-    def memory(self, count: int) -> dict[str, float]:
+    def memory(self, count: int, mode: tuple[str, ...] = ("--rootless",)) -> dict[str, float]:
         """Gateway RSS alone and with ``count`` application sessions attached then suspended."""
         gateway_pid = self.gateway.process.pid
         before = rss_kb(gateway_pid)
         clients = []
         for index in range(count):
-            clients.append(self.client("--type", "unix-application", "--application",
+            clients.append(self.client("--type", "unix-application", *mode, "--application",
                                        f"xterm -geometry 40x10+{index * 3}+0", "--geometry", "800x600",
                                        wait=False))
         wait_for(lambda: len(pgrep(self.user.name, "xterm")) == count, 180, f"{count} sessions with their programs")
@@ -105,6 +114,11 @@ class Bench:
             client.wait(30)
             client.stdout.close()
             client.stderr.close()
+        # The clients went (their sessions are suspended); end the agents so
+        # that a next measurement starts from none.
+        subprocess.run(["pkill", "-TERM", "-u", self.user.name, "-x", "nxagent"], check=False)
+        wait_for(lambda: not agents(self.user.name) and not pgrep(self.user.name, "xterm"), 60,
+                 "the agents and their programs to end")
         return {
             "sessions": count,
             "gateway_rss_mb_idle": before / 1024,
@@ -129,19 +143,27 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--sessions", type=int, default=20)
+    parser.add_argument("--mode", choices=("rootless", "desktop"), default="rootless",
+                        help="how the timed application sessions are shown (X2Go's are rootless)")
+    parser.add_argument("--desktop-sessions", type=int, default=3,
+                        help="desktop-mode sessions whose agent RSS is measured too (info; 0: none)")
     parser.add_argument("--json", default=os.path.join(REPO, "bench", "results", "sessions.json"))
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench/sessions.py needs root (it creates a Unix user)", file=sys.stderr)
         return 2
-    bench = Bench(args.sessions)
+    bench = Bench(args.sessions, rootless=args.mode == "rootless")
     try:
         runs = [bench.one_run() for _ in range(args.runs)]
         medians = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
         memory = bench.memory(args.sessions)
+        if args.desktop_sessions:
+            desktop = bench.memory(args.desktop_sessions, mode=())
+            memory["desktop_agent_rss_mb_median"] = desktop["agent_rss_mb_median"]
+            memory["desktop_session_mb_agent_plus_program"] = desktop["session_mb_agent_plus_program"]
     finally:
         bench.close()
-    result = {"runs": runs, "medians": medians, "memory": memory}
+    result = {"mode": args.mode, "runs": runs, "medians": medians, "memory": memory}
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as handle:
         json.dump(result, handle, indent=2)

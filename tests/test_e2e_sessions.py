@@ -186,6 +186,32 @@ class SessionTestCase(TestCase):
         return SessionInfo.parse(reply)
 
 
+class HalfClosingAttachment(Attachment):
+    """The harness's attachment as an OpenSSH-based client behaves: when
+    nxproxy's connection ends, EOF on the channel (ssh's stdin closed), and
+    ssh stays until the server closes the channel."""
+
+    def _up(self) -> None:
+        try:
+            while data := self.conn.recv(65536):
+                self.client.process.stdin.write(data)
+                self.client.process.stdin.flush()
+        except (OSError, ValueError):
+            pass
+        with contextlib.suppress(OSError, ValueError):
+            self.client.process.stdin.close()
+
+    def _down(self) -> None:
+        pipe = self.client.out
+        with contextlib.suppress(OSError, ValueError):
+            while not pipe.eof:
+                pipe.fill(0.5)
+                data, pipe.buffer = pipe.buffer, b""
+                if data:
+                    with contextlib.suppress(OSError):
+                        self.conn.sendall(data)  # nxproxy may be gone: ssh is still drained
+
+
 class ConsoleSessionTests(SessionTestCase):
     def test_start_draws_on_the_client_screen(self):
         client = self.login()
@@ -286,6 +312,22 @@ class ConsoleSessionTests(SessionTestCase):
         reply = self.login().command(f'terminate --sessionid="{info.session_id}"', timeout=30)
         self.assertIn(b"NX> 900 ", reply)
         wait_for(lambda: not agent_processes(self.user.name), 10, "the agent to end")
+
+    def test_the_eof_of_a_client_that_waits_for_the_server_to_close_reaches_the_agent(self):
+        """An nxssh-style client whose nxproxy went sends EOF on its channel
+        and waits for the server to close it (OpenSSH does): the agent hears
+        the EOF, its display fails, the session is suspended, and the channel
+        is closed.  Without the EOF passed on, the agent kept its link (and a
+        suspend waited nxagent's own 10 s for its peer to close)."""
+        client = self.login()
+        info = self.start(client)
+        attachment = HalfClosingAttachment(client, info, self.screen.name, self.gateway.workdir)
+        self.addCleanup(attachment.detach)
+        self.screen.wait_for_colour(RED, 20000)
+        attachment.proxy.kill()  # nxproxy gone: its connection ends, ssh gets EOF on its stdin
+        self.wait_status(info.session_id, "Suspended")
+        wait_for(lambda: client.process.poll() is not None, 20, "the gateway to close the client's channel")
+        self.assertIn(f"stream of session {info.session_id} closed by the agent", self.gateway.log())
 
     def test_closing_the_session_program_ends_the_session(self):
         client = self.login()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 
 from twisted.internet import defer
 from twisted.test.proto_helpers import MemoryReactorClock
@@ -107,3 +108,105 @@ class SupervisorTests(TestCase):
         self.successResultOf(defer.ensureDeferred(self.supervisor.find_orphans(lambda sid: False, "db", None)))
         self.assertFalse(os.path.exists(stale))
         self.assertEqual(self.supervisor.orphans, {})
+
+
+class WatchdogTests(TestCase):
+    """nxagent's watchdog is ended once the agent sleeps in select(), where
+    the SIGCHLD of its end wakes it; not earlier, where that SIGCHLD is lost
+    and the agent sleeps out a 5-second select (see end_watchdog)."""
+
+    def setUp(self):
+        self.reactor = MemoryReactorClock()
+        self.layout = files.StateLayout(short_state_dir(self))
+        self.layout.prepare()
+        self.signals = []
+        self.answers = []
+        self.asked = 0
+        config = Config(sessions=SessionsSection(display_base=3400))
+        self.supervisor = AgentSupervisor(self.reactor, lambda: config, self.layout, FakeLauncher(self),
+                                          FakeNotifier(), "nxgate", send_signal=self.record,
+                                          in_select=self.in_select)
+        self.agent = ProcessId(4242, 1)
+        self.watchdog = ProcessId(4243, 2)
+        self.patch(processes, "named_children",
+                   lambda pid, name: [self.watchdog] if (pid, name) == (self.agent.pid, "nxagent") else [])
+
+    def record(self, process, signum):
+        self.signals.append((process.pid, signum))
+        return True
+
+    def in_select(self, pid):
+        self.assertEqual(pid, self.agent.pid)
+        self.asked += 1
+        return self.answers.pop(0) if self.answers else self.default
+
+    def session(self) -> Session:
+        return Session(id="A" * 32, user=ME, uid=os.getuid(), gid=os.getgid(), type="unix-console", name="s",
+                       display=3401, server_name="h", cookie="0" * 32, agent_pid=self.agent.pid,
+                       agent_started=self.agent.started)
+
+    def test_an_agent_in_select_has_its_watchdog_ended_at_once_without_a_timer(self):
+        self.default = True
+        self.successResultOf(self.supervisor.end_watchdog(self.session()))
+        self.assertEqual(self.signals, [(self.watchdog.pid, signal.SIGKILL)])
+        self.assertEqual(self.reactor.getDelayedCalls(), [])
+
+    def test_the_watchdog_lives_until_the_agent_reaches_select(self):
+        self.answers, self.default = [False, False], True
+        d = self.supervisor.end_watchdog(self.session())
+        self.assertEqual(self.signals, [])  # still writing its log lines: a SIGCHLD now would be lost
+        self.reactor.advance(supervision.WATCHDOG_AGENT_CHECK_SECONDS)
+        self.assertEqual(self.signals, [])
+        self.reactor.advance(supervision.WATCHDOG_AGENT_CHECK_SECONDS)
+        self.successResultOf(d)
+        self.assertEqual((self.signals, self.asked), ([(self.watchdog.pid, signal.SIGKILL)], 3))
+
+    def test_an_agent_never_seen_in_select_still_has_its_watchdog_ended(self):
+        self.default = False
+        d = self.supervisor.end_watchdog(self.session())
+        for _ in range(supervision.WATCHDOG_AGENT_CHECKS):
+            self.reactor.advance(supervision.WATCHDOG_AGENT_CHECK_SECONDS)
+        self.successResultOf(d)
+        self.assertEqual(self.signals, [(self.watchdog.pid, signal.SIGKILL)])
+
+    def test_where_proc_cannot_tell_the_watchdog_is_ended_at_once(self):
+        self.default = None
+        self.successResultOf(self.supervisor.end_watchdog(self.session()))
+        self.assertEqual((self.signals, self.asked), ([(self.watchdog.pid, signal.SIGKILL)], 1))
+
+    def test_no_watchdog_no_signal(self):
+        self.default = True
+        self.patch(processes, "named_children", lambda pid, name: [])
+        self.successResultOf(self.supervisor.end_watchdog(self.session()))
+        self.assertEqual((self.signals, self.asked), ([], 0))
+
+
+class InSelectTests(TestCase):
+    """The /proc/PID/syscall reading (pure)."""
+
+    def test_pselect6_and_select_are_select_on_x86_64(self):
+        self.assertTrue(supervision.in_select("270 0xb 0x7ffc 0x0 0x0 0x7ffc 0x0 0x7ffc 0x7f12\n", "x86_64"))
+        self.assertTrue(supervision.in_select("23 0xb 0x7ffc 0x0 0x0 0x7ffc 0x7ffc 0x7f12\n", "x86_64"))
+        self.assertTrue(supervision.in_select("72 0xb 0x7ffc 0x0 0x0 0x7ffc 0x0 0x7ffc 0x7f12\n", "aarch64"))
+
+    def test_other_calls_running_and_preempted_are_not(self):
+        self.assertFalse(supervision.in_select("1 0x2 0x55d0 0x3b 0x0 0x0 0x0 0x7ffc 0x7f12\n", "x86_64"))
+        self.assertFalse(supervision.in_select("running\n", "x86_64"))
+        self.assertFalse(supervision.in_select("-1 0x7ffc 0x7f12\n", "x86_64"))
+
+    def test_unknown_machines_and_garbage_cannot_tell(self):
+        self.assertIsNone(supervision.in_select("270 0xb\n", "riscv64"))
+        self.assertIsNone(supervision.in_select("", "x86_64"))
+        self.assertIsNone(supervision.in_select("what\n", "x86_64"))
+
+    def test_a_process_blocked_in_select_is_seen_there(self):
+        """The real /proc of a child sleeping in select()."""
+        child = subprocess.Popen(["python3", "-c", "import select, sys; select.select([sys.stdin], [], [], 30)"],
+                                 stdin=subprocess.PIPE)
+        self.addCleanup(lambda: (child.kill(), child.wait(), child.stdin.close()))
+        for _ in range(500):  # until it got there (the test measures no time)
+            if supervision.waits_in_select(child.pid):
+                break
+            time.sleep(0.01)
+        self.assertTrue(supervision.waits_in_select(child.pid))
+        self.assertFalse(supervision.waits_in_select(os.getpid()))  # this one is reading its own /proc file

@@ -403,7 +403,9 @@ class ManagerTests(TestCase):
     def test_the_watchdog_the_agent_waits_for_is_killed(self):
         """Only the agent's forked ``nxagent`` child: not its other children
         (xkbcomp), and no pid from a log line a restarted gateway never saw."""
-        forks = ("import os, time\n"
+        # The stand-in waits in select(), as nxagent does for its watchdog
+        # (the supervisor ends the watchdog only once the agent is there).
+        forks = ("import os, select, time\n"
                  "parent = os.getpid()\n"
                  "for name in ('nxagent', 'xkbcomp'):\n"
                  "    if os.fork() == 0:\n"
@@ -411,7 +413,7 @@ class ManagerTests(TestCase):
                  "        while os.getppid() == parent:\n"  # no orphans outlive the test
                  "            time.sleep(0.1)\n"
                  "        os._exit(0)\n"
-                 "time.sleep(600)\n")
+                 "select.select([], [], [], 600)\n")
         self.patch(subprocess, "Popen", lambda argv, _popen=subprocess.Popen: _popen(["python3", "-c", forks]))
         session_id, _ = self.started()
         agent = self.manager.sessions[session_id].agent_pid

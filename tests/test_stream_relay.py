@@ -6,7 +6,8 @@ from __future__ import annotations
 import socket
 
 from twisted.internet.testing import MemoryReactorClock, StringTransport
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.internet import defer, task, threads
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from nxgate.wire.relay import StreamRelay
 from nxgate.vocabulary.caller import Caller
@@ -74,3 +75,77 @@ class FlowControlTests(SynchronousTestCase):
         self.relay._reached(ours, "")
         self.assertEqual(ours.fileno(), -1)  # closed, not adopted
         self.assertEqual(theirs.recv(1), b"")
+
+
+class EndOfInputTests(SynchronousTestCase):
+    """The client's EOF reaches the agent as a half-close: nxagent waits for
+    its peer to close before it says suspended or terminated (its own 10 s
+    when the EOF never came).  Real sockets: RealAgentEndOfInputTests."""
+
+    def setUp(self) -> None:
+        self.channel = FakeChannel()
+        self.relay = StreamRelay(MemoryReactorClock(), Caller("alice", address="192.0.2.1"),
+                                 StreamTarget("S" * 32, "/nonexistent/agent.sock", 1000), self.channel, b"")
+
+    def test_the_agent_connection_is_half_closed(self) -> None:
+        agent = AgentConnection()
+        agent.loseWriteConnection = lambda: setattr(agent, "half_closed", True)
+        self.relay.connected(agent)
+        self.relay.end_of_input()
+        self.assertTrue(getattr(agent, "half_closed", False))
+        self.assertFalse(agent.disconnecting)  # what the agent still says reaches the client
+        self.assertFalse(self.channel.closed)
+
+    def test_an_eof_before_the_agent_answered_is_passed_on_once_connected(self) -> None:
+        agent = AgentConnection()
+        agent.loseWriteConnection = lambda: setattr(agent, "half_closed", True)
+        self.relay.end_of_input()
+        self.relay.connected(agent)
+        self.assertTrue(getattr(agent, "half_closed", False))
+
+    def test_a_stream_without_half_close_is_ended(self) -> None:
+        class Whole(AgentConnection):
+            loseWriteConnection = None
+
+        agent = Whole()
+        self.relay.connected(agent)
+        self.relay.end_of_input()
+        self.assertTrue(agent.disconnecting)
+
+
+class RealAgentEndOfInputTests(TestCase):
+    """The same over a real Unix socket and the real reactor."""
+
+    @defer.inlineCallbacks
+    def test_the_agent_reads_the_last_bytes_then_eof_and_may_still_answer(self):
+        from twisted.internet import reactor
+
+        channel = FakeChannel()
+        # Built on a fake reactor (its attempts to reach the agent's path go
+        # nowhere); the socket pair is then handed to it on the real one.
+        relay = StreamRelay(MemoryReactorClock(), Caller("alice", address="192.0.2.1"),
+                            StreamTarget("S" * 32, "/nonexistent/agent.sock", 1000), channel, b"")
+        relay.reactor = reactor
+        ours, theirs = socket.socketpair(socket.AF_UNIX)
+        self.addCleanup(ours.close)
+        relay._reached(theirs, "")
+        relay.write(b"last words")
+        relay.end_of_input()
+        received = yield threads.deferToThread(read_to_eof, ours)
+        self.assertEqual(received, b"last words")  # and then EOF
+        self.assertFalse(channel.closed)
+        ours.sendall(b"bye")
+        ours.close()  # the agent ends its side: the channel closes
+        for _ in range(100):
+            if channel.closed:
+                break
+            yield task.deferLater(reactor, 0.01, lambda: None)
+        self.assertEqual((b"".join(channel.written), channel.closed), (b"bye", True))
+
+
+def read_to_eof(sock: socket.socket) -> bytes:
+    sock.settimeout(30)
+    received = b""
+    while chunk := sock.recv(100):
+        received += chunk
+    return received

@@ -93,6 +93,9 @@ class Action(str, enum.Enum):
 #: up is replaced by a fresh one; one that ended sooner failed.
 RENEW_AFTER_SECONDS = 40.0
 
+#: A terminating agent gets a second SIGTERM after this long (see _terminate_agent).
+SECOND_SIGTERM_SECONDS = 2.0
+
 L = State
 #: What each operation does in each live state.  Ended states are not
 #: listed: an ended session is not found by any operation.
@@ -562,9 +565,13 @@ class Lifecycle:
             return
         self._signal_agent(session, signal.SIGTERM)
         try:
-            await self._wait_for(session_id, {State.TERMINATED, State.FAILED}, 2.0)
+            await self._wait_for(session_id, {State.TERMINATED, State.FAILED}, SECOND_SIGTERM_SECONDS)
             return
         except WaitTimeout:
+            # It can sleep in a select() nothing will end (its peer's answer
+            # came before it waited for it): a signal ends that select.
+            log.info("session {id}: nxagent has not terminated after {seconds:g} s; SIGTERM again",
+                     id=session_id, seconds=SECOND_SIGTERM_SECONDS)
             self._signal_agent(self.sessions[session_id], signal.SIGTERM)
         except SessionEnded:
             return

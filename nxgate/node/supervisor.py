@@ -50,6 +50,10 @@ SIGHUP_ATTEMPTS = 40
 RESUME_LISTEN_SECONDS = 10.0
 #: How long what a session left behind has between SIGTERM and SIGKILL.
 LEFTOVER_GRACE_SECONDS = 5.0
+#: The watchdog is ended once its agent sleeps in select() (see end_watchdog);
+#: an agent not there yet is looked at again this often, at most this many times.
+WATCHDOG_AGENT_CHECK_SECONDS = 0.002
+WATCHDOG_AGENT_CHECKS = 50
 
 SendSignal = Callable[[ProcessId, int], bool]
 
@@ -107,6 +111,7 @@ class AgentSupervisor:
         send_signal: SendSignal = processes.send_signal,
         listens: Callable[[int, int], bool] | None = None,
         session_cgroups: cgroups.SessionCgroups | None = None,
+        in_select: Callable[[int], bool | None] | None = None,
     ) -> None:
         self.reactor = reactor
         self.config = config
@@ -117,6 +122,7 @@ class AgentSupervisor:
         self.blocking = blocking
         self.send_signal = send_signal
         self._listens = listens
+        self._in_select = in_select or waits_in_select
         self.cgroups = session_cgroups or cgroups.SessionCgroups()
         self._said_no_cgroups = False
         self.orphans: dict[str, Orphan] = {}  # id -> a running session the store did not know at start
@@ -351,16 +357,34 @@ class AgentSupervisor:
         rather than from its log line, which a restarted gateway never saw.
         SIGKILL, because a fresh watchdog sometimes still runs nxagent's
         SIGTERM handler and lives on (one suspend in ~10 hung for 20 s); it
-        holds nothing to clean up."""
+        holds nothing to clean up.
+
+        Not before the agent sleeps in select(): nxcomp's wait re-checks its
+        watchdog only when that select() returns, and the SIGCHLD of the
+        watchdog's end is what makes it return.  A SIGCHLD that comes while
+        the agent still writes its log lines is handled there and lost, and
+        the agent then sleeps out its 5-second select (suspend) or until the
+        second SIGTERM 2 s later (terminate): the "sometimes seconds" of a
+        busy machine.  The agent is normally in select() by the time its log
+        line has reached us, so this adds no wait; where /proc cannot tell
+        (``in_select`` answers None), the watchdog is ended at once."""
+        return defer.ensureDeferred(self._end_watchdog(session))
+
+    async def _end_watchdog(self, session: Session) -> None:
         if not session.agent_pid:
-            return defer.succeed(None)
-
-        def kill(children: list[ProcessId]) -> None:
-            for child in children:
-                log.debug("session {id}: ending nxagent's watchdog {pid}", id=session.id, pid=child.pid)
-                self.send_signal(child, signal.SIGKILL)
-
-        return self.blocking(processes.named_children, session.agent_pid, "nxagent").addCallback(kill)
+            return
+        children = await self.blocking(processes.named_children, session.agent_pid, "nxagent")
+        if not children:
+            return
+        for _ in range(WATCHDOG_AGENT_CHECKS):
+            if await self.blocking(self._in_select, session.agent_pid) is not False:
+                break
+            await task.deferLater(self.reactor, WATCHDOG_AGENT_CHECK_SECONDS, lambda: None)
+        else:
+            log.debug("session {id}: nxagent not seen in select(); ending its watchdog anyway", id=session.id)
+        for child in children:
+            log.debug("session {id}: ending nxagent's watchdog {pid}", id=session.id, pid=child.pid)
+            self.send_signal(child, signal.SIGKILL)
 
     def end_leftovers(self, session: Session) -> defer.Deferred[None]:
         """Whatever the session started ends with it, also daemons that left
@@ -483,6 +507,37 @@ class AgentSupervisor:
                 log.info("unknown session {id} of {user} on display :{display} has ended", id=session_id,
                          user=orphan.user, display=orphan.display)
                 await self.remove(os.path.join(self.layout.sessions, orphan.session_id))
+
+
+#: The system calls nxcomp's select() is made of, by machine (glibc's select
+#: is pselect6 on these); /proc/PID/syscall starts with the number.
+SELECT_SYSCALLS = {"x86_64": frozenset({23, 270}), "aarch64": frozenset({72})}
+
+
+def in_select(syscall_line: str, machine: str) -> bool | None:
+    """Whether a /proc/PID/syscall line says the process sleeps in select();
+    None when that cannot be told on ``machine``."""
+    numbers = SELECT_SYSCALLS.get(machine)
+    first = syscall_line.split(" ", 1)[0].strip()
+    if numbers is None or not first:
+        return None
+    if first == "running" or first.startswith("-"):
+        return False  # on a CPU, or between system calls (preempted)
+    try:
+        return int(first) in numbers
+    except ValueError:
+        return None
+
+
+def waits_in_select(pid: int) -> bool | None:
+    """:func:`in_select` for a running process (root reads any /proc/PID/syscall;
+    a small read, still run through ``blocking``)."""
+    try:
+        with open(f"/proc/{pid}/syscall", encoding="ascii", errors="replace") as handle:
+            line = handle.read()
+    except OSError:
+        return None
+    return in_select(line, os.uname().machine)
 
 
 def _group_names(user: pwd.struct_passwd) -> list[str]:

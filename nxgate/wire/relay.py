@@ -107,6 +107,7 @@ class StreamRelay:
         self.client_end = _ClientEnd(channel)
         self.splice: Splice | None = None
         self.closed = False
+        self.input_ended = False  # the client sent EOF: the agent is told once connected
         self.to_agent = len(leftover)
         self.to_client = 0
         channel.pause_input()  # nothing piles up before the agent is connected
@@ -145,6 +146,8 @@ class StreamRelay:
         self.pending.clear()
         self.splice = Splice(self.client_end, TransportEnd(transport), names=("client", "agent"))
         self.channel.resume_input()
+        if self.input_ended:
+            self._end_agent_input()
 
     def _failed(self, error: str) -> None:
         log.warn("cannot reach the agent of session {id}: {error}", id=self.target.session_id, error=error)
@@ -158,6 +161,28 @@ class StreamRelay:
             self.splice.received("client", data)
         elif not self.closed:
             self.pending.append(data)
+
+    def end_of_input(self) -> None:
+        """The client will send no more (its channel's EOF: an OpenSSH-style
+        client whose nxproxy closed, which then waits for us to close).
+
+        The agent is told with a half-close, as nxcopy does in the OpenSSH
+        mode: nxagent waits for its peer to close before it says suspended
+        or terminated, and without the EOF it waited out its own 10-second
+        limit.  It then closes its end, which closes the channel
+        (:meth:`agent_closed`); what it still writes reaches the client."""
+        if self.closed or self.input_ended:
+            return
+        self.input_ended = True
+        if self.agent is not None:
+            self._end_agent_input()
+
+    def _end_agent_input(self) -> None:
+        half_close = getattr(self.agent, "loseWriteConnection", None)
+        if half_close is not None:
+            half_close()
+        else:  # a stream without half-close (another member's): end it all
+            self.agent.loseConnection()
 
     def close(self) -> None:
         """The client went away."""

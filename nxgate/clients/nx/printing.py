@@ -17,7 +17,6 @@ import os
 from typing import Any
 
 from twisted.internet import protocol
-from twisted.internet.endpoints import HostnameEndpoint, UNIXClientEndpoint
 from twisted.logger import Logger
 
 from nxgate.protocols import printgate
@@ -140,6 +139,11 @@ class GateFactory(protocol.ServerFactory):
         self.refused = 0
 
     def connect(self, downstream: _GateProtocol) -> None:
+        # Imported here, on a print job's first connection: the endpoints
+        # module brings TLS and HTTP modules with it (~30 ms), which every
+        # nxgate-client run (--list, --suspend, ...) would pay at start.
+        from twisted.internet.endpoints import HostnameEndpoint, UNIXClientEndpoint
+
         if isinstance(self.server, str):
             endpoint: Any = UNIXClientEndpoint(self.reactor, self.server, timeout=CONNECT_TIMEOUT)
         else:

@@ -38,6 +38,8 @@ class Relay(Protocol):
 
     def write(self, data: bytes) -> None: ...
 
+    def end_of_input(self) -> None: ...  # the client's EOF (it sends no more)
+
     def close(self) -> None: ...
 
 
@@ -142,10 +144,13 @@ class Conversation:
         self._run(self.shell.data_received(data))
 
     def eof_received(self) -> None:
-        """The client will send no more; finish what it asked for, then close."""
+        """The client will send no more; finish what it asked for, then close
+        (a relayed stream passes the EOF on to the agent, which then closes)."""
         self._eof = True
         if self.relay is None:
             self._run([])
+        else:
+            self.relay.end_of_input()
 
     def connection_lost(self) -> None:
         self._closed = True
