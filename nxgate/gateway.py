@@ -229,7 +229,7 @@ class Gateway(service.MultiService):
         return door
 
     def _browser_viewers(self) -> Any:
-        """The node's browser viewers (Xvfb + nxproxy + x11vnc per open tab), for ``/view``."""
+        """The node's browser viewers (x11vnc on the session's display per open tab), for ``/view``."""
         from nxgate.node.browser_viewer import BrowserViewers, ViewerLimits, ViewerPrograms
 
         viewers = BrowserViewers(self.reactor, self.sessions.launcher, os.path.join(self.layout.root, "viewers"),
@@ -237,6 +237,8 @@ class Gateway(service.MultiService):
                                  ViewerPrograms(path=self.config.sessions.path, lang=self.config.sessions.lang),
                                  self.blocking)
         viewers.streams = self.cluster_streams  # a session on another node: its stream goes there
+        viewers.node = self.sessions  # live viewers show this node's sessions; a resume ends them
+        self.sessions.observers.append(viewers.session_changed)
         viewers.prepare()
         return viewers
 

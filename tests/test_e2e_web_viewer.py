@@ -3,12 +3,14 @@
 The real gateway with ``[web]``, real Unix users and PAM, a session started
 by ``nxgate-client`` on an Xvfb standing in for the user's screen, and
 Debian's Chromium (headless, :mod:`tests.harness.browser`) logged in to the
-portal.  "Open" in the page takes the session over as an NX resume would;
-the page's canvas is checked against the session's own framebuffer; keys
-typed in the page reach a program in the session (it writes them to a file
-as the user); closing the tab suspends the session, which ``nxgate-client``
-then resumes with the typed text on screen.  Another user gets nothing by
-any URL or WebSocket.
+portal.  "Open" in the page suspends an NX client that shows the session
+and shows the session's own screen (an x11vnc on the agent's display, no
+resume); the page's canvas is checked against the session's own
+framebuffer; keys typed in the page reach a program in the session (it
+writes them to a file as the user); the session stays suspended while the
+tab shows it, so ``nxgate-client`` resumes it with the typed text on screen,
+after the tab closed or while it is open (the tab then ends).  Another
+user gets nothing by any URL or WebSocket.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ fetch('/view/ticket', {method: 'POST', headers: {'X-CSRF-Token': csrf},
 
 
 VIEWER_PROGRAMS = ("x11vnc", "Xvfb", "nxproxy")
+#: What a tab showing a session that a client drew before costs: x11vnc on the session's display, nothing else.
+LIVE_VIEWER_PROGRAMS = ("x11vnc",)
 
 
 def programs_of(uid: int) -> dict[int, str]:
@@ -228,6 +232,10 @@ class WebViewerTests(client_tests.ClientTestCase):
         wait_for(lambda: self.status(session_id) == "Suspended", 30, "the suspension after the tab closed")
         wait_for(lambda: not os.listdir(os.path.join(self.gateway.state_dir, "viewers")), 15,
                  "the viewer's programs and files to go")
+        wait_for(lambda: not programs_of(self.user.entry.pw_uid), 15, "the viewer's programs to end")
+        directory = os.path.join(self.gateway.state_dir, "sessions", session_id)
+        wait_for(lambda: not [n for n in os.listdir(directory) if n.startswith("view-")], 15,
+                 "the viewer's socket to go")
 
     def typed(self) -> str:
         try:
@@ -246,23 +254,25 @@ class WebViewerTests(client_tests.ClientTestCase):
         self.screen.wait_for_colour(RED, 20000, timeout=60)
         session_id, _row = self.only_session()
 
-        # ...opened in the browser: the client is suspended, the page draws the session.
+        # ...opened in the browser: the client is suspended, the page draws the session, which stays
+        # suspended (an NX client may resume it at any time).
         browser = self.logged_in()
         portal = browser.driver.current_window_handle
         self.open_in_browser(browser)
         code, stderr = self.finished(client, 30)
         self.assertEqual(code, 0, stderr)
         self.assertIn(f"disconnected from session {session_id}", stderr)
-        self.assertEqual(self.status(session_id), "Running")
+        self.assertEqual(self.status(session_id), "Suspended")
         source = browser.source
         for secret in (session_id, str(_row[0])):
             self.assertNotIn(secret, source)  # neither the id nor the display in the page
 
-        # The viewer's programs run as the user and listen on no TCP port, IPv4 or IPv6
+        # The viewer is one x11vnc, run as the user, listening on no TCP port, IPv4 or IPv6
         # (x11vnc once opened [::]:5900 without a password despite -rfbport 0 -no6 -noipv6).
         viewer_programs = programs_of(self.user.entry.pw_uid)
-        self.assertEqual(sorted(set(viewer_programs.values())), sorted(VIEWER_PROGRAMS), viewer_programs)
+        self.assertEqual(sorted(set(viewer_programs.values())), sorted(LIVE_VIEWER_PROGRAMS), viewer_programs)
         self.assertEqual(tcp_listeners(viewer_programs), [])
+        self.assertNotIn("view-", " ".join(os.listdir(os.path.join(self.gateway.state_dir, "viewers"))))
 
         # The canvas is the session's framebuffer.
         self.wait_for_the_canvas_to_be_the_session(browser, session_id, int(_row[0]))
@@ -295,9 +305,10 @@ class WebViewerTests(client_tests.ClientTestCase):
         browser.wait(lambda: "new session was started" in browser.text(), 60, "the session to start")
         session_id, _row = self.only_session()
 
-        # ...opened in the page, typed into...
+        # ...opened in the page (its first client: an NX resume into the viewer's own display), typed into...
         self.open_in_browser(browser)
         self.assertEqual(self.status(session_id), "Running")
+        self.assertEqual(sorted(set(programs_of(self.user.entry.pw_uid).values())), sorted(VIEWER_PROGRAMS))
         self.click_into_xterm(browser)
         cursor = canvas_shot(browser).count(YELLOW)  # before typing: the yellow cursor alone
         from selenium.webdriver.common.action_chains import ActionChains

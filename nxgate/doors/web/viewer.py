@@ -37,6 +37,7 @@ from nxgate.doors.web import websocket
 from nxgate.doors.web.site import words_of
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
+from nxgate.sessions.model import State
 from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequest
 from nxgate.sessions.results import Ready
 from nxgate.stream import agentsocket
@@ -252,7 +253,8 @@ class _VNCSide(protocol.Protocol):
         self.bridge.ws.send(data)
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
-        self.bridge.stop("the viewer's VNC server ended")
+        viewer = self.bridge.viewer
+        self.bridge.stop(viewer.ended if viewer is not None and viewer.ended else "the viewer's VNC server ended")
 
 
 def _screen_size(geometry: str) -> tuple[int, int] | None:
@@ -359,6 +361,52 @@ class ViewerBridge:
         viewers = self.parent.viewers
         if viewers is None:
             raise SessionError(Kind.NOT_ALLOWED, "The browser viewer is not available on this server.")
+        if self.ticket.purpose == "open" and await self._open_live(viewers):
+            return
+        await self._start_resumed(viewers)
+
+    async def _open_live(self, viewers: Any) -> bool:
+        """Show the session's own screen with an x11vnc next to its agent
+        (:meth:`nxgate.node.browser_viewer.BrowserViewers.open_live`); False
+        when this node cannot (a session that never had a client, or one
+        on another member): then the viewer resumes it.  A session an NX
+        client shows is suspended there first, as a resume would."""
+        view = await self.parent.service.show(self.caller, self.ticket.session_id)  # the owner check
+        if getattr(view, "lost", False) or not viewers.shows_live(view.id):
+            return False
+        if view.state is not State.SUSPENDED:
+            log.info("session {id} is attached elsewhere: suspending it for {user}'s browser", id=view.id,
+                     user=self.caller.user, audit="session_takeover")
+            await self.parent.service.suspend(self.caller, view.id)
+        if self.stopped:
+            raise _Gone()
+        self.viewer = await viewers.open_live(self.caller.user, view.id)  # limits: SessionError
+        self.viewer.on_close = self.stop
+        log.info("{user} opens session {id} in a browser (viewer {viewer}, live)", user=self.caller.user,
+                 id=view.id, viewer=self.viewer.id, audit="web_viewer_open")
+        if self.stopped:
+            raise _Gone()
+        self._reach_vnc(self.reactor.seconds() + 10.0)
+        return True
+
+    def _reach_vnc(self, deadline: float) -> None:
+        """Connect to the live viewer's x11vnc as soon as it listens (it
+        takes a tenth of a second or two: tried every 20 ms)."""
+        if self.stopped:
+            return
+        try:
+            sock = agentsocket.connect(self.viewer.vnc_socket, self.viewer.uid)
+        except (FileNotFoundError, ConnectionRefusedError) as error:
+            if self.reactor.seconds() < deadline and all(self.viewer.alive().values()):
+                self.reactor.callLater(0.02, self._reach_vnc, deadline)
+            else:
+                self._vnc_reached(None, str(error))
+        except OSError as error:
+            self._vnc_reached(None, str(error))
+        else:
+            self._vnc_reached(sock, "")
+
+    async def _start_resumed(self, viewers: Any) -> None:
         width, height = self.ticket.width, self.ticket.height
         if self.ticket.purpose == "shadow":
             # The watched screen's own size: in a screen of that size the shadow agent shows it 1:1

@@ -145,8 +145,9 @@
   let resizeTimer = null;
   function resized() {
     clearTimeout(resizeTimer);
-    /* A shadow follows the watched session's size, and a new resume would ask its owner again. */
-    if (section.dataset.purpose === "shadow") return;
+    /* A shadow follows the watched session's size, and a new resume would ask its owner again; an
+       open session is shown at its own size (x11vnc on its screen: no resume): the canvas scales. */
+    if (section.dataset.purpose === "shadow" || section.dataset.follows !== "1") return;
     resizeTimer = setTimeout(() => {
       if (!state.rfb || state.phase !== "connected" || !state.size) return;
       const [width, height] = screenSize();
