@@ -398,7 +398,15 @@ class WebViewerTests(client_tests.ClientTestCase):
         found = re.search(r"dimensions:\s+(\d+)x(\d+) pixels", result.stdout)
         return (int(found[1]), int(found[2])) if found else None
 
-    def test_the_session_follows_the_window_size(self) -> None:
+    def canvas_box(self, browser: Browser) -> tuple[float, float]:
+        """The canvas's size on the page (CSS pixels: what the user sees, scaled)."""
+        return tuple(browser.driver.execute_script(
+            "const r = document.querySelector('#viewer-screen canvas').getBoundingClientRect();"
+            " return [r.width, r.height];"))
+
+    def test_the_page_scales_the_session_to_the_window(self) -> None:
+        """The tab shows the session's own screen at the size its NX client gave it (a browser cannot resize a
+        suspended agent), scaled to the window with its aspect kept; a new window size only scales it again."""
         self.attach("--name", "resize")
         self.screen.wait_for_colour(RED, 20000, timeout=60)
         session_id, row = self.only_session()
@@ -406,36 +414,74 @@ class WebViewerTests(client_tests.ClientTestCase):
         client_size = self.agent_size(env)  # the NX client's
         browser = self.logged_in()
         self.open_in_browser(browser)
-
-        def sizes() -> tuple[Any, Any, Any]:
-            room = browser.driver.execute_script(
-                "const s = document.getElementById('viewer-screen'); return [s.clientWidth, s.clientHeight];")
-            canvas = browser.driver.execute_script(
-                "const c = document.querySelector('#viewer-screen canvas'); return c ? [c.width, c.height] : null;")
-            return tuple(room), tuple(canvas or ()), self.agent_size(env)
-
-        def fitted() -> tuple[int, int] | None:
-            """The session's size once the session, the canvas and the page's room agree (widths even)."""
-            room, canvas, agent = sizes()
-            if agent == canvas and canvas and abs(canvas[0] - room[0]) <= 1 and canvas[1] == room[1]:
-                return agent
-            return None
-
-        # Resumed in the browser, the session takes the page's size...
-        first = wait_for(fitted, 30, "the session to take the page's size")
-        self.assertNotEqual(first, client_size)
-        # ...and follows the window when it changes, drawn again in the page.
-        browser.driver.set_window_size(900, 640)
-        try:
-            second = wait_for(lambda: (found := fitted()) and found != first and found, 60,
-                              "the session to follow the window")
-        except AssertionError:
-            raise AssertionError(f"sizes (room, canvas, session): {sizes()}") from None
-        self.assertLess(second[0], first[0])
         self.wait_for_the_canvas_to_be_the_session(browser, session_id, int(row[0]), whole=True)
+        self.assertEqual(self.agent_size(env), client_size)
+
+        def aspect_kept() -> bool:
+            width, height = self.canvas_box(browser)
+            return abs(width / height - client_size[0] / client_size[1]) < 0.02
+
+        self.assertTrue(aspect_kept(), (self.canvas_box(browser), client_size))
+        before = self.canvas_box(browser)
+        browser.driver.set_window_size(700, 900)
+        wait_for(lambda: self.canvas_box(browser) != before, 20, "the canvas to scale to the window")
+        time.sleep(1.5)  # past the page's 0.7 s wait for the window to keep still
+        self.assertTrue(aspect_kept(), (self.canvas_box(browser), client_size))
+        self.assertLess(self.canvas_box(browser)[0], before[0])
+        self.assertEqual(browser.driver.execute_script("return window.nxgateViewer.resizes;"), 0)
+        self.assertEqual(browser.find("#viewer").get_attribute("data-state"), "connected")
+        self.wait_for_the_canvas_to_be_the_session(browser, session_id, int(row[0]), whole=True)
+        self.assertEqual(self.agent_size(env), client_size)
+
+    def test_open_a_suspended_session_without_resuming_it(self) -> None:
+        """A suspended session is shown as its agent draws it, with no NX resume: one x11vnc on its display."""
+        client = self.attach("--name", "suspended")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        session_id, row = self.only_session()
+        client.send_signal(signal.SIGTERM)
+        self.finished(client)
+        wait_for(lambda: self.status(session_id) == "Suspended", 30, "the suspension")
+        resumes = self.gateway.log().count(f"resuming session {session_id}")
+
+        browser = self.logged_in()
+        self.open_in_browser(browser)
+        self.wait_for_the_canvas_to_be_the_session(browser, session_id, int(row[0]), whole=True)
+        self.assertEqual(self.status(session_id), "Suspended")
+        self.assertEqual(self.gateway.log().count(f"resuming session {session_id}"), resumes)
+        viewer_programs = programs_of(self.user.entry.pw_uid)
+        self.assertEqual(sorted(viewer_programs.values()), list(LIVE_VIEWER_PROGRAMS))
+        self.assertEqual(tcp_listeners(viewer_programs), [])
+
+        # What the session draws now reaches the page too (the suspended agent keeps drawing).
+        self.click_into_xterm(browser)
+        cursor = canvas_shot(browser).count(YELLOW)
+        from selenium.webdriver.common.action_chains import ActionChains
+        ActionChains(browser.driver).send_keys("while suspended 5\n").perform()
+        wait_for(lambda: "while suspended 5" in self.typed(), 30, "the typed line in the session's file")
+        browser.wait(lambda: canvas_shot(browser).count(YELLOW) > cursor + 100, 20, "the echo drawn in the page")
+        self.wait_for_the_canvas_to_be_the_session(browser, session_id, int(row[0]), whole=True)
+
+    def test_an_nx_resume_while_the_tab_shows_the_session(self) -> None:
+        """An NX client resuming the session takes it, as from another client: the tab ends and says so."""
+        self.attach("--name", "taken back")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        session_id, _row = self.only_session()
+        browser = self.logged_in()
+        self.open_in_browser(browser)
+        wait_for(lambda: self.status(session_id) == "Suspended", 30, "the suspension")
+        self.screen.wait_for_colour((0, 0, 0), 800 * 600 - 100, timeout=30)  # the first client is gone
+
+        self.attach("--resume", session_id)
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
         self.assertEqual(self.status(session_id), "Running")
-        wait_for(lambda: len(os.listdir(os.path.join(self.gateway.state_dir, "viewers"))) == 1, 15,
-                 "the first viewer's programs and files to go")
+        browser.wait(lambda: browser.find("#viewer").get_attribute("data-state") == "disconnected", 30,
+                     "the tab to end")
+        wait_for(lambda: not programs_of(self.user.entry.pw_uid), 15, "the tab's x11vnc to end")
+        self.assertIn("browser viewer of " + self.user.name + " ends: The session was resumed elsewhere.",
+                      self.gateway.log())
+        directory = os.path.join(self.gateway.state_dir, "sessions", session_id)
+        wait_for(lambda: not [n for n in os.listdir(directory) if n.startswith("view-")], 15,
+                 "the viewer's socket to go")
 
     def admin_user(self) -> Any:
         """A fresh member of the admin group (of the portal and of the shadow policy)."""
