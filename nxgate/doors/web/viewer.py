@@ -250,7 +250,9 @@ class _VNCSide(protocol.Protocol):
         self.bridge.vnc_connected(self.transport)
 
     def dataReceived(self, data: bytes) -> None:
-        self.bridge.ws.send(data)
+        data = self.bridge.early.from_server(data)
+        if data:
+            self.bridge.ws.send(data)
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         viewer = self.bridge.viewer
@@ -331,6 +333,59 @@ class _ProxySide(protocol.Protocol):
             self.bridge.stop("the viewer's NX proxy ended")
 
 
+class EarlyVersion:
+    """The browser's RFB version, said to x11vnc for it as soon as x11vnc
+    answers the connection (sans-IO: :meth:`feed` takes what the browser
+    sends and returns what is left to pass on; :meth:`from_server` does the
+    same for what x11vnc sends).
+
+    x11vnc's libvncserver waits 100 ms after each accept for a WebSocket
+    or TLS hello from the client before it sends its own version, unless
+    the client spoke first; RFB clients never do, so every open paid those
+    100 ms (measured: 100.7 ms between accept and x11vnc's version).  The
+    bridge sends ``RFB 003.008`` (what noVNC answers x11vnc's 3.8) at
+    once, and drops the browser's own answer when it comes; any other
+    answer ends the viewer.  x11vnc then sends its security types at once
+    too; the browser gets them only after its own version, as from any RFB
+    server (noVNC given both in one message answered its version and then
+    nothing more)."""
+
+    def __init__(self, version: bytes = websocket.RFB_VERSION) -> None:
+        self.version = version
+        self.heard = b""
+        self.told = 0  # bytes of the server's version passed to the browser
+        self.held = b""  # what the server sent after its version, until the browser said its own
+
+    @property
+    def done(self) -> bool:
+        return len(self.heard) == len(self.version)
+
+    def feed(self, data: bytes) -> bytes:
+        """What the browser sent, less its version."""
+        if self.done:
+            return data
+        need = len(self.version) - len(self.heard)
+        self.heard += data[:need]
+        if not self.version.startswith(self.heard):
+            raise ValueError(f"the browser answered RFB version {self.heard[:12]!r}, not {self.version!r}")
+        return data[need:]
+
+    def from_server(self, data: bytes) -> bytes:
+        """What to pass to the browser now of what the server sent (the rest waits for :meth:`release`)."""
+        if self.done and not self.held:
+            return data
+        need = len(self.version) - self.told
+        now, later = data[:need], data[need:]
+        self.told += len(now)
+        self.held += later
+        return now
+
+    def release(self) -> bytes:
+        """Once the browser said its version: what the server sent meanwhile."""
+        held, self.held = self.held, b""
+        return held
+
+
 class ViewerBridge:
     """One browser tab showing one session."""
 
@@ -350,6 +405,7 @@ class ViewerBridge:
         #: Set when the viewer cannot start: the RFB answer that says why, sent after the client's version.
         self.refusal: bytes | None = None
         self.heard = b""
+        self.early = EarlyVersion()
         self.stopped = False
         self.started = self.reactor.seconds()
 
@@ -467,6 +523,7 @@ class ViewerBridge:
             transport.loseConnection()
             return
         self.vnc = transport
+        transport.write(self.early.version)  # see EarlyVersion
         for data in self.pending:
             transport.write(data)
         self.pending.clear()
@@ -499,6 +556,18 @@ class ViewerBridge:
                 refusal, self.refusal = self.refusal, None
                 self.ws.send(refusal)
                 self.ws.close(websocket.REFUSED, "refused")
+            return
+        try:
+            was_done = self.early.done
+            payload = self.early.feed(payload)
+        except ValueError as error:
+            self.stop(str(error))
+            return
+        if self.early.done and not was_done:
+            held = self.early.release()
+            if held:
+                self.ws.send(held)
+        if not payload:
             return
         if self.vnc is not None:
             self.vnc.write(payload)
