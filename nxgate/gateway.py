@@ -194,7 +194,8 @@ class Gateway(service.MultiService):
             check_port_free(cluster.listen, "[cluster] listen")
             NodeListener(self.reactor, cluster.listen, self.cluster_tls, self.sessions,
                          gateway_members(self.sessions.store), self.users, cluster.name,
-                         wrap=lambda factory: self.guard.wrap(factory, "cluster", trusts=True)).setServiceParent(self)
+                         wrap=lambda factory: self.guard.wrap(factory, "cluster", trusts=True),
+                         viewers=self._node_viewers).setServiceParent(self)
             log.info("cluster member {name}: listening for gateways on {where}", name=cluster.name,
                      where=configuration.describe_listen(cluster.listen))
         return RemoteStreams(self.reactor, self.cluster_tls)
@@ -227,6 +228,13 @@ class Gateway(service.MultiService):
         self.sessions.observers.append(door.session_changed)
         door.setServiceParent(self)
         return door
+
+    def _node_viewers(self) -> Any:
+        """The browser viewers of this node for gateways' ``view`` streams (made when first asked on a
+        member without a portal)."""
+        if getattr(self, "web_viewers", None) is None:
+            self.web_viewers = self._browser_viewers()
+        return self.web_viewers
 
     def _browser_viewers(self) -> Any:
         """The node's browser viewers (x11vnc on the session's display per open tab), for ``/view``."""

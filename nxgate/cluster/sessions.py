@@ -46,7 +46,7 @@ from nxgate.sessions.limits import Limits, limit_reached
 from nxgate.sessions.model import Member, Session, State
 from nxgate.sessions.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
 from nxgate.sessions.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionView,
-                                     ShadowTarget)
+                                     ShadowTarget, StreamTarget)
 from nxgate.sessions.store.errors import StoreError, storage_reason
 
 log = Logger(namespace="nxgate.cluster.sessions")
@@ -217,6 +217,14 @@ class ClusterSessions:
         """``method(caller, session_id, ...)`` on the node that runs the session."""
         node = await self._node_of(await self._row(caller, session_id))
         return await getattr(node, method)(caller, session_id, *arguments, **options)
+
+    async def viewer_target(self, caller: Caller, session_id: str) -> StreamTarget | None:
+        """Where a browser viewer of the caller's session is opened: the
+        member that runs it (a ``view`` stream, nxgate.cluster.stream), None on this one."""
+        node = await self._node_of(await self._row(caller, session_id))
+        if node is self.local:
+            return None
+        return StreamTarget(session_id, "", -1, node.name, node.address)
 
     async def restore(self, caller: Caller, request: RestoreRequest) -> Ready:
         node = await self._node_of(await self._row(caller, request.session_id))

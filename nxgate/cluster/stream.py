@@ -3,7 +3,8 @@
 After ``bye`` the client's NX bytes go to the session's agent.  When the
 session runs on another member (``StreamTarget.node``), the gateway opens a
 TLS connection to that member's listener (:func:`nxgate.cluster.connection.dial`,
-whose certificate must name the node), says ``NXSTREAM <id>\\n`` and, after
+whose certificate must name the node), says ``NXSTREAM <id>\\n`` (or
+``NXSTREAM <id> view\\n`` for a browser viewer's RFB stream) and, after
 the node's ``OK\\n``, the connection carries the raw stream; the node relays
 it to the agent's socket after its own owner checks
 (:mod:`nxgate.cluster.node_server`).
@@ -86,13 +87,15 @@ def set_buffer(transport: Any, size: int = STREAM_BUFFER) -> None:
 class _StreamClient(protocol.Protocol):
     """Ask for the stream, then become ``inner``'s transport."""
 
-    def __init__(self, session_id: str, inner: protocol.Protocol, failed: Callable[[str], None]) -> None:
-        self.session_id, self.inner, self.failed = session_id, inner, failed
+    def __init__(self, session_id: str, inner: protocol.Protocol, failed: Callable[[str], None],
+                 kind: str = "") -> None:
+        self.session_id, self.inner, self.failed, self.kind = session_id, inner, failed, kind
         self.head = b""
         self.open = False
 
     def connectionMade(self) -> None:
-        self.transport.write(b"NXSTREAM " + self.session_id.encode("ascii") + b"\n")
+        kind = b" " + self.kind.encode("ascii") if self.kind else b""
+        self.transport.write(b"NXSTREAM " + self.session_id.encode("ascii") + kind + b"\n")
 
     def dataReceived(self, data: bytes) -> None:
         if self.open:
@@ -184,10 +187,12 @@ class RemoteStreams:
     def __init__(self, reactor: Any, tls: ClusterTLS) -> None:
         self.reactor, self.tls = reactor, tls
 
-    def connect(self, target: Any, inner: protocol.Protocol, failed: Callable[[str], None]) -> None:
+    def connect(self, target: Any, inner: protocol.Protocol, failed: Callable[[str], None], kind: str = "") -> None:
         """Connect ``inner`` to the stream of ``target`` (with ``node`` and
-        ``address`` set), or call ``failed(why)``; never from inside this call."""
-        client = _StreamClient(target.session_id, inner, failed)
+        ``address`` set), or call ``failed(why)``; never from inside this call.
+        ``kind``: what the stream reaches on the node (:data:`nxgate.cluster.node_server.STREAM_KINDS`):
+        the agent (``""``), or ``"view"``, a browser viewer's x11vnc on the session's display."""
+        client = _StreamClient(target.session_id, inner, failed, kind)
         d = dial(self.reactor, self.tls, target.node, target.address, client)
 
         def not_connected(failure: Any) -> None:

@@ -428,14 +428,29 @@ class ViewerBridge:
         on another member): then the viewer resumes it.  A session an NX
         client shows is suspended there first, as a resume would."""
         view = await self.parent.service.show(self.caller, self.ticket.session_id)  # the owner check
-        if getattr(view, "lost", False) or not viewers.shows_live(view.id):
+        if getattr(view, "lost", False):
             return False
+        target = None
+        if not viewers.shows_live(view.id):
+            # On a cluster: a session that another member runs is shown by that member's viewer.
+            where = getattr(self.parent.service, "viewer_target", None)
+            if (where is None or viewers.streams is None or not view.attached_before
+                    or view.state not in (State.RUNNING, State.SUSPENDED)):
+                return False
+            target = await where(self.caller, view.id)
+            if target is None:
+                return False
         if view.state is not State.SUSPENDED:
             log.info("session {id} is attached elsewhere: suspending it for {user}'s browser", id=view.id,
                      user=self.caller.user, audit="session_takeover")
             await self.parent.service.suspend(self.caller, view.id)
         if self.stopped:
             raise _Gone()
+        if target is not None:
+            log.info("{user} opens session {id} in a browser (live, on member {node})", user=self.caller.user,
+                     id=view.id, node=target.node, audit="web_viewer_open")
+            viewers.streams.connect(target, _VNCSide(self), self._remote_failed, kind="view")
+            return True
         self.viewer = await viewers.open_live(self.caller.user, view.id)  # limits: SessionError
         self.viewer.on_close = self.stop
         log.info("{user} opens session {id} in a browser (viewer {viewer}, live)", user=self.caller.user,
@@ -444,6 +459,12 @@ class ViewerBridge:
             raise _Gone()
         self._reach_vnc(self.reactor.seconds() + 10.0)
         return True
+
+    def _remote_failed(self, why: str) -> None:
+        """The member running the session could not show it (its words, or why it was not reached)."""
+        log.info("browser viewer for {user} refused by the session's member: {why}", user=self.caller.user, why=why)
+        self.stop(why, close_socket=False)
+        self.refuse("The session cannot be shown: " + why)
 
     def _reach_vnc(self, deadline: float) -> None:
         """Connect to the live viewer's x11vnc as soon as it listens (it
@@ -530,7 +551,8 @@ class ViewerBridge:
         # Neither side buffers without bound: each pauses the other when its own send buffer fills.
         transport.registerProducer(self.ws.transport, True)
         self.ws.transport.registerProducer(transport, True)
-        log.info("browser viewer {id}: first VNC bytes path ready after {seconds:.2f}s", id=self.viewer.id,
+        log.info("browser viewer {id}: first VNC bytes path ready after {seconds:.2f}s",
+                 id=self.viewer.id if self.viewer is not None else "on another member",
                  seconds=self.reactor.seconds() - self.started)
         # Once noVNC is through the RFB handshake (loopback: well within a second), x11vnc is told to
         # stop holding the clipboard back (its first 15 seconds; see browser_viewer.selection_nudge_argv).
