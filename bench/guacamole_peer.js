@@ -1,21 +1,22 @@
 /* The Apache Guacamole peer of bench/web_viewer.py: guacamole-lite (the Node WebSocket bridge to guacd)
    and a page with guacamole-common-js, on one loopback HTTP port.
 
-     node guacamole_peer.js GUACD_PORT VNC_PORT COMMON_JS
+     node guacamole_peer.js GUACD_PORT VNC_PORT COMMON_JS CERT KEY
 
    GET /          the page: it fetches /token, connects, and shows the remote screen (guacamole-common-js)
    GET /common.js guacamole-common-js (the file named by COMMON_JS)
    GET /token     a fresh encrypted connection token for VNC on 127.0.0.1:VNC_PORT
    WS  /ws        guacamole-lite
+   HTTPS with CERT and KEY (PEM files), as nxgate's portal is served: the same TLS costs on both sides.
    Prints "listening PORT" once it accepts connections.  Loopback only; a benchmark's, not a product. */
 "use strict";
 
 const crypto = require("crypto");
 const fs = require("fs");
-const http = require("http");
+const https = require("https");
 const GuacamoleLite = require("guacamole-lite");
 
-const [guacdPort, vncPort, commonJs] = process.argv.slice(2);
+const [guacdPort, vncPort, commonJs, certFile, keyFile] = process.argv.slice(2);
 const key = crypto.randomBytes(32);
 
 function token() {
@@ -33,7 +34,7 @@ const PAGE = `<!doctype html><html><head><meta charset="utf-8"><title>guacamole 
 <script>var module = { exports: {} };  /* the package's CommonJS build ends with module.exports = Guacamole */</script>
 <script src="/common.js"></script><script>
 (async function () {
-  const tunnel = new Guacamole.WebSocketTunnel("ws://" + location.host + "/ws");
+  const tunnel = new Guacamole.WebSocketTunnel("wss://" + location.host + "/ws");
   const client = new Guacamole.Client(tunnel);
   window.guacClient = client;
   document.getElementById("display").appendChild(client.getDisplay().getElement());
@@ -43,7 +44,8 @@ const PAGE = `<!doctype html><html><head><meta charset="utf-8"><title>guacamole 
 })();
 </script></body></html>`;
 
-const server = http.createServer((request, response) => {
+const server = https.createServer({ cert: fs.readFileSync(certFile), key: fs.readFileSync(keyFile) },
+                                  (request, response) => {
   const path = request.url.split("?")[0];
   if (path === "/") {
     response.writeHead(200, { "Content-Type": "text/html", "Cache-Control": "no-store" });

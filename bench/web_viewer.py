@@ -52,9 +52,11 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -322,9 +324,15 @@ class GuacamolePeer:
         lib = os.path.join(os.path.dirname(os.path.dirname(self.guacd)), "lib")
         self.guacd_process = self._spawn([self.guacd, "-f", "-b", "127.0.0.1", "-l", str(guacd_port), "-L", "error"],
                                          dict(os.environ, LD_LIBRARY_PATH=lib))
+        # HTTPS, as nxgate's portal: a self-signed certificate of the bench's own (the browser takes any).
+        self.tls_dir = tempfile.mkdtemp(prefix="nxgate-bench-guac-")
+        cert, key = os.path.join(self.tls_dir, "cert.pem"), os.path.join(self.tls_dir, "key.pem")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                        "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1", "-keyout", key, "-out", cert],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         bridge = subprocess.Popen(
             ["node", os.path.join(REPO, "bench", "guacamole_peer.js"), str(guacd_port), str(vnc_port),
-             os.path.join(self.modules, "guacamole-common-js", "dist", "cjs", "guacamole-common.js")],
+             os.path.join(self.modules, "guacamole-common-js", "dist", "cjs", "guacamole-common.js"), cert, key],
             env=dict(os.environ, NODE_PATH=self.modules), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self.processes.append(bridge)
         line = bridge.stdout.readline().decode().split()
@@ -350,7 +358,7 @@ class GuacamolePeer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/"
+        return f"https://127.0.0.1:{self.port}/"
 
     def connection_pids(self) -> list[int]:
         """guacd's process of each open connection (guacd forks one per connection)."""
@@ -372,6 +380,8 @@ class GuacamolePeer:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
+        if getattr(self, "tls_dir", None):
+            shutil.rmtree(self.tls_dir, ignore_errors=True)
         if self.guacd_process is not None:  # connection processes left behind
             for pid in children(self.guacd_process.pid):
                 with contextlib.suppress(ProcessLookupError):

@@ -483,6 +483,30 @@ class WebViewerTests(client_tests.ClientTestCase):
         wait_for(lambda: not [n for n in os.listdir(directory) if n.startswith("view-")], 15,
                  "the viewer's socket to go")
 
+    def test_a_viewer_started_with_its_page_ends_when_the_page_never_connects(self) -> None:
+        """The viewer's x11vnc starts when the page is asked for (POST /view/open), before its WebSocket; a
+        page that never opens one leaves nothing running: the viewer stops after 15 s."""
+        client = self.attach("--name", "prepared")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        session_id, _row = self.only_session()
+        browser = self.logged_in()
+        self.open_button(browser)
+        handle = browser.find("form[action='/view/open'] input[name='handle']").get_attribute("value")
+        csrf = browser.find("input[name='csrf']").get_attribute("value")
+        status = browser.driver.execute_async_script("""
+            const done = arguments[arguments.length - 1];
+            fetch('/view/open', {method: 'POST', body: new URLSearchParams({csrf: arguments[0], handle: arguments[1]})})
+              .then((a) => done(a.status));""", csrf, handle)
+        self.assertEqual(status, 200)
+        wait_for(lambda: sorted(programs_of(self.user.entry.pw_uid).values()) == ["x11vnc"], 20,
+                 "the viewer's x11vnc, started with its page")
+        self.finished(client, 30)  # opening takes the session from its NX client, as the click did
+        wait_for(lambda: not programs_of(self.user.entry.pw_uid), 40, "the unclaimed viewer to stop")
+        self.assertEqual(self.status(session_id), "Suspended")
+        # ...and the session still opens in the page afterwards.
+        self.open_in_browser(browser)
+        self.wait_for_the_canvas_to_be_the_session(browser, session_id, int(_row[0]), whole=True)
+
     def admin_user(self) -> Any:
         """A fresh member of the admin group (of the portal and of the shadow policy)."""
         subprocess.run(["groupadd", "-f", ADMINS], check=True)

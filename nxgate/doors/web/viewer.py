@@ -109,6 +109,8 @@ class ViewerResource(resource.Resource):
         self.auth = auth
         self.tickets = websocket.Tickets(reactor.seconds)
         self.bridges: set[ViewerBridge] = set()
+        #: (login key, session id) -> a live viewer started when the page was asked for, until its WebSocket.
+        self.prepared: dict[tuple[str, str], Prepared] = {}
         self.putChild(b"open", _Page(self, "open"))
         self.putChild(b"shadow", _Page(self, "shadow"))
         self.putChild(b"ticket", _TicketResource(self))
@@ -127,6 +129,90 @@ class ViewerResource(resource.Resource):
     def close_all(self) -> None:
         for bridge in list(self.bridges):
             bridge.stop("the gateway stops")
+        for key in list(self.prepared):
+            self.prepared.pop(key).discard()
+
+    def prepare(self, caller: Caller, login: str, session_id: str) -> None:
+        """Start the live viewer of a session while the browser loads the
+        viewer's page, asks its ticket and opens its WebSocket (together
+        about as long as x11vnc takes to start): its WebSocket then finds
+        x11vnc listening (:meth:`take_prepared`).  Bound to this login and
+        session; not taken within :data:`PREPARED_SECONDS`, it is stopped.
+        Anything that goes wrong here is the WebSocket's to find and say."""
+        if self.viewers is None:
+            return
+        old = self.prepared.pop((login, session_id), None)
+        if old is not None:
+            old.discard()  # the page asked again (a reload): one prepared viewer per page
+        prepared = Prepared(self.reactor, defer.ensureDeferred(live_viewer(self.service, self.viewers, caller,
+                                                                         session_id)))
+        self.prepared[(login, session_id)] = prepared
+        prepared.expiry = self.reactor.callLater(PREPARED_SECONDS, self._expire, login, session_id, prepared)
+
+    def _expire(self, login: str, session_id: str, prepared: Prepared) -> None:
+        if self.prepared.get((login, session_id)) is prepared:
+            del self.prepared[(login, session_id)]
+            prepared.discard()
+
+    def take_prepared(self, login: str, session_id: str) -> Prepared | None:
+        prepared = self.prepared.pop((login, session_id), None)
+        if prepared is not None and prepared.expiry is not None and prepared.expiry.active():
+            prepared.expiry.cancel()
+        return prepared
+
+
+#: How long a viewer started with its page waits for the page's WebSocket.
+PREPARED_SECONDS = 15.0
+
+
+async def live_viewer(service: Any, viewers: Any, caller: Caller, session_id: str) -> Any:
+    """The live viewer of ``caller``'s session on this node (x11vnc started),
+    after suspending an NX client that shows it; None when this node cannot
+    show it live (see :meth:`ViewerBridge._open_live`)."""
+    view = await service.show(caller, session_id)  # the owner check
+    if getattr(view, "lost", False) or not viewers.shows_live(view.id):
+        return None
+    if view.state is not State.SUSPENDED:
+        log.info("session {id} is attached elsewhere: suspending it for {user}'s browser", id=view.id,
+                 user=caller.user, audit="session_takeover")
+        await service.suspend(caller, view.id)
+    return await viewers.open_live(caller.user, view.id)  # limits: SessionError
+
+
+class Prepared:
+    """A live viewer being started for a page (see :meth:`ViewerResource.prepare`)."""
+
+    def __init__(self, reactor: Any, started: defer.Deferred[Any]) -> None:
+        self.viewer: Any = None
+        self.failure: Failure | None = None
+        self.expiry: Any = None
+        self.waiters: list[defer.Deferred[Any]] = []
+        self.done = False
+        started.addCallbacks(self._started, self._failed)
+
+    def _started(self, viewer: Any) -> None:
+        self.viewer, self.done = viewer, True
+        for waiter in self.waiters:
+            waiter.callback(viewer)
+
+    def _failed(self, failure: Failure) -> None:
+        self.failure, self.done = failure, True
+        if not failure.check(SessionError):
+            log.failure("a browser viewer started with its page failed", failure)
+        for waiter in self.waiters:
+            waiter.callback(None)
+
+    def wait(self) -> defer.Deferred[Any]:
+        """The viewer, or None (not live here, or it failed: the WebSocket tries again and says why)."""
+        if self.done:
+            return defer.succeed(self.viewer)
+        waiter: defer.Deferred[Any] = defer.Deferred()
+        self.waiters.append(waiter)
+        return waiter
+
+    def discard(self) -> None:
+        """Not taken: stop the viewer (now, or once it started)."""
+        self.wait().addCallback(lambda viewer: viewer is not None and viewer.close())
 
 
 class _Page(resource.Resource):
@@ -152,9 +238,12 @@ class _Page(resource.Resource):
             request.setResponseCode(403)
             return auth.page(request, "Refused", '<p class="error" role="alert">Stale form: reload the page.</p>')
         handle = _form(request, "handle")
-        if auth.session_id(request, handle) is None:
+        session_id = auth.session_id(request, handle)
+        if session_id is None:
             request.setResponseCode(404)
             return auth.page(request, "Refused", '<p class="error" role="alert">No such session.</p>')
+        if self.purpose == "open":
+            self.parent.prepare(caller, login_key(auth.csrf_token(request)), session_id)
         body = (f'<section id="viewer" data-handle="{escape(handle)}" data-purpose="{self.purpose}">'
                 '<div id="viewer-bar"><p id="viewer-status" role="status">Connecting…</p>'
                 '<details id="viewer-clipboard-panel"><summary>Clipboard</summary>'
@@ -417,9 +506,27 @@ class ViewerBridge:
         viewers = self.parent.viewers
         if viewers is None:
             raise SessionError(Kind.NOT_ALLOWED, "The browser viewer is not available on this server.")
-        if self.ticket.purpose == "open" and await self._open_live(viewers):
+        if self.ticket.purpose == "open" and (await self._open_prepared() or await self._open_live(viewers)):
             return
         await self._start_resumed(viewers)
+
+    async def _open_prepared(self) -> bool:
+        """The live viewer this page's request started (:meth:`ViewerResource.prepare`), if any."""
+        prepared = self.parent.take_prepared(self.ticket.login, self.ticket.session_id)
+        viewer = await prepared.wait() if prepared is not None else None
+        if viewer is None:
+            return False
+        if viewer.closed:  # ended meanwhile (an NX resume): start again, and say why if it cannot
+            return False
+        if self.stopped:
+            viewer.close()
+            raise _Gone()
+        self.viewer = viewer
+        viewer.on_close = self.stop
+        log.info("{user} opens session {id} in a browser (viewer {viewer}, live)", user=self.caller.user,
+                 id=viewer.session_id, viewer=viewer.id, audit="web_viewer_open")
+        self._reach_vnc(self.reactor.seconds() + 10.0)
+        return True
 
     async def _open_live(self, viewers: Any) -> bool:
         """Show the session's own screen with an x11vnc next to its agent

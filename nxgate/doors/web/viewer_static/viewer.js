@@ -87,11 +87,14 @@
     say("failed", error.message || String(error));
   }
 
+  /* noVNC loads while the ticket is asked for (the server starts the viewer meanwhile). */
+  const novnc = import("/view/novnc/core/rfb.js");
+
   async function connect() {
     say("ticket", state.resizes ? "Resizing…" : "Opening the session…");
     const size = screenSize();
     const secret = await ticket(size);
-    const { default: RFB } = await import("/view/novnc/core/rfb.js");
+    const { default: RFB } = await novnc;
     const scheme = location.protocol === "https:" ? "wss:" : "ws:";
     const url = scheme + "//" + location.host + "/view/ws?ticket=" + encodeURIComponent(secret);
     say("connecting", "Connecting…");
