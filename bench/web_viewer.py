@@ -300,6 +300,9 @@ class GuacamolePeer:
                 raise RuntimeError(f"no guacd at {self.guacd} and no {GUACD_BUILD} to build it")
             print(f"building guacd into {guacd_prefix} ...", flush=True)
             subprocess.run(["bash", GUACD_BUILD, guacd_prefix], check=True, stdout=subprocess.DEVNULL)
+        if not (shutil.which("node") and shutil.which("npm")):  # Debian's, for the bridge and the npm packages
+            subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", "nodejs", "npm"], check=True,
+                           stdout=subprocess.DEVNULL)
         modules = os.path.join(PEERS_DIR, "node_modules")
         if not all(os.path.isdir(os.path.join(modules, name.rsplit("@", 1)[0])) for name in NPM_PACKAGES):
             os.makedirs(PEERS_DIR, exist_ok=True)

@@ -144,8 +144,8 @@ class ViewerResource(resource.Resource):
         old = self.prepared.pop((login, session_id), None)
         if old is not None:
             old.discard()  # the page asked again (a reload): one prepared viewer per page
-        prepared = Prepared(self.reactor, defer.ensureDeferred(live_viewer(self.service, self.viewers, caller,
-                                                                         session_id)))
+        prepared = Prepared(self.reactor, defer.ensureDeferred(prepared_viewer(self.service, self.viewers, caller,
+                                                                             session_id)))
         self.prepared[(login, session_id)] = prepared
         prepared.expiry = self.reactor.callLater(PREPARED_SECONDS, self._expire, login, session_id, prepared)
 
@@ -165,17 +165,26 @@ class ViewerResource(resource.Resource):
 PREPARED_SECONDS = 15.0
 
 
-async def live_viewer(service: Any, viewers: Any, caller: Caller, session_id: str) -> Any:
-    """The live viewer of ``caller``'s session on this node (x11vnc started),
-    after suspending an NX client that shows it; None when this node cannot
-    show it live (see :meth:`ViewerBridge._open_live`)."""
+async def prepared_viewer(service: Any, viewers: Any, caller: Caller, session_id: str) -> Any:
+    """For :meth:`ViewerResource.prepare`: the live viewer of ``caller``'s
+    session on this node, or None when this node cannot show it live."""
     view = await service.show(caller, session_id)  # the owner check
     if getattr(view, "lost", False) or not viewers.shows_live(view.id):
         return None
+    return await live_viewer(service, viewers, caller, view)
+
+
+async def suspend_for_browser(service: Any, caller: Caller, view: Any) -> None:
+    """An NX client that shows the session is suspended first, as a resume elsewhere would."""
     if view.state is not State.SUSPENDED:
         log.info("session {id} is attached elsewhere: suspending it for {user}'s browser", id=view.id,
                  user=caller.user, audit="session_takeover")
         await service.suspend(caller, view.id)
+
+
+async def live_viewer(service: Any, viewers: Any, caller: Caller, view: Any) -> Any:
+    """The live viewer (x11vnc started) of ``caller``'s session ``view`` of this node."""
+    await suspend_for_browser(service, caller, view)
     return await viewers.open_live(caller.user, view.id)  # limits: SessionError
 
 
@@ -521,11 +530,7 @@ class ViewerBridge:
         if self.stopped:
             viewer.close()
             raise _Gone()
-        self.viewer = viewer
-        viewer.on_close = self.stop
-        log.info("{user} opens session {id} in a browser (viewer {viewer}, live)", user=self.caller.user,
-                 id=viewer.session_id, viewer=viewer.id, audit="web_viewer_open")
-        self._reach_vnc(self.reactor.seconds() + 10.0)
+        self._use(viewer)
         return True
 
     async def _open_live(self, viewers: Any) -> bool:
@@ -547,25 +552,28 @@ class ViewerBridge:
             target = await where(self.caller, view.id)
             if target is None:
                 return False
-        if view.state is not State.SUSPENDED:
-            log.info("session {id} is attached elsewhere: suspending it for {user}'s browser", id=view.id,
-                     user=self.caller.user, audit="session_takeover")
-            await self.parent.service.suspend(self.caller, view.id)
-        if self.stopped:
-            raise _Gone()
         if target is not None:
+            await suspend_for_browser(self.parent.service, self.caller, view)
+            if self.stopped:
+                raise _Gone()
             log.info("{user} opens session {id} in a browser (live, on member {node})", user=self.caller.user,
                      id=view.id, node=target.node, audit="web_viewer_open")
             viewers.streams.connect(target, _VNCSide(self), self._remote_failed, kind="view")
             return True
-        self.viewer = await viewers.open_live(self.caller.user, view.id)  # limits: SessionError
-        self.viewer.on_close = self.stop
-        log.info("{user} opens session {id} in a browser (viewer {viewer}, live)", user=self.caller.user,
-                 id=view.id, viewer=self.viewer.id, audit="web_viewer_open")
+        viewer = await live_viewer(self.parent.service, viewers, self.caller, view)
         if self.stopped:
+            viewer.close()  # the browser left while it started
             raise _Gone()
-        self._reach_vnc(self.reactor.seconds() + 10.0)
+        self._use(viewer)
         return True
+
+    def _use(self, viewer: Any) -> None:
+        """Show the page what this live viewer's x11vnc serves."""
+        self.viewer = viewer
+        viewer.on_close = self.stop
+        log.info("{user} opens session {id} in a browser (viewer {viewer}, live)", user=self.caller.user,
+                 id=viewer.session_id, viewer=viewer.id, audit="web_viewer_open")
+        self._reach_vnc(self.reactor.seconds() + 10.0)
 
     def _remote_failed(self, why: str) -> None:
         """The member running the session could not show it (its words, or why it was not reached)."""
