@@ -138,8 +138,8 @@ def handshake(base: str, ticket: str, cookie: str | None, origin: str | None = N
             return tls.recv(4096).decode("latin-1").split("\r\n", 1)[0]
 
 
-class WebViewerTests(client_tests.ClientTestCase):
-    """One gateway with the portal, one user, a client screen; a browser per test."""
+class WebViewerBase(client_tests.ClientTestCase):
+    """One gateway with the portal, one user, a client screen; a browser per test (the helpers)."""
 
     timeout = 300
     options = {"sessions": {"display_base": "830", "display_limit": "60", "connect_timeout": "60"},
@@ -247,7 +247,31 @@ class WebViewerTests(client_tests.ClientTestCase):
     def status(self, session_id: str) -> str:
         return self.sessions().get(session_id, ("",) * 3)[2]
 
-    # ------------------------------------------------------------------------------------------------
+    def grab_session(self, display: int, authority: str) -> Any:
+        """The session's framebuffer (xwd with its X authority)."""
+        return pixels.grab(f":{display}", authority)
+
+    def wait_for_the_canvas_to_be_the_session(self, browser: Browser, session_id: str, display: int,
+                                              whole: bool = False) -> None:
+        """Until the page's canvas shows what the session's framebuffer holds
+        (97 % of the pixels equal); ``whole``: at the same size too."""
+        authority = os.path.join(self.gateway.state_dir, "sessions", session_id, "authority")
+
+        def same_picture() -> float:
+            shot, master = canvas_shot(browser), self.grab_session(display, authority)
+            if shot is None or (whole and (shot.width, shot.height) != (master.width, master.height)):
+                return 0.0
+            area = pixels.Rect(0, 0, min(shot.width, master.width), min(shot.height, master.height))
+            share = pixels.equal_share(pixels.crop(shot, area), pixels.crop(master, area))
+            return share if share > 0.97 else 0.0
+
+        wait_for(same_picture, 30, "the canvas to equal the session's framebuffer")
+
+
+
+class WebViewerTests(WebViewerBase):
+    """The browser viewer on one box."""
+
     def test_open_type_close_then_resume_with_the_client(self) -> None:
         # A session nxgate-client started and shows...
         client = self.attach("--name", "web test")
@@ -375,22 +399,6 @@ class WebViewerTests(client_tests.ClientTestCase):
         field.send_keys("snow ☃ man")
         browser.find("#viewer-clipboard-send").click()
         wait_for(lambda: "snow ☃ man" in selections().values(), 30, "the snowman in the session")
-
-    def wait_for_the_canvas_to_be_the_session(self, browser: Browser, session_id: str, display: int,
-                                              whole: bool = False) -> None:
-        """Until the page's canvas shows what the session's framebuffer holds
-        (97 % of the pixels equal); ``whole``: at the same size too."""
-        authority = os.path.join(self.gateway.state_dir, "sessions", session_id, "authority")
-
-        def same_picture() -> float:
-            shot, master = canvas_shot(browser), pixels.grab(f":{display}", authority)
-            if shot is None or (whole and (shot.width, shot.height) != (master.width, master.height)):
-                return 0.0
-            area = pixels.Rect(0, 0, min(shot.width, master.width), min(shot.height, master.height))
-            share = pixels.equal_share(pixels.crop(shot, area), pixels.crop(master, area))
-            return share if share > 0.97 else 0.0
-
-        wait_for(same_picture, 30, "the canvas to equal the session's framebuffer")
 
     def agent_size(self, env: dict[str, str]) -> tuple[int, int] | None:
         """The session's framebuffer size, as ``xdpyinfo`` on its own display says."""
@@ -615,3 +623,40 @@ class WebViewerTests(client_tests.ClientTestCase):
         log = self.gateway.log()
         for why in ("unknown, used or expired ticket", "ticket of another login", "foreign origin"):
             self.assertIn(f"browser viewer WebSocket refused ({why})", log)
+
+
+class JailedWebViewerTests(WebViewerBase):
+    """A jailed session ([jail] enabled) in the page: its x11vnc runs in the jail's namespaces, reaches the
+    jailed agent's display, and the page shows its framebuffer and types into it."""
+
+    options = {**WebViewerBase.options, "jail": {"enabled": "yes"}}
+
+    def grab_session(self, display: int, authority: str) -> Any:
+        """xwd in the jailed agent's mount namespace (its display's socket is in the jail's own /tmp)."""
+        (agent,) = client_tests.agent_processes(self.user.name)
+        result = subprocess.run(["nsenter", "-t", str(agent), "-m", "--", "xwd", "-silent", "-root"],
+                                env=dict(os.environ, DISPLAY=f":{display}", XAUTHORITY=authority),
+                                capture_output=True, timeout=30)
+        if result.returncode != 0:
+            raise AssertionError(f"xwd in the jail failed: {result.stderr.decode(errors='replace')}")
+        return pixels.parse_xwd(result.stdout)
+
+    def test_a_jailed_session_in_the_page(self) -> None:
+        client = self.attach("--name", "jailed")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        session_id, row = self.only_session()
+        browser = self.logged_in()
+        self.open_in_browser(browser)
+        self.finished(client, 30)
+        self.wait_for_the_canvas_to_be_the_session(browser, session_id, int(row[0]), whole=True)
+        viewer_programs = programs_of(self.user.entry.pw_uid)
+        self.assertEqual(sorted(viewer_programs.values()), ["x11vnc"])
+        self.assertEqual(tcp_listeners(viewer_programs), [])
+        # x11vnc is in the jail's mount namespace (not the host's) and in a network namespace of its own.
+        (pid,) = viewer_programs
+        self.assertNotEqual(os.readlink(f"/proc/{pid}/ns/mnt"), os.readlink("/proc/self/ns/mnt"))
+        self.assertNotEqual(os.readlink(f"/proc/{pid}/ns/net"), os.readlink("/proc/self/ns/net"))
+        self.click_into_xterm(browser)
+        from selenium.webdriver.common.action_chains import ActionChains
+        ActionChains(browser.driver).send_keys("in the jail 3\n").perform()
+        wait_for(lambda: "in the jail 3" in self.typed(), 30, "the typed line in the session's file")
