@@ -37,9 +37,8 @@ from nxgate.doors.web import websocket
 from nxgate.doors.web.site import words_of
 from nxgate.sessions.caller import Caller
 from nxgate.sessions.errors import Kind, SessionError
-from nxgate.sessions.model import State
 from nxgate.sessions.requests import DisplaySettings, RestoreRequest, ShadowRequest
-from nxgate.sessions.results import Ready
+from nxgate.sessions.results import Ready, State
 from nxgate.stream import agentsocket
 from nxgate.stream.relay import StreamRelay
 
