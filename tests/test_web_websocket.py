@@ -262,7 +262,7 @@ class ProgramTests(TestCase):
         argv = bv.x11vnc_argv("x11vnc", 3100, "/v/vnc.sock")
         joined = " ".join(argv)
         for part in ("-display :3100", "-unixsock /v/vnc.sock", "-rfbport 0", "-rfbportv6 0", "-no6", "-noipv6",
-                     "-norc", "-xkb", "-once"):
+                     "-norc", "-xkb", "-once", "-sb 0"):
             self.assertIn(part, joined)
         self.assertNotIn("-forever", argv)
         self.assertNotIn("-localhost", argv)  # it refuses Unix-socket clients (not 127.0.0.1)

@@ -150,10 +150,12 @@ def x11vnc_argv(program: str, display: int, socket_path: str) -> list[str]:
 
     ``-rfbportv6 0`` matters: without it x11vnc listens on ``[::]:5900``
     despite ``-rfbport 0 -no6 -noipv6`` (and ``-nopw`` would leave that
-    port open to anyone)."""
+    port open to anyone).  ``-sb 0``: x11vnc's default slows its polling
+    to ~1.5 s after a minute without change, and a tab left idle that long
+    drew its next change late."""
     return [program, "-display", f":{int(display)}", "-unixsock", socket_path, "-rfbport", "0",
             "-rfbportv6", "0", "-no6", "-noipv6", "-nopw", "-norc", "-once", "-xkb", "-xrandr", "resize", "-shared",
-            "-nevershared", "-defer", "3", "-wait", "3", "-nowf", "-quiet"]
+            "-nevershared", "-defer", "3", "-wait", "3", "-sb", "0", "-nowf", "-quiet"]
 
 
 def live_x11vnc_argv(program: str, display: int, socket_path: str) -> list[str]:
