@@ -452,7 +452,7 @@ def web_viewer_rows(table: Table, web: dict | None) -> None:
     """Issue 15's browser viewer figures (bench/web_viewer.py)."""
     if not web:
         return
-    table.section("the in-browser viewer (headless Chromium, noVNC <- x11vnc <- Xvfb <- nxproxy, loopback)")
+    table.section("the in-browser viewer (headless Chromium, noVNC <- x11vnc on the session's display, loopback)")
     table.add("open -> first picture (suspended session)", web["first_picture_s_median"], "s",
               target=f"<= {web['target_first_picture_s']} s",
               met=web["first_picture_s_median"] <= web["target_first_picture_s"],
@@ -465,6 +465,9 @@ def web_viewer_rows(table: Table, web: dict | None) -> None:
     table.add("server memory per browser viewer (PSS)", web["viewer_pss_mb"], "MB", target="(info)")
     if "idle_cpu_pct" in web:
         table.add("server CPU per idle browser viewer", web["idle_cpu_pct"], "% CPU", target="(info)")
+    for row in web.get("comparison", []):  # issue 25: against Apache Guacamole, measured in the same run
+        table.add(f"vs Guacamole: {row['figure']}", row["nxgate"], "", row["guacamole"], "Guacamole (guacd 1.6)",
+                  row["ratio"], row["goal"], row["met"])
 
 
 def printing_rows(table: Table, printing: dict | None) -> None:

@@ -644,6 +644,28 @@ class WireTests(TestCase):
         self.assertTrue([e for e in self.log.events if "no live encrypted session" in str(e.get("why", ""))])
 
     @defer.inlineCallbacks
+    def test_a_view_stream_of_a_session_the_node_cannot_show_is_refused_with_words(self):
+        """Issue 25: the ``view`` kind of stream (a browser viewer on the node); a node without the
+        session (or without viewers) answers ERR, which the gateway hands on, and starts nothing."""
+        from twisted.internet import protocol as twisted_protocol
+
+        port = yield self.listen()
+        target = StreamTarget("F" * 32, "", -1, "node-b", f"127.0.0.1:{port.getHost().port}")
+        refused: defer.Deferred = defer.Deferred()
+        RemoteStreams(reactor, self.gateway_tls).connect(target, twisted_protocol.Protocol(), refused.callback,
+                                                         kind="view")
+        why = yield refused
+        self.assertIn("cannot be shown in a browser on this node", why)
+
+    def test_the_stream_head_names_its_kind(self):
+        from nxgate.wire.node_listener import _STREAM_LINE, STREAM_KINDS
+
+        self.assertEqual(_STREAM_LINE.fullmatch(b"NXSTREAM ABC\n").group(2), None)
+        self.assertEqual(_STREAM_LINE.fullmatch(b"NXSTREAM ABC view\n").group(2), b"view")
+        self.assertIsNone(_STREAM_LINE.fullmatch(b"NXSTREAM ABC shell\n"))
+        self.assertEqual(STREAM_KINDS, ("", "view"))
+
+    @defer.inlineCallbacks
     def test_a_relay_without_cluster_credentials_fails_cleanly(self):
         channel = FakeChannel()
         StreamRelay(reactor, CALLER, StreamTarget("A" * 32, "", -1, "node-b", "127.0.0.1:1"), channel, b"")

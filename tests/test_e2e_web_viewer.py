@@ -3,12 +3,14 @@
 The real gateway with ``[web]``, real Unix users and PAM, a session started
 by ``nxgate-client`` on an Xvfb standing in for the user's screen, and
 Debian's Chromium (headless, :mod:`tests.harness.browser`) logged in to the
-portal.  "Open" in the page takes the session over as an NX resume would;
-the page's canvas is checked against the session's own framebuffer; keys
-typed in the page reach a program in the session (it writes them to a file
-as the user); closing the tab suspends the session, which ``nxgate-client``
-then resumes with the typed text on screen.  Another user gets nothing by
-any URL or WebSocket.
+portal.  "Open" in the page suspends an NX client that shows the session
+and shows the session's own screen (an x11vnc on the agent's display, no
+resume); the page's canvas is checked against the session's own
+framebuffer; keys typed in the page reach a program in the session (it
+writes them to a file as the user); the session stays suspended while the
+tab shows it, so ``nxgate-client`` resumes it with the typed text on screen,
+after the tab closed or while it is open (the tab then ends).  Another
+user gets nothing by any URL or WebSocket.
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ fetch('/view/ticket', {method: 'POST', headers: {'X-CSRF-Token': csrf},
 
 
 VIEWER_PROGRAMS = ("x11vnc", "Xvfb", "nxproxy")
+#: What a tab showing a session that a client drew before costs: x11vnc on the session's display, nothing else.
+LIVE_VIEWER_PROGRAMS = ("x11vnc",)
 
 
 def programs_of(uid: int) -> dict[int, str]:
@@ -180,8 +184,8 @@ def press(browser: Browser, key: str, code: str, held: tuple[str, ...]) -> None:
                                             "windowsVirtualKeyCode": vk})
 
 
-class WebViewerTests(client_tests.ClientTestCase):
-    """One gateway with the portal, one user, a client screen; a browser per test."""
+class WebViewerBase(client_tests.ClientTestCase):
+    """One gateway with the portal, one user, a client screen; a browser per test (the helpers)."""
 
     timeout = 300
     options = {"sessions": {"display_base": "830", "display_limit": "60", "connect_timeout": "60"},
@@ -274,6 +278,10 @@ class WebViewerTests(client_tests.ClientTestCase):
         wait_for(lambda: self.status(session_id) == "Suspended", 30, "the suspension after the tab closed")
         wait_for(lambda: not os.listdir(os.path.join(self.gateway.state_dir, "viewers")), 15,
                  "the viewer's programs and files to go")
+        wait_for(lambda: not programs_of(self.user.entry.pw_uid), 15, "the viewer's programs to end")
+        directory = os.path.join(self.gateway.state_dir, "sessions", session_id)
+        wait_for(lambda: not [n for n in os.listdir(directory) if n.startswith("view-")], 15,
+                 "the viewer's socket to go")
 
     def typed(self) -> str:
         try:
@@ -285,30 +293,56 @@ class WebViewerTests(client_tests.ClientTestCase):
     def status(self, session_id: str) -> str:
         return self.sessions().get(session_id, ("",) * 3)[2]
 
-    # ------------------------------------------------------------------------------------------------
+    def grab_session(self, display: int, authority: str) -> Any:
+        """The session's framebuffer (xwd with its X authority)."""
+        return pixels.grab(f":{display}", authority)
+
+    def wait_for_the_canvas_to_be_the_session(self, browser: Browser, session_id: str, display: int,
+                                              whole: bool = False, tolerance: int = 0) -> None:
+        """Until the page's canvas shows what the session's framebuffer holds
+        (97 % of the pixels equal, each colour channel within ``tolerance``); ``whole``: at the same size too."""
+        authority = os.path.join(self.gateway.state_dir, "sessions", session_id, "authority")
+
+        def same_picture() -> float:
+            shot, master = canvas_shot(browser), self.grab_session(display, authority)
+            if shot is None or (whole and (shot.width, shot.height) != (master.width, master.height)):
+                return 0.0
+            area = pixels.Rect(0, 0, min(shot.width, master.width), min(shot.height, master.height))
+            share = pixels.equal_share(pixels.crop(shot, area), pixels.crop(master, area), tolerance)
+            return share if share > 0.97 else 0.0
+
+        wait_for(same_picture, 30, "the canvas to equal the session's framebuffer")
+
+
+
+class WebViewerTests(WebViewerBase):
+    """The browser viewer on one box."""
+
     def test_open_type_close_then_resume_with_the_client(self) -> None:
         # A session nxgate-client started and shows...
         client = self.attach("--name", "web test")
         self.screen.wait_for_colour(RED, 20000, timeout=60)
         session_id, _row = self.only_session()
 
-        # ...opened in the browser: the client is suspended, the page draws the session.
+        # ...opened in the browser: the client is suspended, the page draws the session, which stays
+        # suspended (an NX client may resume it at any time).
         browser = self.logged_in()
         portal = browser.driver.current_window_handle
         self.open_in_browser(browser)
         code, stderr = self.finished(client, 30)
         self.assertEqual(code, 0, stderr)
         self.assertIn(f"disconnected from session {session_id}", stderr)
-        self.assertEqual(self.status(session_id), "Running")
+        self.assertEqual(self.status(session_id), "Suspended")
         source = browser.source
         for secret in (session_id, str(_row[0])):
             self.assertNotIn(secret, source)  # neither the id nor the display in the page
 
-        # The viewer's programs run as the user and listen on no TCP port, IPv4 or IPv6
+        # The viewer is one x11vnc, run as the user, listening on no TCP port, IPv4 or IPv6
         # (x11vnc once opened [::]:5900 without a password despite -rfbport 0 -no6 -noipv6).
         viewer_programs = programs_of(self.user.entry.pw_uid)
-        self.assertEqual(sorted(set(viewer_programs.values())), sorted(VIEWER_PROGRAMS), viewer_programs)
+        self.assertEqual(sorted(set(viewer_programs.values())), sorted(LIVE_VIEWER_PROGRAMS), viewer_programs)
         self.assertEqual(tcp_listeners(viewer_programs), [])
+        self.assertNotIn("view-", " ".join(os.listdir(os.path.join(self.gateway.state_dir, "viewers"))))
 
         # The canvas is the session's framebuffer.
         self.wait_for_the_canvas_to_be_the_session(browser, session_id, int(_row[0]))
@@ -346,9 +380,10 @@ class WebViewerTests(client_tests.ClientTestCase):
         browser.wait(lambda: "new session was started" in browser.text(), 60, "the session to start")
         session_id, _row = self.only_session()
 
-        # ...opened in the page, typed into...
+        # ...opened in the page (its first client: an NX resume into the viewer's own display), typed into...
         self.open_in_browser(browser)
         self.assertEqual(self.status(session_id), "Running")
+        self.assertEqual(sorted(set(programs_of(self.user.entry.pw_uid).values())), sorted(VIEWER_PROGRAMS))
         self.click_into_xterm(browser)
         cursor = canvas_shot(browser).count(YELLOW)  # before typing: the yellow cursor alone
         from selenium.webdriver.common.action_chains import ActionChains
@@ -416,29 +451,21 @@ class WebViewerTests(client_tests.ClientTestCase):
         browser.find("#viewer-clipboard-send").click()
         wait_for(lambda: "snow ☃ man" in selections().values(), 30, "the snowman in the session")
 
-    def wait_for_the_canvas_to_be_the_session(self, browser: Browser, session_id: str, display: int,
-                                              whole: bool = False, tolerance: int = 0) -> None:
-        """Until the page's canvas shows what the session's framebuffer holds
-        (97 % of the pixels equal, each colour channel within ``tolerance``); ``whole``: at the same size too."""
-        authority = os.path.join(self.gateway.state_dir, "sessions", session_id, "authority")
-
-        def same_picture() -> float:
-            shot, master = canvas_shot(browser), pixels.grab(f":{display}", authority)
-            if shot is None or (whole and (shot.width, shot.height) != (master.width, master.height)):
-                return 0.0
-            area = pixels.Rect(0, 0, min(shot.width, master.width), min(shot.height, master.height))
-            share = pixels.equal_share(pixels.crop(shot, area), pixels.crop(master, area), tolerance)
-            return share if share > 0.97 else 0.0
-
-        wait_for(same_picture, 30, "the canvas to equal the session's framebuffer")
-
     def agent_size(self, env: dict[str, str]) -> tuple[int, int] | None:
         """The session's framebuffer size, as ``xdpyinfo`` on its own display says."""
         result = subprocess.run(["xdpyinfo"], env=env, capture_output=True, text=True, timeout=10)
         found = re.search(r"dimensions:\s+(\d+)x(\d+) pixels", result.stdout)
         return (int(found[1]), int(found[2])) if found else None
 
-    def test_the_session_follows_the_window_size(self) -> None:
+    def canvas_box(self, browser: Browser) -> tuple[float, float]:
+        """The canvas's size on the page (CSS pixels: what the user sees, scaled)."""
+        return tuple(browser.driver.execute_script(
+            "const r = document.querySelector('#viewer-screen canvas').getBoundingClientRect();"
+            " return [r.width, r.height];"))
+
+    def test_the_page_scales_the_session_to_the_window(self) -> None:
+        """The tab shows the session's own screen at the size its NX client gave it (a browser cannot resize a
+        suspended agent), scaled to the window with its aspect kept; a new window size only scales it again."""
         self.attach("--name", "resize")
         self.screen.wait_for_colour(RED, 20000, timeout=60)
         session_id, row = self.only_session()
@@ -446,36 +473,98 @@ class WebViewerTests(client_tests.ClientTestCase):
         client_size = self.agent_size(env)  # the NX client's
         browser = self.logged_in()
         self.open_in_browser(browser)
-
-        def sizes() -> tuple[Any, Any, Any]:
-            room = browser.driver.execute_script(
-                "const s = document.getElementById('viewer-screen'); return [s.clientWidth, s.clientHeight];")
-            canvas = browser.driver.execute_script(
-                "const c = document.querySelector('#viewer-screen canvas'); return c ? [c.width, c.height] : null;")
-            return tuple(room), tuple(canvas or ()), self.agent_size(env)
-
-        def fitted() -> tuple[int, int] | None:
-            """The session's size once the session, the canvas and the page's room agree (widths even)."""
-            room, canvas, agent = sizes()
-            if agent == canvas and canvas and abs(canvas[0] - room[0]) <= 1 and canvas[1] == room[1]:
-                return agent
-            return None
-
-        # Resumed in the browser, the session takes the page's size...
-        first = wait_for(fitted, 30, "the session to take the page's size")
-        self.assertNotEqual(first, client_size)
-        # ...and follows the window when it changes, drawn again in the page.
-        browser.driver.set_window_size(900, 640)
-        try:
-            second = wait_for(lambda: (found := fitted()) and found != first and found, 60,
-                              "the session to follow the window")
-        except AssertionError:
-            raise AssertionError(f"sizes (room, canvas, session): {sizes()}") from None
-        self.assertLess(second[0], first[0])
         self.wait_for_the_canvas_to_be_the_session(browser, session_id, int(row[0]), whole=True)
+        self.assertEqual(self.agent_size(env), client_size)
+
+        def aspect_kept() -> bool:
+            width, height = self.canvas_box(browser)
+            return abs(width / height - client_size[0] / client_size[1]) < 0.02
+
+        self.assertTrue(aspect_kept(), (self.canvas_box(browser), client_size))
+        before = self.canvas_box(browser)
+        browser.driver.set_window_size(700, 900)
+        wait_for(lambda: self.canvas_box(browser) != before, 20, "the canvas to scale to the window")
+        time.sleep(1.5)  # past the page's 0.7 s wait for the window to keep still
+        self.assertTrue(aspect_kept(), (self.canvas_box(browser), client_size))
+        self.assertLess(self.canvas_box(browser)[0], before[0])
+        self.assertEqual(browser.driver.execute_script("return window.nxgateViewer.resizes;"), 0)
+        self.assertEqual(browser.find("#viewer").get_attribute("data-state"), "connected")
+        self.wait_for_the_canvas_to_be_the_session(browser, session_id, int(row[0]), whole=True)
+        self.assertEqual(self.agent_size(env), client_size)
+
+    def test_open_a_suspended_session_without_resuming_it(self) -> None:
+        """A suspended session is shown as its agent draws it, with no NX resume: one x11vnc on its display."""
+        client = self.attach("--name", "suspended")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        session_id, row = self.only_session()
+        client.send_signal(signal.SIGTERM)
+        self.finished(client)
+        wait_for(lambda: self.status(session_id) == "Suspended", 30, "the suspension")
+        resumes = self.gateway.log().count(f"resuming session {session_id}")
+
+        browser = self.logged_in()
+        self.open_in_browser(browser)
+        self.wait_for_the_canvas_to_be_the_session(browser, session_id, int(row[0]), whole=True)
+        self.assertEqual(self.status(session_id), "Suspended")
+        self.assertEqual(self.gateway.log().count(f"resuming session {session_id}"), resumes)
+        viewer_programs = programs_of(self.user.entry.pw_uid)
+        self.assertEqual(sorted(viewer_programs.values()), list(LIVE_VIEWER_PROGRAMS))
+        self.assertEqual(tcp_listeners(viewer_programs), [])
+
+        # What the session draws now reaches the page too (the suspended agent keeps drawing).
+        self.click_into_xterm(browser)
+        cursor = canvas_shot(browser).count(YELLOW)
+        from selenium.webdriver.common.action_chains import ActionChains
+        ActionChains(browser.driver).send_keys("while suspended 5\n").perform()
+        wait_for(lambda: "while suspended 5" in self.typed(), 30, "the typed line in the session's file")
+        browser.wait(lambda: canvas_shot(browser).count(YELLOW) > cursor + 100, 20, "the echo drawn in the page")
+        self.wait_for_the_canvas_to_be_the_session(browser, session_id, int(row[0]), whole=True)
+
+    def test_an_nx_resume_while_the_tab_shows_the_session(self) -> None:
+        """An NX client resuming the session takes it, as from another client: the tab ends and says so."""
+        self.attach("--name", "taken back")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        session_id, _row = self.only_session()
+        browser = self.logged_in()
+        self.open_in_browser(browser)
+        wait_for(lambda: self.status(session_id) == "Suspended", 30, "the suspension")
+        self.screen.wait_for_colour((0, 0, 0), 800 * 600 - 100, timeout=30)  # the first client is gone
+
+        self.attach("--resume", session_id)
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
         self.assertEqual(self.status(session_id), "Running")
-        wait_for(lambda: len(os.listdir(os.path.join(self.gateway.state_dir, "viewers"))) == 1, 15,
-                 "the first viewer's programs and files to go")
+        browser.wait(lambda: browser.find("#viewer").get_attribute("data-state") == "disconnected", 30,
+                     "the tab to end")
+        wait_for(lambda: not programs_of(self.user.entry.pw_uid), 15, "the tab's x11vnc to end")
+        self.assertIn("browser viewer of " + self.user.name + " ends: The session was resumed elsewhere.",
+                      self.gateway.log())
+        directory = os.path.join(self.gateway.state_dir, "sessions", session_id)
+        wait_for(lambda: not [n for n in os.listdir(directory) if n.startswith("view-")], 15,
+                 "the viewer's socket to go")
+
+    def test_a_viewer_started_with_its_page_ends_when_the_page_never_connects(self) -> None:
+        """The viewer's x11vnc starts when the page is asked for (POST /view/open), before its WebSocket; a
+        page that never opens one leaves nothing running: the viewer stops after 15 s."""
+        client = self.attach("--name", "prepared")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        session_id, _row = self.only_session()
+        browser = self.logged_in()
+        self.open_button(browser)
+        handle = browser.find("form[action='/view/open'] input[name='handle']").get_attribute("value")
+        csrf = browser.find("input[name='csrf']").get_attribute("value")
+        status = browser.driver.execute_async_script("""
+            const done = arguments[arguments.length - 1];
+            fetch('/view/open', {method: 'POST', body: new URLSearchParams({csrf: arguments[0], handle: arguments[1]})})
+              .then((a) => done(a.status));""", csrf, handle)
+        self.assertEqual(status, 200)
+        wait_for(lambda: sorted(programs_of(self.user.entry.pw_uid).values()) == ["x11vnc"], 20,
+                 "the viewer's x11vnc, started with its page")
+        self.finished(client, 30)  # opening takes the session from its NX client, as the click did
+        wait_for(lambda: not programs_of(self.user.entry.pw_uid), 40, "the unclaimed viewer to stop")
+        self.assertEqual(self.status(session_id), "Suspended")
+        # ...and the session still opens in the page afterwards.
+        self.open_in_browser(browser)
+        self.wait_for_the_canvas_to_be_the_session(browser, session_id, int(_row[0]), whole=True)
 
     def admin_user(self) -> Any:
         """A fresh member of the admin group (of the portal and of the shadow policy)."""
@@ -768,3 +857,39 @@ class WebViewerTests(client_tests.ClientTestCase):
         buttons = [button.text for button in row.find_elements("css selector", "button")]
         self.assertIn("Terminate", buttons)
         self.assertNotIn("Shadow", buttons)
+
+class JailedWebViewerTests(WebViewerBase):
+    """A jailed session ([jail] enabled) in the page: its x11vnc runs in the jail's namespaces, reaches the
+    jailed agent's display, and the page shows its framebuffer and types into it."""
+
+    options = {**WebViewerBase.options, "jail": {"enabled": "yes"}}
+
+    def grab_session(self, display: int, authority: str) -> Any:
+        """xwd in the jailed agent's mount namespace (its display's socket is in the jail's own /tmp)."""
+        (agent,) = client_tests.agent_processes(self.user.name)
+        result = subprocess.run(["nsenter", "-t", str(agent), "-m", "--", "xwd", "-silent", "-root"],
+                                env=dict(os.environ, DISPLAY=f":{display}", XAUTHORITY=authority),
+                                capture_output=True, timeout=30)
+        if result.returncode != 0:
+            raise AssertionError(f"xwd in the jail failed: {result.stderr.decode(errors='replace')}")
+        return pixels.parse_xwd(result.stdout)
+
+    def test_a_jailed_session_in_the_page(self) -> None:
+        client = self.attach("--name", "jailed")
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        session_id, row = self.only_session()
+        browser = self.logged_in()
+        self.open_in_browser(browser)
+        self.finished(client, 30)
+        self.wait_for_the_canvas_to_be_the_session(browser, session_id, int(row[0]), whole=True)
+        viewer_programs = programs_of(self.user.entry.pw_uid)
+        self.assertEqual(sorted(viewer_programs.values()), ["x11vnc"])
+        self.assertEqual(tcp_listeners(viewer_programs), [])
+        # x11vnc is in the jail's mount namespace (not the host's) and in a network namespace of its own.
+        (pid,) = viewer_programs
+        self.assertNotEqual(os.readlink(f"/proc/{pid}/ns/mnt"), os.readlink("/proc/self/ns/mnt"))
+        self.assertNotEqual(os.readlink(f"/proc/{pid}/ns/net"), os.readlink("/proc/self/ns/net"))
+        self.click_into_xterm(browser)
+        from selenium.webdriver.common.action_chains import ActionChains
+        ActionChains(browser.driver).send_keys("in the jail 3\n").perform()
+        wait_for(lambda: "in the jail 3" in self.typed(), 30, "the typed line in the session's file")

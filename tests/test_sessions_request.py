@@ -150,6 +150,7 @@ class OptionsTests(SynchronousTestCase):
         self.assertIn(",type=desktop,geometry=fullscreen,fullscreen=1,resize=1:1001\n", line)
         self.assertEqual(line.count(":"), 1)
         self.assertIn(",pack=lossless,", line)  # never JPEG: text in images stays sharp
+        self.assertIn(",sleep=0,", line)  # a suspended agent draws at full speed for a browser tab
 
     def test_rootless_has_no_geometry(self):
         line = nxagent.options_line(self.session.evolve(rootless=True), DisplaySettings(), TCP)

@@ -262,7 +262,7 @@ class ProgramTests(TestCase):
         argv = bv.x11vnc_argv("x11vnc", 3100, "/v/vnc.sock")
         joined = " ".join(argv)
         for part in ("-display :3100", "-unixsock /v/vnc.sock", "-rfbport 0", "-rfbportv6 0", "-no6", "-noipv6",
-                     "-norc", "-xkb", "-once"):
+                     "-norc", "-xkb", "-once", "-sb 0"):
             self.assertIn(part, joined)
         self.assertNotIn("-forever", argv)
         self.assertNotIn("-localhost", argv)  # it refuses Unix-socket clients (not 127.0.0.1)
@@ -312,4 +312,83 @@ class LimitTests(TestCase):
         first.close()
         open_one("bin")  # a closed viewer frees its place
         viewers.close_all()
+        self.assertEqual(viewers.count(), 0)
+
+
+class EarlyVersionTests(TestCase):
+    """The bridge says the browser's RFB version to x11vnc before the browser does (x11vnc waits 100 ms for
+    a first word of the client's otherwise), and gives the browser what x11vnc says in RFB's order."""
+
+    def test_the_browsers_version_is_dropped_and_the_rest_passes(self) -> None:
+        from nxgate.gateway.doors.web.viewer import EarlyVersion
+
+        early = EarlyVersion()
+        self.assertEqual(early.feed(b"RFB 003"), b"")
+        self.assertFalse(early.done)
+        self.assertEqual(early.feed(b".008\n\x01"), b"\x01")
+        self.assertTrue(early.done)
+        self.assertEqual(early.feed(b"\x00\x01"), b"\x00\x01")
+
+    def test_another_version_is_refused(self) -> None:
+        from nxgate.gateway.doors.web.viewer import EarlyVersion
+
+        early = EarlyVersion()
+        self.assertRaises(ValueError, early.feed, b"RFB 003.003\n")
+        self.assertRaises(ValueError, EarlyVersion().feed, b"GET / HTTP/1.1\r\n")
+
+    def test_the_servers_security_types_wait_for_the_browsers_version(self) -> None:
+        """noVNC given x11vnc's version and security types in one message answered its version and then
+        nothing: the types reach it after it spoke, as from an RFB server that waited for it."""
+        from nxgate.gateway.doors.web.viewer import EarlyVersion
+
+        early = EarlyVersion()
+        self.assertEqual(early.from_server(b"RFB 003.008\n\x01\x01"), b"RFB 003.008\n")
+        self.assertEqual(early.from_server(b"\x00"), b"")
+        early.feed(b"RFB 003.008\n")
+        self.assertEqual(early.release(), b"\x01\x01\x00")
+        self.assertEqual(early.from_server(b"\x00\x00\x00\x00"), b"\x00\x00\x00\x00")
+
+
+class LiveViewerTests(TestCase):
+    """A live viewer: x11vnc on the session's own display (pure parts: its argv, and who ends it)."""
+
+    def test_x11vnc_of_a_live_viewer(self) -> None:
+        argv = bv.live_x11vnc_argv("x11vnc", 1230, "/state/sessions/ABC/view-12345678")
+        self.assertEqual(argv[argv.index("-display") + 1], ":1230")
+        self.assertEqual(argv[argv.index("-unixsock") + 1], "/state/sessions/ABC/view-12345678")
+        for port_option in ("-rfbport", "-rfbportv6"):
+            self.assertEqual(argv[argv.index(port_option) + 1], "0")
+        self.assertEqual(argv[argv.index("-sb") + 1], "0")  # no slow polling after a minute without change
+        self.assertIn("-once", argv)
+        self.assertIn("-timeout", argv)
+        self.assertNotIn("-xrandr", argv)
+
+    def test_a_resume_or_the_end_of_the_session_ends_its_live_viewers_only(self) -> None:
+        from nxgate.vocabulary.model import State
+        from nxgate.vocabulary.results import SessionEvent
+
+        viewers = bv.BrowserViewers(Clock(), None, "/nonexistent", "/nonexistent")
+        ended: list[tuple[str, str]] = []
+
+        def live(viewer_id: str, session_id: str) -> bv.BrowserViewer:
+            viewer = bv.BrowserViewer(viewers, viewer_id, "alice", 1000, 1000, "/nonexistent", "/")
+            viewer.session_id = session_id
+            viewer.on_close = lambda why: ended.append((viewer_id, why))
+            viewers.open_viewers[viewer_id] = viewer
+            return viewer
+
+        live("v1", "S1"), live("v2", "S2"), live("v3", "S1")
+
+        class View:
+            def __init__(self, id: str, state: State) -> None:
+                self.id, self.state = id, state
+
+        viewers.session_changed(SessionEvent(View("S1", State.SUSPENDED), State.RUNNING))  # type: ignore[arg-type]
+        self.assertEqual(ended, [])
+        viewers.session_changed(SessionEvent(View("S1", State.RESUMING), State.SUSPENDED))  # type: ignore[arg-type]
+        self.assertEqual(sorted(ended), [("v1", "The session was resumed elsewhere."),
+                                         ("v3", "The session was resumed elsewhere.")])
+        self.assertEqual(sorted(viewers.open_viewers), ["v2"])
+        viewers.session_changed(SessionEvent(View("S2", State.TERMINATED), State.SUSPENDED))  # type: ignore[arg-type]
+        self.assertEqual(ended[-1], ("v2", "The session ended."))
         self.assertEqual(viewers.count(), 0)

@@ -1,4 +1,24 @@
-"""The NX client half of a browser viewer: a private Xvfb, the system
+"""Browser viewers: ``x11vnc`` serving a session's screen to the page.
+
+Two kinds.  A *live* viewer (:meth:`BrowserViewers.open_live`, every
+session that a client drew before) is one x11vnc run as the session's user
+on the session's own display, the agent's framebuffer, next to the agent
+(in a jailed agent's namespaces): opening costs an x11vnc start, not an NX
+resume, and nothing but x11vnc runs per tab.  The agent stays suspended
+while the page shows it (``sleep=0`` in its options keeps a suspended agent
+drawing at full speed), so any NX client may resume it; a resume ends the
+live viewers of that session (:meth:`BrowserViewers.session_changed`).
+
+x11vnc runs with ``no_network`` (a new, empty network namespace: it can
+open no TCP port whatever its options say, and reaches the display by its
+path socket only, as thumbnails do, :mod:`nxgate.node.thumbnails`), with
+the session's X authority, and listens on a Unix socket in the session's
+0700 directory (``view-<id>.sock``), which the gateway reaches as root
+without following links (:mod:`nxgate.wire.agentsocket`).
+
+The other kind, kept for what a live viewer cannot show (a session started
+for later that never had a client, whose agent has no screen yet, and an
+admin's shadow, which is a session of its own): a private Xvfb, the system
 ``nxproxy`` drawing the session into it, and ``x11vnc`` serving that
 display, all three run as the session's user.
 
@@ -33,6 +53,7 @@ per user and in all and refuses more than the configured limits.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import re
@@ -50,6 +71,7 @@ from nxgate.node import files, processes
 from nxgate.node.processes import LaunchError, ProcessId
 from nxgate.threads import Blocking, inline
 from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.model import State
 
 log = Logger(namespace="nxgate.clients.engines")
 
@@ -57,6 +79,8 @@ _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 _COOKIE = re.compile(r"[0-9A-Za-z]{1,128}")
 #: The browser's window decides the size, within what Xvfb and nxagent take.
 MIN_SIZE, MAX_SIZE = (320, 200), (7680, 4320)
+#: A Unix socket's path fits in sun_path (108 bytes with its NUL).
+MAX_SOCKET_PATH = 108
 
 
 class ViewerRefused(SessionError):
@@ -133,10 +157,12 @@ def x11vnc_argv(program: str, display: int, socket_path: str) -> list[str]:
 
     ``-rfbportv6 0`` matters: without it x11vnc listens on ``[::]:5900``
     despite ``-rfbport 0 -no6 -noipv6`` (and ``-nopw`` would leave that
-    port open to anyone)."""
+    port open to anyone).  ``-sb 0``: x11vnc's default slows its polling
+    to ~1.5 s after a minute without change, and a tab left idle that long
+    drew its next change late."""
     return [program, "-display", f":{int(display)}", "-unixsock", socket_path, "-rfbport", "0",
             "-rfbportv6", "0", "-no6", "-noipv6", "-nopw", "-norc", "-once", "-xkb", "-xrandr", "resize", "-shared",
-            "-nevershared", "-skip_keycodes", "187,188", "-defer", "3", "-wait", "3", "-nowf", "-quiet"]
+            "-nevershared", "-skip_keycodes", "187,188", "-defer", "3", "-wait", "3", "-sb", "0", "-nowf", "-quiet"]
 
 
 #: The viewer display's keyboard: US with AltGr for Latin-1 and the euro sign (see :func:`keymap_argv`).
@@ -153,6 +179,20 @@ def keymap_argv(program: str) -> list[str]:
     lacks, x11vnc adds on a spare keycode that the session never learns of:
     with the plain US map "é", "ß" and "€" became nothing, or another key."""
     return [program, "-layout", VIEWER_LAYOUT, "-variant", VIEWER_VARIANT, "-option", ""]
+
+
+def live_x11vnc_argv(program: str, display: int, socket_path: str) -> list[str]:
+    """x11vnc on a session's own display (a live viewer): as
+    :func:`x11vnc_argv` (the same keys left alone: the session's own
+    keymap has "(" and ")" on Shift+9/0), plus ``-sb 0`` (x11vnc's default throttles its
+    polling to ~1.5 s after a minute without change: a tab left idle would
+    then draw its first change late) and ``-timeout 20`` (it exits if the
+    gateway never connects).  No ``-xrandr``: the page scales the session's
+    screen, which a browser cannot resize (a suspended nxagent keeps its
+    size: its RandR changes the root window, never the framebuffer)."""
+    return [program, "-display", f":{int(display)}", "-unixsock", socket_path, "-rfbport", "0",
+            "-rfbportv6", "0", "-no6", "-noipv6", "-nopw", "-norc", "-once", "-timeout", "20", "-xkb", "-shared",
+            "-nevershared", "-skip_keycodes", "187,188", "-defer", "3", "-wait", "3", "-sb", "0", "-nowf", "-quiet"]
 
 
 def selection_nudge_argv(program: str) -> list[str]:
@@ -185,9 +225,11 @@ class BrowserViewer:
         """Where the door listens for this viewer's nxproxy."""
         return os.path.join(self.directory, "nx.sock")
 
+    vnc_path: str = ""
+
     @property
     def vnc_socket(self) -> str:
-        return os.path.join(self.directory, "vnc.sock")
+        return self.vnc_path or os.path.join(self.directory, "vnc.sock")
 
     @property
     def auth(self) -> str:
@@ -266,13 +308,44 @@ class BrowserViewer:
     async def nudge_selection(self) -> None:
         """Lift x11vnc's first 15 seconds without clipboard (:func:`selection_nudge_argv`)."""
         argv = selection_nudge_argv(self.viewers.programs.xprop)
+        request = self._live_request(argv, "xprop", {}) if self.live else self._request(argv, "xprop", self._x_env())
         try:
-            await self.viewers.launcher.start(self._request(argv, "xprop", self._x_env()))
+            await self.viewers.launcher.start(request)
         except LaunchError:  # xprop is done before the launcher saw it run: that is all it had to do
             pass
 
     def alive(self) -> dict[str, bool]:
         return {name: process.alive() for name, process in self.processes.items()}
+
+    #: Set on a live viewer: the session it shows (its agent's display), its X authority and its agent.
+    session_id: str = ""
+    live_authority: str = ""
+    agent: tuple[int, int] = (0, 0)
+    #: Why the viewer was closed by the node (a resume elsewhere), for the page.
+    ended: str = ""
+    #: Called once when the node closes the viewer (the door ends the tab).
+    on_close: Callable[[str], None] | None = None
+
+    @property
+    def live(self) -> bool:
+        return bool(self.session_id)
+
+    async def start_live(self, display: int, authority: str, agent: tuple[int, int], socket_path: str) -> None:
+        """Start x11vnc on the session's own display (see the module's docstring)."""
+        self.display = display
+        self.vnc_path = socket_path
+        self.live_authority, self.agent = authority, agent
+        argv = live_x11vnc_argv(self.viewers.programs.x11vnc, display, socket_path)
+        self.processes["x11vnc"] = await self.viewers.launcher.start(
+            self._live_request(argv, "x11vnc", {"X11VNC_AVOID_WINDOWS": "never"}))
+
+    def _live_request(self, argv: list[str], name: str, env: dict[str, str]) -> dict[str, Any]:
+        """A program of a live viewer: as the user, on the session's display with its X authority,
+        in the agent's namespaces, with no network (see the module's docstring)."""
+        request = self._request(argv, name, {"DISPLAY": f":{int(self.display)}", "XAUTHORITY": self.live_authority,
+                                             **env})
+        request.update(cwd="/", no_network=True, join=list(self.agent))
+        return request
 
     def close(self) -> None:
         """Stop the programs (x11vnc and nxproxy first, then the display) and
@@ -281,6 +354,15 @@ class BrowserViewer:
         if self.closed:
             return
         self.closed = True
+        if self.live:
+            process = self.processes.get("x11vnc")
+            if process is not None:
+                processes.send_signal(process, signal.SIGTERM)
+            self.viewers.reactor.callLater(3.0, self._kill_leftovers)
+            self.viewers.forget(self)
+            log.info("browser viewer {id} of {user} (session {session}) closed", id=self.id, user=self.user,
+                     session=self.session_id)
+            return
         for name in ("x11vnc", "nxproxy", "xvfb"):
             process = self.processes.get(name)
             if process is not None:
@@ -293,7 +375,21 @@ class BrowserViewer:
         for process in self.processes.values():
             if process.alive():
                 processes.send_signal(process, signal.SIGKILL)
+        if self.live:
+            with contextlib.suppress(OSError):
+                os.unlink(self.vnc_socket)  # x11vnc's, in the session's directory; gone with a TERM already
+            return
         files.remove_tree(self.directory)
+
+    def end(self, why: str) -> None:
+        """The node ends this viewer (a resume elsewhere, the session ended): the tab hears ``why``."""
+        if self.closed:
+            return
+        self.ended = why
+        callback, self.on_close = self.on_close, None
+        self.close()
+        if callback is not None:
+            callback(why)
 
 
 class BrowserViewers:
@@ -316,6 +412,70 @@ class BrowserViewers:
         # On a cluster gateway: how a viewer's stream reaches a session on
         # another node (nxgate.wire.member_stream.RemoteStreams), set by the gateway.
         self.streams: Any = None
+        # This node's session service (its sessions, their agents and files), set by the gateway:
+        # what live viewers show.
+        self.node: Any = None
+
+    def shows_live(self, session_id: str) -> bool:
+        """Whether a live viewer can show this session of this node: its
+        agent runs and had a client before (a screen to show)."""
+        session = self.node.sessions.get(session_id) if self.node is not None else None
+        return (session is not None and session.ever_attached and bool(session.agent_pid)
+                and session.state in (State.RUNNING, State.SUSPENDED, State.SUSPENDING))
+
+    async def open_live(self, user: str, session_id: str) -> BrowserViewer:
+        """A live viewer of ``user``'s session ``session_id`` of this node,
+        its x11vnc started (it listens soon after), or :class:`ViewerRefused`
+        past the limits, or a SessionError when the session is not there
+        (the caller checked the owner with the session API; the node's own
+        record must name the same user)."""
+        session = self.node.sessions.get(session_id) if self.node is not None else None
+        if session is None or session.user != user or not self.shows_live(session_id):
+            raise SessionError(Kind.NOT_FOUND, f"Session {session_id} cannot be shown here.")
+        self._check_limits(user)
+        viewer_id = secrets.token_hex(12)
+        files_ = self.node.layout.agent_files(session_id)
+        viewer = BrowserViewer(self, viewer_id, user, session.uid, session.gid, files_.directory, "/")
+        viewer.session_id = session_id
+        self.open_viewers[viewer_id] = viewer
+        # Short: a session directory's path is long already, and x11vnc copies it without a check into
+        # sun_path's 108 bytes (a longer one aborts it: "buffer overflow detected").
+        socket_path = os.path.join(files_.directory, f"view-{viewer_id[:8]}")
+        if len(socket_path.encode()) >= MAX_SOCKET_PATH:
+            self.open_viewers.pop(viewer_id, None)
+            raise SessionError(Kind.INTERNAL, f"The viewer's socket path is too long ({socket_path}).")
+        try:
+            await viewer.start_live(session.display, files_.authority, (session.agent_pid, session.agent_started),
+                                    socket_path)
+        except BaseException:
+            viewer.close()
+            raise
+        log.info("browser viewer {id} for {user}: x11vnc on session {session}'s display", id=viewer_id, user=user,
+                 session=session_id)
+        return viewer
+
+    def session_changed(self, event: Any) -> None:
+        """A session observer: an NX client resuming a session takes it, as
+        it would from another client, so the session's live viewers end (the
+        tab says why); so do they when it ends."""
+        new = event.view.state
+        if new in (State.RESUMING, State.WAITING, State.RUNNING):
+            why = "The session was resumed elsewhere."
+        elif not new.live:
+            why = "The session ended."
+        else:
+            return
+        for viewer in list(self.open_viewers.values()):
+            if viewer.session_id == event.view.id:
+                log.info("browser viewer {id} ends: session {session} is {state}", id=viewer.id,
+                         session=viewer.session_id, state=new.value)
+                viewer.end(why)
+
+    def _check_limits(self, user: str) -> None:
+        if self.count(user) >= self.limits.per_user:
+            raise ViewerRefused(f"{user} already has {self.limits.per_user} sessions open in a browser")
+        if self.count() >= self.limits.total:
+            raise ViewerRefused(f"the server already shows {self.limits.total} sessions in browsers")
 
     def prepare(self) -> None:
         os.makedirs(self.root, mode=0o711, exist_ok=True)
@@ -337,10 +497,7 @@ class BrowserViewers:
     async def open(self, user: str, width: int, height: int) -> BrowserViewer:
         """A new viewer for ``user`` (programs not started yet), or
         :class:`ViewerRefused` past the limits."""
-        if self.count(user) >= self.limits.per_user:
-            raise ViewerRefused(f"{user} already has {self.limits.per_user} sessions open in a browser")
-        if self.count() >= self.limits.total:
-            raise ViewerRefused(f"the server already shows {self.limits.total} sessions in browsers")
+        self._check_limits(user)
         viewer_id = secrets.token_hex(12)
         directory = os.path.join(self.root, viewer_id)
         # Counted from now, while the look-up and the directory take their thread.

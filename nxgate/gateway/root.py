@@ -206,7 +206,8 @@ class Gateway(service.MultiService):
             check_port_free(cluster.listen, "[cluster] listen")
             NodeListener(self.reactor, cluster.listen, self.cluster_tls, self.node,
                          gateway_members(self.store),
-                         wrap=lambda factory: self.guard.wrap(factory, "cluster", trusts=True)).setServiceParent(self)
+                         wrap=lambda factory: self.guard.wrap(factory, "cluster", trusts=True),
+                         viewers=self._node_viewers).setServiceParent(self)
             log.info("cluster member {name}: listening for gateways on {where}", name=cluster.name,
                      where=configuration.describe_listen(cluster.listen))
         return RemoteStreams(self.reactor, self.cluster_tls)
@@ -243,8 +244,15 @@ class Gateway(service.MultiService):
         door.setServiceParent(self)
         return door
 
+    def _node_viewers(self) -> Any:
+        """The browser viewers of this node for gateways' ``view`` streams (made when first asked on a
+        member without a portal)."""
+        if getattr(self, "web_viewers", None) is None:
+            self.web_viewers = self._browser_viewers()
+        return self.web_viewers
+
     def _browser_viewers(self) -> Any:
-        """The node's browser viewers (Xvfb + nxproxy + x11vnc per open tab), for ``/view``."""
+        """The node's browser viewers (x11vnc on the session's display per open tab), for ``/view``."""
         from nxgate.clients.browser_viewer import BrowserViewers, ViewerLimits, ViewerPrograms
 
         launcher = self.sessions.launcher if self.sessions is not None else Launcher(self.reactor)
@@ -253,6 +261,8 @@ class Gateway(service.MultiService):
                                  ViewerPrograms(path=self.config.sessions.path, lang=self.config.sessions.lang),
                                  self.blocking)
         viewers.streams = self.cluster_streams  # a session on another node: its stream goes there
+        viewers.node = self.sessions  # live viewers show this node's sessions; a resume ends them
+        self.sessions.observers.append(viewers.session_changed)
         viewers.prepare()
         return viewers
 

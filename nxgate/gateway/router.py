@@ -46,7 +46,7 @@ from nxgate.limits import Limits, limit_reached
 from nxgate.vocabulary.model import Member, Session, State
 from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
 from nxgate.vocabulary.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
-                                     ShadowTarget)
+                                     ShadowTarget, StreamTarget)
 from nxgate.store.errors import StoreError, storage_reason
 
 log = Logger(namespace="nxgate.gateway.router")
@@ -259,6 +259,14 @@ class Router:
         """``method(caller, session_id, ...)`` on the node that runs the session."""
         node = await self._node_of(await self._row(caller, session_id))
         return await getattr(node, method)(caller, session_id, *arguments, **options)
+
+    async def viewer_target(self, caller: Caller, session_id: str) -> StreamTarget | None:
+        """Where a browser viewer of the caller's session is opened: the
+        member that runs it (a ``view`` stream, nxgate.wire.member_stream), None on this one."""
+        node = await self._node_of(await self._row(caller, session_id))
+        if node is self.local:
+            return None
+        return StreamTarget(session_id, "", -1, node.name, node.address)
 
     async def restore(self, caller: Caller, request: RestoreRequest) -> Ready:
         node = await self._node_of(await self._row(caller, request.session_id))

@@ -3,7 +3,8 @@
 After ``bye`` the client's NX bytes go to the session's agent.  When the
 session runs on another member (``StreamTarget.node``), the gateway opens a
 TLS connection to that member's listener (:func:`nxgate.wire.connection.dial`,
-whose certificate must name the node), says ``NXSTREAM <id>\\n`` and, after
+whose certificate must name the node), says ``NXSTREAM <id>\\n`` (or
+``NXSTREAM <id> view\\n`` for a browser viewer's RFB stream) and, after
 the node's ``OK\\n``, the connection carries the raw stream; the node relays
 it to the agent's socket after its own owner checks
 (:mod:`nxgate.wire.node_listener`).
@@ -39,8 +40,8 @@ class _StreamClient(protocol.Protocol):
     connected and checked, it waits for :meth:`ask`."""
 
     def __init__(self, session_id: str = "", inner: protocol.Protocol | None = None,
-                 failed: Callable[[str], None] | None = None) -> None:
-        self.session_id, self.inner, self.failed = session_id, inner, failed
+                 failed: Callable[[str], None] | None = None, kind: str = "") -> None:
+        self.session_id, self.inner, self.failed, self.kind = session_id, inner, failed, kind
         self.head = b""
         self.open = False
         self.lost = False
@@ -58,12 +59,13 @@ class _StreamClient(protocol.Protocol):
         return (not self.session_id and not self.lost and self.transport is not None
                 and not self.transport.disconnecting)
 
-    def ask(self, session_id: str, inner: protocol.Protocol, failed: Callable[[str], None]) -> None:
-        self.session_id, self.inner, self.failed = session_id, inner, failed
+    def ask(self, session_id: str, inner: protocol.Protocol, failed: Callable[[str], None], kind: str = "") -> None:
+        self.session_id, self.inner, self.failed, self.kind = session_id, inner, failed, kind
         self._ask()
 
     def _ask(self) -> None:
-        self.transport.write(b"NXSTREAM " + self.session_id.encode("ascii") + b"\n")
+        kind = b" " + self.kind.encode("ascii") if self.kind else b""
+        self.transport.write(b"NXSTREAM " + self.session_id.encode("ascii") + kind + b"\n")
 
     def dataReceived(self, data: bytes) -> None:
         if self.open:
@@ -179,16 +181,16 @@ class RemoteStreams:
         self.spares: dict[tuple[str, str], tuple[_StreamClient, Any]] = {}
         self.dialling: set[tuple[str, str]] = set()
 
-    def connect(self, target: Any, inner: protocol.Protocol, failed: Callable[[str], None]) -> None:
+    def connect(self, target: Any, inner: protocol.Protocol, failed: Callable[[str], None], kind: str = "") -> None:
         """Connect ``inner`` to the stream of ``target`` (with ``node`` and
         ``address`` set), or call ``failed(why)``; never from inside this call."""
         key = (target.node, target.address)
         spare = self._take(key)
         if spare is not None:
             spare.answered = lambda: self._keep_spare(key)
-            spare.ask(target.session_id, inner, failed)
+            spare.ask(target.session_id, inner, failed, kind)
             return
-        client = _StreamClient(target.session_id, inner, failed)
+        client = _StreamClient(target.session_id, inner, failed, kind)
         client.answered = lambda: self._keep_spare(key)
         d = dial(self.reactor, self.tls, target.node, target.address, client)
 

@@ -42,7 +42,11 @@ from nxgate.wire.splice import Splice, TransportEnd
 log = Logger(namespace="nxgate.cluster.node")
 
 STREAM_HELLO = b"NXSTREAM "
-_STREAM_LINE = re.compile(rb"NXSTREAM ([A-Za-z0-9]{1,64})\n")
+_STREAM_LINE = re.compile(rb"NXSTREAM ([A-Za-z0-9]{1,64})(?: (view))?\n")
+#: What a stream reaches: the session's agent (no word), or "view": a browser
+#: viewer's x11vnc that the node starts on the session's display for this
+#: stream and stops with it (nxgate.clients.browser_viewer.BrowserViewers.open_live).
+STREAM_KINDS = ("", "view")
 
 
 class NodeAMP(amp.AMP):
@@ -133,8 +137,12 @@ class NodeStream(protocol.Protocol):
     The gateway sends ``NXSTREAM <id>\\n``; the node answers ``OK\\n`` once
     the agent is connected (then raw bytes both ways) or ``ERR <text>\\n``."""
 
-    def __init__(self, reactor: Any, sessions: Any, member: str) -> None:
+    def __init__(self, reactor: Any, sessions: Any, member: str,
+                 viewers: Callable[[], Any] | None = None) -> None:
         self.reactor, self.sessions, self.member = reactor, sessions, member
+        self.viewers = viewers
+        self.viewer: Any = None
+        self.kind = ""
         self.head = b""
         self.agent: Any = None
         self.splice: Splice | None = None
@@ -161,8 +169,12 @@ class NodeStream(protocol.Protocol):
             self._refuse("a malformed stream request")
             return
         self.session_id = match.group(1).decode()
+        self.kind = (match.group(2) or b"").decode()
         if rest:
             self.pending.append(rest)
+        if self.kind == "view":
+            defer.ensureDeferred(self._open_view()).addErrback(self._view_failed)
+            return
         self._open()
 
     def _open(self) -> None:
@@ -173,6 +185,53 @@ class NodeStream(protocol.Protocol):
             return
         self.transport.pauseProducing()  # nothing piles up before the agent is there
         agentsocket.connect_soon(self.reactor, target.path, target.uid, self._reached)
+
+    async def _open_view(self) -> None:
+        """A browser viewer of the session, for a gateway that checked its
+        caller owns it (as for the agent's stream): its x11vnc, then the relay."""
+        session = self.sessions.sessions.get(self.session_id)
+        viewers = self.viewers() if self.viewers is not None else None
+        if session is None or viewers is None or not viewers.shows_live(self.session_id):
+            self._refuse(f"session {self.session_id} cannot be shown in a browser on this node")
+            return
+        self.transport.pauseProducing()
+        self.viewer = await viewers.open_live(session.user, self.session_id)
+        self.viewer.on_close = lambda why: self.agent_lost()
+        if self.closed:
+            self.viewer.close()
+            return
+        self._reach_view(self.reactor.seconds() + 10.0)
+
+    def _reach_view(self, deadline: float) -> None:
+        """Connect to the viewer's x11vnc as soon as it listens (every 20 ms: it takes a tenth of a second)."""
+        if self.closed:
+            return
+        try:
+            sock = agentsocket.connect(self.viewer.vnc_socket, self.viewer.uid)
+        except (FileNotFoundError, ConnectionRefusedError) as error:
+            if self.reactor.seconds() < deadline and all(self.viewer.alive().values()):
+                self.reactor.callLater(0.02, self._reach_view, deadline)
+            else:
+                self._reached(None, str(error))
+        except OSError as error:
+            self._reached(None, str(error))
+        else:
+            self._reached(sock, "")
+            self.reactor.callLater(1.0, self._nudge_view)
+
+    def _nudge_view(self) -> None:
+        if not self.closed and self.viewer is not None:
+            defer.ensureDeferred(self.viewer.nudge_selection()).addErrback(
+                lambda failure: log.failure("cannot nudge the clipboard of session {id}'s browser viewer", failure,
+                                            id=self.session_id))
+
+    def _view_failed(self, failure: Failure) -> None:
+        if failure.check(SessionError):
+            self._refuse(failure.value.message)
+        else:
+            log.failure("browser viewer of session {id} for gateway {member} failed", failure, id=self.session_id,
+                        member=self.member)
+            self._refuse("the browser viewer could not start (see the node's log)")
 
     def _reached(self, sock: socket.socket | None, error: str) -> None:
         if sock is None:
@@ -203,10 +262,18 @@ class NodeStream(protocol.Protocol):
     def _refuse(self, why: str) -> None:
         log.warn("refused a stream for gateway {member}: {why}", member=self.member, why=why)
         self.closed = True
+        self._end_viewer()
         self.transport.write(b"ERR " + why.encode("utf-8", "replace")[:200] + b"\n")
         self.transport.loseConnection()
 
+    def _end_viewer(self) -> None:
+        viewer, self.viewer = self.viewer, None
+        if viewer is not None:
+            viewer.on_close = None
+            viewer.close()
+
     def agent_lost(self) -> None:
+        self._end_viewer()
         if not self.closed:
             self.closed = True
             if self.splice is not None:
@@ -214,6 +281,7 @@ class NodeStream(protocol.Protocol):
             log.info("stream of session {id} closed by the agent", id=self.session_id)
 
     def connectionLost(self, reason: Any) -> None:
+        self._end_viewer()
         if not self.closed:
             self.closed = True
             if self.splice is not None:
@@ -221,15 +289,16 @@ class NodeStream(protocol.Protocol):
                 log.info("stream of session {id} closed by gateway {member}", id=self.session_id, member=self.member)
 
 
-def choose(reactor: Any, node: Any) -> Callable[[bytes, str], Any]:
-    """AMP or a stream, by the first bytes (see the module's docstring)."""
+def choose(reactor: Any, node: Any, viewers: Callable[[], Any] | None = None) -> Callable[[bytes, str], Any]:
+    """AMP or a stream, by the first bytes (see the module's docstring);
+    ``viewers`` gives the node's browser viewers (for ``view`` streams)."""
     sessions = node.service
 
     def pick(head: bytes, member: str) -> Any:
         if head[:1] == b"\x00":
             return NodeAMP(node, member)
         if head[:len(STREAM_HELLO)] == STREAM_HELLO[:len(head)]:
-            return NodeStream(reactor, sessions, member) if len(head) >= len(STREAM_HELLO) else None
+            return NodeStream(reactor, sessions, member, viewers) if len(head) >= len(STREAM_HELLO) else None
         return False
     return pick
 
@@ -262,10 +331,10 @@ class NodeListener(service.MultiService):
 
     def __init__(self, reactor: Any, listen: str, tls: ClusterTLS, node: Any,
                  authorize: Callable[[frozenset[str]], Any],
-                 wrap: Callable[[Any], Any] | None = None) -> None:
+                 wrap: Callable[[Any], Any] | None = None, viewers: Callable[[], Any] | None = None) -> None:
         """``wrap``: what listens in front of the TLS factory (the gateway's
         guard of unauthenticated connections, nxgate.gateway.doors.guard)."""
         super().__init__()
-        self.factory = GateFactory(authorize, choose(reactor, node), role="gateway")
+        self.factory = GateFactory(authorize, choose(reactor, node, viewers), role="gateway")
         front = self.factory.tls_factory(tls)
         strports.service(listen, wrap(front) if wrap is not None else front).setServiceParent(self)

@@ -38,7 +38,7 @@ from nxgate.gateway.doors.web.site import words_of
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.requests import DisplaySettings, RestoreRequest, ShadowRequest
-from nxgate.vocabulary.results import Ready
+from nxgate.vocabulary.results import Ready, State
 from nxgate.wire import agentsocket
 from nxgate.wire.relay import StreamRelay
 
@@ -108,6 +108,8 @@ class ViewerResource(resource.Resource):
         self.auth = auth
         self.tickets = websocket.Tickets(reactor.seconds)
         self.bridges: set[ViewerBridge] = set()
+        #: (login key, session id) -> a live viewer started when the page was asked for, until its WebSocket.
+        self.prepared: dict[tuple[str, str], Prepared] = {}
         self.putChild(b"open", _Page(self, "open"))
         self.putChild(b"shadow", _Page(self, "shadow"))
         self.putChild(b"ticket", _TicketResource(self))
@@ -126,6 +128,99 @@ class ViewerResource(resource.Resource):
     def close_all(self) -> None:
         for bridge in list(self.bridges):
             bridge.stop("the gateway stops")
+        for key in list(self.prepared):
+            self.prepared.pop(key).discard()
+
+    def prepare(self, caller: Caller, login: str, session_id: str) -> None:
+        """Start the live viewer of a session while the browser loads the
+        viewer's page, asks its ticket and opens its WebSocket (together
+        about as long as x11vnc takes to start): its WebSocket then finds
+        x11vnc listening (:meth:`take_prepared`).  Bound to this login and
+        session; not taken within :data:`PREPARED_SECONDS`, it is stopped.
+        Anything that goes wrong here is the WebSocket's to find and say."""
+        if self.viewers is None:
+            return
+        old = self.prepared.pop((login, session_id), None)
+        if old is not None:
+            old.discard()  # the page asked again (a reload): one prepared viewer per page
+        prepared = Prepared(self.reactor, defer.ensureDeferred(prepared_viewer(self.service, self.viewers, caller,
+                                                                             session_id)))
+        self.prepared[(login, session_id)] = prepared
+        prepared.expiry = self.reactor.callLater(PREPARED_SECONDS, self._expire, login, session_id, prepared)
+
+    def _expire(self, login: str, session_id: str, prepared: Prepared) -> None:
+        if self.prepared.get((login, session_id)) is prepared:
+            del self.prepared[(login, session_id)]
+            prepared.discard()
+
+    def take_prepared(self, login: str, session_id: str) -> Prepared | None:
+        prepared = self.prepared.pop((login, session_id), None)
+        if prepared is not None and prepared.expiry is not None and prepared.expiry.active():
+            prepared.expiry.cancel()
+        return prepared
+
+
+#: How long a viewer started with its page waits for the page's WebSocket.
+PREPARED_SECONDS = 15.0
+
+
+async def prepared_viewer(service: Any, viewers: Any, caller: Caller, session_id: str) -> Any:
+    """For :meth:`ViewerResource.prepare`: the live viewer of ``caller``'s
+    session on this node, or None when this node cannot show it live."""
+    view = await service.show(caller, session_id)  # the owner check
+    if getattr(view, "lost", False) or not viewers.shows_live(view.id):
+        return None
+    return await live_viewer(service, viewers, caller, view)
+
+
+async def suspend_for_browser(service: Any, caller: Caller, view: Any) -> None:
+    """An NX client that shows the session is suspended first, as a resume elsewhere would."""
+    if view.state is not State.SUSPENDED:
+        log.info("session {id} is attached elsewhere: suspending it for {user}'s browser", id=view.id,
+                 user=caller.user, audit="session_takeover")
+        await service.suspend(caller, view.id)
+
+
+async def live_viewer(service: Any, viewers: Any, caller: Caller, view: Any) -> Any:
+    """The live viewer (x11vnc started) of ``caller``'s session ``view`` of this node."""
+    await suspend_for_browser(service, caller, view)
+    return await viewers.open_live(caller.user, view.id)  # limits: SessionError
+
+
+class Prepared:
+    """A live viewer being started for a page (see :meth:`ViewerResource.prepare`)."""
+
+    def __init__(self, reactor: Any, started: defer.Deferred[Any]) -> None:
+        self.viewer: Any = None
+        self.failure: Failure | None = None
+        self.expiry: Any = None
+        self.waiters: list[defer.Deferred[Any]] = []
+        self.done = False
+        started.addCallbacks(self._started, self._failed)
+
+    def _started(self, viewer: Any) -> None:
+        self.viewer, self.done = viewer, True
+        for waiter in self.waiters:
+            waiter.callback(viewer)
+
+    def _failed(self, failure: Failure) -> None:
+        self.failure, self.done = failure, True
+        if not failure.check(SessionError):
+            log.failure("a browser viewer started with its page failed", failure)
+        for waiter in self.waiters:
+            waiter.callback(None)
+
+    def wait(self) -> defer.Deferred[Any]:
+        """The viewer, or None (not live here, or it failed: the WebSocket tries again and says why)."""
+        if self.done:
+            return defer.succeed(self.viewer)
+        waiter: defer.Deferred[Any] = defer.Deferred()
+        self.waiters.append(waiter)
+        return waiter
+
+    def discard(self) -> None:
+        """Not taken: stop the viewer (now, or once it started)."""
+        self.wait().addCallback(lambda viewer: viewer is not None and viewer.close())
 
 
 class _Page(resource.Resource):
@@ -151,9 +246,12 @@ class _Page(resource.Resource):
             request.setResponseCode(403)
             return auth.page(request, "Refused", '<p class="error" role="alert">Stale form: reload the page.</p>')
         handle = _form(request, "handle")
-        if auth.session_id(request, handle) is None:
+        session_id = auth.session_id(request, handle)
+        if session_id is None:
             request.setResponseCode(404)
             return auth.page(request, "Refused", '<p class="error" role="alert">No such session.</p>')
+        if self.purpose == "open":
+            self.parent.prepare(caller, login_key(auth.csrf_token(request)), session_id)
         # data-asks: the admin page's word that the owner is asked first (only the waiting line's text).
         asks = "1" if self.purpose == "shadow" and _form(request, "asks") == "1" else "0"
         body = (f'<section id="viewer" data-handle="{escape(handle)}" data-purpose="{self.purpose}" '
@@ -252,10 +350,13 @@ class _VNCSide(protocol.Protocol):
         self.bridge.vnc_connected(self.transport)
 
     def dataReceived(self, data: bytes) -> None:
-        self.bridge.ws.send(data)
+        data = self.bridge.early.from_server(data)
+        if data:
+            self.bridge.ws.send(data)
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
-        self.bridge.stop("the viewer's VNC server ended")
+        viewer = self.bridge.viewer
+        self.bridge.stop(viewer.ended if viewer is not None and viewer.ended else "the viewer's VNC server ended")
 
 
 def _screen_size(geometry: str) -> tuple[int, int] | None:
@@ -332,6 +433,59 @@ class _ProxySide(protocol.Protocol):
             self.bridge.stop("the viewer's NX proxy ended")
 
 
+class EarlyVersion:
+    """The browser's RFB version, said to x11vnc for it as soon as x11vnc
+    answers the connection (sans-IO: :meth:`feed` takes what the browser
+    sends and returns what is left to pass on; :meth:`from_server` does the
+    same for what x11vnc sends).
+
+    x11vnc's libvncserver waits 100 ms after each accept for a WebSocket
+    or TLS hello from the client before it sends its own version, unless
+    the client spoke first; RFB clients never do, so every open paid those
+    100 ms (measured: 100.7 ms between accept and x11vnc's version).  The
+    bridge sends ``RFB 003.008`` (what noVNC answers x11vnc's 3.8) at
+    once, and drops the browser's own answer when it comes; any other
+    answer ends the viewer.  x11vnc then sends its security types at once
+    too; the browser gets them only after its own version, as from any RFB
+    server (noVNC given both in one message answered its version and then
+    nothing more)."""
+
+    def __init__(self, version: bytes = websocket.RFB_VERSION) -> None:
+        self.version = version
+        self.heard = b""
+        self.told = 0  # bytes of the server's version passed to the browser
+        self.held = b""  # what the server sent after its version, until the browser said its own
+
+    @property
+    def done(self) -> bool:
+        return len(self.heard) == len(self.version)
+
+    def feed(self, data: bytes) -> bytes:
+        """What the browser sent, less its version."""
+        if self.done:
+            return data
+        need = len(self.version) - len(self.heard)
+        self.heard += data[:need]
+        if not self.version.startswith(self.heard):
+            raise ValueError(f"the browser answered RFB version {self.heard[:12]!r}, not {self.version!r}")
+        return data[need:]
+
+    def from_server(self, data: bytes) -> bytes:
+        """What to pass to the browser now of what the server sent (the rest waits for :meth:`release`)."""
+        if self.done and not self.held:
+            return data
+        need = len(self.version) - self.told
+        now, later = data[:need], data[need:]
+        self.told += len(now)
+        self.held += later
+        return now
+
+    def release(self) -> bytes:
+        """Once the browser said its version: what the server sent meanwhile."""
+        held, self.held = self.held, b""
+        return held
+
+
 class ViewerBridge:
     """One browser tab showing one session."""
 
@@ -351,6 +505,7 @@ class ViewerBridge:
         #: Set when the viewer cannot start: the RFB answer that says why, sent after the client's version.
         self.refusal: bytes | None = None
         self.heard = b""
+        self.early = EarlyVersion()
         self.stopped = False
         self.started = self.reactor.seconds()
 
@@ -362,6 +517,90 @@ class ViewerBridge:
         viewers = self.parent.viewers
         if viewers is None:
             raise SessionError(Kind.NOT_ALLOWED, "The browser viewer is not available on this server.")
+        if self.ticket.purpose == "open" and (await self._open_prepared() or await self._open_live(viewers)):
+            return
+        await self._start_resumed(viewers)
+
+    async def _open_prepared(self) -> bool:
+        """The live viewer this page's request started (:meth:`ViewerResource.prepare`), if any."""
+        prepared = self.parent.take_prepared(self.ticket.login, self.ticket.session_id)
+        viewer = await prepared.wait() if prepared is not None else None
+        if viewer is None:
+            return False
+        if viewer.closed:  # ended meanwhile (an NX resume): start again, and say why if it cannot
+            return False
+        if self.stopped:
+            viewer.close()
+            raise _Gone()
+        self._use(viewer)
+        return True
+
+    async def _open_live(self, viewers: Any) -> bool:
+        """Show the session's own screen with an x11vnc next to its agent
+        (:meth:`nxgate.clients.browser_viewer.BrowserViewers.open_live`); False
+        when this node cannot (a session that never had a client, or one
+        on another member): then the viewer resumes it.  A session an NX
+        client shows is suspended there first, as a resume would."""
+        view = await self.parent.service.show(self.caller, self.ticket.session_id)  # the owner check
+        if getattr(view, "lost", False):
+            return False
+        target = None
+        if not viewers.shows_live(view.id):
+            # On a cluster: a session that another member runs is shown by that member's viewer.
+            where = getattr(self.parent.service, "viewer_target", None)
+            if (where is None or viewers.streams is None or not view.attached_before
+                    or view.state not in (State.RUNNING, State.SUSPENDED)):
+                return False
+            target = await where(self.caller, view.id)
+            if target is None:
+                return False
+        if target is not None:
+            await suspend_for_browser(self.parent.service, self.caller, view)
+            if self.stopped:
+                raise _Gone()
+            log.info("{user} opens session {id} in a browser (live, on member {node})", user=self.caller.user,
+                     id=view.id, node=target.node, audit="web_viewer_open")
+            viewers.streams.connect(target, _VNCSide(self), self._remote_failed, kind="view")
+            return True
+        viewer = await live_viewer(self.parent.service, viewers, self.caller, view)
+        if self.stopped:
+            viewer.close()  # the browser left while it started
+            raise _Gone()
+        self._use(viewer)
+        return True
+
+    def _use(self, viewer: Any) -> None:
+        """Show the page what this live viewer's x11vnc serves."""
+        self.viewer = viewer
+        viewer.on_close = self.stop
+        log.info("{user} opens session {id} in a browser (viewer {viewer}, live)", user=self.caller.user,
+                 id=viewer.session_id, viewer=viewer.id, audit="web_viewer_open")
+        self._reach_vnc(self.reactor.seconds() + 10.0)
+
+    def _remote_failed(self, why: str) -> None:
+        """The member running the session could not show it (its words, or why it was not reached)."""
+        log.info("browser viewer for {user} refused by the session's member: {why}", user=self.caller.user, why=why)
+        self.stop(why, close_socket=False)
+        self.refuse("The session cannot be shown: " + why)
+
+    def _reach_vnc(self, deadline: float) -> None:
+        """Connect to the live viewer's x11vnc as soon as it listens (it
+        takes a tenth of a second or two: tried every 20 ms)."""
+        if self.stopped:
+            return
+        try:
+            sock = agentsocket.connect(self.viewer.vnc_socket, self.viewer.uid)
+        except (FileNotFoundError, ConnectionRefusedError) as error:
+            if self.reactor.seconds() < deadline and all(self.viewer.alive().values()):
+                self.reactor.callLater(0.02, self._reach_vnc, deadline)
+            else:
+                self._vnc_reached(None, str(error))
+        except OSError as error:
+            self._vnc_reached(None, str(error))
+        else:
+            self._vnc_reached(sock, "")
+
+    async def _start_resumed(self, viewers: Any) -> None:
         width, height = self.ticket.width, self.ticket.height
         if self.ticket.purpose == "shadow":
             # The watched screen's own size: in a screen of that size the shadow agent shows it 1:1
@@ -424,13 +663,15 @@ class ViewerBridge:
             transport.loseConnection()
             return
         self.vnc = transport
+        transport.write(self.early.version)  # see EarlyVersion
         for data in self.pending:
             transport.write(data)
         self.pending.clear()
         # Neither side buffers without bound: each pauses the other when its own send buffer fills.
         transport.registerProducer(self.ws.transport, True)
         self.ws.transport.registerProducer(transport, True)
-        log.info("browser viewer {id}: first VNC bytes path ready after {seconds:.2f}s", id=self.viewer.id,
+        log.info("browser viewer {id}: first VNC bytes path ready after {seconds:.2f}s",
+                 id=self.viewer.id if self.viewer is not None else "on another member",
                  seconds=self.reactor.seconds() - self.started)
         # Once noVNC is through the RFB handshake (loopback: well within a second), x11vnc is told to
         # stop holding the clipboard back (its first 15 seconds; see browser_viewer.selection_nudge_argv).
@@ -456,6 +697,18 @@ class ViewerBridge:
                 refusal, self.refusal = self.refusal, None
                 self.ws.send(refusal)
                 self.ws.close(websocket.REFUSED, "refused")
+            return
+        try:
+            was_done = self.early.done
+            payload = self.early.feed(payload)
+        except ValueError as error:
+            self.stop(str(error))
+            return
+        if self.early.done and not was_done:
+            held = self.early.release()
+            if held:
+                self.ws.send(held)
+        if not payload:
             return
         if self.vnc is not None:
             self.vnc.write(payload)

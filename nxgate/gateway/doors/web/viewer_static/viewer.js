@@ -88,11 +88,14 @@
     say("failed", error.message || String(error));
   }
 
+  /* noVNC loads while the ticket is asked for (the server starts the viewer meanwhile). */
+  const novnc = import("/view/novnc/core/rfb.js");
+
   async function connect() {
     say("ticket", state.resizes ? "Resizing…" : "Opening the session…");
     const size = screenSize();
     const secret = await ticket(size);
-    const { default: RFB } = await import("/view/novnc/core/rfb.js");
+    const { default: RFB } = await novnc;
     const scheme = location.protocol === "https:" ? "wss:" : "ws:";
     const url = scheme + "//" + location.host + "/view/ws?ticket=" + encodeURIComponent(secret);
     /* A shadow waits for the owner's answer to the question on her screen: say so, not a bare "Connecting". */
@@ -152,8 +155,9 @@
   let resizeTimer = null;
   function resized() {
     clearTimeout(resizeTimer);
-    /* A shadow follows the watched session's size, and a new resume would ask its owner again. */
-    if (shadow) return;
+    /* A shadow follows the watched session's size, and a new resume would ask its owner again; an
+       open session is shown at its own size (x11vnc on its screen: no resume): the canvas scales. */
+    if (shadow || section.dataset.follows !== "1") return;
     resizeTimer = setTimeout(() => {
       if (!state.rfb || state.phase !== "connected" || !state.size) return;
       const [width, height] = screenSize();
