@@ -262,7 +262,7 @@ class Gateway(service.MultiService):
                                  self.blocking)
         viewers.streams = self.cluster_streams  # a session on another node: its stream goes there
         viewers.node = self.sessions  # live viewers show this node's sessions; a resume ends them
-        self.sessions.observers.append(viewers.session_changed)
+        self.api.observers.append(viewers.session_changed)  # every member's session changes, through the router
         viewers.prepare()
         return viewers
 
