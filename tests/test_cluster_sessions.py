@@ -139,8 +139,8 @@ class FakeNode:
                 if r.node == self.name and r.state.live and caller.owns(r.user)]
         return Listing(tuple(sorted(mine, key=lambda v: v.created)), capacity_reached=False)
 
-    def knows(self, session_id):
-        return False  # the router then reads the store, as for another member's session
+    def session(self, session_id):
+        return None  # the router then reads the store, as for another member's session
 
     def subscribe(self, observer):
         self.observer = observer

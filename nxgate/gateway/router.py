@@ -229,9 +229,8 @@ class Router:
     async def _row(self, caller: Caller, session_id: str) -> Session:
         """The caller's live session as its node (this machine's: from memory)
         or the store has it (others' are NOT_YOURS, with NOT_FOUND's words)."""
-        if self.local is not None and self.local.knows(session_id):
-            row: Session | None = self.local.service.sessions[session_id]
-        else:
+        row = self.local.session(session_id) if self.local is not None else None
+        if row is None:
             try:
                 row = await self.store.get(session_id)
             except StoreError as error:

@@ -25,6 +25,7 @@ from nxgate.node import thumbnails
 from nxgate.node.thumbnails import ThumbnailError
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.model import Session
 from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
 from nxgate.vocabulary.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
                                      ShadowTarget)
@@ -53,9 +54,10 @@ class LocalNode:
         """Its sessions' ``node`` in the store ("" on a single box)."""
         return str(self.service.node_name)
 
-    def knows(self, session_id: str) -> bool:
-        """Whether the session is one of this node's own (in its memory)."""
-        return session_id in self.service.sessions
+    def session(self, session_id: str) -> Session | None:
+        """This node's own record of a session it runs (its memory is
+        authoritative: the store may lag by a write), or None."""
+        return self.service.sessions.get(session_id)
 
     async def _here(self, caller: Caller) -> Caller:
         return await self.users.here(caller, self.machine())
