@@ -113,7 +113,7 @@ def profiled(profile: str, run: Any) -> None:
 def gateway_process(routes: str, twistd_args: list[str]) -> None:
     """``twistd nxgate`` whose streams for the sessions listed in ``routes``
     go to member ``NODE`` (the one hook; see the module's docstring)."""
-    from nxgate.gateway.root import root as gateway
+    from nxgate.gateway import root as gateway
 
     original = gateway.Gateway._relay
 
