@@ -463,17 +463,8 @@ class PromptAttachment(Attachment):
     suspended or terminated, would be timed with those 200 ms of the test
     client in it."""
 
-    def _up(self) -> None:
-        try:
-            while data := self.conn.recv(65536):
-                self.client.process.stdin.write(data)
-                self.client.process.stdin.flush()
-        except (OSError, ValueError):
-            pass
-        try:
-            self.client.process.stdin.close()
-        except (OSError, ValueError):
-            pass
+    def upstream_ended(self) -> None:
+        self.send_eof()
         self.detach()
 
 

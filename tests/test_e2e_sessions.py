@@ -191,15 +191,8 @@ class HalfClosingAttachment(Attachment):
     nxproxy's connection ends, EOF on the channel (ssh's stdin closed), and
     ssh stays until the server closes the channel."""
 
-    def _up(self) -> None:
-        try:
-            while data := self.conn.recv(65536):
-                self.client.process.stdin.write(data)
-                self.client.process.stdin.flush()
-        except (OSError, ValueError):
-            pass
-        with contextlib.suppress(OSError, ValueError):
-            self.client.process.stdin.close()
+    def upstream_ended(self) -> None:
+        self.send_eof()
 
     def _down(self) -> None:
         pipe = self.client.out

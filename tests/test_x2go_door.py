@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import random
 import tempfile
 
@@ -269,7 +270,7 @@ class CommandTests(TestCase):
 class FileTests(TestCase):
     def setUp(self):
         self.home = tempfile.mkdtemp()
-        self.addCleanup(lambda: os.system(f"rm -rf {self.home}"))
+        self.addCleanup(shutil.rmtree, self.home, True)
         self.owner = files.Owner(os.getuid(), os.getgid(), self.home)
 
     def test_a_file_below_x2go_is_written_and_nothing_else(self):
@@ -282,7 +283,7 @@ class FileTests(TestCase):
 
     def test_no_symbolic_link_is_followed(self):
         target = tempfile.mkdtemp()
-        self.addCleanup(lambda: os.system(f"rm -rf {target}"))
+        self.addCleanup(shutil.rmtree, target, True)
         os.symlink(target, os.path.join(self.home, ".x2go"))
         self.assertRaises(files.PathRefused, files.open_for_writing, ".x2go/ssh/key.z1", self.owner)
         os.unlink(os.path.join(self.home, ".x2go"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 import re
 import socket
@@ -171,7 +173,17 @@ class Attachment:
                 self.client.process.stdin.flush()
         except (OSError, ValueError):
             pass
+        self.upstream_ended()
+
+    def upstream_ended(self) -> None:
+        """nxproxy's connection ended: wait for nxproxy to exit, then end ssh
+        (subclasses behave as other clients do, e.g. EOF on the channel at once)."""
         self.detach()
+
+    def send_eof(self) -> None:
+        """EOF on the channel (ssh's stdin closed), as nxgate-client and OpenSSH-based clients send."""
+        with contextlib.suppress(OSError, ValueError):
+            self.client.process.stdin.close()
 
     def _down(self) -> None:
         pipe = self.client.out
