@@ -37,6 +37,7 @@ from nxgate.vocabulary.requests import (DisplaySettings, RemoteRequest, RestoreR
 from nxgate.vocabulary.results import (Listing, Progress, Ready, ServiceStatus, SessionView, ShadowTarget,
                                      StreamTarget, UnknownSession, HeldDisplay)
 from nxgate.wire.relay import StreamRelay
+from tests.harness.fakes import FakeSessionAPI
 
 CALLER = Caller("alice", 1001, 1001, frozenset({"staff", "nxadmin"}), "10.0.0.9:4711 (claimed by uid 5)",
                 "10.0.0.1", "nx-conch", False)
@@ -160,59 +161,60 @@ def openssl_member(base, ca_dir, name, dns):
     return cert, key
 
 
-class FakeSessions:
+class FakeSessions(FakeSessionAPI):
     """Stands in for SessionService: answers from canned values, records calls."""
 
     def __init__(self):
         self.calls = []
         self.sessions = {}
         self.targets = {}
+        super().__init__()
 
-    async def start(self, caller, request):
+    async def on_start(self, caller, request):
         self.calls.append(("start", caller, request))
         return Ready(VIEW, "cookie", False, STREAM)
 
-    async def start_for_later(self, caller, session_type, name):
+    async def on_start_for_later(self, caller, session_type, name):
         self.calls.append(("start_for_later", caller, session_type, name))
         return VIEW
 
-    async def restore(self, caller, request):
+    async def on_restore(self, caller, request):
         self.calls.append(("restore", caller, request))
         if request.session_id == "Z" * 32:
             raise SessionError(Kind.NOT_YOURS, f"Could not find session {request.session_id}.",
                                session_id=request.session_id)
         return Ready(VIEW, "cookie", True, STREAM)
 
-    async def attach_shadow(self, caller, request, progress=lambda p: None):
+    async def on_attach_shadow(self, caller, request, progress=lambda p: None):
         progress(Progress.ASKING_OWNER)
         await deferLater(reactor, 0.05, lambda: None)
         return Ready(VIEW, "cookie", False, None)
 
-    async def suspend(self, caller, session_id):
+    async def on_suspend(self, caller, session_id):
         return VIEW
 
-    async def terminate(self, caller, session_id, reason="user request"):
+    async def on_terminate(self, caller, session_id, reason="user request"):
         self.calls.append(("terminate", caller, session_id, reason))
         return VIEW
 
-    async def rename(self, caller, session_id, name):
+    async def on_rename(self, caller, session_id, name):
         if not name:
             raise SessionError(Kind.INVALID_REQUEST, "A session name must not be empty.")
         return dataclasses.replace(VIEW, name=name)
 
-    async def list(self, caller):
+    async def on_list(self, caller):
         return Listing(tuple(dataclasses.replace(VIEW, id=f"{n:032X}") for n in range(600)), False)
 
-    async def show(self, caller, session_id):
+    async def on_show(self, caller, session_id):
         raise RuntimeError("a bug on the node")
 
-    async def shadow_targets(self, caller):
+    async def on_shadow_targets(self, caller):
         return (ShadowTarget("A" * 32, "alice", 1001, "work", "unix-console"),)
 
-    async def status(self, caller):
+    async def on_status(self, caller):
         return ServiceStatus(False, 1, 0, ())
 
-    async def set_draining(self, caller, on):
+    async def on_set_draining(self, caller, on):
         return on
 
     def stream_target(self, session):

@@ -29,6 +29,7 @@ from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.results import Listing, ServiceStatus, SessionView, ShadowTarget
 from nxgate.vocabulary.model import State
+from tests.harness.fakes import FakeSessionAPI
 
 
 class LoginTableTests(TestCase):
@@ -161,8 +162,9 @@ def view(session_id: str, user: str, state: State = State.SUSPENDED) -> SessionV
                        attached_before=True, agent_pid=1, failure="")
 
 
-class FakeService:
-    """The session API's owner checks, over a dict."""
+class OwnedSessions:
+    """The answers of the session API's owner checks, over a dict (the
+    site is given ``FakeSessionAPI.over`` it)."""
 
     def __init__(self) -> None:
         self.sessions = {"S1ALICE": view("S1ALICE", "alice"), "S2BOB": view("S2BOB", "bob", State.RUNNING)}
@@ -250,7 +252,7 @@ class Request(DummyRequest):
 class SiteTests(TestCase):
     def setUp(self) -> None:
         self.clock = Clock()
-        self.service = FakeService()
+        self.service = OwnedSessions()
         self.drawn: list[str] = []
         self.settings = WebSection(listen="ssl:0", admin_groups=("wheel",), idle_timeout=300, thumbnail_ttl=3)
 
@@ -261,7 +263,7 @@ class SiteTests(TestCase):
             self.drawn.append(v.id)
             return b"\x89PNG-" + v.id.encode()
 
-        self.site, self.auth = web_site(reactor=self.clock, service=self.service, authenticator=FakeAuthenticator(),
+        self.site, self.auth = web_site(reactor=self.clock, service=FakeSessionAPI.over(self.service), authenticator=FakeAuthenticator(),
                                         resolve=resolve, thumbnailer=thumbnailer, settings=lambda: self.settings,
                                         types=lambda: ["unix-console", "unix-xfce"])
 

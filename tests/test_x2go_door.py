@@ -17,6 +17,7 @@ from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.model import State
 from nxgate.vocabulary.results import Listing, Ready, SessionView, StreamTarget
+from tests.harness.fakes import FakeSessionAPI
 
 FACTS = shell.Facts("alice", "/home/alice", "srv1")
 UUID = "d0dc54c4-f0c8-11f1-82e7-02fc00000001"
@@ -156,7 +157,10 @@ class NameTests(TestCase):
         self.assertIn("x2goserver: ", names.version_output("0.1"))
 
 
-class FakeAPI:
+class Sessions:
+    """The session API's answers over a list of views (the door is given
+    ``FakeSessionAPI.over`` them); ``calls`` keeps what changed something."""
+
     def __init__(self, views, limit=False):
         self.views = views
         self.limit = limit
@@ -193,7 +197,7 @@ class _Log:
     warn = info
 
 
-def run(raw: bytes, api, user="alice") -> commands.Outcome:
+def run(raw: bytes, sessions: Sessions, user="alice") -> commands.Outcome:
     facts = shell.Facts(user, f"/home/{user}", "srv1")
     program = shell.read_exec(raw, facts)
     calls = verbs.check_program(program, facts)
@@ -201,7 +205,7 @@ def run(raw: bytes, api, user="alice") -> commands.Outcome:
     async def locate(name):
         return None
 
-    context = commands.Context(api=api, caller=Caller(user=user, uid=1000, gid=1000), facts=facts, secret=b"k" * 32,
+    context = commands.Context(api=FakeSessionAPI.over(sessions), caller=Caller(user=user, uid=1000, gid=1000), facts=facts, secret=b"k" * 32,
                                links=commands.Links(), version="0.1", now=lambda: 1733339400.0, locate=locate,
                                log=_Log())
     return asyncio.run(commands.run(program, calls, context))
@@ -209,7 +213,7 @@ def run(raw: bytes, api, user="alice") -> commands.Outcome:
 
 class CommandTests(TestCase):
     def test_start_answers_seven_lines_and_leaves_a_link(self):
-        api = FakeAPI([])
+        api = Sessions([])
         out = run(python_x2go("X2GO_XINERAMA=false x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_24 null "
                               "auto 1 D XFCE both"), api)
         lines = out.stdout.splitlines()
@@ -219,7 +223,7 @@ class CommandTests(TestCase):
         self.assertEqual(api.calls[0][1].type, "unix-xfce")
 
     def test_a_command_with_blanks_shifts_the_arguments_and_is_put_back_together(self):
-        api = FakeAPI([])
+        api = Sessions([])
         run(python_x2go("X2GO_XINERAMA=false x2gostartagent 1024x768 lan 16m-jpeg-9 unix-kde-depth_24 null auto 1 R "
                         "xterm -bg magenta -geometry 100x30+0+0 both"), api)
         request = api.calls[0][1]
@@ -228,14 +232,14 @@ class CommandTests(TestCase):
 
     def test_the_limit_is_x2gostartagents_exit_9(self):
         out = run(python_x2go("x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_24 null auto 1 R TERMINAL both"),
-                  FakeAPI([], limit=True))
+                  Sessions([], limit=True))
         self.assertEqual(out.status, 9)
         self.assertTrue(out.stderr.startswith("LIMIT "))
 
     def test_another_users_session_is_not_found_by_any_verb(self):
         theirs = view(user="bob")
         name = names.session_name(theirs)
-        api = FakeAPI([theirs])
+        api = Sessions([theirs])
         for command in (f"x2gosuspend-session {name}", f"x2goterminate-session {name}", f"x2gocmdexitmessage {name}",
                         f"x2goresume-session {name} 800x600 lan 16m-jpeg-9 us pc105/us 1 both false",
                         f"setsid x2goruncommand 1003 1 {name} 1 xterm none R 1>/dev/null 2>/dev/null & exit"):
@@ -245,7 +249,7 @@ class CommandTests(TestCase):
         self.assertNotIn(name, run(python_x2go("x2golistsessions"), api).stdout)
 
     def test_sharing_a_desktop_one_may_not_share_is_access_denied(self):
-        api = FakeAPI([view(user="bob")])
+        api = Sessions([view(user="bob")])
 
         async def no_targets(caller):
             return ()
@@ -260,7 +264,7 @@ class CommandTests(TestCase):
 
     def test_resume_asks_for_the_listed_cookie(self):
         mine = view(state=State.SUSPENDED)
-        api = FakeAPI([mine])
+        api = Sessions([mine])
         listed = run(python_x2go("x2golistsessions"), api).stdout.splitlines()[1].split("|")
         out = run(python_x2go(f"x2goresume-session {listed[1]} 1024x768 lan 16m-jpeg-9 us pc105/us 1 both false"), api)
         self.assertEqual(out.stdout.splitlines()[1], f"gr_port={listed[8]}")
