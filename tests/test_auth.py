@@ -1,13 +1,13 @@
 """Authenticator logic around PAM (the real PAM runs in the end-to-end tests)."""
 
 from twisted.internet import defer
-from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from nxgate.gateway.auth import pam as auth
 from nxgate.node import pamlib
 from nxgate.gateway.auth.pam import Authenticator, Verdict
 from nxgate.gateway.auth.throttle import Throttle
+from tests.harness.clock import FakeReactor
 
 
 def immediate(reactor, pool, function, *args):
@@ -77,7 +77,7 @@ class ShellAndLockTests(SynchronousTestCase):
 
 class AuthenticatorTests(SynchronousTestCase):
     def setUp(self):
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.calls = []
         self.patch(auth.threads, "deferToThreadPool", immediate)
         # "daemon" stands for any existing account; its nologin shell is
@@ -160,7 +160,7 @@ class BurstTests(SynchronousTestCase):
     address; PAM answers only after all of them have arrived."""
 
     def setUp(self):
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.pending = []
         self.patch(auth, "shell_refusal", lambda shell: None)
 
@@ -225,7 +225,7 @@ class AccountLookupOffTheReactorTests(SynchronousTestCase):
     look-up of every login runs in the PAM thread, not on the reactor."""
 
     def setUp(self):
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.queued = []
         self.lookups = []
         real = auth.pwd.getpwnam

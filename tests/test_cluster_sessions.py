@@ -7,7 +7,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from twisted.internet import defer
-from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.gateway.placement import NO_NODE
@@ -21,6 +20,7 @@ from nxgate.vocabulary.requests import DisplaySettings, RestoreRequest, ShadowRe
 from nxgate.vocabulary.results import Listing, Ready, ServiceStatus, SessionView, ShadowTarget
 from nxgate.store.errors import StoreUnavailable
 from tests.harness.fakes import FakeNodeAPI
+from tests.harness.clock import FakeReactor
 
 NOW = 5000.0
 GIB = 1024 ** 3
@@ -162,7 +162,7 @@ def cluster_config(name="node-a", roles=("gateway", "node"), per_user=10):
 
 class RouterTests(SynchronousTestCase):
     def setUp(self):
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.clock.advance(NOW)
         self.store = FakeStore()
         for name in ("node-a", "node-b", "node-c"):
@@ -507,7 +507,7 @@ class RouterOverOneBoxTests(SynchronousTestCase):
     """A single box is a cluster of one: every call goes to this machine's node."""
 
     def setUp(self):
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.store = FakeStore()
         self.node = FakeNode("", self.store)
         self.api = Router(self.clock, lambda: Config(), self.node, self.store)

@@ -37,6 +37,7 @@ from nxgate.vocabulary.requests import (DisplaySettings, RemoteRequest, RestoreR
 from nxgate.vocabulary.results import (Listing, Progress, Ready, ServiceStatus, SessionView, ShadowTarget,
                                      StreamTarget, UnknownSession, HeldDisplay)
 from nxgate.wire.relay import StreamRelay
+from tests.harness.clock import FakeReactor
 from tests.harness.fakes import FakeSessionAPI
 
 CALLER = Caller("alice", 1001, 1001, frozenset({"staff", "nxadmin"}), "10.0.0.9:4711 (claimed by uid 5)",
@@ -251,7 +252,7 @@ class WireTests(TestCase):
         self.sessions = FakeSessions()
         self.users = SameNumbers()
         self.authorized = {"gw-a"}
-        self.clock = 0.0  # the node's, for re-checks of a member (GateFactory clock)
+        self.clock = FakeReactor()  # the node's, for re-checks of a member (GateFactory clock)
         self.authorizations = 0
         self.log = LogCatcher(self)
 
@@ -267,7 +268,7 @@ class WireTests(TestCase):
     @defer.inlineCallbacks
     def listen(self, node_tls=None):
         factory = GateFactory(self.authorize, choose(reactor, self.node()),
-                              clock=lambda: self.clock).tls_factory(node_tls or self.node_tls)
+                              clock=self.clock).tls_factory(node_tls or self.node_tls)
         port = yield endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(factory)
         self.addCleanup(port.stopListening)
         return port
@@ -542,7 +543,7 @@ class WireTests(TestCase):
         target = dataclasses.replace(self.agent(), address=f"127.0.0.1:{port.getHost().port}")
         streams = self.streams()
         yield self.open_stream(streams, target)
-        self.clock += 60  # the spare waited a minute; meanwhile gw-a left the cluster
+        self.clock.advance(60)  # the spare waited a minute; meanwhile gw-a left the cluster
         self.authorized = set()
         channel = FakeChannel()
         StreamRelay(reactor, CALLER, target, channel, b"ping", streams)

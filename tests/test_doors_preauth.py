@@ -9,18 +9,11 @@ from twisted.trial.unittest import TestCase
 from nxgate import config as configuration
 from nxgate.config import parse_max_startups, parse_networks
 from nxgate.gateway.doors.preauth import MAX_SOURCES, Ending, Limits, PreauthTable, Refusal
+from tests.harness.clock import FakeReactor
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def table(chance: float = 0.99, **limits: object) -> tuple[PreauthTable, Clock]:
-    clock = Clock()
+def table(chance: float = 0.99, **limits: object) -> tuple[PreauthTable, FakeReactor]:
+    clock = FakeReactor(1000.0)
     return PreauthTable(Limits(**limits), clock, lambda: chance), clock  # type: ignore[arg-type]
 
 
@@ -79,7 +72,7 @@ class TrustTests(TestCase):
         preauth.trust("192.0.2.5", 100)
         self.assertEqual([preauth.admit("192.0.2.5") for _ in range(5)], [None] * 5)  # a burst of streams
         self.assertIsNone(preauth.ended("192.0.2.5", Ending.NOAUTH))  # no penalty either
-        clock.now += 101
+        clock.advance(101)
         self.assertEqual(preauth.admit("192.0.2.5"), Refusal.PER_ADDRESS)
 
 
@@ -96,7 +89,7 @@ class PenaltyTests(TestCase):
         self.assertIsNone(preauth.admit("192.0.2.2"))
         self.assertIsNone(preauth.admit("192.0.2.1", penalties=False))  # the portal does not look at penalties
         preauth.ended("192.0.2.1", Ending.UNPENALIZED)
-        clock.now += 15
+        clock.advance(15)
         self.assertIsNone(preauth.admit("192.0.2.1"))
         self.assertEqual(preauth.penalized(), 0)
 
@@ -105,7 +98,7 @@ class PenaltyTests(TestCase):
         for _ in range(100):  # one failure a second never adds up
             preauth.admit("192.0.2.1")
             self.assertIsNone(preauth.ended("192.0.2.1", Ending.NOAUTH))
-            clock.now += 1
+            clock.advance(1)
 
     def test_deadline_closures_cost_more_and_repeated_blocks_grow_to_the_maximum(self) -> None:
         preauth, clock = table(per_address=100, penalty_grace=10, penalty_min=15, penalty_max=100)
@@ -116,9 +109,9 @@ class PenaltyTests(TestCase):
             preauth.ended("192.0.2.1", Ending.DEADLINE)
             block = preauth.ended("192.0.2.1", Ending.DEADLINE)
             lengths.append(block.seconds)
-            clock.now += block.seconds
+            clock.advance(block.seconds)
         self.assertEqual(lengths, [20, 40, 80, 100, 100])
-        clock.now += 101  # a block's memory lasts penalty_max seconds
+        clock.advance(101)  # a block's memory lasts penalty_max seconds
         for _ in range(2):
             preauth.admit("192.0.2.1")
         preauth.ended("192.0.2.1", Ending.DEADLINE)
@@ -150,12 +143,12 @@ class LogTests(TestCase):
             self.assertIsNone(preauth.note("192.0.2.1", "per_address"))
         self.assertEqual(preauth.note("192.0.2.2", "full"), {"full": 1})  # another address has its own minute
         preauth.note("192.0.2.1", "penalty")
-        clock.now += 30
+        clock.advance(30)
         self.assertEqual(preauth.flush_log(), [])
-        clock.now += 30
+        clock.advance(30)
         self.assertEqual(preauth.flush_log(), [("192.0.2.1", {"per_address": 500, "penalty": 1})])
         self.assertEqual(preauth.note("192.0.2.1", "deadline"), None)  # its minute began at the flush
-        clock.now += 60
+        clock.advance(60)
         self.assertEqual(preauth.note("192.0.2.1", "deadline"), {"deadline": 2})
 
 
@@ -166,7 +159,7 @@ class BoundTests(TestCase):
             address = f"10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}"
             preauth.admit(address)
             preauth.ended(address, Ending.NOAUTH)
-        clock.now += 5
+        clock.advance(5)
         preauth.admit("192.0.2.1")
         self.assertLessEqual(len(preauth.sources), MAX_SOURCES)
         self.assertEqual(preauth.total, 1)

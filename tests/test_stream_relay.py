@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import socket
 
-from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.internet.testing import StringTransport
 from twisted.internet import defer, task, threads
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from nxgate.wire.relay import StreamRelay
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.results import StreamTarget
+from tests.harness.clock import FakeReactor
 
 
 class FakeChannel:
@@ -42,7 +43,7 @@ class FlowControlTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.channel = FakeChannel()
         # Nothing listens there: the test connects the relay by hand.
-        self.relay = StreamRelay(MemoryReactorClock(), Caller("alice", address="192.0.2.1"),
+        self.relay = StreamRelay(FakeReactor(), Caller("alice", address="192.0.2.1"),
                                 StreamTarget("S" * 32, "/nonexistent/agent.sock", 1000), self.channel, b"early")
         self.agent = AgentConnection()
 
@@ -84,7 +85,7 @@ class EndOfInputTests(SynchronousTestCase):
 
     def setUp(self) -> None:
         self.channel = FakeChannel()
-        self.relay = StreamRelay(MemoryReactorClock(), Caller("alice", address="192.0.2.1"),
+        self.relay = StreamRelay(FakeReactor(), Caller("alice", address="192.0.2.1"),
                                  StreamTarget("S" * 32, "/nonexistent/agent.sock", 1000), self.channel, b"")
 
     def test_the_agent_connection_is_half_closed(self) -> None:
@@ -123,7 +124,7 @@ class RealAgentEndOfInputTests(TestCase):
         channel = FakeChannel()
         # Built on a fake reactor (its attempts to reach the agent's path go
         # nowhere); the socket pair is then handed to it on the real one.
-        relay = StreamRelay(MemoryReactorClock(), Caller("alice", address="192.0.2.1"),
+        relay = StreamRelay(FakeReactor(), Caller("alice", address="192.0.2.1"),
                             StreamTarget("S" * 32, "/nonexistent/agent.sock", 1000), channel, b"")
         relay.reactor = reactor
         ours, theirs = socket.socketpair(socket.AF_UNIX)

@@ -23,7 +23,6 @@ import time
 import warnings
 
 import numpy as np
-from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.trial import unittest
 
@@ -32,6 +31,7 @@ from tests.harness.process import wait_for
 from tests.harness.viewer import ViewerProcess
 from tests.harness.vnchost import BLUE, ORANGE, ButtonRecorder, VNCHost, free_port, vnc_viewer
 from tests.harness.x11 import ClientScreen, Screenshot
+from tests.harness.clock import FakeReactor
 
 BLACK = (0, 0, 0)
 SECRET = "pa55-wörd"  # non-ASCII on purpose: only its first 8 UTF-8 bytes count in VNC auth
@@ -125,7 +125,7 @@ class ScriptedServer(unittest.TestCase):
     """The RFB client against scripted server bytes (no network, fake clock)."""
 
     def make(self, password: str = "", timeout: float = 5.0):
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.clock.stop = lambda: None  # what the viewer calls when it is done
         self.status = FakeStatus()
         args = argparse.Namespace(timeout=timeout, encoding="hextile", title="t", host="h", port=1)

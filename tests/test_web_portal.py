@@ -14,7 +14,6 @@ import tempfile
 from typing import Any
 
 from twisted.internet import defer
-from twisted.internet.task import Clock
 from twisted.trial.unittest import TestCase
 from twisted.web.resource import getChildForRequest
 from twisted.web.test.requesthelper import DummyRequest
@@ -30,11 +29,12 @@ from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.results import Listing, ServiceStatus, SessionView, ShadowTarget
 from nxgate.vocabulary.model import State
 from tests.harness.fakes import FakeSessionAPI
+from tests.harness.clock import FakeReactor
 
 
 class LoginTableTests(TestCase):
     def setUp(self) -> None:
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.table = LoginTable(60, self.clock.seconds)
 
     def test_cookie_and_csrf_are_random_and_distinct(self) -> None:
@@ -251,7 +251,7 @@ class Request(DummyRequest):
 
 class SiteTests(TestCase):
     def setUp(self) -> None:
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.service = OwnedSessions()
         self.drawn: list[str] = []
         self.settings = WebSection(listen="ssl:0", admin_groups=("wheel",), idle_timeout=300, thumbnail_ttl=3)
