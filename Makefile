@@ -100,7 +100,7 @@ run: install
 
 # The whole suite, TEST_JOBS modules at a time (tests/harness/suite.py; one module alone:
 # PYTHONPATH=. .venv/bin/trial tests.test_x). CI adds TEST_ARGS="--allowed-skips .ci/allowed-skips".
-TEST_JOBS ?= 3
+TEST_JOBS ?= 4
 TEST_ARGS ?=
 test: install
 	cd $(CURDIR) && PYTHONPATH=$(CURDIR) $(VENV)/bin/python -m tests.harness.suite --jobs $(TEST_JOBS) \

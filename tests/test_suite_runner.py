@@ -1,0 +1,90 @@
+"""The suite runner (tests/harness/suite.py) reads what trial really prints:
+each test's time, the counts, and every skip with its reason, so that CI
+fails on a skip the allowed list does not have."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from twisted.trial.unittest import TestCase
+
+from tests.harness import suite
+
+SAMPLE = textwrap.dedent('''
+    from twisted.trial.unittest import SkipTest, TestCase
+
+
+    class Sample(TestCase):
+        def test_passes(self):
+            pass
+
+        def test_fails(self):
+            self.fail("on purpose")
+
+        def test_needs_a_program(self):
+            raise SkipTest("frobnicate is not installed (apt-get install frobnicate)")
+
+        def test_needs_it_too(self):
+            raise SkipTest("frobnicate is not installed (apt-get install frobnicate)")
+
+        def test_needs_a_device(self):
+            raise SkipTest("no /dev/fuse here:\\nFUSE mounts cannot be tested")
+
+
+    class Other(TestCase):
+        def test_errs(self):
+            raise RuntimeError("a bug")
+''')
+
+
+class ReadingTrialTests(TestCase):
+    def setUp(self):
+        self.base = os.path.abspath(self.mktemp())
+        package = os.path.join(self.base, "tests")
+        os.makedirs(package)
+        open(os.path.join(package, "__init__.py"), "w").close()
+        with open(os.path.join(package, "test_sample.py"), "w") as handle:
+            handle.write(SAMPLE)
+        result = subprocess.run([sys.executable, "-m", "twisted.trial", "--reporter=timing",
+                                 f"--temp-directory={os.path.join(self.base, 'trial')}", "tests.test_sample"],
+                                cwd=self.base, env=dict(os.environ, PYTHONPATH=self.base), capture_output=True,
+                                text=True, timeout=120)
+        self.outcome = suite.read_output("tests.test_sample", result.stdout, result.returncode, 1.0)
+
+    def test_counts_times_and_skips(self):
+        outcome = self.outcome
+        self.assertEqual((outcome.passed, outcome.failed, outcome.skipped), (1, 2, 3))
+        self.assertEqual(len(outcome.durations), 6)
+        self.assertIn("tests.test_sample.Sample.test_passes", outcome.durations)
+        self.assertEqual(sorted(outcome.skips), [
+            ("tests.test_sample.Sample.test_needs_a_device", "no /dev/fuse here:\nFUSE mounts cannot be tested"),
+            ("tests.test_sample.Sample.test_needs_a_program", "frobnicate is not installed (apt-get install frobnicate)"),
+            ("tests.test_sample.Sample.test_needs_it_too", "frobnicate is not installed (apt-get install frobnicate)")])
+        self.assertIn("on purpose", outcome.summary)
+        self.assertIn("a bug", outcome.summary)
+
+    def test_only_listed_skips_with_their_reason_are_allowed(self):
+        allowed_path = os.path.join(self.base, "allowed")
+        with open(allowed_path, "w") as handle:
+            handle.write("# comment\n\ntests.test_sample.Sample.test_needs_a_device | /dev/fuse | no FUSE in CI\n"
+                         "tests.test_sample.Sample | gnome | a reason these skips do not give\n")
+        allowed = suite.read_allowed(allowed_path)
+        self.assertEqual([test for test, _ in suite.not_allowed(self.outcome.skips, allowed)],
+                         ["tests.test_sample.Sample.test_needs_a_program", "tests.test_sample.Sample.test_needs_it_too"])
+        whole_module = [suite.Allowed("tests.test_sample", "frobnicate", "why")]
+        self.assertEqual(len(suite.not_allowed(self.outcome.skips, whole_module)), 1)
+        self.assertEqual(suite.not_allowed(self.outcome.skips, [suite.Allowed("tests.test_samp", "", "x")]),
+                         self.outcome.skips)  # a prefix of a name is not its module
+
+    def test_a_line_without_its_reason_is_refused(self):
+        bad = os.path.join(self.base, "bad")
+        with open(bad, "w") as handle:
+            handle.write("tests.test_sample.Sample.test_needs_a_program\n")
+        self.assertRaises(SystemExit, suite.read_allowed, bad)
+
+    def test_the_repositorys_list_reads(self):
+        for entry in suite.read_allowed(os.path.join(suite.REPO, ".ci", "allowed-skips")):
+            self.assertTrue(entry.test.startswith("tests.test_"), entry)
