@@ -65,6 +65,7 @@ REVIEWED_CONCH = {
     "SSHServerTransport._keySetup": "81785e1f6f06d921",
     "SSHTransportBase.dataReceived": "8240acd8b4abd0a3",
     "SSHTransportBase.getPacket": "12c9666a90759991",
+    "SSHTransportBase._newKeys": "4109423d0a1f2ef3",
     "SSHTransportBase.sendPacket": "2c351e9582c1fc6b",
     "SSHTransportBase.ssh_KEXINIT": "67c0895f49feb80d",
     "SSHCiphers.makeMAC": "4bd1f6720179a204",
