@@ -10,6 +10,14 @@ after its request (as DHEat tools do) still holds its admission for as long
 as a worker computes for it.  A worker that dies fails its job and is
 started again a second later (later and later if it keeps dying at once;
 while none runs, jobs fail at once instead of waiting).
+
+A worker that holds a job for :data:`STALL_CHECK` seconds is looked at
+(``/proc/PID/stat``, read only then): one that is stopped (SIGSTOP), or that
+sleeps without using CPU, or that has not answered in
+:data:`LONGEST_JOB` seconds, is killed and replaced at once, and its job is
+tried again first on the next free worker (once: a job that stalls two
+workers fails).  A worker merely slowed by a busy machine is left alone
+(:func:`~.kexlimit.stalled`).
 """
 
 from __future__ import annotations
@@ -22,11 +30,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from twisted.internet import defer, protocol
+from twisted.internet.error import ProcessExitedAlready
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 import nxgate
-from nxgate.gateway.doors.conch.kexlimit import FairQueue
+from nxgate.gateway.doors.conch.kexlimit import FairQueue, stalled
 
 log = Logger(namespace="nxgate.ssh.kex")
 
@@ -37,6 +46,25 @@ MAX_RESPAWN_DELAY = 60.0
 QUICK_DEATH = 5.0
 #: The longest answer line we accept from a worker (an 8192-bit f and K are 4 KB).
 MAX_LINE = 65536
+#: Seconds a job may go unanswered before its worker is looked at, and between looks.
+STALL_CHECK = 2.0
+#: Seconds after which a job's worker is replaced whatever it does (an 8192-bit exchange takes 0.3 s).
+LONGEST_JOB = 60.0
+#: Times a job is tried again on another worker after its worker stalled.
+RETRIES = 1
+#: Seconds stop() waits for workers to end before it kills them.
+STOP_GRACE = 5.0
+
+
+def process_state(pid: int) -> tuple[str, int] | None:
+    """A process's state letter and CPU time (clock ticks) from ``/proc/PID/stat``; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2:].split()  # the name in parentheses may hold spaces
+    return fields[0].decode("ascii", "replace"), int(fields[11]) + int(fields[12])
 
 
 class KexJobError(Exception):
@@ -49,6 +77,8 @@ class _Job:
     waiting: defer.Deferred[dict[str, Any]]
     done: Callable[[], None]
     source: str
+    #: Workers that stalled on it so far.
+    stalls: int = 0
 
 
 class _Worker(protocol.ProcessProtocol):
@@ -60,6 +90,10 @@ class _Worker(protocol.ProcessProtocol):
         self.running = False
         self.ended: defer.Deferred[None] | None = None
         self.started = 0.0
+        self.job_since = 0.0
+        self.cpu_seen: int | None = None
+        self.watch: Any = None  # the next look at a worker that holds a job
+        self.replaced = False
 
     def connectionMade(self) -> None:
         self.running = True
@@ -87,10 +121,12 @@ class _Worker(protocol.ProcessProtocol):
 class KexPool:
     """``size`` worker processes, started by :meth:`start`."""
 
-    def __init__(self, reactor: Any, size: int, argv: list[str] | None = None) -> None:
+    def __init__(self, reactor: Any, size: int, argv: list[str] | None = None,
+                 inspect: Callable[[int], tuple[str, int] | None] = process_state) -> None:
         self.reactor = reactor
         self.size = size
         self.argv = argv or [sys.executable, "-m", WORKER_MODULE]
+        self.inspect = inspect
         self._queue: FairQueue[_Job] = FairQueue()
         self._workers: list[_Worker] = []
         self._next_id = 0
@@ -116,6 +152,7 @@ class KexPool:
                 call.cancel()
         ended = []
         for worker in self._workers:
+            self._unwatch(worker)
             if worker.running:
                 worker.ended = defer.Deferred()
                 ended.append(worker.ended)
@@ -124,7 +161,16 @@ class KexPool:
             job = self._queue.pop()
             job.done()
             job.waiting.errback(KexJobError("the gateway is stopping"))
-        return defer.gatherResults(ended).addCallback(lambda _: None)
+        all_ended = defer.gatherResults(ended).addCallback(lambda _: None)
+        if ended:  # a stopped or stuck worker would never end by itself
+            kill = self.reactor.callLater(STOP_GRACE, self._kill_all)
+            all_ended.addBoth(lambda result: (kill.cancel() if kill.active() else None, result)[1])
+        return all_ended
+
+    def _kill_all(self) -> None:
+        for worker in list(self._workers):
+            if worker.running:
+                self._kill(worker)
 
     def submit(self, work: dict[str, Any], done: Callable[[], None] = lambda: None,
                source: str = "") -> defer.Deferred[dict[str, Any]]:
@@ -163,9 +209,64 @@ class KexPool:
                 return
             if worker.running and worker.job is None:
                 worker.job = self._queue.pop()
+                worker.job_since, worker.cpu_seen = self.reactor.seconds(), None
+                worker.watch = self.reactor.callLater(STALL_CHECK, self._look_at, worker)
                 worker.transport.write(json.dumps(worker.job.work).encode() + b"\n")
 
+    # ------------------------------------------------------- stuck workers
+    def _look_at(self, worker: _Worker) -> None:
+        """A job has gone unanswered for a while: is its worker working?"""
+        worker.watch = None
+        if worker.job is None or worker.replaced or not worker.running:
+            return
+        seen = self.inspect(worker.transport.pid)
+        if seen is None:
+            return  # it has ended: processEnded follows
+        state, cpu = seen
+        why = stalled(state, worker.cpu_seen, cpu, self.reactor.seconds() - worker.job_since, LONGEST_JOB)
+        if why is None:
+            worker.cpu_seen = cpu
+            worker.watch = self.reactor.callLater(STALL_CHECK, self._look_at, worker)
+            return
+        self._replace(worker, why)
+
+    def _replace(self, worker: _Worker, why: str) -> None:
+        """Kill a stuck worker, start another in its place now, and give
+        its job to the next free worker (or fail it, if it stalled one already)."""
+        job, worker.job = worker.job, None
+        worker.replaced = True
+        self._workers.remove(worker)
+        assert job is not None
+        job.stalls += 1
+        retry = job.stalls <= RETRIES and not job.waiting.called
+        log.warn("key-exchange worker {n} (pid {pid}) did not answer a job from {address}: {why}; it is replaced"
+                 " and the job {fate}", n=worker.number, pid=worker.transport.pid, address=job.source or "?",
+                 why=why, fate="tried again" if retry else "fails", event="kex_worker_replaced")
+        self._kill(worker)
+        self._spawn(worker.number)
+        if retry:
+            self._queue.push_front(job.source, job)
+        else:
+            job.done()
+            if not job.waiting.called:
+                job.waiting.errback(KexJobError("the key-exchange workers did not answer"))
+        self._dispatch()
+
+    def _kill(self, worker: _Worker) -> None:
+        try:
+            worker.transport.signalProcess("KILL")
+        except (ProcessExitedAlready, OSError):
+            pass
+
+    def _unwatch(self, worker: _Worker) -> None:
+        if worker.watch is not None and worker.watch.active():
+            worker.watch.cancel()
+        worker.watch = None
+
     def _answered(self, worker: _Worker, line: bytes) -> None:
+        if worker.replaced:  # its last words, after its job went elsewhere
+            return
+        self._unwatch(worker)
         job, worker.job = worker.job, None
         if job is None:
             log.error("key-exchange worker {n} answered without a job", n=worker.number)
@@ -187,6 +288,9 @@ class KexPool:
             waiting.callback(answer)
 
     def _ended(self, worker: _Worker, reason: Failure) -> None:
+        self._unwatch(worker)
+        if worker.replaced:  # killed by _replace, which started another and took its job
+            return
         self._workers.remove(worker)
         job, worker.job = worker.job, None
         if not self._stopping:
