@@ -191,10 +191,16 @@ class NXAvatar(ConchUser):
             return 0  # any answer tells the client we are alive; no log line every interval
         if self.x2go is not None and requestType in (b"tcpip-forward", b"cancel-tcpip-forward"):
             return self.x2go.forward_request(self, requestType, data)
-        log.warn(
-            "refused global request {kind!r} for {user!r}", kind=requestType, user=self.principal.ssh_user
-        )
+        log.warn("refused global request {kind!r} for {user!r} from {address}", kind=requestType[:100],
+                 user=self.principal.ssh_user, address=self.address)
         return 0
+
+    @property
+    def address(self) -> str:
+        """The client's address (for the log: repeated lines are counted per address)."""
+        conn = getattr(self, "conn", None)
+        peer = conn.transport.transport.getPeer() if conn is not None else None
+        return str(getattr(peer, "host", peer))
 
     def logout(self) -> None:
         log.debug("SSH logout of {user!r}", user=self.principal.ssh_user)
