@@ -124,12 +124,6 @@ class FairQueue(Generic[T]):
         self._by_key.setdefault(key, deque()).append(item)
         self._length += 1
 
-    def push_front(self, key: str, item: T) -> None:
-        """``item`` next of all (a job that must be tried again has waited its turn)."""
-        self._by_key.setdefault(key, deque()).appendleft(item)
-        self._by_key.move_to_end(key, last=False)
-        self._length += 1
-
     def pop(self) -> T:
         """The next address's oldest job; that address goes to the back."""
         if not self._by_key:

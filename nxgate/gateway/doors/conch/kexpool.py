@@ -15,8 +15,10 @@ A worker that holds a job for :data:`STALL_CHECK` seconds is looked at
 (``/proc/PID/stat``, read only then): one that is stopped (SIGSTOP), or that
 sleeps without using CPU, or that has not answered in
 :data:`LONGEST_JOB` seconds, is killed and replaced at once, and its job is
-tried again first on the next free worker (once: a job that stalls two
-workers fails).  A worker merely slowed by a busy machine is left alone
+kept for the fresh worker that replaces it (once: a job that stalls two
+workers fails).  The idle workers are looked at then too, and the stopped
+ones among them replaced, so that the next jobs do not wait for them.  A
+worker merely slowed by a busy machine is left alone
 (:func:`~.kexlimit.stalled`).
 """
 
@@ -94,6 +96,8 @@ class _Worker(protocol.ProcessProtocol):
         self.cpu_seen: int | None = None
         self.watch: Any = None  # the next look at a worker that holds a job
         self.replaced = False
+        #: The job of the stuck worker this one replaces: its first.
+        self.reserved: _Job | None = None
 
     def connectionMade(self) -> None:
         self.running = True
@@ -157,10 +161,13 @@ class KexPool:
                 worker.ended = defer.Deferred()
                 ended.append(worker.ended)
                 worker.transport.closeStdin()
+        waiting = [worker.reserved for worker in self._workers if worker.reserved is not None]
         while self._queue:
-            job = self._queue.pop()
+            waiting.append(self._queue.pop())
+        for job in waiting:
             job.done()
-            job.waiting.errback(KexJobError("the gateway is stopping"))
+            if not job.waiting.called:
+                job.waiting.errback(KexJobError("the gateway is stopping"))
         all_ended = defer.gatherResults(ended).addCallback(lambda _: None)
         if ended:  # a stopped or stuck worker would never end by itself
             kill = self.reactor.callLater(STOP_GRACE, self._kill_all)
@@ -195,23 +202,28 @@ class KexPool:
         self._dispatch()
         return job.waiting
 
-    def _spawn(self, number: int) -> None:
+    def _spawn(self, number: int) -> _Worker:
         worker = _Worker(self, number)
         worker.started = self.reactor.seconds()
         source_root = os.path.dirname(os.path.dirname(os.path.abspath(nxgate.__file__)))
         path = os.pathsep.join(filter(None, [source_root, os.environ.get("PYTHONPATH", "")]))
         self.reactor.spawnProcess(worker, self.argv[0], self.argv, env={**os.environ, "PYTHONPATH": path})
         self._workers.append(worker)
+        return worker
 
     def _dispatch(self) -> None:
         for worker in self._workers:
-            if not self._queue:
-                return
-            if worker.running and worker.job is None:
+            if not worker.running or worker.job is not None:
+                continue
+            if worker.reserved is not None:
+                worker.job, worker.reserved = worker.reserved, None
+            elif self._queue:
                 worker.job = self._queue.pop()
-                worker.job_since, worker.cpu_seen = self.reactor.seconds(), None
-                worker.watch = self.reactor.callLater(STALL_CHECK, self._look_at, worker)
-                worker.transport.write(json.dumps(worker.job.work).encode() + b"\n")
+            else:
+                continue
+            worker.job_since, worker.cpu_seen = self.reactor.seconds(), None
+            worker.watch = self.reactor.callLater(STALL_CHECK, self._look_at, worker)
+            worker.transport.write(json.dumps(worker.job.work).encode() + b"\n")
 
     # ------------------------------------------------------- stuck workers
     def _look_at(self, worker: _Worker) -> None:
@@ -231,26 +243,38 @@ class KexPool:
         self._replace(worker, why)
 
     def _replace(self, worker: _Worker, why: str) -> None:
-        """Kill a stuck worker, start another in its place now, and give
-        its job to the next free worker (or fail it, if it stalled one already)."""
+        """Kill a stuck worker and start another in its place now, which
+        tries its job again (or fail the job, if it stalled one already);
+        then replace the idle workers that are stopped too."""
         job, worker.job = worker.job, None
-        worker.replaced = True
-        self._workers.remove(worker)
         assert job is not None
         job.stalls += 1
         retry = job.stalls <= RETRIES and not job.waiting.called
         log.warn("key-exchange worker {n} (pid {pid}) did not answer a job from {address}: {why}; it is replaced"
                  " and the job {fate}", n=worker.number, pid=worker.transport.pid, address=job.source or "?",
                  why=why, fate="tried again" if retry else "fails", event="kex_worker_replaced")
-        self._kill(worker)
-        self._spawn(worker.number)
+        fresh = self._renew(worker)
         if retry:
-            self._queue.push_front(job.source, job)
+            fresh.reserved = job
         else:
             job.done()
             if not job.waiting.called:
                 job.waiting.errback(KexJobError("the key-exchange workers did not answer"))
+        for idle in [other for other in self._workers if other.running and other.job is None and other is not fresh]:
+            seen = self.inspect(idle.transport.pid)
+            if seen is not None and seen[0] in ("T", "t"):
+                log.warn("key-exchange worker {n} (pid {pid}) is stopped; it is replaced", n=idle.number,
+                         pid=idle.transport.pid, event="kex_worker_replaced")
+                self._renew(idle)
         self._dispatch()
+
+    def _renew(self, worker: _Worker) -> _Worker:
+        """Kill ``worker`` and start its successor (which is returned)."""
+        worker.replaced = True
+        self._unwatch(worker)
+        self._workers.remove(worker)
+        self._kill(worker)
+        return self._spawn(worker.number)
 
     def _kill(self, worker: _Worker) -> None:
         try:
@@ -301,7 +325,8 @@ class KexPool:
             log.error("key-exchange worker {n} ended ({why}); starting another in {delay:.0f} s",
                       n=worker.number, why=reason.getErrorMessage(), delay=self._delay)
             self._respawns.append(self.reactor.callLater(self._delay, self._respawn, worker.number))
-        failed = [job] if job is not None else []
+        failed = [each for each in (job, worker.reserved) if each is not None]
+        worker.reserved = None
         if not self._stopping and not any(other.running for other in self._workers):
             while self._queue:
                 failed.append(self._queue.pop())
