@@ -74,12 +74,13 @@ class DoorTests(TestCase):
     """Each door has its own total; a newcomer at a full door displaces the
     most idle connection of the address holding the most there."""
 
-    def flood(self, preauth: PreauthTable, door: str, addresses: int, each: int, first: int = 1) -> list[str]:
+    def flood(self, preauth: PreauthTable, door: str, addresses: int, each: int, first: int = 1,
+              penalties: bool = True) -> list[str]:
         names = []
         for a in range(first, first + addresses):
             for n in range(each):
                 name = f"{door}-10.0.0.{a}-{n}"
-                self.assertIsNone(preauth.admit(f"10.0.0.{a}", door=door, connection=name))
+                self.assertIsNone(preauth.admit(f"10.0.0.{a}", door=door, connection=name, penalties=penalties))
                 names.append(name)
         return names
 
@@ -150,6 +151,12 @@ class DoorTests(TestCase):
             self.assertIsNone(preauth.admit(f"192.0.2.{n}", door="SSH", connection=f"login-{n}"))
         self.assertEqual(blocks[:2], [None, None])
         self.assertEqual((blocks[2].source, blocks[2].seconds), ("10.0.0.1", 15))
+        # On the portal (no penalties there: browsers keep idle connections) displacing costs nothing.
+        self.flood(preauth, "HTTPS", 1, 10, first=2, penalties=False)
+        for n in range(20):
+            preauth.admit(f"192.0.2.{100 + n}", door="HTTPS", connection=f"browser-{n}", penalties=False)
+        self.assertEqual(blocks[3:], [None] * (len(blocks) - 3))
+        self.assertEqual(preauth.penalized(), 1)
 
 
 class TrustTests(TestCase):

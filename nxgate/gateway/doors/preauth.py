@@ -118,6 +118,8 @@ class _Door:
 
     total: int = 0
     by_source: dict[str, OrderedDict[Hashable, float]] = field(default_factory=dict)
+    #: Whether its connections earn penalties (the portal's do not).
+    penalizes: bool = True
 
 
 @dataclass
@@ -228,6 +230,7 @@ class PreauthTable:
         record = self.sources.get(source)
         exempt = self.exempt(source)
         at_door = self.doors.setdefault(door, _Door())
+        at_door.penalizes = penalties
         if file_limit and open_files >= file_limit - limits.fd_reserve:
             refusal = Refusal.FILES
         elif penalties and not exempt and record is not None and record.blocked_until > now:
@@ -280,7 +283,7 @@ class PreauthTable:
         if best is None:
             return False
         _, _, holder, connection = best
-        block = self.ended(holder, Ending.DISPLACED, connection)
+        block = self.ended(holder, Ending.DISPLACED if at_door.penalizes else Ending.UNPENALIZED, connection)
         self.displaced += 1
         self.displace(connection, holder, block)
         return True
