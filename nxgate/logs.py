@@ -34,6 +34,7 @@ writes on into the renamed file until a new one opens.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -252,15 +253,21 @@ class RepeatObserver:
     def __init__(self, observer: ILogObserver, limiter: RepeatLimiter) -> None:
         self.observer = observer
         self.limiter = limiter
+        self._lock = threading.Lock()  # threads log too (PAM, the store): one judge at a time
 
     def __call__(self, event: dict[str, Any]) -> None:
         self.flush()
-        if is_limited(event) and not self.limiter.admit(kind_of(event), source_of(event), event):
-            return
+        if is_limited(event):
+            with self._lock:
+                admitted = self.limiter.admit(kind_of(event), source_of(event), event)
+            if not admitted:
+                return
         self.observer(event)
 
     def flush(self) -> None:
-        for held in self.limiter.due():
+        with self._lock:
+            due = self.limiter.due()
+        for held in due:
             self.observer(summary_event(held, self.limiter.clock()))
 
 
