@@ -113,6 +113,9 @@ class UserDirectory:
         except KeyError:
             raise SessionError(Kind.NOT_ALLOWED, f"The account {caller.user} does not exist on the machine "
                                                  f"{machine}; ask your administrator.") from None
+        except AccountsUnavailable:
+            raise SessionError(Kind.LIMIT_REACHED, f"The machine {machine} is out of open files; please try again"
+                                                   " in a minute.") from None
         groups = await self.groups(caller.user, entry.pw_gid)
         return dataclasses.replace(caller, uid=entry.pw_uid, gid=entry.pw_gid, groups=groups)
 

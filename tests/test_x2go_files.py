@@ -232,6 +232,19 @@ class OutOfFilesTests(SynchronousTestCase):
                 users.account("no-such-user-nxgate")
         self.assertEqual(me, "root")
 
+    def test_a_node_out_of_files_refuses_a_session_for_now_not_for_a_missing_account(self):
+        from nxgate.vocabulary.caller import Caller
+        from nxgate.vocabulary.errors import Kind, SessionError
+
+        def blocking(function, *args):
+            return defer.fail(users.AccountsUnavailable(24, "out of open files"))
+
+        directory = users.UserDirectory(blocking)
+        failure = self.failureResultOf(defer.ensureDeferred(directory.here(Caller(user="alice"), "node1")),
+                                       SessionError)
+        self.assertEqual(failure.value.kind, Kind.LIMIT_REACHED)
+        self.assertIn("out of open files", failure.value.message)
+
     def test_real_pam_out_of_files_is_a_temporary_error(self):
         if not is_root():
             raise SkipTest(NEED_ROOT)
