@@ -133,7 +133,7 @@ class X2GoDoor:
         channel.finish(outcome.status)
 
     def _scp_sink(self, channel: Any, context: Context, call: Any) -> None:
-        """x2goclient's ``scp -t``: files below ~/.x2go, written in a thread, acknowledged in order."""
+        """x2goclient's ``scp -t``: files below ~/.x2go, written as the user, acknowledged in order."""
         target = [arg for arg in call.args if not arg.startswith("-")][0]
         owner = files.Owner(context.caller.uid, context.caller.gid, context.facts.home, context.caller.user)
         sink = scp.Sink(target)
@@ -153,10 +153,9 @@ class X2GoDoor:
             (port,) = struct.unpack(">L", rest[:4])
         except (ValueError, struct.error):
             return 0
-        granted = getattr(avatar, "x2go_forwards", 0)
         if kind == b"cancel-tcpip-forward":
-            avatar.x2go_forwards = max(0, granted - 1)
-            return 1
+            return 1  # a cancel frees no slot: grants per connection stay bounded, and so do their log lines
+        granted = getattr(avatar, "x2go_forwards", 0)
         if granted >= MAX_FORWARDS:
             if not getattr(avatar, "x2go_forwards_refused", False):
                 avatar.x2go_forwards_refused = True
