@@ -281,6 +281,14 @@ class ForwardAndCopyTests(FileAttackCase):
         for name in names:
             self.assertEqual(os.stat(os.path.join(directory, name)).st_uid, self.attacker.entry.pw_uid)
 
+    def test_python_x2gos_cookie_over_sftp_is_written_as_the_user(self):
+        """What the caps must let through: python-x2go's put of its cookie."""
+        self.assertEqual(self.attack("put", "256", user=self.victim)["size"], 256)
+        path = os.path.join(self.victim.home, ".x2go", "C-put", ".pulse-cookie")
+        info = os.stat(path)
+        self.assertEqual((info.st_uid, info.st_size, info.st_mode & 0o777), (self.victim.entry.pw_uid, 256, 0o600))
+        self.assertIn(f"X2Go client of {self.victim.name} wrote", self.new_log())
+
     def test_a_directory_the_user_may_not_write_stays_unwritten(self):
         """Written as the user: a directory of his that he made read-only
         (or a full quota) stops the copy, as it would stop him; root would

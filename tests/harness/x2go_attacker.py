@@ -13,7 +13,11 @@ stdin closes.  Attacks:
 * ``malformed COUNT``: COUNT SFTP OPEN packets too short to read;
 * ``forwards COUNT``: COUNT ``tcpip-forward`` requests;
 * ``scp COUNT SIZE DIRECTORY``: one ``scp -t`` of COUNT files of SIZE bytes
-  into ``~/.x2go/DIRECTORY``, as x2goclient's libssh sends it.
+  into ``~/.x2go/DIRECTORY``, as x2goclient's libssh sends it;
+
+and what python-x2go does, for comparison: ``put SIZE`` writes a cookie of
+SIZE bytes to ``~/.x2go/C-put/.pulse-cookie`` with paramiko's ``putfo``
+(open, write, close, stat).
 """
 
 from __future__ import annotations
@@ -163,6 +167,17 @@ def scp(port: int, user: str, count: int, size: int, directory: str) -> None:
     client.close()
 
 
+def put(port: int, user: str, size: int) -> None:
+    import io
+
+    client = login(port, user)
+    sftp = client.open_sftp()
+    home = sftp.normalize(".")
+    attributes = sftp.putfo(io.BytesIO(b"c" * size), f"{home}/.x2go/C-put/.pulse-cookie")  # checks the size
+    print(json.dumps({"size": attributes.st_size}), flush=True)
+    client.close()
+
+
 def main() -> None:
     attack, port, user, *rest = sys.argv[1:]
     numbers = [int(value) for value in rest if value.isdigit()]
@@ -174,6 +189,8 @@ def main() -> None:
         malformed(int(port), user, *numbers)
     elif attack == "forwards":
         forwards(int(port), user, *numbers)
+    elif attack == "put":
+        put(int(port), user, *numbers)
     elif attack == "scp":
         scp(int(port), user, numbers[0], numbers[1], rest[2])
     else:
