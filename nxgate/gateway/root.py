@@ -380,7 +380,7 @@ class Gateway(service.MultiService):
         from nxgate.gateway.doors.conch.x2go.door import X2GoDoor
 
         return X2GoDoor(self.reactor, lambda: self.api, self.blocking, self.users, lambda: self.config,
-                        lambda: self.cluster_streams)
+                        lambda: self.cluster_streams, room=self.guard.users_may_open)
 
     def conversation(self, transport: Any, address: str, preauthenticated_user: str | None,
                      relay_factory: Any, local_address: str = "127.0.0.1", door: str = "nx",
