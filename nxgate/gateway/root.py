@@ -376,7 +376,8 @@ class Gateway(service.MultiService):
         """X2Go's clients on the SSH port (nxgate.gateway.doors.conch.x2go), for users' own logins."""
         from nxgate.gateway.doors.conch.x2go.door import X2GoDoor
 
-        return X2GoDoor(self.reactor, lambda: self.api, self.blocking, self.users, lambda: self.config)
+        return X2GoDoor(self.reactor, lambda: self.api, self.blocking, self.users, lambda: self.config,
+                        room=self.guard.users_may_open)
 
     def conversation(self, transport: Any, address: str, preauthenticated_user: str | None,
                      relay_factory: Any, local_address: str = "127.0.0.1", door: str = "nx",
