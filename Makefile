@@ -52,6 +52,8 @@ APT_PACKAGES += x2goclient
 # Programs tests call that Debian 12 usually has already: openssl (the portal's and the cluster's test
 # certificates), systemd-analyze (the package's unit is verified), readelf (nxcopy is a hardened PIE).
 APT_PACKAGES += openssl systemd binutils
+# Issue 31: the X2Go door's attack tests drive paramiko (what python-x2go uses) from Debian's python3.
+APT_PACKAGES += python3-paramiko
 
 .PHONY: install system-packages link-commands run test bench bench-profile deb clean
 

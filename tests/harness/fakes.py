@@ -35,6 +35,7 @@ from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
 from nxgate.vocabulary.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
                                      ShadowTarget)
+from nxgate.vocabulary.streams import Stream, StreamKind
 
 UNSET: Any = object()
 
@@ -151,7 +152,7 @@ class FakeNodeAPI(FakeSessionAPI):
     async def thumbnail(self, caller: Caller, session_id: str) -> bytes:
         return await self._answer("thumbnail", caller, session_id)
 
-    async def open_stream(self, caller: Caller, session_id: str, kind: Any) -> Any:
+    async def open_stream(self, caller: Caller, session_id: str, kind: StreamKind) -> Stream:
         return await self._answer("open_stream", caller, session_id, kind)
 
     def subscribe(self, observer: Callable[[SessionEvent], None]) -> Callable[[], None]:
