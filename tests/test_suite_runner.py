@@ -13,6 +13,7 @@ from twisted.trial.unittest import TestCase
 
 from tests.harness import suite
 
+MISSING = "frobnicate is not installed (apt-get install frobnicate)"
 SAMPLE = textwrap.dedent('''
     from twisted.trial.unittest import SkipTest, TestCase
 
@@ -61,8 +62,8 @@ class ReadingTrialTests(TestCase):
         self.assertIn("tests.test_sample.Sample.test_passes", outcome.durations)
         self.assertEqual(sorted(outcome.skips), [
             ("tests.test_sample.Sample.test_needs_a_device", "no /dev/fuse here:\nFUSE mounts cannot be tested"),
-            ("tests.test_sample.Sample.test_needs_a_program", "frobnicate is not installed (apt-get install frobnicate)"),
-            ("tests.test_sample.Sample.test_needs_it_too", "frobnicate is not installed (apt-get install frobnicate)")])
+            ("tests.test_sample.Sample.test_needs_a_program", MISSING),
+            ("tests.test_sample.Sample.test_needs_it_too", MISSING)])
         self.assertIn("on purpose", outcome.summary)
         self.assertIn("a bug", outcome.summary)
 
@@ -73,7 +74,8 @@ class ReadingTrialTests(TestCase):
                          "tests.test_sample.Sample | gnome | a reason these skips do not give\n")
         allowed = suite.read_allowed(allowed_path)
         self.assertEqual([test for test, _ in suite.not_allowed(self.outcome.skips, allowed)],
-                         ["tests.test_sample.Sample.test_needs_a_program", "tests.test_sample.Sample.test_needs_it_too"])
+                         ["tests.test_sample.Sample.test_needs_a_program",
+                          "tests.test_sample.Sample.test_needs_it_too"])
         whole_module = [suite.Allowed("tests.test_sample", "frobnicate", "why")]
         self.assertEqual(len(suite.not_allowed(self.outcome.skips, whole_module)), 1)
         self.assertEqual(suite.not_allowed(self.outcome.skips, [suite.Allowed("tests.test_samp", "", "x")]),
