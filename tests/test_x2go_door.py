@@ -96,7 +96,9 @@ class ReaderTests(TestCase):
                   ";", "&&", "&", "|", "||", "$(", ")", "`", "'", '"', "\\", "{", "}", ">", ">>", "<", "2>", "1>",
                   "~", "~root", "$HOME", "${HOME}", "$", "${", "X2GODATABEGIN:1", f"X2GODATAEND:{UUID}", "bash",
                   "-l", "-c", "sh", "exit", "\t", " ", "*", "?", "[", "=", "PATH=", "A=b", "id", "rm", "-rf",
-                  "/usr/bin/", "../", "\n", "\x00", "é", "#", "!"]
+                  "/usr/bin/", "../", "\n", "\x00", "é", "#", "!", '"a b"', "'a b'", "a\\ b", "'\\''", "Prüfung",
+                  "x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_24 us auto 0 R", "xterm -title", "$USER",
+                  "$((", "${HOME:-x}", "$1", "X2GO_SPACE_CHAR"]
         rng = random.Random(24)
         allowed = set(verbs._CHECKS) | {"assign"}
         accepted = 0
@@ -110,6 +112,89 @@ class ReaderTests(TestCase):
             accepted += 1
             self.assertTrue({c.verb for c in calls} <= allowed, (text, calls))
         self.assertLess(accepted, 1000)
+
+
+def python_start(command: str) -> bytes:
+    """python-x2go's x2gostartagent with a profile command pasted in as it is (terminal/plain.py)."""
+    return python_x2go("X2GO_XINERAMA=false x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_24 null auto 1 R "
+                       f"{command} both")
+
+
+def x2goclient_start(command: str) -> bytes:
+    """x2goclient 4.1.2.2's x2gostartagent (onmainwindow.cpp), as its --debug log shows it."""
+    return x2goclient(f"X2GO_XINERAMA=no x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_24 us auto 0 R "
+                      f"{command} both")
+
+
+class CommandLineTests(TestCase):
+    """A profile's command line through each client's wrapping: the argv nxgate starts, without a shell."""
+
+    def argv(self, raw: bytes) -> tuple[str, ...]:
+        _, calls = read(raw)
+        (start,) = [call for call in calls if call.verb == "x2gostartagent"]
+        parsed = verbs.parse_start(start.args)
+        return commands.session_type_for(parsed.command, set(), parsed.command_args)[1]
+
+    def test_quoting_and_expansion_as_a_posix_shell_reads_them(self):
+        cases = {
+            'xterm -title "a b"': ("xterm", "-title", "a b"),
+            "xterm -title 'a b'": ("xterm", "-title", "a b"),
+            "xterm -title a\\ b": ("xterm", "-title", "a b"),
+            "xterm -title Prüfung": ("xterm", "-title", "Prüfung"),
+            'xterm -title "$USER@$HOSTNAME" -e "${HOME}"': ("xterm", "-title", "alice@srv1", "-e", "/home/alice"),
+            "xterm -xrm 'XTerm*allowTitleOps: false' -title \"a b\"": ("xterm", "-xrm", "XTerm*allowTitleOps: false",
+                                                                    "-title", "a b"),
+            "xterm -title 'it''s' -T \"100 $\"": ("xterm", "-title", "its", "-T", "100 $"),
+            "xterm -title a#b -T 'x!'": ("xterm", "-title", "a#b", "-T", "x!"),
+        }
+        for command, argv in cases.items():
+            self.assertEqual(self.argv(python_start(command)), argv, command)
+            self.assertEqual(self.argv(x2goclient_start(command)), argv, command)
+
+    def test_a_tilde_and_single_quotes_through_x2goclients_bash_wrapping(self):
+        self.assertEqual(self.argv(x2goclient_start("gedit ~/notes.txt")), ("gedit", "/home/alice/notes.txt"))
+        self.assertEqual(self.argv(x2goclient_start("gedit ~alice/a\\'b")), ("gedit", "/home/alice/a'b"))
+        self.assertEqual(self.argv(x2goclient_start("""xterm -e 'echo "it'"'"'s"'""")),
+                         ("xterm", "-e", 'echo "it\'s"'))
+
+    def test_x2goclients_latin1_is_read_as_latin1(self):
+        raw = x2goclient_start("xterm -title Prüfung").decode().encode("latin-1")
+        program, _ = read(raw)
+        self.assertEqual(program.extra.get("encoding"), "latin-1")
+        self.assertEqual(self.argv(raw), ("xterm", "-title", "Prüfung"))
+        self.assertRaises(shell.Refused, read, python_start("xterm -title Prüfung").decode().encode("latin-1"))
+
+    def test_what_a_shell_would_do_beyond_words_is_refused_with_its_name(self):
+        cases = {
+            "xterm; id": "the command 'id'", "xterm && id": "the command 'id'", "xterm | id": "a pipe",
+            "xterm > /tmp/x": "output to a file", "xterm $(id)": "command substitution",
+            "xterm `id`": "command substitution", "xterm < /etc/shadow": "input redirection",
+            "xterm -title $PATH": "the variable $PATH", "xterm *.txt": "file-name pattern",
+            "xterm -title ~root": "another user's home", "xterm $((1+1))": "arithmetic expansion",
+            "xterm ${HOME:-x}": "parameter expansion", "xterm #x": "a comment", "(xterm)": "sub-shell",
+            "xterm $1": "special parameter",
+        }
+        for command, reason in cases.items():
+            for raw in (python_start(command), x2goclient_start(command)):
+                with self.assertRaises(shell.Refused, msg=command) as refused:
+                    read(raw)
+                self.assertIn(reason, str(refused.exception), command)
+
+    def test_runcommand_takes_any_command_of_either_client(self):
+        name = "alice-1000-1733339233_stRxterm_dp24"
+        # python-x2go's quotes leave the pattern of a quoted '*' bare in sh -c's program: nothing runs that word.
+        _, calls = read(python_x2go(f"setsid x2goruncommand 1000 77 {name} 30001 \"xtermX2GO_SPACE_CHAR-xrmX2GO_SPACE"
+                                    "_CHAR'XTerm*allowTitleOps:X2GO_SPACE_CHARfalse'\" pulse R 1>/dev/null 2>/dev/null"
+                                    " & exit"))
+        self.assertEqual(calls[0].verb, "x2goruncommand")
+        self.assertRaises(shell.Refused, read, python_x2go(f"setsid x2goruncommand 1000 77 {name} 30001 xterm pulse "
+                                                           "R* 1>/dev/null 2>/dev/null & exit"))
+        for raw in (python_x2go(f'setsid x2goruncommand 1000 77 {name} 30001 "xtermX2GO_SPACE_CHAR-titleX2GO_SPACE_CHAR'
+                                f'"aX2GO_SPACE_CHARb"" pulse R 1>/dev/null 2>/dev/null & exit'),
+                    x2goclient(f"setsid /usr/bin/x2goruncommand 1000 77 {name} 30001 xtermX2GO_SPACE_CHAR-titleX2GO_"
+                               f'SPACE_CHAR"aX2GO_SPACE_CHARb" nosnd R 1> /dev/null 2>/dev/null & exit')):
+            _, calls = read(raw)
+            self.assertIn("x2goruncommand", [call.verb for call in calls])
 
 
 def view(user="alice", display=1003, state=State.RUNNING, session_type="unix-xfce", **changes) -> SessionView:
