@@ -121,9 +121,11 @@ def python_start(command: str) -> bytes:
 
 
 def x2goclient_start(command: str) -> bytes:
-    """x2goclient 4.1.2.2's x2gostartagent (onmainwindow.cpp), as its --debug log shows it."""
-    return x2goclient(f"X2GO_XINERAMA=no x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_24 us auto 0 R "
-                      f"{command} both")
+    """x2goclient 4.1.2.2's x2gostartagent (onmainwindow.cpp), as its --debug log shows it: the profile's
+    command pasted into its ``bash -l -c '…'`` with its own single quotes as they are (not ``'\\''``)."""
+    return (f"bash -l -c 'echo \"X2GODATABEGIN:{UUID}\"; export PATH=\"/usr/local/bin:/usr/bin:/bin\";export "
+            f"TERM=\"dumb\"; X2GO_XINERAMA=no x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_24 us auto 0 R "
+            f"{command} both; echo \"X2GODATAEND:{UUID}\";'").encode()
 
 
 class CommandLineTests(TestCase):
@@ -156,6 +158,9 @@ class CommandLineTests(TestCase):
         self.assertEqual(self.argv(x2goclient_start("gedit ~alice/a\\'b")), ("gedit", "/home/alice/a'b"))
         self.assertEqual(self.argv(x2goclient_start("""xterm -e 'echo "it'"'"'s"'""")),
                          ("xterm", "-e", 'echo "it\'s"'))
+        # Had x2goclient written its quotes as '\'' (the contract's reading of sshprocess.cpp), the same argv:
+        self.assertEqual(self.argv(x2goclient("X2GO_XINERAMA=no x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_24 "
+                                              "us auto 0 R xterm -title 'a b' both")), ("xterm", "-title", "a b"))
 
     def test_x2goclients_latin1_is_read_as_latin1(self):
         raw = x2goclient_start("xterm -title Prüfung").decode().encode("latin-1")

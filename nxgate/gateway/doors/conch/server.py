@@ -32,7 +32,7 @@ from zope.interface import implementer
 from nxgate.wire import tunnel_registry as tunnels
 from nxgate.gateway.auth.pam import Prompt
 from nxgate.gateway.doors.conch import algorithms, kexmath
-from nxgate.gateway.doors.conch.checkers import IKeyboardInteractive, KeyboardInteractive, Principal
+from nxgate.gateway.doors.conch.checkers import IKeyboardInteractive, KeyboardInteractive, Principal, RepeatedSecrets
 from nxgate.wire.ssh_etm import EtmTransport
 from nxgate.gateway.doors.conch.kexlimit import KexAdmission, OncePer, Refusal
 from nxgate.gateway.doors.conch.kexpool import InlineKexPool, KexJobError, KexPool
@@ -60,12 +60,14 @@ class _AddressPortal:
     def __init__(self, portal: Portal, address: str) -> None:
         self._portal = portal
         self._address = address
+        self._repeated = RepeatedSecrets()  # one per connection: one typo, one failure
 
     def listCredentialsInterfaces(self) -> list[Any]:
         return self._portal.listCredentialsInterfaces()
 
     def login(self, credentials: Any, mind: Any, *interfaces: Any) -> defer.Deferred[Any]:
         credentials.remote_address = self._address
+        credentials.repeated_secrets = self._repeated
         return self._portal.login(credentials, self._address, *interfaces)
 
 

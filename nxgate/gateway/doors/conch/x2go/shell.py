@@ -21,7 +21,9 @@ double quotes without escaping it, so a profile command with its own double
 quotes (``xterm -title "a b"``) breaks out of them: a login shell would run
 ``sh -c 'xterm -title a'`` with ``b`` as ``$0``.  The text between the
 wrapper's quotes is what the client meant, and is read instead.  x2goclient
-sends its strings in Latin-1 (Qt's ``toLatin1``): a string that is not UTF-8
+(4.1.2.2) does the same with its single quotes: a command with its own
+(``xterm -xrm 'XTerm*allowTitleOps: false'``) is read between the wrapper's.
+x2goclient sends its strings in Latin-1 (Qt's ``toLatin1``): a string that is not UTF-8
 in x2goclient's wrapper is read as Latin-1.  Whether a command may run is
 decided afterwards, by :mod:`nxgate.gateway.doors.conch.x2go.verbs`.
 """
@@ -43,6 +45,8 @@ _MARKER = re.compile(r"X2GODATA(BEGIN|END):[0-9a-fA-F-]{8,64}")
 #: python-x2go's wrapper, exactly (backends/control/plain.py): the command between the quotes, unescaped.
 _PYTHON_WRAPPER = re.compile(r'echo (X2GODATABEGIN:[0-9a-fA-F-]{8,64}); PATH=/usr/local/bin:/usr/bin:/bin sh -c "(.*)"; '
                              r"echo (X2GODATAEND:[0-9a-fA-F-]{8,64})", re.DOTALL)
+#: x2goclient's wrapper (sshprocess.cpp): the program between the single quotes, which it does not escape.
+_X2GOCLIENT_WRAPPER = re.compile(r"bash -l -c '(echo \"X2GODATABEGIN:[0-9a-fA-F-]{8,64}\"; .*)'", re.DOTALL)
 #: Characters after ``$`` that leave it a plain dollar sign, as in a shell.
 _PLAIN_DOLLAR = frozenset(" \t/:,.=+-%@]}")
 #: Characters that end an unquoted word (braces do not: ``{`` and ``}`` are
@@ -428,31 +432,39 @@ def read_exec(raw: bytes, facts: Facts) -> Program:
     if any(ord(c) < 32 and c != "\t" or 0x7f <= ord(c) < 0xa0 for c in text):
         raise Refused("a control character")
     extra = {"encoding": encoding} if encoding != "utf-8" else {}
-    literal = _PYTHON_WRAPPER.fullmatch(text)
+    python_literal = _PYTHON_WRAPPER.fullmatch(text)
+    x2goclient_literal = _X2GOCLIENT_WRAPPER.fullmatch(text)
     try:
         outer = parse(text, facts)
     except Refused:
-        if literal is None:
+        if python_literal is None and x2goclient_literal is None:
             raise
         outer = ()
     python = _python_wrapper(outer) if outer else None
     if python is not None:
         begin, inner, end = python
         return Program(parse(inner, facts, 1), begin, end, "python-x2go", extra)
-    if literal is not None:
+    if python_literal is not None:
         # The command's own double quotes broke python-x2go's: read what it meant.
-        begin, inner, end = literal.groups()
+        begin, inner, end = python_literal.groups()
         return Program(parse(inner, facts, 1), begin, end, "python-x2go", {**extra, "quotes": "literal"})
     if len(outer) == 1 and outer[0].command.argv[:3] == ("bash", "-l", "-c") and len(outer[0].command.argv) == 4 \
             and not outer[0].command.assignments and not outer[0].command.redirects:
-        inner = parse(outer[0].command.argv[3], facts, 1)
-        first, last = inner[0].command, inner[-1].command
-        if _is_marker_echo(first, "BEGIN") and len(inner) >= 2 and _is_marker_echo(last, "END"):
-            return Program(inner[1:-1], first.argv[1], last.argv[1], "x2goclient", extra)
-        if _is_marker_echo(first, "BEGIN") and inner[-1].joiner == "&":  # "... & exit": no END marker
-            return Program(inner[1:], first.argv[1], None, "x2goclient", extra)
-        return Program(inner, None, None, "bash -l -c", extra)
+        return _bash_program(parse(outer[0].command.argv[3], facts, 1), extra)
+    if x2goclient_literal is not None:
+        # The command's own single quotes broke x2goclient's: read what it meant.
+        return _bash_program(parse(x2goclient_literal.group(1), facts, 1), {**extra, "quotes": "literal"})
     return Program(outer, extra=extra)
+
+
+def _bash_program(inner: tuple[Step, ...], extra: dict[str, str]) -> Program:
+    """x2goclient's ``bash -l -c`` program, its markers taken off."""
+    first, last = inner[0].command, inner[-1].command
+    if _is_marker_echo(first, "BEGIN") and len(inner) >= 2 and _is_marker_echo(last, "END"):
+        return Program(inner[1:-1], first.argv[1], last.argv[1], "x2goclient", extra)
+    if _is_marker_echo(first, "BEGIN") and inner[-1].joiner == "&":  # "... & exit": no END marker
+        return Program(inner[1:], first.argv[1], None, "x2goclient", extra)
+    return Program(inner, None, None, "bash -l -c", extra)
 
 
 def _is_marker_echo(command: Simple, which: str) -> bool:
