@@ -441,7 +441,8 @@ class PortalThenPyhocaTests(X2GoCase):
         listed = wait_for(lambda: self.listed() or None, 30, "the portal's session in X2Go's listing")
         (name, status), = listed.items()
         self.assertEqual(status, "S")
-        self.assertRegex(name, rf"^{self.user.name}-\d+-\d+_stDTERMINAL_dp24$")
+        # The name given in the portal is what X2Go's listing can show: x2goclient's "Command" column.
+        self.assertRegex(name, rf"^{self.user.name}-\d+-\d+_stDfrom-the-portal_dp24$")
         display = int(name.split("-")[-2])
         session_id = re.search(rf"starting session ([0-9A-F]{{32}}) \(unix-console, display :{display}\)",
                                self.gateway.log()).group(1)

@@ -166,3 +166,14 @@ class X2GoClientCommandLineTests(CommandLineCase):
         wait_for(lambda: "command refused: a pipe" in self.read(log), 30, "the refusal in x2goclient's own log")
         self.assertEqual(program_argv(self.user.name, "xterm"), [])
         self.assertEqual(self.listed(), {})
+
+
+class SameBoundsTests(X2GoCase):
+    """The NX door's bounds (NX> 597 for 99999x99999) hold at the X2Go door: nothing starts, the log says why."""
+
+    def test_a_size_out_of_range_starts_nothing(self):
+        result = self.cli("-c", "TERMINAL", "-g", "99999x99999", "-q", "lan")
+        self.assertIn("session startup for session profile ,,Pyhoca-Client_Session failed", result.stdout + result.stderr)
+        self.assertIn("refused: the session size 99999x99999: size out of range (64x64 to 16384x16384)",
+                      self.gateway.log())
+        self.assertEqual(self.listed(), {})

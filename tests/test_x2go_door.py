@@ -203,7 +203,7 @@ class CommandLineTests(TestCase):
 
 
 def view(user="alice", display=1003, state=State.RUNNING, session_type="unix-xfce", **changes) -> SessionView:
-    values = dict(id="AB" * 16, full_id="srv1-1003-" + "AB" * 16, user=user, type=session_type, name="desk",
+    values = dict(id="AB" * 16, full_id="srv1-1003-" + "AB" * 16, user=user, type=session_type, name=session_type,
                   display=display, state=state, geometry="800x600", depth=24, render=True, fullscreen=False,
                   rootless=False, encrypted=True, client_address="192.0.2.7", created=1733339233.5,
                   changed=1733339300.0, attached_before=True, agent_pid=4242, failure="")
@@ -222,6 +222,15 @@ class NameTests(TestCase):
                          "RTERMINAL_dp24")
         odd = view(session_type="unix-application", name="my_app --x", options={})
         self.assertNotIn("_", names.session_name(odd).split("_st")[1][:-5])
+
+    def test_a_name_given_elsewhere_is_the_word_x2goclient_shows_as_command(self):
+        for name, word in (("from the portal", "from-the-portal"), ("Büro 2_b", "Bro-2b"), ("XFCE", "XFCE"),
+                           ("unix-xfce", "XFCE"), ("   ", "XFCE"), ("__", "XFCE")):
+            self.assertEqual(names.session_name(view(name=name)), f"alice-1003-1733339233_stD{word}_dp24", name)
+        self.assertEqual(names.session_name(view(session_type="unix-application", name="xterm", options={})),
+                         "alice-1003-1733339233_stDxterm_dp24")
+        renamed = view(name="my work")
+        self.assertIs(names.find([renamed], "alice-1003-1733339233_stDXFCE_dp24"), renamed)  # a name from before
 
     def test_a_listing_line_has_sixteen_fields_numbers_where_clients_call_int(self):
         line = names.list_line(view(), b"k" * 32, "srv1", 1733339400.0)
@@ -408,3 +417,33 @@ class ScpSinkTests(TestCase):
         self.assertEqual(read(b"scp -t -r '.x2go/ssh'")[1][0].verb, "scp")
         for raw in (b"scp -f .x2go/ssh", b"scp -t /etc", b"scp -t .ssh", b"scp -t -r .x2go/../.ssh", b"scp x y"):
             self.assertRaises(shell.Refused, read, raw)
+
+
+class BoundsTests(TestCase):
+    """The NX door's bounds of a session's screen, asked by the X2Go door too (one check)."""
+
+    def test_a_size_the_nx_door_refuses_is_refused_in_x2goclients_words(self):
+        from nxgate.protocols.nx import requests
+        from nxgate.protocols.nx.errors import NXError
+        from nxgate.protocols.nx.params import parse_params
+
+        for geometry, refused in (("99999x99999", True), ("63x600", True), ("16385x600", True), ("800x600", False),
+                                  ("16384x16384", False)):
+            api = FakeAPI([])
+            out = run(x2goclient(f"X2GO_XINERAMA=no x2gostartagent {geometry} lan 16m-jpeg-9 unix-kde-depth_24 us "
+                                 "auto 0 D XFCE both"), api)
+            try:
+                requests.display_settings(parse_params(f'--geometry="{geometry}"'))
+                nx_refused = False
+            except NXError as error:
+                nx_refused = error.code == 597
+            self.assertEqual((out.status != 0, nx_refused), (refused, refused), geometry)
+            if refused:
+                self.assertIn(f"nxgate: the session size {geometry}: size out of range (64x64 to 16384x16384)",
+                              out.stderr)
+                self.assertEqual(api.calls, [])
+
+    def test_a_depth_the_nx_door_refuses_is_refused(self):
+        out = run(python_x2go("x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_12 null auto 1 D XFCE both"),
+                  FakeAPI([]))
+        self.assertIn("a colour depth of 12: depth must be 8, 15, 16, 24 or 32", out.stderr)

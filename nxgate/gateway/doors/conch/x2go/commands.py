@@ -24,6 +24,7 @@ from nxgate.gateway.doors.conch.x2go import names
 from nxgate.gateway.doors.conch.x2go.shell import Facts, Program
 from nxgate.gateway.doors.conch.x2go.verbs import VERBS, Call, parse_start
 from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.display_bounds import depth_problem, size_problem
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.requests import DisplaySettings, RestoreRequest, ShadowRequest, StartRequest
 from nxgate.vocabulary.results import Ready, SessionView
@@ -194,7 +195,16 @@ async def _session(call: Call, context: Context) -> SessionView:
 
 
 def _settings(geometry: str, depth: int, link: str, kbtype: str, clipboard: str) -> DisplaySettings:
+    """The display an X2Go client asks for, within the bounds every door keeps."""
     fullscreen = geometry in ("fullscreen", "maximize")
+    if not fullscreen:
+        width, _, height = geometry.partition("x")
+        problem = size_problem(int(width), int(height))
+        if problem is not None:
+            raise SessionError(Kind.INVALID_REQUEST, f"the session size {geometry}: {problem}")
+    problem = depth_problem(depth)
+    if problem is not None:
+        raise SessionError(Kind.INVALID_REQUEST, f"a colour depth of {depth}: {problem}")
     return DisplaySettings(geometry="1024x768" if fullscreen else geometry, fullscreen=fullscreen, depth=depth,
                            keyboard=kbtype if re.fullmatch(r"[a-z0-9]+/[a-z0-9_-]+", kbtype) else "pc105/us",
                            link=link, clipboard=clipboard, client="x2go")
@@ -225,7 +235,7 @@ async def _start(call: Call, context: Context) -> tuple[str, str, int]:
     if start.kind == "P":
         return "", "nxgate: published applications are not offered by this server\n", 1
     session_type, application = session_type_for(start.command, context.types(), start.command_args)
-    request = StartRequest(type=session_type, name=start.command[:64], encrypted=True,
+    request = StartRequest(type=session_type, name=start.command.rsplit("/", 1)[-1][:64], encrypted=True,
                            rootless=start.kind == "R", application=application,
                            display=_settings(start.geometry, start.depth, start.link, start.kbtype, start.clipboard))
     ready = await context.api.start(context.caller, request)

@@ -8,7 +8,10 @@ NX client, the browser, D-Bus or an X2Go client alike), so that nothing
 new is stored and any door's session is listed and resumable:
 
 * the name from user, display, creation time, type (D/R/S and a command
-  word) and depth;
+  word) and depth; the command word is the session's own name when one was
+  given (the NX client's profile, the portal, D-Bus ``rename``): it is what
+  x2goclient shows in its sessions' "Command" column and part of the
+  "Session Name" pyhoca-cli prints, the only place X2Go's listing has;
 * the graphics/sound/folder ports as *virtual* numbers from the session id
   (nxgate's agents listen on a Unix socket only; this door alone resolves
   the number in a ``direct-tcpip`` request);
@@ -63,9 +66,28 @@ class X2GoNumbers:
     cookie: str
 
 
+def given_name(view: SessionView) -> str | None:
+    """The session's name as an X2Go command word, when it is a name of its
+    own (not its type or its program, which the word shows anyway): blanks
+    become ``-``, what X2Go's names cannot hold goes."""
+    name = (view.name or "").strip()
+    defaults = {view.type, view.type.removeprefix("unix-"), TYPE_WORDS.get(view.type, ""),
+                str(view.options.get("x2go_command", ""))}
+    if not name or name.lower() in {default.lower() for default in defaults if default}:
+        return None
+    if view.type == "unix-application" and len(name.split()) == 1:
+        return None  # an application's program: the word below
+    word = _UNSAFE.sub("", re.sub(r"\s+", "-", name)).strip("-")[:40]
+    return word or None
+
+
 def command_word(view: SessionView) -> str:
-    """The ``_st<kind><word>`` part's word: a desktop's profile name, an
-    application's program name (no ``_``: clients split the name on it)."""
+    """The ``_st<kind><word>`` part's word: the session's own name, else a
+    desktop's profile name or an application's program name (no ``_``:
+    clients split the name on it)."""
+    given = given_name(view)
+    if given is not None:
+        return given
     word = TYPE_WORDS.get(view.type)
     if word is None and view.type == "unix-application":
         word = str(view.options.get("x2go_command", "") or view.name or "APPLICATION").split()[0].rsplit("/", 1)[-1]
