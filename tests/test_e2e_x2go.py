@@ -39,6 +39,11 @@ _NAME_LINE = re.compile(r"Session Name: (\S+)")
 _STARTED = re.compile(r"X2Go session (\S+) \(session ([0-9A-F]{32}),")
 
 
+def display_of(name: str) -> int:
+    """The display of an X2Go session name (``user-DISPLAY-time_st…``: the command word may hold '-' too)."""
+    return int(re.search(r"-(\d+)-\d+_st", name).group(1))
+
+
 def _fixture():
     if not is_root():
         raise SkipTest(NEED_ROOT)
@@ -144,7 +149,7 @@ class X2GoCase(TestCase):
 
     def desktop_equal(self, name: str) -> float:
         """The share of the agent's screen equal in its window on the client (best within the wait)."""
-        display, session_id = int(name.split("-")[-2]), self.session_id(name)
+        display, session_id = display_of(name), self.session_id(name)
         best: list = [0.0, None, None]
 
         def equal() -> bool:
@@ -168,7 +173,7 @@ class X2GoCase(TestCase):
 
     def window_equal(self, name: str, title: str) -> float:
         """A rootless session: its window ``title`` on the client against the agent's."""
-        display, session_id = int(name.split("-")[-2]), self.session_id(name)
+        display, session_id = display_of(name), self.session_id(name)
         best: list = [0.0, None, None]
 
         def equal() -> bool:
@@ -254,7 +259,7 @@ class DesktopSharingTests(X2GoCase):
     def test_sharing_ones_own_desktop_view_only_and_another_user_is_denied(self):
         client, log = self.session_client("-c", "TERMINAL", "-t", "desktop", "-g", "800x600", "-q", "lan")
         name = self.started_name(client, log)
-        display, session_id = int(name.split("-")[-2]), self.session_id(name)
+        display, session_id = display_of(name), self.session_id(name)
         listed = self.cli("--list-desktops")
         self.assertIn(f"{self.user.name}@:{display}", listed.stdout)
         self.assertNotIn(f"{self.user.name}@:{display}", self.cli("--list-desktops", user=self.other).stdout)
@@ -263,7 +268,7 @@ class DesktopSharingTests(X2GoCase):
         shared = self.started_name(viewer, log)
         self.assertIn("_stS", shared)
         self.assertIn(f"watches {session_id} of {self.user.name} (view-only)", self.gateway.log())
-        shadow_display = int(shared.split("-")[-2])
+        shadow_display = display_of(shared)
         best = [0.0]
 
         def equal() -> bool:
@@ -443,7 +448,7 @@ class PortalThenPyhocaTests(X2GoCase):
         self.assertEqual(status, "S")
         # The name given in the portal is what X2Go's listing can show: x2goclient's "Command" column.
         self.assertRegex(name, rf"^{self.user.name}-\d+-\d+_stDfrom-the-portal_dp24$")
-        display = int(name.split("-")[-2])
+        display = display_of(name)
         session_id = re.search(rf"starting session ([0-9A-F]{{32}}) \(unix-console, display :{display}\)",
                                self.gateway.log()).group(1)
         client, log = self.session_client("-R", name, "-g", "800x600", "-q", "lan")
