@@ -16,7 +16,7 @@ from nxgate.gateway.doors.conch.x2go import commands, files, names, shell, verbs
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.model import State
-from nxgate.vocabulary.results import Listing, Ready, SessionView, StreamTarget
+from nxgate.vocabulary.results import DesktopEntry, Listing, Ready, SessionView, StreamTarget
 
 FACTS = shell.Facts("alice", "/home/alice", "srv1")
 UUID = "d0dc54c4-f0c8-11f1-82e7-02fc00000001"
@@ -268,7 +268,7 @@ class FakeAPI:
         self.calls.append(("start", request))
         if self.limit:
             raise SessionError(Kind.LIMIT_REACHED, "Server capacity: reached for user: alice")
-        made = view(session_type=request.type)
+        made = view(session_type=request.type, rootless=request.rootless)
         return Ready(made, "c" * 32, False, StreamTarget(made.id, "/x/agent.sock", 1000))
 
     async def restore(self, caller, request):
@@ -277,6 +277,14 @@ class FakeAPI:
 
     async def suspend(self, caller, session_id):
         self.calls.append(("suspend", session_id))
+
+    async def applications(self, caller, session_id):
+        self.calls.append(("applications", session_id))
+        return (DesktopEntry("/x/xterm.desktop", ("Name=Terminal", "Exec=xterm %U"), 1, b"PNG"),)
+
+    async def launch(self, caller, session_id, argv):
+        self.calls.append(("launch", session_id, argv))
+        return True
 
     async def terminate(self, caller, session_id, reason="user request"):
         self.calls.append(("terminate", session_id))
@@ -447,3 +455,37 @@ class BoundsTests(TestCase):
         out = run(python_x2go("x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_12 null auto 1 D XFCE both"),
                   FakeAPI([]))
         self.assertIn("a colour depth of 12: depth must be 8, 15, 16, 24 or 32", out.stderr)
+
+
+class PublishedApplicationTests(TestCase):
+    """x2goclient's and python-x2go's published-applications mode: a type P session, x2gogetapps, Exec lines."""
+
+    def test_a_type_p_session_is_a_rootless_agent_without_a_program(self):
+        api = FakeAPI([])
+        out = run(python_x2go("X2GO_XINERAMA=false x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_24 null auto 1 P "
+                              "PUBLISHED both"), api)
+        request = api.calls[0][1]
+        self.assertEqual((request.type, request.rootless, request.application), ("unix-published", True, ()))
+        self.assertEqual(out.stdout.splitlines()[4], "alice-1003-1733339233_stRPUBLISHED_dp24")
+        self.assertIn("X2GO_PUBLISHED_APPLICATIONS", run(python_x2go("x2gofeaturelist"), api).stdout)
+
+    def test_x2gogetapps_asks_the_machine_of_the_published_session(self):
+        published = view(session_type="unix-published", rootless=True, id="CD" * 16)
+        api = FakeAPI([view(), published])
+        out = run(python_x2go("which x2gogetapps >/dev/null && x2gogetapps"), api)
+        self.assertEqual(api.calls, [("applications", "CD" * 16)])
+        self.assertIn("<desktop>\nName=Terminal\n<icon>\nUE5H\n\n</icon>\nExec=xterm %U\n</desktop>\n", out.stdout)
+        self.assertEqual(run(python_x2go("x2gogetapps"), FakeAPI([])).stdout.splitlines()[1:-1], [])
+
+    def test_python_x2gos_exec_line_goes_to_the_named_session(self):
+        published = view(session_type="unix-published", rootless=True, id="CD" * 16, display=1004)
+        api = FakeAPI([view(), published])
+        name = names.session_name(published)
+        run(python_x2go(f"export DISPLAY=:1004 && export X2GO_SESSION={name} && export PULSE_CLIENTCONFIG=/home/alice/"
+                        f'.x2go/C-{name}/.pulse-client.conf && setsid xterm -title "Published a b"  1>/dev/null '
+                        "2>/dev/null & exit"), api)
+        self.assertEqual(api.calls, [("launch", "CD" * 16, ("xterm", "-title", "Published a b"))])
+
+    def test_what_is_not_a_launch_stays_refused(self):
+        for command in ("setsid xterm > /tmp/x", "xterm & exit", "setsid xterm | id", "setsid bash -c id; id"):
+            self.assertRaises(shell.Refused, read, python_x2go(command))

@@ -531,6 +531,23 @@ class Lifecycle:
         except LaunchError as error:
             return f"error protocol: {error}"
 
+    async def launch(self, session_id: str, argv: tuple[str, ...]) -> None:
+        """Start ``argv`` in a running session beside what runs there (a
+        published application): as the user, in the session's namespaces
+        and environment, its own process group; its end ends nothing, and
+        the session's end ends it (it carries the session's marker)."""
+        session = self.sessions[session_id]
+        runtime = self.runtime[session_id]
+        try:
+            started, _ = await self.supervisor.start_program(session, runtime.files, None, False,
+                                                            self.extras.environment(session), argv=argv)
+        except (LaunchError, OSError, KeyError) as error:
+            log.warn("session {id}: could not start {program}: {error}", id=session_id, program=argv[0],
+                     error=str(error))
+            raise SessionError(Kind.FAILED_TO_START, f"Could not start {argv[0]}.", session_id=session_id) from None
+        log.info("session {id}: started {program} (pid {pid}) for its client", id=session_id, program=argv[0],
+                 pid=started.pid)
+
     def _program_exited(self, session_id: str) -> None:
         session = self.sessions.get(session_id)
         if session is None or not session.state.live:

@@ -23,6 +23,7 @@ new is stored and any door's session is listed and resumable:
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import re
@@ -30,7 +31,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from nxgate.vocabulary.results import SessionView
+from nxgate.vocabulary.results import DesktopEntry, SessionView
 
 #: What X2Go's own session-name check accepts (x2goserver's X2Go::Utils).
 NAME = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._@-]*-\d{2,5}-\d{9,12}_st[A-Za-z0-9.@-]*_dp\d{1,2}")
@@ -39,7 +40,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9.-]")
 #: nxgate session types and the word X2Go clients use for them.
 TYPE_WORDS = {
     "unix-xfce": "XFCE", "unix-kde": "KDE", "unix-gnome": "GNOME", "unix-mate": "MATE", "unix-lxde": "LXDE",
-    "unix-console": "TERMINAL", "unix-default": "DEFAULT",
+    "unix-console": "TERMINAL", "unix-default": "DEFAULT", "unix-published": "PUBLISHED",
 }
 #: What a client may send as the command of x2gostartagent/x2goruncommand
 #: (profile names, and the binaries the clients map them to), and the type.
@@ -192,4 +193,32 @@ def version_output(nxgate_version: str) -> str:
 
 
 #: What x2gofeaturelist advertises: only what this door answers.
-FEATURES = ("X2GO_LIST_DESKTOPS", "X2GO_CLIPBOARD_MODES")
+FEATURES = ("X2GO_LIST_DESKTOPS", "X2GO_CLIPBOARD_MODES", "X2GO_PUBLISHED_APPLICATIONS")
+
+
+def _base64_chunks(data: bytes) -> list[str]:
+    """Perl's ``encode_base64`` of each 3420-byte read, as x2gogetapps prints
+    them: 76-character lines, each ending in a new line."""
+    chunks = []
+    for start in range(0, len(data), 60 * 57):
+        text = base64.b64encode(data[start:start + 60 * 57]).decode()
+        chunks.append("".join(text[i:i + 76] + "\n" for i in range(0, len(text), 76)))
+    return chunks
+
+
+def applications_output(entries: Iterable[DesktopEntry]) -> str:
+    """``x2gogetapps``' output, byte for byte as x2goserver prints it: each
+    entry's kept lines between ``<desktop>`` and ``</desktop>``, its icon in
+    base64 between ``<icon>`` and ``</icon>`` where its ``Icon`` line stood."""
+    out = []
+    for entry in entries:
+        parts = ["<desktop>"]
+        for index, line in enumerate(entry.lines):
+            if index == entry.icon_at:
+                parts += ["<icon>", *_base64_chunks(entry.icon), "</icon>"]
+            parts.append(line)
+        if entry.icon_at >= len(entry.lines):
+            parts += ["<icon>", *_base64_chunks(entry.icon), "</icon>"]
+        parts.append("</desktop>")
+        out.append("\n".join(parts) + "\n")
+    return "".join(out)

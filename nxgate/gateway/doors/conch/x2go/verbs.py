@@ -11,6 +11,7 @@ file under the caller's ``~/.x2go/``; nothing else.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
@@ -20,12 +21,12 @@ from nxgate.gateway.doors.conch.x2go.shell import MAX_EXEC_BYTES, PATTERN_REFUSE
 
 #: Variables a client may set before a command or export.
 ASSIGNABLE = frozenset({"PATH", "TERM", "HOSTNAME", "DISPLAY", "X2GO_XINERAMA", "X2GODPI", "X2GOXDMCP",
-                        "PULSE_CLIENTCONFIG", "X2GO_SPOOLDIR", "X2GO_MIMEBOX"})
+                        "PULSE_CLIENTCONFIG", "X2GO_SPOOLDIR", "X2GO_MIMEBOX", "X2GO_SESSION"})
 #: The verbs this door answers (``which`` finds them in /usr/bin).
 VERBS = frozenset({"x2golistsessions", "x2golistshadowsessions", "x2golistdesktops", "x2gostartagent",
                    "x2goruncommand", "x2goresume-session", "x2gosuspend-session", "x2goterminate-session",
                    "x2goversion", "x2gofeaturelist", "x2gobasepath", "x2gocmdexitmessage", "x2gogetservers",
-                   "x2goumount-session", "x2gomountdirs", "x2golistmounts"})
+                   "x2goumount-session", "x2gomountdirs", "x2golistmounts", "x2gogetapps"})
 _GEOMETRY = re.compile(r"(\d{2,5}x\d{2,5}|fullscreen|maximize)")
 _LINK = frozenset({"modem", "isdn", "adsl", "wan", "lan"})
 _WORD = re.compile(r"[A-Za-z0-9._@:/+,()-]{0,64}")
@@ -65,8 +66,11 @@ class StartAgent:
 
 
 def check_program(program: Program, facts: Facts) -> tuple[Call, ...]:
-    """The calls of ``program``, or Refused naming the first problem."""
+    """The calls of ``program``, or Refused naming the first problem.  A
+    ``launch`` (a published application) carries what the program exported
+    before it (python-x2go names the session in ``X2GO_SESSION``)."""
     calls: list[Call] = []
+    exported: dict[str, str] = {}
     steps = program.steps
     for index, step in enumerate(steps):
         command = step.command
@@ -74,7 +78,12 @@ def check_program(program: Program, facts: Facts) -> tuple[Call, ...]:
             # Only "X & exit" at the very end: run X, then stop.
             if command.argv != ("exit",) or index != len(steps) - 1 and not _only_end_echo(steps[index + 1:]):
                 raise Refused("a background command other than '… & exit'")
-        calls.append(_call(command, facts, step.joiner))
+        call = _call(command, facts, step.joiner)
+        if call.verb == "export":
+            exported.update(arg.split("=", 1) for arg in call.args if "=" in arg)
+        if call.verb == "launch":
+            call = dataclasses.replace(call, env={**exported, **call.env})
+        calls.append(call)
     return tuple(calls)
 
 
@@ -98,6 +107,12 @@ def _call(command: Simple, facts: Facts, joiner: str) -> Call:
     if patterned and not (argv[:1] and argv[0].rpartition("/")[2] == "x2goruncommand" and patterned == {5}):
         raise Refused(PATTERN_REFUSED)
     verb = argv[0] if argv else "assign"
+    if command.argv[:1] == ("setsid",) and argv and argv[0].rpartition("/")[2] not in VERBS:
+        # A program of its own in a session (a published application): the node decides whether it may run.
+        if any(r.path != "/dev/null" for r in command.redirects) or len(argv) > MAX_COMMAND_WORDS \
+                or any(len(word) > MAX_COMMAND_WORD for word in argv):
+            raise Refused(f"starting {argv[0][:64]!r} other than as a published application")
+        return Call("launch", tuple(argv), env, "/dev/null", False, joiner)
     if "/" in verb:  # x2goclient runs "<x2gobasepath>/bin/x2goruncommand"
         directory, _, base = verb.rpartition("/")
         if directory not in ("/usr/bin", "/usr/local/bin", "/bin") or base not in VERBS:
@@ -251,5 +266,5 @@ _CHECKS = {
     "x2gostartagent": _start, "x2goruncommand": _runcommand, "x2goresume-session": _resume,
     "x2gosuspend-session": _name_then_words(1, 1), "x2goterminate-session": _name_then_words(1, 1),
     "x2gocmdexitmessage": _name_then_words(1, 1), "x2goumount-session": _name_then_words(1, 2),
-    "x2golistmounts": _name_then_words(1, 1), "x2gomountdirs": _any_words(8),
+    "x2golistmounts": _name_then_words(1, 1), "x2gomountdirs": _any_words(8), "x2gogetapps": _any_words(4),
 }
