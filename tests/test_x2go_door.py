@@ -282,7 +282,7 @@ class FakeAPI:
         self.calls.append(("applications", session_id))
         return (DesktopEntry("/x/xterm.desktop", ("Name=Terminal", "Exec=xterm %U"), 1, b"PNG"),)
 
-    async def launch(self, caller, session_id, argv):
+    async def run_application(self, caller, session_id, argv):
         self.calls.append(("launch", session_id, argv))
         return True
 

@@ -313,8 +313,8 @@ class Router:
         """The applications of the session's node (its machine's .desktop files)."""
         return await self._on_node_of("applications", caller, session_id)
 
-    async def launch(self, caller: Caller, session_id: str, argv: tuple[str, ...]) -> bool:
-        return await self._on_node_of("launch", caller, session_id, argv)
+    async def run_application(self, caller: Caller, session_id: str, argv: tuple[str, ...]) -> bool:
+        return await self._on_node_of("run_application", caller, session_id, argv)
 
     async def show(self, caller: Caller, session_id: str) -> SessionView:
         """The node's own view; a session on a down node as the store last had it, marked lost."""

@@ -91,8 +91,8 @@ class LocalNode:
     async def applications(self, caller: Caller, session_id: str) -> tuple[DesktopEntry, ...]:
         return await self.service.applications(await self._here(caller), session_id)
 
-    async def launch(self, caller: Caller, session_id: str, argv: tuple[str, ...]) -> bool:
-        return await self.service.launch(await self._here(caller), session_id, argv)
+    async def run_application(self, caller: Caller, session_id: str, argv: tuple[str, ...]) -> bool:
+        return await self.service.run_application(await self._here(caller), session_id, argv)
 
     async def list(self, caller: Caller) -> Listing:
         return await self.service.list(await self._here(caller))

@@ -31,7 +31,7 @@ from nxgate.node.supervisor import AgentSupervisor, Orphan, SendSignal
 from nxgate.safetext import printable
 from nxgate.node import applications, displays, extras, files, processes
 from nxgate.node.launcher import Launcher
-from nxgate.vocabulary.model import FOR_LATER, Session, State, member_name
+from nxgate.vocabulary.model import FOR_LATER, Session, member_name
 from nxgate.node.kinds import DesktopKind, RemoteDesktopKind, SessionKind, kind_for
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
@@ -277,15 +277,13 @@ class SessionService(service.Service):
         self._owned(caller, session_id)
         return await self._blocking(applications.read_applications, self.settings.published_applications)
 
-    async def launch(self, caller: Caller, session_id: str, argv: tuple[str, ...]) -> bool:
+    async def run_application(self, caller: Caller, session_id: str, argv: tuple[str, ...]) -> bool:
         """Start a published application in the caller's own published-applications session: only the
         ``Exec`` line of one this machine lists, nothing else."""
         session = self._owned(caller, session_id)
         if session.user != caller.user or session.type != PUBLISHED_TYPE:
             raise SessionError(Kind.NOT_ALLOWED, "Applications start only in a published-applications session of"
                                " one's own.", session_id=session_id)
-        if session.state is not State.RUNNING:
-            raise SessionError(Kind.WRONG_STATE, f"Session {session_id} is not running.", session_id=session_id)
         listed = await self._blocking(applications.read_applications, self.settings.published_applications)
         if tuple(argv) not in applications.launchable(listed):
             log.warn("{user} from {address} asked to start {argv!r} in session {id}: not a published application;"
@@ -295,7 +293,7 @@ class SessionService(service.Service):
                                " application of this server.", session_id=session_id)
         log.info("{user} from {address} starts the published application {argv!r} in session {id}",
                  user=caller.user, address=caller.address, argv=list(argv)[:8], id=session_id, audit="launch")
-        await self.lifecycle.launch(session_id, tuple(argv))
+        await self.lifecycle.start_application(session_id, tuple(argv))
         return True
 
     @property

@@ -166,8 +166,8 @@ class RemoteNode:
     async def applications(self, caller: Caller, session_id: str) -> tuple[DesktopEntry, ...]:
         return await self._call("applications", caller, session_id)
 
-    async def launch(self, caller: Caller, session_id: str, argv: tuple[str, ...]) -> bool:
-        return await self._call("launch", caller, session_id, argv)
+    async def run_application(self, caller: Caller, session_id: str, argv: tuple[str, ...]) -> bool:
+        return await self._call("run_application", caller, session_id, argv)
 
     async def list(self, caller: Caller) -> Listing:
         return await self._call("list", caller)

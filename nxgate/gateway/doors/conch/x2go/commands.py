@@ -356,7 +356,7 @@ async def _launch(call: Call, context: Context) -> tuple[str, str, int]:
         context.log.info("X2Go client of {user} started {program!r} outside a session of theirs: refused",
                          user=context.caller.user, program=call.args[0][:64])
         raise SessionError(Kind.NOT_FOUND, "no such session")
-    await context.api.launch(context.caller, view.id, call.args)
+    await context.api.run_application(context.caller, view.id, call.args)
     return "", "", 0
 
 
