@@ -27,7 +27,6 @@ The deadline is the reactor's, so the door needs no timer of its own.
 
 from __future__ import annotations
 
-import os
 import random
 import resource
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from zope.interface import alsoProvides, implementer
 
+from nxgate.descriptors import count_open_files
 from nxgate.gateway.doors.preauth import Block, Ending, Limits, PreauthTable, Refusal
 
 log = Logger(namespace="nxgate.gateway.doors")
@@ -50,14 +50,6 @@ FD_SAMPLE_PERIOD = 0.5
 FD_SAMPLE_NEAR = 0.05
 #: Bytes of an HTTP request head looked at for its end.
 MAX_HEAD = 65536
-
-
-def count_open_files() -> int:
-    """This process's open file descriptors (Linux /proc; 0 elsewhere: not checked)."""
-    try:
-        return len(os.listdir("/proc/self/fd")) - 1  # less listdir's own
-    except OSError:
-        return 0
 
 
 def raise_file_limit() -> tuple[int, int, int]:
@@ -207,6 +199,7 @@ class DoorGuard:
         self._files = 0
         self._files_at = float("-inf")
         self._flushed_at = reactor.seconds()
+        self.refused_user_files = 0
 
     @property
     def limits(self) -> Limits:
@@ -227,6 +220,21 @@ class DoorGuard:
         if now - self._files_at >= (FD_SAMPLE_NEAR if near else FD_SAMPLE_PERIOD):
             self._files, self._files_at = self.count_files(), now
         return self._files
+
+    def users_may_open(self, count: int = 1) -> bool:
+        """Whether what logged-in users hold in the gateway (SFTP and scp
+        writes, X2Go graphics links) may take ``count`` more descriptors.
+
+        Users stop two reserves short of the limit: between them and the
+        limit the doors keep one for new connections, and PAM, NSS, the
+        store and the running sessions the other, so one user's files can
+        neither lock others out at the door nor make their right password
+        fail."""
+        if self.open_files() + count > self.file_limit - 2 * self.limits.fd_reserve:
+            self.refused_user_files += 1
+            return False
+        self._files += count  # as for an admitted connection: the estimate errs high until the next sample
+        return True
 
     def admit(self, addr: Any, door: str, counted: bool, penalties: bool = True) -> str | None | bool:
         """The source a new connection counts under, None when it is not
@@ -301,7 +309,7 @@ class DoorGuard:
 
     def status(self) -> dict[str, Any]:
         return {**self.table.status(), "open_files": self.count_files(), "file_limit": self.file_limit,
-                "fd_reserve": self.limits.fd_reserve}
+                "fd_reserve": self.limits.fd_reserve, "refused_user_files": self.refused_user_files}
 
 
 _SETTINGS: dict[Refusal | None, str] = {

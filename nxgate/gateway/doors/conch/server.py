@@ -32,7 +32,8 @@ from zope.interface import implementer
 from nxgate.wire import tunnel_registry as tunnels
 from nxgate.gateway.auth.pam import Prompt
 from nxgate.gateway.doors.conch import algorithms, kexmath
-from nxgate.gateway.doors.conch.checkers import IKeyboardInteractive, KeyboardInteractive, Principal, RepeatedSecrets
+from nxgate.gateway.doors.conch.checkers import (IKeyboardInteractive, KeyboardInteractive, LoginUnavailable, Principal,
+                                                 RepeatedSecrets)
 from nxgate.wire.ssh_etm import EtmTransport
 from nxgate.gateway.doors.conch.kexlimit import KexAdmission, OncePer, Refusal
 from nxgate.gateway.doors.conch.kexpool import InlineKexPool, KexJobError, KexPool
@@ -99,6 +100,15 @@ class NXUserAuthServer(userauth.SSHUserAuthServer):
     def ssh_USERAUTH_REQUEST(self, packet: bytes) -> Any:
         self._abandon_conversation()
         return super().ssh_USERAUTH_REQUEST(packet)
+
+    def _ebBadAuth(self, reason: Any) -> None:
+        """A login that could not be checked (the gateway is out of open
+        files) is told so in a banner (OpenSSH prints it, paramiko keeps
+        it) before the usual failure, which lets the client try again."""
+        if reason.check(LoginUnavailable):
+            message = f"nxgate: {reason.getErrorMessage()}\r\n".encode()
+            self.transport.sendPacket(userauth.MSG_USERAUTH_BANNER, common.NS(message) + common.NS(b""))
+        super()._ebBadAuth(reason)
 
     def auth_keyboard_interactive(self, packet: bytes) -> defer.Deferred[Any]:
         credentials = KeyboardInteractive(self.user, self._ask)
