@@ -204,6 +204,37 @@ class X2GoCase(TestCase):
             saved.append(pixels.save_png(self.screen.shot(), f"{stem}-whole-client.png"))
             print(f"\n    {name}: {share:.2%} equal; pictures: {' '.join(saved)}")
 
+    def x2goclient(self, settings: str, lang: str = "C") -> tuple[subprocess.Popen, str, int]:
+        """x2goclient --debug on a session profile "gw" (the user logs in with a key from his
+        ~/.ssh/authorized_keys: x2goclient takes no password on its command line) with ``settings``
+        (profile lines); its process, its log, and where the gateway's log stood before."""
+        key = os.path.join(self.home, "id")
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
+        entry = pwd.getpwnam(self.user.name)
+        ssh_dir = os.path.join(entry.pw_dir, ".ssh")
+        os.makedirs(ssh_dir, exist_ok=True)
+        with open(key + ".pub") as public, open(os.path.join(ssh_dir, "authorized_keys"), "w") as keys:
+            keys.write(public.read())
+        for path, mode in ((ssh_dir, 0o700), (os.path.join(ssh_dir, "authorized_keys"), 0o600)):
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+            os.chmod(path, mode)
+        self.addCleanup(shutil.rmtree, ssh_dir, True)
+        os.makedirs(os.path.join(self.home, ".x2goclient"))
+        with open(os.path.join(self.home, ".x2goclient", "sessions"), "w", encoding="ascii") as handle:
+            handle.write(f"[gw]\nname=gw\nhost=127.0.0.1\nsshport={self.gateway.port}\nuser={self.user.name}\n"
+                         f"key={key}\nautologin=false\nspeed=4\npack=16m-jpeg\nquality=9\nfullscreen=false\n"
+                         f"usekbd=false\nsetdpi=false\n{settings}")
+        before = len(self.gateway.log())  # the gateway is shared with other tests of the module
+        log = os.path.join(self.home, "x2goclient.log")
+        with open(log, "wb") as handle:
+            # --bypass-cleanup-helper: its helper process outlives x2goclient by design (the test stops it).
+            process = subprocess.Popen(["x2goclient", "--session=gw", "--add-to-known-hosts", "--no-menu",
+                                        "--bypass-cleanup-helper", "--debug"],
+                                       env=dict(self.env(), XDG_RUNTIME_DIR=self.home, LANG=lang),
+                                       stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT)
+        self.clients.append(process)
+        return process, log, before
+
     def agent_running(self, name: str) -> bool:
         return os.path.exists(os.path.join(self.gateway.state_dir, "sessions", self.session_id(name)))
 
@@ -495,36 +526,8 @@ class X2GoClientTests(X2GoCase):
         if shutil.which("x2goclient") is None:
             raise SkipTest("x2goclient is not installed (apt-get install x2goclient)")
 
-    def profile(self, command: str) -> str:
-        key = os.path.join(self.home, "id")
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
-        entry = pwd.getpwnam(self.user.name)
-        ssh_dir = os.path.join(entry.pw_dir, ".ssh")
-        os.makedirs(ssh_dir, exist_ok=True)
-        with open(key + ".pub") as public, open(os.path.join(ssh_dir, "authorized_keys"), "w") as keys:
-            keys.write(public.read())
-        for path, mode in ((ssh_dir, 0o700), (os.path.join(ssh_dir, "authorized_keys"), 0o600)):
-            os.chown(path, entry.pw_uid, entry.pw_gid)
-            os.chmod(path, mode)
-        self.addCleanup(shutil.rmtree, ssh_dir, True)
-        os.makedirs(os.path.join(self.home, ".x2goclient"))
-        with open(os.path.join(self.home, ".x2goclient", "sessions"), "w") as handle:
-            handle.write(f"[gw]\nname=gw\nhost=127.0.0.1\nsshport={self.gateway.port}\nuser={self.user.name}\n"
-                         f"key={key}\nautologin=false\ncommand={command}\nrootless=false\nspeed=4\n"
-                         "pack=16m-jpeg\nquality=9\nwidth=1024\nheight=768\nfullscreen=false\nusekbd=false\n"
-                         "setdpi=false\n")
-        return "gw"
-
     def test_x2goclient_logs_in_with_a_key_and_shows_the_desktop(self):
-        name = self.profile("XFCE")
-        before = len(self.gateway.log())  # the gateway is shared with other tests of the module
-        log = os.path.join(self.home, "x2goclient.log")
-        with open(log, "wb") as handle:
-            # --bypass-cleanup-helper: its helper process outlives x2goclient by design (the test stops it).
-            process = subprocess.Popen(["x2goclient", f"--session={name}", "--add-to-known-hosts", "--no-menu",
-                                        "--bypass-cleanup-helper", "--debug"], env=dict(self.env(), XDG_RUNTIME_DIR=self.home),
-                                       stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT)
-        self.clients.append(process)
+        process, log, before = self.x2goclient("command=XFCE\nrootless=false\nwidth=1024\nheight=768\n")
 
         def started() -> str | None:
             if process.poll() is not None:

@@ -115,32 +115,8 @@ class X2GoClientCommandLineTests(CommandLineCase):
             raise SkipTest("x2goclient is not installed (apt-get install x2goclient)")
 
     def run_x2goclient(self, command: str) -> tuple[subprocess.Popen, str, int]:
-        key = os.path.join(self.home, "id")
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
-        entry = pwd.getpwnam(self.user.name)
-        ssh_dir = os.path.join(entry.pw_dir, ".ssh")
-        os.makedirs(ssh_dir, exist_ok=True)
-        with open(key + ".pub") as public, open(os.path.join(ssh_dir, "authorized_keys"), "w") as keys:
-            keys.write(public.read())
-        for path, mode in ((ssh_dir, 0o700), (os.path.join(ssh_dir, "authorized_keys"), 0o600)):
-            os.chown(path, entry.pw_uid, entry.pw_gid)
-            os.chmod(path, mode)
-        self.addCleanup(shutil.rmtree, ssh_dir, True)
-        os.makedirs(os.path.join(self.home, ".x2goclient"))
-        with open(os.path.join(self.home, ".x2goclient", "sessions"), "w", encoding="ascii") as handle:
-            handle.write(f"[gw]\nname=gw\nhost=127.0.0.1\nsshport={self.gateway.port}\nuser={self.user.name}\n"
-                         f"key={key}\nautologin=false\ncommand={qsettings_value(command)}\nrootless=true\nspeed=4\n"
-                         "pack=16m-jpeg\nquality=9\nwidth=800\nheight=600\nfullscreen=false\nusekbd=false\n"
-                         "setdpi=false\n")
-        before = len(self.gateway.log())
-        log = os.path.join(self.home, "x2goclient.log")
-        with open(log, "wb") as handle:
-            process = subprocess.Popen(["x2goclient", "--session=gw", "--add-to-known-hosts", "--no-menu",
-                                        "--bypass-cleanup-helper", "--debug"],
-                                       env=dict(self.env(), XDG_RUNTIME_DIR=self.home, LANG="C.UTF-8"),
-                                       stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT)
-        self.clients.append(process)
-        return process, log, before
+        return self.x2goclient(f"command={qsettings_value(command)}\nrootless=true\nwidth=800\nheight=600\n",
+                               lang="C.UTF-8")
 
     def test_a_title_with_a_blank_and_latin1_letters(self):
         process, log, before = self.run_x2goclient(f'xterm {KEEP_TITLE} -title "Prüfung a b"')

@@ -120,28 +120,8 @@ class PublishedApplicationsTests(X2GoCase):
     def test_x2goclient_starts_a_published_applications_session_and_lists_them(self):
         if shutil.which("x2goclient") is None:
             raise SkipTest("x2goclient is not installed (apt-get install x2goclient)")
-        key = os.path.join(self.home, "id")
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
-        ssh_dir = os.path.join(self.user.home, ".ssh")
-        os.makedirs(ssh_dir, exist_ok=True)
-        shutil.copy(key + ".pub", os.path.join(ssh_dir, "authorized_keys"))
-        for path in (ssh_dir, os.path.join(ssh_dir, "authorized_keys")):
-            os.chown(path, self.user.entry.pw_uid, self.user.entry.pw_gid)
-        os.chmod(ssh_dir, 0o700)
-        self.addCleanup(shutil.rmtree, ssh_dir, True)
-        os.makedirs(os.path.join(self.home, ".x2goclient"))
-        with open(os.path.join(self.home, ".x2goclient", "sessions"), "w") as handle:
-            handle.write(f"[gw]\nname=gw\nhost=127.0.0.1\nsshport={self.gateway.port}\nuser={self.user.name}\n"
-                         f"key={key}\nautologin=false\ncommand=PUBLISHED\npublished=true\nrootless=true\nspeed=4\n"
-                         "pack=16m-jpeg\nquality=9\nwidth=800\nheight=600\nfullscreen=false\nusekbd=false\n")
-        before = len(self.gateway.log())
-        log = os.path.join(self.home, "x2goclient.log")
-        with open(log, "wb") as handle:
-            process = subprocess.Popen(["x2goclient", "--session=gw", "--add-to-known-hosts", "--no-menu",
-                                        "--bypass-cleanup-helper", "--debug"],
-                                       env=dict(self.env(), XDG_RUNTIME_DIR=self.home, LANG="C.UTF-8"),
-                                       stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT)
-        self.clients.append(process)
+        _process, _log, before = self.x2goclient("command=PUBLISHED\npublished=true\nrootless=true\nwidth=800\n"
+                                                 "height=600\n", lang="C.UTF-8")
         wait_for(lambda: "X2Go x2gogetapps of" in self.gateway.log()[before:], 120, "x2goclient's x2gogetapps")
         self.assertRegex(self.gateway.log()[before:], r"X2Go x2gogetapps of \S+: 1 applications of the machine of "
                                                       r"session [0-9A-F]{32}")
