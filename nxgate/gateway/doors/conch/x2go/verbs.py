@@ -6,7 +6,11 @@ becomes one typed :class:`Call` here, or the whole program is refused
 arguments checked, and the few shell utilities the clients use as glue
 (``echo``, ``export``, ``which``, ``stat -tL <home>``, ``test``, ``setsid``,
 ``setxkbmap``/``xrandr`` as no-ops).  Output may go to ``/dev/null`` or to a
-file under the caller's ``~/.x2go/``; nothing else.
+file under the caller's ``~/.x2go/``; nothing else.  The user's own session
+command (the words of ``x2gostartagent`` after the session type) may be any
+text: it becomes one argv, started without a shell.  A program of its own
+under ``setsid`` is a ``launch`` (a published application), which the
+session's node allows only for the ``Exec`` line of a listed application.
 """
 
 from __future__ import annotations
