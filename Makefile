@@ -52,6 +52,8 @@ APT_PACKAGES += x2goclient
 # Programs tests call that Debian 12 usually has already: openssl (the portal's and the cluster's test
 # certificates), systemd-analyze (the package's unit is verified), readelf (nxcopy is a hardened PIE).
 APT_PACKAGES += openssl systemd binutils
+# Issue 33: Remmina's X2Go plugin (it runs pyhoca-cli), tested under the client Xvfb.
+APT_PACKAGES += remmina remmina-plugin-x2go
 # Issue 31: the X2Go door's attack tests drive paramiko (what python-x2go uses) from Debian's python3.
 APT_PACKAGES += python3-paramiko
 

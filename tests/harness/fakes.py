@@ -33,8 +33,8 @@ from typing import Any
 from nxgate.vocabulary.api import NodeAPI, SessionAPI
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
-from nxgate.vocabulary.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
-                                     ShadowTarget)
+from nxgate.vocabulary.results import (DesktopEntry, Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent,
+                                     SessionView, ShadowTarget)
 from nxgate.vocabulary.streams import Stream, StreamKind
 
 UNSET: Any = object()
@@ -121,6 +121,12 @@ class FakeSessionAPI:
 
     async def add_mount(self, caller: Caller, session_id: str, mount: ShareMount) -> bool:
         return await self._answer("add_mount", caller, session_id, mount)
+
+    async def applications(self, caller: Caller, session_id: str) -> tuple[DesktopEntry, ...]:
+        return await self._answer("applications", caller, session_id)
+
+    async def run_application(self, caller: Caller, session_id: str, argv: tuple[str, ...]) -> bool:
+        return await self._answer("run_application", caller, session_id, argv)
 
     async def list(self, caller: Caller) -> Listing:
         return await self._answer("list", caller)
