@@ -26,6 +26,7 @@ import dataclasses
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -278,8 +279,10 @@ def report(outcomes: Sequence[Outcome], seconds: float, allowed: Sequence[Allowe
     failed = [o.module for o in outcomes if o.failed]
     if failed:
         print(f"\nFailed modules: {' '.join(failed)}")
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     print(f"\nThe suite took {seconds / 60:.1f} min, the modules {sum(o.seconds for o in outcomes) / 60:.1f} min "
-          "in all.")
+          f"in all; they used {(used.ru_utime + used.ru_stime) / 60:.1f} min of CPU (what they started and "
+          f"waited for), {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at the end.")
     print(f"suite: {sum(o.passed for o in outcomes)} passed, {sum(o.failed for o in outcomes)} failed, "
           f"{len(skips)} skipped")
     return code
