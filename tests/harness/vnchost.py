@@ -24,7 +24,7 @@ from tests.harness.x11 import ClientScreen, start_x_server
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ORANGE = (255, 128, 0)
 BLUE = (0, 0, 255)
-FIRST_HOST_DISPLAY = 700
+FIRST_HOST_DISPLAY = 6000  # above the gateways' ranges, as the client screens (tests.harness.x11)
 
 
 def hex_colour(colour: tuple[int, int, int]) -> str:

@@ -14,7 +14,10 @@ from typing import Any
 
 from tests.harness.process import stop, wait_for
 
-FIRST_CLIENT_DISPLAY = 500
+#: Client screens live above every range the tests' gateways allocate sessions from (500-2800): a gateway
+#: that has claimed a display starts its agent a moment later, and a client screen that took the number
+#: meanwhile would make that session fail ("Server is already active").
+FIRST_CLIENT_DISPLAY = 5000
 
 
 def _free_display(start: int) -> int:
