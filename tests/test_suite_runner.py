@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 from twisted.trial.unittest import TestCase
 
@@ -90,3 +91,57 @@ class ReadingTrialTests(TestCase):
     def test_the_repositorys_list_reads(self):
         for entry in suite.read_allowed(os.path.join(suite.REPO, ".ci", "allowed-skips")):
             self.assertTrue(entry.test.startswith("tests.test_"), entry)
+
+
+class SchedulingTests(TestCase):
+    def test_every_module_allocating_the_unit_tests_displays_is_in_their_group(self):
+        """A new unit-test module with the real display allocator (or the set-ups that use it) must
+        join the group that runs one at a time, or it takes its neighbours' display numbers."""
+        (group,) = [modules for why, modules in suite.ONE_AT_A_TIME.items() if "3100-3600" in why]
+        markers = ("display_base=", "test_sessions_manager", "ManagerTests", "SessionSide")
+        directory = os.path.join(suite.REPO, "tests")
+        for name in sorted(os.listdir(directory)):
+            if name.startswith("test_") and name.endswith(".py") and name != "test_suite_runner.py":
+                with open(os.path.join(directory, name), encoding="utf-8") as handle:
+                    source = handle.read()
+                if any(marker in source for marker in markers):
+                    self.assertIn(f"tests.{name[:-3]}", group, name)
+        for module in group:
+            self.assertTrue(os.path.exists(os.path.join(suite.REPO, *module.split(".")) + ".py"), module)
+
+    def test_modules_of_one_group_never_run_side_by_side(self):
+        started, finished = [], []
+
+        class Fake:
+            def __init__(self, module, workdir, env):
+                self.module, self.started, self.polls = module, time.monotonic(), 0
+                started.append((module, [m for m in running_now()]))
+                alive.append(self)
+
+            def finished(self):
+                self.polls += 1
+                if self.polls < 2:
+                    return None
+                alive.remove(self)
+                finished.append(self.module)
+                return suite.Outcome(self.module, code=0, counts={"successes": 1})
+
+        alive: list = []
+
+        def running_now():
+            return [f.module for f in alive]
+
+        group = ("tests.test_g1", "tests.test_g2", "tests.test_g3")
+        self.patch(suite, "Running", Fake)
+        self.patch(suite, "ONE_AT_A_TIME", {"why": group})
+        self.patch(suite, "ALONE", {"tests.test_z_alone": "why"})
+        self.patch(suite.time, "sleep", lambda seconds: None)
+        names = [*group, "tests.test_a", "tests.test_b", "tests.test_z_alone"]
+        outcomes = suite.run(names, 3, os.path.abspath(self.mktemp()), 60)
+        self.assertEqual(sorted(o.module for o in outcomes), sorted(names))
+        for module, beside in started:
+            if module in group:
+                self.assertFalse(set(beside) & set(group), (module, beside))
+            if module == "tests.test_z_alone":
+                self.assertEqual(beside, [])
+        self.assertEqual(finished[-1], "tests.test_z_alone")
