@@ -1,6 +1,8 @@
-"""The pure parts of the service tunnels (issue 25, nxgate.wire.tunnel_registry) and the
-tunnel channel's flow control, with fakes; the real thing is tested end to
-end in tests.test_e2e_sharing and tests.test_e2e_printing (nxgate-client)."""
+"""The pure parts of the service tunnels (nxgate.wire.tunnel_registry), the
+tunnel channel's flow control with fakes, and the listeners' admission on
+real sockets of this machine; the whole thing is tested end to end in
+tests.test_e2e_sharing, tests.test_e2e_printing (nxgate-client) and
+tests.test_e2e_attacks_node (another user's connect-send-close flood)."""
 
 from __future__ import annotations
 
@@ -13,13 +15,6 @@ from nxgate.protocols import printgate
 from nxgate.wire.service_tunnels import WINDOW, TunnelChannel
 
 SID = "0123456789ABCDEF0123456789ABCDEF"
-TABLE = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 11 1 0 100 0 0 10 0
-   1: 0100007F:D431 0100007F:1F90 01 00000000:00000000 00:00000000 00000000  1042        0 12 1 0 20 4 30 10 -1
-   2: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 13 1 0 20 4 30 10 -1
-"""
-
-
 class Codec(TestCase):
     def test_a_request_round_trips_and_the_id_is_upper_case(self) -> None:
         self.assertEqual(tunnels.decode(tunnels.encode("sharing", SID.lower())), ("sharing", SID))
@@ -31,34 +26,40 @@ class Codec(TestCase):
             self.assertRaises(tunnels.TunnelRequestError, tunnels.decode, bad)
 
 
-class PeerUid(TestCase):
-    def test_the_connecting_sockets_owner_is_found(self) -> None:
-        # 127.0.0.1:54321 (uid 1042) connected to our listener's accepted end at 127.0.0.1:8080.
-        self.assertEqual(tunnels.peer_uid(TABLE, ("127.0.0.1", 54321), ("127.0.0.1", 8080)), 1042)
-
-    def test_our_own_end_or_an_unknown_peer_is_not_taken_for_it(self) -> None:
-        self.assertEqual(tunnels.peer_uid(TABLE, ("127.0.0.1", 8080), ("127.0.0.1", 54321)), 0)
-        self.assertIsNone(tunnels.peer_uid(TABLE, ("127.0.0.1", 54322), ("127.0.0.1", 8080)))
-        self.assertIsNone(tunnels.peer_uid("garbage\nmore garbage", ("127.0.0.1", 1), ("127.0.0.1", 2)))
-
-    def test_ipv6_addresses_are_written_as_the_kernel_does(self) -> None:
-        self.assertEqual(tunnels._proc_address("::1", 80), "00000000000000000000000001000000:0050")
-
-
 class Registry(TestCase):
     def test_a_tunnel_serves_its_own_user_only_and_only_its_owner_removes_it(self) -> None:
         registry = tunnels.TunnelRegistry()
-        first = tunnels.Tunnel(SID, "alice", "sharing", 40001, object())
+        first = tunnels.Tunnel(SID, "alice", "sharing", 40001, Own())
         registry.add(first)
-        self.assertEqual(registry.port(SID, "alice", "sharing"), 40001)
-        self.assertIsNone(registry.port(SID, "bob", "sharing"))
-        self.assertIsNone(registry.port(SID, "alice", "printing"))
-        second = tunnels.Tunnel(SID, "alice", "sharing", 40002, object())  # a resume from another connection
+        self.assertEqual(registry.address(SID, "alice", "sharing"), 40001)
+        self.assertIsNone(registry.address(SID, "bob", "sharing"))
+        self.assertIsNone(registry.address(SID, "alice", "printing"))
+        second = tunnels.Tunnel(SID, "alice", "sharing", 40002, Own())  # a resume from another connection
         registry.add(second)
         registry.remove(first)  # the old connection goes: the new tunnel stays
-        self.assertEqual(registry.port(SID, "alice", "sharing"), 40002)
+        self.assertEqual(registry.address(SID, "alice", "sharing"), 40002)
         registry.remove(second)
-        self.assertIsNone(registry.port(SID, "alice", "sharing"))
+        self.assertIsNone(registry.address(SID, "alice", "sharing"))
+
+    def test_the_gateways_own_way_in_is_the_tunnels_and_its_users_only(self) -> None:
+        registry = tunnels.TunnelRegistry()
+        own = Own()
+        registry.add(tunnels.Tunnel(SID, "alice", "printing", "/run/t/printing-1", own))
+        self.assertIsNone(registry.connect_own(SID, "bob", "printing"))
+        self.assertIsNone(registry.connect_own(SID, "alice", "sharing"))
+        connect = registry.connect_own(SID, "alice", "printing")
+        self.assertIsNotNone(connect)
+        self.assertEqual(connect(), "a socket")
+        self.assertEqual(own.calls, 1)
+
+
+class Own:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def connect_own(self):
+        self.calls += 1
+        return "a socket"
 
 
 class FakeConnection:

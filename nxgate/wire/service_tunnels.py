@@ -1,4 +1,4 @@
-"""Service tunnels on the SSH connection (issue 25, :mod:`nxgate.wire.tunnel_registry`):
+"""Service tunnels on the SSH connection (:mod:`nxgate.wire.tunnel_registry`):
 the channel that carries one TCP connection, and the server's listeners.
 
 :class:`TunnelChannel` splices an SSH channel with a TCP connection, with
@@ -18,15 +18,19 @@ the shell channel.
 from __future__ import annotations
 
 import os
+import secrets
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from twisted.conch.ssh.channel import SSHChannel
 from twisted.internet import defer, protocol
 from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet.error import CannotListenError
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from nxgate import local_peers
 from nxgate.wire import tunnel_registry as tunnels
 from nxgate.wire.tcp import no_delay
 
@@ -201,16 +205,18 @@ class _ServerTunnelChannel(TunnelChannel):
 
 
 class _Inbound(protocol.Protocol):
-    """A connection from the session's side, before and after its channel opened."""
+    """A connection from the session's side, before and after its channel
+    opened (``own``: the gateway's own, through a socket pair)."""
 
-    def __init__(self, tunnel: _Listener) -> None:
+    def __init__(self, tunnel: _Listener, own: bool = False) -> None:
         self.tunnel = tunnel
+        self.own = own
         self.channel: TunnelChannel | None = None
         self.buffered: list[bytes] = []
 
     def connectionMade(self) -> None:
         _tune(self.transport)
-        self.transport.pauseProducing()  # nothing goes anywhere before the peer check
+        self.transport.pauseProducing()  # not a byte is read before the peer is judged
         self.tunnel.accepted(self)
 
     def dataReceived(self, data: bytes) -> None:
@@ -224,8 +230,26 @@ class _Inbound(protocol.Protocol):
             self.channel.socket_lost()
 
 
+class _OwnSide(protocol.Factory):
+    """The tunnel's end of a socket pair made for the gateway's own requests."""
+
+    noisy = False
+
+    def __init__(self, listener: _Listener) -> None:
+        self.listener = listener
+
+    def buildProtocol(self, addr: Any) -> _Inbound:
+        return _Inbound(self.listener, own=True)
+
+
+#: Refusals from one peer uid are logged at these counts (then summed up at
+#: the tunnel's end): a flood of attempts is a few lines, not one each.
+_SAY_AT = frozenset({1, 10, 100, 1000, 10000, 100000})
+
+
 class _Listener(protocol.ServerFactory):
-    """One session service's loopback port on the gateway."""
+    """One session service's listening socket on the gateway (a Unix socket
+    or a loopback TCP port, see :data:`UNIX_SOCKET_SERVICES`)."""
 
     noisy = False  # its own log line says more than "Starting factory"
 
@@ -237,28 +261,75 @@ class _Listener(protocol.ServerFactory):
         self.uid = uid
         self.port: Any = None
         self.tunnel: tunnels.Tunnel | None = None
+        self.refused: dict[str, int] = {}  # who -> how many of their connections were refused
 
     def buildProtocol(self, addr: Any) -> _Inbound:
         return _Inbound(self)
 
-    def accepted(self, inbound: _Inbound) -> None:
-        peer, local = inbound.transport.getPeer(), inbound.transport.getHost()
-        d = self.owner.blocking(tunnels.read_peer_uid, (peer.host, peer.port), (local.host, local.port))
-        d.addCallbacks(lambda uid: self._checked(inbound, uid), lambda failure: self._checked(inbound, None, failure))
+    def connect_own(self) -> socket.socket:
+        """A connected socket for the gateway's own requests to the client
+        (which printers it has): its other end is handed to this tunnel as
+        an accepted connection, never through the listening socket, so no
+        connection on that socket is ever taken for the gateway's."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            theirs.setblocking(False)
+            self.owner.reactor.adoptStreamConnection(theirs.fileno(), socket.AF_UNIX, _OwnSide(self))
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()  # the reactor holds its own copy
+        ours.setblocking(False)
+        return ours
 
-    def _checked(self, inbound: _Inbound, uid: int | None, failure: Failure | None = None) -> None:
+    def accepted(self, inbound: _Inbound) -> None:
+        if inbound.own:
+            self._open_channel(inbound)
+            return
+        transport = inbound.transport
+        if isinstance(self.tunnel.address if self.tunnel else None, str):
+            verdict = defer.succeed(local_peers.check_unix(transport.socket, self.uid))
+        else:
+            peer, local = transport.getPeer(), transport.getHost()
+            verdict = self.owner.blocking(local_peers.check_tcp, (peer.host, peer.port), (local.host, local.port),
+                                          self.uid)
+        verdict.addCallbacks(lambda judged: self._judged(inbound, judged),
+                             lambda failure: self._judged(inbound, local_peers.Verdict(
+                                 False, f"it could not be checked: {failure.getErrorMessage()}", "an unknown peer")))
+
+    def _judged(self, inbound: _Inbound, verdict: local_peers.Verdict) -> None:
         if inbound.transport.disconnected or self.owner.closed:
             inbound.transport.abortConnection()
             return
-        if uid not in (self.uid, self.owner.own_uid):  # the gateway itself asks the client's printers
-            log.warn("session {id} of {user}: refused a {service} connection to its tunnel from uid {uid} (only the "
-                     "session's user may use it){error}", id=self.session_id, user=self.user, service=self.service,
-                     uid="unknown" if uid is None else uid,
-                     error=f": {failure.getErrorMessage()}" if failure is not None else "")
+        if not verdict.admitted:
             inbound.transport.abortConnection()
+            count = self.refused[verdict.who] = self.refused.get(verdict.who, 0) + 1
+            if count in _SAY_AT:
+                log.warn("session {id} of {user}: refused a {service} connection to its tunnel from {who}: "
+                         "{reason} (only the session's user may use it){times}", id=self.session_id, user=self.user,
+                         service=self.service, who=verdict.who, reason=verdict.reason,
+                         times="" if count == 1 else f"; {count} refused from there so far")
             return
+        self._open_channel(inbound)
+
+    def _open_channel(self, inbound: _Inbound) -> None:
         channel = _ServerTunnelChannel(inbound, conn=self.owner.conn)
         self.owner.conn.openChannel(channel, tunnels.encode(self.service, self.session_id))
+
+    def stop(self) -> None:
+        if self.refused:
+            log.info("session {id} of {user}: the {service} tunnel closed; it refused {summary}", id=self.session_id,
+                     user=self.user, service=self.service,
+                     summary=", ".join(f"{count} connection(s) from {who}" for who, count in self.refused.items()))
+        self.port.stopListening()
+
+
+#: The services whose tunnel is a Unix socket: the session's cupsd reaches
+#: it (CUPS's ipp backend takes ``ipp://%2Fpath...``), and the kernel says
+#: who connected.  Folders stay on loopback TCP: libsmbclient (smbnetfs)
+#: connects to nothing else.
+UNIX_SOCKET_SERVICES = frozenset({"printing"})
 
 
 class ServiceTunnels:
@@ -266,19 +337,21 @@ class ServiceTunnels:
 
     ``authorize(service, session_id)`` checks the caller (the NX login of
     that shell channel) and returns ``(user, uid)`` or raises with a reason
-    for the log; ``blocking`` runs a function in a thread."""
+    for the log; ``blocking`` runs a function in a thread; the Unix sockets
+    go into ``socket_directory`` (root's, 0711: the users reach a socket
+    whose name they are told, and list none)."""
 
     def __init__(self, reactor: Any, conn: Any, authorize: Callable[[str, str], Awaitable[tuple[str, int]]],
-                 blocking: Callable[..., defer.Deferred[Any]],
+                 blocking: Callable[..., defer.Deferred[Any]], socket_directory: str,
                  registry: tunnels.TunnelRegistry = tunnels.REGISTRY) -> None:
         self.reactor = reactor
         self.conn = conn
         self.authorize = authorize
         self.blocking = blocking
+        self.socket_directory = socket_directory
         self.registry = registry
         self.listeners: dict[tuple[str, str], _Listener] = {}
         self.closed = False
-        self.own_uid = os.getuid()
 
     def request(self, data: bytes) -> defer.Deferred[int]:
         """The client's :data:`nxgate.wire.tunnel_registry.REQUEST`: 1 granted, 0 refused."""
@@ -302,12 +375,26 @@ class ServiceTunnels:
         if key in self.listeners:
             return 1
         listener = _Listener(self, service, session_id, user, uid)
-        listener.port = self.reactor.listenTCP(0, listener, interface="127.0.0.1")
-        listener.tunnel = tunnels.Tunnel(session_id, user, service, listener.port.getHost().port, listener)
+        address: tunnels.Address
+        try:
+            if service in UNIX_SOCKET_SERVICES:
+                address = os.path.join(self.socket_directory, f"{service}-{secrets.token_hex(8)}")
+                # The directory is root's: nobody can swap the path between the bind and the chmod.
+                listener.port = self.reactor.listenUNIX(address, listener, mode=0o666, wantPID=False)
+                where = f"at {address}"
+            else:
+                listener.port = self.reactor.listenTCP(0, listener, interface="127.0.0.1")
+                address = listener.port.getHost().port
+                where = f"on 127.0.0.1:{address}"
+        except CannotListenError as problem:
+            log.error("session {id} of {user}: no {service} tunnel: cannot listen ({problem})", id=session_id,
+                      user=user, service=service, problem=str(problem))
+            return 0
+        listener.tunnel = tunnels.Tunnel(session_id, user, service, address, listener)
         self.listeners[key] = listener
         self.registry.add(listener.tunnel)
-        log.info("session {id} of {user}: {service} through its own SSH channel (tunnel on 127.0.0.1:{port})",
-                 id=session_id, user=user, service=service, port=listener.tunnel.port)
+        log.info("session {id} of {user}: {service} through its own SSH channel (tunnel {where})",
+                 id=session_id, user=user, service=service, where=where)
         return 1
 
     def close(self) -> None:
@@ -316,5 +403,5 @@ class ServiceTunnels:
         for listener in self.listeners.values():
             if listener.tunnel is not None:
                 self.registry.remove(listener.tunnel)
-            listener.port.stopListening()
+            listener.stop()
         self.listeners.clear()

@@ -1,5 +1,5 @@
 """Service tunnels: a session's folder and printer traffic on SSH channels
-of its own, beside the NX stream instead of inside it (issue 25).
+of its own, beside the NX stream instead of inside it.
 
 Why: nxcomp's smb and cups channels ride inside the NX stream, through
 nxagent's embedded proxy, whose flow control answers the client's tokens
@@ -11,19 +11,24 @@ of its own for the same reason.
 How: once its session is ready, ``nxgate-client`` asks on its NX shell
 channel for a tunnel per service (:data:`REQUEST`, the service and the
 session id).  The Conch door checks that the logged-in caller owns that
-session and was granted the service, listens on a fresh loopback port for
-it, and records the port here (:class:`TunnelRegistry`); the session's
-extras (smbnetfs for folders, the session's cupsd for printers) connect to
-that port instead of the NX channel's.  Each connection the door accepts
-there is let through only when it comes from a process of the session's
-own user (:func:`peer_uid`, the kernel's socket table): another local user
-is cut off before a byte reaches the client, where before, the NX
-channel's port was open to everyone and only the client's SMB password or
-print credential stood in the way (they still do).  The door then opens a
-channel of :data:`CHANNEL` to the client, which connects it to its private
-Samba or its print gate.  A client that does not ask (other NX clients, an
-older nxgate-client) keeps the NX channels, as before; so does a session
-on another cluster member (the registry is per process).
+session and was granted the service, listens for it, and records where
+here (:class:`TunnelRegistry`); the session's extras (smbnetfs for folders,
+the session's cupsd for printers) connect there instead of the NX
+channel's port.  Each connection the door accepts is let through only when
+a process of the session's own user made it (:mod:`nxgate.local_peers`):
+printers on a Unix socket (CUPS's ``ipp`` backend reaches one as
+``ipp://%2Fpath...``), where the kernel says who connected
+(``SO_PEERCRED``); folders on a loopback TCP port (libsmbclient knows no
+other way), where the connecting socket must be a live one that a process
+of the user holds.  Another local user is cut off before a byte reaches the
+client, and no connection counts as the gateway's own: when the gateway
+itself asks the client's print server (which printers it has), it goes
+through a socket pair handed to the listener (:meth:`TunnelRegistry.connect_own`),
+never through the listening socket.  The door then opens a channel of
+:data:`CHANNEL` to the client, which connects it to its private Samba or its
+print gate.  A client that does not ask (other NX clients, an older
+nxgate-client) keeps the NX channels, as before; so does a session on
+another cluster member (the registry is per process).
 
 This module is the pure part and the registry shared by the door and the
 node's extras (neither imports the other).
@@ -31,9 +36,11 @@ node's extras (neither imports the other).
 
 from __future__ import annotations
 
-import ipaddress
+import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 #: The channel request (on the NX shell channel) that asks for a tunnel.
 REQUEST = b"service-tunnel@nxgate"
@@ -87,38 +94,19 @@ def decode(data: bytes) -> tuple[str, str]:
     return service, session_id.upper()
 
 
-# ------------------------------------------------------- who is connecting
-def _proc_address(host: str, port: int) -> str:
-    """``127.0.0.1``, 5000 -> ``0100007F:1388`` as /proc/net/tcp writes it
-    (IPv4 in host byte order, little-endian here; IPv6 as four such words)."""
-    packed = ipaddress.ip_address(host).packed
-    words = [packed[i:i + 4] for i in range(0, len(packed), 4)]
-    return "".join(word[::-1].hex().upper() for word in words) + f":{port:04X}"
-
-
-def peer_uid(table: str, peer: tuple[str, int], local: tuple[str, int]) -> int | None:
-    """The uid owning the socket at ``peer`` that is connected to ``local``
-    (our accepted end), from the text of /proc/net/tcp or tcp6; None when
-    it is not there (gone already, or not on this machine)."""
-    wanted = (_proc_address(*peer), _proc_address(*local))
-    for line in table.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) > 7 and (fields[1], fields[2]) == wanted:
-            try:
-                return int(fields[7])
-            except ValueError:
-                return None
-    return None
-
-
-def read_peer_uid(peer: tuple[str, int], local: tuple[str, int]) -> int | None:
-    """:func:`peer_uid` from this machine's table (blocking: run it in a thread)."""
-    table = "/proc/net/tcp6" if ":" in peer[0] else "/proc/net/tcp"
-    with open(table, encoding="ascii", errors="replace") as handle:
-        return peer_uid(handle.read(), peer, local)
-
-
 # ---------------------------------------------------------------- registry
+class OwnConnections(Protocol):
+    """The door's listener of a tunnel, as the extras see it."""
+
+    def connect_own(self) -> socket.socket:
+        """A connected socket whose other end the tunnel carries to the
+        client at once, for the gateway's own requests."""
+
+
+#: Where a tunnel listens: a loopback TCP port, or the path of a Unix socket.
+Address = int | str
+
+
 @dataclass(frozen=True)
 class Tunnel:
     """Where a session's service tunnel listens, and for whom."""
@@ -126,15 +114,15 @@ class Tunnel:
     session_id: str
     user: str
     service: str
-    port: int
-    owner: object  # the door's listener that registered it (only it may remove it)
+    address: Address
+    owner: OwnConnections  # the door's listener that registered it (only it may remove it)
 
 
 class TunnelRegistry:
     """The tunnels this process listens for, by session and service.
 
     The door adds one when a client asked for it and removes it when the
-    client's connection goes; the extras ask for a session's port.  A
+    client's connection goes; the extras ask for a session's tunnel.  A
     lookup names the user too: a tunnel serves only its user's session."""
 
     def __init__(self) -> None:
@@ -149,9 +137,20 @@ class TunnelRegistry:
         if self._tunnels.get((tunnel.session_id, tunnel.service)) == tunnel:
             del self._tunnels[(tunnel.session_id, tunnel.service)]
 
-    def port(self, session_id: str, user: str, service: str) -> int | None:
+    def find(self, session_id: str, user: str, service: str) -> Tunnel | None:
         tunnel = self._tunnels.get((session_id, service))
-        return tunnel.port if tunnel is not None and tunnel.user == user else None
+        return tunnel if tunnel is not None and tunnel.user == user else None
+
+    def address(self, session_id: str, user: str, service: str) -> Address | None:
+        tunnel = self.find(session_id, user, service)
+        return tunnel.address if tunnel is not None else None
+
+    def connect_own(self, session_id: str, user: str, service: str) -> Callable[[], socket.socket] | None:
+        """How the gateway itself reaches the client's side of a session's
+        tunnel (None: there is none): each call gives a connected socket
+        that does not go through the listening one."""
+        tunnel = self.find(session_id, user, service)
+        return tunnel.owner.connect_own if tunnel is not None else None
 
 
 #: The registry of this process: the Conch door adds, the node's extras read.

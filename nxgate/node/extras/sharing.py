@@ -208,8 +208,8 @@ class Sharing:
         SSH channel when it asked for one (:mod:`nxgate.wire.tunnel_registry`: not
         throttled by nxagent, only the session's user let through), else
         the NX smb channel."""
-        tunnel = tunnels.REGISTRY.port(session.id, session.user, "sharing")
-        return tunnel if tunnel is not None else channels.channel_port("sharing", session.display)
+        tunnel = tunnels.REGISTRY.address(session.id, session.user, "sharing")
+        return tunnel if isinstance(tunnel, int) else channels.channel_port("sharing", session.display)
 
     async def _reachable(self, session: Any, path: str) -> bool:
         """Whether the user sees the share (the channel may need a moment)."""

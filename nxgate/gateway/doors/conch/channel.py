@@ -37,9 +37,11 @@ class ChannelTransport:
 class ChannelHandler:
     """The handler of an NX shell channel: feeds the conversation."""
 
-    def __init__(self, conversation: Conversation, channel: NXSessionChannel) -> None:
+    def __init__(self, conversation: Conversation, channel: NXSessionChannel, tunnel_sockets: str) -> None:
+        """``tunnel_sockets``: the root-owned directory of the tunnels' Unix sockets."""
         self.conversation = conversation
         self.channel = channel
+        self.tunnel_sockets = tunnel_sockets
         self.tunnels: ServiceTunnels | None = None
 
     def tunnel_request(self, data: bytes) -> defer.Deferred[int]:
@@ -47,7 +49,7 @@ class ChannelHandler:
         of their own (:mod:`nxgate.wire.tunnel_registry`)."""
         if self.tunnels is None:
             self.tunnels = ServiceTunnels(self.conversation.reactor, self.channel.conn, self._authorize,
-                                          self.conversation.blocking)
+                                          self.conversation.blocking, self.tunnel_sockets)
         return self.tunnels.request(data)
 
     async def _authorize(self, service: str, session_id: str) -> tuple[str, int]:
