@@ -206,6 +206,8 @@ class NXAvatar(ConchUser):
 
     def logout(self) -> None:
         log.debug("SSH logout of {user!r}", user=self.principal.ssh_user)
+        if self.x2go is not None:
+            self.x2go.connection_lost(self)  # its reverse routes go with it
 
 
 def _forward_target(channel_type: bytes, data: bytes) -> str:
