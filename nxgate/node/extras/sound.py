@@ -17,8 +17,8 @@ The cookie file is rewritten at each resume (a resume brings a new session
 cookie) and removed at suspend and end.
 
 **Sound back over the client's SSH connection** (X2Go's clients: their
-``tcpip-forward`` of the session's sound port).  A session that has no NX
-media channel gets, in every program's environment, ``PULSE_SERVER`` at
+``tcpip-forward`` of the session's sound port).  A session that an X2Go
+client started (or attached first) and that has no NX media channel gets, in every program's environment, ``PULSE_SERVER`` at
 the session's *reverse listener* for sound (:mod:`nxgate.node.reverse`: a
 Unix socket, the same path for the session's whole life, that only the
 session's user may connect to), ``PULSE_COOKIE`` and, as X2Go's own server
@@ -48,6 +48,8 @@ from nxgate.node.extras import Context
 log = Logger(namespace="nxgate.extras.sound")
 
 COOKIE_NAME = "pulse-cookie"
+#: The clients (``DisplaySettings.client``) that take a session's sound back over their SSH connection.
+REVERSE_CLIENTS = frozenset({"x2go"})
 #: The PulseAudio client configuration of a session whose sound travels back over SSH.
 CLIENT_CONF_NAME = "pulse-client.conf"
 
@@ -73,9 +75,13 @@ class Sound:
         return os.path.join(self.context.session_dir(session), CLIENT_CONF_NAME)
 
     def reverse_environment(self, session: Any) -> dict[str, str]:
-        """The environment of a session without an NX media channel: the
-        session's reverse listener for sound (see the module's docstring)."""
+        """The environment of a session without an NX media channel whose
+        client takes its sound back over SSH (an X2Go client started it, or
+        attached first): the session's reverse listener for sound (see the
+        module's docstring).  Other sessions without sound get nothing."""
         if self.context.reverse is None or not self.context.config().services.sound:
+            return {}
+        if session.options.get("display", {}).get("client") not in REVERSE_CLIENTS:
             return {}
         return {"PULSE_SERVER": f"unix:{self.context.reverse.path(session.id, self.name)}",
                 "PULSE_COOKIE": self.cookie_path(session), "PULSE_CLIENTCONFIG": self.conf_path(session)}
