@@ -223,6 +223,10 @@ class ReverseListeners:
     def _dropped(self, route: _Route) -> None:
         for sock in self.waiting.drop(route.session_id, route.service.word):
             sock.close()
+        for number in [number for number in self.timers if number not in self.waiting.held]:
+            timer = self.timers.pop(number)
+            if timer.active():
+                timer.cancel()
         if self.routes.get((route.session_id, route.service.word)) is route:
             del self.routes[(route.session_id, route.service.word)]
 
