@@ -196,7 +196,7 @@ class X2GoSoundTests(SoundCase):
         self.addCleanup(recorder.close)
         process, log = self.pyhoca(home)
         session_id = self.session_id(self.started_name(process, log))
-        wait_for(lambda: "travel back to the client" in self.new_log(), 60, "the sound route")
+        wait_for(lambda: "the client takes its sound back" in self.new_log(), 60, "the sound route")
         listener = os.path.join(self.gateway.state_dir, "reverse", f"{session_id}.sound")
         for attempt in range(3):
             attack = as_user(self.other.name, {"HOME": self.other.home}, "python3", "-c", SEND, listener,

@@ -396,7 +396,7 @@ class Gateway(service.MultiService):
         conversation = self.conversation(ChannelTransport(channel), channel.peer, avatar.principal.unix_user,
                                          self._relay, channel.local_address, door="nx-conch",
                                          logged_in=lambda: authenticated(ssh.transport))
-        handler = ChannelHandler(conversation, channel, self.layout.tunnels)
+        handler = ChannelHandler(conversation, channel)
         conversation.start()
         return handler
 

@@ -145,7 +145,7 @@ class ReverseListeners:
         finally:
             ours.close()  # the reactor holds its own copy
         route.start()
-        log.info("session {id} of {user}: its {what} travel back to the client (listening {where})", id=session.id,
+        log.info("session {id} of {user}: the client takes its {what} back (listening {where})", id=session.id,
                  user=session.user, what=service.what, where=route.where)
         theirs.setblocking(False)
         return SocketStream(self.reactor, theirs, session.id, reverse.listener_kind(service.word))
@@ -361,7 +361,7 @@ class _Route:
         if self.end is not None:
             self.end.loseConnection()
         summary = ", ".join(f"{count} from {who}" for who, count in self.refused.items())
-        log.info("session {id}: its {what} no longer travel back ({why}){refused}", id=self.session_id,
+        log.info("session {id}: the client no longer takes its {what} back ({why}){refused}", id=self.session_id,
                  what=self.service.what, why=why, refused=f"; refused {summary}" if summary else "")
 
 

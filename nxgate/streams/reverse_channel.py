@@ -1,4 +1,4 @@
-"""The SSH channel that carries one reverse stream to the client.
+"""The SSH channel that carries one reverse stream to the client, at both ends.
 
 The gateway opens it on the client's SSH connection for each connection a
 route announced (:mod:`nxgate.streams.reverse_route`): X2Go's clients get
@@ -14,6 +14,11 @@ carries the session's picture too, so a slow session-side reader must not
 pause the whole connection.  When the stream cannot take more, the channel
 stops granting window (the client then waits); when the client's window is
 full, the stream stops being read.
+
+:class:`SplicedChannel` is the channel with its splice; the gateway's end
+(:class:`ReverseChannel`) attaches the session's stream, ``nxgate-client``'s
+end (:class:`TargetChannel`) connects to its print gate or private Samba on
+its own loopback.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any
 
 from twisted.conch.ssh.channel import SSHChannel
 from twisted.internet import protocol
+from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.interfaces import IHalfCloseableProtocol, IPushProducer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -29,6 +35,7 @@ from zope.interface import implementer
 
 from nxgate.vocabulary.streams import Stream
 from nxgate.wire.splice import Splice, TransportEnd
+from nxgate.wire.tcp import no_delay
 
 log = Logger(namespace="nxgate.streams.reverse_channel")
 
@@ -41,7 +48,7 @@ MAX_PACKET = 64 * 1024 - 256
 class ChannelEnd:
     """An SSH channel as an end of a :class:`~nxgate.wire.splice.Splice`."""
 
-    def __init__(self, channel: ReverseChannel) -> None:
+    def __init__(self, channel: SplicedChannel) -> None:
         self.channel = channel
         self.window = channel.localWindowSize
         self.producer: IPushProducer | None = None
@@ -72,14 +79,14 @@ class ChannelEnd:
 
 
 @implementer(IHalfCloseableProtocol)
-class _SessionSide(protocol.Protocol):
-    """The session's stream, attached once the client took the channel."""
+class _FarSide(protocol.Protocol):
+    """The channel's other end (the session's stream, or the client's local service), once connected."""
 
-    def __init__(self, channel: ReverseChannel) -> None:
+    def __init__(self, channel: SplicedChannel) -> None:
         self.channel = channel
 
     def connectionMade(self) -> None:
-        self.channel.stream_connected(self.transport)
+        self.channel.far_connected(self.transport)
 
     def dataReceived(self, data: bytes) -> None:
         if self.channel.splice is not None:
@@ -97,27 +104,23 @@ class _SessionSide(protocol.Protocol):
             self.channel.splice.lost("session")
 
 
-class ReverseChannel(SSHChannel):
-    """A channel to the client for one reverse stream (see the module's docstring).
+class SplicedChannel(SSHChannel):
+    """An SSH channel spliced to one byte stream (see the module's docstring):
+    a subclass connects the far end with :meth:`far_side` as its protocol."""
 
-    ``kind``: the channel type (``forwarded-tcpip``, ``service-connection@nxgate``);
-    ``what``: words for the log."""
-
-    def __init__(self, stream: Stream, kind: bytes, what: str, **kwargs: Any) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("localWindow", WINDOW)
         kwargs.setdefault("localMaxPacket", MAX_PACKET)
         super().__init__(**kwargs)
-        self.name = kind
-        self.stream = stream
-        self.what = what
         self.splice: Splice | None = None
-        self.pending: list[bytes] = []  # from the client before the stream is attached
+        self.pending: list[bytes] = []  # from the peer before the far end is connected
         self.pending_eof = False
 
-    def channelOpen(self, specificData: bytes) -> None:
-        self.stream.attach(_SessionSide(self))
+    def far_side(self) -> _FarSide:
+        return _FarSide(self)
 
-    def stream_connected(self, transport: Any) -> None:
+    def far_connected(self, transport: Any) -> None:
+        no_delay(transport)  # SMB and IPP are request and answer: no Nagle wait (nothing on a Unix socket)
         end = ChannelEnd(self)
         self.splice = Splice(end, TransportEnd(transport), names=("client", "session"))
         for data in self.pending:
@@ -126,10 +129,9 @@ class ReverseChannel(SSHChannel):
         if self.pending_eof:
             self.splice.eof("client")
 
-    def openFailed(self, reason: Failure) -> None:
-        log.info("the client refused a channel for {what}: {reason}", what=self.what,
-                 reason=reason.getErrorMessage())
-        self.stream.close()
+    def far_failed(self) -> None:
+        """The far end could not be connected (or is gone before it was)."""
+        self.loseConnection()
 
     # ------------------------------------------------- from the connection
     def dataReceived(self, data: bytes) -> None:
@@ -159,4 +161,50 @@ class ReverseChannel(SSHChannel):
         if self.splice is not None:
             self.splice.lost("client")
         else:
-            self.stream.close()
+            self.far_failed()
+
+
+class ReverseChannel(SplicedChannel):
+    """The gateway's channel to the client for one reverse stream.
+
+    ``kind``: the channel type (``forwarded-tcpip``, ``service-connection@nxgate``);
+    ``what``: words for the log."""
+
+    def __init__(self, stream: Stream, kind: bytes, what: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.name = kind
+        self.stream = stream
+        self.what = what
+
+    def channelOpen(self, specificData: bytes) -> None:
+        self.stream.attach(self.far_side())
+
+    def openFailed(self, reason: Failure) -> None:
+        log.info("the client refused a channel for {what}: {reason}", what=self.what,
+                 reason=reason.getErrorMessage())
+        self.stream.close()
+
+    def far_failed(self) -> None:
+        self.stream.close()
+
+
+class TargetChannel(SplicedChannel):
+    """``nxgate-client``'s end: a channel the gateway opened for one connection
+    of the session, connected to ``port`` (the print gate, the private Samba)
+    on this machine's loopback."""
+
+    def __init__(self, reactor: Any, port: int, kind: bytes, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.name = kind
+        self.reactor = reactor
+        self.port = port
+
+    def channelOpen(self, specificData: bytes) -> None:
+        endpoint = TCP4ClientEndpoint(self.reactor, "127.0.0.1", self.port, timeout=10)
+        connecting = endpoint.connect(protocol.Factory.forProtocol(self.far_side))
+        connecting.addErrback(self._unreachable)
+
+    def _unreachable(self, failure: Failure) -> None:
+        log.warn("a connection of the session could not reach 127.0.0.1:{port}: {error}", port=self.port,
+                 error=failure.getErrorMessage())
+        self.loseConnection()

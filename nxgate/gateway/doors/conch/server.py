@@ -29,7 +29,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from nxgate.wire import tunnel_registry as tunnels
+from nxgate.protocols import service_tunnel as tunnels
 from nxgate.gateway.auth.pam import Prompt
 from nxgate.gateway.doors.conch import algorithms, kexmath
 from nxgate.gateway.doors.conch.checkers import IKeyboardInteractive, KeyboardInteractive, LoginUnavailable, Principal
