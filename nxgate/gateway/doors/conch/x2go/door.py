@@ -92,9 +92,14 @@ class X2GoDoor:
                 return name if await self.blocking(_executable, name) else None
             return await self.blocking(shutil.which, name, 1, path)
 
+        owner = files.Owner(caller.uid, caller.gid, entry.pw_dir, caller.user)
+
+        async def remove(path: str) -> None:
+            await self.desk.look(files.remove, path, owner)
+
         context = Context(api=self.api(), caller=caller, facts=facts, secret=self.secret, links=self.links,
                           version=__version__, now=self.reactor.seconds, locate=locate, log=log,
-                          types=lambda: set(self.config().types))
+                          types=lambda: set(self.config().types), remove=remove)
         avatar.x2go_context = context
         return context
 
