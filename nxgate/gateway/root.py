@@ -21,7 +21,7 @@ from nxgate.gateway.doors.admin.server import AdminFactory
 from nxgate.audit import AuditLog
 from nxgate.gateway.auth.pam import Authenticator
 from nxgate.config import Config
-from nxgate.logs import filter_global_log
+from nxgate.logs import filter_global_log, flush_repeats
 from nxgate.loops import steady
 from nxgate.gateway.doors.conversation import Conversation
 from nxgate.instance import StartupError, check_port_free, claim_unix_socket, lock_state_dir, record_pid
@@ -113,6 +113,9 @@ class Gateway(service.MultiService):
         flush = TimerService(15.0, steady(self.guard.flush, "logging the refusals of unauthenticated connections"))
         flush.clock = reactor
         flush.setServiceParent(self)
+        repeats = TimerService(15.0, steady(flush_repeats, "logging the counts of repeated lines held back"))
+        repeats.clock = reactor
+        repeats.setServiceParent(self)
         self.users = UserDirectory(self.blocking)
         self.layout = StateLayout(config.server.state_dir)
         self.layout.prepare()
@@ -352,7 +355,7 @@ class Gateway(service.MultiService):
             checker.nx_user = new.ssh.nx_user
         self.key_checker.nx_keys = nx_keys
         self.users.forget()
-        filter_global_log(new.server.log_level)
+        filter_global_log(new.server.log_level, new.server.log_rotated_files)
         log.info("configuration reloaded from {source}", source=new.source)
         return {"ok": True, "source": new.source, "restart_needed_for": restart}
 
@@ -406,7 +409,7 @@ class Gateway(service.MultiService):
 
     def startService(self) -> None:
         record_pid(self.lock_fd)  # twistd may have forked since the lock was taken
-        filter_global_log(self.config.server.log_level)
+        filter_global_log(self.config.server.log_level, self.config.server.log_rotated_files)
         self.audit = AuditLog(self.config.server.audit_log or os.path.join(self.layout.root, "audit.log"))
         globalLogPublisher.addObserver(self.audit)
         self.authenticator.start()
