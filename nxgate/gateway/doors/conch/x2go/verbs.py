@@ -259,14 +259,14 @@ def _scp(args: tuple[str, ...], facts: Facts) -> None:
 def _rm(args: tuple[str, ...], facts: Facts) -> None:
     """python-x2go's ``rm -f KEY KEY.ident`` after x2gomountdirs: the sshfs key it pushed, below ~/.x2go/ssh/."""
     if len(args) < 2 or len(args) > 3 or args[0] != "-f":
-        raise Refused("rm other than -f of the sshfs key it pushed")
+        raise Refused("the command 'rm' (only 'rm -f' of the sshfs key the client pushed)")
     for path in args[1:]:
         try:
             names = files.parts(path, facts.home)
         except files.PathRefused as error:
-            raise Refused(f"rm of {path[:80]!r}: {error}") from None
+            raise Refused(f"the command 'rm' of {path[:80]!r}: {error}") from None
         if len(names) != 3 or names[1] != "ssh" or not names[2].startswith("key."):
-            raise Refused(f"rm of {path[:80]!r}: not an sshfs key below ~/.x2go/ssh")
+            raise Refused(f"the command 'rm' of {path[:80]!r}: not an sshfs key below ~/.x2go/ssh")
 
 
 def _printf(args: tuple[str, ...], facts: Facts) -> None:
