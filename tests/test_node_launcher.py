@@ -60,7 +60,7 @@ class FakeProcessReactor(Clock):
 class SpareTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.reactor = FakeProcessReactor()
-        self.launcher = Launcher(self.reactor)
+        self.launcher = Launcher(self.reactor, spares=1)
         # The fake pids cannot be reniced or peeked at; RealLauncherTests checks those calls.
         self.patch(launcher_module.os, "setpriority", lambda *args: None)
         self.exited: set[int] = set()  # exited, their end not seen by the reactor yet
@@ -68,6 +68,11 @@ class SpareTests(SynchronousTestCase):
 
     def spares(self) -> list[FakeProcess]:
         return [process for process in self.reactor.processes if "--spare" in process.argv]
+
+    def test_by_default_two_spares_one_for_the_agent_one_for_the_program(self) -> None:
+        Launcher(self.reactor).prepare()
+        self.assertEqual(len(self.spares()), 2)
+        self.assertEqual([process.written for process in self.reactor.processes], [b"", b""])
 
     def test_prepare_starts_one_spare_without_a_request(self) -> None:
         self.launcher.prepare()
@@ -154,7 +159,7 @@ class RealLauncherTests(TestCase):
             raise SkipTest(NEED_ROOT)
         self.directory = tempfile.mkdtemp(prefix="nxgate-launcher-")
         self.addCleanup(shutil.rmtree, self.directory, True)
-        self.launcher = Launcher(reactor)
+        self.launcher = Launcher(reactor, spares=1)
         self.addCleanup(self.stop_launcher)
 
     def stop_launcher(self) -> defer.Deferred:

@@ -5,12 +5,12 @@ program's own first status line (fd 3).
 
 A launcher is a Python process, whose start-up (interpreter, imports, libpam)
 took ~0.1 s of every session start, twice: the agent's launcher and then the
-program's.  So one is started ahead (a *spare*): it gets ready and waits for
-its request on stdin, and the next start hands it the request instead of
-waiting for a fresh one; a new spare is started right after, at the lowest
-CPU priority, so that its start-up takes only idle time and never competes
-with the session that is starting (it gets the gateway's priority back when
-it is given a request, before it reads it).  It holds no request, no user
+program's.  So two are started ahead (*spares*, one for each): a spare gets
+ready and waits for its request on stdin, and a start hands it the request
+instead of waiting for a fresh one; a new spare is started right after, at
+the lowest CPU priority, so that its start-up takes only idle time and never
+competes with the session that is starting (it gets the gateway's priority
+back when it is given a request, before it reads it).  It holds no request, no user
 and no secret until it is given one, and ends by itself when the gateway
 goes (its stdin closes)."""
 
@@ -122,7 +122,10 @@ class Launcher:
     #: a handful at a time finishes them sooner than all together.
     CONCURRENT_PAM_CLOSES = 4
 
-    def __init__(self, reactor: Any, spares: int = 1) -> None:
+    #: Launchers kept started ahead: a session start takes two (its agent's, its program's).
+    SPARES = 2
+
+    def __init__(self, reactor: Any, spares: int = SPARES) -> None:
         """``spares``: launchers kept started ahead once :meth:`prepare` was
         called or a start used one (0: every start spawns its own)."""
         self.reactor = reactor
