@@ -1,5 +1,7 @@
 """Authenticator logic around PAM (the real PAM runs in the end-to-end tests)."""
 
+import pwd
+
 from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase, TestCase
@@ -228,7 +230,7 @@ class AccountLookupOffTheReactorTests(SynchronousTestCase):
         self.clock = Clock()
         self.queued = []
         self.lookups = []
-        real = auth.pwd.getpwnam
+        real = pwd.getpwnam
 
         def getpwnam(name):
             self.lookups.append(name)
@@ -238,7 +240,7 @@ class AccountLookupOffTheReactorTests(SynchronousTestCase):
             self.queued.append((function, args))
             return defer.Deferred()
 
-        self.patch(auth.pwd, "getpwnam", getpwnam)
+        self.patch(pwd, "getpwnam", getpwnam)
         self.patch(auth, "shell_refusal", lambda shell: None)  # "daemon": any existing account
         self.patch(auth.threads, "deferToThreadPool", later)
         self.authenticator = Authenticator(self.clock, "nxgate", deny_users=("root",), failed_login_delay=0,

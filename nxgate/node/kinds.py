@@ -13,7 +13,7 @@ Two kinds start new sessions: desktops (``unix-*`` and the admin's own
 types, :class:`DesktopKind`) and remote desktops (``windows``, ``vnc``:
 :class:`RemoteDesktopKind`, an nxagent desktop whose program is a viewer).
 Shadows attach to an existing display (:mod:`nxgate.node.shadow_sessions`)
-and browser views are the node's viewers (:mod:`nxgate.clients.browser_viewer`).
+and browser views are the node's viewers (:mod:`nxgate.node.browser_viewer`).
 """
 
 from __future__ import annotations

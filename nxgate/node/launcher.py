@@ -1,7 +1,9 @@
 """Starting programs as a user: :class:`Launcher` runs :mod:`nxgate.node.runas`
 (as root, with PAM) for each start, feeds it the request as JSON on stdin and
 reads back "ok" (then the program's pid) or the error, and optionally the
-program's own first status line (fd 3).
+program's own first status line (fd 3), or all of its output, with a bound
+(:meth:`Launcher.output`).  It is the one way nxgate starts a program as a
+user: sessions, their programs and services, browser viewers, thumbnails.
 
 A launcher is a Python process, whose start-up (interpreter, imports, libpam)
 took ~0.1 s of every session start, twice: the agent's launcher and then the
@@ -40,12 +42,25 @@ def _running(pid: int) -> bool:
         return False
 
 
+class OutputTooLarge(LaunchError):
+    """The program wrote more than the caller would read; reading stopped there (``read`` bytes)."""
+
+    def __init__(self, read: int) -> None:
+        super().__init__(f"output too large: more than {read - 1} bytes")
+        self.read = read
+
+
 class _Launch(protocol.ProcessProtocol):
     """One launcher process; a spare is made with no request and is given
     one later (:meth:`send`)."""
 
-    def __init__(self, request: dict[str, Any] | None = None) -> None:
+    def __init__(self, request: dict[str, Any] | None = None, limit: int | None = None) -> None:
         self.request: bytes | None = None
+        #: With a limit, everything the program writes after "ok" is kept (up to the limit).
+        self.limit: int | None = None
+        self.kept: list[bytes] = []
+        self.kept_bytes = 0
+        self.too_much: int | None = None
         self.ready: defer.Deferred[int] = defer.Deferred()
         self.status: defer.Deferred[str] = defer.succeed("")
         self.ended: defer.Deferred[int | None] = defer.Deferred()
@@ -53,10 +68,11 @@ class _Launch(protocol.ProcessProtocol):
         self.errors = b""
         self.gone = False  # the process has ended
         if request is not None:
-            self.send(request)
+            self.send(request, limit)
 
-    def send(self, request: dict[str, Any]) -> None:
+    def send(self, request: dict[str, Any], limit: int | None = None) -> None:
         self.request = json.dumps(request).encode()
+        self.limit = limit
         if request.get("status_fd"):
             self.status = defer.Deferred()
         if self.transport is not None:
@@ -77,6 +93,9 @@ class _Launch(protocol.ProcessProtocol):
             self.transport.closeStdin()
 
     def outReceived(self, data: bytes) -> None:
+        if self.limit is not None and self.ready.called:
+            self._keep(data)
+            return
         self.output += data
         while b"\n" in self.output:
             raw, self.output = self.output.split(b"\n", 1)
@@ -88,8 +107,23 @@ class _Launch(protocol.ProcessProtocol):
                     self.ready.callback(int(line[3:]))  # a child it forked (into a jail)
                 else:
                     self.ready.errback(LaunchError(line.removeprefix("error: ")))
+                    continue
+                if self.limit is not None:  # the rest is the program's output
+                    output, self.output = self.output, b""
+                    self._keep(output)
+                    return
             elif not self.status.called:
                 self.status.callback(line)  # the program's own first line (fd 3)
+
+    def _keep(self, data: bytes) -> None:
+        if self.too_much is not None or not data:
+            return
+        self.kept.append(data)
+        self.kept_bytes += len(data)
+        if self.limit is not None and self.kept_bytes > self.limit:
+            self.too_much = self.kept_bytes
+            self.kept.clear()
+            self.transport.closeChildFD(1)  # a writer past the limit gets SIGPIPE
 
     def outConnectionLost(self) -> None:
         if self.ready.called and not self.status.called:
@@ -147,14 +181,14 @@ class Launcher:
                 os.setpriority(os.PRIO_PROCESS, process.pid, SPARE_NICENESS)
         return launch
 
-    def _run(self, request: dict[str, Any], spare: bool = True) -> _Launch:
+    def _run(self, request: dict[str, Any], limit: int | None = None, spare: bool = True) -> _Launch:
         """A launcher carrying ``request``: a spare if one is ready (and
         ``spare``), else a fresh one."""
         launch = self._take_spare() if spare else None
         if launch is None:
-            launch = self._spawn(_Launch(request))
+            launch = self._spawn(_Launch(request, limit))
         else:
-            launch.send(request)
+            launch.send(request, limit)
         if spare:
             self._refill_soon()
         return launch
@@ -230,6 +264,25 @@ class Launcher:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             return None
+
+    async def output(self, request: dict[str, Any], limit: int, timeout: float) -> bytes:
+        """Run a program as a user (``pipe_stdout`` in the request) to its end
+        and return what it wrote on stdout: at most ``limit`` bytes are kept,
+        whatever it writes (:class:`OutputTooLarge` past them), and a program
+        still running after ``timeout`` seconds is killed (LaunchError)."""
+        launch = self._run(dict(request, pipe_stdout=True), limit)
+        pid = await launch.ready
+        ended = launch.ended
+        ended.addTimeout(timeout, self.reactor)
+        try:
+            await ended
+        except defer.TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # our own child, not reaped yet: its pid is nobody else's
+            raise LaunchError(f"no complete output within {timeout:g} seconds") from None
+        if launch.too_much is not None:
+            raise OutputTooLarge(launch.too_much)
+        return b"".join(launch.kept)
 
     async def close_pam(self, request: dict[str, Any]) -> None:
         await self._pam_closes.acquire()

@@ -7,6 +7,10 @@ through a :class:`NodeAPI`: this machine's in process
 (:class:`nxgate.node.local.LocalNode`), another member's over the wire
 (:class:`nxgate.wire.remote_node.RemoteNode`).  Both do the same checks in
 the same place, the node, so one box and a cluster behave alike.
+
+That holds for a session's bytes too: a door reaches them only with
+:meth:`NodeAPI.open_stream` (the router has it as well, and routes it as it
+routes every call about a session), never by a socket path of its own.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
 from nxgate.vocabulary.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
                                      ShadowTarget)
+from nxgate.vocabulary.streams import Stream, StreamKind
 
 
 class SessionAPI(Protocol):
@@ -59,7 +64,14 @@ class NodeAPI(SessionAPI, Protocol):
     """What a node answers beyond the session API: the things doors need
     that live on the machine running the session.  The coroutine methods
     travel over the members' wire (:mod:`nxgate.wire.protocol` reads
-    them from here); :meth:`subscribe` is a push, carried by its own box."""
+    them from here); :meth:`subscribe` is a push, carried by its own box,
+    and :meth:`open_stream` by a connection of its own (its result is a
+    connection, not a value)."""
+
+    # One end of the session, connected (nxgate.vocabulary.streams): the owner checked, as for any call
+    # (the ``view`` kind: the session's own user only); an unknown kind, a session that is not running,
+    # or one whose end cannot be reached is a SessionError with words for the user.
+    async def open_stream(self, caller: Caller, session_id: str, kind: StreamKind) -> Stream: ...
 
     # A PNG of the session's screen, drawn on its node as its user (owner or admin only).
     async def thumbnail(self, caller: Caller, session_id: str) -> bytes: ...

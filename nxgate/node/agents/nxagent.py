@@ -196,7 +196,7 @@ def options_line(session: AgentSession, settings: DisplaySettings, listen: tuple
         ("cleanup", "0"),
         # A suspended agent keeps drawing at full speed (its default sleeps
         # 50 ms per round while suspended): browser tabs show a suspended
-        # session's own framebuffer through x11vnc (nxgate.clients.browser_viewer),
+        # session's own framebuffer through x11vnc (nxgate.node.browser_viewer),
         # and with the sleep their key echo and frame rate fell to ~20/s.
         ("sleep", "0"),
         ("product", PRODUCT),

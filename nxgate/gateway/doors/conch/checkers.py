@@ -266,9 +266,18 @@ class KeyboardInteractiveChecker(_Checker):
         return Principal(user, user, "keyboard-interactive")
 
 
+class LoginUnavailable(UnauthorizedLogin):
+    """A login that could not be checked now (the gateway is out of open
+    files): the client is told why, and it is no failed login."""
+
+
 def _require(result: AuthResult, address: str | None, method: str) -> None:
     if result.granted:
         return
+    if result.temporary:
+        log.error("SSH login of user {user!r} from {address} ({method}) could not be checked: {reason}",
+                  user=loggable_user(result.username), address=address, method=method, reason=result.reason)
+        raise LoginUnavailable(result.client_note)
     log.warn(
         "SSH login failed for user {user!r} from {address} ({method}): {reason}",
         user=loggable_user(result.username), address=address, method=method, reason=result.reason,

@@ -6,9 +6,10 @@ keyboard-interactive or key: :mod:`nxgate.gateway.doors.conch.checkers`) may, wi
 (read by :mod:`~nxgate.gateway.doors.conch.x2go.shell`, checked by
 :mod:`~nxgate.gateway.doors.conch.x2go.verbs`, run by :mod:`~nxgate.gateway.doors.conch.x2go.commands`
 against the session API), open ``direct-tcpip`` channels to his sessions'
-virtual graphics ports (spliced into the agent's socket through the same
-:class:`~nxgate.wire.relay.StreamRelay` the NX door uses, so a session on
-another cluster member is reached the same way), and write the files the
+virtual graphics ports (relayed to the agent's stream, which the session
+API's ``open_stream`` opens on the session's node, through the same
+:class:`~nxgate.wire.relay.StreamRelay` the NX door uses: one box and a
+cluster are one path), and write the files the
 clients push over SFTP below his ``~/.x2go`` (:mod:`~nxgate.gateway.doors.conch.x2go.sftp`).
 """
 
@@ -30,7 +31,7 @@ from twisted.logger import Logger
 
 from nxgate import __version__
 from nxgate.users import resolve_caller
-from nxgate.gateway.doors.conch.x2go import commands, files, scp, sftp, shell, verbs
+from nxgate.gateway.doors.conch.x2go import commands, files, pushes, scp, sftp, shell, verbs
 from nxgate.gateway.doors.conch.x2go.commands import Context, Link, Links
 from nxgate.vocabulary.caller import Caller
 from nxgate.wire.relay import StreamRelay
@@ -49,13 +50,16 @@ class X2GoDoor:
     links, and the per-connection callers."""
 
     def __init__(self, reactor: Any, api: Callable[[], Any], blocking: Any, users: Any,
-                 config: Callable[[], Any], streams: Callable[[], Any]) -> None:
+                 config: Callable[[], Any], room: Callable[[int], bool] = lambda count: True) -> None:
+        """``room(n)``: whether users' work may take ``n`` more of the
+        gateway's descriptors (the guard's reserve)."""
         self.reactor = reactor
+        self.room = room
+        self.desk = pushes.FileDesk(blocking, reactor.seconds, room)
         self.api = api
         self.blocking = blocking
         self.users = users
         self.config = config
-        self.streams = streams
         self.secret = secrets.token_bytes(32)
         self.links = Links()
 
@@ -128,32 +132,43 @@ class X2GoDoor:
         channel.finish(outcome.status)
 
     def _scp_sink(self, channel: Any, context: Context, call: Any) -> None:
-        """x2goclient's ``scp -t``: files below ~/.x2go, written in a thread, acknowledged in order."""
+        """x2goclient's ``scp -t``: files below ~/.x2go, written as the user, acknowledged in order."""
         target = [arg for arg in call.args if not arg.startswith("-")][0]
-        owner = files.Owner(context.caller.uid, context.caller.gid, context.facts.home)
+        owner = files.Owner(context.caller.uid, context.caller.gid, context.facts.home, context.caller.user)
         sink = scp.Sink(target)
-        handler = _ScpHandler(self, channel, sink, owner, context.caller.user)
+        handler = pushes.ScpHandler(self.desk, channel, sink, owner, context.caller.user)
         channel.handler = handler
         channel.write(sink.start())
 
     def forward_request(self, avatar: Any, kind: bytes, data: bytes) -> Any:
         """X2Go's reverse forwards (sound, folders, printing) are accepted and
         never used: nothing here offers those services, and x2goclient shows
-        critical dialogs when the requests fail."""
+        critical dialogs when the requests fail.  Nothing is bound, so a
+        forward costs no descriptor, but at most :data:`MAX_FORWARDS` are
+        granted per connection (the clients ask for one per service and
+        session), the rest refused with one log line."""
         try:
             host, rest = common.getNS(data)
             (port,) = struct.unpack(">L", rest[:4])
         except (ValueError, struct.error):
             return 0
-        if kind == b"tcpip-forward":
-            log.info("X2Go client of {user} asked for a reverse forward to port {port}: accepted, not used (sound"
-                     " and folders are not offered)", user=avatar.principal.unix_user, port=port)
-            return (1, struct.pack(">L", port or 1)) if port == 0 else 1
-        return 1
+        if kind == b"cancel-tcpip-forward":
+            return 1  # a cancel frees no slot: grants per connection stay bounded, and so do their log lines
+        granted = getattr(avatar, "x2go_forwards", 0)
+        if granted >= MAX_FORWARDS:
+            if not getattr(avatar, "x2go_forwards_refused", False):
+                avatar.x2go_forwards_refused = True
+                log.info("refused reverse forwards of {user}'s X2Go client past {limit} on one connection (this"
+                         " line once per connection)", user=avatar.principal.unix_user, limit=MAX_FORWARDS)
+            return 0
+        avatar.x2go_forwards = granted + 1
+        log.info("X2Go client of {user} asked for a reverse forward to port {port}: accepted, not used (sound"
+                 " and folders are not offered)", user=avatar.principal.unix_user, port=port)
+        return (1, struct.pack(">L", port or 1)) if port == 0 else 1
 
     # -------------------------------------------------------------- sftp
     def sftp(self, channel: Any) -> int:
-        return sftp.start_sftp(self, channel)
+        return sftp.start_sftp(self.desk, channel)
 
     # ------------------------------------------------------------- links
     def link_channel(self, avatar: Any, window: int, max_packet: int, data: bytes) -> SSHChannel:
@@ -169,6 +184,10 @@ class X2GoDoor:
             log.info("refused a forward of {user} to {host!r}:{port}: not a graphics port of a session of theirs"
                      " started or resumed here", user=user, host=host[:100], port=port)
             raise ConchError(OPEN_CONNECT_FAILED, "no such session port")
+        if not self.room(LINK_FILES):
+            log.warn("refused an X2Go graphics link of {user} to session {id}: the gateway is short of open files"
+                     " ([server] fd_reserve)", user=user, id=link.session_id)
+            raise ConchError(OPEN_CONNECT_FAILED, pushes.SHORT_OF_FILES)
         return X2GoLinkChannel(self, link, localWindow=LINK_WINDOW, remoteWindow=window, remoteMaxPacket=max_packet,
                                data=data, avatar=avatar)
 
@@ -180,6 +199,11 @@ class X2GoDoor:
 
 
 LINK_WINDOW = 2 * 1024 * 1024
+#: Descriptors one graphics link holds (its socket to the agent, or to the member that runs it).
+LINK_FILES = 1
+#: Reverse forwards granted per connection: python-x2go and x2goclient ask
+#: for one each for sound, folders, printing and the MIME box per session.
+MAX_FORWARDS = 16
 
 
 class _Quiet:
@@ -246,8 +270,7 @@ class X2GoLinkChannel(SSHChannel):
             return
         head, self.head = self.head, b""
         caller = self.door.caller_of(self.avatar)
-        self.relay = StreamRelay(self.door.reactor, caller, self.link.target, _LinkStream(self), head,
-                                 self.door.streams())
+        self.relay = StreamRelay(caller, self.link.session_id, _LinkStream(self), head, self.door.api().open_stream)
 
     def _refuse(self, why: str) -> None:
         log.warn("X2Go graphics link of {user} to session {id} closed: {why}", user=self.avatar.principal.unix_user,
@@ -292,72 +315,3 @@ class _LinkStream:
 
     def resume_input(self) -> None:
         self.channel.conn.transport.transport.resumeProducing()
-
-
-class _ScpHandler:
-    """Feeds an SCP sink; writes its files one after the other, then acknowledges."""
-
-    def __init__(self, door: X2GoDoor, channel: Any, sink: Any, owner: Any, user: str) -> None:
-        self.door = door
-        self.channel = channel
-        self.sink = sink
-        self.owner = owner
-        self.user = user
-        self.chain: defer.Deferred[Any] = defer.succeed(None)
-        self.failed = False
-
-    def data_received(self, data: bytes) -> None:
-        if self.failed:
-            return
-        try:
-            answer, received = self.sink.feed(data)
-        except scp.Failed as error:
-            self._fail(str(error))
-            return
-        for item in received:
-            self.chain.addCallback(lambda _, item=item: self.door.blocking(_write_file, item.path, item.data,
-                                                                          self.owner))
-            self.chain.addCallback(lambda kept, item=item: log.info(
-                "X2Go client of {user} copied {path} ({size} bytes){kept}", user=self.user, path=item.path,
-                size=len(item.data), kept="" if kept else ": discarded, an sshfs key for folders, which are not"
-                " offered"))
-        self.chain.addCallback(lambda _: self.channel.write(answer) if answer and not self.channel.closing else None)
-        self.chain.addErrback(lambda failure: self._fail(failure.getErrorMessage()))
-        if self.sink.done:
-            self.chain.addCallback(lambda _: self.channel.finish(0) if not self.failed else None)
-
-    def _fail(self, why: str) -> None:
-        if self.failed:
-            return
-        self.failed = True
-        log.info("refused an SCP copy of {user}: {why}", user=self.user, why=why)
-        if not self.channel.closing:
-            self.channel.write(scp.failure(why))
-            self.channel.finish(1)
-
-    def eof_received(self) -> None:
-        self.chain.addCallback(lambda _: self.channel.finish(0) if not self.failed and not self.channel.closing
-                               else None)
-
-    def connection_lost(self) -> None:
-        self.failed = True
-
-    def pause_output(self) -> None:
-        pass
-
-    def resume_output(self) -> None:
-        pass
-
-
-def _write_file(path: str, data: bytes, owner: Any) -> bool:
-    """Write a copied file below ~/.x2go (False: discarded).  The keys for
-    folder sharing (``~/.x2go/ssh/``: the client's private key for sshfs back
-    to it) are not kept: nothing here would use them."""
-    if files.parts(path, owner.home)[1] == "ssh":
-        return False
-    fd = files.open_for_writing(path, owner)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    return True
