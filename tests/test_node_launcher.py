@@ -96,22 +96,32 @@ class SpareTests(SynchronousTestCase):
         self.assertIsInstance(self.failureResultOf(started).value, LaunchError)
 
     def test_without_a_spare_a_start_spawns_its_own_launcher(self) -> None:
+        self.launcher.prepare()
+        self.reactor.processes[0].ends(1)
         started = defer.ensureDeferred(self.launcher.start({"user": "alice", "argv": ["xterm"]}))
-        own = self.reactor.processes[0]
+        own = self.reactor.processes[1]
         self.assertNotIn("--spare", own.argv)
         self.assertEqual(own.request()["user"], "alice")
         self.reactor.advance(0)
-        self.assertEqual(len(self.spares()), 1, "a start leaves a spare for the next one")
+        self.assertEqual(len(self.spares()), 2, "a new spare for the next start")
         own.ends(1)
         self.failureResultOf(started, LaunchError)
 
+    def test_a_launcher_never_prepared_keeps_no_spares(self) -> None:
+        defer.ensureDeferred(self.launcher.start({"user": "alice", "argv": ["xterm"]}))
+        self.reactor.advance(0)
+        self.assertEqual(len(self.reactor.processes), 1)
+        self.assertEqual(self.spares(), [])
+
     def test_a_spare_that_died_is_not_used(self) -> None:
         self.launcher.prepare()
-        self.reactor.processes[0].ends(1)
+        dead = self.reactor.processes[0]
+        dead.ends(1)
         defer.ensureDeferred(self.launcher.start({"user": "alice", "argv": ["xterm"]}))
         fresh = self.reactor.processes[1]
         self.assertNotIn("--spare", fresh.argv)
         self.assertEqual(fresh.request()["user"], "alice")
+        self.assertEqual(dead.written, b"")
 
     def test_a_spare_that_exited_unseen_is_not_used(self) -> None:
         self.launcher.prepare()
@@ -148,6 +158,15 @@ class SpareTests(SynchronousTestCase):
         defer.ensureDeferred(launcher.start({"user": "alice", "argv": ["xterm"]}))
         self.reactor.advance(0)
         self.assertEqual(len(self.reactor.processes), 1)
+
+    def test_a_launchers_bounded_output_comes_through_a_spare(self) -> None:
+        self.launcher.prepare()
+        spare = self.reactor.processes[0]
+        out = defer.ensureDeferred(self.launcher.output({"user": "alice", "argv": ["xwd"]}, 10, 5))
+        self.assertTrue(spare.request()["pipe_stdout"])
+        spare.protocol.outReceived(b"ok\npicture")
+        spare.ends(0)
+        self.assertEqual(self.successResultOf(out), b"picture")
 
 
 class RealLauncherTests(TestCase):

@@ -160,14 +160,14 @@ class Launcher:
     SPARES = 2
 
     def __init__(self, reactor: Any, spares: int = SPARES) -> None:
-        """``spares``: launchers kept started ahead once :meth:`prepare` was
-        called or a start used one (0: every start spawns its own)."""
+        """``spares``: launchers kept started ahead from :meth:`prepare` on
+        until :meth:`stop` (0, or never prepared: every start spawns its own)."""
         self.reactor = reactor
         self._pam_closes = defer.DeferredSemaphore(self.CONCURRENT_PAM_CLOSES)
         self.spares_wanted = spares
         self._spares: list[_Launch] = []
         self._refill_call: Any = None
-        self._stopped = False
+        self._keeping = False  # prepared and not stopped
 
     def _spawn(self, launch: _Launch) -> _Launch:
         env = {"PATH": os.defpath, "LANG": "C.UTF-8", "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -209,18 +209,18 @@ class Launcher:
         return None
 
     def prepare(self) -> None:
-        """Start the spares (at the node's start)."""
-        self._stopped = False
+        """Start the spares, and keep them until :meth:`stop` (the node's start)."""
+        self._keeping = True
         self._refill()
 
     def _refill_soon(self) -> None:
         """A new spare after this reactor turn: the start that used one goes first."""
-        if self._refill_call is None and not self._stopped and self.spares_wanted:
+        if self._refill_call is None and self._keeping and self.spares_wanted:
             self._refill_call = self.reactor.callLater(0, self._refill)
 
     def _refill(self) -> None:
         self._refill_call = None
-        if self._stopped:
+        if not self._keeping:
             return
         self._spares = [launch for launch in self._spares if not launch.gone]
         while len(self._spares) < self.spares_wanted:
@@ -228,7 +228,7 @@ class Launcher:
 
     def stop(self) -> None:
         """No more spares; those waiting end (their stdin closes)."""
-        self._stopped = True
+        self._keeping = False
         if self._refill_call is not None and self._refill_call.active():
             self._refill_call.cancel()
         self._refill_call = None
