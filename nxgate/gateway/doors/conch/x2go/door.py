@@ -124,8 +124,8 @@ class X2GoDoor:
             program = shell.read_exec(raw, context.facts)
             calls = verbs.check_program(program, context.facts)
         except shell.Refused as refusal:
-            log.warn("refused X2Go command {command!r} of {user} from {address}: {why}; nothing was run",
-                     command=raw[:600], user=caller.user, address=caller.address, why=str(refusal),
+            log.warn("refused X2Go command {command!r} of {user} from {address}: {reason}; nothing was run",
+                     command=raw[:600], user=caller.user, address=caller.address, reason=str(refusal),
                      audit="x2go_refused")
             channel.write_stderr(f"nxgate: command refused: {refusal}. Nothing was run: this server runs one program"
                                  f" with its arguments, without a shell.\n".encode())
