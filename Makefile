@@ -25,36 +25,36 @@ APT_PACKAGES := python3 python3-venv python3-dev gcc make libpam0g \
 # Building the Debian package, and its test (tests/test_debian_package.py runs with NXGATE_TEST_DEB=1).
 DEB_PACKAGES := dpkg-dev debhelper dh-python python3-all python3-setuptools git
 APT_PACKAGES += $(DEB_PACKAGES)
-# Issue 13, several machines: the shared session store's servers (tests start private instances).
+# Several machines: the shared session store's servers (tests start private instances).
 APT_PACKAGES += postgresql mariadb-server mariadb-client
-# Issue 13: the HAProxy TCP front of several gateways (conf/haproxy-nxgate.cfg, tested end to end).
+# The HAProxy TCP front of several gateways (conf/haproxy-nxgate.cfg, tested end to end).
 APT_PACKAGES += haproxy
-# Issue 14, sound: a real PulseAudio on the client side of the e2e test, paplay/parec, sox for the tone.
+# Sound: a real PulseAudio on the client side of the e2e test, paplay/parec, sox for the tone.
 APT_PACKAGES += pulseaudio pulseaudio-utils sox
-# Issue 14, printing: the session's own cupsd and lp/lpstat, and on the client side of the e2e test a real
+# Printing: the session's own cupsd and lp/lpstat, and on the client side of the e2e test a real
 # CUPS in front of ippeveprinter (an IPP printer that keeps each job as a file).
 APT_PACKAGES += cups-daemon cups-client cups-bsd cups-filters cups-ipp-utils
-# Issue 14, folder sharing: smbnetfs (FUSE, fuse3) mounts the client's share in the session; the
+# Folder sharing: smbnetfs (FUSE, fuse3) mounts the client's share in the session; the
 # client's private Samba (samba: smbd, pdbedit) serves it; smbclient for the e2e test and the bench.
 APT_PACKAGES += smbnetfs fuse3 samba smbclient
-# Issue 15: the browser portal's tests drive Debian's headless Chromium through chromedriver (Selenium).
+# The browser portal's tests drive Debian's headless Chromium through chromedriver (Selenium).
 APT_PACKAGES += chromium chromium-driver
-# Issue 15: the in-browser viewer serves Debian's noVNC, fed by x11vnc (above) on a private Xvfb.
+# The in-browser viewer serves Debian's noVNC, fed by x11vnc (above) on a private Xvfb.
 APT_PACKAGES += novnc
-# Issue 15: the viewer's clipboard test copies and pastes in the session with xclip.
+# The viewer's clipboard test copies and pastes in the session with xclip.
 APT_PACKAGES += xclip
-# Issue 25: the browser viewer gives its Xvfb a keymap with every Latin-1 key (setxkbmap: x11-xkb-utils).
+# The browser viewer gives its Xvfb a keymap with every Latin-1 key (setxkbmap: x11-xkb-utils).
 APT_PACKAGES += x11-xkb-utils
-# Issue 24: X2Go's own command-line client (python-x2go, Debian's nxproxy) drives the X2Go door's e2e test.
+# X2Go's own command-line client (python-x2go, Debian's nxproxy) drives the X2Go door's e2e test.
 APT_PACKAGES += python3-x2go pyhoca-cli
-# Issue 24: and X2Go's Qt client, driven by a session profile under the client Xvfb.
+# X2Go's Qt client, driven by a session profile under the client Xvfb.
 APT_PACKAGES += x2goclient
 # Programs tests call that Debian 12 usually has already: openssl (the portal's and the cluster's test
 # certificates), systemd-analyze (the package's unit is verified), readelf (nxcopy is a hardened PIE).
 APT_PACKAGES += openssl systemd binutils
-# Issue 33: Remmina's X2Go plugin (it runs pyhoca-cli), tested under the client Xvfb.
+# Remmina's X2Go plugin (it runs pyhoca-cli), tested under the client Xvfb.
 APT_PACKAGES += remmina remmina-plugin-x2go
-# Issue 31: the X2Go door's attack tests drive paramiko (what python-x2go uses) from Debian's python3.
+# The X2Go door's attack tests drive paramiko (what python-x2go uses) from Debian's python3.
 APT_PACKAGES += python3-paramiko
 
 .PHONY: install system-packages link-commands run test bench bench-profile deb clean

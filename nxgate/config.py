@@ -186,7 +186,7 @@ class ServerSection:
                             is_path=True)
     admin_socket: str = option("", text, "root-only socket for nxgate-admin (empty: admin.sock in state_dir)",
                                is_path=True)
-    # Before authentication (issue 26; nxgate.gateway.doors.preauth): every door.
+    # Before authentication (nxgate.gateway.doors.preauth): every door.
     login_grace_time: float = option(30.0, number(1, 3600), "seconds from a connection's first byte to its "
                                      "authentication, on every door (SSH, HTTPS, cluster port, shell socket)")
     max_startups_per_address: int = option(10, integer(1, 1_000_000), "unauthenticated connections one address "
@@ -353,7 +353,7 @@ class StoreSection:
 
 @dataclass(frozen=True)
 class ServicesSection:
-    """What may travel beside the screen (issue 14): the admin's switch per
+    """What may travel beside the screen: the admin's switch per
     service.  A client that asks for a switched-off service gets the session
     without it, not an error (README "Sound, printing and folders")."""
 
@@ -418,7 +418,7 @@ def host_port(value: str) -> str:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """``[cluster]``: this machine as one member of several (issue 13).
+    """``[cluster]``: this machine as one member of several.
 
     Absent, :attr:`Config.cluster` is None and the gateway is one box as
     before.  Members talk over mutually authenticated TLS
@@ -483,7 +483,7 @@ class Config:
     dbus: DBusSection = DBusSection()
     x2go: X2GoSection = X2GoSection()
     store: StoreSection = StoreSection()
-    # [cluster]: None when absent (one box, as before issue 13).
+    # [cluster]: None when absent (one box).
     cluster: ClusterConfig | None = None
     services: ServicesSection = ServicesSection()
     web: WebSection = WebSection()

@@ -1,5 +1,5 @@
 """Cluster membership: each member's heartbeat in the shared store, and
-whether a member is up (issue 13, contract "Membership").
+whether a member is up.
 
 Every ``[cluster] heartbeat`` seconds a member writes its row: address,
 roles, how many live sessions it runs, its load average, CPUs and free

@@ -1,5 +1,5 @@
 """Where a new session runs: the least-loaded node, by a documented score
-(issue 13, "Placement").  Pure: members in, a name (or a refusal) out.
+(the README's "Running several machines").  Pure: members in, a name (or a refusal) out.
 
 A member may take a new session when it is
 

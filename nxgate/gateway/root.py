@@ -68,8 +68,7 @@ def startup_line(config: Config, serves_doors: bool, pam_service: str) -> tuple[
 
     A member with role node only opens no door (no SSH port, portal, D-Bus
     or shell socket): saying it listens for NX logins on [server] listen
-    (4022 by default) sent admins looking for a port that is not there
-    (issue 27)."""
+    (4022 by default) sent admins looking for a port that is not there."""
     common = {"state_dir": config.server.state_dir, "source": config.source}
     if not serves_doors and config.cluster is not None:
         return ("nxgate starting as cluster member {name} with role node only: no NX logins here (no SSH port,"
@@ -107,7 +106,8 @@ class Gateway(service.MultiService):
         self.started = reactor.seconds()
         self.blocking = in_thread(reactor)
         # Before any door opens: the open file limit as high as we may, and
-        # the guard every listening door asks (issue 26, nxgate.gateway.doors.guard).
+        # the guard every listening door asks (nxgate.gateway.doors.guard): a
+        # flood of idle connections must not starve PAM, NSS and the store of files.
         self.file_limits = raise_file_limit()
         self.guard = DoorGuard(reactor, Limits.from_config(config))
         flush = TimerService(15.0, steady(self.guard.flush, "logging the refusals of unauthenticated connections"))

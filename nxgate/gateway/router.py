@@ -1,5 +1,5 @@
 """The router: the session API every door uses, on one box and on a
-cluster alike (issues 13 and 23).  A single box is a cluster of one, whose
+cluster alike.  A single box is a cluster of one, whose
 only node is this machine's :class:`~nxgate.node.local.LocalNode`.
 
 * A new session goes where :mod:`nxgate.gateway.placement` says, after the

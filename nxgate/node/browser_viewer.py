@@ -159,7 +159,7 @@ def x11vnc_argv(program: str, display: int, socket_path: str) -> list[str]:
     Shift+9/Shift+0 and alone on two multimedia keys (``<I187>``,
     ``<I188>``), which x11vnc preferred (no Shift needed).  A session that
     maps those keycodes otherwise never saw a parenthesis typed in the page
-    (issue 25: ``$((6*7))`` arrived as ``$6*7``).
+    (``$((6*7))`` arrived as ``$6*7``).
 
     ``-rfbportv6 0`` matters: without it x11vnc listens on ``[::]:5900``
     despite ``-rfbport 0 -no6 -noipv6`` (and ``-nopw`` would leave that

@@ -181,7 +181,7 @@ class SessionService(service.Service):
         if not desktop or session_type == "unix-application":
             raise SessionError(Kind.INVALID_REQUEST,
                                f"Session type '{session_type}' needs more than a name; start it from an NX client.")
-        if len(name) > MAX_RAW_NAME:  # before any per-character work (issue 22)
+        if len(name) > MAX_RAW_NAME:  # before any per-character work: a huge name must cost nothing
             raise SessionError(Kind.INVALID_REQUEST, f"A session name has 1 to {MAX_NAME} printable characters.")
         clean = printable(name).strip() or session_type
         if len(clean) > MAX_NAME:

@@ -1,12 +1,11 @@
-"""The NX service channels beside the screen (issue 14), pure and shared by
+"""The NX service channels beside the screen, pure and shared by
 the server side (the agent's options, the session's extras) and the client
 (nxgate-client's own nxproxy).
 
 nxcomp carries three service channels; the proxy next to the X clients (the
 agent's embedded proxy) *listens* and the proxy next to the X server (the
 client's ``nxproxy -S``) *connects* to the real service on the client's
-machine (nx-libs 3.5.99.26, measured; plans/services-contract.md,
-"Findings").  ``media=PORT`` on the agent listens on 127.0.0.1:PORT only.
+machine (nx-libs 3.5.99.26, measured).  ``media=PORT`` on the agent listens on 127.0.0.1:PORT only.
 
 A Unix socket (``media=unix:/path``) would keep other local users away from
 the channel, and nxcomp accepts it, but nx-libs 3.5.99.26 cannot keep it:

@@ -1,4 +1,4 @@
-"""The little IPP (RFC 8010/8011) that printing through NX needs (issue 14),
+"""The little IPP (RFC 8010/8011) that printing through NX needs,
 pure: no sockets here (the HTTP around it is twisted.web's Agent).
 
 The session's side asks the client's print server, through the NX cups

@@ -1,4 +1,4 @@
-"""The client's gate in front of its print server (issue 14), pure (sans-IO).
+"""The client's gate in front of its print server, pure (sans-IO).
 
 The session's side of the NX cups channel listens on 127.0.0.1:2000+display
 on the server, where every local user can connect (a Unix socket cannot be
@@ -12,8 +12,8 @@ the header is removed (the local CUPS must not see, check or log it) and
 ``Host`` is set to the print server's own name (a CUPS checks it), and the
 request goes on to the local print server unchanged.  Answers go back untouched.
 
-Requests that come through the session's own SSH channel (issue 25,
-:mod:`nxgate.protocols.service_tunnel`) need no credential: the gateway let only the session
+Requests that come through the session's own SSH channel
+(:mod:`nxgate.protocols.service_tunnel`) need no credential: the gateway let only the session
 user's processes into that channel, which is what the credential stood for,
 and CUPS's backend would otherwise pay a 401 and a new connection per job.
 The header is still taken off and ``Host`` still set.

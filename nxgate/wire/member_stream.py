@@ -249,7 +249,7 @@ class RemoteStreams:
     After a stream to a member opened, one *spare* connection to that member
     is dialled and kept ready for :data:`SPARE_SECONDS`: the next stream
     then costs one request and answer, not a TCP connect and a TLS handshake
-    (issue 25: 8.7 ms against 2.3 ms for an agent on the same machine).  The
+    (measured: 8.7 ms against 2.3 ms for an agent on the same machine).  The
     node checks the gateway's membership again when a spare is used after a
     while (nxgate.wire.connection.RECHECK_AFTER), so a spare carries no
     permission that a new connection would not get."""

@@ -5,7 +5,7 @@ connections are made with ``SSL_MODE_ENABLE_PARTIAL_WRITE``, so ``send``
 stops after one record, and ``recv`` allocates a buffer and copies out one
 record at a time.  A gateway relaying a session's screen updates from a
 member paid that per-call overhead 65 000 times per GB each way
-(bench/cluster_relay.py, issue 25).  Here:
+(bench/cluster_relay.py).  Here:
 
 * :func:`whole_writes` clears that mode on a connection (ours only, both
   ends of every member connection, :mod:`nxgate.wire.tls`): one ``send``

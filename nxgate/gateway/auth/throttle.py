@@ -13,7 +13,7 @@ answered.  A pending attempt counts as a failure until it succeeds, so
 once from one address reaches PAM at most ``limit`` times (the rest are
 refused at once), and the same bound caps how many PAM conversations one
 address or one account may hold open at a time.  Checking only finished
-attempts let every request already in flight through (issue 22).
+attempts let every request already in flight through.
 
 One wrong secret is one failure, whatever SSH methods a client tries it
 with: x2goclient answers keyboard-interactive's "Password:" and then tries

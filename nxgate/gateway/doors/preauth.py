@@ -1,8 +1,8 @@
 """Who may hold a connection that has not authenticated yet (pure, with a clock).
 
 Before authentication a connection costs the gateway a file descriptor and
-some memory and proves nothing about who holds it.  Issue 26 showed one
-address holding 1,100 silent SSH connections until the process ran out of
+some memory and proves nothing about who holds it.  We have seen one
+address hold 1,100 silent SSH connections until the process ran out of
 file descriptors, after which PAM, NSS and the store failed for everybody.
 This table is what every listening door asks before it serves a new
 connection, and what it tells when the connection authenticates or ends:
@@ -28,7 +28,7 @@ connection, and what it tells when the connection authenticates or ends:
 * **File descriptors** (``fd_reserve``): when the process is within this
   many descriptors of its limit, doors take no one, so that running
   sessions, the admin socket, PAM/NSS and the store keep the reserve.
-* **Penalties** (issue 27, OpenSSH's PerSourcePenalties): a connection that
+* **Penalties** (as OpenSSH's PerSourcePenalties): a connection that
   ends without authenticating adds ``penalty_noauth`` seconds to its
   source's debt, one closed at the deadline ``penalty_grace``.  Debt drains
   at one second per second; when it reaches ``penalty_min`` the source is

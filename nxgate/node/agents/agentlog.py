@@ -1,5 +1,5 @@
-"""nxagent's log lines, read as session events (pure; reference §4.1 and the
-measurements in nxagent-recipe.md).
+"""nxagent's log lines, read as session events (pure; the lines
+nx-libs 3.5.99.26 writes, as measured).
 
 nxagent announces every state change on stderr with a fixed line, e.g.
 ``Session: Session suspended at '...'.``; the gateway sends stderr to a

@@ -3,7 +3,7 @@
 nxagent reads its session options from a file named with ``-options`` and
 in ``DISPLAY=nx/nx,options=FILE:N``; on SIGHUP it reads the file again,
 which is how a suspended session gets a new cookie before a resume
-(nxagent-recipe.md).  Every value here was validated by the door that
+(measured with nx-libs 3.5.99.26).  Every value here was validated by the door that
 parsed the request (the NX one's ``requests`` module), so none can carry a
 ``,`` or ``:`` of its own.
 """

@@ -1,5 +1,5 @@
 """Session extras: the services that travel beside the screen (sound,
-printing, folder sharing; issue 14, plans/services-contract.md).
+printing, folder sharing).
 
 Each granted service has an :class:`Extra` on the session's side.  The life
 cycle (:mod:`nxgate.node.lifecycle`) calls ``start`` once the agent

@@ -126,7 +126,7 @@ class AdminProtocol(LineOnlyReceiver):
                 # Displays held by others (X locks, abstract X sockets): new sessions pass them over.
                 "held_displays": [{"display": h.display, "users": list(h.users), "holds": list(h.holds)}
                                   for h in status.held_displays],
-                # Issue 26: connections not authenticated yet, over every door, and the descriptors.
+                # Connections not authenticated yet, over every door, and the descriptors: what a flood costs.
                 **_preauth_status(self.gateway)}
 
     async def do_sessions(self) -> list[dict[str, Any]]:

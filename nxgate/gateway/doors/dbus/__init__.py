@@ -1,1 +1,1 @@
-"""The D-Bus door: ``org.nxgate.Gateway1`` on the system bus (issue 16)."""
+"""The D-Bus door: ``org.nxgate.Gateway1`` on the system bus."""

@@ -5,7 +5,7 @@ txdbus keeps what it has received in a ``bytes`` object that it copies
 for every chunk (``buffer = buffer + data``): a 28 MB message arriving in
 64 kB reads copies gigabytes on the reactor thread, and then txdbus
 decodes every string in it before the door sees a single argument
-(issue 22: one ``StartSession`` with a 28 MB name stalled every door for
+(one ``StartSession`` with a 28 MB name stalled every door for
 seconds).  Here the incoming bytes go to a ``bytearray``, and a message
 whose header announces more than ``max_message`` bytes is answered with
 an ``org.nxgate.Error.InvalidRequest`` from its header alone (when it is a

@@ -75,7 +75,7 @@ class GatewayObject(objects.DBusObject):
     def _call(self, sender: str, work: Callable[[Caller], Awaitable[Any]], *strings: str,
               starts_session: bool = False) -> defer.Deferred[Any]:
         """``strings`` are the method's arguments, refused when too long
-        before anything else looks at them (issue 22)."""
+        before anything else looks at them (a huge string must cost nothing)."""
         return defer.ensureDeferred(self.door.call(sender, work, strings, starts_session))
 
     def dbus_ListSessions(self, dbusCaller: str | None = None) -> defer.Deferred[Any]:

@@ -29,7 +29,7 @@ def error_name(kind: Kind) -> str:
     """``org.nxgate.Error.NotFound`` for NOT_FOUND, and so on for every kind.
 
     Unlike the NX door and the admin socket, NOT_YOURS keeps its own name
-    (``NotYours``), as issue 16 asks: desktop tools tell "gone" from "not
+    (``NotYours``): desktop tools tell "gone" from "not
     yours".  Ids are 128 random bits, so this tells nothing to someone who
     does not already hold the id."""
     return ERROR_PREFIX + "".join(part.capitalize() for part in kind.value.split("_"))

@@ -1,1 +1,1 @@
-"""The browser door: an HTTPS portal to the same sessions as NX (issue 15)."""
+"""The browser door: an HTTPS portal to the same sessions as NX."""

@@ -1,2 +1,2 @@
-"""X2Go clients on nxgate's own SSH port (issue 24): a strict reader of their exec programs,
+"""X2Go clients on nxgate's own SSH port: a strict reader of their exec programs,
 X2Go names for every session, and the Conch wiring."""
