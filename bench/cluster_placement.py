@@ -36,7 +36,7 @@ from twisted.internet import defer, task  # noqa: E402
 from nxgate.gateway.placement import place  # noqa: E402
 from nxgate.gateway.router import ClusterSessions  # noqa: E402
 from nxgate.config import Config, StoreSection  # noqa: E402
-from nxgate.node.files import StateLayout  # noqa: E402
+from nxgate.host.files import StateLayout  # noqa: E402
 from nxgate.threads import inline  # noqa: E402
 from nxgate.vocabulary.caller import Caller  # noqa: E402
 from nxgate.vocabulary.model import Member, Session, State  # noqa: E402

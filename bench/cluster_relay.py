@@ -146,7 +146,7 @@ class RoutedNode:
         return await self._at(path, session_id, kind)
 
     async def _at(self, path: str, session_id: str, kind: Any) -> Any:
-        from nxgate.wire import agentsocket
+        from nxgate.streams import agentsocket
 
         sock = await agentsocket.reach(self.reactor, path, 0)
         return agentsocket.SocketStream(self.reactor, sock, session_id, kind)
@@ -212,7 +212,7 @@ class PlainClient:
         from zope.interface import implementer
 
         from nxgate.vocabulary.caller import Caller
-        from nxgate.wire.relay import StreamRelay
+        from nxgate.streams.relay import StreamRelay
 
         line, _, rest = self.head.partition(b"\n")
         kind, sid, where = line.decode().split()

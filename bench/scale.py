@@ -507,7 +507,7 @@ def bench_phases(runs: int, profile_dir: str | None) -> dict:
         out["python_start_s"] = median_run([sys.executable, "-c", "pass"])
         out["client_import_s"] = median_run([sys.executable, "-c", "import nxgate.clients.nx.main"], env=env)
         out["client_help_s"] = median_run(client_argv + ["--help"], env=env)
-        out["launcher_start_s"] = median_run([sys.executable, "-m", "nxgate.node.runas"], env=env)
+        out["launcher_start_s"] = median_run([sys.executable, "-m", "nxgate.host.runas"], env=env)
         out["client_list_s"] = median_run(client_argv + ["--list", f"{user.name}@127.0.0.1"], env=env)
         if profile_dir:
             spy = PySpy(gateway.process.pid, os.path.join(profile_dir, "sessions.raw"))

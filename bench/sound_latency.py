@@ -38,7 +38,7 @@ import numpy
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from nxgate.protocols import channels  # noqa: E402
+from nxgate.protocols import service_channels  # noqa: E402
 from tests.harness.gateway import Gateway  # noqa: E402
 from tests.harness.pulse import RATE, SINK, PulseServer  # noqa: E402
 from tests.harness.ssh import Attachment, NXClient, SessionInfo  # noqa: E402
@@ -124,7 +124,7 @@ def main() -> int:
         reply = client.command(START.format(name="bench", type="unix-console", extra="").replace(
             '--media="0"', '--media="1"'), timeout=60)
         info = SessionInfo.parse(reply)
-        port = pulse.load_tcp(channels.sound_cookie(info.cookie))
+        port = pulse.load_tcp(service_channels.sound_cookie(info.cookie))
         attachment = Attachment(client, info, screen.name, workdir, options=f"media={port}")
         screen.wait_for_colour(RED, 20000)
         environ = proc_environ(session_program(user.name))

@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from twisted.internet import defer, task  # noqa: E402
 
 from nxgate.config import Config, StoreSection  # noqa: E402
-from nxgate.node.files import StateLayout  # noqa: E402
+from nxgate.host.files import StateLayout  # noqa: E402
 from nxgate.threads import inline  # noqa: E402
 from nxgate.vocabulary.model import Member, Session, State  # noqa: E402
 from nxgate.store.factory import open_store  # noqa: E402

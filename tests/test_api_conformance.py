@@ -20,7 +20,7 @@ from nxgate.wire.remote_node import RemoteNode
 from nxgate.gateway.router import Router
 from nxgate.node.local import LocalNode
 from nxgate.vocabulary.api import NodeAPI, SessionAPI
-from nxgate.node.service import SessionService
+from nxgate.node.manager import SessionService
 from nxgate.vocabulary.errors import Kind, SessionError
 from tests.harness.fakes import FakeNodeAPI, FakeSessionAPI, UnexpectedCall
 

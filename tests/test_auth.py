@@ -8,7 +8,7 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from nxgate.gateway.auth import pam as auth
-from nxgate.node import pamlib
+from nxgate.host import pamlib
 from nxgate.gateway.auth.pam import Authenticator, Verdict
 from nxgate.gateway.auth.throttle import Outcome, Throttle
 from tests.harness.clock import FakeReactor

@@ -13,7 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.gateway.doors.conversation import Conversation
 from nxgate.protocols.nx.server_dialogue import Reply, DialogueSettings
-from nxgate.users import UserDirectory, group_names, resolve_caller
+from nxgate.host.users import UserDirectory, group_names, resolve_caller
 from tests.harness.clock import FakeReactor
 
 ME = pwd.getpwuid(os.getuid())
@@ -131,7 +131,7 @@ class DirectoryTests(SynchronousTestCase):
         self.failureResultOf(self.users.lookup("no-such-user-nxgate"), KeyError)
         self.failureResultOf(self.users.lookup("no-such-user-nxgate"), KeyError)
         self.assertEqual(len(self.blocking.calls), 2)
-        self.assertTrue([e for e in events if e.get("log_namespace") == "nxgate.users"
+        self.assertTrue([e for e in events if e.get("log_namespace") == "nxgate.host.users"
                          and e.get("value") == "no-such-user-nxgate"])
 
     def test_an_unexpected_failure_is_logged_with_its_traceback(self):

@@ -16,7 +16,7 @@ from nxgate.gateway.membership import DOWN_AFTER, Membership, available_memory, 
 from nxgate.config import Config, StoreSection
 from nxgate.gateway.doors.admin import cli
 from nxgate.gateway.doors.admin.server import AdminProtocol
-from nxgate.node.files import StateLayout
+from nxgate.host.files import StateLayout
 from nxgate.vocabulary.model import Member
 from nxgate.store.errors import StoreUnavailable
 from nxgate.store.factory import open_store, sqlite_store

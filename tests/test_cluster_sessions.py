@@ -442,7 +442,7 @@ class NodeSideTests(SynchronousTestCase):
 
     def manager(self, name, per_user=10):
         from nxgate.config import SessionsSection
-        from nxgate.node.service import SessionService
+        from nxgate.node.manager import SessionService
 
         config = Config(sessions=SessionsSection(display_base=3200, max_sessions_per_user=per_user),
                         types={"unix-console": ("true",)})
@@ -453,7 +453,7 @@ class NodeSideTests(SynchronousTestCase):
     def test_a_member_stamps_its_sessions_and_takes_back_only_its_own(self):
         import os
 
-        from nxgate.node.processes import ProcessId
+        from nxgate.host.processes import ProcessId
 
         manager = self.manager("node-a")
         self.assertEqual(manager.node_name, "node-a")
@@ -472,7 +472,7 @@ class NodeSideTests(SynchronousTestCase):
     def test_a_box_that_joins_a_cluster_takes_its_earlier_sessions_as_its_own(self):
         import os
 
-        from nxgate.node.processes import ProcessId
+        from nxgate.host.processes import ProcessId
 
         gone = ProcessId(os.getpid(), 1)
         manager = self.manager("node-a")

@@ -20,7 +20,7 @@ from twisted.internet.task import deferLater
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from nxgate.users import UserDirectory
+from nxgate.host.users import UserDirectory
 from nxgate.wire import protocol as wire
 from nxgate.wire import tls
 from nxgate.wire.node_listener import choose
@@ -39,7 +39,7 @@ from nxgate.vocabulary.results import (Listing, Progress, Ready, ServiceStatus, 
                                      StreamTarget, UnknownSession, HeldDisplay)
 from nxgate.vocabulary.streams import AGENT, StreamKind
 from nxgate.vocabulary.streams import VIEW as VIEW_STREAM
-from nxgate.wire.relay import StreamRelay
+from nxgate.streams.relay import StreamRelay
 from tests.harness.clock import FakeReactor
 from tests.harness.fakes import FakeSessionAPI
 

@@ -12,7 +12,7 @@ from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.trial.unittest import TestCase
 
 from nxgate.gateway.doors.guard import DoorGuard
-from nxgate.wire.guarded import authenticated
+from nxgate.streams.guarded import authenticated
 from nxgate.gateway.doors.preauth import Limits
 from tests.harness.clock import FakeReactor
 

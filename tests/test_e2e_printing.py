@@ -28,7 +28,7 @@ import time
 import urllib.parse
 import uuid
 
-from nxgate.protocols import channels
+from nxgate.protocols import service_channels
 from nxgate.protocols import ipp
 from tests.harness.cups import ClientCups, GateProcess, client_printing
 from tests.harness.gateway import Gateway
@@ -198,7 +198,7 @@ class PrintingTests(PrintingTestCase):
         self.assertNotIn(self.user.name, jobs.stdout)
         # The channel's port is on loopback for everyone: without the
         # session's credential the client's gate answers 401.
-        port = channels.channel_port("printing", info.display)
+        port = service_channels.channel_port("printing", info.display)
         body = ipp.request(ipp.CUPS_GET_PRINTERS, 1, requested=("printer-name",))
         with socket.create_connection(("127.0.0.1", port), timeout=10) as stranger:
             stranger.sendall(ipp.http_post("/", body, f"127.0.0.1:{port}"))

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import time
 
-from nxgate.protocols import channels
+from nxgate.protocols import service_channels
 from tests.harness.process import wait_for
 from tests.test_e2e_client import TYPES as CLIENT_TYPES
 from tests.test_e2e_client import ClientScreenTestCase, agent_processes
@@ -64,7 +64,7 @@ class SoundTestCase(SessionTestCase):
         return SessionInfo.parse(reply)
 
     def attach_with_sound(self, client: NXClient, info: SessionInfo) -> Attachment:
-        port = self.pulse.load_tcp(channels.sound_cookie(info.cookie))
+        port = self.pulse.load_tcp(service_channels.sound_cookie(info.cookie))
         attachment = Attachment(client, info, self.screen.name, self.gateway.workdir, options=f"media={port}")
         self.addCleanup(attachment.detach)
         self.screen.wait_for_colour(RED, 20000)
@@ -119,7 +119,7 @@ class SoundTests(SoundTestCase):
         self.attach_with_sound(client, resumed)
         self.wait_status(info.session_id, "Running")  # the screen still shows the first attachment's picture
         with open(cookie_file, "rb") as handle:
-            self.assertEqual(handle.read(), channels.sound_cookie(resumed.cookie))
+            self.assertEqual(handle.read(), service_channels.sound_cookie(resumed.cookie))
         played = self.play_in_session(self.session_sound_env())
         self.assertEqual(played.returncode, 0, played.stderr)
         self.assert_tone(self.heard)

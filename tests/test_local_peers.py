@@ -1,4 +1,4 @@
-"""Who may use a session user's back-channel (nxgate.local_peers): the pure
+"""Who may use a session user's back-channel (nxgate.host.local_peers): the pure
 judgements, the kernel's tables read from a fake /proc, real sockets of this
 machine, and the reverse listeners of a node (nxgate.node.reverse) on a real
 reactor, where uid 0 is nobody's pass any more."""
@@ -12,8 +12,8 @@ import tempfile
 from twisted.internet import protocol, reactor, task
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from nxgate import local_peers
-from nxgate.local_peers import TcpRow
+from nxgate.host import local_peers
+from nxgate.host.local_peers import TcpRow
 from nxgate.node.reverse import ReverseListeners
 from nxgate.streams import reverse
 from nxgate.threads import in_thread

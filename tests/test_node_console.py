@@ -12,7 +12,8 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate import threads
 from nxgate.node.agents import x11
-from nxgate.node import displays, files
+from nxgate.node import displays
+from nxgate.host import files
 from nxgate.node import console
 
 COOKIE = "0123456789abcdef" * 2

@@ -1,4 +1,4 @@
-"""Writing and removing users' files safely (nxgate.node.files)."""
+"""Writing and removing users' files safely (nxgate.host.files)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import tempfile
 
 from twisted.trial.unittest import TestCase
 
-from nxgate.node import files
+from nxgate.host import files
 
 
 class RemoveTreeTests(TestCase):

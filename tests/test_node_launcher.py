@@ -14,9 +14,9 @@ from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 
-from nxgate.node import launcher as launcher_module
-from nxgate.node.launcher import Launcher
-from nxgate.node.processes import LaunchError
+from nxgate.host import launcher as launcher_module
+from nxgate.host.launcher import Launcher
+from nxgate.host.processes import LaunchError
 from tests.harness.clock import FakeReactor
 from tests.harness.users import NEED_ROOT, is_root
 

@@ -19,8 +19,8 @@ import threading
 
 from twisted.trial.unittest import SkipTest, TestCase
 
-from nxgate.node import files
-from nxgate.node.extras import sharing
+from nxgate.host import files
+from nxgate.node.services import sharing
 
 USER = 65534  # nobody: the session's user in these tests
 

@@ -10,7 +10,7 @@ import time
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import SkipTest, TestCase
 
-from nxgate.node import processes
+from nxgate.host import processes
 
 SESSION = "C0FFEE" * 5 + "AB"
 

@@ -20,9 +20,10 @@ from twisted.trial.unittest import TestCase
 
 from nxgate.config import Config, SessionsSection
 from nxgate.gateway.router import Router
-from nxgate.node import browser_viewer, files
+from nxgate.node import browser_viewer
+from nxgate.host import files
 from nxgate.node.local import LocalNode
-from nxgate.node.service import SessionService
+from nxgate.node.manager import SessionService
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.model import State

@@ -14,9 +14,9 @@ from twisted.trial.unittest import TestCase
 from nxgate.config import Config, SessionsSection
 from nxgate.node import supervisor as supervision
 from nxgate.node.supervisor import AgentSupervisor
-from nxgate.node import files, processes
+from nxgate.host import files, processes
 from nxgate.vocabulary.model import Session, State
-from nxgate.node.processes import ProcessId
+from nxgate.host.processes import ProcessId
 from tests.test_sessions_manager import ME, FakeLauncher, FakeNotifier, short_state_dir
 from tests.harness.clock import FakeReactor
 

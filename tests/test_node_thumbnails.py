@@ -5,7 +5,7 @@ claim a 16384x16384 screen: a 1 GiB dump, 4 GiB is possible), and the
 gateway runs as root: it must stop reading at the limit, not read the whole
 dump and then look at its size.  xwd is started, as every program run as a
 user, by the node's launcher, which reads a program's output with that bound
-(:meth:`nxgate.node.launcher.Launcher.output`).
+(:meth:`nxgate.host.launcher.Launcher.output`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from twisted.internet import defer, reactor
 from twisted.trial.unittest import SkipTest, TestCase
 
 from nxgate.node import thumbnails
-from nxgate.node.launcher import Launcher, OutputTooLarge
-from nxgate.node.processes import ProcessId
+from nxgate.host.launcher import Launcher, OutputTooLarge
+from nxgate.host.processes import ProcessId
 
 MB = 1 << 20
 

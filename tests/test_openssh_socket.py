@@ -14,7 +14,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from nxgate.gateway.doors.openssh import framing
 from nxgate.gateway.doors.openssh.socket import OpenSSHDoorProtocol
 from nxgate.gateway.auth.pam import AuthResult, Verdict
-from nxgate.users import UserDirectory
+from nxgate.host.users import UserDirectory
 
 UID = 4321  # not root's: root is refused before any look-up
 

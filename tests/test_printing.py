@@ -16,7 +16,7 @@ from twisted.trial.unittest import TestCase
 
 from nxgate.protocols import ipp
 from nxgate.protocols import printgate
-from nxgate.node.extras import printing
+from nxgate.node.services import printing
 
 COOKIE = "0123456789abcdef0123456789abcdef"
 
@@ -336,7 +336,7 @@ class FakeLauncher:
         import subprocess
         import threading
 
-        from nxgate.node.processes import ProcessId
+        from nxgate.host.processes import ProcessId
 
         self.requests.append(request)
         conf = request["argv"][request["argv"].index("-c") + 1]
@@ -459,7 +459,7 @@ class SocketMade(TestCase):
         import subprocess
         import threading
 
-        from nxgate.node.processes import ProcessId
+        from nxgate.host.processes import ProcessId
 
         base = tempfile.mkdtemp()
         self.addCleanup(lambda: __import__("shutil").rmtree(base))

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 from twisted.trial.unittest import TestCase
 
-from nxgate.protocols import channels
+from nxgate.protocols import service_channels
 from nxgate.config import ServicesSection
-from nxgate.node.extras import Extras, grant
-from nxgate.node.extras.ports import endpoints
+from nxgate.node.services import Extras, grant
+from nxgate.node.services.ports import endpoints
 from nxgate.protocols.nx import replies
 from nxgate.protocols.nx.params import parse_params
 from nxgate.protocols.nx.requests import restore_request, start_request
@@ -77,23 +77,23 @@ class Replies(TestCase):
 
 class Channels(TestCase):
     def test_agent_options(self) -> None:
-        self.assertEqual(channels.agent_options(["sound", "sharing", "printing"], 1001),
+        self.assertEqual(service_channels.agent_options(["sound", "sharing", "printing"], 1001),
                          [("media", "8001"), ("cups", "3001"), ("smb", "4001")])
-        self.assertEqual(channels.agent_options([], 1001), [])
+        self.assertEqual(service_channels.agent_options([], 1001), [])
 
     def test_too_high_display_has_no_port(self) -> None:
-        self.assertIsNone(channels.channel_port("sound", 59000))
-        self.assertEqual(channels.agent_options(["sound"], 59000), [])
+        self.assertIsNone(service_channels.channel_port("sound", 59000))
+        self.assertEqual(service_channels.agent_options(["sound"], 59000), [])
 
     def test_endpoints(self) -> None:
         session = SimpleNamespace(display=1002, options={"services": ["sound", "printing"]})
         self.assertEqual(endpoints(session), {"sound": "127.0.0.1:8002", "printing": "127.0.0.1:3002"})
 
     def test_sound_cookie(self) -> None:
-        cookie = channels.sound_cookie("0123456789abcdef0123456789abcdef")
+        cookie = service_channels.sound_cookie("0123456789abcdef0123456789abcdef")
         self.assertEqual(len(cookie), 256)
-        self.assertEqual(cookie, channels.sound_cookie("0123456789abcdef0123456789abcdef"))
-        self.assertNotEqual(cookie, channels.sound_cookie("0123456789abcdef0123456789abcdee"))
+        self.assertEqual(cookie, service_channels.sound_cookie("0123456789abcdef0123456789abcdef"))
+        self.assertNotEqual(cookie, service_channels.sound_cookie("0123456789abcdef0123456789abcdee"))
 
 
 class Broken:
@@ -120,7 +120,7 @@ class Hooks(TestCase):
 
     def test_an_extra_that_cannot_be_imported_is_logged(self) -> None:
         """Issue 23: an ImportError used to skip an extra without a word."""
-        extras = Extras.load(SimpleNamespace(), {"sound": "nxgate.node.extras.no_such_module"})
+        extras = Extras.load(SimpleNamespace(), {"sound": "nxgate.node.services.no_such_module"})
         self.assertEqual(extras.by_name, {})
         self.assertEqual(len(self.flushLoggedErrors(ImportError)), 1)
 
@@ -182,7 +182,7 @@ class SessionSide(TestCase):
     def setUp(self) -> None:
         import os
 
-        from nxgate.node import files
+        from nxgate.host import files
         from tests.harness.stores import inline_store
         from tests.test_sessions_manager import FakeLauncher, FakeNotifier, short_state_dir
 
@@ -197,7 +197,7 @@ class SessionSide(TestCase):
 
     def service(self, services: ServicesSection = ServicesSection()):
         from nxgate.config import Config, SessionsSection
-        from nxgate.node.service import SessionService
+        from nxgate.node.manager import SessionService
 
         config = Config(sessions=SessionsSection(display_base=3300, display_limit=20), services=services,
                         types={"unix-console": ("true",)})
@@ -228,7 +228,7 @@ class SessionSide(TestCase):
         program = self.launcher.requests[-1]["env_fixed"]
         self.assertEqual(program["PULSE_SERVER"], f"tcp:127.0.0.1:{7000 + session.display}")
         with open(program["PULSE_COOKIE"], "rb") as handle:
-            self.assertEqual(handle.read(), channels.sound_cookie(session.cookie))
+            self.assertEqual(handle.read(), service_channels.sound_cookie(session.cookie))
         self.assertEqual(self.os.stat(program["PULSE_COOKIE"]).st_mode & 0o777, 0o600)
 
     def test_switched_off_sound_is_left_out_cleanly(self) -> None:

@@ -13,7 +13,7 @@ from nxgate.node.displays import DisplayAllocator, NoFreeDisplay
 from nxgate.vocabulary.model import Session, State
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
-from nxgate.limits import Limits
+from nxgate.session_limits import Limits
 
 
 def session(user: str, state: State = State.RUNNING) -> Session:

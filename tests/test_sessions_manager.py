@@ -23,11 +23,11 @@ from nxgate.config import Config, SessionsSection
 from nxgate.protocols.nx.dispatch import NXDispatcher
 from nxgate.protocols.nx.errors import NXError
 from nxgate.protocols.nx.params import parse_params
-from nxgate.node import files, processes
+from nxgate.host import files, processes
 from nxgate.node.supervisor import SIGHUP_RETRY_SECONDS
-from nxgate.node.service import SessionService
+from nxgate.node.manager import SessionService
 from nxgate.vocabulary.model import State
-from nxgate.node.processes import ProcessId
+from nxgate.host.processes import ProcessId
 from nxgate.protocols.nx.requests import start_request
 from tests.harness.stores import inline_store
 from nxgate.vocabulary.caller import Caller

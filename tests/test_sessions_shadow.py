@@ -12,16 +12,17 @@ from twisted.internet import defer
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.config import Config, ShadowSection
-from nxgate.node.files import StateLayout
+from nxgate.host.files import StateLayout
 from nxgate.vocabulary.model import Session, State
-from nxgate.node.processes import ProcessId
+from nxgate.host.processes import ProcessId
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.requests import DisplaySettings, ShadowRequest
-from nxgate.node import console, processes
+from nxgate.node import console
+from nxgate.host import processes
 from nxgate.node.shadow_sessions import ShadowService, Target
-from nxgate import users
-from nxgate.users import UserDirectory
+from nxgate.host import users
+from nxgate.host.users import UserDirectory
 from tests.harness.clock import FakeReactor
 
 ME = pwd.getpwuid(os.getuid())

@@ -12,7 +12,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from nxgate.clients.nx import cli
 from nxgate.clients.nx.sharing import parse_share, smb_conf
-from nxgate.node.extras import sharing
+from nxgate.node.services import sharing
 from nxgate.protocols.nx import client_commands as commands
 from nxgate.protocols.nx import client_dialogue as nx
 from nxgate.protocols.nx import replies

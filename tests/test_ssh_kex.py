@@ -39,7 +39,7 @@ from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import SkipTest, TestCase
 
 from nxgate.gateway.doors.conch import algorithms, kexlimit, kexmath, kexpool, kexworker
-from nxgate.wire import ssh_etm as etm
+from nxgate.ssh import etm
 from nxgate.gateway.doors.conch.kexlimit import FairQueue, KexAdmission, OncePer
 from nxgate.gateway.doors.conch.kexpool import KexJobError, KexPool
 from nxgate.gateway.doors.conch import server as server_module

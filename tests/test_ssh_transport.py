@@ -22,11 +22,11 @@ from twisted.logger import capturedLogs, formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
 from nxgate.gateway.doors.conch import server
-from nxgate.wire.ssh_compression import BoundedInflater, CompressionError
-from nxgate.wire.ssh_etm import ETM_MACS, MAX_PACKET, EtmTransport
+from nxgate.ssh.compression import BoundedInflater, CompressionError
+from nxgate.ssh.etm import ETM_MACS, MAX_PACKET, EtmTransport
 from tests.harness.sshattack import DelayedZlib, bomb_packet
 from nxgate.gateway.doors.conch.server import NXSSHFactory
-from nxgate.wire.tcp import no_delay
+from nxgate.streams.tcp import no_delay
 
 def pump(server: Any, server_wire: StringTransport, client: Any, client_wire: StringTransport) -> None:
     """Deliver until both sides are quiet; everything the server has sent
@@ -262,7 +262,7 @@ class _TCPWire(StringTransport):
 
 class NoDelayTests(TestCase):
     """The NX stream after ``bye`` carries the smb channel's small SMB calls:
-    Nagle's delays cut folder copies to a fraction (nxgate.wire.tcp)."""
+    Nagle's delays cut folder copies to a fraction (nxgate.streams.tcp)."""
 
     def test_the_gateways_ssh_connections_send_small_writes_at_once(self) -> None:
         factory = NXSSHFactory(None, {b"ssh-ed25519": keys.Key(ed25519.Ed25519PrivateKey.generate())}, 120, 6)

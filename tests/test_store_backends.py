@@ -14,7 +14,7 @@ from twisted.internet import defer, reactor
 from twisted.trial.unittest import SkipTest, TestCase
 
 from nxgate.config import Config, StoreSection
-from nxgate.node.files import StateLayout
+from nxgate.host.files import StateLayout
 from nxgate.vocabulary.model import Member, Session, State
 from nxgate.store import sql as sql_module
 from nxgate.store.dialects import dialect

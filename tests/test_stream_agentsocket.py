@@ -7,7 +7,7 @@ import socket
 
 from twisted.trial.unittest import SkipTest, TestCase
 
-from nxgate.wire import agentsocket
+from nxgate.streams import agentsocket
 from tests.harness.clock import FakeReactor
 
 

@@ -9,8 +9,8 @@ from twisted.internet.testing import StringTransport
 from twisted.internet import defer, task, threads
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from nxgate.wire.agentsocket import SocketStream
-from nxgate.wire.relay import StreamRelay
+from nxgate.streams.agentsocket import SocketStream
+from nxgate.streams.relay import StreamRelay
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.streams import AGENT
 from tests.harness.clock import FakeReactor

@@ -1,4 +1,4 @@
-"""The one splice every relay uses (nxgate.wire.splice): bytes both ways,
+"""The one splice every relay uses (nxgate.streams.splice): bytes both ways,
 back-pressure both ways, half-close, and an end that goes away; with
 StringTransports standing in for the two connections.  The real ones are
 flooded by tests/test_e2e_sessions.py RelayTests and tests/test_cluster_wire.py."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
-from nxgate.wire.splice import STREAM_BUFFER, Splice, TransportEnd
+from nxgate.streams.splice import STREAM_BUFFER, Splice, TransportEnd
 
 
 class HalfCloseable(StringTransport):

@@ -1,4 +1,4 @@
-"""nxgate-client's service tunnels: their words on the wire (nxgate.protocols.service_tunnel), the reverse
+"""nxgate-client's service tunnels: their words on the wire (nxgate.protocols.reverse_request), the reverse
 channel's flow control with fakes (nxgate.streams.reverse_channel), and the gate the client's print
 tunnel passes; the listeners' admission is tested in tests.test_local_peers and tests.test_reverse_streams,
 the whole thing end to end in tests.test_e2e_sharing, tests.test_e2e_printing (nxgate-client) and
@@ -11,19 +11,19 @@ from types import SimpleNamespace
 from twisted.trial.unittest import TestCase
 
 from nxgate.protocols import printgate
-from nxgate.protocols import service_tunnel as tunnels
+from nxgate.protocols import reverse_request
 from nxgate.streams.reverse_channel import WINDOW, ChannelEnd, SplicedChannel
 
 SID = "0123456789ABCDEF0123456789ABCDEF"
 class Codec(TestCase):
     def test_a_request_round_trips_and_the_id_is_upper_case(self) -> None:
-        self.assertEqual(tunnels.decode(tunnels.encode("sharing", SID.lower())), ("sharing", SID))
+        self.assertEqual(reverse_request.decode(reverse_request.encode("sharing", SID.lower())), ("sharing", SID))
 
     def test_bad_payloads_are_refused_with_a_reason(self) -> None:
-        for bad in (b"", tunnels.encode("sound", SID), tunnels.encode("sharing", "x" * 32),
-                    tunnels.encode("sharing", SID)[:-1], tunnels.encode("sharing", SID) + b"!",
+        for bad in (b"", reverse_request.encode("sound", SID), reverse_request.encode("sharing", "x" * 32),
+                    reverse_request.encode("sharing", SID)[:-1], reverse_request.encode("sharing", SID) + b"!",
                     b"\x00\x00\x10\x00" + b"a" * 4096):
-            self.assertRaises(tunnels.TunnelRequestError, tunnels.decode, bad)
+            self.assertRaises(reverse_request.TunnelRequestError, reverse_request.decode, bad)
 
 
 class FakeConnection:

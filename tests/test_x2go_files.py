@@ -17,7 +17,7 @@ from twisted.internet import defer
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
-from nxgate import descriptors, users
+from nxgate.host import descriptors, users
 from nxgate.gateway.auth.pam import TEMPORARY_NOTE, AuthResult, Authenticator, Verdict
 from nxgate.gateway.doors.conch.x2go import allowance, files, scp, sftp
 from nxgate.gateway.doors.conch.x2go.pushes import FileDesk, Refused

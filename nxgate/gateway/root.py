@@ -27,24 +27,24 @@ from nxgate.gateway.doors.conversation import Conversation
 from nxgate.instance import StartupError, check_port_free, claim_unix_socket, lock_state_dir, record_pid
 from nxgate.protocols.nx.dispatch import NXDispatcher
 from nxgate.protocols.nx.server_dialogue import DialogueSettings
-from nxgate.wire.relay import StreamRelay
-from nxgate.node.files import StateLayout
-from nxgate.node.service import SessionService
+from nxgate.streams.relay import StreamRelay
+from nxgate.host.files import StateLayout
+from nxgate.node.manager import SessionService
 from nxgate.store.factory import open_store
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.results import StreamTarget
 from nxgate.gateway.router import Router
-from nxgate.node.launcher import Launcher
+from nxgate.host.launcher import Launcher
 from nxgate.node.local import LocalNode
 from nxgate.vocabulary.model import member_name
 from nxgate.threads import in_thread
-from nxgate.users import UserDirectory, resolve_caller
+from nxgate.host.users import UserDirectory, resolve_caller
 from nxgate.gateway.auth.throttle import Throttle
 from nxgate.gateway.doors.openssh.socket import OpenSSHDoorFactory
 from nxgate.node.shadow_sessions import ShadowService
 from nxgate.gateway.doors.conch import checkers, hostkeys
 from nxgate.gateway.doors.guard import DoorGuard, raise_file_limit
-from nxgate.wire.guarded import authenticated
+from nxgate.streams.guarded import authenticated
 from nxgate.gateway.doors.preauth import Limits
 from nxgate.gateway.doors.conch.channel import ChannelHandler, ChannelTransport
 from nxgate.gateway.doors.conch.server import NXAvatar, NXRealm, NXSessionChannel, NXSSHFactory, kex_service

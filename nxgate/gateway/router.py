@@ -44,7 +44,7 @@ from nxgate.gateway.membership import DEFAULT_HEARTBEAT, state
 from nxgate.gateway.placement import NO_NODE, ranked
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
-from nxgate.limits import Limits, limit_reached
+from nxgate.session_limits import Limits, limit_reached
 from nxgate.vocabulary.model import Member, Session, State
 from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
 from nxgate.vocabulary.results import (DesktopEntry, Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent,

@@ -18,7 +18,7 @@ open no TCP port whatever its options say, and reaches the display by its
 path socket only, as thumbnails do, :mod:`nxgate.node.thumbnails`), with
 the session's X authority, and listens on a Unix socket in the session's
 0700 directory (``view-<id>.sock``), which the gateway reaches as root
-without following links (:mod:`nxgate.wire.agentsocket`).
+without following links (:mod:`nxgate.streams.agentsocket`).
 
 The other kind, kept for what a live viewer cannot show (a session started
 for later that never had a client, whose agent has no screen yet, and an
@@ -51,7 +51,7 @@ Nothing listens where another user could reach it:
   no help: it makes x11vnc refuse its Unix-socket clients too, whose
   address is not 127.0.0.1).  Only the
   user and root can connect, and only the door does (as root, without
-  following links: :mod:`nxgate.wire.agentsocket`).
+  following links: :mod:`nxgate.streams.agentsocket`).
 
 Each viewer has a directory ``<state>/viewers/<random id>`` (the parent
 0711), removed with the viewer.  :class:`BrowserViewers` counts viewers
@@ -73,8 +73,8 @@ from typing import Any
 from twisted.logger import Logger
 
 from nxgate.node.agents import x11
-from nxgate.node import files, processes
-from nxgate.node.processes import LaunchError, ProcessId
+from nxgate.host import files, processes
+from nxgate.host.processes import LaunchError, ProcessId
 from nxgate.threads import Blocking, inline
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.model import Session, State

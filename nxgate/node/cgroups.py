@@ -9,7 +9,7 @@ process of the service's cgroup (twistd, and the agents and desktops that
 ``KillMode=process`` left there across restarts) into ``<own>/gateway``,
 switches the controllers on for ``<own>`` and ``<own>/sessions``, and
 makes ``<own>/sessions/<session id>`` with the configured ``memory.max``,
-``cpu.max`` and ``pids.max``; the launcher (:mod:`nxgate.node.runas`)
+``cpu.max`` and ``pids.max``; the launcher (:mod:`nxgate.host.runas`)
 moves itself into that group before it starts the agent or the program,
 so everything they fork is in it from the start.
 

@@ -9,7 +9,7 @@ Its cookie comes from the server's ``-auth`` file or the owner's
 the owner's home and in /tmp): callers on the reactor run it in a thread,
 ``blocking(find_console, spec)`` (see :mod:`nxgate.threads`), or call
 :func:`find_console_with`.  The files a user controls are read with
-:func:`nxgate.node.files.read_regular_file`, so a FIFO or a link put in
+:func:`nxgate.host.files.read_regular_file`, so a FIFO or a link put in
 their place neither hangs the thread nor makes root read elsewhere.
 """
 
@@ -24,8 +24,8 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from nxgate.node.agents import x11
-from nxgate.node import files
-from nxgate.node.processes import ProcessId
+from nxgate.host import files
+from nxgate.host.processes import ProcessId
 from nxgate.threads import Blocking
 
 UTMP = "/var/run/utmp"

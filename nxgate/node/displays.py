@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from twisted.logger import Logger
 
 from nxgate.node.agents import x11
-from nxgate.node import files
+from nxgate.host import files
 
 log = Logger(namespace="nxgate.session")
 

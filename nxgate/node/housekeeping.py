@@ -20,7 +20,7 @@ from twisted.logger import Logger
 from nxgate.config import SessionsSection
 from nxgate.loops import SteadyLoop
 from nxgate.node.supervisor import AgentSupervisor
-from nxgate.node.files import StateLayout
+from nxgate.host.files import StateLayout
 from nxgate.vocabulary.model import Session, State
 from nxgate.store.errors import StoreError
 from nxgate.store.interface import SessionStore

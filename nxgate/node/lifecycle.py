@@ -40,17 +40,17 @@ from nxgate.node.agents import nxagent
 from nxgate.node.agents.agentlog import AgentEvent, LogEvent, parse_line
 from nxgate.config import Config, SessionsSection
 from nxgate.node.displays import DisplayAllocator
-from nxgate.node.extras import Extras, grant_for
+from nxgate.node.services import Extras, grant_for
 from nxgate.node.supervisor import AgentSupervisor
 from nxgate.safetext import printable
-from nxgate.node.files import StateLayout
+from nxgate.host.files import StateLayout
 from nxgate.node.follow import LogFollower
 from nxgate.vocabulary.model import Session, State, advance, member_name
-from nxgate.node.processes import ExitWatch, LaunchError, ProcessId
+from nxgate.host.processes import ExitWatch, LaunchError, ProcessId
 from nxgate.store.errors import STORAGE_FULL, StoreError, storage_reason
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
-from nxgate.limits import limit_reached
+from nxgate.session_limits import limit_reached
 from nxgate.vocabulary.requests import DisplaySettings, RestoreRequest
 from nxgate.vocabulary.results import SessionEvent, SessionObserver, SessionView
 from nxgate.store.interface import SessionStore
@@ -216,7 +216,7 @@ class Lifecycle:
         self.store = store
         self.displays = displays
         self.background = background
-        # The services beside the screen (nxgate.node.extras): started once the
+        # The services beside the screen (nxgate.node.services): started once the
         # agent listens, stopped at suspend and end; they never raise.
         self.extras = extras or Extras()
         self.sessions: dict[str, Session] = {}
@@ -946,7 +946,7 @@ class Lifecycle:
         """The session, once it is sure its port is held by its own agent."""
         session = self.sessions[session_id]
         if session.encrypted:
-            return session  # its socket is in the user's private directory (nxgate.wire.agentsocket)
+            return session  # its socket is in the user's private directory (nxgate.streams.agentsocket)
         if not await self.supervisor.listens(session):
             log.error("session {id}: port {port} is not held by its agent (pid {pid}); not relaying there",
                       id=session_id, port=session.port, pid=session.agent_pid)

@@ -7,7 +7,7 @@ answers with the same object.  So the node's own rules hold whichever way
 a call arrives, on one box and on many:
 
 * **The node owns the user.**  Every call's caller is looked up again here
-  by name (:meth:`nxgate.users.UserDirectory.here`): the uid, gid and
+  by name (:meth:`nxgate.host.users.UserDirectory.here`): the uid, gid and
   groups a gateway resolved are never trusted, and an account this machine
   does not have is refused with words for the user.
 * **Thumbnails** are drawn here, as the session's user, from its own agent
@@ -15,7 +15,7 @@ a call arrives, on one box and on many:
 * **Streams** (:meth:`LocalNode.open_stream`) are opened here, after the
   same owner check: the end is picked from the node's own record of the
   session, never from what a gateway says.  One opener per kind: ``agent``
-  (the agent's socket, :mod:`nxgate.wire.agentsocket`) and ``view`` (a
+  (the agent's socket, :mod:`nxgate.streams.agentsocket`) and ``view`` (a
   live browser viewer's x11vnc, :mod:`nxgate.node.browser_viewer`, which
   ends with its stream), and the reverse services' (``sound``,
   ``printing``, ``sharing``: without a number, a route that keeps the
@@ -44,8 +44,8 @@ from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount
 from nxgate.vocabulary.results import (DesktopEntry, Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
                                      ShadowTarget)
 from nxgate.vocabulary.streams import Stream, StreamKind
-from nxgate.wire import agentsocket
-from nxgate.wire.agentsocket import SocketStream, StreamWatch
+from nxgate.streams import agentsocket
+from nxgate.streams.agentsocket import SocketStream, StreamWatch
 
 log = Logger(namespace="nxgate.node.local")
 
@@ -62,8 +62,8 @@ NUDGE_AFTER = 1.0
 class LocalNode:
     """:class:`nxgate.vocabulary.api.NodeAPI` of this machine.
 
-    ``service``: its :class:`nxgate.node.service.SessionService`;
-    ``users``: its :class:`nxgate.users.UserDirectory`; ``machine``:
+    ``service``: its :class:`nxgate.node.manager.SessionService`;
+    ``users``: its :class:`nxgate.host.users.UserDirectory`; ``machine``:
     its name for refusals; ``blocking``: runs a blocking call off the
     reactor; ``viewers``: this machine's
     :class:`nxgate.node.browser_viewer.BrowserViewers` (None: no ``view``

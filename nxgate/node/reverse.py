@@ -22,7 +22,7 @@ folders, remounted at each resume).
 
 Who may connect: the session's user only.  A Unix socket's peer is known
 from ``SO_PEERCRED``; a TCP peer from the kernel's table and the user's
-processes (:mod:`nxgate.local_peers`, run off the reactor).  Nothing the
+processes (:mod:`nxgate.host.local_peers`, run off the reactor).  Nothing the
 peer sent is read before the verdict; a refused peer is closed, and the
 log says who, a few times and then as a sum.  An admitted connection is
 not read at all here: the gateway takes the socket as it is.
@@ -41,7 +41,7 @@ from twisted.internet.interfaces import IReadDescriptor
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from nxgate import local_peers
+from nxgate.host import local_peers
 from nxgate.streams import reverse
 from nxgate.streams.reverse import ReverseService, RouteError, Waiting
 from nxgate.vocabulary.caller import Caller
@@ -49,7 +49,7 @@ from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.model import Session, State
 from nxgate.vocabulary.results import SessionEvent
 from nxgate.vocabulary.streams import Stream
-from nxgate.wire.agentsocket import SocketStream
+from nxgate.streams.agentsocket import SocketStream
 
 log = Logger(namespace="nxgate.node.reverse")
 

@@ -28,14 +28,15 @@ from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.requests import DisplaySettings, ShadowRequest
 from nxgate.vocabulary.results import Progress, ProgressCallback, Ready, ShadowTarget
-from nxgate.node import console, processes
+from nxgate.node import console
+from nxgate.host import processes
 from nxgate.node import shadow_policy as policy
 from nxgate.node.agents import shadow_screen as screen
 from nxgate.threads import Blocking, in_thread
-from nxgate.users import UserDirectory
+from nxgate.host.users import UserDirectory
 
 if TYPE_CHECKING:
-    from nxgate.node.service import SessionService
+    from nxgate.node.manager import SessionService
 
 log = Logger(namespace="nxgate.shadow")
 

@@ -30,13 +30,14 @@ from twisted.logger import Logger
 
 from nxgate.node.agents import jail, nxagent, x11
 from nxgate.node.agents.agentlog import AgentEvent, LogEvent, parse_line
-from nxgate.protocols import channels
+from nxgate.protocols import service_channels
 from nxgate.config import Config
-from nxgate.node import cgroups, files, processes
+from nxgate.node import cgroups
+from nxgate.host import files, processes
 from nxgate.node.follow import LogFollower, replay
-from nxgate.node.launcher import Launcher
+from nxgate.host.launcher import Launcher
 from nxgate.vocabulary.model import Session, State, advance
-from nxgate.node.processes import ExitWatch, LaunchError, ProcessId
+from nxgate.host.processes import ExitWatch, LaunchError, ProcessId
 from nxgate.node.environment import bus_environment, login_environment
 from nxgate.vocabulary.requests import DisplaySettings
 from nxgate.threads import Blocking, inline
@@ -148,8 +149,8 @@ class AgentSupervisor:
                   else nxagent.listen_tcp(session.client_address))
         authority = b"".join(x11.xauthority(display, cookie)
                              for display, cookie in ((session.display, session.cookie), *plan.extra_cookies))
-        service_channels = tuple(channels.agent_options(session.options.get("services", ()), session.display))
-        options = nxagent.options_line(session, settings, listen, (*plan.extra_options, *service_channels))
+        granted_channels = tuple(service_channels.agent_options(session.options.get("services", ()), session.display))
+        options = nxagent.options_line(session, settings, listen, (*plan.extra_options, *granted_channels))
         files.write_user_file(agent_files.authority, authority, session.uid, session.gid)
         files.write_user_file(agent_files.options, options.encode(), session.uid, session.gid)
 

@@ -3,7 +3,7 @@
 ``xwd -root`` against the session's display, run as the session's user
 with the session's X authority file (the gateway never opens the user's
 authority file itself, and starts xwd with the node's one launcher,
-:meth:`nxgate.node.launcher.Launcher.output`), then scaled down (nearest
+:meth:`nxgate.host.launcher.Launcher.output`), then scaled down (nearest
 pixel) and written as a PNG with :mod:`zlib` (in a thread: ``blocking``).
 
 The picture comes from the session's own agent only: xwd reaches the
@@ -21,8 +21,8 @@ import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from nxgate.node.processes import LaunchError
-from nxgate.node.launcher import OutputTooLarge
+from nxgate.host.processes import LaunchError
+from nxgate.host.launcher import OutputTooLarge
 
 MAX_DUMP_BYTES = 64 << 20
 XWD_TIMEOUT = 10.0
@@ -101,7 +101,7 @@ class DumpTooLarge(ThumbnailError):
 
 
 def _runas_request(display: int, authority: str, user: str, agent: tuple[int, int] | None) -> dict[str, Any]:
-    """What :mod:`nxgate.node.runas` needs to run xwd for a session.
+    """What :mod:`nxgate.host.runas` needs to run xwd for a session.
 
     ``xwd`` runs as the session's user, with ``no_network`` (a new, empty
     network namespace), so libxcb can reach the display only by its path

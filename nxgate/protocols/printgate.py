@@ -2,7 +2,7 @@
 
 The session's side of the NX cups channel listens on 127.0.0.1:2000+display
 on the server, where every local user can connect (a Unix socket cannot be
-kept there, see :mod:`nxgate.protocols.channels`).  What comes out of the channel on
+kept there, see :mod:`nxgate.protocols.service_channels`).  What comes out of the channel on
 the client's side therefore first meets this gate: each HTTP request must
 carry ``Authorization: Basic`` for :data:`USER` and the credential derived
 from the session cookie (:func:`credential`), which only the session's owner
@@ -13,7 +13,7 @@ the header is removed (the local CUPS must not see, check or log it) and
 request goes on to the local print server unchanged.  Answers go back untouched.
 
 Requests that come through the session's own SSH channel
-(:mod:`nxgate.protocols.service_tunnel`) need no credential: the gateway let only the session
+(:mod:`nxgate.protocols.reverse_request`) need no credential: the gateway let only the session
 user's processes into that channel, which is what the credential stood for,
 and CUPS's backend would otherwise pay a 401 and a new connection per job.
 The header is still taken off and ``Host`` still set.
@@ -74,7 +74,7 @@ class Gate:
     session_cookie: str
     host: str = "localhost"
     #: False for connections that came through the session's own SSH channel
-    #: (nxgate.protocols.service_tunnel): the gateway let in only the session user's processes.
+    #: (nxgate.protocols.reverse_request): the gateway let in only the session user's processes.
     credential_required: bool = True
     _buffer: bytes = b""
     _state: str = "head"  # head, body, chunk-size, chunk-data, chunk-end, trailer, closed

@@ -30,7 +30,7 @@ def sqlite_store(path: str, reactor: Any, inline: bool = False) -> SQLStore:
 def open_store(config: Any, layout: Any, reactor: Any = None) -> SQLStore:
     """Open (and migrate) the configured store; raises StoreError (or
     StoreUnavailable, StoreCorrupt) with words for the admin.  ``layout``:
-    the state directory (nxgate.node.files.StateLayout), whose ``database``
+    the state directory (nxgate.host.files.StateLayout), whose ``database``
     is the SQLite file by default."""
     section = getattr(config, "store", None)
     url = getattr(section, "url", "sqlite:") or "sqlite:"

@@ -1,8 +1,12 @@
-"""Byte streams that are not the cluster's wire: what a session sends back
-to its client (:mod:`nxgate.streams.reverse`), and the SSH channel that
-carries one such stream to the client (:mod:`nxgate.streams.reverse_channel`).
+"""Byte streams: joined, relayed and reached, on this machine or another member's.
 
-This package imports no door, no node and no client program: the node
-(which listens on the session's machine), the doors (which hold the
-client's SSH connection) and ``nxgate-client`` all use it.
+``splice`` (two streams joined with back-pressure and half-close: every relay uses it), ``relay``
+(a door's channel to a session's stream), ``agentsocket`` (an agent's Unix socket reached safely, and
+the local ``Stream``), ``tcp`` (socket options), ``guarded`` (the "authenticated" word to the
+connection guard), and what a session sends back to its client: ``reverse`` (pure: the reverse
+services, their stream kinds, the route's lines), ``reverse_route`` (a door's end of a route),
+``reverse_channel`` (the SSH channel that carries one reverse stream).
+
+It imports no door, no node, no client program and no store (rule L13): the node, the doors and
+``nxgate-client`` all use it.
 """

@@ -21,7 +21,7 @@ The path, from the session to the client:
 2. **A connection.**  A program of the session connects to the listener
    (a Unix socket where the program can use one; loopback TCP where it
    cannot: :data:`SERVICES`).  The node lets in only the session user's
-   own processes (:mod:`nxgate.local_peers`: ``SO_PEERCRED``, or the
+   own processes (:mod:`nxgate.host.local_peers`: ``SO_PEERCRED``, or the
    connecting TCP socket found among that user's processes), reads not a
    byte of it, holds it under a number ``n`` (:class:`Waiting`) and writes
    ``connection n`` on the route (:func:`announcement`).
@@ -32,7 +32,7 @@ The path, from the session to the client:
    The gateway opens a channel to the client on the SSH connection (X2Go's
    ``forwarded-tcpip``, ``nxgate-client``'s ``service-connection@nxgate``:
    :mod:`nxgate.streams.reverse_channel`) and splices the two
-   (:mod:`nxgate.wire.splice`).  A connection nobody takes within
+   (:mod:`nxgate.streams.splice`).  A connection nobody takes within
    :data:`PATIENCE` seconds is closed; at most :data:`MAX_WAITING` of a
    session wait at once (the rest are closed at once), so a program that
    floods its listener holds a bounded number of the node's descriptors.

@@ -5,7 +5,7 @@ route announced (:mod:`nxgate.streams.reverse_route`): X2Go's clients get
 ``forwarded-tcpip`` (the port they asked to forward), ``nxgate-client`` gets
 ``service-connection@nxgate`` (the service and the session).  When the
 client accepts it, the session's stream is attached and the two are
-spliced (:class:`nxgate.wire.splice.Splice`, the one splice): until then
+spliced (:class:`nxgate.streams.splice.Splice`, the one splice): until then
 nothing of the stream is read, so what the session's program sent waits in
 the kernel; if the client refuses, the stream is closed.
 
@@ -34,8 +34,8 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nxgate.vocabulary.streams import Stream
-from nxgate.wire.splice import Splice, TransportEnd
-from nxgate.wire.tcp import no_delay
+from nxgate.streams.splice import Splice, TransportEnd
+from nxgate.streams.tcp import no_delay
 
 log = Logger(namespace="nxgate.streams.reverse_channel")
 
@@ -46,7 +46,7 @@ MAX_PACKET = 64 * 1024 - 256
 
 
 class ChannelEnd:
-    """An SSH channel as an end of a :class:`~nxgate.wire.splice.Splice`."""
+    """An SSH channel as an end of a :class:`~nxgate.streams.splice.Splice`."""
 
     def __init__(self, channel: SplicedChannel) -> None:
         self.channel = channel

@@ -13,7 +13,7 @@ from nxgate.vocabulary.model import FOR_LATER, Session, State, listed_status
 @dataclass(frozen=True)
 class StreamTarget:
     """Where the client's stream goes after the dialogue: the agent's Unix
-    socket, owned by ``uid`` (see :mod:`nxgate.wire.agentsocket`).
+    socket, owned by ``uid`` (see :mod:`nxgate.streams.agentsocket`).
 
     ``node`` and ``address`` are set when the session runs on another
     cluster member: the stream then goes over TLS to that member
@@ -184,7 +184,7 @@ class MemberView:
 @dataclass(frozen=True)
 class SessionEvent:
     """A session changed state: what observers of the service hear
-    (:attr:`nxgate.node.service.SessionService.observers`).  ``old`` is
+    (:attr:`nxgate.node.manager.SessionService.observers`).  ``old`` is
     None when the session was just created; ``attached_before`` whether a
     client had been attached before this change (a RUNNING one is a resume)."""
 

@@ -36,8 +36,8 @@ from zope.interface import implementer
 
 from nxgate.wire import records
 from nxgate.wire.tls import ClusterTLS, PeerRefused, check_server, peer_names
-from nxgate.wire.guarded import authenticated
-from nxgate.wire.tcp import no_delay
+from nxgate.streams.guarded import authenticated
+from nxgate.streams.tcp import no_delay
 
 log = Logger(namespace="nxgate.cluster")
 

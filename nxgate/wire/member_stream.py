@@ -33,7 +33,7 @@ from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.streams import StreamKind
 from nxgate.wire import protocol as wire
 from nxgate.wire.connection import dial
-from nxgate.wire.splice import Splice, TransportEnd
+from nxgate.streams.splice import Splice, TransportEnd
 from nxgate.wire.tls import ClusterTLS
 
 log = Logger(namespace="nxgate.wire.member_stream")

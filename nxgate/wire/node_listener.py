@@ -37,7 +37,7 @@ from nxgate.wire.connection import GateFactory
 from nxgate.wire.tls import ClusterTLS
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.results import Progress, SessionEvent
-from nxgate.wire.splice import Splice, TransportEnd
+from nxgate.streams.splice import Splice, TransportEnd
 
 log = Logger(namespace="nxgate.cluster.node")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
-from nxgate.node.processes import listening_inodes
+from nxgate.host.processes import listening_inodes
 from tests.harness.process import wait_for
 
 

@@ -41,7 +41,7 @@ from typing import Any
 from twisted.conch.ssh import channel, common, connection, keys, transport, userauth
 from twisted.internet import defer, protocol, reactor
 
-from nxgate.wire.ssh_etm import ETM_MACS, EtmTransport
+from nxgate.ssh.etm import ETM_MACS, EtmTransport
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NX_KEY = os.path.join(REPO, "tests", "fixtures", "nomachine-client.key")

@@ -1,7 +1,7 @@
 """``nxgate-client --print``: the client's end of the NX cups channel.
 
 The session's cupsd sends jobs to the client's printers through the channel
-(:mod:`nxgate.node.extras.printing`); the client's ``nxproxy -S cups=PORT``
+(:mod:`nxgate.node.services.printing`); the client's ``nxproxy -S cups=PORT``
 connects each channel connection to PORT here, a loopback listener that
 lets through only requests carrying the session's credential
 (:mod:`nxgate.protocols.printgate`: another local user on the server who finds the
@@ -20,7 +20,7 @@ from twisted.internet import protocol
 from twisted.logger import Logger
 
 from nxgate.protocols import printgate
-from nxgate.wire.tcp import no_delay
+from nxgate.streams.tcp import no_delay
 
 log = Logger(namespace="nxgate.clients.nx.printing")
 
@@ -155,7 +155,7 @@ class GateFactory(protocol.ServerFactory):
 class LocalPrinting:
     """The gates of one attachment, on 127.0.0.1 and free ports: one for the
     NX cups channel, one for the session's own SSH channel (its connections
-    come only from the gateway's tunnel, see :mod:`nxgate.protocols.service_tunnel`)."""
+    come only from the gateway's tunnel, see :mod:`nxgate.protocols.reverse_request`)."""
 
     def __init__(self, reactor: Any, server: str) -> None:
         self.reactor = reactor

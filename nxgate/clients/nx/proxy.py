@@ -27,7 +27,7 @@ from twisted.internet import defer, error, protocol
 from twisted.python.failure import Failure
 
 from nxgate.protocols.nx.client_dialogue import SessionInfo
-from nxgate.wire.tcp import no_delay
+from nxgate.streams.tcp import no_delay
 
 # What nxproxy may inherit: how to reach and authorise on the X display, locale.
 _PASSED_ENV = ("DISPLAY", "XAUTHORITY", "HOME", "PATH", "USER", "LOGNAME", "LANG", "LANGUAGE", "TMPDIR",
@@ -80,7 +80,7 @@ class LocalConnection(protocol.Protocol):
             self.transport.loseConnection()  # one proxy, one connection
             return
         self.factory.connection = self
-        no_delay(self.transport)  # the NX stream's small messages must not wait (nxgate.wire.tcp)
+        no_delay(self.transport)  # the NX stream's small messages must not wait (nxgate.streams.tcp)
         self.factory.stop_listening()
         self.factory.handler.proxy_connected(self)
 

@@ -1,7 +1,7 @@
 """``nxgate-client --share NAME=PATH``: the client's end of the NX smb channel.
 
 The server mounts each shared folder in the session through the smb channel
-(:mod:`nxgate.node.extras.sharing`); the client's ``nxproxy -S smb=PORT``
+(:mod:`nxgate.node.services.sharing`); the client's ``nxproxy -S smb=PORT``
 connects every channel connection to an SMB server on this machine.  For
 the time of the session this starts a private Samba ``smbd`` as the user
 (no root needed) on 127.0.0.1 and a free port, in a private (0700)

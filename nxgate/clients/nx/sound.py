@@ -1,14 +1,14 @@
 """``nxgate-client --sound``: the client's end of the NX media channel.
 
 The session's programs are PulseAudio clients of this machine's sound
-server (:mod:`nxgate.node.extras.sound`): the client's ``nxproxy -S
+server (:mod:`nxgate.node.services.sound`): the client's ``nxproxy -S
 media=PORT`` connects every channel connection to PORT here.  nxproxy cannot
 connect to a Unix socket there (nx-libs 3.5.99.26 refuses ``media=unix:``),
 so for the time of the session this loads a native-protocol TCP module into
 the local sound server (``--sound-server``, default: the one libpulse finds,
 e.g. $PULSE_SERVER or the user's PulseAudio / PipeWire-Pulse) on 127.0.0.1
 and a free port, which demands the cookie both ends derive from the session
-cookie (:func:`nxgate.protocols.channels.sound_cookie`): another local user who finds
+cookie (:func:`nxgate.protocols.service_channels.sound_cookie`): another local user who finds
 the port cannot use it.  The module goes when the client ends.
 
 ``pactl`` runs as a child process of the reactor (never waited for on it):
@@ -26,7 +26,7 @@ from typing import Any
 from twisted.internet import defer, error, protocol
 from twisted.python.failure import Failure
 
-from nxgate.protocols import channels
+from nxgate.protocols import service_channels
 
 PACTL_TIMEOUT = 15.0
 
@@ -122,7 +122,7 @@ class LocalSound:
         self.cookie_path = os.path.join(self.directory, f"sound-cookie-{port}")
         fd = os.open(self.cookie_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as handle:
-            handle.write(channels.sound_cookie(session_cookie))
+            handle.write(service_channels.sound_cookie(session_cookie))
         try:
             code, out, err = await run(self.reactor, load_argv(self.server, port, self.cookie_path), self.environ)
         except OSError as problem:

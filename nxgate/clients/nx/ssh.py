@@ -25,10 +25,10 @@ from twisted.conch.ssh.keys import Key
 from twisted.internet import defer, protocol
 from twisted.python.failure import Failure
 
-from nxgate.protocols import service_tunnel as tunnels
+from nxgate.protocols import reverse_request
 from nxgate.clients.nx.knownhosts import KnownHosts, Verdict, fingerprint, preferred_algorithms
-from nxgate.wire.ssh_etm import ETM_MACS, EtmTransport
-from nxgate.wire.tcp import no_delay
+from nxgate.ssh.etm import ETM_MACS, EtmTransport
+from nxgate.streams.tcp import no_delay
 
 
 class SSHError(Exception):
@@ -135,8 +135,8 @@ class ShellChannel(channel.SSHChannel):
 
     def request_tunnel(self, service: str, session_id: str) -> defer.Deferred[Any]:
         """Ask the server to carry ``service`` of the session on SSH channels
-        of its own (:mod:`nxgate.protocols.service_tunnel`); fails when it will not."""
-        return self.conn.sendRequest(self, tunnels.REQUEST, tunnels.encode(service, session_id), wantReply=True)
+        of its own (:mod:`nxgate.protocols.reverse_request`); fails when it will not."""
+        return self.conn.sendRequest(self, reverse_request.REQUEST, reverse_request.encode(service, session_id), wantReply=True)
 
     def pause_reading(self) -> None:
         """Stop reading from the server: the local side cannot keep up."""
@@ -154,13 +154,13 @@ class _Connection(connection.SSHConnection):
         self.shell: ShellChannel | None = None
 
     def getChannel(self, channelType: bytes, windowSize: int, maxPacket: int, data: bytes) -> channel.SSHChannel:
-        """Only the tunnels we asked for (:mod:`nxgate.protocols.service_tunnel`): the server's
+        """Only the tunnels we asked for (:mod:`nxgate.protocols.reverse_request`): the server's
         connections to our print gate or private Samba."""
         target = None
-        if channelType == tunnels.CHANNEL:
+        if channelType == reverse_request.CHANNEL:
             try:
-                target = self.handler.tunnel_target(*tunnels.decode(data))  # type: ignore[attr-defined]
-            except (tunnels.TunnelRequestError, AttributeError):
+                target = self.handler.tunnel_target(*reverse_request.decode(data))  # type: ignore[attr-defined]
+            except (reverse_request.TunnelRequestError, AttributeError):
                 target = None
         if target is None:
             raise ConchError(connection.OPEN_ADMINISTRATIVELY_PROHIBITED, "no such tunnel was asked for")
@@ -169,7 +169,7 @@ class _Connection(connection.SSHConnection):
         from nxgate.streams.reverse_channel import TargetChannel
 
         reactor = self.handler.reactor  # type: ignore[attr-defined]
-        return TargetChannel(reactor, target, tunnels.CHANNEL, remoteWindow=windowSize, remoteMaxPacket=maxPacket,
+        return TargetChannel(reactor, target, reverse_request.CHANNEL, remoteWindow=windowSize, remoteMaxPacket=maxPacket,
                              conn=self)
 
     def serviceStarted(self) -> None:
@@ -254,7 +254,7 @@ class _Transport(EtmTransport, transport.SSHClientTransport):
                      *transport.SSHClientTransport.supportedMACs]
 
     def connectionMade(self) -> None:
-        no_delay(self.transport)  # the NX stream's small messages must not wait (nxgate.wire.tcp)
+        no_delay(self.transport)  # the NX stream's small messages must not wait (nxgate.streams.tcp)
         self.factory.progress(f"connected to {self.factory.address}")
         known = self.factory.policy.known_hosts
         if known is not None:

@@ -2,7 +2,7 @@
 
 Every PAM transaction here runs in a dedicated thread pool, so a slow PAM
 stack (``pam_unix``'s failure delay, LDAP, 2FA) never stalls the reactor.
-One code path (:func:`nxgate.node.pamlib.authenticate`) serves the three ways in:
+One code path (:func:`nxgate.host.pamlib.authenticate`) serves the three ways in:
 
 * an NX ``login`` or an SSH ``password`` request (the conversation answers
   hidden prompts with the password),
@@ -33,12 +33,12 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
 from nxgate import metrics
-from nxgate.descriptors import PAM_HEADROOM, short_of_files
-from nxgate.node import pamlib
-from nxgate.node.pamlib import (PAM_PROMPT_ECHO_OFF, PAM_PROMPT_ECHO_ON, PAM_SUCCESS, Prompt, Responder, encode,
+from nxgate.host.descriptors import PAM_HEADROOM, short_of_files
+from nxgate.host import pamlib
+from nxgate.host.pamlib import (PAM_PROMPT_ECHO_OFF, PAM_PROMPT_ECHO_ON, PAM_SUCCESS, Prompt, Responder, encode,
                                 resolve_service)
 from nxgate.gateway.auth.throttle import Outcome, Throttle
-from nxgate.users import AccountsUnavailable, account
+from nxgate.host.users import AccountsUnavailable, account
 
 log = Logger()
 

@@ -25,8 +25,8 @@ from nxgate.protocols.nx.errors import NXError
 from nxgate.protocols.nx.params import Params
 from nxgate.vocabulary.caller import Caller
 from nxgate.threads import Blocking, inline
-from nxgate.users import resolve_caller
-from nxgate.wire.relay import ByteTransport  # where a conversation's bytes go: the wire's word
+from nxgate.host.users import resolve_caller
+from nxgate.streams.relay import ByteTransport  # where a conversation's bytes go: the wire's word
 
 log = Logger(namespace="nxgate.conversation")
 

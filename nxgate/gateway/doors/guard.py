@@ -38,7 +38,7 @@ from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from zope.interface import alsoProvides, implementer
 
-from nxgate.descriptors import count_open_files
+from nxgate.host.descriptors import count_open_files
 from nxgate.gateway.doors.preauth import Block, Ending, Limits, PreauthTable, Refusal
 
 log = Logger(namespace="nxgate.gateway.doors")

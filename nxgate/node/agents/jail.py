@@ -3,7 +3,7 @@ bubblewrap command line that puts an agent there (pure: no I/O).
 
 The agent runs as ``bwrap [mounts] -- nxagent ...`` with new mount, PID and
 IPC namespaces; the session program later joins those same namespaces
-(:mod:`nxgate.node.runas`, ``join``), so the whole session shares one
+(:mod:`nxgate.host.runas`, ``join``), so the whole session shares one
 private ``/tmp``, one ``/proc`` and one System V IPC space (MIT-SHM between
 the X clients and nxagent keeps working).  The network namespace stays the
 host's: unencrypted sessions listen on TCP, and programs need the network.
@@ -15,7 +15,7 @@ taken, or anyone on the host could bind it and catch the session's X
 clients (libxcb tries it before the path): the launcher binds it without
 listening and hands the socket through bubblewrap (which closes its own
 copies) to nxagent, which keeps it as fd 3 for its lifetime, the session's
-(``hold_abstract`` in :mod:`nxgate.node.runas`).  X clients the gateway
+(``hold_abstract`` in :mod:`nxgate.host.runas`).  X clients the gateway
 itself runs for a jailed session (thumbnails) join its namespaces; a
 shadow would run on the host, so jailed sessions are not shadowed.
 """

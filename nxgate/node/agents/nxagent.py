@@ -132,7 +132,7 @@ class AgentFiles:
     @property
     def socket(self) -> str:
         """Where the agent listens for the client's proxy (see
-        :mod:`nxgate.wire.agentsocket`)."""
+        :mod:`nxgate.streams.agentsocket`)."""
         return os.path.join(self.directory, SOCKET_NAME)
 
 

@@ -19,7 +19,7 @@ from nxgate import __version__
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.results import MemberView, SessionView
-from nxgate.gateway.auth.peercred import peer_uid
+from nxgate.host.peercred import peer_uid
 
 log = Logger(namespace="nxgate.admin")
 

@@ -20,7 +20,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from nxgate.wire.ssh_etm import ETM_MACS
+from nxgate.ssh.etm import ETM_MACS
 
 # Key exchanges: the post-quantum hybrid first, then X25519 (every client of
 # the last ten years), then group exchange with SHA-256 for clients without

@@ -11,7 +11,7 @@ from twisted.logger import Logger
 
 from nxgate.gateway.doors.conch.server import NXSessionChannel
 from nxgate.gateway.doors.conversation import Conversation
-from nxgate.protocols import service_tunnel as tunnels
+from nxgate.protocols import reverse_request
 from nxgate.streams import reverse
 from nxgate.streams.reverse_channel import ReverseChannel
 from nxgate.streams.reverse_route import ReverseRoute
@@ -44,7 +44,7 @@ class ChannelTransport:
 class ChannelHandler:
     """The handler of an NX shell channel: feeds the conversation, and
     carries the session's printers and folders back to ``nxgate-client`` when
-    it asks (:mod:`nxgate.protocols.service_tunnel`) as reverse streams from the
+    it asks (:mod:`nxgate.protocols.reverse_request`) as reverse streams from the
     session's node (:mod:`nxgate.streams.reverse`): one path on one box and
     for a session on another cluster member."""
 
@@ -61,8 +61,8 @@ class ChannelHandler:
 
     async def _tunnel(self, data: bytes) -> int:
         try:
-            service, session_id = tunnels.decode(data)
-        except tunnels.TunnelRequestError as problem:
+            service, session_id = reverse_request.decode(data)
+        except reverse_request.TunnelRequestError as problem:
             log.info("refused a service tunnel request: {problem}", problem=str(problem))
             return 0
         caller = self.conversation.caller
@@ -78,10 +78,10 @@ class ChannelHandler:
         if key in self.routes:
             return 1
         what = f"the {reverse.SERVICES[service].what} of session {session_id}"
-        payload = tunnels.encode(service, session_id)
+        payload = reverse_request.encode(service, session_id)
 
         def deliver(stream: Any) -> None:
-            self.channel.conn.openChannel(ReverseChannel(stream, tunnels.CHANNEL, what, conn=self.channel.conn),
+            self.channel.conn.openChannel(ReverseChannel(stream, reverse_request.CHANNEL, what, conn=self.channel.conn),
                                           payload)
 
         def ended(why: str) -> None:

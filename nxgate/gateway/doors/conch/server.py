@@ -29,17 +29,17 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from nxgate.protocols import service_tunnel as tunnels
+from nxgate.protocols import reverse_request
 from nxgate.gateway.auth.pam import Prompt
 from nxgate.gateway.doors.conch import algorithms, kexmath
 from nxgate.gateway.doors.conch.checkers import (IKeyboardInteractive, KeyboardInteractive, LoginUnavailable, Principal,
                                                  RepeatedSecrets)
-from nxgate.wire.ssh_compression import DELAYED_ZLIB, SERVER_COMPRESSIONS, BoundedInflater, CompressionError
-from nxgate.wire.ssh_etm import MAX_PACKET, EtmTransport
+from nxgate.ssh.compression import DELAYED_ZLIB, SERVER_COMPRESSIONS, BoundedInflater, CompressionError
+from nxgate.ssh.etm import MAX_PACKET, EtmTransport
 from nxgate.gateway.doors.conch.kexlimit import KexAdmission, OncePer, Refusal
 from nxgate.gateway.doors.conch.kexpool import InlineKexPool, KexJobError, KexPool
-from nxgate.wire.guarded import authenticated
-from nxgate.wire.tcp import no_delay
+from nxgate.streams.guarded import authenticated
+from nxgate.streams.tcp import no_delay
 
 log = Logger(namespace="nxgate.ssh")
 
@@ -335,7 +335,7 @@ class NXSessionChannel(SSHChannel):
             return 0
         if requestType == KEEPALIVE:
             return 0  # as for the global one
-        if requestType == tunnels.REQUEST:  # nxgate-client's folders and printers beside the NX stream
+        if requestType == reverse_request.REQUEST:  # nxgate-client's folders and printers beside the NX stream
             tunnel_request = getattr(self.handler, "tunnel_request", None)
             return tunnel_request(data) if tunnel_request is not None else 0
         return super().requestReceived(requestType, data)
@@ -460,7 +460,7 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
 
     Compression is OpenSSH's delayed ``zlib@openssh.com`` or none: it starts
     after user authentication, and every packet inflates to the packet limit
-    at most (:mod:`nxgate.wire.ssh_compression`).
+    at most (:mod:`nxgate.ssh.compression`).
     """
 
     supportedCompressions = list(SERVER_COMPRESSIONS)
@@ -801,7 +801,7 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
         peer = self.transport.getPeer()
         self.peer_text = f"{getattr(peer, 'host', peer)}:{getattr(peer, 'port', '')}"
         log.info("SSH connection from {peer}", peer=self.peer_text)
-        no_delay(self.transport)  # the NX stream's small messages must not wait (nxgate.wire.tcp)
+        no_delay(self.transport)  # the NX stream's small messages must not wait (nxgate.streams.tcp)
         super().connectionMade()
 
     def setService(self, service: Any) -> None:

@@ -17,7 +17,7 @@ OBJECT_PATH = "/org/nxgate/Gateway1"
 INTERFACE = "org.nxgate.Gateway1"
 ERROR_PREFIX = "org.nxgate.Error."
 
-#: In a session's environment: its id (see nxgate.node.processes).
+#: In a session's environment: its id (see nxgate.host.processes).
 SESSION_ID_VARIABLE = "NXGATE_SESSION_ID"
 #: In a session's environment when the gateway's door is on a bus other than
 #: the default system bus: that bus's address, for ``nxgate-session`` (see

@@ -30,10 +30,10 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from nxgate.gateway.auth.pam import AuthResult
-from nxgate.gateway.auth.peercred import peer_uid
+from nxgate.host.peercred import peer_uid
 from nxgate.gateway.doors.openssh import framing
 from nxgate.gateway.doors.conversation import Conversation
-from nxgate.wire.guarded import authenticated
+from nxgate.streams.guarded import authenticated
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import SessionError
 from nxgate.vocabulary.streams import AGENT, Stream

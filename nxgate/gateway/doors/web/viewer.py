@@ -19,7 +19,7 @@ starts a private Xvfb, nxproxy and x11vnc here
 (:mod:`nxgate.node.browser_viewer`, given to the door by the composition
 root), takes the session over with the session API's ``restore`` (or
 ``attach_shadow``), relays the NX stream between the viewer's nxproxy and
-the agent's stream (``open_stream(..., AGENT)``, :mod:`nxgate.wire.relay`,
+the agent's stream (``open_stream(..., AGENT)``, :mod:`nxgate.streams.relay`,
 as after ``bye``) and splices that x11vnc's RFB to the WebSocket.  When the
 tab closes the programs stop; the agent loses its proxy and suspends,
 ready for nxclient.
@@ -48,10 +48,10 @@ from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.requests import DisplaySettings, RestoreRequest, ShadowRequest
 from nxgate.vocabulary.results import Ready, SessionView, State
 from nxgate.vocabulary.streams import VIEW, Stream
-from nxgate.wire import agentsocket
-from nxgate.wire.agentsocket import SocketStream
-from nxgate.wire.relay import StreamRelay
-from nxgate.wire.splice import Splice, TransportEnd
+from nxgate.streams import agentsocket
+from nxgate.streams.agentsocket import SocketStream
+from nxgate.streams.relay import StreamRelay
+from nxgate.streams.splice import Splice, TransportEnd
 
 log = Logger(namespace="nxgate.web.viewer")
 
@@ -372,7 +372,7 @@ class _VNCSide(protocol.Protocol):
 
 
 class _BrowserEnd:
-    """The page's WebSocket as one end of the bridge's splice (:mod:`nxgate.wire.splice`):
+    """The page's WebSocket as one end of the bridge's splice (:mod:`nxgate.streams.splice`):
     RFB in WebSocket messages, x11vnc's first words in RFB's order (:class:`EarlyVersion`)."""
 
     def __init__(self, bridge: ViewerBridge) -> None:

@@ -8,7 +8,7 @@ keyboard-interactive or key: :mod:`nxgate.gateway.doors.conch.checkers`) may, wi
 against the session API), open ``direct-tcpip`` channels to his sessions'
 virtual graphics ports (relayed to the agent's stream, which the session
 API's ``open_stream`` opens on the session's node, through the same
-:class:`~nxgate.wire.relay.StreamRelay` the NX door uses: one box and a
+:class:`~nxgate.streams.relay.StreamRelay` the NX door uses: one box and a
 cluster are one path), write the files the
 clients push over SFTP below his ``~/.x2go`` (:mod:`~nxgate.gateway.doors.conch.x2go.sftp`),
 and carry his sessions' sound back to the client's reverse forward
@@ -33,14 +33,14 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from nxgate import __version__
-from nxgate.users import resolve_caller
+from nxgate.host.users import resolve_caller
 from nxgate.gateway.doors.conch.x2go import commands, files, pushes, scp, sftp, shell, verbs
 from nxgate.gateway.doors.conch.x2go.commands import Context, Link, Links
 from nxgate.streams.reverse_channel import ReverseChannel
 from nxgate.streams.reverse_route import ReverseRoute
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import SessionError
-from nxgate.wire.relay import StreamRelay
+from nxgate.streams.relay import StreamRelay
 
 log = Logger(namespace="nxgate.x2go")
 

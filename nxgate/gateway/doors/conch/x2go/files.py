@@ -16,7 +16,7 @@ The uid, gid and groups are switched by :mod:`subprocess` in the child
 before it executes the program (not in a thread of the gateway: a
 threaded process cannot change its credentials for one thread safely);
 it needs no PAM session, so the session launcher
-(:mod:`nxgate.node.runas`) is not involved.  Stat and unlink stay root's
+(:mod:`nxgate.host.runas`) is not involved.  Stat and unlink stay root's
 (nothing is created; the walk is the same).
 """
 

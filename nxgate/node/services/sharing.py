@@ -6,7 +6,7 @@ The client runs an SMB server for its folders (``nxgate-client --share``
 starts a private Samba on a loopback port; NoMachine's clients use the
 machine's own), and its ``nxproxy -S smb=PORT`` connects every channel
 connection there; the agent's side of the channel listens on
-127.0.0.1:3000+display (:mod:`nxgate.protocols.channels`).  Kernel CIFS mounts are not
+127.0.0.1:3000+display (:mod:`nxgate.protocols.service_channels`).  Kernel CIFS mounts are not
 available in containers and need root, so the session mounts the share with
 a FUSE SMB client *as the user*: ``smbnetfs``, which shows a share as
 ``<mountpoint>/<host>:<port>/<share>``; ``~/MyShares/<name>`` is a symbolic
@@ -38,9 +38,9 @@ from typing import Any
 from twisted.internet import task
 from twisted.logger import Logger
 
-from nxgate.protocols import channels
-from nxgate.node import files
-from nxgate.node.extras import Context
+from nxgate.protocols import service_channels
+from nxgate.host import files
+from nxgate.node.services import Context
 
 log = Logger(namespace="nxgate.extras.sharing")
 
@@ -125,7 +125,7 @@ def _umount(path: str, trusted: str) -> None:
     and turned the mount point, or a directory above it, into a symlink to
     another mount point (``/proc``, ``/run/user/N``, ...).  So the path is
     walked from ``trusted`` (the gateway's ``sessions/``) without following
-    links (:func:`nxgate.node.files.open_parent_beneath`), and
+    links (:func:`nxgate.host.files.open_parent_beneath`), and
     ``UMOUNT_NOFOLLOW`` keeps the kernel from following a link in the last
     place: such a swap makes the umount fail, it never moves it."""
     parent, name = files.open_parent_beneath(trusted, path)
@@ -210,7 +210,7 @@ class Sharing:
         client on another cluster member alike), else the NX smb channel."""
         listeners = self.context.reverse
         address = listeners.address(session.id, self.name) if listeners is not None else None
-        return address if isinstance(address, int) else channels.channel_port("sharing", session.display)
+        return address if isinstance(address, int) else service_channels.channel_port("sharing", session.display)
 
     async def _reachable(self, session: Any, path: str) -> bool:
         """Whether the user sees the share (the channel may need a moment)."""
@@ -233,7 +233,7 @@ class Sharing:
             "log": paths.app_log,
         }
         if stdin is not None:
-            request["stdin"] = stdin  # a pipe (nxgate.node.runas): never argv or the environment
+            request["stdin"] = stdin  # a pipe (nxgate.host.runas): never argv or the environment
         return await self.context.launcher.run(request, RUN_TIMEOUT)
 
     def _unmount(self, prefix: str) -> list[str]:

@@ -23,7 +23,7 @@ from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from nxgate.wire.splice import Splice, TransportEnd
+from nxgate.streams.splice import Splice, TransportEnd
 from nxgate import metrics
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import SessionError
@@ -52,7 +52,7 @@ class ClientStream(ByteTransport, Protocol):
 
 
 class _ClientEnd:
-    """The client's channel as one end of the splice (:mod:`nxgate.wire.splice`).
+    """The client's channel as one end of the splice (:mod:`nxgate.streams.splice`).
 
     Its send buffer is the client's SSH window: the channel says when it is
     full (:meth:`StreamRelay.pause_agent`), and the splice's producer for it

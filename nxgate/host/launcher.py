@@ -1,4 +1,4 @@
-"""Starting programs as a user: :class:`Launcher` runs :mod:`nxgate.node.runas`
+"""Starting programs as a user: :class:`Launcher` runs :mod:`nxgate.host.runas`
 (as root, with PAM) for each start, feeds it the request as JSON on stdin and
 reads back "ok" (then the program's pid) or the error, and optionally the
 program's own first status line (fd 3), or all of its output, with a bound
@@ -27,7 +27,7 @@ from typing import Any
 
 from twisted.internet import defer, protocol
 
-from nxgate.node.processes import LaunchError, ProcessId
+from nxgate.host.processes import LaunchError, ProcessId
 
 #: A spare's niceness while it starts and waits (the least CPU priority).
 SPARE_NICENESS = 19
@@ -149,7 +149,7 @@ class _Launch(protocol.ProcessProtocol):
 
 
 class Launcher:
-    """Runs :mod:`nxgate.node.runas` for the session manager."""
+    """Runs :mod:`nxgate.host.runas` for the session manager."""
 
     #: PAM closes run in the background, and after a restart or a mass
     #: logout there can be a hundred at once; each is a Python process, so
@@ -171,7 +171,7 @@ class Launcher:
 
     def _spawn(self, launch: _Launch) -> _Launch:
         env = {"PATH": os.defpath, "LANG": "C.UTF-8", "PYTHONPATH": os.pathsep.join(sys.path)}
-        argv = [sys.executable, "-m", "nxgate.node.runas"]
+        argv = [sys.executable, "-m", "nxgate.host.runas"]
         if launch.request is None:
             argv.append("--spare")  # get ready (libpam too) before the request comes
         process = self.reactor.spawnProcess(launch, sys.executable, argv, env=env, path="/",

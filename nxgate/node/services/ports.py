@@ -5,12 +5,12 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from nxgate.protocols import channels
+from nxgate.protocols import service_channels
 
 
 def granted(session: Any) -> list[str]:
     """The services the session was granted (``session.options["services"]``)."""
-    return [name for name in session.options.get("services", ()) if name in channels.CHANNELS]
+    return [name for name in session.options.get("services", ()) if name in service_channels.CHANNELS]
 
 
 def port_free(port: int) -> bool:
@@ -29,7 +29,7 @@ def openable(services: list[str], display: int) -> tuple[list[str], list[str]]:
     """(services whose channel port is free for ``display``, those whose is not)."""
     kept, dropped = [], []
     for service in services:
-        port = channels.channel_port(service, display)
+        port = service_channels.channel_port(service, display)
         (kept if port is not None and port_free(port) else dropped).append(service)
     return kept, dropped
 
@@ -39,7 +39,7 @@ def endpoints(session: Any) -> dict[str, str]:
     granted services that have one (a display above 65535 - offset has none)."""
     found = {}
     for service in granted(session):
-        port = channels.channel_port(service, session.display)
+        port = service_channels.channel_port(service, session.display)
         if port is not None:
             found[service] = f"127.0.0.1:{port}"
     return found

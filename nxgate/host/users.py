@@ -18,12 +18,12 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from nxgate.descriptors import NSS_HEADROOM, count_open_files, short_of_files
+from nxgate.host.descriptors import NSS_HEADROOM, count_open_files, short_of_files
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.threads import Blocking
 
-log = Logger(namespace="nxgate.users")
+log = Logger(namespace="nxgate.host.users")
 
 
 def group_names(user: str, gid: int) -> frozenset[str]:

@@ -165,7 +165,7 @@ def resolve_service(name: str, pam_dir: str = "/etc/pam.d") -> str:
     """The PAM service to use: ``name`` if it is configured, else ``login``."""
     if os.path.exists(os.path.join(pam_dir, name)):
         return name
-    # Imported here: the launcher (nxgate.node.runas) imports this module at
+    # Imported here: the launcher (nxgate.host.runas) imports this module at
     # every session start, and Twisted's logger would double its start-up.
     from twisted.logger import Logger
 

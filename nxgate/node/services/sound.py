@@ -2,7 +2,7 @@
 and the sound comes out on the client's machine through the NX media channel.
 
 No sound daemon runs in the session.  The agent's media channel listens on
-127.0.0.1:7000+display (:mod:`nxgate.protocols.channels`; a Unix socket cannot be kept
+127.0.0.1:7000+display (:mod:`nxgate.protocols.service_channels`; a Unix socket cannot be kept
 there, see its docstring), and on the client's side ``nxproxy -S media=PORT``
 connects each channel connection to the client's PulseAudio native-protocol
 TCP port.  So the session's programs are PulseAudio clients of the client's
@@ -41,9 +41,9 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from nxgate.protocols import channels
-from nxgate.node import files
-from nxgate.node.extras import Context
+from nxgate.protocols import service_channels
+from nxgate.host import files
+from nxgate.node.services import Context
 
 log = Logger(namespace="nxgate.extras.sound")
 
@@ -66,7 +66,7 @@ class Sound:
         return os.path.join(self.context.session_dir(session), COOKIE_NAME)
 
     def environment(self, session: Any) -> dict[str, str]:
-        port = channels.channel_port("sound", session.display)
+        port = service_channels.channel_port("sound", session.display)
         if port is None:
             return {}
         return {"PULSE_SERVER": f"tcp:127.0.0.1:{port}", "PULSE_COOKIE": self.cookie_path(session)}
@@ -106,11 +106,11 @@ class Sound:
                  user=session.user)
 
     async def start(self, session: Any) -> None:
-        if channels.channel_port("sound", session.display) is None:
+        if service_channels.channel_port("sound", session.display) is None:
             log.warn("session {id}: display :{display} is too high for a sound channel port", id=session.id,
                      display=session.display)
             return
-        files.write_user_file(self.cookie_path(session), channels.sound_cookie(session.cookie), session.uid,
+        files.write_user_file(self.cookie_path(session), service_channels.sound_cookie(session.cookie), session.uid,
                               session.gid)
 
     async def stop(self, session: Any) -> None:

@@ -23,14 +23,15 @@ from twisted.application import service
 from twisted.internet import defer, inotify
 from twisted.logger import Logger
 
-from nxgate.node.pamlib import resolve_service
+from nxgate.host.pamlib import resolve_service
 from nxgate.node.agents import nxagent
 from nxgate.config import Config
 from nxgate.node.displays import DisplayAllocator, NoFreeDisplay
 from nxgate.node.supervisor import AgentSupervisor, Orphan, SendSignal
 from nxgate.safetext import printable
-from nxgate.node import applications, displays, extras, files, processes
-from nxgate.node.launcher import Launcher
+from nxgate.node import applications, displays, services
+from nxgate.host import files, processes
+from nxgate.host.launcher import Launcher
 from nxgate.node.reverse import ReverseListeners
 from nxgate.vocabulary.model import FOR_LATER, Session, member_name
 from nxgate.node.kinds import DesktopKind, RemoteDesktopKind, SessionKind, kind_for
@@ -38,7 +39,7 @@ from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.node.housekeeping import Housekeeping
 from nxgate.node.lifecycle import Background, Lifecycle
-from nxgate.limits import Limits
+from nxgate.session_limits import Limits
 from nxgate.vocabulary.requests import (PUBLISHED_TYPE, DisplaySettings, RestoreRequest, ShadowRequest, ShareMount,
                                         StartRequest)
 from nxgate.vocabulary.results import (DesktopEntry, Listing, ProgressCallback, Ready, ServiceStatus, SessionObserver, SessionView,
@@ -98,7 +99,7 @@ class SessionService(service.Service):
         self.reverse = ReverseListeners(reactor, layout.reverse, blocking, lambda sid: self.sessions.get(sid),
                                         lambda word: bool(getattr(self.config.services, word, False)),
                                         lambda: self.node_name or "this machine")
-        self.extras = extras.Extras.load(extras.Context(reactor, lambda: self.config, layout, self.launcher,
+        self.extras = services.Extras.load(services.Context(reactor, lambda: self.config, layout, self.launcher,
                                                         blocking, self.reverse))
         self.lifecycle = Lifecycle(reactor, lambda: self.config, lambda: self.settings, layout, self.supervisor,
                                    self.writer, self.store, self.displays, self.background, self.extras)
@@ -161,8 +162,8 @@ class SessionService(service.Service):
         """What the client asked for beside the screen, less what the admin
         switched off (logged, not refused: the session simply goes without)
         and what has no free channel port."""
-        granted = extras.grant_for(wanted, self.config.services, session.display, session.id, session.user)
-        refused = sorted(set(wanted) - set(extras.grant(wanted, self.config.services)))
+        granted = services.grant_for(wanted, self.config.services, session.display, session.id, session.user)
+        refused = sorted(set(wanted) - set(services.grant(wanted, self.config.services)))
         if refused:
             log.info("{user} from {address} asked for {refused}, switched off in [services]", user=caller.user,
                      address=caller.address, refused=", ".join(refused))
@@ -271,7 +272,7 @@ class SessionService(service.Service):
         session = self._owned(caller, session_id)
         if session.user != caller.user:  # an admin too: a folder goes only into its owner's own session
             raise SessionError(Kind.NOT_YOURS, f"Could not find session {session_id}.", session_id=session_id)
-        if "sharing" not in extras.granted(session) or "sharing" not in self.extras.by_name:
+        if "sharing" not in services.granted(session) or "sharing" not in self.extras.by_name:
             log.info("{user} from {address} shared {share!r} with session {id}, which has no folder sharing",
                      user=caller.user, address=caller.address, share=mount.share, id=session.id)
             return False

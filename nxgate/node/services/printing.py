@@ -11,7 +11,7 @@ never touched.  FreeNX ran a per-session cupsd too, but on TCP port
 9000+display where every local user could reach it.
 
 Its queues are raw IPP queues, one per printer of the client: the agent's
-cups channel listens on 127.0.0.1:2000+display (:mod:`nxgate.protocols.channels`),
+cups channel listens on 127.0.0.1:2000+display (:mod:`nxgate.protocols.service_channels`),
 the client's nxproxy connects it to the client's print server (behind
 ``nxgate-client``'s gate, :mod:`nxgate.protocols.printgate`), so a queue's device URI
 is ``ipp://nxgate:CREDENTIAL@127.0.0.1:2000+d/printers/NAME`` and CUPS's own
@@ -68,11 +68,11 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
-from nxgate.protocols import channels
+from nxgate.protocols import service_channels
 from nxgate.protocols import ipp
 from nxgate.protocols import printgate
-from nxgate.node import files, processes
-from nxgate.node.extras import Context
+from nxgate.host import files, processes
+from nxgate.node.services import Context
 
 log = Logger(namespace="nxgate.extras.printing")
 
@@ -425,12 +425,12 @@ class Printing:
         return os.path.join(self.directory(session), SOCKET)
 
     def environment(self, session: Any) -> dict[str, str]:
-        if channels.channel_port("printing", session.display) is None or self.cupsd is None:
+        if service_channels.channel_port("printing", session.display) is None or self.cupsd is None:
             return {}
         return {"CUPS_SERVER": self.socket_path(session)}
 
     async def start(self, session: Any) -> None:
-        port = channels.channel_port("printing", session.display)
+        port = service_channels.channel_port("printing", session.display)
         if port is None:
             log.warn("session {id}: display :{display} is too high for a cups channel port", id=session.id,
                      display=session.display)
@@ -528,7 +528,7 @@ class Printing:
                     raise OSError(f"the printing of session {session.id} no longer goes back to its client")
                 return own
             return Route.reverse(reactor, address, connect)
-        return Route.channel(reactor, channels.channel_port("printing", session.display) or 0)
+        return Route.channel(reactor, service_channels.channel_port("printing", session.display) or 0)
 
     async def _socket_made(self, path: str, cupsd: processes.ProcessId) -> None:
         """Until cupsd has made its socket (told by inotify, no polling);

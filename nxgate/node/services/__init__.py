@@ -22,16 +22,16 @@ from typing import Any, Protocol
 
 from twisted.logger import Logger
 
-from nxgate.protocols import channels
-from nxgate.node.extras.ports import openable
+from nxgate.protocols import service_channels
+from nxgate.node.services.ports import openable
 
 log = Logger(namespace="nxgate.extras")
 
 #: service -> the module with its Extra.
 MODULES = {
-    "sound": "nxgate.node.extras.sound",
-    "printing": "nxgate.node.extras.printing",
-    "sharing": "nxgate.node.extras.sharing",
+    "sound": "nxgate.node.services.sound",
+    "printing": "nxgate.node.services.printing",
+    "sharing": "nxgate.node.services.sharing",
 }
 
 
@@ -48,7 +48,7 @@ class Extra(Protocol):
 @dataclass(frozen=True)
 class Context:
     """What extras may use: the reactor, the current config, where session
-    directories are (a :class:`nxgate.node.files.StateLayout`), the launcher
+    directories are (a :class:`nxgate.host.files.StateLayout`), the launcher
     that runs programs as the user, a way to run blocking work, and the
     node's reverse listeners (:class:`nxgate.node.reverse.ReverseListeners`:
     where a service's programs reach the client over the client's own SSH
@@ -68,7 +68,7 @@ class Context:
 def grant(wanted: Iterable[str], services: Any) -> list[str]:
     """The services a session gets: those the client asked for that the admin
     left on (``[services]``), sorted.  A switched-off one is simply left out."""
-    return sorted(name for name in set(wanted) if name in channels.SERVICES and getattr(services, name, False))
+    return sorted(name for name in set(wanted) if name in service_channels.SERVICES and getattr(services, name, False))
 
 
 def grant_for(wanted: Iterable[str], services: Any, display: int, session_id: str, user: str) -> list[str]:
@@ -82,7 +82,7 @@ def grant_for(wanted: Iterable[str], services: Any, display: int, session_id: st
 
 
 def granted(session: Any) -> list[str]:
-    return [name for name in session.options.get("services", ()) if name in channels.SERVICES]
+    return [name for name in session.options.get("services", ()) if name in service_channels.SERVICES]
 
 
 class Extras:

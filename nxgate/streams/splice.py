@@ -3,7 +3,7 @@
 Every relay of nxgate is the same shape: what one end reads, the other
 writes; neither end may make the process buffer without bound; an end that
 goes away takes the other with it.  The SSH channel to an agent socket
-(:mod:`nxgate.wire.relay`), a gateway's TLS stream to a member
+(:mod:`nxgate.streams.relay`), a gateway's TLS stream to a member
 (:mod:`nxgate.wire.member_stream`), and a node's TLS stream to the agent
 (:mod:`nxgate.wire.node_listener`) all use this one :class:`Splice`.
 

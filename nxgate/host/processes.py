@@ -1,5 +1,5 @@
 """Session processes seen from the gateway: noticing when they exit, even
-after a gateway restart (they are started by :mod:`nxgate.node.launcher`).
+after a gateway restart (they are started by :mod:`nxgate.host.launcher`).
 
 A process started by this gateway is also our child, but after a restart it
 is not; a Linux pidfd works for both, so exits are always observed the same

@@ -1,4 +1,4 @@
-"""Start one session process as its user: ``python -m nxgate.node.runas``.
+"""Start one session process as its user: ``python -m nxgate.host.runas``.
 
 The gateway (root) runs this small program for every nxagent and session
 application instead of forking itself: a fork of a threaded Twisted process
@@ -47,7 +47,7 @@ a pipe at ``fd`` (bubblewrap's ``--args``: out of ``ps``).
 ``{"mode": "close-pam", ...}`` closes a PAM session instead.
 
 With ``--spare`` it is started before there is a request (see
-:mod:`nxgate.node.launcher`): it loads libpam, then waits for one, and
+:mod:`nxgate.host.launcher`): it loads libpam, then waits for one, and
 ends quietly if its stdin closes without one.
 """
 
@@ -65,7 +65,7 @@ import socket
 import sys
 from typing import Any
 
-from nxgate.node import pamlib
+from nxgate.host import pamlib
 
 MAX_REQUEST = 1 << 20
 
@@ -278,7 +278,7 @@ def main() -> None:
         _fail("the launcher must run as root")
     spare = "--spare" in sys.argv[1:]
     if spare:
-        # Started ahead of its request (nxgate.node.launcher): what every
+        # Started ahead of its request (nxgate.host.launcher): what every
         # start needs is loaded now, off the path of the start that uses us.
         with contextlib.suppress(OSError, AttributeError):
             pamlib.library()
