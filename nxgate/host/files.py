@@ -23,10 +23,44 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from nxgate.node.agents.nxagent import MAX_SOCKET_PATH, AgentFiles
-
 log = Logger(namespace="nxgate.session")
 
+
+#: The agent's Unix socket in the session directory: the agent is told to
+#: listen there (nxgate.node.agents.nxagent) and the stream's connector
+#: reaches it (nxgate.streams.agentsocket).
+SOCKET_NAME = "agent.sock"
+
+#: sun_path holds 108 bytes with the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
+@dataclass(frozen=True)
+class AgentFiles:
+    """Where a session's agent keeps its files.
+
+    ``directory`` belongs to the user (the agent writes there); the log
+    lives in a root-only directory so that the gateway reads only what the
+    agent wrote, never a file the user put in its place.
+    """
+
+    directory: str
+    log: str
+    app_log: str
+
+    @property
+    def options(self) -> str:
+        return os.path.join(self.directory, "options")
+
+    @property
+    def authority(self) -> str:
+        return os.path.join(self.directory, "authority")
+
+    @property
+    def socket(self) -> str:
+        """Where the agent listens for the client's proxy (see
+        :mod:`nxgate.streams.agentsocket`)."""
+        return os.path.join(self.directory, SOCKET_NAME)
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,9 @@ import os
 from dataclasses import dataclass
 from typing import Protocol
 
+# Where a session's agent keeps its files is part of the state directory's layout (nxgate.host.files).
+from nxgate.host.files import MAX_SOCKET_PATH, AgentFiles
 from nxgate.vocabulary.requests import DisplaySettings
-
-#: The agent's Unix socket in the session directory.  It is named here,
-#: where the agent is told to listen, and the stream's connector imports it
-#: (backends know nothing of the stream that connects to them).
-SOCKET_NAME = "agent.sock"
 
 PRODUCT = "nxgate"
 
@@ -48,9 +45,6 @@ class AgentSession(Protocol):
 
     @property
     def full_id(self) -> str: ...
-
-#: sun_path holds 108 bytes with the terminating NUL.
-MAX_SOCKET_PATH = 107
 
 
 @dataclass(frozen=True)
@@ -106,34 +100,6 @@ class AgentPlan:
             program_env=pairs("program_env"),
             keep_without_windows=bool(values.get("keep_without_windows", False)),
         )
-
-
-@dataclass(frozen=True)
-class AgentFiles:
-    """Where a session's agent keeps its files.
-
-    ``directory`` belongs to the user (the agent writes there); the log
-    lives in a root-only directory so that the gateway reads only what the
-    agent wrote, never a file the user put in its place.
-    """
-
-    directory: str
-    log: str
-    app_log: str
-
-    @property
-    def options(self) -> str:
-        return os.path.join(self.directory, "options")
-
-    @property
-    def authority(self) -> str:
-        return os.path.join(self.directory, "authority")
-
-    @property
-    def socket(self) -> str:
-        """Where the agent listens for the client's proxy (see
-        :mod:`nxgate.streams.agentsocket`)."""
-        return os.path.join(self.directory, SOCKET_NAME)
 
 
 def session_kind(session_type: str) -> str:
