@@ -1,8 +1,10 @@
-"""The import rules (issues 12 and 23): which part of nxgate may import which.
+"""The import rules: which part of nxgate may import which.
 
 The layout says who owns what: ``vocabulary`` (pure words every part speaks), ``gateway`` (the doors, the
-router, logins, the composition root), ``node`` (the session service, kinds, agents, store, host work),
-``wire`` (what crosses a socket), ``protocols`` (pure codecs) and ``clients`` (programs that use a
+router, logins, the composition root), ``node`` (the session manager, session kinds, agents, services),
+``host`` (work on this machine's operating system that the node and the logins share), ``streams`` (byte
+streams joined, relayed and reached), ``ssh`` (what the Conch server and nxgate-client share), ``wire``
+(the cluster's links), ``protocols`` (pure codecs), ``store`` and ``clients`` (programs that use a
 session).  These rules keep it that way; review misses a single stray ``from nxgate.protocols.nx import
 ...`` in a function body; this test does not.
 
@@ -37,15 +39,12 @@ FRONT = ("nxgate.gateway", "nxgate.protocols.nx", "nxgate.clients.nx", "nxgate.t
 #: The packages the rules name: each must exist in the tree.
 PACKAGES = ("nxgate.vocabulary", "nxgate.gateway", "nxgate.gateway.doors", "nxgate.node", "nxgate.node.agents",
             "nxgate.wire", "nxgate.protocols", "nxgate.protocols.nx", "nxgate.clients", "nxgate.clients.nx",
-            "nxgate.streams")
+            "nxgate.streams", "nxgate.host", "nxgate.ssh")
 #: The first-level packages of nxgate: one that is not here is one no rule was written for.
-FIRST_LEVEL = frozenset({"nxgate.clients", "nxgate.gateway", "nxgate.node", "nxgate.protocols", "nxgate.store",
-                         "nxgate.streams", "nxgate.vocabulary", "nxgate.wire"})
+FIRST_LEVEL = frozenset({"nxgate.clients", "nxgate.gateway", "nxgate.host", "nxgate.node", "nxgate.protocols",
+                         "nxgate.ssh", "nxgate.store", "nxgate.streams", "nxgate.vocabulary", "nxgate.wire"})
 #: The composition root: the one module of the gateway that builds the node.
 ROOT = "nxgate.gateway.root"
-#: Host work the gateway's logins share with the node (PAM): it moves out of node/ with the layout's
-#: next step; until then the one node module the gateway's other modules may reach.
-HOST_WORK_IN_NODE = {"nxgate.gateway.auth.pam": "nxgate.node.pamlib"}
 #: What an import the checker cannot read stands for (see :func:`imports_of`).
 DYNAMIC = "<dynamic import>"
 NOT_IN_NX_CORE = frozenset({"os", "socket", "subprocess", "threading", "signal", "select", "selectors", "asyncio",
@@ -180,22 +179,19 @@ def l4_vocabulary_stands_alone(graph: Graph) -> list[str]:
 
 
 def receives_the_node(module: str) -> bool:
-    """The modules that reach the node only through the node interface they are given: the whole
-    gateway (doors, router, placement, membership, logins) but its composition root, and the wire."""
-    return within(module, "nxgate.gateway", "nxgate.wire") and module != ROOT
-
-
-def allowed_node_import(module: str, name: str) -> bool:
-    return within(name, HOST_WORK_IN_NODE.get(module, "-"))
+    """The modules that reach the node only through the node interface they are given: every module
+    outside the node but the gateway's composition root (the doors, the router, placement, membership,
+    logins, the wire, the streams, host work, the store, the client programs...)."""
+    return not within(module, "nxgate.node") and module != ROOT
 
 
 def l5_doors_and_the_wire_receive_the_node(graph: Graph) -> list[str]:
     """L5: only the composition root of the gateway imports the node; the doors, the router, placement,
-    membership and the wire reach it only through the node interface they are given
+    membership, the wire and everything else reach it only through the node interface they are given
     (nxgate.vocabulary.api), so one box and a cluster are one code path."""
     return [f"L5 {module} imports {name}" for module, imports in sorted(graph.items())
             if receives_the_node(module)
-            for name in sorted(imports) if within(name, "nxgate.node") and not allowed_node_import(module, name)]
+            for name in sorted(imports) if within(name, "nxgate.node")]
 
 
 def l6_login_shell_starts_fast(graph: Graph) -> list[str]:
@@ -272,11 +268,11 @@ def l9_no_package_cycles(graph: Graph) -> list[str]:
 
 
 def l10_the_nx_client_is_its_own_program(graph: Graph) -> list[str]:
-    """L10: the client programs (nxgate-client on the user's machine, the viewer engines inside a session)
-    import no gateway and no node."""
+    """L10: the client programs (nxgate-client on the user's machine, the RDP/VNC engines inside a session)
+    import no gateway, no node and not the cluster's wire."""
     return [f"L10 {module} imports {name}" for module, imports in sorted(graph.items())
             if within(module, "nxgate.clients")
-            for name in sorted(imports) if within(name, "nxgate.gateway", "nxgate.node")]
+            for name in sorted(imports) if within(name, "nxgate.gateway", "nxgate.node", "nxgate.wire")]
 
 
 def resolve(graph: Graph, name: str) -> str | None:
@@ -292,7 +288,7 @@ def resolve(graph: Graph, name: str) -> str | None:
 
 def node_path(graph: Graph, start: str) -> list[str] | None:
     """The shortest chain of imports from ``start`` to a node module, through modules that are not the
-    node's themselves, or None (the host work named in :data:`HOST_WORK_IN_NODE` is not followed)."""
+    node's themselves nor the composition root (whose importer is the program's entry point), or None."""
     came_from: dict[str, str | None] = {start: None}
     todo = [start]
     while todo:
@@ -300,7 +296,7 @@ def node_path(graph: Graph, start: str) -> list[str] | None:
         for module in todo:
             for name in sorted(graph.get(module, ())):
                 target = resolve(graph, name)
-                if target is None or target in came_from or allowed_node_import(module, target):
+                if target is None or target in came_from or target == ROOT:
                     continue
                 came_from[target] = module
                 if within(target, "nxgate.node"):
@@ -334,20 +330,43 @@ def l12_every_import_can_be_read(graph: Graph) -> list[str]:
             in sorted(graph.items()) if DYNAMIC in imports]
 
 
-def l13_streams_serve_every_side(graph: Graph) -> list[str]:
-    """L13: ``streams/`` (what travels back from a session to its client, used by the node, the doors and
-    nxgate-client alike) imports no door, router, node, client program or store."""
-    return [f"L13 {module} imports {name}" for module, imports in sorted(graph.items())
-            if within(module, "nxgate.streams")
-            for name in sorted(imports) if within(name, "nxgate.gateway", "nxgate.node", "nxgate.clients",
-                                                   "nxgate.store")]
+def _imports_none_of(rule: str, package: str, *forbidden: str) -> Rule:
+    def rule_of(graph: Graph) -> list[str]:
+        return [f"{rule} {module} imports {name}" for module, imports in sorted(graph.items())
+                if within(module, package)
+                for name in sorted(imports) if within(name, *forbidden)]
+    return rule_of
+
+
+#: L13: ``streams/`` (byte streams, and what travels back from a session to its client: used by the node,
+#: the doors and nxgate-client alike) imports no door, router, node, client program, store or cluster link.
+l13_streams_serve_every_side = _imports_none_of("L13", "nxgate.streams", "nxgate.gateway", "nxgate.node",
+                                                "nxgate.clients", "nxgate.store", "nxgate.wire")
+#: L14: ``host/`` (this machine's PAM, processes, files, peers, accounts: what the node and the gateway's
+#: logins share) knows nothing of sessions' life cycles, doors, streams, the cluster or client programs.
+l14_host_work_stands_below = _imports_none_of("L14", "nxgate.host", "nxgate.node", "nxgate.gateway",
+                                              "nxgate.wire", "nxgate.streams", "nxgate.clients", "nxgate.store",
+                                              "nxgate.ssh", "nxgate.protocols")
+#: L15: ``ssh/`` (the transport pieces of both ends of an SSH connection: the Conch server, nxgate-client)
+#: imports no door, node, cluster link, client program or store.
+l15_ssh_serves_both_ends = _imports_none_of("L15", "nxgate.ssh", "nxgate.gateway", "nxgate.node", "nxgate.wire",
+                                            "nxgate.clients", "nxgate.store")
+
+
+def l16_the_wire_is_the_clusters(graph: Graph) -> list[str]:
+    """L16: ``wire/`` holds the cluster's links, which only the gateway (its composition root, the admin
+    tool) uses: a byte stream or an SSH piece that the node, the streams or a client needs lives elsewhere."""
+    return [f"L16 {module} imports {name} (the wire is the cluster's)" for module, imports in sorted(graph.items())
+            if not within(module, "nxgate.wire", "nxgate.gateway")
+            for name in sorted(imports) if within(name, "nxgate.wire")]
 
 
 IMPORT_RULES: list[Rule] = [l1_the_node_ignores_the_front, l2_agents_stand_apart, l3_nx_core_is_pure,
                             l4_vocabulary_stands_alone, l5_doors_and_the_wire_receive_the_node,
                             l6_login_shell_starts_fast, l8_doors_and_the_wire_stay_apart, l9_no_package_cycles,
                             l10_the_nx_client_is_its_own_program, l11_no_way_round_to_the_node,
-                            l12_every_import_can_be_read, l13_streams_serve_every_side]
+                            l12_every_import_can_be_read, l13_streams_serve_every_side,
+                            l14_host_work_stands_below, l15_ssh_serves_both_ends, l16_the_wire_is_the_clusters]
 
 
 def check(graph: Graph) -> list[str]:
@@ -461,8 +480,10 @@ class CheckerTests(TestCase):
             "L3 nxgate.protocols.nx.dispatch imports time (the NX core does no I/O)",
             "L4 nxgate.vocabulary.model imports nxgate.node.processes",
             "L4 nxgate.vocabulary.results imports twisted.internet.defer (the vocabulary is pure)",
+            "L5 nxgate.clients.nx.main imports nxgate.node.files",
             "L5 nxgate.gateway.doors.admin.server imports nxgate.node.service.SessionService",
             "L5 nxgate.gateway.router imports nxgate.node.local.LocalNode",
+            "L5 nxgate.vocabulary.model imports nxgate.node.processes",
             "L6 nxgate.gateway.doors.openssh.login_shell imports twisted.python",
             "L9 nxgate.gateway imports nxgate.node, which leads back to it",
             "L9 nxgate.gateway imports nxgate.vocabulary, which leads back to it",
@@ -544,6 +565,18 @@ class TreeTests(TestCase):
     def test_l12_every_import_can_be_read(self) -> None:
         self.assertRule(l12_every_import_can_be_read)
 
+    def test_l13_streams_serve_every_side(self) -> None:
+        self.assertRule(l13_streams_serve_every_side)
+
+    def test_l14_host_work_stands_below(self) -> None:
+        self.assertRule(l14_host_work_stands_below)
+
+    def test_l15_ssh_serves_both_ends(self) -> None:
+        self.assertRule(l15_ssh_serves_both_ends)
+
+    def test_l16_the_wire_is_the_clusters(self) -> None:
+        self.assertRule(l16_the_wire_is_the_clusters)
+
     def test_the_rules_read_the_whole_tree(self) -> None:
         """A rule on an empty or misplaced tree passes by itself: this one cannot."""
         graph, bare = read_tree()
@@ -608,9 +641,18 @@ class BrokenTreeTests(TestCase):
                           append=True)
 
     def test_l5_through_dunder_import(self) -> None:
-        self.assertBroken("L5 nxgate.wire.relay imports nxgate.node.local",
-                          ("nxgate/wire/relay.py", "\nlocal = __import__('nxgate.node.local', fromlist=['x'])\n"),
+        self.assertBroken("L5 nxgate.streams.relay imports nxgate.node.local",
+                          ("nxgate/streams/relay.py", "\nlocal = __import__('nxgate.node.local', fromlist=['x'])\n"),
                           append=True)
+
+    def test_l5_host_work_importing_the_node(self) -> None:
+        """What once was allowed: the logins' PAM in node/.  Nothing but the composition root may now."""
+        self.assertBroken("L5 nxgate.gateway.auth.pam imports nxgate.node.lifecycle",
+                          ("nxgate/gateway/auth/pam.py", "\nfrom nxgate.node import lifecycle\n"), append=True)
+
+    def test_l5_from_a_shared_module(self) -> None:
+        self.assertBroken("L5 nxgate.audit imports nxgate.node.manager",
+                          ("nxgate/audit.py", "\nimport nxgate.node.manager\n"), append=True)
 
     def test_l6(self) -> None:
         self.assertBroken("L6 nxgate.gateway.doors.openssh.login_shell imports twisted.python",
@@ -633,17 +675,21 @@ class BrokenTreeTests(TestCase):
         self.assertBroken("L10 nxgate.clients.engines.x imports nxgate.node.files",
                           ("nxgate/clients/engines/x.py", "from nxgate.node import files\n"))
 
+    def test_l10_the_cluster(self) -> None:
+        self.assertBroken("L10 nxgate.clients.nx.x imports nxgate.wire.tls",
+                          ("nxgate/clients/nx/x.py", "from nxgate.wire import tls\n"))
+
     def test_l11_a_door_through_a_client_module(self) -> None:
         """The shape the browser viewer once had: a door uses a client module, which uses the node."""
-        self.assertBroken("L11 nxgate.gateway.doors.web.x reaches nxgate.node.service through "
-                          "nxgate.gateway.doors.web.x -> nxgate.clients.x -> nxgate.node.service",
-                          ("nxgate/clients/x.py", "from nxgate.node.service import SessionService\n"),
-                          ("nxgate/gateway/doors/web/x.py", "from nxgate.clients.x import SessionService\n"))
+        self.assertBroken("L11 nxgate.gateway.doors.web.x reaches nxgate.node.manager through "
+                          "nxgate.gateway.doors.web.x -> nxgate.clients.x -> nxgate.node.manager",
+                          ("nxgate/clients/x.py", "from nxgate.node.manager import SessionManager\n"),
+                          ("nxgate/gateway/doors/web/x.py", "from nxgate.clients.x import SessionManager\n"))
 
     def test_l11_through_a_shared_module(self) -> None:
-        self.assertBroken("L11 nxgate.wire.x reaches nxgate.node.files through "
-                          "nxgate.wire.x -> nxgate.x -> nxgate.node.files",
-                          ("nxgate/x.py", "import nxgate.node.files\n"),
+        self.assertBroken("L11 nxgate.wire.x reaches nxgate.node.lifecycle through "
+                          "nxgate.wire.x -> nxgate.x -> nxgate.node.lifecycle",
+                          ("nxgate/x.py", "import nxgate.node.lifecycle\n"),
                           ("nxgate/wire/x.py", "from nxgate import x\n"))
 
     def test_l12(self) -> None:
@@ -654,6 +700,28 @@ class BrokenTreeTests(TestCase):
     def test_l13(self) -> None:
         self.assertBroken("L13 nxgate.streams.x imports nxgate.node.reverse",
                           ("nxgate/streams/x.py", "from nxgate.node import reverse\n"))
+
+    def test_l13_the_cluster(self) -> None:
+        self.assertBroken("L13 nxgate.streams.relay imports nxgate.wire.member_stream.MemberStreams",
+                          ("nxgate/streams/relay.py", "\nfrom nxgate.wire.member_stream import MemberStreams\n"),
+                          append=True)
+
+    def test_l14(self) -> None:
+        self.assertBroken("L14 nxgate.host.files imports nxgate.node.agents.nxagent.AgentFiles",
+                          ("nxgate/host/files.py", "\nfrom nxgate.node.agents.nxagent import AgentFiles\n"),
+                          append=True)
+
+    def test_l14_a_door(self) -> None:
+        self.assertBroken("L14 nxgate.host.pamlib imports nxgate.gateway.auth.throttle",
+                          ("nxgate/host/pamlib.py", "\nfrom nxgate.gateway.auth import throttle\n"), append=True)
+
+    def test_l15(self) -> None:
+        self.assertBroken("L15 nxgate.ssh.etm imports nxgate.gateway.doors.conch.server",
+                          ("nxgate/ssh/etm.py", "\nfrom nxgate.gateway.doors.conch import server\n"), append=True)
+
+    def test_l16(self) -> None:
+        self.assertBroken("L16 nxgate.node.local imports nxgate.wire.tls (the wire is the cluster's)",
+                          ("nxgate/node/local.py", "\nfrom nxgate.wire import tls\n"), append=True)
 
     def test_a_tree_that_lost_a_package_or_grew_an_unknown_one(self) -> None:
         root = self.copy()
