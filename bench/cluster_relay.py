@@ -138,11 +138,11 @@ class RoutedNode:
         self.reactor, self.routes = reactor, routes
 
     async def open_stream(self, caller: Any, session_id: str, kind: Any) -> Any:
-        from nxgate.vocabulary.errors import Kind, SessionError
+        from nxgate.vocabulary.errors import ErrorKind, SessionError
 
         path = read_routes(self.routes).get(session_id)
         if path is None:
-            raise SessionError(Kind.NOT_FOUND, f"Could not find session {session_id}.")
+            raise SessionError(ErrorKind.NOT_FOUND, f"Could not find session {session_id}.")
         return await self._at(path, session_id, kind)
 
     async def _at(self, path: str, session_id: str, kind: Any) -> Any:

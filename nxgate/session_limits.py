@@ -1,7 +1,7 @@
 """Admission policy: how many sessions, for whom, and on which node.
 
 Pure decisions over the live sessions the caller passes in; the life cycle
-asks :meth:`Limits.check` in the same reactor turn as it registers the new
+asks :meth:`SessionLimits.check` in the same reactor turn as it registers the new
 session, so two starts cannot both take the last place.  ``config`` is a
 callable because a reload replaces the configuration.
 """
@@ -13,18 +13,18 @@ from collections.abc import Callable, Iterable
 from nxgate.config import Config
 from nxgate.vocabulary.model import Session
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 
 
 def limit_reached(which: str, user: str) -> SessionError:
     """The refusal for a reached limit: ``which`` is "user", "node" (this
     server's ``max_sessions``) or "total" (as the store's ``admit`` says)."""
     if which == "user":
-        return SessionError(Kind.LIMIT_REACHED, f"Server capacity: reached for user: {user}")
-    return SessionError(Kind.LIMIT_REACHED, "Reached the maximum number of concurrent sessions on this server.")
+        return SessionError(ErrorKind.LIMIT_REACHED, f"Server capacity: reached for user: {user}")
+    return SessionError(ErrorKind.LIMIT_REACHED, "Reached the maximum number of concurrent sessions on this server.")
 
 
-class Limits:
+class SessionLimits:
     def __init__(self, config: Callable[[], Config]) -> None:
         self.config = config
         self.draining = False  # set by the admin: no new sessions, existing ones carry on
@@ -47,7 +47,7 @@ class Limits:
         live = [s for s in sessions if s.state.live]
         settings = self.config().sessions
         if self.draining:
-            raise SessionError(Kind.LIMIT_REACHED, "This server takes no new sessions at the moment (maintenance).")
+            raise SessionError(ErrorKind.LIMIT_REACHED, "This server takes no new sessions at the moment (maintenance).")
         if settings.max_sessions and len(live) >= settings.max_sessions:
             raise limit_reached("node", caller.user)
         per_user = self.user_limit(caller.user, caller.groups)

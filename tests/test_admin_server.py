@@ -10,7 +10,7 @@ from twisted.trial.unittest import TestCase
 
 from nxgate.gateway.doors.admin.server import AdminProtocol
 from nxgate.vocabulary.model import State
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from tests import test_sessions_manager as manager_tests
 from tests.harness.fakes import FakeSessionAPI
 
@@ -61,7 +61,7 @@ class AdminErrorTests(TestCase):
         self.assertEqual((status["draining"], status["sessions"], status["unsaved_changes"], status["unknown_sessions"]),
                          (True, 0, 0, []))
         d = defer.ensureDeferred(self.manager.set_draining(manager_tests.caller(), False))
-        self.assertEqual(self.failureResultOf(d, SessionError).value.kind, Kind.NOT_ALLOWED)  # users may not
+        self.assertEqual(self.failureResultOf(d, SessionError).value.kind, ErrorKind.NOT_ALLOWED)  # users may not
         self.assertTrue(self.manager.draining)
 
     def test_bad_arguments_are_invalid_requests(self):
@@ -112,18 +112,18 @@ class ErrorPathTests(TestCase):
         self.assertEqual((answer["ok"], answer["kind"]), (False, kind), text)
         self.assertNotIn("NX>", text)
         self.assertFalse(answer["error"].startswith("Error"), text)
-        self.assertIn(answer["kind"], {k.value for k in Kind})
+        self.assertIn(answer["kind"], {k.value for k in ErrorKind})
 
     def test_every_command_is_covered(self):
         self.assertEqual(sorted(name[3:] for name in dir(AdminProtocol) if name.startswith("do_")), sorted(ARGS))
 
     def test_every_kind_from_every_command(self):
-        for kind in Kind:
+        for kind in ErrorKind:
             for command in ARGS:
                 answer = self.ask(RefusingGateway(SessionError(kind, f"Something about {MISSING}.")), command)
-                shown = Kind.NOT_FOUND if kind is Kind.NOT_YOURS else kind
+                shown = ErrorKind.NOT_FOUND if kind is ErrorKind.NOT_YOURS else kind
                 self.assertClean(answer, shown.value)
-                if kind in (Kind.NOT_FOUND, Kind.NOT_YOURS) and "id" in ARGS[command]:
+                if kind in (ErrorKind.NOT_FOUND, ErrorKind.NOT_YOURS) and "id" in ARGS[command]:
                     self.assertEqual(answer["error"], f"no live session {MISSING}")
 
     def test_a_bug_is_an_internal_error_from_every_command(self):

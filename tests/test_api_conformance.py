@@ -20,11 +20,11 @@ from nxgate.wire.remote_node import RemoteNode
 from nxgate.gateway.router import Router
 from nxgate.node.local import LocalNode
 from nxgate.vocabulary.api import NodeAPI, SessionAPI
-from nxgate.node.manager import SessionService
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.node.manager import SessionManager
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from tests.harness.fakes import FakeNodeAPI, FakeSessionAPI, UnexpectedCall
 
-IMPLEMENTATIONS = (SessionService, Router, RemoteNode, LocalNode, FakeSessionAPI, FakeNodeAPI)
+IMPLEMENTATIONS = (SessionManager, Router, RemoteNode, LocalNode, FakeSessionAPI, FakeNodeAPI)
 NODES = (RemoteNode, LocalNode, FakeNodeAPI)
 #: What the router routes of the node interface beyond the session API (``subscribe`` is its ``observers``).
 ROUTED = ("thumbnail", "open_stream")
@@ -96,7 +96,7 @@ class FakeTests(SynchronousTestCase):
         return defer.ensureDeferred(coroutine)
 
     def test_values_errors_and_functions_answer(self):
-        refused = SessionError(Kind.NOT_FOUND, "No such session.")
+        refused = SessionError(ErrorKind.NOT_FOUND, "No such session.")
         fake = FakeNodeAPI(status="status", show=refused, thumbnail=lambda caller, session_id: session_id.encode())
         self.assertEqual(self.successResultOf(self.call(fake.status(None))), "status")
         self.assertIs(self.failureResultOf(self.call(fake.show(None, "S")), SessionError).value, refused)

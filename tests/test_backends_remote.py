@@ -7,7 +7,7 @@ from nxgate.config import Config, RemoteSection, TargetSection
 from nxgate.protocols.nx.dispatch import as_nx
 from nxgate.protocols.nx.params import parse_params
 from nxgate.protocols.nx.requests import remote_request
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.requests import DisplaySettings
 
 OPEN = Config(remote=RemoteSection(allow_any_host=True))
@@ -34,7 +34,7 @@ class AddressTests(SynchronousTestCase):
     def test_bad_addresses(self):
         for text in ("host:x", "bad host", "host:70000", "-host", "a;b", "host::"):
             error = self.assertRaises(SessionError, remote.parse_server, "vnc", text)
-            self.assertEqual(error.kind, Kind.INVALID_REQUEST)
+            self.assertEqual(error.kind, ErrorKind.INVALID_REQUEST)
 
 
 class RequestTests(SynchronousTestCase):
@@ -54,7 +54,7 @@ class RequestTests(SynchronousTestCase):
 
     def test_only_targets_by_default(self):
         error = self.assertRaises(SessionError, self.request, TARGETS, '--agent_server="evil.example"')
-        self.assertEqual(error.kind, Kind.NOT_ALLOWED)
+        self.assertEqual(error.kind, ErrorKind.NOT_ALLOWED)
         self.assertEqual(as_nx(error).lines()[0], "NX> 596 Error: 'evil.example' is not a remote desktop this server"
                                                   " serves. Available: lab (vnc), office (rdp).")
 
@@ -71,7 +71,7 @@ class RequestTests(SynchronousTestCase):
     def test_empty_server_and_control_characters(self):
         for params in ('--agent_server=""', '--agent_server="h" --agent_user="a%0Ab"', ""):
             error = self.assertRaises(SessionError, self.request, OPEN, params)
-            self.assertEqual(error.kind, Kind.INVALID_REQUEST)
+            self.assertEqual(error.kind, ErrorKind.INVALID_REQUEST)
 
     def test_disabled(self):
         config = Config(remote=RemoteSection(enabled=False, allow_any_host=True))
@@ -110,7 +110,7 @@ class ViewerCommandTests(SynchronousTestCase):
         desktop = remote.RemoteDesktop("vnc", "h", 5901, "vnc")
         self.assertIsNone(remote.viewer_failure(desktop, "ready 1024x768"))
         error = remote.viewer_failure(desktop, "error auth: wrong password")
-        self.assertEqual(error.kind, Kind.REMOTE_FAILED)
+        self.assertEqual(error.kind, ErrorKind.REMOTE_FAILED)
         self.assertEqual(as_nx(error).lines(), ["NX> 596 Error: The remote desktop h:5901 refused the login: wrong password",
                                          "NX> 500 ERROR: Last operation failed."])
         self.assertIn("did not answer in time", remote.viewer_failure(desktop, "error timeout: 15 s").message)

@@ -144,7 +144,7 @@ class AdminTests(MembershipTests):
     """``nxgate-admin nodes`` and ``drain --node`` through the admin door."""
 
     def ask(self, command, **args):
-        gateway = SimpleNamespace(membership=self.membership, sessions=None, api=None, config=None, started=0.0)
+        gateway = SimpleNamespace(membership=self.membership, manager=None, router=None, config=None, started=0.0)
         line = json.dumps({"command": command, "args": args}).encode()
         return self.successResultOf(defer.ensureDeferred(AdminProtocol(gateway)._handle(line)))
 
@@ -165,7 +165,7 @@ class AdminTests(MembershipTests):
         self.assertIn("no cluster member 'node-q'", answer["error"])
 
     def test_a_single_box_says_so(self):
-        gateway = SimpleNamespace(membership=None, sessions=None, api=None, config=None, started=0.0)
+        gateway = SimpleNamespace(membership=None, manager=None, router=None, config=None, started=0.0)
         line = json.dumps({"command": "nodes", "args": {}}).encode()
         answer = self.successResultOf(defer.ensureDeferred(AdminProtocol(gateway)._handle(line)))
         self.assertIn("single box", answer["error"])

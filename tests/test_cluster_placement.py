@@ -7,7 +7,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.gateway.placement import MIN_FREE_MEMORY, NO_NODE, eligible, place, ranked, score
 from nxgate.protocols.nx.dispatch import as_nx
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.model import Member
 
 NOW = 1000.0
@@ -74,7 +74,7 @@ class EligibilityTests(SynchronousTestCase):
         for members in ([], [node("a", drained=True)], [node("a", roles=("gateway",))]):
             with self.assertRaises(SessionError) as raised:
                 place(members, NOW)
-            self.assertIs(raised.exception.kind, Kind.LIMIT_REACHED)
+            self.assertIs(raised.exception.kind, ErrorKind.LIMIT_REACHED)
             self.assertEqual(raised.exception.message, NO_NODE)
             nx = as_nx(raised.exception)
             self.assertEqual(nx.code, 599)

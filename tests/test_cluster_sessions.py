@@ -14,7 +14,7 @@ from nxgate.gateway.router import Router
 from nxgate.config import Config
 from nxgate.protocols.nx.dispatch import as_nx
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.model import Member, Session, State
 from nxgate.vocabulary.requests import DisplaySettings, RestoreRequest, ShadowRequest, ShareMount, StartRequest
 from nxgate.vocabulary.results import Listing, Ready, ServiceStatus, SessionView, ShadowTarget
@@ -78,7 +78,7 @@ class FakeNode(FakeNodeAPI):
 
     def _check(self):
         if self.unreachable:
-            error = SessionError(Kind.UNAVAILABLE, f"The session node {self.name} cannot be reached; try again later.")
+            error = SessionError(ErrorKind.UNAVAILABLE, f"The session node {self.name} cannot be reached; try again later.")
             error.unreachable = True
             raise error
 
@@ -219,7 +219,7 @@ class RouterTests(SynchronousTestCase):
         self.assertEqual({self.ok(self.api.start(ALICE, START)).view.node for _ in range(3)}, {"node-c"})
         self.store.members_["node-c"] = member("node-c", drained=True)
         error = self.refused(self.api.start(ALICE, START))
-        self.assertEqual((error.kind, error.message), (Kind.LIMIT_REACHED, NO_NODE))
+        self.assertEqual((error.kind, error.message), (ErrorKind.LIMIT_REACHED, NO_NODE))
         self.assertEqual(as_nx(error).code, 599)
 
     def test_an_unreachable_node_is_skipped_for_the_next(self):
@@ -231,7 +231,7 @@ class RouterTests(SynchronousTestCase):
 
     def test_a_refusal_of_the_node_is_not_retried_elsewhere(self):
         async def refuse(caller, request):
-            raise SessionError(Kind.UNAVAILABLE, "Session type 'x' is not offered.")
+            raise SessionError(ErrorKind.UNAVAILABLE, "Session type 'x' is not offered.")
         self.store.members_["node-a"] = member("node-a", sessions=9)
         self.store.members_["node-c"] = member("node-c", sessions=9)
         self.nodes["node-b"].start = refuse
@@ -244,13 +244,13 @@ class RouterTests(SynchronousTestCase):
         self.store.rows["B" * 32] = row("B" * 32, node="node-c")
         self.store.rows["C" * 32] = row("C" * 32, user="bob", node="node-c")
         error = self.refused(self.api.start(ALICE, START))
-        self.assertEqual(error.kind, Kind.LIMIT_REACHED)
+        self.assertEqual(error.kind, ErrorKind.LIMIT_REACHED)
         self.assertEqual(error.message, "Server capacity: reached for user: alice")
         self.assertTrue(self.ok(self.api.list(ALICE)).capacity_reached)
         self.assertFalse(self.ok(self.api.list(BOB)).capacity_reached)
         self.ok(self.api.start(BOB, START))
         self.assertEqual(self.refused(self.api.start_for_later(ALICE, "unix-default", "later")).kind,
-                         Kind.LIMIT_REACHED)
+                         ErrorKind.LIMIT_REACHED)
 
     def test_start_for_later_is_placed_too(self):
         self.store.members_["node-a"] = member("node-a", sessions=9)
@@ -292,9 +292,9 @@ class RouterTests(SynchronousTestCase):
         self.store.rows["A" * 32] = row("A" * 32, node="node-b")
         self.store.rows["E" * 32] = row("E" * 32, node="node-b", state=State.TERMINATED)
         error = self.refused(self.api.suspend(BOB, "A" * 32))
-        self.assertEqual((error.kind, error.message), (Kind.NOT_YOURS, f"Could not find session {'A' * 32}."))
-        self.assertEqual(self.refused(self.api.terminate(ALICE, "E" * 32)).kind, Kind.NOT_FOUND)
-        self.assertEqual(self.refused(self.api.show(ALICE, "0" * 32)).kind, Kind.NOT_FOUND)
+        self.assertEqual((error.kind, error.message), (ErrorKind.NOT_YOURS, f"Could not find session {'A' * 32}."))
+        self.assertEqual(self.refused(self.api.terminate(ALICE, "E" * 32)).kind, ErrorKind.NOT_FOUND)
+        self.assertEqual(self.refused(self.api.show(ALICE, "0" * 32)).kind, ErrorKind.NOT_FOUND)
         self.assertEqual(self.nodes["node-b"].calls, [])
         self.ok(self.api.suspend(ADMIN, "A" * 32))  # the admin acts on every user's
         self.assertEqual(self.nodes["node-b"].calls, [("suspend", "A" * 32)])
@@ -313,7 +313,7 @@ class RouterTests(SynchronousTestCase):
         self.assertEqual((listing.sessions[1].shown_status, listing.sessions[1].shown_state), ("Suspended", "suspended"))
         restore = RestoreRequest(session_id="A" * 32, display=DisplaySettings(), encrypted=True)
         error = self.refused(self.api.restore(ALICE, restore))
-        self.assertEqual(error.kind, Kind.UNAVAILABLE)
+        self.assertEqual(error.kind, ErrorKind.UNAVAILABLE)
         self.assertIn("runs on machine node-b, which is down", error.message)
         self.assertEqual(as_nx(error).code, 596)
         self.assertTrue(self.ok(self.api.show(ALICE, "A" * 32)).lost)
@@ -392,7 +392,7 @@ class RouterTests(SynchronousTestCase):
         for call in (self.api.start(ALICE, START), self.api.list(ALICE), self.api.restore(ALICE, restore),
                      self.api.suspend(ALICE, "A" * 32), self.api.shadow_targets(ALICE)):
             error = self.refused(call)
-            self.assertEqual(error.kind, Kind.UNAVAILABLE)
+            self.assertEqual(error.kind, ErrorKind.UNAVAILABLE)
             self.assertIn("session store cannot be reached", error.message)
             self.assertEqual(as_nx(error).code, 596)
         self.assertEqual([n.calls for n in self.nodes.values()], [[], [], []])
@@ -431,7 +431,7 @@ class RouterTests(SynchronousTestCase):
 
 
 class NodeSideTests(SynchronousTestCase):
-    """A member's own SessionService on a shared store: its sessions carry
+    """A member's own SessionManager on a shared store: its sessions carry
     its name, and after a restart it takes back only its own."""
 
     def setUp(self):
@@ -442,12 +442,12 @@ class NodeSideTests(SynchronousTestCase):
 
     def manager(self, name, per_user=10):
         from nxgate.config import SessionsSection
-        from nxgate.node.manager import SessionService
+        from nxgate.node.manager import SessionManager
 
         config = Config(sessions=SessionsSection(display_base=3200, max_sessions_per_user=per_user),
                         types={"unix-console": ("true",)})
         object.__setattr__(config, "cluster", SimpleNamespace(name=name, roles=frozenset({"node"}), heartbeat=2.0))
-        return SessionService(self.reactor, config, self.store.deferred, self.layout,
+        return SessionManager(self.reactor, config, self.store.deferred, self.layout,
                               notifier=self.manager_tests.FakeNotifier(), launcher=self.launcher)
 
     def test_a_member_stamps_its_sessions_and_takes_back_only_its_own(self):
@@ -497,7 +497,7 @@ class NodeSideTests(SynchronousTestCase):
         manager.displays.release = lambda display: (released.append(display), release(display))
         error = self.failureResultOf(defer.ensureDeferred(
             manager.start_for_later(ALICE, "unix-console", "third")), SessionError).value
-        self.assertEqual((error.kind, error.message), (Kind.LIMIT_REACHED, "Server capacity: reached for user: alice"))
+        self.assertEqual((error.kind, error.message), (ErrorKind.LIMIT_REACHED, "Server capacity: reached for user: alice"))
         self.assertEqual(manager.sessions, {})
         self.assertEqual(len(self.store.live(user="alice")), 2)
         self.assertEqual((len(given), released), (1, given))  # the display it was given is free again
@@ -529,7 +529,7 @@ class RouterOverOneBoxTests(SynchronousTestCase):
     def test_another_users_session_is_refused_before_the_node(self):
         ready = self.ok(self.api.start(ALICE, START))
         error = self.failureResultOf(defer.ensureDeferred(self.api.thumbnail(BOB, ready.view.id)), SessionError).value
-        self.assertEqual(error.kind, Kind.NOT_YOURS)
+        self.assertEqual(error.kind, ErrorKind.NOT_YOURS)
         self.assertEqual(self.node.calls, [("start", "alice")])
 
     def test_the_nodes_events_reach_every_observer_even_after_one_fails(self):

@@ -31,7 +31,7 @@ from nxgate.gateway.doors.admin.cli import main as admin_main
 from nxgate.threads import inline
 from nxgate.vocabulary.api import NodeAPI, SessionAPI
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.model import State
 from nxgate.vocabulary.requests import (DisplaySettings, RemoteRequest, RestoreRequest, ShadowRequest, ShareMount,
                                       StartRequest)
@@ -113,14 +113,14 @@ class SerialiserTests(SynchronousTestCase):
         self.assertIs(wire.decode_outcome("add_mount", {"ok": False}), False)
 
     def test_errors_keep_kind_words_and_session(self):
-        error = SessionError(Kind.NOT_YOURS, "Could not find session X.", session_id="X")
+        error = SessionError(ErrorKind.NOT_YOURS, "Could not find session X.", session_id="X")
         with self.assertRaises(SessionError) as caught:
             wire.decode_outcome("show", json.loads(json.dumps(wire.encode_error(error))))
         self.assertEqual((caught.exception.kind, caught.exception.message, caught.exception.session_id),
-                         (Kind.NOT_YOURS, "Could not find session X.", "X"))
+                         (ErrorKind.NOT_YOURS, "Could not find session X.", "X"))
         with self.assertRaises(SessionError) as caught:
             wire.decode_outcome("show", {"error": {"kind": "from_the_future", "message": "m"}})
-        self.assertIs(caught.exception.kind, Kind.INTERNAL)
+        self.assertIs(caught.exception.kind, ErrorKind.INTERNAL)
 
     def test_bad_shapes_and_methods_are_refused(self):
         for hint, data in ((Caller, ["alice"]), (int, "1"), (int, True), (State, "dancing"),
@@ -168,7 +168,7 @@ def openssl_member(base, ca_dir, name, dns):
 
 
 class FakeSessions(FakeSessionAPI):
-    """Stands in for SessionService: answers from canned values, records calls."""
+    """Stands in for SessionManager: answers from canned values, records calls."""
 
     def __init__(self):
         self.calls = []
@@ -188,7 +188,7 @@ class FakeSessions(FakeSessionAPI):
     async def on_restore(self, caller, request):
         self.calls.append(("restore", caller, request))
         if request.session_id == "Z" * 32:
-            raise SessionError(Kind.NOT_YOURS, f"Could not find session {request.session_id}.",
+            raise SessionError(ErrorKind.NOT_YOURS, f"Could not find session {request.session_id}.",
                                session_id=request.session_id)
         return Ready(VIEW, "cookie", True, STREAM)
 
@@ -206,7 +206,7 @@ class FakeSessions(FakeSessionAPI):
 
     async def on_rename(self, caller, session_id, name):
         if not name:
-            raise SessionError(Kind.INVALID_REQUEST, "A session name must not be empty.")
+            raise SessionError(ErrorKind.INVALID_REQUEST, "A session name must not be empty.")
         return dataclasses.replace(VIEW, name=name)
 
     async def on_list(self, caller):
@@ -217,7 +217,7 @@ class FakeSessions(FakeSessionAPI):
         if session is None:
             raise RuntimeError("a bug on the node")
         if not caller.owns(session.user):
-            raise SessionError(Kind.NOT_YOURS, f"Could not find session {session_id}.", session_id=session_id)
+            raise SessionError(ErrorKind.NOT_YOURS, f"Could not find session {session_id}.", session_id=session_id)
         return dataclasses.replace(VIEW, id=session_id, user=session.user)
 
     async def on_shadow_targets(self, caller):
@@ -322,7 +322,7 @@ class WireTests(TestCase):
         as "the session node cannot be reached"."""
         node = self.remote((yield self.listen()))
         error = yield self.assertFailure(defer.ensureDeferred(node.rename(CALLER, "A" * 32, object())), SessionError)
-        self.assertEqual((error.kind, error.message), (Kind.INTERNAL, "Internal error on this gateway."))
+        self.assertEqual((error.kind, error.message), (ErrorKind.INTERNAL, "Internal error on this gateway."))
         self.assertEqual(len(self.flushLoggedErrors(TypeError)), 1)
         self.assertFalse([e for e in self.log.events if e.get("event") == "cluster_member_unreachable"])
 
@@ -342,7 +342,7 @@ class WireTests(TestCase):
         unknown = dataclasses.replace(CALLER, user="nxgate-no-such-user")
         error = yield self.assertFailure(defer.ensureDeferred(node.start_for_later(unknown, "unix-console", "n")),
                                          SessionError)
-        self.assertEqual(error.kind, Kind.NOT_ALLOWED)
+        self.assertEqual(error.kind, ErrorKind.NOT_ALLOWED)
         self.assertIn("does not exist on the machine node-1", error.message)
         self.assertEqual(len(self.sessions.calls), 1)
 
@@ -352,11 +352,11 @@ class WireTests(TestCase):
         error = yield self.assertFailure(defer.ensureDeferred(node.restore(CALLER, RestoreRequest("Z" * 32, DISPLAY, True))),
                                          SessionError)
         self.assertEqual((error.kind, error.message, error.session_id),
-                         (Kind.NOT_YOURS, f"Could not find session {'Z' * 32}.", "Z" * 32))
+                         (ErrorKind.NOT_YOURS, f"Could not find session {'Z' * 32}.", "Z" * 32))
         error = yield self.assertFailure(defer.ensureDeferred(node.rename(CALLER, "A" * 32, "")), SessionError)
-        self.assertEqual(error.kind, Kind.INVALID_REQUEST)
+        self.assertEqual(error.kind, ErrorKind.INVALID_REQUEST)
         error = yield self.assertFailure(defer.ensureDeferred(node.show(CALLER, "A" * 32)), SessionError)
-        self.assertEqual(error.kind, Kind.INTERNAL)
+        self.assertEqual(error.kind, ErrorKind.INTERNAL)
         self.flushLoggedErrors(RuntimeError)
 
     @defer.inlineCallbacks
@@ -367,7 +367,7 @@ class WireTests(TestCase):
         node = RemoteNode(reactor, self.gateway_tls, "node-b", f"127.0.0.1:{number}")
         self.addCleanup(node.close)
         error = yield self.assertFailure(defer.ensureDeferred(node.status(CALLER)), SessionError)
-        self.assertEqual(error.kind, Kind.UNAVAILABLE)
+        self.assertEqual(error.kind, ErrorKind.UNAVAILABLE)
         self.assertIn("node-b", error.message)
         self.assertTrue([e for e in self.log.events if e.get("event") == "cluster_member_unreachable"])
         self.assertTrue(error.unreachable)  # nothing was asked: a start may be placed elsewhere
@@ -412,7 +412,7 @@ class WireTests(TestCase):
     @defer.inlineCallbacks
     def assert_refused(self, node, reason_words):
         error = yield self.assertFailure(defer.ensureDeferred(node.status(CALLER)), SessionError)
-        self.assertEqual(error.kind, Kind.UNAVAILABLE)
+        self.assertEqual(error.kind, ErrorKind.UNAVAILABLE)
         yield deferLater(reactor, 0.1, lambda: None)
         self.assertEqual(self.sessions.calls, [])
         reasons = " | ".join(e.get("reason", "") for e in self.log.refusals())
@@ -658,7 +658,7 @@ class WireTests(TestCase):
         session_id = self.agent(user="bob")
         error = yield self.assertFailure(defer.ensureDeferred(node.open_stream(CALLER, session_id, AGENT)),
                                          SessionError)
-        self.assertEqual((error.kind, error.message), (Kind.NOT_YOURS, f"Could not find session {session_id}."))
+        self.assertEqual((error.kind, error.message), (ErrorKind.NOT_YOURS, f"Could not find session {session_id}."))
 
     @defer.inlineCallbacks
     def test_a_stream_of_an_unknown_kind_is_refused_with_words(self):
@@ -666,7 +666,7 @@ class WireTests(TestCase):
         session_id = self.agent()
         error = yield self.assertFailure(
             defer.ensureDeferred(node.open_stream(CALLER, session_id, StreamKind("accept", 3))), SessionError)
-        self.assertEqual(error.kind, Kind.INVALID_REQUEST)
+        self.assertEqual(error.kind, ErrorKind.INVALID_REQUEST)
         self.assertEqual(error.message, "Machine node-1 opens no stream of kind accept 3.")
 
     @defer.inlineCallbacks
@@ -677,7 +677,7 @@ class WireTests(TestCase):
         session_id = self.agent()
         error = yield self.assertFailure(defer.ensureDeferred(node.open_stream(CALLER, session_id, VIEW_STREAM)),
                                          SessionError)
-        self.assertEqual((error.kind, error.message), (Kind.UNAVAILABLE, "Machine node-1 shows no sessions in a browser."))
+        self.assertEqual((error.kind, error.message), (ErrorKind.UNAVAILABLE, "Machine node-1 shows no sessions in a browser."))
 
     def test_the_stream_request_carries_the_call_and_refusals_their_kind(self):
         line = wire.stream_request(CALLER, "A" * 32, VIEW_STREAM)
@@ -687,9 +687,9 @@ class WireTests(TestCase):
                     wire.stream_request(CALLER, "A" * 32, AGENT)[:-1].replace(b'"agent"', b'"Agent!"')):
             self.assertRaises(ValueError, wire.read_stream_request, bad)
         self.assertIsNone(wire.read_stream_answer(b"OK"))
-        refusal = wire.stream_refusal(SessionError(Kind.NOT_YOURS, "Could not find session X.", session_id="X"))
+        refusal = wire.stream_refusal(SessionError(ErrorKind.NOT_YOURS, "Could not find session X.", session_id="X"))
         error = self.assertRaises(SessionError, wire.read_stream_answer, refusal[:-1])
-        self.assertEqual((error.kind, error.message, error.session_id), (Kind.NOT_YOURS, "Could not find session X.", "X"))
+        self.assertEqual((error.kind, error.message, error.session_id), (ErrorKind.NOT_YOURS, "Could not find session X.", "X"))
         for bad in (b"ERR", b"ERR {}", b"ERR []", b"ERR {\"error\": {}}", b"HELLO"):
             self.assertRaises(ValueError, wire.read_stream_answer, bad)
         self.assertNotIn("open_stream", wire.METHODS)  # not an AMP call: its result is a connection
@@ -701,7 +701,7 @@ class WireTests(TestCase):
         self.addCleanup(node.close)
         error = yield self.assertFailure(defer.ensureDeferred(node.open_stream(CALLER, "A" * 32, AGENT)),
                                          SessionError)
-        self.assertEqual(error.kind, Kind.UNAVAILABLE)
+        self.assertEqual(error.kind, ErrorKind.UNAVAILABLE)
 
     @defer.inlineCallbacks
     def test_the_openssh_door_gets_a_socket_to_the_remote_agent(self):

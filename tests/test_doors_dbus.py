@@ -11,7 +11,7 @@ from twisted.trial.unittest import TestCase
 
 from nxgate.gateway.doors.dbus import wire
 from nxgate.gateway.doors.dbus.door import DBusDoor
-from nxgate.vocabulary.errors import Kind
+from nxgate.vocabulary.errors import ErrorKind
 from nxgate.vocabulary.results import SessionEvent, SessionView, State
 
 
@@ -30,17 +30,17 @@ class WireTests(TestCase):
         name says NotYours, and its words agree (issue 25)."""
         from nxgate.vocabulary.errors import SessionError
 
-        theirs = SessionError(Kind.NOT_YOURS, "Could not find session AB.", session_id="AB")
+        theirs = SessionError(ErrorKind.NOT_YOURS, "Could not find session AB.", session_id="AB")
         self.assertEqual(wire.error_message(theirs), "Session AB belongs to another user.")
-        gone = SessionError(Kind.NOT_FOUND, "Could not find session AB.", session_id="AB")
+        gone = SessionError(ErrorKind.NOT_FOUND, "Could not find session AB.", session_id="AB")
         self.assertEqual(wire.error_message(gone), "Could not find session AB.")
 
     def test_every_kind_has_a_valid_distinct_error_name(self):
-        names = {kind: wire.error_name(kind) for kind in Kind}
-        self.assertEqual(names[Kind.NOT_YOURS], "org.nxgate.Error.NotYours")
-        self.assertEqual(names[Kind.NOT_FOUND], "org.nxgate.Error.NotFound")
-        self.assertEqual(names[Kind.LIMIT_REACHED], "org.nxgate.Error.LimitReached")
-        self.assertEqual(len(set(names.values())), len(Kind))
+        names = {kind: wire.error_name(kind) for kind in ErrorKind}
+        self.assertEqual(names[ErrorKind.NOT_YOURS], "org.nxgate.Error.NotYours")
+        self.assertEqual(names[ErrorKind.NOT_FOUND], "org.nxgate.Error.NotFound")
+        self.assertEqual(names[ErrorKind.LIMIT_REACHED], "org.nxgate.Error.LimitReached")
+        self.assertEqual(len(set(names.values())), len(ErrorKind))
         for name in names.values():
             self.assertRegex(name, r"^org\.nxgate\.Error\.[A-Z][A-Za-z]+$")
 

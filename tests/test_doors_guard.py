@@ -13,7 +13,7 @@ from twisted.trial.unittest import TestCase
 
 from nxgate.gateway.doors.guard import DoorGuard
 from nxgate.streams.guarded import authenticated
-from nxgate.gateway.doors.preauth import Limits
+from nxgate.gateway.doors.preauth import PreauthLimits
 from tests.harness.clock import FakeReactor
 
 
@@ -49,7 +49,7 @@ class GuardTests(TestCase):
     def setUp(self) -> None:
         self.reactor = FakeReactor()
         self.files = 20
-        self.guard = DoorGuard(self.reactor, Limits(grace=30, per_address=2, penalty_grace=0, penalty_noauth=0),
+        self.guard = DoorGuard(self.reactor, PreauthLimits(grace=30, per_address=2, penalty_grace=0, penalty_noauth=0),
                                count_files=lambda: self.files, file_limit=1024, chance=lambda: 0.99)
         self.door = Door()
         self.factory = self.guard.wrap(self.door, "SSH")
@@ -131,7 +131,7 @@ class GuardTests(TestCase):
         web = self.guard.wrap(site, "HTTPS", http=True, inside_tls=True)
         # TLS offers ALPN (h2) from the factory it wraps: ours must say what the site says.
         self.assertEqual(IProtocolNegotiationFactory.providedBy(web), IProtocolNegotiationFactory.providedBy(site))
-        self.guard.table.limits = Limits(grace=30, per_address=2, penalty_noauth=100, penalty_min=1)
+        self.guard.table.limits = PreauthLimits(grace=30, per_address=2, penalty_noauth=100, penalty_min=1)
         wrapper, _ = self.connect(factory=web)
         wrapper.handshakeCompleted()
         self.assertEqual(self.guard.table.total, 0)
@@ -171,7 +171,7 @@ class GuardTests(TestCase):
         self.assertIsNone(self.factory.buildProtocol(peer("192.0.2.8")))
 
     def test_a_newcomer_at_a_full_door_displaces_a_silent_connection_of_the_heaviest_address(self) -> None:
-        self.guard.table.limits = Limits(grace=30, per_address=3, start=4, rate=30, full=4, penalty_noauth=0)
+        self.guard.table.limits = PreauthLimits(grace=30, per_address=3, start=4, rate=30, full=4, penalty_noauth=0)
         held = [self.connect("192.0.2.1") for _ in range(3)] + [self.connect("192.0.2.2")]
         held[1][0].dataReceived(b"SSH-2.0-")  # spoke last: not the most idle
         portal = self.guard.wrap(self.door, "HTTPS", http=True)

@@ -8,13 +8,13 @@ from twisted.trial.unittest import TestCase
 
 from nxgate import config as configuration
 from nxgate.config import parse_max_startups, parse_networks
-from nxgate.gateway.doors.preauth import DISPLACE_IDLE, MAX_SOURCES, Ending, Limits, PreauthTable, Refusal
+from nxgate.gateway.doors.preauth import DISPLACE_IDLE, MAX_SOURCES, Ending, PreauthLimits, PreauthTable, Refusal
 from tests.harness.clock import FakeReactor
 
 
 def table(chance: float = 0.99, **limits: object) -> tuple[PreauthTable, FakeReactor]:
     clock = FakeReactor(1000.0)
-    return PreauthTable(Limits(**limits), clock, lambda: chance), clock  # type: ignore[arg-type]
+    return PreauthTable(PreauthLimits(**limits), clock, lambda: chance), clock  # type: ignore[arg-type]
 
 
 class CapTests(TestCase):
@@ -88,7 +88,7 @@ class DoorTests(TestCase):
     def test_a_newcomer_at_a_full_door_displaces_the_heaviest_addresss_most_idle_connection(self) -> None:
         displaced: list[tuple[object, str, object]] = []
         clock = FakeReactor(1000.0)
-        preauth = PreauthTable(Limits(per_address=10, start=20, rate=30, full=20), clock, lambda: 0.0,
+        preauth = PreauthTable(PreauthLimits(per_address=10, start=20, rate=30, full=20), clock, lambda: 0.0,
                                lambda *gone: displaced.append(gone))
         self.flood(preauth, "SSH", 2, 9)
         self.flood(preauth, "SSH", 1, 2, first=3)  # 20: full
@@ -116,7 +116,7 @@ class DoorTests(TestCase):
         one that is busy logging in."""
         displaced: list[object] = []
         clock = FakeReactor(1000.0)
-        preauth = PreauthTable(Limits(per_address=10, start=10, rate=30, full=10), clock, lambda: 0.0,
+        preauth = PreauthTable(PreauthLimits(per_address=10, start=10, rate=30, full=10), clock, lambda: 0.0,
                                lambda connection, source, block: displaced.append(connection))
         self.flood(preauth, "SSH", 9, 1)
         preauth.admit("192.0.2.1", door="SSH", connection="login")
@@ -137,7 +137,7 @@ class DoorTests(TestCase):
     def test_a_displaced_connection_costs_its_address_a_penalty(self) -> None:
         blocks: list[object] = []
         clock = FakeReactor(1000.0)
-        preauth = PreauthTable(Limits(per_address=10, start=10, rate=30, full=10, penalty_noauth=5, penalty_min=15),
+        preauth = PreauthTable(PreauthLimits(per_address=10, start=10, rate=30, full=10, penalty_noauth=5, penalty_min=15),
                                clock, lambda: 0.0, lambda connection, source, block: blocks.append(block))
         self.flood(preauth, "SSH", 1, 10)
         for n in range(3):
@@ -271,6 +271,6 @@ class SettingTests(TestCase):
         self.assertIn("'nonsense'", text)
 
     def test_limits_from_the_default_config(self) -> None:
-        limits = Limits.from_config(configuration.load(None))
+        limits = PreauthLimits.from_config(configuration.load(None))
         self.assertEqual((limits.grace, limits.per_address, limits.start, limits.rate, limits.full),
                          (30.0, 10, 100, 30, 200))

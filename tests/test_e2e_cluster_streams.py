@@ -28,7 +28,7 @@ import os
 from twisted.internet import defer, reactor
 
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.streams import AGENT, VIEW, StreamKind
 from nxgate.wire.remote_node import RemoteNode
 from nxgate.wire.tls import ClusterTLS
@@ -66,16 +66,16 @@ class NodeStreamRefusalTests(ClusterTestCase):
 
         for kind in (AGENT, VIEW):
             error = yield self.refused(node, stranger, session_id, kind)
-            self.assertEqual((error.kind, error.message), (Kind.NOT_YOURS, f"Could not find session {session_id}."))
+            self.assertEqual((error.kind, error.message), (ErrorKind.NOT_YOURS, f"Could not find session {session_id}."))
         self.assertIn(f"{other.name} from 192.0.2.11 asked for session {session_id} of another user",
                       node_member.log())
 
         error = yield self.refused(node, owner, session_id, StreamKind("accept", 1))
         self.assertEqual((error.kind, error.message),
-                         (Kind.INVALID_REQUEST, "Machine node-b opens no stream of kind accept 1."))
+                         (ErrorKind.INVALID_REQUEST, "Machine node-b opens no stream of kind accept 1."))
 
         error = yield self.refused(node, owner, "F" * 32)
-        self.assertEqual((error.kind, error.message), (Kind.NOT_FOUND, f"Could not find session {'F' * 32}."))
+        self.assertEqual((error.kind, error.message), (ErrorKind.NOT_FOUND, f"Could not find session {'F' * 32}."))
 
         # Nothing reached the agent (a stranger's handshake would have made it abort): its own
         # client attaches through the gateway, and sees the session's screen.
@@ -86,4 +86,4 @@ class NodeStreamRefusalTests(ClusterTestCase):
         gateway.admin("terminate", session_id)
         wait_for(lambda: session_id not in self.sessions(gateway), 60, "the session's end")
         error = yield self.refused(node, owner, session_id)
-        self.assertEqual((error.kind, error.message), (Kind.NOT_FOUND, f"Could not find session {session_id}."))
+        self.assertEqual((error.kind, error.message), (ErrorKind.NOT_FOUND, f"Could not find session {session_id}."))

@@ -463,10 +463,10 @@ class CheckerTests(TestCase):
         graph = {
             "nxgate.node.files": frozenset({"nxgate.vocabulary.model.Session", "nxgate.gateway.router.Router"}),
             "nxgate.node.agents.nxagent": frozenset({"nxgate.node.files", "nxgate.node.agents.x11"}),
-            "nxgate.protocols.nx.dispatch": frozenset({"time", "nxgate.vocabulary.errors.Kind", "nxgate.config"}),
+            "nxgate.protocols.nx.dispatch": frozenset({"time", "nxgate.vocabulary.errors.ErrorKind", "nxgate.config"}),
             "nxgate.vocabulary.results": frozenset({"twisted.internet.defer", "nxgate.vocabulary.model.State"}),
             "nxgate.vocabulary.model": frozenset({"nxgate.node.processes", "nxgate.safetext"}),
-            "nxgate.gateway.doors.admin.server": frozenset({"nxgate.node.service.SessionService",
+            "nxgate.gateway.doors.admin.server": frozenset({"nxgate.node.service.SessionManager",
                                                             "nxgate.vocabulary.api.SessionAPI"}),
             "nxgate.gateway.router": frozenset({"nxgate.node.local.LocalNode", "nxgate.store.errors.StoreError"}),
             "nxgate.gateway.doors.openssh.login_shell": frozenset({"os", "nxgate.gateway.doors.openssh.framing",
@@ -481,7 +481,7 @@ class CheckerTests(TestCase):
             "L4 nxgate.vocabulary.model imports nxgate.node.processes",
             "L4 nxgate.vocabulary.results imports twisted.internet.defer (the vocabulary is pure)",
             "L5 nxgate.clients.nx.main imports nxgate.node.files",
-            "L5 nxgate.gateway.doors.admin.server imports nxgate.node.service.SessionService",
+            "L5 nxgate.gateway.doors.admin.server imports nxgate.node.service.SessionManager",
             "L5 nxgate.gateway.router imports nxgate.node.local.LocalNode",
             "L5 nxgate.vocabulary.model imports nxgate.node.processes",
             "L6 nxgate.gateway.doors.openssh.login_shell imports twisted.python",
@@ -630,8 +630,8 @@ class BrokenTreeTests(TestCase):
                           ("nxgate/vocabulary/x.py", "from twisted.internet import defer\n"))
 
     def test_l5_membership_importing_the_node(self) -> None:
-        self.assertBroken("L5 nxgate.gateway.membership imports nxgate.node.service.SessionService",
-                          ("nxgate/gateway/membership.py", "\nfrom nxgate.node.service import SessionService\n"),
+        self.assertBroken("L5 nxgate.gateway.membership imports nxgate.node.service.SessionManager",
+                          ("nxgate/gateway/membership.py", "\nfrom nxgate.node.service import SessionManager\n"),
                           append=True)
 
     def test_l5_through_importlib(self) -> None:

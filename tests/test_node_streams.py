@@ -23,9 +23,9 @@ from nxgate.gateway.router import Router
 from nxgate.node import browser_viewer
 from nxgate.host import files
 from nxgate.node.local import LocalNode
-from nxgate.node.manager import SessionService
+from nxgate.node.manager import SessionManager
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.model import State
 from nxgate.vocabulary.requests import DisplaySettings, StartRequest
 from nxgate.vocabulary.streams import AGENT, VIEW, StreamKind
@@ -52,7 +52,7 @@ class OpenStreamTests(TestCase):
         self.store = inline_store(layout.database)
         self.addCleanup(self.store.close)
         self.launcher = FakeLauncher(self)
-        self.service = SessionService(self.reactor, self.config, self.store.deferred, layout,
+        self.service = SessionManager(self.reactor, self.config, self.store.deferred, layout,
                                       notifier=FakeNotifier(), launcher=self.launcher,
                                       send_signal=lambda process, signum: True, listens=lambda pid, port: True)
         self.viewers = browser_viewer.BrowserViewers(self.reactor, self.launcher, "/nonexistent", "/nonexistent")
@@ -107,7 +107,7 @@ class OpenStreamTests(TestCase):
         for api in (self.router, self.node):
             for kind in (AGENT, VIEW):
                 error = self.refused(api, self.other, session_id, kind)
-                self.assertEqual((error.kind, error.message), (Kind.NOT_YOURS, f"Could not find session {session_id}."))
+                self.assertEqual((error.kind, error.message), (ErrorKind.NOT_YOURS, f"Could not find session {session_id}."))
         self.assertRaises(BlockingIOError, listener.accept)  # nothing reached the agent
 
     def test_a_kind_the_node_does_not_know(self) -> None:
@@ -115,7 +115,7 @@ class OpenStreamTests(TestCase):
         for kind in (StreamKind("accept", 7), StreamKind("agent", 1), StreamKind("shell")):
             for api in (self.router, self.node):
                 error = self.refused(api, self.owner, session_id, kind)
-                self.assertEqual(error.kind, Kind.INVALID_REQUEST)
+                self.assertEqual(error.kind, ErrorKind.INVALID_REQUEST)
                 self.assertEqual(error.message, f"Machine this-box opens no stream of kind {kind}.")
         self.assertRaises(ValueError, StreamKind, "Agent!")
         self.assertRaises(ValueError, StreamKind, "accept", -1)
@@ -123,13 +123,13 @@ class OpenStreamTests(TestCase):
     def test_a_session_that_is_not_running(self) -> None:
         session_id = self.started()
         self.service.sessions[session_id] = self.service.sessions[session_id].evolve(state=State.TERMINATING)
-        self.assertEqual(self.refused(self.node, self.owner, session_id).kind, Kind.WRONG_STATE)
+        self.assertEqual(self.refused(self.node, self.owner, session_id).kind, ErrorKind.WRONG_STATE)
         self.service._agent_line(session_id, TERMINATED)
         for api in (self.router, self.node):
             error = self.refused(api, self.owner, session_id)
-            self.assertEqual((error.kind, error.message), (Kind.NOT_FOUND, f"Could not find session {session_id}."))
+            self.assertEqual((error.kind, error.message), (ErrorKind.NOT_FOUND, f"Could not find session {session_id}."))
         error = self.refused(self.router, self.owner, "F" * 32)
-        self.assertEqual(error.kind, Kind.NOT_FOUND)
+        self.assertEqual(error.kind, ErrorKind.NOT_FOUND)
 
     def test_an_agent_that_does_not_listen_is_unavailable_in_time(self) -> None:
         session_id = self.started()
@@ -137,7 +137,7 @@ class OpenStreamTests(TestCase):
         self.assertNoResult(d)
         self.reactor.pump([0.1] * 40)  # the agent never listens: given up after a few seconds
         error = self.failureResultOf(d, SessionError).value
-        self.assertEqual(error.kind, Kind.UNAVAILABLE)
+        self.assertEqual(error.kind, ErrorKind.UNAVAILABLE)
         self.assertIn(f"The agent of session {session_id} cannot be reached", error.message)
 
     def test_a_view_of_a_session_that_never_had_a_client(self) -> None:
@@ -145,7 +145,7 @@ class OpenStreamTests(TestCase):
         session_id = self.started()
         error = self.refused(self.node, self.owner, session_id, VIEW)
         self.assertEqual((error.kind, error.message),
-                         (Kind.WRONG_STATE, f"Session {session_id} cannot be shown in a browser now."))
+                         (ErrorKind.WRONG_STATE, f"Session {session_id} cannot be shown in a browser now."))
         self.assertEqual(len(self.launcher.requests), 1)  # the agent only: no x11vnc
         self.assertEqual(self.viewers.count(), 0)
 
@@ -154,4 +154,4 @@ class OpenStreamTests(TestCase):
         session_id = self.started()
         admin = Caller("admin-" + ME, 0, 0, frozenset(), "192.0.2.9", admin=True)
         error = self.refused(self.node, admin, session_id, VIEW)
-        self.assertEqual((error.kind, error.message), (Kind.NOT_YOURS, f"Could not find session {session_id}."))
+        self.assertEqual((error.kind, error.message), (ErrorKind.NOT_YOURS, f"Could not find session {session_id}."))

@@ -16,7 +16,7 @@ from nxgate.protocols.nx.requests import remote_request
 from nxgate.vocabulary.model import State
 from nxgate.node.programs import session_command
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.requests import DisplaySettings, StartRequest
 from nxgate.vocabulary.results import Listing, Progress, Ready, SessionView, ShadowTarget, StreamTarget
 from tests.harness.fakes import FakeSessionAPI
@@ -63,44 +63,44 @@ def _start(session_type: str, application: tuple[str, ...] = ()):
 #: shadow service's are built as they build them (their own tests check them
 #: end to end through the dispatcher).
 SITES = [
-    ("manager.start/restore: unencrypted", SessionError(Kind.ENCRYPTION_REQUIRED, "Unencrypted sessions are not allowed."),
+    ("manager.start/restore: unencrypted", SessionError(ErrorKind.ENCRYPTION_REQUIRED, "Unencrypted sessions are not allowed."),
      "NX> 596 Unencrypted sessions are not allowed."),
-    ("manager.launch: store full", SessionError(Kind.STORAGE_FULL, "Session startup failed: the server's storage is full."),
+    ("manager.launch: store full", SessionError(ErrorKind.STORAGE_FULL, "Session startup failed: the server's storage is full."),
      "NX> 596 Error: Session startup failed: the server's storage is full."),
-    ("manager.launch: store unusable", SessionError(Kind.UNAVAILABLE, "Session startup failed: the server's session store"
+    ("manager.launch: store unusable", SessionError(ErrorKind.UNAVAILABLE, "Session startup failed: the server's session store"
                                                     " is damaged."),
      "NX> 596 Error: Session startup failed: the server's session store is damaged."),
-    ("manager.launch: agent failed", SessionError(Kind.FAILED_TO_START, "Session startup failed: nxagent ended"),
+    ("manager.launch: agent failed", SessionError(ErrorKind.FAILED_TO_START, "Session startup failed: nxagent ended"),
      "NX> 596 Error: Session startup failed: nxagent ended"),
     ("manager.launch: viewer status", remote.viewer_failure(remote.RemoteDesktop("vnc", "h", 5901, "vnc"),
                                                             "error auth: wrong password"),
      "NX> 596 Error: The remote desktop h:5901 refused the login: wrong password"),
-    ("manager.launch: bug", SessionError(Kind.INTERNAL, "Session startup failed: internal error (see the server log)."),
+    ("manager.launch: bug", SessionError(ErrorKind.INTERNAL, "Session startup failed: internal error (see the server log)."),
      "NX> 596 Error: Session startup failed: internal error (see the server log)."),
-    ("manager.restore: bad state", SessionError(Kind.WRONG_STATE, f"Session {ID} cannot be resumed while it is starting."),
+    ("manager.restore: bad state", SessionError(ErrorKind.WRONG_STATE, f"Session {ID} cannot be resumed while it is starting."),
      f"NX> 596 Error: Session {ID} cannot be resumed while it is starting."),
-    ("manager.restore: ended", SessionError(Kind.FAILED_TO_RESUME, "Session resume failed: the session ended"),
+    ("manager.restore: ended", SessionError(ErrorKind.FAILED_TO_RESUME, "Session resume failed: the session ended"),
      "NX> 596 Error: Session resume failed: the session ended"),
-    ("manager.suspend_session: timeout", SessionError(Kind.FAILED_TO_SUSPEND, "Session suspend failed: timed out"),
+    ("manager.suspend_session: timeout", SessionError(ErrorKind.FAILED_TO_SUSPEND, "Session suspend failed: timed out"),
      "NX> 596 Error: Session suspend failed: timed out"),
-    ("manager.suspend_session: bad state", SessionError(Kind.WRONG_STATE, f"Session {ID} is starting."),
+    ("manager.suspend_session: bad state", SessionError(ErrorKind.WRONG_STATE, f"Session {ID} is starting."),
      f"NX> 596 Error: Session {ID} is starting."),
-    ("manager._owned: none", SessionError(Kind.NOT_FOUND, f"Could not find session {ID}."),
+    ("manager._owned: none", SessionError(ErrorKind.NOT_FOUND, f"Could not find session {ID}."),
      f"NX> 596 Error: Could not find session {ID}."),
-    ("manager._owned: someone else's", SessionError(Kind.NOT_YOURS, f"Could not find session {ID}."),
+    ("manager._owned: someone else's", SessionError(ErrorKind.NOT_YOURS, f"Could not find session {ID}."),
      f"NX> 596 Error: Could not find session {ID}."),
     ("manager._check_capacity: draining", SessionError(
-        Kind.LIMIT_REACHED, "This server takes no new sessions at the moment (maintenance)."),
+        ErrorKind.LIMIT_REACHED, "This server takes no new sessions at the moment (maintenance)."),
      "NX> 599 This server takes no new sessions at the moment (maintenance)."),
     ("manager._check_capacity: max_sessions", SessionError(
-        Kind.LIMIT_REACHED, "Reached the maximum number of concurrent sessions on this server."),
+        ErrorKind.LIMIT_REACHED, "Reached the maximum number of concurrent sessions on this server."),
      "NX> 599 Reached the maximum number of concurrent sessions on this server."),
-    ("manager._check_capacity: per user", SessionError(Kind.LIMIT_REACHED, "Server capacity: reached for user: alice"),
+    ("manager._check_capacity: per user", SessionError(ErrorKind.LIMIT_REACHED, "Server capacity: reached for user: alice"),
      "NX> 599 Server capacity: reached for user: alice"),
-    ("manager._allocate_display", SessionError(Kind.FAILED_TO_START, "Display limit exceeded: no free display for a"
+    ("manager._allocate_display", SessionError(ErrorKind.FAILED_TO_START, "Display limit exceeded: no free display for a"
                                                " new session."),
      "NX> 596 Error: Display limit exceeded: no free display for a new session."),
-    ("manager._own_listener", SessionError(Kind.FAILED_TO_START, "Session startup failed: its port is in use by"
+    ("manager._own_listener", SessionError(ErrorKind.FAILED_TO_START, "Session startup failed: its port is in use by"
                                            " another process."),
      "NX> 596 Error: Session startup failed: its port is in use by another process."),
     ("programs: application", raised(_start("unix-application", ("no-such-program-nxgate",))),
@@ -126,19 +126,19 @@ SITES = [
         Config(targets={"lab": TargetSection(protocol="vnc", host="h", engine="freerdp")}), '--agent_server="lab"',
         "vnc")),
      "NX> 596 Error: Target 'lab' has engine freerdp, which does not speak VNC."),
-    ("session/remote: missing engine", SessionError(Kind.UNAVAILABLE, "The vnc engine is not installed on this server"
+    ("session/remote: missing engine", SessionError(ErrorKind.UNAVAILABLE, "The vnc engine is not installed on this server"
                                                     " (vncdotool is missing); the admin can install it or use the"
                                                     " tightvnc engine."),
      "NX> 596 Error: The vnc engine is not installed on this server (vncdotool is missing); the admin can install it"
      " or use the tightvnc engine."),
-    ("session/remote: unreachable", SessionError(Kind.REMOTE_FAILED, "Cannot connect to the remote desktop lab:"
+    ("session/remote: unreachable", SessionError(ErrorKind.REMOTE_FAILED, "Cannot connect to the remote desktop lab:"
                                                  " connection refused."),
      "NX> 596 Error: Cannot connect to the remote desktop lab: connection refused."),
-    ("shadow.attach: no target", SessionError(Kind.NOT_FOUND, f"Could not find shadowed session {ID}. Session failed."),
+    ("shadow.attach: no target", SessionError(ErrorKind.NOT_FOUND, f"Could not find shadowed session {ID}. Session failed."),
      f"NX> 596 Error: Could not find shadowed session {ID}. Session failed."),
-    ("shadow.attach: refused", SessionError(Kind.REFUSED_BY_OWNER, "Authorization refused by user: bob."),
+    ("shadow.attach: refused", SessionError(ErrorKind.REFUSED_BY_OWNER, "Authorization refused by user: bob."),
      "NX> 596 Error: Authorization refused by user: bob."),
-    ("shadow.attach: no answer", SessionError(Kind.REFUSED_BY_OWNER, "Authorization refused by user: bob. (no answer"
+    ("shadow.attach: no answer", SessionError(ErrorKind.REFUSED_BY_OWNER, "Authorization refused by user: bob. (no answer"
                                               " within 30 seconds)"),
      "NX> 596 Error: Authorization refused by user: bob. (no answer within 30 seconds)"),
 ]
@@ -226,7 +226,7 @@ class DispatchTests(SynchronousTestCase):
         self.assertTrue(lines[3].endswith("desk bob"))
         self.assertEqual(lines[-1], "")  # no 147/148 line
         said = []
-        _, d = self.run_command(SessionError(Kind.REFUSED_BY_OWNER, "Authorization refused by user: bob."),
+        _, d = self.run_command(SessionError(ErrorKind.REFUSED_BY_OWNER, "Authorization refused by user: bob."),
                                 "attachsession", f'--id="{ID}"', said.append)
         self.assertEqual(said, ["NX> 726 Asking user for authorization to attach to session"])
         self.assertEqual(self.failureResultOf(d, NXError).value.text, "Error: Authorization refused by user: bob.")
@@ -242,7 +242,7 @@ class DispatchTests(SynchronousTestCase):
                          ["NX> 500 ERROR: addkey is not available on this server", LAST])
 
     def test_remote_values_reach_the_service_raw(self):
-        service, d = self.run_command(SessionError(Kind.REMOTE_FAILED, "x"), "startsession",
+        service, d = self.run_command(SessionError(ErrorKind.REMOTE_FAILED, "x"), "startsession",
                                       '--type="vnc" --agent_server="lab" --agent_password="s3cret"')
         self.failureResultOf(d, NXError)
         request = service.received[0][2]

@@ -20,7 +20,7 @@ from nxgate.streams.reverse import LineReader, RouteError, Waiting
 from nxgate.streams.reverse_route import ReverseRoute
 from nxgate.threads import inline
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.model import Session, State
 
 SID = "A" * 32
@@ -180,13 +180,13 @@ class ListenerTests(TestCase):
         stranger = Caller(user="mallory", uid=4242, gid=4242)
         with self.assertRaises(SessionError) as refused:
             self.listeners.take(stranger, self.session, reverse.SOUND, announced[0])
-        self.assertEqual(refused.exception.kind, Kind.NOT_YOURS)
+        self.assertEqual(refused.exception.kind, ErrorKind.NOT_YOURS)
         with self.assertRaises(SessionError):
             self.listeners.take(self.caller, self.session, reverse.PRINTING, announced[0])
         self.listeners.take(self.caller, self.session, reverse.SOUND, announced[0]).close()
         with self.assertRaises(SessionError) as again:
             self.listeners.take(self.caller, self.session, reverse.SOUND, announced[0])
-        self.assertEqual(again.exception.kind, Kind.NOT_FOUND)
+        self.assertEqual(again.exception.kind, ErrorKind.NOT_FOUND)
 
     @defer.inlineCallbacks
     def test_another_users_connection_is_refused_before_a_byte(self):
@@ -269,7 +269,7 @@ class ListenerTests(TestCase):
         listeners = ReverseListeners(reactor, self.directory, inline, self.sessions.get, lambda word: False)
         with self.assertRaises(SessionError) as off:
             listeners.open_route(self.caller, self.session, reverse.SOUND)
-        self.assertEqual(off.exception.kind, Kind.NOT_ALLOWED)
+        self.assertEqual(off.exception.kind, ErrorKind.NOT_ALLOWED)
         with self.assertRaises(SessionError) as ending:
             self.listeners.open_route(self.caller, self.session.evolve(state=State.TERMINATING), reverse.SOUND)
-        self.assertEqual(ending.exception.kind, Kind.WRONG_STATE)
+        self.assertEqual(ending.exception.kind, ErrorKind.WRONG_STATE)

@@ -10,7 +10,7 @@ from twisted.trial.unittest import TestCase
 
 from nxgate.protocols import service_channels
 from nxgate.config import ServicesSection
-from nxgate.node.services import Extras, grant
+from nxgate.node.services import Services, grant
 from nxgate.node.services.ports import endpoints
 from nxgate.protocols.nx import replies
 from nxgate.protocols.nx.params import parse_params
@@ -112,7 +112,7 @@ class Broken:
 class Hooks(TestCase):
     async def test_a_failing_extra_never_raises(self) -> None:
         session = SimpleNamespace(id="S", user="u", options={"services": ["sound"]})
-        extras = Extras([Broken()])
+        extras = Services([Broken()])
         self.assertEqual(extras.environment(session), {})
         await extras.start(session)
         await extras.stop(session)
@@ -120,12 +120,12 @@ class Hooks(TestCase):
 
     def test_an_extra_that_cannot_be_imported_is_logged(self) -> None:
         """Issue 23: an ImportError used to skip an extra without a word."""
-        extras = Extras.load(SimpleNamespace(), {"sound": "nxgate.node.services.no_such_module"})
+        extras = Services.load(SimpleNamespace(), {"sound": "nxgate.node.services.no_such_module"})
         self.assertEqual(extras.by_name, {})
         self.assertEqual(len(self.flushLoggedErrors(ImportError)), 1)
 
     def test_only_granted_extras(self) -> None:
-        extras = Extras([Broken()])
+        extras = Services([Broken()])
         self.assertEqual(extras.of(SimpleNamespace(options={"services": ["printing"]})), [])
         self.assertEqual(len(extras.of(SimpleNamespace(options={"services": ["sound"]}))), 1)
 
@@ -197,11 +197,11 @@ class SessionSide(TestCase):
 
     def service(self, services: ServicesSection = ServicesSection()):
         from nxgate.config import Config, SessionsSection
-        from nxgate.node.manager import SessionService
+        from nxgate.node.manager import SessionManager
 
         config = Config(sessions=SessionsSection(display_base=3300, display_limit=20), services=services,
                         types={"unix-console": ("true",)})
-        return SessionService(self.reactor, config, self.store.deferred, self.layout, notifier=self.notifier,
+        return SessionManager(self.reactor, config, self.store.deferred, self.layout, notifier=self.notifier,
                               launcher=self.launcher, listens=lambda pid, port: True)
 
     def running(self, manager, params: str):

@@ -8,7 +8,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.config import Config, SessionsSection
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.node.kinds import DesktopKind, RemoteDesktopKind, kind_for
 from nxgate.vocabulary.requests import DisplaySettings, StartRequest
 
@@ -33,7 +33,7 @@ class KindTests(SynchronousTestCase):
         self.assertIsInstance(kind_for(self.kinds, "vnc"), RemoteDesktopKind)
         self.assertIsInstance(kind_for(self.kinds, "unix-console"), DesktopKind)
         error = self.assertRaises(SessionError, kind_for, self.kinds, "shadow")
-        self.assertEqual(error.kind, Kind.INVALID_REQUEST)
+        self.assertEqual(error.kind, ErrorKind.INVALID_REQUEST)
 
     def test_a_desktop_plan(self):
         launch = self.successResultOf(self.prepare(request("unix-console")))
@@ -43,6 +43,6 @@ class KindTests(SynchronousTestCase):
 
     def test_desktop_refusals(self):
         self.assertEqual(self.failureResultOf(self.prepare(request("unix-console", encrypted=False)),
-                                              SessionError).value.kind, Kind.ENCRYPTION_REQUIRED)
+                                              SessionError).value.kind, ErrorKind.ENCRYPTION_REQUIRED)
         self.assertEqual(self.failureResultOf(self.prepare(request("unix-nothing")), SessionError).value.kind,
-                         Kind.UNAVAILABLE)
+                         ErrorKind.UNAVAILABLE)

@@ -12,8 +12,8 @@ from nxgate.node import displays
 from nxgate.node.displays import DisplayAllocator, NoFreeDisplay
 from nxgate.vocabulary.model import Session, State
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
-from nxgate.session_limits import Limits
+from nxgate.vocabulary.errors import ErrorKind, SessionError
+from nxgate.session_limits import SessionLimits
 
 
 def session(user: str, state: State = State.RUNNING) -> Session:
@@ -25,12 +25,12 @@ class LimitsTests(TestCase):
     def setUp(self):
         self.config = Config(sessions=SessionsSection(max_sessions=3, max_sessions_per_user=1),
                              limits={"user.bob": 2, "group.staff": 0, "group.few": 1})
-        self.limits = Limits(lambda: self.config)
+        self.limits = SessionLimits(lambda: self.config)
         self.alice = Caller(user="alice", uid=1000, gid=1000)
 
     def refused(self, caller, sessions):
         error = self.assertRaises(SessionError, self.limits.check, caller, sessions)
-        self.assertEqual(error.kind, Kind.LIMIT_REACHED)
+        self.assertEqual(error.kind, ErrorKind.LIMIT_REACHED)
         return error.message
 
     def test_per_user_then_per_group_then_total(self):

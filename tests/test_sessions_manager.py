@@ -25,13 +25,13 @@ from nxgate.protocols.nx.errors import NXError
 from nxgate.protocols.nx.params import parse_params
 from nxgate.host import files, processes
 from nxgate.node.supervisor import SIGHUP_RETRY_SECONDS
-from nxgate.node.manager import SessionService
+from nxgate.node.manager import SessionManager
 from nxgate.vocabulary.model import State
 from nxgate.host.processes import ProcessId
 from nxgate.protocols.nx.requests import start_request
 from tests.harness.stores import inline_store
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.results import StreamTarget
 from tests.harness.clock import FakeReactor
 
@@ -120,7 +120,7 @@ class ManagerTests(TestCase):
             return True
 
         self.listening = True  # the stand-in agents hold no port; the real check runs end to end
-        self.manager = SessionService(self.reactor, self.config, self.store.deferred, layout,
+        self.manager = SessionManager(self.reactor, self.config, self.store.deferred, layout,
                                       notifier=FakeNotifier(), launcher=self.launcher,
                                       send_signal=record_signal, listens=lambda pid, port: self.listening)
         self.client = caller()
@@ -211,10 +211,10 @@ class ManagerTests(TestCase):
         self.assertEqual(self.store.get(session_id).name, "Work\\x07")
         other = self.failureResultOf(defer.ensureDeferred(
             self.manager.rename(caller(user="someone-else"), session_id, "Mine")), SessionError).value
-        self.assertIs(other.kind, Kind.NOT_YOURS)
+        self.assertIs(other.kind, ErrorKind.NOT_YOURS)
         empty = self.failureResultOf(defer.ensureDeferred(self.manager.rename(self.client, session_id, "  ")),
                                      SessionError).value
-        self.assertIs(empty.kind, Kind.INVALID_REQUEST)
+        self.assertIs(empty.kind, ErrorKind.INVALID_REQUEST)
         self.assertEqual(self.manager.sessions[session_id].name, "Work\\x07")
 
     def test_observers_hear_creation_and_every_state_change(self):
@@ -279,8 +279,8 @@ class ManagerTests(TestCase):
         self.assertEqual(self.launcher.requests[-1]["argv"], ["true"])  # its program starts at the first attach
 
     def test_only_types_that_need_nothing_more_start_for_later(self):
-        for session_type, kind in (("unix-application", Kind.INVALID_REQUEST), ("vnc", Kind.INVALID_REQUEST),
-                                   ("unix-kde", Kind.UNAVAILABLE)):
+        for session_type, kind in (("unix-application", ErrorKind.INVALID_REQUEST), ("vnc", ErrorKind.INVALID_REQUEST),
+                                   ("unix-kde", ErrorKind.UNAVAILABLE)):
             error = self.failureResultOf(defer.ensureDeferred(
                 self.manager.start_for_later(self.client, session_type, "x")), SessionError).value
             self.assertIs(error.kind, kind, session_type)
@@ -291,7 +291,7 @@ class ManagerTests(TestCase):
         self.started_for_later()
         error = self.failureResultOf(defer.ensureDeferred(
             self.manager.start_for_later(self.client, "unix-console", "")), SessionError).value
-        self.assertIs(error.kind, Kind.LIMIT_REACHED)
+        self.assertIs(error.kind, ErrorKind.LIMIT_REACHED)
 
     def resumed(self):
         """A session that was attached, suspended and now waits for its resuming client."""
@@ -518,7 +518,7 @@ class ReconcileTests(TestCase):
 
     def manager(self):
         config = Config(sessions=SessionsSection(display_base=3200), types={"unix-console": ("true",)})
-        return SessionService(self.reactor, config, self.store.deferred, self.layout, notifier=FakeNotifier(),
+        return SessionManager(self.reactor, config, self.store.deferred, self.layout, notifier=FakeNotifier(),
                               launcher=self.launcher)
 
     def leave_session(self, agent: ProcessId, log_lines: list[str], state: State):
@@ -717,7 +717,7 @@ class LateStoreTests(TestCase):
                     return answer
                 return call
 
-        self.manager = SessionService(self.reactor, self.config, LateStore(), self.manager.layout,
+        self.manager = SessionManager(self.reactor, self.config, LateStore(), self.manager.layout,
                                       notifier=FakeNotifier(), launcher=self.launcher,
                                       send_signal=self.manager.supervisor.send_signal,
                                       listens=lambda pid, port: self.listening)

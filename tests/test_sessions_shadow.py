@@ -16,11 +16,11 @@ from nxgate.host.files import StateLayout
 from nxgate.vocabulary.model import Session, State
 from nxgate.host.processes import ProcessId
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.requests import DisplaySettings, ShadowRequest
 from nxgate.node import console
 from nxgate.host import processes
-from nxgate.node.shadow_sessions import ShadowService, Target
+from nxgate.node.shadow_sessions import ShadowSessions, Target
 from nxgate.host import users
 from nxgate.host.users import UserDirectory
 from tests.harness.clock import FakeReactor
@@ -68,7 +68,7 @@ class ShadowServiceTests(SynchronousTestCase):
         self.manager = Manager(StateLayout(root))
         self.blocking = Late()
         config = Config(shadow=ShadowSection(console_display=":5"))
-        self.service = ShadowService(self.manager, config, self.blocking, UserDirectory(self.blocking))
+        self.service = ShadowSessions(self.manager, config, self.blocking, UserDirectory(self.blocking))
         self.caller = Caller(ME.pw_name, ME.pw_uid, ME.pw_gid, address="192.0.2.1")
 
     def test_the_console_is_found_through_blocking(self):
@@ -146,7 +146,7 @@ class ShadowServiceTests(SynchronousTestCase):
         """Issue 25: Python's exit 1 (no display: the consent dialog never reached the owner) was
         reported as "Authorization refused by user"."""
         error = self.failureResultOf(self.ask_with_exit_code(1), SessionError).value
-        self.assertEqual(error.kind, Kind.UNAVAILABLE)
+        self.assertEqual(error.kind, ErrorKind.UNAVAILABLE)
         self.assertIn("could not be asked", error.message)
         self.assertNotIn("refused", error.message)
 
@@ -157,7 +157,7 @@ class ShadowServiceTests(SynchronousTestCase):
         d = defer.ensureDeferred(self.service.attach(self.caller, request))
         self.blocking.calls[0][2].callback(None)
         error = self.failureResultOf(d, SessionError).value
-        self.assertEqual(error.kind, Kind.NOT_ALLOWED)
+        self.assertEqual(error.kind, ErrorKind.NOT_ALLOWED)
         self.assertIn("runs in a jail", error.message)
         self.assertIn("was not asked", error.message)
         self.assertEqual(self.manager.runs, [])  # no dialog

@@ -21,7 +21,7 @@ from nxgate.protocols.nx.errors import NXError
 from nxgate.protocols.nx.mounts import mount_name, parse_addmount
 from nxgate.protocols.nx.params import parse_params
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.requests import ShareMount
 from nxgate.config import ServicesSection
 from tests.harness.fakes import FakeSessionAPI
@@ -107,7 +107,7 @@ class DispatchTests(SynchronousTestCase):
         self.assertTrue(reply.lines[0].startswith("NX> 719 SMB filesystem: off"))
 
     def test_someone_elses_session_is_not_found(self):
-        error = SessionError(Kind.NOT_YOURS, f"Could not find session {SESSION_ID}.", session_id=SESSION_ID)
+        error = SessionError(ErrorKind.NOT_YOURS, f"Could not find session {SESSION_ID}.", session_id=SESSION_ID)
         failure = self.failureResultOf(run(NXDispatcher(sharing_api(error)).execute(
             CALLER, "addmount", params(OPENNX))), NXError)
         self.assertEqual(failure.value.lines(), [f"NX> 596 Error: Could not find session {SESSION_ID}.",
@@ -238,8 +238,8 @@ class ServiceTests(TestCase):
         async def mount(session, mount):
             self.mounted.append((session.id, mount))
 
-        if "sharing" in service.extras.by_name:
-            service.extras.by_name["sharing"].mount = mount
+        if "sharing" in service.services.by_name:
+            service.services.by_name["sharing"].mount = mount
         session, reply = self.running(service, f'--samba="{samba}"')
         return service, session, reply
 

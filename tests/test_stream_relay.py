@@ -94,9 +94,9 @@ class FlowControlTests(SynchronousTestCase):
         self.assertEqual(theirs.recv(1), b"")
 
     def test_a_refusal_closes_the_client(self) -> None:
-        from nxgate.vocabulary.errors import Kind, SessionError
+        from nxgate.vocabulary.errors import ErrorKind, SessionError
 
-        self.opener.answer.errback(SessionError(Kind.NOT_YOURS, "Could not find session " + "S" * 32 + "."))
+        self.opener.answer.errback(SessionError(ErrorKind.NOT_YOURS, "Could not find session " + "S" * 32 + "."))
         self.assertTrue(self.channel.closed)
         self.assertFalse(self.channel.paused)
 

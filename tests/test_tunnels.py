@@ -23,7 +23,7 @@ class Codec(TestCase):
         for bad in (b"", reverse_request.encode("sound", SID), reverse_request.encode("sharing", "x" * 32),
                     reverse_request.encode("sharing", SID)[:-1], reverse_request.encode("sharing", SID) + b"!",
                     b"\x00\x00\x10\x00" + b"a" * 4096):
-            self.assertRaises(reverse_request.TunnelRequestError, reverse_request.decode, bad)
+            self.assertRaises(reverse_request.ReverseRequestError, reverse_request.decode, bad)
 
 
 class FakeConnection:

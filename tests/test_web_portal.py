@@ -25,7 +25,7 @@ from nxgate.gateway.doors.web.logins import COOKIE_NAME, LoginTable
 from nxgate.gateway.doors.web.site import PRELOGIN_COOKIE, web_site, words_of
 from nxgate.node import thumbnails
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.results import Listing, ServiceStatus, SessionView, ShadowTarget
 from nxgate.vocabulary.model import State
 from tests.harness.fakes import FakeSessionAPI
@@ -122,12 +122,12 @@ def xwd(width: int, height: int, pixels: list[tuple[int, int, int]]) -> bytes:
 class WordsTests(TestCase):
     def test_refusals_name_no_session_id(self) -> None:
         session_id = "0123456789ABCDEF0123456789ABCDEF"
-        for kind in (Kind.NOT_FOUND, Kind.NOT_YOURS):
+        for kind in (ErrorKind.NOT_FOUND, ErrorKind.NOT_YOURS):
             self.assertEqual(words_of(SessionError(kind, f"Could not find session {session_id}.")), "No such session.")
-        words = words_of(SessionError(Kind.WRONG_STATE, f"Session {session_id} is starting.", session_id=session_id))
+        words = words_of(SessionError(ErrorKind.WRONG_STATE, f"Session {session_id} is starting.", session_id=session_id))
         self.assertEqual(words, "Session this session is starting.")
         self.assertNotIn(session_id, words)
-        self.assertEqual(words_of(SessionError(Kind.REFUSED_BY_OWNER, "Authorization refused by user: alice.")),
+        self.assertEqual(words_of(SessionError(ErrorKind.REFUSED_BY_OWNER, "Authorization refused by user: alice.")),
                          "Authorization refused by user: alice.")
 
 
@@ -173,9 +173,9 @@ class OwnedSessions:
     def owned(self, caller: Caller, session_id: str) -> SessionView:
         found = self.sessions.get(session_id)
         if found is None:
-            raise SessionError(Kind.NOT_FOUND, "No such session.")
+            raise SessionError(ErrorKind.NOT_FOUND, "No such session.")
         if not caller.owns(found.user):
-            raise SessionError(Kind.NOT_YOURS, "No such session.")
+            raise SessionError(ErrorKind.NOT_YOURS, "No such session.")
         return found
 
     async def list(self, caller: Caller) -> Listing:
@@ -206,7 +206,7 @@ class OwnedSessions:
 
     async def set_draining(self, caller: Caller, on: bool) -> bool:
         if not caller.admin:
-            raise SessionError(Kind.NOT_ALLOWED, "Only the admin may drain the server.")
+            raise SessionError(ErrorKind.NOT_ALLOWED, "Only the admin may drain the server.")
         self.calls.append(("drain", caller.user, str(on)))
         return on
 

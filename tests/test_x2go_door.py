@@ -14,7 +14,7 @@ from twisted.trial.unittest import TestCase
 
 from nxgate.gateway.doors.conch.x2go import commands, files, names, shell, verbs
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.model import State
 from nxgate.vocabulary.results import DesktopEntry, Listing, Ready, SessionView, StreamTarget
 from tests.harness.fakes import FakeSessionAPI
@@ -281,7 +281,7 @@ class Sessions:
     async def start(self, caller, request):
         self.calls.append(("start", request))
         if self.limit:
-            raise SessionError(Kind.LIMIT_REACHED, "Server capacity: reached for user: alice")
+            raise SessionError(ErrorKind.LIMIT_REACHED, "Server capacity: reached for user: alice")
         made = view(session_type=request.type, rootless=request.rootless)
         return Ready(made, "c" * 32, False, StreamTarget(made.id, "/x/agent.sock", 1000))
 

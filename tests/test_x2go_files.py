@@ -70,11 +70,11 @@ class AllowanceTests(SynchronousTestCase):
 class UsersReserveTests(SynchronousTestCase):
     def test_users_files_stop_two_reserves_short_of_the_limit_and_leave_the_doors_theirs(self):
         from nxgate.gateway.doors.guard import DoorGuard
-        from nxgate.gateway.doors.preauth import Limits
+        from nxgate.gateway.doors.preauth import PreauthLimits
 
         reactor = FakeReactor()
         files_open = [700]
-        guard = DoorGuard(reactor, Limits(fd_reserve=128), count_files=lambda: files_open[0], file_limit=1024)
+        guard = DoorGuard(reactor, PreauthLimits(fd_reserve=128), count_files=lambda: files_open[0], file_limit=1024)
         taken = 0
         while guard.users_may_open(8):  # the estimate counts each grant until the next sample
             taken += 8
@@ -253,7 +253,7 @@ class OutOfFilesTests(SynchronousTestCase):
 
     def test_a_node_out_of_files_refuses_a_session_for_now_not_for_a_missing_account(self):
         from nxgate.vocabulary.caller import Caller
-        from nxgate.vocabulary.errors import Kind, SessionError
+        from nxgate.vocabulary.errors import ErrorKind, SessionError
 
         def blocking(function, *args):
             return defer.fail(users.AccountsUnavailable(24, "out of open files"))
@@ -261,7 +261,7 @@ class OutOfFilesTests(SynchronousTestCase):
         directory = users.UserDirectory(blocking)
         failure = self.failureResultOf(defer.ensureDeferred(directory.here(Caller(user="alice"), "node1")),
                                        SessionError)
-        self.assertEqual(failure.value.kind, Kind.LIMIT_REACHED)
+        self.assertEqual(failure.value.kind, ErrorKind.LIMIT_REACHED)
         self.assertIn("out of open files", failure.value.message)
 
     def test_real_pam_out_of_files_is_a_temporary_error(self):

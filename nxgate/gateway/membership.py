@@ -21,7 +21,7 @@ from twisted.application import service
 from twisted.logger import Logger
 
 from nxgate.loops import SteadyLoop
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.model import Member
 from nxgate.vocabulary.results import MemberView
 from nxgate.store.errors import StoreError, storage_reason
@@ -143,4 +143,4 @@ class Membership(service.Service):
 
 
 def _unavailable(error: StoreError) -> SessionError:
-    return SessionError(Kind.UNAVAILABLE, f"The cluster's session store cannot be used: {storage_reason(error)}.")
+    return SessionError(ErrorKind.UNAVAILABLE, f"The cluster's session store cannot be used: {storage_reason(error)}.")

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from nxgate.gateway.membership import DEFAULT_HEARTBEAT, state
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.model import Member
 
 #: A node with less available memory takes no new session (an nxagent and a
@@ -65,5 +65,5 @@ def place(members: Iterable[Member], now: float, heartbeat: float = DEFAULT_HEAR
     """The member a new session goes to; LIMIT_REACHED (``NX> 599``) when none may take one."""
     best = ranked(members, now, heartbeat, pending)
     if not best:
-        raise SessionError(Kind.LIMIT_REACHED, NO_NODE)
+        raise SessionError(ErrorKind.LIMIT_REACHED, NO_NODE)
     return best[0]

@@ -29,7 +29,7 @@ from nxgate.protocols.nx.dispatch import NXDispatcher
 from nxgate.protocols.nx.server_dialogue import DialogueSettings
 from nxgate.streams.relay import StreamRelay
 from nxgate.host.files import StateLayout
-from nxgate.node.manager import SessionService
+from nxgate.node.manager import SessionManager
 from nxgate.store.factory import open_store
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.results import StreamTarget
@@ -41,11 +41,11 @@ from nxgate.threads import in_thread
 from nxgate.host.users import UserDirectory, resolve_caller
 from nxgate.gateway.auth.throttle import Throttle
 from nxgate.gateway.doors.openssh.socket import OpenSSHDoorFactory
-from nxgate.node.shadow_sessions import ShadowService
+from nxgate.node.shadow_sessions import ShadowSessions
 from nxgate.gateway.doors.conch import checkers, hostkeys
 from nxgate.gateway.doors.guard import DoorGuard, raise_file_limit
 from nxgate.streams.guarded import authenticated
-from nxgate.gateway.doors.preauth import Limits
+from nxgate.gateway.doors.preauth import PreauthLimits
 from nxgate.gateway.doors.conch.channel import ChannelHandler, ChannelTransport
 from nxgate.gateway.doors.conch.server import NXAvatar, NXRealm, NXSessionChannel, NXSSHFactory, kex_service
 
@@ -109,7 +109,7 @@ class Gateway(service.MultiService):
         # the guard every listening door asks (nxgate.gateway.doors.guard): a
         # flood of idle connections must not starve PAM, NSS and the store of files.
         self.file_limits = raise_file_limit()
-        self.guard = DoorGuard(reactor, Limits.from_config(config))
+        self.guard = DoorGuard(reactor, PreauthLimits.from_config(config))
         flush = TimerService(15.0, steady(self.guard.flush, "logging the refusals of unauthenticated connections"))
         flush.clock = reactor
         flush.setServiceParent(self)
@@ -147,18 +147,18 @@ class Gateway(service.MultiService):
         # service, and the node interface over it that the router here and
         # every other gateway of a cluster call.  A member that only routes
         # has none: no supervisor, no agents, nothing to reconcile.
-        self.sessions: SessionService | None = None
+        self.manager: SessionManager | None = None
         self.node: LocalNode | None = None
         web = bool(config.web.listen) and self.serves_doors
         if "node" in roles:
-            self.sessions = SessionService(reactor, config, self.store, self.layout, blocking=in_thread(reactor))
-            self.sessions.setServiceParent(self)
-            self.shadow = self.sessions.shadow = ShadowService(self.sessions, config, self.blocking, self.users)
+            self.manager = SessionManager(reactor, config, self.store, self.layout, blocking=in_thread(reactor))
+            self.manager.setServiceParent(self)
+            self.shadow = self.manager.shadow = ShadowSessions(self.manager, config, self.blocking, self.users)
         # This machine's browser viewers: the node's live ones (its ``view`` streams) and the portal's
         # own for what a live viewer cannot show (see nxgate.node.browser_viewer).
         self.viewers = self._browser_viewers() if web or "node" in roles else None
-        if self.sessions is not None:
-            self.node = LocalNode(self.sessions, self.users,
+        if self.manager is not None:
+            self.node = LocalNode(self.manager, self.users,
                                   lambda: member_name(self.config) or self.config.server_name, self.blocking,
                                   self.viewers)
         # A cluster member writes its heartbeat to the shared store (nodes, drain --node).
@@ -166,8 +166,8 @@ class Gateway(service.MultiService):
         if config.cluster:
             self._cluster_wire(config.cluster)
         # What every door calls: the router, over the cluster or over this box, a cluster of one.
-        self.api = self._router()
-        self.commands = NXDispatcher(self.api)
+        self.router = self._router()
+        self.commands = NXDispatcher(self.router)
         self.shell_settings = shell_settings(config)
         self.ssh_factory = self._ssh_factory()
         if self.serves_doors:
@@ -186,13 +186,13 @@ class Gateway(service.MultiService):
                 raise RuntimeError("[metrics] listen is set but prometheus-client is not installed")
             node = member_name(config) or config.server_name
             strports.service(config.metrics.listen,
-                             Site(metrics.resource(self.sessions, node, self.guard))).setServiceParent(self)
+                             Site(metrics.resource(self.manager, node, self.guard))).setServiceParent(self)
 
     def _membership(self) -> Any:
         from nxgate.gateway.membership import Membership
 
         membership = Membership(self.config, self.store, self.reactor,
-                                lambda: self.sessions.live_count() if self.sessions is not None else 0)
+                                lambda: self.manager.live_count() if self.manager is not None else 0)
         membership.setServiceParent(self)
         return membership
 
@@ -225,14 +225,14 @@ class Gateway(service.MultiService):
         from nxgate.wire.remote_node import RemoteNodes
 
         self.remote_nodes = RemoteNodes(self.config, self.reactor, self.cluster_tls)
-        api = Router(self.reactor, lambda: self.config, self.node, self.store, self.remote_nodes.get,
+        router = Router(self.reactor, lambda: self.config, self.node, self.store, self.remote_nodes.get,
                      self.remote_nodes.broken)
-        self.remote_nodes.listener = api.heard  # every member's session events, through its connection
+        self.remote_nodes.listener = router.heard  # every member's session events, through its connection
         if self.serves_doors:
-            touch = TimerService(self.config.cluster.heartbeat, steady(api.keep_in_touch, "keeping in touch with the members"))
+            touch = TimerService(self.config.cluster.heartbeat, steady(router.keep_in_touch, "keeping in touch with the members"))
             touch.clock = self.reactor
             touch.setServiceParent(self)
-        return api
+        return router
 
     def _dbus_door(self) -> Any:
         """The D-Bus door (org.nxgate.Gateway1), or None without txdbus: the
@@ -242,9 +242,9 @@ class Gateway(service.MultiService):
         except ImportError as error:
             log.warn("D-Bus session control is off: {error} (install python3-txdbus or txdbus)", error=str(error))
             return None
-        door = DBusDoor(self.reactor, self.api, self._dbus_caller, self.config.dbus.address,
+        door = DBusDoor(self.reactor, self.router, self._dbus_caller, self.config.dbus.address,
                         account=self.authenticator.account)
-        self.api.observers.append(door.session_changed)  # every member's sessions, through the router
+        self.router.observers.append(door.session_changed)  # every member's sessions, through the router
         door.setServiceParent(self)
         return door
 
@@ -262,9 +262,9 @@ class Gateway(service.MultiService):
 
     @property
     def _launcher(self) -> Launcher:
-        """The one launcher of programs run as users: the session service's, or this member's own."""
-        if self.sessions is not None:
-            return self.sessions.launcher
+        """The one launcher of programs run as users: the session manager's, or this member's own."""
+        if self.manager is not None:
+            return self.manager.launcher
         if getattr(self, "own_launcher", None) is None:
             self.own_launcher = Launcher(self.reactor)
         return self.own_launcher
@@ -280,9 +280,9 @@ class Gateway(service.MultiService):
         except WebConfigError as error:
             raise StartupError(str(error)) from None
         check_port_free(self.config.web.listen, "[web] listen")
-        door = WebDoor(reactor=self.reactor, service=self.api, authenticator=self.authenticator,
+        door = WebDoor(reactor=self.reactor, router=self.router, authenticator=self.authenticator,
                        resolve=self._web_caller, settings=lambda: self.config.web,
-                       thumbnailer=lambda caller, view: self.api.thumbnail(caller, view.id),
+                       thumbnailer=lambda caller, view: self.router.thumbnail(caller, view.id),
                        types=self._browser_types, certificate_dir=os.path.join(self.layout.root, "web"),
                        host_name=self.config.server_name, viewers=self.viewers,
                        wrap=lambda factory, tls: self.guard.wrap(factory, "HTTPS" if tls else "HTTP", http=True,
@@ -342,12 +342,12 @@ class Gateway(service.MultiService):
         self.config = new
         self.authenticator.deny_users = tuple(new.auth.deny_users)
         self.authenticator.failed_login_delay = new.auth.failed_login_delay
-        self.guard.configure(Limits.from_config(new))
+        self.guard.configure(PreauthLimits.from_config(new))
         self.throttle.configure(new.auth.throttle_per_address, new.auth.throttle_per_account,
                                 new.auth.throttle_window, new.auth.throttle_block)
         self.shell_settings = shell_settings(new)
-        if self.sessions is not None:
-            self.sessions.config, self.sessions.settings = new, new.sessions
+        if self.manager is not None:
+            self.manager.config, self.manager.settings = new, new.sessions
             self.shadow.config, self.shadow.settings = new, new.shadow
         self.ssh_factory.login_grace_time = new.ssh.login_grace_time
         self.ssh_factory.max_auth_tries = new.ssh.max_auth_tries
@@ -379,7 +379,7 @@ class Gateway(service.MultiService):
         """X2Go's clients on the SSH port (nxgate.gateway.doors.conch.x2go), for users' own logins."""
         from nxgate.gateway.doors.conch.x2go.door import X2GoDoor
 
-        return X2GoDoor(self.reactor, lambda: self.api, self.blocking, self.users, lambda: self.config,
+        return X2GoDoor(self.reactor, lambda: self.router, self.blocking, self.users, lambda: self.config,
                         room=self.guard.users_may_open)
 
     def conversation(self, transport: Any, address: str, preauthenticated_user: str | None,
@@ -405,7 +405,7 @@ class Gateway(service.MultiService):
 
     def _relay(self, client: Caller, target: StreamTarget, transport: ChannelTransport, leftover: bytes) -> StreamRelay:
         """After ``bye``: the channel relayed to the agent's stream, which the router opens on the session's node."""
-        return StreamRelay(client, target.session_id, transport, leftover, self.api.open_stream)
+        return StreamRelay(client, target.session_id, transport, leftover, self.router.open_stream)
 
     def startService(self) -> None:
         record_pid(self.lock_fd)  # twistd may have forked since the lock was taken
@@ -431,7 +431,7 @@ class Gateway(service.MultiService):
         globalLogPublisher.removeObserver(self.audit)
         self.audit.close()
         self.authenticator.stop()
-        # After the session service has flushed its last writes (a database
+        # After the session manager has flushed its last writes (a database
         # server's are still on their way when its stopService returns).
         d.addBoth(lambda result: self.store.close().addBoth(lambda _: result))
         return d

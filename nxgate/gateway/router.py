@@ -43,8 +43,8 @@ from twisted.logger import Logger
 from nxgate.gateway.membership import DEFAULT_HEARTBEAT, state
 from nxgate.gateway.placement import NO_NODE, ranked
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
-from nxgate.session_limits import Limits, limit_reached
+from nxgate.vocabulary.errors import ErrorKind, SessionError
+from nxgate.session_limits import SessionLimits, limit_reached
 from nxgate.vocabulary.model import Member, Session, State
 from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
 from nxgate.vocabulary.results import (DesktopEntry, Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent,
@@ -62,12 +62,12 @@ def lost(view: SessionView) -> SessionView:
 def store_unavailable(error: StoreError) -> SessionError:
     log.error("the cluster's session store cannot be used: {error}", error=str(error),
               event="cluster_store_unavailable")
-    return SessionError(Kind.UNAVAILABLE, f"The cluster's session store cannot be reached ({storage_reason(error)}); "
+    return SessionError(ErrorKind.UNAVAILABLE, f"The cluster's session store cannot be reached ({storage_reason(error)}); "
                         "no session can be started or resumed now. Running sessions carry on; try again later.")
 
 
 def node_down(session_id: str, node: str) -> SessionError:
-    return SessionError(Kind.UNAVAILABLE, f"Session {session_id} runs on machine {node}, which is down; it is "
+    return SessionError(ErrorKind.UNAVAILABLE, f"Session {session_id} runs on machine {node}, which is down; it is "
                         "listed as lost until that machine is back.", session_id=session_id)
 
 
@@ -91,7 +91,7 @@ class Router:
         self.local = local
         self.store = store
         self.remote = remote
-        self.limits = Limits(config)
+        self.limits = SessionLimits(config)
         #: Sessions placed on a member since its last heartbeat: {name: (that heartbeat, count)}.
         self.placed: dict[str, tuple[float, int]] = {}
         #: Who hears every session change on every node (the D-Bus door):
@@ -202,7 +202,7 @@ class Router:
         candidates = [member for member in ranked(members.values(), self.reactor.seconds(), self.heartbeat,
                                                   self._pending(members)) if not self._suspect(member)]
         if not candidates:
-            raise SessionError(Kind.LIMIT_REACHED, NO_NODE)
+            raise SessionError(ErrorKind.LIMIT_REACHED, NO_NODE)
         last: SessionError | None = None
         for member in candidates:
             self._placed(member)
@@ -226,7 +226,7 @@ class Router:
     # ------------------------------------------------------ existing ones
     def _only_node(self) -> Any:
         if self.local is None:
-            raise SessionError(Kind.UNAVAILABLE, NO_NODE)
+            raise SessionError(ErrorKind.UNAVAILABLE, NO_NODE)
         return self.local
 
     async def _row(self, caller: Caller, session_id: str) -> Session:
@@ -239,11 +239,11 @@ class Router:
             except StoreError as error:
                 raise store_unavailable(error) from None
         if row is None or not row.state.live:
-            raise SessionError(Kind.NOT_FOUND, f"Could not find session {session_id}.", session_id=session_id)
+            raise SessionError(ErrorKind.NOT_FOUND, f"Could not find session {session_id}.", session_id=session_id)
         if not caller.owns(row.user):
             log.warn("{user} from {address} asked for session {id} of another user", user=caller.user,
                      address=caller.address, id=session_id, audit="session_denied")
-            raise SessionError(Kind.NOT_YOURS, f"Could not find session {session_id}.", session_id=session_id)
+            raise SessionError(ErrorKind.NOT_YOURS, f"Could not find session {session_id}.", session_id=session_id)
         return row
 
     async def _node_of(self, row: Session) -> Any:
@@ -283,7 +283,7 @@ class Router:
         try:
             node = await self._node_of(row)
         except SessionError as error:
-            if not (caller.admin and error.kind is Kind.UNAVAILABLE):
+            if not (caller.admin and error.kind is ErrorKind.UNAVAILABLE):
                 raise
             return await self._forget(row, error)
         return await node.terminate(caller, session_id, reason)
@@ -322,7 +322,7 @@ class Router:
         try:
             node = await self._node_of(row)
         except SessionError as error:
-            if error.kind is not Kind.UNAVAILABLE:
+            if error.kind is not ErrorKind.UNAVAILABLE:
                 raise
             return lost(SessionView.of(row))
         return await node.show(caller, session_id)
@@ -399,12 +399,12 @@ class Router:
         """This machine's node's; a member that only routes runs no session."""
         if self.local is None:
             if not caller.admin:
-                raise SessionError(Kind.NOT_ALLOWED, "Only the admin may see the service's status.")
+                raise SessionError(ErrorKind.NOT_ALLOWED, "Only the admin may see the service's status.")
             return ServiceStatus(draining=False, live=0, unsaved_changes=0, unknown_sessions=())
         return await self.local.status(caller)
 
     async def set_draining(self, caller: Caller, on: bool) -> bool:
         if self.local is None:
-            raise SessionError(Kind.INVALID_REQUEST, f"Member {self.name} runs no sessions (role gateway only): "
+            raise SessionError(ErrorKind.INVALID_REQUEST, f"Member {self.name} runs no sessions (role gateway only): "
                                                      "drain a node by name instead (nxgate-admin drain --node NAME).")
         return await self.local.set_draining(caller, on)

@@ -1,4 +1,4 @@
-"""Who a logged-in user is, for the session service: looked up once per
+"""Who a logged-in user is, for the session manager: looked up once per
 login, in a thread (NSS may be LDAP or sssd, and ``grp.getgrall()`` walks
 the whole group database), never per command on the reactor thread."""
 
@@ -20,7 +20,7 @@ from twisted.python.failure import Failure
 
 from nxgate.host.descriptors import NSS_HEADROOM, count_open_files, short_of_files
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.threads import Blocking
 
 log = Logger(namespace="nxgate.host.users")
@@ -111,10 +111,10 @@ class UserDirectory:
         try:
             entry = await self.lookup(caller.user)
         except KeyError:
-            raise SessionError(Kind.NOT_ALLOWED, f"The account {caller.user} does not exist on the machine "
+            raise SessionError(ErrorKind.NOT_ALLOWED, f"The account {caller.user} does not exist on the machine "
                                                  f"{machine}; ask your administrator.") from None
         except AccountsUnavailable:
-            raise SessionError(Kind.LIMIT_REACHED, f"The machine {machine} is out of open files; please try again"
+            raise SessionError(ErrorKind.LIMIT_REACHED, f"The machine {machine} is out of open files; please try again"
                                                    " in a minute.") from None
         groups = await self.groups(caller.user, entry.pw_gid)
         return dataclasses.replace(caller, uid=entry.pw_uid, gid=entry.pw_gid, groups=groups)

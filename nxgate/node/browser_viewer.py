@@ -76,7 +76,7 @@ from nxgate.node.agents import x11
 from nxgate.host import files, processes
 from nxgate.host.processes import LaunchError, ProcessId
 from nxgate.threads import Blocking, inline
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.model import Session, State
 
 log = Logger(namespace="nxgate.node.browser_viewer")
@@ -93,7 +93,7 @@ class ViewerRefused(SessionError):
     """Too many viewers (of this user, or in all); the text says which."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(Kind.LIMIT_REACHED, message)
+        super().__init__(ErrorKind.LIMIT_REACHED, message)
 
 
 @dataclass(frozen=True)
@@ -428,7 +428,7 @@ class BrowserViewers:
         ``directory`` with its X ``authority`` (it listens soon after), or
         :class:`ViewerRefused` past the limits."""
         if not shows_live(session):
-            raise SessionError(Kind.WRONG_STATE, f"Session {session.id} cannot be shown in a browser now.",
+            raise SessionError(ErrorKind.WRONG_STATE, f"Session {session.id} cannot be shown in a browser now.",
                                session_id=session.id)
         user = session.user
         self._check_limits(user)
@@ -441,7 +441,7 @@ class BrowserViewers:
         socket_path = os.path.join(directory, f"view-{viewer_id[:8]}")
         if len(socket_path.encode()) >= MAX_SOCKET_PATH:
             self.open_viewers.pop(viewer_id, None)
-            raise SessionError(Kind.INTERNAL, f"The viewer's socket path is too long ({socket_path}).")
+            raise SessionError(ErrorKind.INTERNAL, f"The viewer's socket path is too long ({socket_path}).")
         try:
             await viewer.start_live(session.display, authority, (session.agent_pid, session.agent_started),
                                     socket_path)

@@ -4,7 +4,7 @@ A kind looks at a start request and answers with a :class:`Launch` -- the
 agent plan (mode, program, when the program starts), the options the
 session record carries, and for a viewer its secret and the judge of its
 first status line -- or refuses with a SessionError.  It never creates,
-stores or starts anything itself: the session service allocates the
+stores or starts anything itself: the session manager allocates the
 session (limits, display, id, cookie) and hands the plan to the life cycle.
 That keeps a kind a small, testable piece that reaches nothing of the
 service, and one place to add a new kind.
@@ -31,7 +31,7 @@ from nxgate.node.agents import nxagent, probe
 from nxgate.node.agents import remote_desktop as remote
 from nxgate.config import Config, SessionsSection
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.node.programs import session_command
 from nxgate.vocabulary.requests import PUBLISHED_TYPE, StartRequest
 
@@ -72,7 +72,7 @@ class DesktopKind:
             return Launch(nxagent.AgentPlan(mode="-R", keep_without_windows=True), services=True)
         program = session_command(request, self.config().types, settings)
         if not request.encrypted and not settings.allow_unencrypted:
-            raise SessionError(Kind.ENCRYPTION_REQUIRED, "Unencrypted sessions are not allowed.")
+            raise SessionError(ErrorKind.ENCRYPTION_REQUIRED, "Unencrypted sessions are not allowed.")
         return Launch(nxagent.AgentPlan(mode="-R" if request.rootless else "-D", program=program), services=True)
 
 
@@ -93,14 +93,14 @@ class RemoteDesktopKind:
         desktop = remote.remote_desktop(request.type, request.remote, config)
         missing = remote.missing_engine(desktop)
         if missing is not None:
-            raise SessionError(Kind.UNAVAILABLE, missing)
+            raise SessionError(ErrorKind.UNAVAILABLE, missing)
         target = desktop.target or desktop.address
         why = await probe.unreachable(self.reactor, desktop.host, desktop.port,
                                       min(5.0, config.remote.connect_timeout))
         if why is not None:
             log.info("{user} from {address}: remote desktop {target} unreachable: {why}", user=caller.user,
                      address=caller.address, target=target, why=why)
-            raise SessionError(Kind.REMOTE_FAILED, f"Cannot connect to the remote desktop {target}: {why}.")
+            raise SessionError(ErrorKind.REMOTE_FAILED, f"Cannot connect to the remote desktop {target}: {why}.")
         viewer = remote.viewer_command(desktop, request.display, config, sys.executable)
         plan = nxagent.AgentPlan(
             mode="-D",
@@ -122,4 +122,4 @@ def kind_for(kinds: tuple[SessionKind, ...], session_type: str) -> SessionKind:
     for kind in kinds:
         if kind.handles(session_type):
             return kind
-    raise SessionError(Kind.INVALID_REQUEST, f"Session type '{session_type}' is attached, not started.")
+    raise SessionError(ErrorKind.INVALID_REQUEST, f"Session type '{session_type}' is attached, not started.")

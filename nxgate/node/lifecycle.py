@@ -40,7 +40,7 @@ from nxgate.node.agents import nxagent
 from nxgate.node.agents.agentlog import AgentEvent, LogEvent, parse_line
 from nxgate.config import Config, SessionsSection
 from nxgate.node.displays import DisplayAllocator
-from nxgate.node.services import Extras, grant_for
+from nxgate.node.services import Services, grant_for
 from nxgate.node.supervisor import AgentSupervisor
 from nxgate.safetext import printable
 from nxgate.host.files import StateLayout
@@ -49,7 +49,7 @@ from nxgate.vocabulary.model import Session, State, advance, member_name
 from nxgate.host.processes import ExitWatch, LaunchError, ProcessId
 from nxgate.store.errors import STORAGE_FULL, StoreError, storage_reason
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.session_limits import limit_reached
 from nxgate.vocabulary.requests import DisplaySettings, RestoreRequest
 from nxgate.vocabulary.results import SessionEvent, SessionObserver, SessionView
@@ -206,7 +206,7 @@ class Lifecycle:
 
     def __init__(self, reactor: Any, config: Callable[[], Config], settings: Callable[[], SessionsSection],
                  layout: StateLayout, supervisor: AgentSupervisor, writer: StoreWriter, store: SessionStore,
-                 displays: DisplayAllocator, background: Background, extras: Extras | None = None) -> None:
+                 displays: DisplayAllocator, background: Background, extras: Services | None = None) -> None:
         self.reactor = reactor
         self._config = config
         self._settings = settings
@@ -218,7 +218,7 @@ class Lifecycle:
         self.background = background
         # The services beside the screen (nxgate.node.services): started once the
         # agent listens, stopped at suspend and end; they never raise.
-        self.extras = extras or Extras()
+        self.services = extras or Services()
         self.sessions: dict[str, Session] = {}
         self.runtime: dict[str, Runtime] = {}
         # Who hears of every creation and state change (the D-Bus door's
@@ -259,7 +259,7 @@ class Lifecycle:
             log.error("session {id} for {user} not started: the session store refused it: {error}",
                       id=session.id, user=session.user, error=str(error))
             reason = storage_reason(error)
-            raise SessionError(Kind.STORAGE_FULL if reason == STORAGE_FULL else Kind.UNAVAILABLE,
+            raise SessionError(ErrorKind.STORAGE_FULL if reason == STORAGE_FULL else ErrorKind.UNAVAILABLE,
                                f"Session startup failed: {reason}.") from None
         if hit is not None:
             del self.sessions[session.id]
@@ -283,7 +283,7 @@ class Lifecycle:
                 await self._start_agent(session, runtime, settings, plan)
                 await self._wait_for(session.id, {State.WAITING}, self.settings.agent_start_timeout)
                 metrics.agent_started(self.reactor.seconds() - launched)
-                await self.extras.start(self.sessions[session.id])
+                await self.services.start(self.sessions[session.id])
                 if plan.program_early:
                     status = await self._start_program(session.id, report=True)
                     failure = judge(status) if judge is not None else None
@@ -296,7 +296,7 @@ class Lifecycle:
                 reason = runtime.last_error or storage_reason(error)
                 log.warn("session {id} for {user} failed to start: {reason}", id=session.id, user=session.user, reason=reason)
                 await self._end(session.id, State.FAILED, f"start failed: {reason}")
-                raise SessionError(Kind.FAILED_TO_START, f"Session startup failed: {reason}") from None
+                raise SessionError(ErrorKind.FAILED_TO_START, f"Session startup failed: {reason}") from None
             except SessionError:
                 raise
             except Exception:
@@ -304,7 +304,7 @@ class Lifecycle:
                 # in the user's limit: end the session, then answer.
                 log.failure("session {id} for {user} failed to start", id=session.id, user=session.user)
                 await self._end(session.id, State.FAILED, "start failed: internal error")
-                raise SessionError(Kind.INTERNAL,
+                raise SessionError(ErrorKind.INTERNAL,
                                    "Session startup failed: internal error (see the server log).") from None
             if not self.sessions[session.id].for_later:
                 self._expect_client(session.id)  # one started for later waits without a timer
@@ -336,7 +336,7 @@ class Lifecycle:
             elif todo is Action.WAIT_SUSPENDED_THEN_RESUME:
                 await self._wait_for(session.id, {State.SUSPENDED}, self.settings.suspend_timeout)
             elif todo is not Action.RESUME:
-                raise SessionError(Kind.WRONG_STATE,
+                raise SessionError(ErrorKind.WRONG_STATE,
                                    f"Session {session.id} cannot be resumed while it is {session.state.value}.",
                                    session_id=session.id)
             session = self._update(
@@ -352,9 +352,9 @@ class Lifecycle:
             log.info("resuming session {id} of {user} for {address}", id=session.id, user=session.user,
                      address=caller.address, audit="session_resume")
             await self._sighup_until_listening(session.id)
-            await self.extras.start(self.sessions[session.id])
+            await self.services.start(self.sessions[session.id])
         except (SessionEnded, WaitTimeout) as error:
-            raise SessionError(Kind.FAILED_TO_RESUME, f"Session resume failed: {error}",
+            raise SessionError(ErrorKind.FAILED_TO_RESUME, f"Session resume failed: {error}",
                                session_id=session_id) from None
         finally:
             runtime.lock.release()
@@ -372,7 +372,7 @@ class Lifecycle:
         The agent's listener (socket or port) was chosen at the start too."""
         if encrypted != session.encrypted:
             wanted = "an encrypted" if session.encrypted else "an unencrypted"
-            raise SessionError(Kind.WRONG_STATE, f"Session {session.id} was started for {wanted} connection.",
+            raise SessionError(ErrorKind.WRONG_STATE, f"Session {session.id} was started for {wanted} connection.",
                                session_id=session.id)
         session = self._update(session.id, client_address=printable(caller.address))
         log.info("first client of session {id} of {user}, started for later, from {address}", id=session.id,
@@ -393,15 +393,15 @@ class Lifecycle:
                     await self._wait_for(session.id, {State.SUSPENDED}, self.settings.suspend_timeout)
                     return
             except (SessionEnded, WaitTimeout) as error:
-                raise SessionError(Kind.FAILED_TO_SUSPEND, f"Session suspend failed: {error}",
+                raise SessionError(ErrorKind.FAILED_TO_SUSPEND, f"Session suspend failed: {error}",
                                    session_id=session_id) from None
             finally:
                 runtime.lock.release()
         if not session.state.live:
-            raise SessionError(Kind.FAILED_TO_SUSPEND, f"Session suspend failed: the session {session.state.value}",
+            raise SessionError(ErrorKind.FAILED_TO_SUSPEND, f"Session suspend failed: the session {session.state.value}",
                                session_id=session_id)
         if action(Op.SUSPEND, session.state) is Action.REFUSE:
-            raise SessionError(Kind.WRONG_STATE, f"Session {session.id} is {session.state.value}.",
+            raise SessionError(ErrorKind.WRONG_STATE, f"Session {session.id} is {session.state.value}.",
                                session_id=session_id)
 
     async def _start_agent(self, session: Session, runtime: Runtime, settings: DisplaySettings,
@@ -507,7 +507,7 @@ class Lifecycle:
         secret, runtime.secret = runtime.secret, None
         try:
             started, status = await self.supervisor.start_program(session, runtime.files, secret, report,
-                                                                  self.extras.environment(session))
+                                                                  self.services.environment(session))
         except (LaunchError, OSError, KeyError) as error:
             log.warn("session {id}: could not start {program}: {error}", id=session_id,
                      program=plan.program[0], error=str(error))
@@ -541,19 +541,19 @@ class Lifecycle:
             try:
                 await self._wait_for(session_id, {State.RUNNING}, self.settings.agent_start_timeout)
             except (WaitTimeout, SessionEnded) as error:
-                raise SessionError(Kind.WRONG_STATE, f"Session {session_id} is not running ({error}).",
+                raise SessionError(ErrorKind.WRONG_STATE, f"Session {session_id} is not running ({error}).",
                                    session_id=session_id) from None
         session = self.sessions[session_id]
         if session.state is not State.RUNNING:
-            raise SessionError(Kind.WRONG_STATE, f"Session {session_id} is not running.", session_id=session_id)
+            raise SessionError(ErrorKind.WRONG_STATE, f"Session {session_id} is not running.", session_id=session_id)
         runtime = self.runtime[session_id]
         try:
             started, _ = await self.supervisor.start_program(session, runtime.files, None, False,
-                                                            self.extras.environment(session), argv=argv)
+                                                            self.services.environment(session), argv=argv)
         except (LaunchError, OSError, KeyError) as error:
             log.warn("session {id}: could not start {program}: {error}", id=session_id, program=argv[0],
                      error=str(error))
-            raise SessionError(Kind.FAILED_TO_START, f"Could not start {argv[0]}.", session_id=session_id) from None
+            raise SessionError(ErrorKind.FAILED_TO_START, f"Could not start {argv[0]}.", session_id=session_id) from None
         log.info("session {id}: started {program} (pid {pid}) for its client", id=session_id, program=argv[0],
                  pid=started.pid)
 
@@ -654,7 +654,7 @@ class Lifecycle:
         reason = session.failure or runtime.last_error or "nxagent ended"
         self._transition(session_id, new, **changes)
         if new is State.SUSPENDED:
-            self.background(self.extras.stop(self.sessions[session_id]), "stopping its services", session_id)
+            self.background(self.services.stop(self.sessions[session_id]), "stopping its services", session_id)
         if new is State.SUSPENDED and self._awaiting_client(runtime):
             log.warn("session {id}: its agent suspended itself before the client came (a failed connection, or "
                      "nxagent's own timeout); listening again", id=session_id)
@@ -837,7 +837,7 @@ class Lifecycle:
     async def mount_share(self, session_id: str, mount: Any) -> None:
         """Mount a shared folder once the session is attached (its smb channel
         is up then); a session that suspends or ends first gets no mount."""
-        sharing = self.extras.by_name.get("sharing")
+        sharing = self.services.by_name.get("sharing")
         if sharing is None:
             return
         try:
@@ -868,7 +868,7 @@ class Lifecycle:
         if runtime is not None:
             self._stop_watching(runtime)
             self._cancel_connect_timer(runtime)
-        await self.extras.stop(session)
+        await self.services.stop(session)
         await self.supervisor.clean_up(session)
 
     @staticmethod
@@ -921,7 +921,7 @@ class Lifecycle:
                 runtime.app_watch = self.supervisor.watch_exit(
                     program, lambda sid=session.id: self._program_exited(sid))
             if self.sessions[session.id].state is State.SUSPENDED:
-                await self.extras.stop(self.sessions[session.id])  # what a killed gateway left running
+                await self.services.stop(self.sessions[session.id])  # what a killed gateway left running
             log.info("session {id} of {user} taken back ({state})", id=session.id, user=session.user,
                      state=self.sessions[session.id].state.value, audit="session_reattach")
         await self.supervisor.find_orphans(lambda session_id: session_id in self.sessions, self.store.path,
@@ -952,7 +952,7 @@ class Lifecycle:
                       id=session_id, port=session.port, pid=session.agent_pid)
             self.background(self.terminate_session(session_id, "its port was taken by another process"),
                             "ending it", session_id)
-            raise SessionError(Kind.FAILED_TO_START, "Session startup failed: its port is in use by another "
+            raise SessionError(ErrorKind.FAILED_TO_START, "Session startup failed: its port is in use by another "
                                "process.", session_id=session_id)
         return session
 

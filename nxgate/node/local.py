@@ -1,4 +1,4 @@
-"""This machine's node, in process: the node interface over its session service.
+"""This machine's node, in process: the node interface over its session manager.
 
 The router (:class:`nxgate.gateway.router.Router`) reaches the sessions of
 this machine through a :class:`LocalNode`, and so does every other gateway
@@ -38,7 +38,7 @@ from nxgate.node.browser_viewer import BrowserViewer
 from nxgate.node.thumbnails import ThumbnailError
 from nxgate.streams import reverse
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.model import Session, State
 from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
 from nxgate.vocabulary.results import (DesktopEntry, Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
@@ -62,16 +62,16 @@ NUDGE_AFTER = 1.0
 class LocalNode:
     """:class:`nxgate.vocabulary.api.NodeAPI` of this machine.
 
-    ``service``: its :class:`nxgate.node.manager.SessionService`;
+    ``manager``: its :class:`nxgate.node.manager.SessionManager`;
     ``users``: its :class:`nxgate.host.users.UserDirectory`; ``machine``:
     its name for refusals; ``blocking``: runs a blocking call off the
     reactor; ``viewers``: this machine's
     :class:`nxgate.node.browser_viewer.BrowserViewers` (None: no ``view``
     streams here), which hear this node's sessions from now on."""
 
-    def __init__(self, service: Any, users: Any, machine: Callable[[], str], blocking: Blocking,
+    def __init__(self, manager: Any, users: Any, machine: Callable[[], str], blocking: Blocking,
                  viewers: Any = None) -> None:
-        self.service = service
+        self.manager = manager
         self.users = users
         self.machine = machine
         self.blocking = blocking
@@ -89,106 +89,106 @@ class LocalNode:
     @property
     def name(self) -> str:
         """Its sessions' ``node`` in the store ("" on a single box)."""
-        return str(self.service.node_name)
+        return str(self.manager.node_name)
 
     def session(self, session_id: str) -> Session | None:
         """This node's own record of a session it runs (its memory is
         authoritative: the store may lag by a write), or None."""
-        return self.service.sessions.get(session_id)
+        return self.manager.sessions.get(session_id)
 
     async def _here(self, caller: Caller) -> Caller:
         return await self.users.here(caller, self.machine())
 
     # ----------------------------------------------------- SessionAPI
     async def start(self, caller: Caller, request: StartRequest) -> Ready:
-        return await self.service.start(await self._here(caller), request)
+        return await self.manager.start(await self._here(caller), request)
 
     async def start_for_later(self, caller: Caller, session_type: str, name: str) -> SessionView:
-        return await self.service.start_for_later(await self._here(caller), session_type, name)
+        return await self.manager.start_for_later(await self._here(caller), session_type, name)
 
     async def restore(self, caller: Caller, request: RestoreRequest) -> Ready:
-        return await self.service.restore(await self._here(caller), request)
+        return await self.manager.restore(await self._here(caller), request)
 
     async def attach_shadow(self, caller: Caller, request: ShadowRequest,
                             progress: ProgressCallback = lambda progress: None) -> Ready:
-        return await self.service.attach_shadow(await self._here(caller), request, progress)
+        return await self.manager.attach_shadow(await self._here(caller), request, progress)
 
     async def suspend(self, caller: Caller, session_id: str) -> SessionView:
-        return await self.service.suspend(await self._here(caller), session_id)
+        return await self.manager.suspend(await self._here(caller), session_id)
 
     async def terminate(self, caller: Caller, session_id: str, reason: str = "user request") -> SessionView:
-        return await self.service.terminate(await self._here(caller), session_id, reason)
+        return await self.manager.terminate(await self._here(caller), session_id, reason)
 
     async def rename(self, caller: Caller, session_id: str, name: str) -> SessionView:
-        return await self.service.rename(await self._here(caller), session_id, name)
+        return await self.manager.rename(await self._here(caller), session_id, name)
 
     async def add_mount(self, caller: Caller, session_id: str, mount: ShareMount) -> bool:
-        return await self.service.add_mount(await self._here(caller), session_id, mount)
+        return await self.manager.add_mount(await self._here(caller), session_id, mount)
 
     async def applications(self, caller: Caller, session_id: str) -> tuple[DesktopEntry, ...]:
-        return await self.service.applications(await self._here(caller), session_id)
+        return await self.manager.applications(await self._here(caller), session_id)
 
     async def run_application(self, caller: Caller, session_id: str, argv: tuple[str, ...]) -> bool:
-        return await self.service.run_application(await self._here(caller), session_id, argv)
+        return await self.manager.run_application(await self._here(caller), session_id, argv)
 
     async def list(self, caller: Caller) -> Listing:
-        return await self.service.list(await self._here(caller))
+        return await self.manager.list(await self._here(caller))
 
     async def show(self, caller: Caller, session_id: str) -> SessionView:
-        return await self.service.show(await self._here(caller), session_id)
+        return await self.manager.show(await self._here(caller), session_id)
 
     async def shadow_targets(self, caller: Caller) -> tuple[ShadowTarget, ...]:
-        return await self.service.shadow_targets(await self._here(caller))
+        return await self.manager.shadow_targets(await self._here(caller))
 
     async def status(self, caller: Caller) -> ServiceStatus:
-        return await self.service.status(await self._here(caller))
+        return await self.manager.status(await self._here(caller))
 
     async def set_draining(self, caller: Caller, on: bool) -> bool:
-        return await self.service.set_draining(await self._here(caller), on)
+        return await self.manager.set_draining(await self._here(caller), on)
 
     # ------------------------------------------------ beyond the API
     async def thumbnail(self, caller: Caller, session_id: str) -> bytes:
         """A PNG of the session's screen, taken here as its user from its own
         agent (the only X server the picture may come from)."""
         view = await self.show(caller, session_id)  # the owner check
-        session = self.service.sessions.get(view.id)
+        session = self.manager.sessions.get(view.id)
         if session is None or not session.agent_pid:
-            raise SessionError(Kind.NOT_FOUND, f"Session {session_id} has no screen now.", session_id=session_id)
-        authority = self.service.layout.agent_files(view.id).authority
+            raise SessionError(ErrorKind.NOT_FOUND, f"Session {session_id} has no screen now.", session_id=session_id)
+        authority = self.manager.layout.agent_files(view.id).authority
         try:
-            return await thumbnails.thumbnail(self.service.launcher, self.blocking, session.display, authority,
+            return await thumbnails.thumbnail(self.manager.launcher, self.blocking, session.display, authority,
                                               session.user, agent=(session.agent_pid, session.agent_started))
         except (ThumbnailError, OSError) as error:
-            raise SessionError(Kind.NOT_FOUND, f"No picture of session {session_id}: {error}",
+            raise SessionError(ErrorKind.NOT_FOUND, f"No picture of session {session_id}: {error}",
                                session_id=session_id) from None
 
     async def open_stream(self, caller: Caller, session_id: str, kind: StreamKind) -> Stream:
         """One end of the caller's session on this machine (see the module's docstring)."""
         opener = self.openers.get(kind.word)
         if opener is None or (kind.number is not None and reverse.service_of(kind) is None):
-            raise SessionError(Kind.INVALID_REQUEST, f"Machine {self.machine()} opens no stream of kind {kind}.",
+            raise SessionError(ErrorKind.INVALID_REQUEST, f"Machine {self.machine()} opens no stream of kind {kind}.",
                                session_id=session_id)
         here = await self._here(caller)
-        view = await self.service.show(here, session_id)  # the owner check, as for every call
+        view = await self.manager.show(here, session_id)  # the owner check, as for every call
         session = self.session(view.id)
         if session is None or not session.state.live:
-            raise SessionError(Kind.NOT_FOUND, f"Could not find session {session_id}.", session_id=session_id)
+            raise SessionError(ErrorKind.NOT_FOUND, f"Could not find session {session_id}.", session_id=session_id)
         return await opener(here, session, kind)
 
     async def _agent_stream(self, caller: Caller, session: Session, kind: StreamKind) -> Stream:
         """The agent's socket, once it listens (a resumed agent is made to listen again: a moment)."""
         if session.state is State.TERMINATING:
-            raise SessionError(Kind.WRONG_STATE, f"Session {session.id} is ending.", session_id=session.id)
-        target = self.service.stream_target(session)
+            raise SessionError(ErrorKind.WRONG_STATE, f"Session {session.id} is ending.", session_id=session.id)
+        target = self.manager.stream_target(session)
         if target is None:
-            raise SessionError(Kind.INVALID_REQUEST, f"Session {session.id} is not encrypted: its client connects"
+            raise SessionError(ErrorKind.INVALID_REQUEST, f"Session {session.id} is not encrypted: its client connects"
                                " to its agent itself.", session_id=session.id)
         try:
-            sock = await agentsocket.reach(self.service.reactor, target.path, target.uid)
+            sock = await agentsocket.reach(self.manager.reactor, target.path, target.uid)
         except OSError as error:
-            raise SessionError(Kind.UNAVAILABLE, f"The agent of session {session.id} cannot be reached: {error}",
+            raise SessionError(ErrorKind.UNAVAILABLE, f"The agent of session {session.id} cannot be reached: {error}",
                                session_id=session.id) from None
-        return SocketStream(self.service.reactor, sock, session.id, kind)
+        return SocketStream(self.manager.reactor, sock, session.id, kind)
 
     async def _view_stream(self, caller: Caller, session: Session, kind: StreamKind) -> Stream:
         """RFB of the session's own screen: a live viewer's x11vnc, started for
@@ -197,26 +197,26 @@ class LocalNode:
         if session.user != caller.user:
             log.warn("{user} from {address} asked to view session {id} of another user", user=caller.user,
                      address=caller.address, id=session.id, audit="session_denied")
-            raise SessionError(Kind.NOT_YOURS, f"Could not find session {session.id}.", session_id=session.id)
+            raise SessionError(ErrorKind.NOT_YOURS, f"Could not find session {session.id}.", session_id=session.id)
         if self.viewers is None:
-            raise SessionError(Kind.UNAVAILABLE, f"Machine {self.machine()} shows no sessions in a browser.",
+            raise SessionError(ErrorKind.UNAVAILABLE, f"Machine {self.machine()} shows no sessions in a browser.",
                                session_id=session.id)
-        files = self.service.layout.agent_files(session.id)
+        files = self.manager.layout.agent_files(session.id)
         viewer: BrowserViewer = await self.viewers.open_live(session, files.directory, files.authority)
-        reactor = self.service.reactor
+        reactor = self.manager.reactor
         try:
             sock = await agentsocket.reach(reactor, viewer.vnc_socket, viewer.uid, VIEW_WAIT, VIEW_EVERY,
                                            alive=lambda: not viewer.closed and all(viewer.alive().values()))
         except OSError as error:
             viewer.close()
-            raise SessionError(Kind.UNAVAILABLE, f"The browser viewer of session {session.id} did not start: "
+            raise SessionError(ErrorKind.UNAVAILABLE, f"The browser viewer of session {session.id} did not start: "
                                f"{error}", session_id=session.id) from None
         except BaseException:
             viewer.close()
             raise
         if viewer.closed:  # the session was resumed elsewhere, or ended, while x11vnc started
             sock.close()
-            raise SessionError(Kind.WRONG_STATE, viewer.ended or f"Session {session.id} cannot be shown now.",
+            raise SessionError(ErrorKind.WRONG_STATE, viewer.ended or f"Session {session.id} cannot be shown now.",
                                session_id=session.id)
 
         def nudge() -> None:
@@ -234,16 +234,16 @@ class LocalNode:
         """A reverse service's route (no number) or one of its waiting connections (a number)."""
         service = reverse.service_of(kind)
         assert service is not None  # the openers table holds only its words
-        listeners = self.service.reverse
+        listeners = self.manager.reverse
         if kind.number is None:
             return listeners.open_route(caller, session, service)
         return listeners.take(caller, session, service, kind.number)
 
     def subscribe(self, observer: Callable[[SessionEvent], None]) -> Callable[[], None]:
         """``observer`` hears this node's session changes until the result is called."""
-        self.service.observers.append(observer)
+        self.manager.observers.append(observer)
 
         def stop() -> None:
-            if observer in self.service.observers:
-                self.service.observers.remove(observer)
+            if observer in self.manager.observers:
+                self.manager.observers.remove(observer)
         return stop

@@ -1,4 +1,4 @@
-"""The node's session service (:class:`nxgate.vocabulary.api.SessionAPI`): what this machine runs.
+"""The node's session manager (:class:`nxgate.vocabulary.api.SessionAPI`): what this machine runs.
 
 Doors never call it directly: the router reaches it through this machine's
 :class:`nxgate.node.local.LocalNode`, as other members' gateways do over the wire.
@@ -36,10 +36,10 @@ from nxgate.node.reverse import ReverseListeners
 from nxgate.vocabulary.model import FOR_LATER, Session, member_name
 from nxgate.node.kinds import DesktopKind, RemoteDesktopKind, SessionKind, kind_for
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.node.housekeeping import Housekeeping
 from nxgate.node.lifecycle import Background, Lifecycle
-from nxgate.session_limits import Limits
+from nxgate.session_limits import SessionLimits
 from nxgate.vocabulary.requests import (PUBLISHED_TYPE, DisplaySettings, RestoreRequest, ShadowRequest, ShareMount,
                                         StartRequest)
 from nxgate.vocabulary.results import (DesktopEntry, Listing, ProgressCallback, Ready, ServiceStatus, SessionObserver, SessionView,
@@ -50,14 +50,14 @@ from nxgate.threads import Blocking, inline
 
 log = Logger(namespace="nxgate.session")
 
-#: The longest session name :meth:`SessionService.rename` accepts.
+#: The longest session name :meth:`SessionManager.rename` accepts.
 MAX_NAME = 64
 #: The longest name looked at, before blanks and unprintable characters go:
 #: anything longer is refused on its length alone.
 MAX_RAW_NAME = 4 * MAX_NAME
 
 
-class SessionService(service.Service):
+class SessionManager(service.Service):
     name = "sessions"
 
     def __init__(
@@ -87,7 +87,7 @@ class SessionService(service.Service):
         self.notifier = notifier or inotify.INotify(reactor)
         self.launcher = launcher or Launcher(reactor)
         self.pam_service = resolve_service(config.auth.pam_service)
-        self.limits = Limits(lambda: self.config)
+        self.limits = SessionLimits(lambda: self.config)
         self.background = Background()
         self.supervisor = AgentSupervisor(reactor, lambda: self.config, layout, self.launcher, self.notifier,
                                           self.pam_service, blocking=blocking, send_signal=send_signal,
@@ -99,10 +99,10 @@ class SessionService(service.Service):
         self.reverse = ReverseListeners(reactor, layout.reverse, blocking, lambda sid: self.sessions.get(sid),
                                         lambda word: bool(getattr(self.config.services, word, False)),
                                         lambda: self.node_name or "this machine")
-        self.extras = services.Extras.load(services.Context(reactor, lambda: self.config, layout, self.launcher,
+        self.services = services.Services.load(services.Context(reactor, lambda: self.config, layout, self.launcher,
                                                         blocking, self.reverse))
         self.lifecycle = Lifecycle(reactor, lambda: self.config, lambda: self.settings, layout, self.supervisor,
-                                   self.writer, self.store, self.displays, self.background, self.extras)
+                                   self.writer, self.store, self.displays, self.background, self.services)
         self.sessions = self.lifecycle.sessions  # the same dicts: the life cycle owns them
         self.runtime = self.lifecycle.runtime
         self.lifecycle.observers.append(self.reverse.session_changed)
@@ -116,7 +116,7 @@ class SessionService(service.Service):
         #: What a new session of each type starts (remote desktops before the desktops' catch-all).
         self.kinds: tuple[SessionKind, ...] = (RemoteDesktopKind(reactor, lambda: self.config),
                                                DesktopKind(lambda: self.config, lambda: self.settings))
-        # Shadowing (nxgate.node.shadow_sessions.ShadowService), set by the gateway.
+        # Shadowing (nxgate.node.shadow_sessions.ShadowSessions), set by the gateway.
         self.shadow: Any = None
 
     def startService(self) -> None:
@@ -175,18 +175,18 @@ class SessionService(service.Service):
         start, default display settings, encrypted.  Only types that need no
         more than their name: not unix-application, not the remote desktops."""
         if len(session_type) > MAX_NAME:
-            raise SessionError(Kind.INVALID_REQUEST, "No such session type.")
+            raise SessionError(ErrorKind.INVALID_REQUEST, "No such session type.")
         if not session_type:
-            raise SessionError(Kind.INVALID_REQUEST, "No session type given.")
+            raise SessionError(ErrorKind.INVALID_REQUEST, "No session type given.")
         desktop = any(isinstance(kind, DesktopKind) and kind.handles(session_type) for kind in self.kinds)
         if not desktop or session_type == "unix-application":
-            raise SessionError(Kind.INVALID_REQUEST,
+            raise SessionError(ErrorKind.INVALID_REQUEST,
                                f"Session type '{session_type}' needs more than a name; start it from an NX client.")
         if len(name) > MAX_RAW_NAME:  # before any per-character work: a huge name must cost nothing
-            raise SessionError(Kind.INVALID_REQUEST, f"A session name has 1 to {MAX_NAME} printable characters.")
+            raise SessionError(ErrorKind.INVALID_REQUEST, f"A session name has 1 to {MAX_NAME} printable characters.")
         clean = printable(name).strip() or session_type
         if len(clean) > MAX_NAME:
-            raise SessionError(Kind.INVALID_REQUEST, f"A session name has 1 to {MAX_NAME} printable characters.")
+            raise SessionError(ErrorKind.INVALID_REQUEST, f"A session name has 1 to {MAX_NAME} printable characters.")
         request = StartRequest(type=session_type, name=clean, display=DisplaySettings(), encrypted=True,
                                rootless=False)
         launch = await kind_for(self.kinds, session_type).prepare(caller, request)
@@ -233,7 +233,7 @@ class SessionService(service.Service):
     async def restore(self, caller: Caller, request: RestoreRequest) -> Ready:
         session = self._owned(caller, request.session_id)
         if not request.encrypted and not self.settings.allow_unencrypted:
-            raise SessionError(Kind.ENCRYPTION_REQUIRED, "Unencrypted sessions are not allowed.")
+            raise SessionError(ErrorKind.ENCRYPTION_REQUIRED, "Unencrypted sessions are not allowed.")
         session = await self.lifecycle.resume(caller, request, lambda: self._owned(caller, request.session_id))
         return self._ready(session, resumed=True)
 
@@ -255,7 +255,7 @@ class SessionService(service.Service):
         session = self._owned(caller, session_id)
         clean = printable(name).strip() if len(name) <= MAX_RAW_NAME else ""  # length before per-character work
         if not clean or len(clean) > MAX_NAME:
-            raise SessionError(Kind.INVALID_REQUEST, f"A session name has 1 to {MAX_NAME} printable characters.",
+            raise SessionError(ErrorKind.INVALID_REQUEST, f"A session name has 1 to {MAX_NAME} printable characters.",
                                session_id=session_id)
         log.info("session {id} of {user} renamed to {name!r} by {address}", id=session.id, user=session.user,
                  name=clean, address=caller.address, audit="session_rename")
@@ -271,8 +271,8 @@ class SessionService(service.Service):
         send ``addmount`` before ``bye``."""
         session = self._owned(caller, session_id)
         if session.user != caller.user:  # an admin too: a folder goes only into its owner's own session
-            raise SessionError(Kind.NOT_YOURS, f"Could not find session {session_id}.", session_id=session_id)
-        if "sharing" not in services.granted(session) or "sharing" not in self.extras.by_name:
+            raise SessionError(ErrorKind.NOT_YOURS, f"Could not find session {session_id}.", session_id=session_id)
+        if "sharing" not in services.granted(session) or "sharing" not in self.services.by_name:
             log.info("{user} from {address} shared {share!r} with session {id}, which has no folder sharing",
                      user=caller.user, address=caller.address, share=mount.share, id=session.id)
             return False
@@ -292,14 +292,14 @@ class SessionService(service.Service):
         ``Exec`` line of one this machine lists, nothing else."""
         session = self._owned(caller, session_id)
         if session.user != caller.user or session.type != PUBLISHED_TYPE:
-            raise SessionError(Kind.NOT_ALLOWED, "Applications start only in a published-applications session of"
+            raise SessionError(ErrorKind.NOT_ALLOWED, "Applications start only in a published-applications session of"
                                " one's own.", session_id=session_id)
         listed = await self._blocking(applications.read_applications, self.settings.published_applications)
         if tuple(argv) not in applications.launchable(listed):
             log.warn("{user} from {address} asked to start {argv!r} in session {id}: not a published application;"
                      " refused", user=caller.user, address=caller.address, argv=list(argv)[:8], id=session_id,
                      audit="launch_refused")
-            raise SessionError(Kind.NOT_ALLOWED, f"{argv[0][:64] if argv else 'Nothing'} is not a published"
+            raise SessionError(ErrorKind.NOT_ALLOWED, f"{argv[0][:64] if argv else 'Nothing'} is not a published"
                                " application of this server.", session_id=session_id)
         log.info("{user} from {address} starts the published application {argv!r} in session {id}",
                  user=caller.user, address=caller.address, argv=list(argv)[:8], id=session_id, audit="launch")
@@ -338,7 +338,7 @@ class SessionService(service.Service):
     @staticmethod
     def _admin_only(caller: Caller, what: str) -> None:
         if not caller.admin:
-            raise SessionError(Kind.NOT_ALLOWED, f"Only the admin may {what}.")
+            raise SessionError(ErrorKind.NOT_ALLOWED, f"Only the admin may {what}.")
 
     async def shadow_targets(self, caller: Caller) -> tuple[ShadowTarget, ...]:
         """The displays ``caller`` may shadow."""
@@ -370,9 +370,9 @@ class SessionService(service.Service):
         if session is not None and session.state.live and not caller.owns(session.user):
             log.warn("{user} from {address} asked for session {id} of another user", user=caller.user,
                      address=caller.address, id=session_id, audit="session_denied")
-            raise SessionError(Kind.NOT_YOURS, f"Could not find session {session_id}.", session_id=session_id)
+            raise SessionError(ErrorKind.NOT_YOURS, f"Could not find session {session_id}.", session_id=session_id)
         if session is None or not session.state.live:
-            raise SessionError(Kind.NOT_FOUND, f"Could not find session {session_id}.", session_id=session_id)
+            raise SessionError(ErrorKind.NOT_FOUND, f"Could not find session {session_id}.", session_id=session_id)
         return session
 
     @property
@@ -392,7 +392,7 @@ class SessionService(service.Service):
         try:
             return self.displays.allocate()
         except NoFreeDisplay:
-            raise SessionError(Kind.FAILED_TO_START,
+            raise SessionError(ErrorKind.FAILED_TO_START,
                                "Display limit exceeded: no free display for a new session.") from None
 
     def _ready(self, session: Session, resumed: bool) -> Ready:

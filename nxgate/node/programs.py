@@ -7,7 +7,7 @@ import shutil
 from collections.abc import Mapping
 
 from nxgate.config import SessionsSection
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.requests import StartRequest
 
 DESKTOP_WITHOUT_XSESSION = ("x-session-manager",)
@@ -55,7 +55,7 @@ def session_command(request: StartRequest, types: Mapping[str, tuple[str, ...]],
         else:
             text = (f"Session type '{request.type}' is not available on this server: {missing} is not"
                     f" installed. Available types: {available}.")
-        raise SessionError(Kind.UNAVAILABLE, text)
+        raise SessionError(ErrorKind.UNAVAILABLE, text)
     if request.type in PLAIN_TYPES or argv[0] == settings.xsession:
         return argv
     if settings.use_xsession and os.access(settings.xsession, os.X_OK):

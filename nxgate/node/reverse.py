@@ -2,7 +2,7 @@
 the listeners a session's programs connect to, and the connections that
 wait there for the gateway that holds the client.
 
-:class:`ReverseListeners` is one per node, owned by its session service;
+:class:`ReverseListeners` is one per node, owned by its session manager;
 :class:`nxgate.node.local.LocalNode` opens its streams (a route for a kind
 without a number, a waiting connection for a kind with one), and the
 session's extras ask it where their programs should connect
@@ -45,7 +45,7 @@ from nxgate.host import local_peers
 from nxgate.streams import reverse
 from nxgate.streams.reverse import ReverseService, RouteError, Waiting
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.model import Session, State
 from nxgate.vocabulary.results import SessionEvent
 from nxgate.vocabulary.streams import Stream
@@ -120,10 +120,10 @@ class ReverseListeners:
         on which its connections are announced (see :mod:`nxgate.streams.reverse`)."""
         self._check(caller, session, service)
         if not self.enabled(service.word):
-            raise SessionError(Kind.NOT_ALLOWED, f"{service.what.capitalize()} is switched off on machine "
+            raise SessionError(ErrorKind.NOT_ALLOWED, f"{service.what.capitalize()} is switched off on machine "
                                f"{self.machine()}.", session_id=session.id)
         if session.state is State.TERMINATING:
-            raise SessionError(Kind.WRONG_STATE, f"Session {session.id} is ending.", session_id=session.id)
+            raise SessionError(ErrorKind.WRONG_STATE, f"Session {session.id} is ending.", session_id=session.id)
         key = (session.id, service.word)
         old = self.routes.pop(key, None)
         if old is not None:
@@ -133,7 +133,7 @@ class ReverseListeners:
         except OSError as error:
             log.error("session {id} of {user}: no {what} listener: {error}", id=session.id, user=session.user,
                       what=service.what, error=str(error))
-            raise SessionError(Kind.UNAVAILABLE, f"Machine {self.machine()} cannot listen for the {service.what} of "
+            raise SessionError(ErrorKind.UNAVAILABLE, f"Machine {self.machine()} cannot listen for the {service.what} of "
                                f"session {session.id}.", session_id=session.id) from None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         route = _Route(self, session.id, session.user, session.uid, service, listening, address)
@@ -155,7 +155,7 @@ class ReverseListeners:
         self._check(caller, session, service)
         sock = self.waiting.take(session.id, service.word, number)
         if sock is None:
-            raise SessionError(Kind.NOT_FOUND, f"No {service.what} connection {number} waits in session "
+            raise SessionError(ErrorKind.NOT_FOUND, f"No {service.what} connection {number} waits in session "
                                f"{session.id}.", session_id=session.id)
         timer = self.timers.pop(number, None)
         if timer is not None and timer.active():
@@ -168,10 +168,10 @@ class ReverseListeners:
         if session.user != caller.user:
             log.warn("{user} from {address} asked for the {what} of session {id} of another user", user=caller.user,
                      address=caller.address, what=service.what, id=session.id, audit="session_denied")
-            raise SessionError(Kind.NOT_YOURS, f"Could not find session {session.id}.", session_id=session.id)
+            raise SessionError(ErrorKind.NOT_YOURS, f"Could not find session {session.id}.", session_id=session.id)
 
     def session_changed(self, event: SessionEvent) -> None:
-        """A session that ended keeps no route (the observer of the session service)."""
+        """A session that ended keeps no route (the observer of the session manager)."""
         if not event.new.live:
             self.close_session(event.view.id, "the session ended")
 

@@ -25,7 +25,7 @@ from nxgate.config import Config
 from nxgate.vocabulary.model import State
 from nxgate.node.environment import login_environment
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.requests import DisplaySettings, ShadowRequest
 from nxgate.vocabulary.results import Progress, ProgressCallback, Ready, ShadowTarget
 from nxgate.node import console
@@ -36,7 +36,7 @@ from nxgate.threads import Blocking, in_thread
 from nxgate.host.users import UserDirectory
 
 if TYPE_CHECKING:
-    from nxgate.node.manager import SessionService
+    from nxgate.node.manager import SessionManager
 
 log = Logger(namespace="nxgate.shadow")
 
@@ -75,12 +75,12 @@ class Target:
         return ShadowTarget(self.id, self.owner, self.display, self.name, self.type, self.geometry, asks_owner)
 
 
-class ShadowService:
+class ShadowSessions:
     """Lists, asks and attaches.  Nothing here blocks the reactor: finding
     the console (``/proc``, utmp, NSS, the owner's ``~/.Xauthority``) runs
     through ``blocking``, and the owner's account comes from ``users``."""
 
-    def __init__(self, manager: SessionService, config: Config, blocking: Blocking | None = None,
+    def __init__(self, manager: SessionManager, config: Config, blocking: Blocking | None = None,
                  users: UserDirectory | None = None) -> None:
         self.manager = manager
         self.config = config
@@ -138,12 +138,12 @@ class ShadowService:
             log.warn("{user} from {address} may not shadow {id} of {owner}: {why}", user=caller.user,
                      address=caller.address, id=wanted, owner=target.owner, why=target.unavailable,
                      audit="shadow_denied")
-            raise SessionError(Kind.NOT_ALLOWED, f"Session {wanted} of {target.owner} cannot be shadowed: "
+            raise SessionError(ErrorKind.NOT_ALLOWED, f"Session {wanted} of {target.owner} cannot be shadowed: "
                                f"{target.unavailable}.", session_id=wanted)
         if not found:
             log.warn("{user} from {address} may not shadow {id} (or it does not exist)", user=caller.user,
                      address=caller.address, id=wanted, audit="shadow_denied")
-            raise SessionError(Kind.NOT_FOUND, f"Could not find shadowed session {wanted}. Session failed.",
+            raise SessionError(ErrorKind.NOT_FOUND, f"Could not find shadowed session {wanted}. Session failed.",
                                session_id=wanted)
         target, _ = found[0]
         decision = policy.decide(caller.user, caller.groups, target.owner, self.settings, request.view_only)
@@ -157,7 +157,7 @@ class ShadowService:
                          owner=target.owner, user=caller.user, address=caller.address, why=why,
                          audit="shadow_refused")
                 suffix = "" if answer is False else f" (no answer within {self.settings.consent_timeout:g} seconds)"
-                raise SessionError(Kind.REFUSED_BY_OWNER, f"Authorization refused by user: {target.owner}.{suffix}",
+                raise SessionError(ErrorKind.REFUSED_BY_OWNER, f"Authorization refused by user: {target.owner}.{suffix}",
                                    session_id=wanted)
         plan = nxagent.AgentPlan(
             mode="-S",
@@ -215,7 +215,7 @@ class ShadowService:
             log.warn("shadow of {id} ({owner}) for {user}: the consent dialog did not open on :{display} (exit "
                      "code {code}; its output is in {log})", id=target.id, owner=target.owner, user=caller.user,
                      display=target.display, code=code, log=target.log, audit="shadow_refused")
-            raise SessionError(Kind.UNAVAILABLE, f"{target.owner} could not be asked: the consent dialog did not "
+            raise SessionError(ErrorKind.UNAVAILABLE, f"{target.owner} could not be asked: the consent dialog did not "
                                "open on the session's screen (see the server log).", session_id=target.id)
         return code == CONSENT_ALLOW
 

@@ -263,7 +263,7 @@ class AgentSupervisor:
                             argv: tuple[str, ...] | None = None) -> tuple[ProcessId, defer.Deferred[str]]:
         """Start the session's program (raises LaunchError or OSError); with
         ``report``, the Deferred gives its status line.  ``extra_env``: what
-        the session's extras add (PULSE_SERVER, CUPS_SERVER, ...).  ``argv``:
+        the session's services add (PULSE_SERVER, CUPS_SERVER, ...).  ``argv``:
         another program in the session instead (a published application)."""
         plan = self.plan(session)
         user = await self.blocking(pwd.getpwuid, session.uid)

@@ -24,7 +24,7 @@ SERVICES = ("printing", "sharing")
 MAX_FIELD = 64
 
 
-class TunnelRequestError(ValueError):
+class ReverseRequestError(ValueError):
     """A tunnel request or channel payload that cannot be read."""
 
 
@@ -36,17 +36,17 @@ def _strings(data: bytes, count: int) -> list[str]:
     found, rest = [], data
     for _ in range(count):
         if len(rest) < 4:
-            raise TunnelRequestError("truncated")
+            raise ReverseRequestError("truncated")
         (length,) = struct.unpack(">L", rest[:4])
         if length > MAX_FIELD or len(rest) < 4 + length:
-            raise TunnelRequestError("a field is too long or truncated")
+            raise ReverseRequestError("a field is too long or truncated")
         try:
             found.append(rest[4:4 + length].decode("ascii"))
         except UnicodeDecodeError:
-            raise TunnelRequestError("not ASCII") from None
+            raise ReverseRequestError("not ASCII") from None
         rest = rest[4 + length:]
     if rest:
-        raise TunnelRequestError("trailing bytes")
+        raise ReverseRequestError("trailing bytes")
     return found
 
 
@@ -56,11 +56,11 @@ def encode(service: str, session_id: str) -> bytes:
 
 
 def decode(data: bytes) -> tuple[str, str]:
-    """(service, session id) of a payload; TunnelRequestError for anything
+    """(service, session id) of a payload; ReverseRequestError for anything
     but a known service and a 32-hex-digit id."""
     service, session_id = _strings(data, 2)
     if service not in SERVICES:
-        raise TunnelRequestError(f"unknown service {service[:32]!r}")
+        raise ReverseRequestError(f"unknown service {service[:32]!r}")
     if len(session_id) != 32 or any(c not in "0123456789ABCDEFabcdef" for c in session_id):
-        raise TunnelRequestError("not a session id")
+        raise ReverseRequestError("not a session id")
     return service, session_id.upper()

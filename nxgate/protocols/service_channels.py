@@ -1,5 +1,5 @@
 """The NX service channels beside the screen, pure and shared by
-the server side (the agent's options, the session's extras) and the client
+the server side (the agent's options, the session's services) and the client
 (nxgate-client's own nxproxy).
 
 nxcomp carries three service channels; the proxy next to the X clients (the

@@ -29,7 +29,7 @@ class SessionAPI(Protocol):
     """Every call checks the caller may do it and raises
     :class:`nxgate.vocabulary.errors.SessionError` when not (a session of
     someone else is NOT_YOURS, with NOT_FOUND's words).  Implemented, for
-    the router, by every node, and by the node's session service."""
+    the router, by every node, and by the node's session manager."""
 
     async def start(self, caller: Caller, request: StartRequest) -> Ready: ...
 

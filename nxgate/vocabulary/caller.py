@@ -1,4 +1,4 @@
-"""Who asks the session service for something."""
+"""Who asks the session manager for something."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Why the session service refused or failed: a kind and a sentence.
+"""Why the session manager refused or failed: a kind and a sentence.
 
 Doors map the kind to their own wire (``nxgate.protocols.nx.dispatch`` to NX reply
 codes, the admin socket to JSON); the message is a sentence for people,
@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 
 
-class Kind(str, enum.Enum):
+class ErrorKind(str, enum.Enum):
     NOT_FOUND = "not_found"                  # no such live session (or not the caller's: see NOT_YOURS)
     NOT_YOURS = "not_yours"                  # someone else's session; doors show it as NOT_FOUND
     WRONG_STATE = "wrong_state"              # e.g. resume of a session that is starting
@@ -29,13 +29,13 @@ class Kind(str, enum.Enum):
 
 
 class SessionError(Exception):
-    """A refusal or failure of the session service."""
+    """A refusal or failure of the session manager."""
 
     #: Set on a cluster member that could not be reached at all (nothing was
     #: asked of it): a new session may then be placed on the next node.
     unreachable = False
 
-    def __init__(self, kind: Kind, message: str, *, session_id: str | None = None) -> None:
+    def __init__(self, kind: ErrorKind, message: str, *, session_id: str | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message

@@ -1,4 +1,4 @@
-"""What callers ask the session service for (typed, already validated by
+"""What callers ask the session manager for (typed, already validated by
 the door that parsed them: :mod:`nxgate.protocols.nx.requests` for NX clients)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the session service answers (never a cookie, except in Ready)."""
+"""What the session manager answers (never a cookie, except in Ready)."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ class HeldDisplay:
 
 @dataclass(frozen=True)
 class ServiceStatus:
-    """How the session service stands (for the admin)."""
+    """How the session manager stands (for the admin)."""
 
     draining: bool
     live: int
@@ -184,7 +184,7 @@ class MemberView:
 @dataclass(frozen=True)
 class SessionEvent:
     """A session changed state: what observers of the service hear
-    (:attr:`nxgate.node.manager.SessionService.observers`).  ``old`` is
+    (:attr:`nxgate.node.manager.SessionManager.observers`).  ``old`` is
     None when the session was just created; ``attached_before`` whether a
     client had been attached before this change (a RUNNING one is a resume)."""
 

@@ -6,7 +6,7 @@ gate: TLS is handshaken (OpenSSL has checked the certificate against the
 cluster CA), then the gate checks the name (:mod:`nxgate.wire.tls`),
 and only then does the inner protocol see its ``connectionMade``.  Bytes
 that arrive before are held, so a peer that is refused never reaches the
-session service.
+session manager.
 
 * :func:`dial`: to the member ``name`` at ``address``; the certificate must
   name ``name``.

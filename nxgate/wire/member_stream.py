@@ -29,7 +29,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.streams import StreamKind
 from nxgate.wire import protocol as wire
 from nxgate.wire.connection import dial
@@ -89,7 +89,7 @@ class _StreamClient(protocol.Protocol):
         self.head += data
         if b"\n" not in self.head:
             if len(self.head) > wire.MAX_STREAM_ANSWER:
-                self._fail(SessionError(Kind.INTERNAL, "Internal error: the session node's answer was unreadable."))
+                self._fail(SessionError(ErrorKind.INTERNAL, "Internal error: the session node's answer was unreadable."))
             return
         line, _, rest = self.head.partition(b"\n")
         self.head = b""
@@ -101,7 +101,7 @@ class _StreamClient(protocol.Protocol):
         except ValueError as error:
             log.error("member {node} answered a stream request with something this gateway cannot read: {error}",
                       node=self.node, error=str(error))
-            self._fail(SessionError(Kind.INTERNAL, "Internal error: the session node's answer was unreadable."))
+            self._fail(SessionError(ErrorKind.INTERNAL, "Internal error: the session node's answer was unreadable."))
             return
         self.open = True
         self.transport.pauseProducing()  # the taker reads, once there is one
@@ -139,7 +139,7 @@ class _StreamClient(protocol.Protocol):
             opened, self.opened = self.opened, None
             self.answered()
             opened.errback(SessionError(
-                Kind.UNAVAILABLE, f"The session node {self.node} closed the stream before it was open "
+                ErrorKind.UNAVAILABLE, f"The session node {self.node} closed the stream before it was open "
                                   f"({reason.getErrorMessage()}); try again."))
         elif not self.request:
             self.spare_lost()
@@ -289,7 +289,7 @@ class RemoteStreams:
                 client.opened = None
                 log.warn("cluster member {name} at {address} cannot be reached for a stream: {why}", name=node,
                          address=address, why=failure.getErrorMessage(), event="cluster_member_unreachable")
-                opened.errback(SessionError(Kind.UNAVAILABLE,
+                opened.errback(SessionError(ErrorKind.UNAVAILABLE,
                                             f"The session node {node} cannot be reached; try again later."))
 
         dial(self.reactor, self.tls, node, address, client).addErrback(not_connected)

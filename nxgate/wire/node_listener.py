@@ -35,7 +35,7 @@ from zope.interface import implementer
 from nxgate.wire import protocol as wire
 from nxgate.wire.connection import GateFactory
 from nxgate.wire.tls import ClusterTLS
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.results import Progress, SessionEvent
 from nxgate.streams.splice import Splice, TransportEnd
 
@@ -84,7 +84,7 @@ class NodeAMP(amp.AMP):
         except (ValueError, TypeError, KeyError) as error:
             log.warn("gateway {member} sent a call this node cannot read: {method}: {error}", member=self.member,
                      method=method, error=str(error))
-            return wire.encode_error(SessionError(Kind.INVALID_REQUEST, f"The node cannot read this request ({method})."))
+            return wire.encode_error(SessionError(ErrorKind.INVALID_REQUEST, f"The node cannot read this request ({method})."))
         extra: dict[str, Any] = {}
         if method == "attach_shadow":
             extra["progress"] = lambda progress: self._progress(call, progress)
@@ -94,7 +94,7 @@ class NodeAMP(amp.AMP):
             return wire.encode_error(error)
         except Exception:
             log.failure("{method} for gateway {member} failed", Failure(), method=method, member=self.member)
-            return wire.encode_error(SessionError(Kind.INTERNAL, "Internal error on the session node."))
+            return wire.encode_error(SessionError(ErrorKind.INTERNAL, "Internal error on the session node."))
         return {"ok": wire.encode(result)}
 
     def _progress(self, call: int, progress: Progress) -> None:
@@ -154,7 +154,7 @@ class NodeStream(protocol.Protocol):
         self.head += data
         if b"\n" not in self.head:
             if len(self.head) > wire.MAX_STREAM_REQUEST:
-                self._refuse(SessionError(Kind.INVALID_REQUEST, "The stream request is too long."))
+                self._refuse(SessionError(ErrorKind.INVALID_REQUEST, "The stream request is too long."))
             return
         line, _, rest = self.head.partition(b"\n")
         self.head, self.asked = b"", True
@@ -165,7 +165,7 @@ class NodeStream(protocol.Protocol):
         except (ValueError, TypeError, KeyError) as error:
             log.warn("gateway {member} sent a stream request this node cannot read: {error}", member=self.member,
                      error=str(error))
-            self._refuse(SessionError(Kind.INVALID_REQUEST, "The node cannot read this stream request."))
+            self._refuse(SessionError(ErrorKind.INVALID_REQUEST, "The node cannot read this stream request."))
             return
         self.transport.pauseProducing()  # nothing piles up before the end is there
         opened = defer.ensureDeferred(self.node.open_stream(caller, self.session_id, kind))
@@ -184,7 +184,7 @@ class NodeStream(protocol.Protocol):
             return
         log.failure("a stream of session {id} for gateway {member} failed", failure, id=self.session_id,
                     member=self.member)
-        self._refuse(SessionError(Kind.INTERNAL, "Internal error on the session node."))
+        self._refuse(SessionError(ErrorKind.INTERNAL, "Internal error on the session node."))
 
     def end_connected(self, transport: Any) -> None:
         if self.closed:

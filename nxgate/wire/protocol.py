@@ -38,7 +38,7 @@ from typing import Any
 from twisted.protocols import amp
 
 from nxgate.vocabulary.api import NodeAPI
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 
 #: The NodeAPI methods whose result is a connection: each has a connection of its own, not an AMP call.
 STREAMED = frozenset({"open_stream"})
@@ -172,9 +172,9 @@ def decode_outcome(method: str, outcome: Any) -> Any:
     if "error" in outcome:
         error = outcome["error"]
         try:
-            kind = Kind(error["kind"])
+            kind = ErrorKind(error["kind"])
         except ValueError:  # a kind this version does not know
-            kind = Kind.INTERNAL
+            kind = ErrorKind.INTERNAL
         raise SessionError(kind, str(error["message"]), session_id=error.get("session_id"))
     return decode(signature(method)[1], outcome["ok"])
 
@@ -256,7 +256,7 @@ class JSON(amp.Argument):
 
 
 class Call(amp.Command):
-    """Run ``method`` of the node's session service with ``arguments``; the
+    """Run ``method`` of the node's session manager with ``arguments``; the
     outcome is ``{"ok": result}`` or ``{"error": {kind, message, session_id}}``."""
 
     arguments = [(b"call", amp.Integer()), (b"method", amp.Unicode()), (b"arguments", JSON())]

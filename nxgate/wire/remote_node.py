@@ -2,7 +2,7 @@
 
 :class:`RemoteNode` implements :class:`nxgate.vocabulary.api.SessionAPI` by
 sending every call over AMP (:mod:`nxgate.wire.protocol`) to the named
-member's local session service, over the mutually authenticated TLS of
+member's local session manager, over the mutually authenticated TLS of
 :mod:`nxgate.wire.connection`.  Its answers and refusals are the
 node's own (a SessionError keeps its kind and words).  A Ready's stream is
 marked with the node's name and address (for the logs and listings: the
@@ -11,7 +11,7 @@ stream connection of its own, :mod:`nxgate.wire.member_stream`).
 
 One connection per member, kept by Twisted's ``ClientService`` (see
 :class:`RemoteNode`); a member that cannot be reached fails the call at
-once with ``Kind.UNAVAILABLE`` and a sentence naming it (``unreachable``:
+once with ``ErrorKind.UNAVAILABLE`` and a sentence naming it (``unreachable``:
 nothing was asked, placement may try the next member), and the log says
 why, once per outage.
 """
@@ -38,7 +38,7 @@ from nxgate.wire.connection import dial
 from nxgate.wire.member_stream import RemoteStreams
 from nxgate.wire.tls import ClusterTLS
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
 from nxgate.vocabulary.results import (DesktopEntry, Listing, Progress, ProgressCallback, Ready, ServiceStatus, SessionEvent,
                                      SessionView, ShadowTarget)
@@ -229,7 +229,7 @@ class RemoteNode:
         if not quiet:
             log.warn("cluster member {name} at {address} cannot be reached: {why}", name=self.name,
                      address=self.address, why=why, event="cluster_member_unreachable")
-        error = SessionError(Kind.UNAVAILABLE, f"The session node {self.name} cannot be reached; try again later.")
+        error = SessionError(ErrorKind.UNAVAILABLE, f"The session node {self.name} cannot be reached; try again later.")
         error.unreachable = not asked  # nothing was asked of it: placement may try the next node
         return error
 
@@ -238,7 +238,7 @@ class RemoteNode:
             encoded = wire.encode_arguments(method, arguments)
         except (TypeError, ValueError):  # a bug of this gateway, not a node that cannot be reached
             log.failure("{method} for member {name} could not be encoded", method=method, name=self.name)
-            raise SessionError(Kind.INTERNAL, "Internal error on this gateway.") from None
+            raise SessionError(ErrorKind.INTERNAL, "Internal error on this gateway.") from None
         connection = await self._connection()
         call = next(self.calls)
         if progress is not None:
@@ -247,12 +247,12 @@ class RemoteNode:
             answer = await connection.callRemote(wire.Call, call=call, method=method, arguments=encoded)
         except amp.RemoteAmpError as error:
             log.error("member {name} failed {method}: {error}", name=self.name, method=method, error=str(error))
-            raise SessionError(Kind.INTERNAL, "Internal error on the session node.") from None
+            raise SessionError(ErrorKind.INTERNAL, "Internal error on the session node.") from None
         except (ConnectionClosed, SSL.Error, amp.ProtocolSwitched) as error:  # the connection broke during the call
             raise self._unavailable(f"{method}: {error}", asked=True) from None
         except Exception:
             log.failure("{method} for member {name} failed on this gateway", method=method, name=self.name)
-            raise SessionError(Kind.INTERNAL, "Internal error on this gateway.") from None
+            raise SessionError(ErrorKind.INTERNAL, "Internal error on this gateway.") from None
         finally:
             self.progress_callbacks.pop(call, None)
         try:
@@ -260,7 +260,7 @@ class RemoteNode:
         except (ValueError, TypeError, KeyError) as error:
             log.error("member {name} answered {method} with something this gateway cannot read: {error}",
                       name=self.name, method=method, error=str(error))
-            raise SessionError(Kind.INTERNAL, "Internal error: the session node's answer was unreadable.") from None
+            raise SessionError(ErrorKind.INTERNAL, "Internal error: the session node's answer was unreadable.") from None
 
     async def _connection(self) -> _GatewayAMP:
         if self.connection is not None:

@@ -160,7 +160,7 @@ class _Connection(connection.SSHConnection):
         if channelType == reverse_request.CHANNEL:
             try:
                 target = self.handler.tunnel_target(*reverse_request.decode(data))  # type: ignore[attr-defined]
-            except (reverse_request.TunnelRequestError, AttributeError):
+            except (reverse_request.ReverseRequestError, AttributeError):
                 target = None
         if target is None:
             raise ConchError(connection.OPEN_ADMINISTRATIVELY_PROHIBITED, "no such tunnel was asked for")

@@ -39,7 +39,7 @@ from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from zope.interface import alsoProvides, implementer
 
 from nxgate.host.descriptors import count_open_files
-from nxgate.gateway.doors.preauth import Block, Ending, Limits, PreauthTable, Refusal
+from nxgate.gateway.doors.preauth import Block, Ending, PreauthLimits, PreauthTable, Refusal
 
 log = Logger(namespace="nxgate.gateway.doors")
 
@@ -203,7 +203,7 @@ class GuardedFactory(WrappingFactory):
 class DoorGuard:
     """The table, the descriptor count and the log lines, for every door."""
 
-    def __init__(self, reactor: Any, limits: Limits, *, count_files: Callable[[], int] = count_open_files,
+    def __init__(self, reactor: Any, limits: PreauthLimits, *, count_files: Callable[[], int] = count_open_files,
                  file_limit: int | None = None, chance: Callable[[], float] = random.random) -> None:
         self.reactor = reactor
         self.table = PreauthTable(limits, reactor.seconds, chance, self._displaced)
@@ -215,10 +215,10 @@ class DoorGuard:
         self.refused_user_files = 0
 
     @property
-    def limits(self) -> Limits:
+    def limits(self) -> PreauthLimits:
         return self.table.limits
 
-    def configure(self, limits: Limits) -> None:
+    def configure(self, limits: PreauthLimits) -> None:
         """A reload: new connections are judged by the new limits."""
         self.table.limits = limits
 

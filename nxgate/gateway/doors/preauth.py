@@ -68,7 +68,7 @@ ANY_DOOR = "any"
 
 
 @dataclass(frozen=True)
-class Limits:
+class PreauthLimits:
     """The settings, from ``[server]`` (see nxgate.config)."""
 
     grace: float = 30.0
@@ -84,7 +84,7 @@ class Limits:
     exempt: tuple[Any, ...] = ()
 
     @classmethod
-    def from_config(cls, config: Config) -> Limits:
+    def from_config(cls, config: Config) -> PreauthLimits:
         server = config.server
         start, rate, full = parse_max_startups(server.max_startups)
         return cls(grace=server.login_grace_time, per_address=server.max_startups_per_address, start=start,
@@ -154,7 +154,7 @@ class PreauthTable:
     ``clock`` gives seconds (the reactor's), ``random`` a float in [0, 1)
     for the early drop; both are injected so that tests decide."""
 
-    def __init__(self, limits: Limits, clock: Callable[[], float], random: Callable[[], float],
+    def __init__(self, limits: PreauthLimits, clock: Callable[[], float], random: Callable[[], float],
                  displace: Callable[[Hashable, str, Block | None], None] = lambda *displaced: None) -> None:
         """``displace(connection, source, block)`` closes a connection the
         table displaced (see :meth:`admit`; ``block``: a penalty that began

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 
 from nxgate.config import Config, TargetSection
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.requests import DisplaySettings, RemoteRequest
 
 PROTOCOLS = {"windows": "rdp", "vnc": "vnc"}
@@ -50,7 +50,7 @@ class RemoteDesktop:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
-def refused(kind: Kind, text: str) -> SessionError:
+def refused(kind: ErrorKind, text: str) -> SessionError:
     return SessionError(kind, text)
 
 
@@ -78,25 +78,25 @@ def parse_server(protocol: str, text: str) -> tuple[str, int]:
     elif "::" in text:
         host, _, port_text = text.partition("::")
         if not port_text.isdigit():
-            raise refused(Kind.INVALID_REQUEST, f"Invalid remote desktop address '{text}'.")
+            raise refused(ErrorKind.INVALID_REQUEST, f"Invalid remote desktop address '{text}'.")
         port = int(port_text)
     elif ":" in text:
         host, _, port_text = text.partition(":")
         if not port_text.isdigit():
-            raise refused(Kind.INVALID_REQUEST, f"Invalid remote desktop address '{text}'.")
+            raise refused(ErrorKind.INVALID_REQUEST, f"Invalid remote desktop address '{text}'.")
         number = int(port_text)
         # VNC's host:N is display N (port 5900+N); larger numbers are ports.
         port = 5900 + number if protocol == "vnc" and number < 100 else number
     else:
         host, port = text, DEFAULT_PORTS[protocol]
     if not _valid_host(host) or not 0 < port < 65536:
-        raise refused(Kind.INVALID_REQUEST, f"Invalid remote desktop address '{text}'.")
+        raise refused(ErrorKind.INVALID_REQUEST, f"Invalid remote desktop address '{text}'.")
     return host, port
 
 
 def _field(name: str, value: str) -> str:
     if not _FIELD.fullmatch(value):
-        raise refused(Kind.INVALID_REQUEST, f"Invalid value for parameter '{name}'.")
+        raise refused(ErrorKind.INVALID_REQUEST, f"Invalid value for parameter '{name}'.")
     return value
 
 
@@ -105,21 +105,21 @@ def remote_desktop(session_type: str, request: RemoteRequest | None, config: Con
     protocol = PROTOCOLS[session_type]
     settings = config.remote
     if not settings.enabled:
-        raise refused(Kind.UNAVAILABLE, f"Session type '{session_type}' is not available on this server.")
+        raise refused(ErrorKind.UNAVAILABLE, f"Session type '{session_type}' is not available on this server.")
     server = request.server.strip() if request is not None else ""
     if request is None or not server:
-        raise refused(Kind.INVALID_REQUEST, "No remote desktop given (agent_server is empty).")
+        raise refused(ErrorKind.INVALID_REQUEST, "No remote desktop given (agent_server is empty).")
     user, domain = _field("agent_user", request.user), _field("agent_domain", request.domain)
     password = request.password
     target = config.targets.get(server.lower())
     if target is not None:
         if target.protocol != protocol:
-            raise refused(Kind.INVALID_REQUEST,
+            raise refused(ErrorKind.INVALID_REQUEST,
                           f"'{server}' is a {target.protocol.upper()} desktop, not {protocol.upper()}.")
         return _from_target(server.lower(), target, config, user, domain, password)
     if not settings.allow_any_host:
         names = ", ".join(f"{name} ({t.protocol})" for name, t in sorted(config.targets.items())) or "none"
-        raise refused(Kind.NOT_ALLOWED, f"'{server}' is not a remote desktop this server serves. Available: {names}.")
+        raise refused(ErrorKind.NOT_ALLOWED, f"'{server}' is not a remote desktop this server serves. Available: {names}.")
     host, port = parse_server(protocol, server)
     engine = settings.rdp_engine if protocol == "rdp" else settings.vnc_engine
     return RemoteDesktop(protocol, host, port, engine, settings.rdp_security, user, domain, password)
@@ -130,7 +130,7 @@ def _from_target(name: str, target: TargetSection, config: Config, user: str, do
     protocol = target.protocol
     engine = target.engine or (config.remote.rdp_engine if protocol == "rdp" else config.remote.vnc_engine)
     if engine not in ENGINES[protocol]:
-        raise refused(Kind.UNAVAILABLE,
+        raise refused(ErrorKind.UNAVAILABLE,
                       f"Target '{name}' has engine {engine}, which does not speak {protocol.upper()}.")
     return RemoteDesktop(
         protocol, target.host, target.port or DEFAULT_PORTS[protocol], engine,
@@ -203,5 +203,5 @@ def viewer_failure(desktop: RemoteDesktop, status: str) -> SessionError | None:
         return None
     kind, _, message = status.removeprefix("error ").partition(":")
     template = FAILURES.get(kind.strip(), "The remote desktop {address} failed: {message}")
-    return refused(Kind.REMOTE_FAILED,
+    return refused(ErrorKind.REMOTE_FAILED,
                    template.format(address=desktop.target or desktop.address, message=message.strip() or status))

@@ -1,15 +1,15 @@
-"""Session extras: the services that travel beside the screen (sound,
+"""Session services: what travels beside the screen (sound,
 printing, folder sharing).
 
-Each granted service has an :class:`Extra` on the session's side.  The life
+Each granted service has a :class:`Service` on the session's side.  The life
 cycle (:mod:`nxgate.node.lifecycle`) calls ``start`` once the agent
 listens (at a start and at every resume), ``stop`` when the session is
 suspended, ends or fails, and at gateway start-up for what a killed gateway
 left behind; ``environment`` goes into the session program's environment.
 
-An extra never takes a session down: :class:`Extras` logs what one raises
-and the session goes on without that service.  Extras live in modules of
-this package named in :data:`MODULES`, each with ``make(context) -> Extra``;
+A service never takes a session down: :class:`Services` logs what one raises
+and the session goes on without that service.  Services live in modules of
+this package named in :data:`MODULES`, each with ``make(context) -> Service``;
 a module that is missing (a branch without it) is skipped.
 """
 
@@ -25,9 +25,9 @@ from twisted.logger import Logger
 from nxgate.protocols import service_channels
 from nxgate.node.services.ports import openable
 
-log = Logger(namespace="nxgate.extras")
+log = Logger(namespace="nxgate.services")
 
-#: service -> the module with its Extra.
+#: service -> the module with its Service.
 MODULES = {
     "sound": "nxgate.node.services.sound",
     "printing": "nxgate.node.services.printing",
@@ -35,7 +35,7 @@ MODULES = {
 }
 
 
-class Extra(Protocol):
+class Service(Protocol):
     name: str
 
     def environment(self, session: Any) -> dict[str, str]: ...
@@ -47,7 +47,7 @@ class Extra(Protocol):
 
 @dataclass(frozen=True)
 class Context:
-    """What extras may use: the reactor, the current config, where session
+    """What services may use: the reactor, the current config, where session
     directories are (a :class:`nxgate.host.files.StateLayout`), the launcher
     that runs programs as the user, a way to run blocking work, and the
     node's reverse listeners (:class:`nxgate.node.reverse.ReverseListeners`:
@@ -85,65 +85,65 @@ def granted(session: Any) -> list[str]:
     return [name for name in session.options.get("services", ()) if name in service_channels.SERVICES]
 
 
-class Extras:
-    """The extras known to this gateway, and the calls the life cycle makes."""
+class Services:
+    """The services known to this gateway, and the calls the life cycle makes."""
 
-    def __init__(self, extras: Iterable[Extra] = ()) -> None:
-        self.by_name: dict[str, Extra] = {extra.name: extra for extra in extras}
+    def __init__(self, services: Iterable[Service] = ()) -> None:
+        self.by_name: dict[str, Service] = {service.name: service for service in services}
 
     @classmethod
-    def load(cls, context: Context, modules: dict[str, str] | None = None) -> Extras:
+    def load(cls, context: Context, modules: dict[str, str] | None = None) -> Services:
         found = []
         for name, module_name in (MODULES if modules is None else modules).items():
             try:
                 found.append(importlib.import_module(module_name).make(context))
             except Exception:
-                log.failure("the {service} extra could not be set up; sessions go without it", service=name)
+                log.failure("the {service} service could not be set up; sessions go without it", service=name)
         return cls(found)
 
-    def of(self, session: Any, services: Iterable[str] | None = None) -> list[Extra]:
+    def of(self, session: Any, services: Iterable[str] | None = None) -> list[Service]:
         names = granted(session) if services is None else list(services)
         return [self.by_name[name] for name in names if name in self.by_name]
 
     def environment(self, session: Any) -> dict[str, str]:
-        """What the session's programs need: each granted extra's environment,
+        """What the session's programs need: each granted service's environment,
         and for the others, how to reach their service over a reverse stream
-        (``reverse_environment``, where an extra has one: a client may take the
+        (``reverse_environment``, where an service has one: a client may take the
         service back over its own SSH connection later)."""
         env: dict[str, str] = {}
-        granted = {extra.name for extra in self.of(session)}
-        for extra in self.by_name.values():
-            reverse_environment = getattr(extra, "reverse_environment", None)
-            if extra.name in granted or reverse_environment is None:
+        granted = {service.name for service in self.of(session)}
+        for service in self.by_name.values():
+            reverse_environment = getattr(service, "reverse_environment", None)
+            if service.name in granted or reverse_environment is None:
                 continue
             try:
                 env.update(reverse_environment(session))
             except Exception:
-                log.failure("session {id}: the {service} extra gave no environment", id=session.id,
-                            service=extra.name)
-        for extra in self.of(session):
+                log.failure("session {id}: the {service} service gave no environment", id=session.id,
+                            service=service.name)
+        for service in self.of(session):
             try:
-                env.update(extra.environment(session))
+                env.update(service.environment(session))
             except Exception:
-                log.failure("session {id}: the {service} extra gave no environment", id=session.id,
-                            service=extra.name)
+                log.failure("session {id}: the {service} service gave no environment", id=session.id,
+                            service=service.name)
         return env
 
     async def start(self, session: Any) -> None:
-        for extra in self.of(session):
+        for service in self.of(session):
             try:
-                await extra.start(session)
+                await service.start(session)
                 log.info("session {id} of {user}: {service} on", id=session.id, user=session.user,
-                         service=extra.name)
+                         service=service.name)
             except Exception:
                 log.failure("session {id}: starting {service} failed; the session goes on without it",
-                            id=session.id, service=extra.name)
+                            id=session.id, service=service.name)
 
     async def stop(self, session: Any, services: Iterable[str] | None = None) -> None:
-        """Stop the extras of the services the session was granted (or of
+        """Stop the services of the services the session was granted (or of
         ``services``); each one's ``stop`` must be harmless when nothing runs."""
-        for extra in self.of(session, services):
+        for service in self.of(session, services):
             try:
-                await extra.stop(session)
+                await service.stop(session)
             except Exception:
-                log.failure("session {id}: stopping {service} failed", id=session.id, service=extra.name)
+                log.failure("session {id}: stopping {service} failed", id=session.id, service=service.name)

@@ -407,7 +407,7 @@ def _decode(body: bytes) -> ipp.Message:
         raise NotAnswering(f"not an IPP answer: {error}") from None
 
 
-# -------------------------------------------------------------- the extra
+# -------------------------------------------------------------- the service
 class Printing:
     name = "printing"
 

@@ -21,7 +21,7 @@ a pipe), 0600 in that private directory, removed as
 soon as the share answered (smbnetfs keeps it in memory; it re-reads nothing
 with ``config_update_period 0``): never argv, the environment, a log or the
 store.  The mounts go when the session is suspended or ends, and at the
-next start after a killed gateway (the life cycle stops the extras of the
+next start after a killed gateway (the life cycle stops the services of the
 sessions it finds suspended or gone): unmounting is by path, from
 ``/proc/self/mountinfo``, so it needs nothing the dead gateway knew.
 """

@@ -1,4 +1,4 @@
-"""The NX commands of a logged-in client, carried out by the session service.
+"""The NX commands of a logged-in client, carried out by the session manager.
 
 This is the one place where the session layer's vocabulary becomes NX: it
 parses a command's parameters into typed requests (:mod:`nxgate.protocols.nx.requests`),
@@ -23,7 +23,7 @@ from nxgate.protocols.nx.requests import restore_request, session_id, shadow_req
 from nxgate.protocols.nx.server_dialogue import Reply
 from nxgate.vocabulary.api import SessionAPI
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.results import Listing, Progress, Ready, ShadowTarget
 
 #: The status line each kind of progress becomes.
@@ -33,13 +33,13 @@ PROGRESS_LINES = {
 
 #: Kinds whose message goes out without FreeNX's "Error: " in front (the
 #: texts clients have always seen for them).
-_BARE = frozenset({Kind.LIMIT_REACHED, Kind.ENCRYPTION_REQUIRED})
+_BARE = frozenset({ErrorKind.LIMIT_REACHED, ErrorKind.ENCRYPTION_REQUIRED})
 
 
 def as_nx(error: SessionError) -> NXError:
     """The NX error a client sees for ``error``: 599 for a reached limit,
     596 for everything else, always with the "Last operation failed" line."""
-    code = errors.LIMIT_REACHED if error.kind is Kind.LIMIT_REACHED else errors.SESSION_FAILED
+    code = errors.LIMIT_REACHED if error.kind is ErrorKind.LIMIT_REACHED else errors.SESSION_FAILED
     text = error.message if error.kind in _BARE else f"Error: {error.message}"
     return NXError(code, text, last_operation_failed=True)
 
@@ -95,8 +95,8 @@ def shadow_listing_reply(targets: tuple[ShadowTarget, ...], caller: Caller) -> R
 class NXDispatcher:
     """Carries out one NX command for a logged-in caller."""
 
-    def __init__(self, service: SessionAPI) -> None:
-        self.service = service
+    def __init__(self, router: SessionAPI) -> None:
+        self.router = router
 
     async def execute(self, caller: Caller, command: str, params: Params,
                       progress: Callable[[str], None] = lambda line: None) -> Reply:
@@ -109,27 +109,27 @@ class NXDispatcher:
 
     async def _execute(self, caller: Caller, command: str, params: Params,
                        progress: Callable[[str], None]) -> Reply:
-        service = self.service
+        router = self.router
         if command == "listsession":
             if params.get("type", "").strip().lower().startswith("shadow"):
-                return shadow_listing_reply(await service.shadow_targets(caller), caller)
-            return listing_reply(await service.list(caller), caller, params)
+                return shadow_listing_reply(await router.shadow_targets(caller), caller)
+            return listing_reply(await router.list(caller), caller, params)
         if command == "attachsession":
             request = shadow_request(params)
-            return ready_reply(await service.attach_shadow(
+            return ready_reply(await router.attach_shadow(
                 caller, request, lambda step: progress(PROGRESS_LINES[step])), caller)
         if command == "startsession":
-            return ready_reply(await service.start(caller, start_request(params)), caller)
+            return ready_reply(await router.start(caller, start_request(params)), caller)
         if command == "restoresession":
-            return ready_reply(await service.restore(caller, restore_request(params)), caller)
+            return ready_reply(await router.restore(caller, restore_request(params)), caller)
         if command == "terminate":
-            view = await service.terminate(caller, session_id(params, "sessionid", "id"))
+            view = await router.terminate(caller, session_id(params, "sessionid", "id"))
             return Reply(replies.terminated(view.id))
         if command == "suspend":
-            view = await service.suspend(caller, session_id(params, "sessionid", "id"))
+            view = await router.suspend(caller, session_id(params, "sessionid", "id"))
             return Reply(replies.suspended(view.id))
         if command == "addmount":
             sid, mount = parse_addmount(params)
-            return Reply(replies.mount_added(await service.add_mount(caller, sid, mount)))
+            return Reply(replies.mount_added(await router.add_mount(caller, sid, mount)))
         raise NXError(errors.GENERIC_ERROR, f"ERROR: {command} is not available on this server",
                       last_operation_failed=True)

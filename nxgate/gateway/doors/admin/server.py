@@ -17,7 +17,7 @@ from twisted.protocols.basic import LineOnlyReceiver
 
 from nxgate import __version__
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.results import MemberView, SessionView
 from nxgate.host.peercred import peer_uid
 
@@ -53,11 +53,11 @@ def describe_member(member: MemberView, now: float) -> dict[str, Any]:
 
 
 def error_answer(error: SessionError, asked_for: str) -> dict[str, Any]:
-    """The JSON answer for a refusal of the session service: its kind, and
+    """The JSON answer for a refusal of the session manager: its kind, and
     words for the admin (never NX wire text).  A session of someone else is
     no such thing to the admin either way: both say "no live session"."""
-    if error.kind in (Kind.NOT_FOUND, Kind.NOT_YOURS):
-        return {"ok": False, "error": f"no live session {asked_for}", "kind": Kind.NOT_FOUND.value}
+    if error.kind in (ErrorKind.NOT_FOUND, ErrorKind.NOT_YOURS):
+        return {"ok": False, "error": f"no live session {asked_for}", "kind": ErrorKind.NOT_FOUND.value}
     return {"ok": False, "error": error.message, "kind": error.kind.value}
 
 
@@ -86,10 +86,10 @@ class AdminProtocol(LineOnlyReceiver):
     @staticmethod
     def _unexpected(failure: Any) -> dict[str, Any]:
         log.failure("admin request failed", failure)
-        return {"ok": False, "error": "internal error (see the server log)", "kind": Kind.INTERNAL.value}
+        return {"ok": False, "error": "internal error (see the server log)", "kind": ErrorKind.INTERNAL.value}
 
     async def _handle(self, line: bytes) -> dict[str, Any]:
-        invalid = Kind.INVALID_REQUEST.value
+        invalid = ErrorKind.INVALID_REQUEST.value
         try:
             request = json.loads(line)
             command, args = request["command"], request.get("args", {})
@@ -112,9 +112,9 @@ class AdminProtocol(LineOnlyReceiver):
 
     # ------------------------------------------------------------ commands
     async def do_status(self) -> dict[str, Any]:
-        status = await self.gateway.api.status(ADMIN)
+        status = await self.gateway.router.status(ADMIN)
         # A cluster member answers with its member name (sessions carry it too).
-        node = self.gateway.api.name or self.gateway.config.server_name
+        node = self.gateway.router.name or self.gateway.config.server_name
         return {"version": __version__, "node": node, "draining": status.draining,
                 "sessions": status.live, "config": self.gateway.config.source,
                 "up_since": _iso(self.gateway.started),
@@ -130,14 +130,14 @@ class AdminProtocol(LineOnlyReceiver):
                 **_preauth_status(self.gateway)}
 
     async def do_sessions(self) -> list[dict[str, Any]]:
-        listing = await self.gateway.api.list(ADMIN)
+        listing = await self.gateway.router.list(ADMIN)
         return [describe(view) for view in listing.sessions]
 
     async def do_show(self, id: str) -> dict[str, Any]:
-        return describe(await self.gateway.api.show(ADMIN, self._id(id)))
+        return describe(await self.gateway.router.show(ADMIN, self._id(id)))
 
     async def do_terminate(self, id: str) -> dict[str, Any]:
-        sessions = self.gateway.api
+        sessions = self.gateway.router
         session = await sessions.show(ADMIN, self._id(id))
         log.info("admin terminates session {id} of {user}", id=session.id, user=session.user,
                  command="terminate", admin="root", audit="admin_action")
@@ -145,7 +145,7 @@ class AdminProtocol(LineOnlyReceiver):
         return {"id": session.id, "state": "terminated"}
 
     async def do_suspend(self, id: str) -> dict[str, Any]:
-        sessions = self.gateway.api
+        sessions = self.gateway.router
         session = await sessions.show(ADMIN, self._id(id))
         log.info("admin suspends session {id} of {user}", id=session.id, user=session.user,
                  command="suspend", admin="root", audit="admin_action")
@@ -155,7 +155,7 @@ class AdminProtocol(LineOnlyReceiver):
     async def do_drain(self, on: bool, node: str | None = None) -> dict[str, Any]:
         if node is not None:
             return await self._drain_member(str(node), bool(on))
-        on = await self.gateway.api.set_draining(ADMIN, bool(on))
+        on = await self.gateway.router.set_draining(ADMIN, bool(on))
         log.info("admin turns draining {state}: {what}", state="on" if on else "off",
                  what="no new sessions" if on else "new sessions welcome", command=f"drain {'on' if on else 'off'}",
                  admin="root", audit="admin_action")

@@ -62,14 +62,14 @@ class ChannelHandler:
     async def _tunnel(self, data: bytes) -> int:
         try:
             service, session_id = reverse_request.decode(data)
-        except reverse_request.TunnelRequestError as problem:
-            log.info("refused a service tunnel request: {problem}", problem=str(problem))
+        except reverse_request.ReverseRequestError as problem:
+            log.info("refused a reverse stream request: {problem}", problem=str(problem))
             return 0
         caller = self.conversation.caller
         try:
             user = await self._authorize(service, session_id)
         except (PermissionError, SessionError) as problem:
-            log.info("refused a {service} tunnel for session {id}: {problem}", service=service, id=session_id,
+            log.info("refused the reverse streams of {service} for session {id}: {problem}", service=service, id=session_id,
                      problem=getattr(problem, "message", None) or str(problem))
             return 0
         if self.closed or caller is None:
@@ -89,14 +89,14 @@ class ChannelHandler:
             log.info("session {id} of {user}: {service} no longer goes back to its nxgate-client ({why})",
                      id=session_id, user=user, service=service, why=why)
 
-        route = ReverseRoute(self.conversation.commands.service.open_stream, caller, session_id, service, deliver,
+        route = ReverseRoute(self.conversation.commands.router.open_stream, caller, session_id, service, deliver,
                              ended)
         self.routes[key] = route
         try:
             await route.open()
         except SessionError as refusal:
             self.routes.pop(key, None)
-            log.info("refused a {service} tunnel for session {id}: {problem}", service=service, id=session_id,
+            log.info("refused the reverse streams of {service} for session {id}: {problem}", service=service, id=session_id,
                      problem=refusal.message)
             return 0
         if self.closed:
@@ -113,8 +113,8 @@ class ChannelHandler:
         caller = self.conversation.caller
         if caller is None:
             raise PermissionError("no NX login on this channel yet")
-        view: Any = await self.conversation.commands.service.show(caller, session_id)
-        if view.user != caller.user:  # an admin too: a tunnel only into the caller's own session
+        view: Any = await self.conversation.commands.router.show(caller, session_id)
+        if view.user != caller.user:  # an admin too: reverse streams only of the caller's own session
             raise PermissionError(f"the session belongs to {view.user!r}, not {caller.user!r}")
         if service not in view.options.get("services", ()):
             raise PermissionError(f"the session was not granted {service}")

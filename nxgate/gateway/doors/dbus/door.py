@@ -30,7 +30,7 @@ from nxgate.gateway.auth.pam import AuthResult
 from nxgate.gateway.doors.dbus import connection, wire
 from nxgate.vocabulary.api import SessionAPI
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.results import SessionEvent
 
 log = Logger(namespace="nxgate.dbus")
@@ -80,19 +80,19 @@ class GatewayObject(objects.DBusObject):
 
     def dbus_ListSessions(self, dbusCaller: str | None = None) -> defer.Deferred[Any]:
         async def work(caller: Caller) -> list[dict[str, Any]]:
-            return [wire.describe(view) for view in (await self.door.sessions.list(caller)).sessions]
+            return [wire.describe(view) for view in (await self.door.router.list(caller)).sessions]
         return self._call(dbusCaller or "", work)
 
     def dbus_GetSession(self, session_id: str, dbusCaller: str | None = None) -> defer.Deferred[Any]:
         async def work(caller: Caller) -> dict[str, Any]:
-            return wire.describe(await self.door.sessions.show(caller, _id(session_id)))
+            return wire.describe(await self.door.router.show(caller, _id(session_id)))
         return self._call(dbusCaller or "", work, session_id)
 
     def dbus_StartSession(self, session_type: str, name: str, dbusCaller: str | None = None) -> defer.Deferred[Any]:
         """A session of an allowed type that waits, listed as Suspended, for
         an NX client to resume it (the type's own name when ``name`` is empty)."""
         async def work(caller: Caller) -> dict[str, Any]:
-            view = await self.door.sessions.start_for_later(caller, str(session_type), str(name))
+            view = await self.door.router.start_for_later(caller, str(session_type), str(name))
             log.info("{user} starts session {id} ({type}) over D-Bus", user=caller.user, id=view.id,
                      type=view.type, audit="dbus_action")
             return wire.describe(view)
@@ -100,20 +100,20 @@ class GatewayObject(objects.DBusObject):
 
     def dbus_Suspend(self, session_id: str, dbusCaller: str | None = None) -> defer.Deferred[Any]:
         async def work(caller: Caller) -> str:
-            view = await self.door.sessions.suspend(caller, _id(session_id))
+            view = await self.door.router.suspend(caller, _id(session_id))
             log.info("{user} suspends session {id} over D-Bus", user=caller.user, id=view.id, audit="dbus_action")
             return view.state.value
         return self._call(dbusCaller or "", work, session_id)
 
     def dbus_Terminate(self, session_id: str, dbusCaller: str | None = None) -> defer.Deferred[Any]:
         async def work(caller: Caller) -> str:
-            view = await self.door.sessions.terminate(caller, _id(session_id), f"terminated over D-Bus by {caller.user}")
+            view = await self.door.router.terminate(caller, _id(session_id), f"terminated over D-Bus by {caller.user}")
             return view.state.value
         return self._call(dbusCaller or "", work, session_id)
 
     def dbus_Rename(self, session_id: str, name: str, dbusCaller: str | None = None) -> defer.Deferred[Any]:
         async def work(caller: Caller) -> dict[str, Any]:
-            return wire.describe(await self.door.sessions.rename(caller, _id(session_id), name))
+            return wire.describe(await self.door.router.rename(caller, _id(session_id), name))
         return self._call(dbusCaller or "", work, session_id, name)
 
     def dbus_Subscribe(self, dbusCaller: str | None = None) -> defer.Deferred[Any]:
@@ -144,14 +144,14 @@ def too_long(strings: tuple[str, ...]) -> bool:
 
 class DBusDoor(service.Service):
     """Connects to the bus, owns the name, exports the object, relays the
-    session service's state changes to subscribers as unicast signals."""
+    session manager's state changes to subscribers as unicast signals."""
 
     name = "dbus"
 
-    def __init__(self, reactor: Any, sessions: SessionAPI, resolve: Resolver, address: str = "system",
+    def __init__(self, reactor: Any, router: SessionAPI, resolve: Resolver, address: str = "system",
                  account: AccountCheck | None = None) -> None:
         self.reactor = reactor
-        self.sessions = sessions
+        self.router = router
         self.resolve = resolve
         self.account = account
         self.address = address or "system"
@@ -217,19 +217,19 @@ class DBusDoor(service.Service):
         if too_long(strings):
             log.warn("D-Bus: refused a call from {sender}: an argument of {size} characters (at most {limit})",
                      sender=sender, size=max(len(value) for value in strings), limit=MAX_ARGUMENT)
-            raise BusError(wire.error_name(Kind.INVALID_REQUEST),
+            raise BusError(wire.error_name(ErrorKind.INVALID_REQUEST),
                            f"An argument is longer than {MAX_ARGUMENT} characters.")
         try:
             caller = await self.caller(sender)
         except Exception as error:
             log.warn("D-Bus: could not tell who {sender} is: {error}", sender=sender, error=str(error))
-            raise BusError(wire.error_name(Kind.NOT_ALLOWED), "Could not tell who you are.") from None
+            raise BusError(wire.error_name(ErrorKind.NOT_ALLOWED), "Could not tell who you are.") from None
         if self.account is not None and (caller.uid != 0 or starts_session):
             result = await self.account(caller.user, None)
             if not result.granted:
                 log.warn("D-Bus: refused {user} (uid {uid}): {reason}", user=caller.user, uid=caller.uid,
                          reason=result.reason, address=f"D-Bus (uid {caller.uid})", audit="login_failed")
-                raise BusError(wire.error_name(Kind.NOT_ALLOWED),
+                raise BusError(wire.error_name(ErrorKind.NOT_ALLOWED),
                                (result.client_note or "This account may not use sessions on this server") + ".")
         try:
             return await work(caller)
@@ -237,10 +237,10 @@ class DBusDoor(service.Service):
             raise BusError(wire.error_name(error.kind), wire.error_message(error)) from None
         except Exception:
             log.failure("D-Bus request of {user} failed", user=caller.user)
-            raise BusError(wire.error_name(Kind.INTERNAL), "Internal error (see the server log).") from None
+            raise BusError(wire.error_name(ErrorKind.INTERNAL), "Internal error (see the server log).") from None
 
     def session_changed(self, event: SessionEvent) -> None:
-        """An observer of the session service: unicast signals to the
+        """An observer of the session manager: unicast signals to the
         subscribers allowed to see the session."""
         if self.connection is None or not self.subscribers:
             return

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.results import SessionEvent, SessionView, State
 
 BUS_NAME = "org.nxgate.Gateway1"
@@ -25,7 +25,7 @@ SESSION_ID_VARIABLE = "NXGATE_SESSION_ID"
 BUS_VARIABLE = "NXGATE_DBUS_ADDRESS"
 
 
-def error_name(kind: Kind) -> str:
+def error_name(kind: ErrorKind) -> str:
     """``org.nxgate.Error.NotFound`` for NOT_FOUND, and so on for every kind.
 
     Unlike the NX door and the admin socket, NOT_YOURS keeps its own name
@@ -36,10 +36,10 @@ def error_name(kind: Kind) -> str:
 
 
 def error_message(error: SessionError) -> str:
-    """The words that go with :func:`error_name`.  The session service gives
+    """The words that go with :func:`error_name`.  The session manager gives
     NOT_YOURS the words of NOT_FOUND ("Could not find session"), which the NX
     door needs; here the name already says NotYours, so the words say it too."""
-    if error.kind is Kind.NOT_YOURS:
+    if error.kind is ErrorKind.NOT_YOURS:
         return f"Session {error.session_id} belongs to another user." if error.session_id \
             else "The session belongs to another user."
     return error.message

@@ -248,7 +248,7 @@ class OpenSSHDoorProtocol(protocol.Protocol):
                 log.failure("opening the stream of session {id} failed", failure, id=target.session_id)
                 failed("internal error")
 
-        opening = defer.ensureDeferred(self.gateway.api.open_stream(client, target.session_id, AGENT))
+        opening = defer.ensureDeferred(self.gateway.router.open_stream(client, target.session_id, AGENT))
         opening.addCallbacks(opened, not_opened)
         return _HandedOver()
 

@@ -24,7 +24,7 @@ EXPIRY_PERIOD = 15.0
 class WebDoor(MultiService):
     """``[web] listen``: the portal (and the viewer under ``/view``)."""
 
-    def __init__(self, *, reactor: Any, service: SessionAPI, authenticator: Authenticator, resolve: ResolveCaller,
+    def __init__(self, *, reactor: Any, router: SessionAPI, authenticator: Authenticator, resolve: ResolveCaller,
                  thumbnailer: Thumbnailer, settings: Callable[[], Any], types: Callable[[], Sequence[str]],
                  certificate_dir: str, host_name: str, viewers: Any = None,
                  wrap: Callable[[Any, bool], Any] | None = None) -> None:
@@ -34,7 +34,7 @@ class WebDoor(MultiService):
         web = settings()
         self.listen = web.listen
         self.endpoint = tls.server_endpoint(web.listen, web.certificate, web.private_key, certificate_dir, host_name)
-        self.site, self.auth = web_site(reactor=reactor, service=service, authenticator=authenticator,
+        self.site, self.auth = web_site(reactor=reactor, router=router, authenticator=authenticator,
                                         resolve=resolve, thumbnailer=thumbnailer, settings=settings, types=types,
                                         viewers=viewers, tls=tls.is_tls(web.listen))
         front = wrap(self.site, tls.is_tls(web.listen)) if wrap is not None else self.site

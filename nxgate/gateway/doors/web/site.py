@@ -1,6 +1,6 @@
 """The browser door's twisted.web site: login, portal, admin page, thumbnails.
 
-The door speaks to the session service only through its vocabulary
+The door speaks to the session manager only through its vocabulary
 (:mod:`nxgate.vocabulary.api`); PAM, the throttle and the audit lines are
 the NX door's (:class:`nxgate.gateway.auth.pam.Authenticator`,
 :mod:`nxgate.gateway.doors.login_events`).  What a browser holds is a random
@@ -30,7 +30,7 @@ from nxgate.gateway.doors.web.guard import DoorSite, report_failure
 from nxgate.gateway.doors.web.logins import COOKIE_NAME, Login, LoginTable, new_token, same_secret
 from nxgate.vocabulary.api import SessionAPI
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.results import SessionView
 
 log = Logger(namespace="nxgate.web")
@@ -147,7 +147,7 @@ _SESSION_ID = re.compile(r"\b[0-9A-Fa-f]{32}\b")
 def words_of(error: SessionError) -> str:
     """What a browser may read of a refusal: someone else's session is "not
     found", and no session id appears (pages name sessions by handles only)."""
-    if error.kind in (Kind.NOT_YOURS, Kind.NOT_FOUND):
+    if error.kind in (ErrorKind.NOT_YOURS, ErrorKind.NOT_FOUND):
         return "No such session."
     return _SESSION_ID.sub("this session", error.message)
 
@@ -257,10 +257,10 @@ class Logout(resource.Resource):
 class Portal(Deferring):
     """``GET /`` (the user's sessions) and ``POST /act`` (start, suspend, terminate)."""
 
-    def __init__(self, auth: WebAuth, service: SessionAPI, types: Callable[[], Sequence[str]],
+    def __init__(self, auth: WebAuth, router: SessionAPI, types: Callable[[], Sequence[str]],
                  viewer: bool, admin: bool = False) -> None:
         super().__init__(auth)
-        self.service = service
+        self.router = router
         self.types = types
         self.viewer = viewer
         self.admin = admin
@@ -301,18 +301,18 @@ class Portal(Deferring):
         if not self.viewer:
             return {}
         try:
-            return {target.id: target.asks_owner for target in await self.service.shadow_targets(caller)}
+            return {target.id: target.asks_owner for target in await self.router.shadow_targets(caller)}
         except SessionError as error:
             log.info("no shadow targets for {user}: {error}", user=caller.user, error=error.message)
             return {}
 
     async def show(self, request: server.Request, caller: Caller, message: str, error: bool = False,
                    notice: str = "") -> bytes:
-        listing = await self.service.list(caller)
+        listing = await self.router.list(caller)
         csrf = self.auth.csrf_token(request)
         if self.admin:
             rows = self.rows(request, listing.sessions, await self.shadowable(caller))
-            status = await self.service.status(caller)
+            status = await self.router.status(caller)
             body = pages.admin(rows, csrf, self.viewer, status.draining, message, error)
             return self.auth.page(request, "All sessions", body, ("/static/portal.js",))
         rows = self.rows(request, listing.sessions)
@@ -340,9 +340,9 @@ class Portal(Deferring):
             if op == "start" and not self.admin:
                 session_type = form(request, "type")
                 if session_type not in self.types():
-                    raise SessionError(Kind.UNAVAILABLE, f"Sessions of type '{session_type}' cannot be started "
+                    raise SessionError(ErrorKind.UNAVAILABLE, f"Sessions of type '{session_type}' cannot be started "
                                        "here: it is not installed on this server, or needs an NX client.")
-                view = await self.service.start_for_later(caller, session_type, form(request, "name"))
+                view = await self.router.start_for_later(caller, session_type, form(request, "name"))
                 found = self.auth.login(request, touch=False)
                 if form(request, "then") == "open" and self.viewer and found is not None:
                     # "Start and open": the next page (a GET, safe to reload) opens it in the viewer.
@@ -350,21 +350,21 @@ class Portal(Deferring):
                     return redirect(request, back + b"?m=opening")
                 return redirect(request, back + b"?m=started")
             if op in ("drain", "undrain") and self.admin:
-                await self.service.set_draining(caller, op == "drain")
+                await self.router.set_draining(caller, op == "drain")
                 return redirect(request, back + b"?m=" + op.encode())
             if op in ("suspend", "terminate"):
                 session_id = self.auth.session_id(request, form(request, "handle"))
                 if session_id is None:
-                    raise SessionError(Kind.NOT_FOUND, "No such session.")
+                    raise SessionError(ErrorKind.NOT_FOUND, "No such session.")
                 if op == "suspend":
-                    await self.service.suspend(caller, session_id)
+                    await self.router.suspend(caller, session_id)
                 else:
                     reason = "terminated by the admin in the browser" if self.admin else "user request (browser)"
-                    await self.service.terminate(caller, session_id, reason)
+                    await self.router.terminate(caller, session_id, reason)
                 return redirect(request, back + (b"?m=suspended" if op == "suspend" else b"?m=terminated"))
         except SessionError as error:
             log.info("web {op} by {user} refused: {error}", op=op, user=caller.user, error=error.message)
-            request.setResponseCode(409 if error.kind is Kind.WRONG_STATE else 403)
+            request.setResponseCode(409 if error.kind is ErrorKind.WRONG_STATE else 403)
             return await self.show(request, caller, words_of(error), error=True)
         request.setResponseCode(400)
         return await self.show(request, caller, "Unknown request.", error=True)
@@ -376,10 +376,10 @@ class Thumbnails(Deferring):
 
     isLeaf = True
 
-    def __init__(self, auth: WebAuth, service: SessionAPI, thumbnailer: Thumbnailer, clock: Any,
+    def __init__(self, auth: WebAuth, router: SessionAPI, thumbnailer: Thumbnailer, clock: Any,
                  ttl: Callable[[], float]) -> None:
         super().__init__(auth)
-        self.service = service
+        self.router = router
         self.thumbnailer = thumbnailer
         self.clock = clock
         self.ttl = ttl
@@ -402,7 +402,7 @@ class Thumbnails(Deferring):
 
     async def picture(self, request: server.Request, caller: Caller, session_id: str) -> bytes:
         try:
-            view = await self.service.show(caller, session_id)  # the owner check
+            view = await self.router.show(caller, session_id)  # the owner check
         except SessionError:
             request.setResponseCode(404)
             return b"no such picture"
@@ -473,24 +473,24 @@ class Static(static.File):
         return similar
 
 
-def web_site(*, reactor: Any, service: SessionAPI, authenticator: Authenticator, resolve: ResolveCaller,
+def web_site(*, reactor: Any, router: SessionAPI, authenticator: Authenticator, resolve: ResolveCaller,
              thumbnailer: Thumbnailer, settings: Callable[[], Any], types: Callable[[], Sequence[str]],
              viewers: Any = None, tls: bool = True) -> tuple[server.Site, WebAuth]:
     """The portal's Site.  ``settings()`` is the current ``[web]`` section
     (it follows a reload); ``types()`` the session types offered."""
     logins = LoginTable(settings().idle_timeout, reactor.seconds)
     auth = WebAuth(logins, tls)
-    viewer = viewer_resource(service, viewers, auth)
-    portal = Portal(auth, service, types, viewer is not None)
+    viewer = viewer_resource(router, viewers, auth)
+    portal = Portal(auth, router, types, viewer is not None)
     root = Root(auth, portal)
     root.putChild(b"login", LoginPage(auth, authenticator, resolve, lambda: settings().admin_groups))
     root.putChild(b"logout", Logout(auth))
     root.putChild(b"act", portal)
-    admin = Portal(auth, service, types, viewer is not None, admin=True)
+    admin = Portal(auth, router, types, viewer is not None, admin=True)
     admin_root = Root(auth, admin)
     admin_root.putChild(b"act", admin)
     root.putChild(b"admin", admin_root)
-    root.putChild(b"thumb", Thumbnails(auth, service, thumbnailer, reactor, lambda: settings().thumbnail_ttl))
+    root.putChild(b"thumb", Thumbnails(auth, router, thumbnailer, reactor, lambda: settings().thumbnail_ttl))
     root.putChild(b"static", Static(auth, STATIC))
     root.putChild(b"favicon.ico", static.Data(b"", "image/x-icon"))
     if viewer is not None:
@@ -507,10 +507,10 @@ def web_site(*, reactor: Any, service: SessionAPI, authenticator: Authenticator,
     return site, auth
 
 
-def viewer_resource(service: SessionAPI, viewers: Any, auth: WebAuth) -> resource.Resource | None:
+def viewer_resource(router: SessionAPI, viewers: Any, auth: WebAuth) -> resource.Resource | None:
     """The in-browser viewer (web-viewer's module), if this tree has it."""
     try:
         from nxgate.gateway.doors.web.viewer import ViewerResource  # type: ignore[import-not-found]
     except ImportError:
         return None
-    return ViewerResource(service, viewers, auth)
+    return ViewerResource(router, viewers, auth)

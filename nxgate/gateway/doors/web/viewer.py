@@ -44,7 +44,7 @@ from twisted.web import resource, server, static
 from nxgate.protocols import websocket
 from nxgate.gateway.doors.web.site import words_of
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.requests import DisplaySettings, RestoreRequest, ShadowRequest
 from nxgate.vocabulary.results import Ready, SessionView, State
 from nxgate.vocabulary.streams import VIEW, Stream
@@ -108,13 +108,13 @@ class _Static(static.File):
 class ViewerResource(resource.Resource):
     """``/view``: ``open`` and ``shadow`` (pages), ``ticket``, ``ws``, and the scripts."""
 
-    def __init__(self, service: Any, viewers: Any, auth: Any, reactor: Any = None) -> None:
+    def __init__(self, router: Any, viewers: Any, auth: Any, reactor: Any = None) -> None:
         super().__init__()
         if reactor is None:
             from twisted.internet import reactor as default_reactor
             reactor = default_reactor
         self.reactor = reactor
-        self.service = service
+        self.router = router
         self.viewers = viewers
         self.auth = auth
         self.tickets = websocket.Tickets(reactor.seconds)
@@ -152,7 +152,7 @@ class ViewerResource(resource.Resource):
         old = self.prepared.pop((login, session_id), None)
         if old is not None:
             old.discard()  # the page asked again (a reload): one prepared viewer per page
-        prepared = Prepared(defer.ensureDeferred(prepared_stream(self.service, caller, session_id)))
+        prepared = Prepared(defer.ensureDeferred(prepared_stream(self.router, caller, session_id)))
         self.prepared[(login, session_id)] = prepared
         prepared.expiry = self.reactor.callLater(PREPARED_SECONDS, self._expire, login, session_id, prepared)
 
@@ -179,22 +179,22 @@ def shown_live(view: SessionView) -> bool:
             and view.state in (State.RUNNING, State.SUSPENDED, State.SUSPENDING))
 
 
-async def prepared_stream(service: Any, caller: Caller, session_id: str) -> Stream | None:
+async def prepared_stream(router: Any, caller: Caller, session_id: str) -> Stream | None:
     """For :meth:`ViewerResource.prepare`: the live view of ``caller``'s
     session, or None when its node cannot show it live."""
-    view = await service.show(caller, session_id)  # the owner check
+    view = await router.show(caller, session_id)  # the owner check
     if not shown_live(view):
         return None
-    await suspend_for_browser(service, caller, view)
-    return await service.open_stream(caller, view.id, VIEW)  # limits: SessionError
+    await suspend_for_browser(router, caller, view)
+    return await router.open_stream(caller, view.id, VIEW)  # limits: SessionError
 
 
-async def suspend_for_browser(service: Any, caller: Caller, view: Any) -> None:
+async def suspend_for_browser(router: Any, caller: Caller, view: Any) -> None:
     """An NX client that shows the session is suspended first, as a resume elsewhere would."""
     if view.state is not State.SUSPENDED:
         log.info("session {id} is attached elsewhere: suspending it for {user}'s browser", id=view.id,
                  user=caller.user, audit="session_takeover")
-        await service.suspend(caller, view.id)
+        await router.suspend(caller, view.id)
 
 
 class Prepared:
@@ -458,7 +458,7 @@ class _ProxySide(protocol.Protocol):
             return
         bridge.stop_listening()
         self.relay = bridge.relay = StreamRelay(bridge.caller, bridge.ready.view.id, _ProxyChannel(self.transport),
-                                                b"", bridge.parent.service.open_stream)
+                                                b"", bridge.parent.router.open_stream)
         self.transport.registerProducer(_AgentOutput(self.relay), True)
 
     def dataReceived(self, data: bytes) -> None:
@@ -556,7 +556,7 @@ class ViewerBridge:
     async def _start(self) -> None:
         viewers = self.parent.viewers  # this machine's, for what a live view cannot show
         if viewers is None:
-            raise SessionError(Kind.NOT_ALLOWED, "The browser viewer is not available on this server.")
+            raise SessionError(ErrorKind.NOT_ALLOWED, "The browser viewer is not available on this server.")
         if self.ticket.purpose == "open" and (await self._open_prepared() or await self._open_live()):
             return
         await self._start_resumed(viewers)
@@ -580,13 +580,13 @@ class ViewerBridge:
         to its agent (the router's ``open_stream`` of kind ``view``); False
         when the session never had a client: then the viewer resumes it.  A
         session an NX client shows is suspended there first, as a resume would."""
-        view = await self.parent.service.show(self.caller, self.ticket.session_id)  # the owner check
+        view = await self.parent.router.show(self.caller, self.ticket.session_id)  # the owner check
         if not shown_live(view):
             return False
-        await suspend_for_browser(self.parent.service, self.caller, view)
+        await suspend_for_browser(self.parent.router, self.caller, view)
         if self.stopped:
             raise _Gone()
-        stream = await self.parent.service.open_stream(self.caller, view.id, VIEW)  # limits: SessionError
+        stream = await self.parent.router.open_stream(self.caller, view.id, VIEW)  # limits: SessionError
         if self.stopped:
             stream.close()  # the browser left while it opened
             raise _Gone()
@@ -607,7 +607,7 @@ class ViewerBridge:
             # The watched screen's own size: in a screen of that size the shadow agent shows it 1:1
             # (in a bigger one, with no window manager, nxagent stretches it over the whole screen);
             # the page scales the canvas to the window with its aspect kept.
-            targets = await self.parent.service.shadow_targets(self.caller)
+            targets = await self.parent.router.shadow_targets(self.caller)
             watched = next((t.geometry for t in targets if t.id == self.ticket.session_id), "")
             width, height = _screen_size(watched) or (width, height)
         self.viewer = await viewers.open(self.caller.user, width, height)  # limits: SessionError
@@ -621,17 +621,17 @@ class ViewerBridge:
                                    keyboard="clone", link="lan", clipboard="both")
         try:
             if self.ticket.purpose == "shadow":
-                ready = await self.parent.service.attach_shadow(
+                ready = await self.parent.router.attach_shadow(
                     self.caller, ShadowRequest(self.ticket.session_id, settings, view_only=False))
             else:
-                ready = await self.parent.service.restore(
+                ready = await self.parent.router.restore(
                     self.caller, RestoreRequest(self.ticket.session_id, settings, encrypted=True))
         finally:
             await display  # never left running unwatched, even when the restore failed
         if self.stopped:
             raise _Gone()
         if ready.stream is None:
-            raise SessionError(Kind.INTERNAL, "The session offers no stream to relay.")
+            raise SessionError(ErrorKind.INTERNAL, "The session offers no stream to relay.")
         self.ready = ready
         log.info("{user} opens session {id} in a browser (viewer {viewer})", user=self.caller.user,
                  id=ready.view.id, viewer=viewer.id, audit="web_viewer_open")
@@ -756,7 +756,7 @@ class ViewerBridge:
         if self.ticket.purpose == "shadow" and self.ready is not None:
             # A shadow ends with its viewer; ended first, so that the audit says why rather than the shadow
             # agent's "Please check the state of your network" on losing its client.
-            defer.ensureDeferred(self.parent.service.terminate(self.caller, self.ready.view.id,
+            defer.ensureDeferred(self.parent.router.terminate(self.caller, self.ready.view.id,
                                                                f"its viewer left: {why}")).addErrback(
                 lambda failure: log.info("browser shadow {id}: {error}", id=self.ready.view.id,
                                          error=failure.getErrorMessage()))

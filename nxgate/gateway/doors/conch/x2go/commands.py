@@ -25,7 +25,7 @@ from nxgate.gateway.doors.conch.x2go.shell import Facts, Program
 from nxgate.gateway.doors.conch.x2go.verbs import VERBS, Call, parse_start
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.display_bounds import depth_problem, size_problem
-from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.requests import PUBLISHED_TYPE, DisplaySettings, RestoreRequest, ShadowRequest, StartRequest
 from nxgate.vocabulary.results import Ready, SessionView
 
@@ -78,7 +78,7 @@ class Outcome:
 class Context:
     """What one connection's commands may use."""
 
-    api: Any  # nxgate.vocabulary.api.SessionAPI
+    router: Any  # nxgate.vocabulary.api.SessionAPI: the router
     caller: Caller
     facts: Facts
     secret: bytes
@@ -122,9 +122,9 @@ async def _one(call: Call, context: Context) -> tuple[str, str, int]:
         context.log.info("X2Go {verb} of {user} from {address} refused: {message}", verb=call.verb,
                          user=context.caller.user, address=context.caller.address, message=error.message,
                          kind=error.kind.value)
-        if error.kind in (Kind.NOT_YOURS, Kind.NOT_FOUND):
+        if error.kind in (ErrorKind.NOT_YOURS, ErrorKind.NOT_FOUND):
             return "", "nxgate: no such session\n", 1
-        if error.kind is Kind.LIMIT_REACHED:
+        if error.kind is ErrorKind.LIMIT_REACHED:
             return "", f"LIMIT {error.message}\n", LIMIT_STATUS
         return "", f"nxgate: {error.message}\n", 1
 
@@ -191,7 +191,7 @@ async def _servers(call: Call, context: Context) -> tuple[str, str, int]:
 
 
 async def _mine(context: Context) -> list[SessionView]:
-    listing = await context.api.list(context.caller)
+    listing = await context.router.list(context.caller)
     return [view for view in listing.sessions if view.user == context.caller.user]
 
 
@@ -206,7 +206,7 @@ async def _session(call: Call, context: Context) -> SessionView:
         context.log.info("X2Go {verb} of {user} from {address}: no session {name!r} of theirs",
                          verb=call.verb, user=context.caller.user, address=context.caller.address,
                          name=call.args[0][:160])
-        raise SessionError(Kind.NOT_FOUND, "no such session")
+        raise SessionError(ErrorKind.NOT_FOUND, "no such session")
     return view
 
 
@@ -217,10 +217,10 @@ def _settings(geometry: str, depth: int, link: str, kbtype: str, clipboard: str)
         width, _, height = geometry.partition("x")
         problem = size_problem(int(width), int(height))
         if problem is not None:
-            raise SessionError(Kind.INVALID_REQUEST, f"the session size {geometry}: {problem}")
+            raise SessionError(ErrorKind.INVALID_REQUEST, f"the session size {geometry}: {problem}")
     problem = depth_problem(depth)
     if problem is not None:
-        raise SessionError(Kind.INVALID_REQUEST, f"a colour depth of {depth}: {problem}")
+        raise SessionError(ErrorKind.INVALID_REQUEST, f"a colour depth of {depth}: {problem}")
     return DisplaySettings(geometry="1024x768" if fullscreen else geometry, fullscreen=fullscreen, depth=depth,
                            keyboard=kbtype if re.fullmatch(r"[a-z0-9]+/[a-z0-9_-]+", kbtype) else "pc105/us",
                            link=link, clipboard=clipboard, client="x2go")
@@ -258,7 +258,7 @@ async def _start(call: Call, context: Context) -> tuple[str, str, int]:
         session_type, application = session_type_for(start.command, context.types(), start.command_args)
         request = StartRequest(type=session_type, name=start.command.rsplit("/", 1)[-1][:64], encrypted=True,
                                rootless=start.kind == "R", application=application, display=display)
-    ready = await context.api.start(context.caller, request)
+    ready = await context.router.start(context.caller, request)
     numbers = _linked(ready, context)
     context.log.info("X2Go session {name} (session {id}, {type}) started for {user} from {address}",
                      name=numbers.name, id=ready.view.id, type=session_type, user=context.caller.user,
@@ -277,7 +277,7 @@ async def _share(start: Any, context: Context) -> tuple[str, str, int]:
     if wanted is None:
         return "", "ACCESS DENIED: no such desktop (XSHAD)\n", 8
     mode, owner, display = wanted.group(1), wanted.group(2), int(wanted.group(3))
-    targets = await context.api.shadow_targets(context.caller)
+    targets = await context.router.shadow_targets(context.caller)
     target = next((t for t in targets if t.owner == owner and t.display == display), None)
     if target is None:
         context.log.info("X2Go desktop sharing of {owner}@:{display} asked by {user}: not a desktop they may share",
@@ -285,9 +285,9 @@ async def _share(start: Any, context: Context) -> tuple[str, str, int]:
         return "", "ACCESS DENIED: no such desktop to share (XSHAD)\n", 8
     settings = _settings(start.geometry, start.depth, start.link, start.kbtype, "both")
     try:
-        ready = await context.api.attach_shadow(context.caller, ShadowRequest(target.id, settings, mode == "0"))
+        ready = await context.router.attach_shadow(context.caller, ShadowRequest(target.id, settings, mode == "0"))
     except SessionError as error:
-        if error.kind in (Kind.REFUSED_BY_OWNER, Kind.NOT_ALLOWED, Kind.NOT_FOUND, Kind.NOT_YOURS):
+        if error.kind in (ErrorKind.REFUSED_BY_OWNER, ErrorKind.NOT_ALLOWED, ErrorKind.NOT_FOUND, ErrorKind.NOT_YOURS):
             context.log.info("X2Go desktop sharing of {owner}@:{display} by {user} refused: {why}", owner=owner,
                              display=display, user=context.caller.user, why=error.message)
             return "", f"ACCESS DENIED: {error.message} (XSHAD)\n", 8
@@ -299,7 +299,7 @@ async def _share(start: Any, context: Context) -> tuple[str, str, int]:
 
 
 async def _desktops(call: Call, context: Context) -> tuple[str, str, int]:
-    targets = await context.api.shadow_targets(context.caller)
+    targets = await context.router.shadow_targets(context.caller)
     return "".join(f"{t.owner}@:{t.display}\n" for t in targets), "", 0
 
 
@@ -310,7 +310,7 @@ async def _resume(call: Call, context: Context) -> tuple[str, str, int]:
     settings = _settings(geometry, view.depth, link, kbtype, clipboard)
     # The client connects with the cookie of the listing it made before this resume.
     cookie = names.link_cookie(context.secret, view.id)
-    ready = await context.api.restore(context.caller, RestoreRequest(view.id, settings, encrypted=True, cookie=cookie))
+    ready = await context.router.restore(context.caller, RestoreRequest(view.id, settings, encrypted=True, cookie=cookie))
     if ready.cookie != cookie:
         context.log.warn("X2Go resume of session {id} by {user}: the agent kept its cookie (a session started for a"
                          " later client that never had one); the X2Go client cannot connect to it until an NX client"
@@ -320,13 +320,13 @@ async def _resume(call: Call, context: Context) -> tuple[str, str, int]:
 
 async def _suspend(call: Call, context: Context) -> tuple[str, str, int]:
     view = await _session(call, context)
-    await context.api.suspend(context.caller, view.id)
+    await context.router.suspend(context.caller, view.id)
     return "", "", 0
 
 
 async def _terminate(call: Call, context: Context) -> tuple[str, str, int]:
     view = await _session(call, context)
-    await context.api.terminate(context.caller, view.id, "X2Go client request")
+    await context.router.terminate(context.caller, view.id, "X2Go client request")
     return "", "", 0
 
 
@@ -351,7 +351,7 @@ async def _applications(call: Call, context: Context) -> tuple[str, str, int]:
         context.log.info("X2Go x2gogetapps of {user}: no session of theirs to ask its machine; an empty menu",
                          user=context.caller.user)
         return "", "", 0
-    entries = await context.api.applications(context.caller, chosen[0].id)
+    entries = await context.router.applications(context.caller, chosen[0].id)
     context.log.info("X2Go x2gogetapps of {user}: {count} applications of the machine of session {id}",
                      user=context.caller.user, count=len(entries), id=chosen[0].id)
     return names.applications_output(entries), "", 0
@@ -372,8 +372,8 @@ async def _launch(call: Call, context: Context) -> tuple[str, str, int]:
     if view is None:
         context.log.info("X2Go client of {user} started {program!r} outside a session of theirs: refused",
                          user=context.caller.user, program=call.args[0][:64])
-        raise SessionError(Kind.NOT_FOUND, "no such session")
-    await context.api.run_application(context.caller, view.id, call.args)
+        raise SessionError(ErrorKind.NOT_FOUND, "no such session")
+    await context.router.run_application(context.caller, view.id, call.args)
     return "", "", 0
 
 

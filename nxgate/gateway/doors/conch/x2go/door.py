@@ -55,14 +55,14 @@ class X2GoDoor:
     """One per gateway: the door's secret (for the cookies it shows), its
     links, and the per-connection callers."""
 
-    def __init__(self, reactor: Any, api: Callable[[], Any], blocking: Any, users: Any,
+    def __init__(self, reactor: Any, router: Callable[[], Any], blocking: Any, users: Any,
                  config: Callable[[], Any], room: Callable[[int], bool] = lambda count: True) -> None:
         """``room(n)``: whether users' work may take ``n`` more of the
         gateway's descriptors (the guard's reserve)."""
         self.reactor = reactor
         self.room = room
         self.desk = pushes.FileDesk(blocking, reactor.seconds, room)
-        self.api = api
+        self.router = router
         self.blocking = blocking
         self.users = users
         self.config = config
@@ -97,7 +97,7 @@ class X2GoDoor:
         async def remove(path: str) -> None:
             await self.desk.look(files.remove, path, owner)
 
-        context = Context(api=self.api(), caller=caller, facts=facts, secret=self.secret, links=self.links,
+        context = Context(router=self.router(), caller=caller, facts=facts, secret=self.secret, links=self.links,
                           version=__version__, now=self.reactor.seconds, locate=locate, log=log,
                           types=lambda: set(self.config().types), remove=remove)
         avatar.x2go_context = context
@@ -226,7 +226,7 @@ class X2GoDoor:
             log.info("X2Go client of {user}: {what} no longer comes back ({why})", user=user, what=what, why=why)
             self.sound_routes.get((user, link.name), set()).discard(route)
 
-        route = ReverseRoute(self.api().open_stream, self.caller_of(avatar), link.session_id, "sound", deliver,
+        route = ReverseRoute(self.router().open_stream, self.caller_of(avatar), link.session_id, "sound", deliver,
                              ended)
         self.sound_routes.setdefault((user, link.name), set()).add(route)
         cookie = self.cookies.get((user, link.name))
@@ -366,7 +366,7 @@ class X2GoLinkChannel(SSHChannel):
             return
         head, self.head = self.head, b""
         caller = self.door.caller_of(self.avatar)
-        self.relay = StreamRelay(caller, self.link.session_id, _LinkStream(self), head, self.door.api().open_stream)
+        self.relay = StreamRelay(caller, self.link.session_id, _LinkStream(self), head, self.door.router().open_stream)
 
     def _refuse(self, why: str) -> None:
         log.warn("X2Go graphics link of {user} to session {id} closed: {why}", user=self.avatar.principal.unix_user,
