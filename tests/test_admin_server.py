@@ -19,7 +19,7 @@ MISSING = "0" * 32
 
 class Gateway:
     def __init__(self, sessions, config):
-        self.sessions = self.api = sessions
+        self.sessions = self.router = sessions
         self.config = config
         self.started = 0.0
 
@@ -88,7 +88,7 @@ class Refusing:
 
 class RefusingGateway:
     def __init__(self, error):
-        self.sessions = self.api = FakeSessionAPI(default=error)
+        self.sessions = self.router = FakeSessionAPI(default=error)
         self.membership = Refusing(error)
         self.config = None
         self.started = 0.0

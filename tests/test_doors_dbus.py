@@ -77,7 +77,7 @@ class WireTests(TestCase):
 class NoBusTests(TestCase):
     def test_without_a_bus_the_door_warns_once_and_stays_off(self):
         missing = os.path.join(tempfile.mkdtemp(), "no_bus_here")
-        door = DBusDoor(reactor, sessions=None, resolve=None, address=f"unix:path={missing}")
+        door = DBusDoor(reactor, router=None, resolve=None, address=f"unix:path={missing}")
         warnings = []
 
         def observe(event):
@@ -183,7 +183,7 @@ class DoorChecksTests(TestCase):
                 return AuthResult(Verdict.DENIED, user, "the account is locked")
             return AuthResult(Verdict.GRANTED, user, "")
 
-        door = DBusDoor(reactor, sessions=None, resolve=resolve, account=account)
+        door = DBusDoor(reactor, router=None, resolve=resolve, account=account)
         door.connection = type("Bus", (), {"getConnectionUnixUser": staticmethod(lambda sender: defer.succeed(int(sender[1:])))})()
         return door
 

@@ -263,7 +263,7 @@ class SiteTests(TestCase):
             self.drawn.append(v.id)
             return b"\x89PNG-" + v.id.encode()
 
-        self.site, self.auth = web_site(reactor=self.clock, service=FakeSessionAPI.over(self.service), authenticator=FakeAuthenticator(),
+        self.site, self.auth = web_site(reactor=self.clock, router=FakeSessionAPI.over(self.service), authenticator=FakeAuthenticator(),
                                         resolve=resolve, thumbnailer=thumbnailer, settings=lambda: self.settings,
                                         types=lambda: ["unix-console", "unix-xfce"])
 

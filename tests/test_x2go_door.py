@@ -322,7 +322,7 @@ def run(raw: bytes, sessions: Sessions, user="alice") -> commands.Outcome:
     async def locate(name):
         return None
 
-    context = commands.Context(api=FakeSessionAPI.over(sessions), caller=Caller(user=user, uid=1000, gid=1000), facts=facts, secret=b"k" * 32,
+    context = commands.Context(router=FakeSessionAPI.over(sessions), caller=Caller(user=user, uid=1000, gid=1000), facts=facts, secret=b"k" * 32,
                                links=commands.Links(), version="0.1", now=lambda: 1733339400.0, locate=locate,
                                log=_Log())
     return asyncio.run(commands.run(program, calls, context))
