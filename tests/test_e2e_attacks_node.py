@@ -11,6 +11,11 @@ against the real gateway.
   folder's: none may reach the client's print server (its CUPS's access
   log) or its Samba (which logs each connection that breaks off inside a
   packet), while the session's own user still prints and reads.
+* **The owner's shadow notice.**  While someone shadows a session, a notice
+  on its screen says so; it runs as the owner, whose uid an interactive
+  shadow lets the viewer use.  Killing it as the owner's uid (what
+  ``pkill -f shadow_notice`` typed through the shadow does) must end the
+  shadow; hiding it must not make it go.
 """
 
 from __future__ import annotations
@@ -27,12 +32,15 @@ import uuid
 
 from twisted.trial.unittest import SkipTest
 
+from tests.harness import pixels
 from tests.harness.cups import client_printing
 from tests.harness.process import Timeout, wait_for
 from tests.harness.users import create_user
 from tests.test_e2e_client import RED, ClientScreenTestCase
 from tests.test_e2e_client import TYPES as CLIENT_TYPES
+from tests.harness.ssh import SessionInfo
 from tests.test_e2e_printing import QUEUE, _only_session, _program_env, cupsd_of
+from tests.test_e2e_shadow import ShadowTestCase
 from tests.test_e2e_sound import as_user
 
 ATTEMPTS = 1000
@@ -203,3 +211,54 @@ class TunnelIntruderTests(ClientScreenTestCase):
         client.terminate()
         client.wait(30)
         wait_for(lambda: not cupsd_of(self.user.name), 30, "the session's cupsd to end")
+
+
+NOTICE_AMBER = (255, 204, 0)  # the shadow notice's background
+
+
+class ShadowNoticeTests(ShadowTestCase):
+    """alice's session is shadowed by bob (an admin) with her consent."""
+
+    options = {**ShadowTestCase.options, "sessions": {"display_base": "3300", "display_limit": "20"}}
+
+    def notice_shown(self, display: int, authority: str) -> bool:
+        return pixels.grab(f":{display}", authority).count(NOTICE_AMBER) > 2000
+
+    def notices(self) -> list[str]:
+        return subprocess.run(["pgrep", "-u", self.user.name, "-f", "shadow_notice.py"], capture_output=True,
+                              text=True).stdout.split()
+
+    def shadowed(self):
+        """alice's session, bob's shadow of it with her consent, and its notice's pid."""
+        info = self.master()
+        shadow = SessionInfo.parse(self.attach_shadow(self.other, info.session_id, answer="a"))
+        attachment = self.attach(self.shadow_client, shadow, self.viewer_screen)
+        self.viewer_screen.wait_for_colour(RED, 10000)
+        authority = os.path.join(self.gateway.state_dir, "sessions", info.session_id, "authority")
+        wait_for(lambda: self.notice_shown(info.display, authority), 30, "the notice on alice's screen")
+        (notice,) = self.notices()
+        return info, shadow, attachment, authority, notice
+
+    def test_the_notice_killed_with_the_owners_uid_ends_the_shadow(self):
+        info, shadow, attachment, _authority, notice = self.shadowed()
+        # Killed with alice's uid, as bob would through his interactive shadow: the shadow goes.
+        subprocess.run(["runuser", "-u", self.user.name, "--", "kill", notice], check=True, timeout=10)
+        wait_for(lambda: attachment.proxy.poll() is not None, 30, "bob's shadow viewer to be dropped")
+        wait_for(lambda: shadow.session_id not in self.listing(self.other), 20, "the shadow to end")
+        log = self.gateway.log()
+        self.assertIn("the notice was closed by a signal, not by its End button", log)
+        self.assertIn("the shadow is ended with it", log)
+        self.assertFalse(subprocess.run(["pgrep", "-u", self.user.name, "-f", f"nxagent.*:{shadow.display}$"],
+                                        capture_output=True).stdout, "the shadow's agent still runs")
+        self.assertEqual(self.listing().get(info.session_id), "Running")  # alice's own session goes on
+
+    def test_a_hidden_notice_shows_itself_again(self):
+        info, shadow, _attachment, authority, notice = self.shadowed()
+        # Unmapped, as xdotool run with alice's uid can: it shows itself again, and the shadow runs on.
+        env = dict(os.environ, DISPLAY=f":{info.display}", XAUTHORITY=authority)
+        subprocess.run(["xdotool", "search", "--classname", "nxgate-shadow-notice", "windowunmap", "%@"], env=env,
+                       check=True, timeout=10)
+        wait_for(lambda: not self.notice_shown(info.display, authority), 10, "the notice to be hidden")
+        wait_for(lambda: self.notice_shown(info.display, authority), 10, "the notice to show itself again")
+        self.assertEqual(self.notices(), [notice])
+        self.assertIn(shadow.session_id, self.listing(self.other))
