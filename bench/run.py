@@ -29,6 +29,9 @@ Runs, each as its own process with its own JSON in bench/results/:
 * bench/sharing_copy.py  copying a file through the smb channel (the client's
                      folder in the session) against the same SMB copy without NX
                      (issue 14);
+* bench/display_search.py  a new session's display search with 50,000 Unix
+                     sockets on the machine: how long the reactor stalls, the
+                     search on its thread (as before) and in the thread pool;
 
 then prints ONE table: each figure, its peer (X2Go measured here, X2Go's
 reference figures from the issue, OpenSSH...), the ratio, the target and
@@ -156,6 +159,21 @@ def store_rows(table: Table, store: dict | None) -> None:
                   (median < 20) if kind == "postgresql" else None,
                   note=f"p95 {figures['live_user']['p95_ms']:.2f} ms; admit {figures['admit']['median_ms']:.2f} ms,"
                        f" swap {figures['swap']['median_ms']:.2f} ms, all live {figures['live_all']['median_ms']:.0f} ms")
+
+
+def display_search_rows(table: Table, search: dict | None) -> None:
+    """A new session's display search on a machine with many Unix sockets: the reactor's stall."""
+    if not search:
+        return
+    table.section(f"display search, {search['unix_sockets']} Unix sockets and {search['planted_locks']} planted "
+                  f"locks: reactor stall (median of {search['runs']})")
+    before, now = search["ways"]["on the reactor"], search["ways"]["in the thread pool"]
+    table.add("search on the reactor's thread (before)", before["stall_median_ms"], "ms", target="(info)",
+              note=f"max {before['stall_max_ms']:.1f} ms")
+    table.add("search in the thread pool", now["stall_median_ms"], "ms", before["stall_median_ms"], "on the reactor",
+              now["stall_median_ms"] / before["stall_median_ms"] if before["stall_median_ms"] else None,
+              "(info)", note=f"max {now['stall_max_ms']:.1f} ms; the search itself "
+                             f"{now['allocation_median_ms']:.0f} ms")
 
 
 def cluster_relay_rows(table: Table, cluster: dict | None) -> None:
@@ -554,6 +572,8 @@ def main(argv: list[str] | None = None) -> int:
                      "--json", os.path.join(RESULTS, "printing.json")],
         "sharing": [python, os.path.join(HERE, "sharing_copy.py"), "--size-mb", "10" if args.quick else "100",
                     "--json", os.path.join(RESULTS, "sharing.json")],
+        "displays": [python, os.path.join(HERE, "display_search.py"), "--runs", "3" if args.quick else "10",
+                     "--json", os.path.join(RESULTS, "displays.json")],
     }
     log_dir = os.path.join(RESULTS, "logs")
     os.makedirs(log_dir, exist_ok=True)
@@ -581,6 +601,7 @@ def main(argv: list[str] | None = None) -> int:
     web = load(os.path.join(RESULTS, "web_viewer.json"))
     printing = load(os.path.join(RESULTS, "printing.json"))
     sharing = load(os.path.join(RESULTS, "sharing.json"))
+    display_search = load(os.path.join(RESULTS, "displays.json"))
     table = build_table(relay, sessions_result, x2go, scale)
     store_rows(table, store)
     cluster_rows(table, placement)
@@ -590,6 +611,7 @@ def main(argv: list[str] | None = None) -> int:
     web_viewer_rows(table, web)
     printing_rows(table, printing)
     sharing_rows(table, sharing)
+    display_search_rows(table, display_search)
     print()
     print(f"nxgate benchmark — {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
           f"load {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f}")
@@ -604,6 +626,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": load_before, "load_after": os.getloadavg(), "quick": args.quick,
         "steps": steps_run, "table": table.rows,
         "results": {"relay": relay, "sessions": sessions_result, "x2go": x2go, "scale": scale, "store": store,
+                    "displays": display_search,
                     "cluster": placement, "cluster_picture": cluster_picture,
                     "cluster_relay": cluster_relay, "sound": sound, "web_viewer": web, "printing": printing, "sharing": sharing},
         "x2go_reference": X2GO_REFERENCE,

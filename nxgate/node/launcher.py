@@ -77,11 +77,20 @@ class Launcher:
         self._pam_closes = defer.DeferredSemaphore(self.CONCURRENT_PAM_CLOSES)
 
     def _run(self, request: dict[str, Any]) -> _Launch:
+        """``request["abstract_holder"]``: an fd of ours (a display's abstract
+        X name, see :func:`nxgate.node.displays.name_holder`) that the program
+        gets as fd 3; it goes to the child, not into the JSON."""
+        request = dict(request)
+        child_fds: dict[int, Any] = {0: "w", 1: "r", 2: "r"}
+        holder = request.pop("abstract_holder", None)
+        if holder is not None:
+            child_fds[3] = holder
+            request["abstract_holder_fd"] = 3
         launch = _Launch(request)
         env = {"PATH": os.defpath, "LANG": "C.UTF-8", "PYTHONPATH": os.pathsep.join(sys.path)}
         self.reactor.spawnProcess(
             launch, sys.executable, [sys.executable, "-m", "nxgate.node.runas"],
-            env=env, path="/", childFDs={0: "w", 1: "r", 2: "r"},
+            env=env, path="/", childFDs=child_fds,
         )
         return launch
 

@@ -167,8 +167,9 @@ class ShadowService:
             pam=False,
         )
         settings = await self._shadow_settings(request.display, target)
-        session = self.manager.new_session(caller, "shadow", f"Shadow of {target.name}", settings, True,
-                                           run_as=target.owner)
+        owner = await self.users.lookup(target.owner)  # NSS: off the reactor
+        session = await self.manager.new_session(caller, "shadow", f"Shadow of {target.name}", settings, True,
+                                                 run_as=(owner.pw_uid, owner.pw_gid))
         session = session.evolve(options={"shadow": {"target": target.id, "owner": target.owner, "mode": mode}})
         log.info("shadow attach: {user} from {address} watches {target} of {owner} ({mode}) as session {id}",
                  user=caller.user, address=caller.address, target=target.id, owner=target.owner, mode=mode,
