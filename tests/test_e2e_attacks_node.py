@@ -36,28 +36,25 @@ import glob
 import os
 import pwd
 import re
-import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 import uuid
-
-from twisted.trial.unittest import SkipTest
 
 from tests.harness import pixels
 from tests.harness.cluster import admin_cli
 from tests.harness.cups import client_printing
 from tests.harness.process import Timeout, wait_for
+from tests.harness.ssh import SessionInfo
 from tests.harness.users import create_user
 from tests.test_e2e_client import RED, ClientScreenTestCase
 from tests.test_e2e_client import TYPES as CLIENT_TYPES
-from tests.harness.ssh import SessionInfo
-from tests.test_e2e_printing import QUEUE, _only_session, _program_env, cupsd_of
 from tests.test_e2e_dbus import NAME, PATH, fixture_with_bus, user_env
 from tests.test_e2e_dbus import as_user as dbus_as_user
+from tests.test_e2e_printing import QUEUE, _only_session, _program_env, cupsd_of
 from tests.test_e2e_sessions import SessionTestCase
 from tests.test_e2e_shadow import ShadowTestCase
+from tests.test_e2e_sharing import client_share_set_up
 from tests.test_e2e_sound import as_user
 
 ATTEMPTS = 1000
@@ -139,16 +136,8 @@ class TunnelIntruderTests(ClientScreenTestCase):
                "types": CLIENT_TYPES}
 
     def setUp(self):
-        if not os.path.exists("/dev/fuse") or shutil.which("smbnetfs") is None:
-            raise SkipTest("no /dev/fuse or smbnetfs here")
-        super().setUp()
-        mode = os.stat("/dev/fuse").st_mode & 0o777
-        if mode & 0o006 != 0o006:
-            os.chmod("/dev/fuse", 0o666)
-            self.addCleanup(os.chmod, "/dev/fuse", mode)
+        self.folder = client_share_set_up(self, super().setUp)
         self.printer, self.cups = client_printing(self, self.gateway.workdir)
-        self.folder = tempfile.mkdtemp(prefix="nxgate-share-")
-        self.addCleanup(shutil.rmtree, self.folder, True)
         with open(os.path.join(self.folder, "hello.txt"), "w") as handle:
             handle.write("from the client's folder\n")
         self.intruder = create_user()
@@ -387,9 +376,11 @@ class ForLaterSquat:
         for path in (f"/tmp/.X{display}-lock", f"/tmp/.X11-unix/X{display}"):
             self.addCleanup(lambda p=path: os.path.lexists(p) and os.lstat(p).st_uid == bob.pw_uid and os.unlink(p))
         # nxagent gives up on its first client after 60 s; the fresh one must come up on the same display.
-        wait_for(lambda: self.agent_pid(session_id) not in (None, first_agent), 150, "the agent's restart",
-                 interval=1)
-        wait_for(lambda: "starting a fresh agent that waits on" in self.gateway.log(), 10, "the restart in the log")
+        ended = f"session {session_id} of {self.user.name} ended"
+        wait_for(lambda: "starting a fresh agent that waits on" in self.gateway.log() or ended in self.gateway.log(),
+                 150, "the agent's restart", interval=1)
+        self.assertNotIn(ended, self.gateway.log())
+        wait_for(lambda: self.agent_pid(session_id) not in (None, first_agent), 60, "the fresh agent", interval=1)
         said = squatter.stdout.readline().strip()
         # What he may still win (the lock and socket file in the host's /tmp while no agent runs) is
         # taken over before the fresh agent starts, or lies outside a jail's own /tmp; the name never.

@@ -339,14 +339,7 @@ def claim_display(display: int, directory: str = DISPLAY_CLAIMS) -> bool:
     it too; an flock on a file of our own closes it, and ends with the
     process that held it.  A claim this process already holds is granted
     again: within one gateway the session manager decides."""
-    with _claims_lock:
-        if display in _claims:
-            return True
-        fd = _flock(display, directory)
-        if fd is None:
-            return False
-        _claims[display] = _Claim(fd)
-        return True
+    return _claim_new(display, directory) is not False
 
 
 def _claim_new(display: int, directory: str) -> bool | None:

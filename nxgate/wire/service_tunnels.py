@@ -256,6 +256,7 @@ class _Listener(protocol.ServerFactory):
     def __init__(self, owner: ServiceTunnels, service: str, session_id: str, user: str, uid: int) -> None:
         self.owner = owner
         self.service = service
+        self.unix = service in UNIX_SOCKET_SERVICES
         self.session_id = session_id
         self.user = user
         self.uid = uid
@@ -288,7 +289,7 @@ class _Listener(protocol.ServerFactory):
             self._open_channel(inbound)
             return
         transport = inbound.transport
-        if isinstance(self.tunnel.address if self.tunnel else None, str):
+        if self.unix:
             verdict = defer.succeed(local_peers.check_unix(transport.socket, self.uid))
         else:
             peer, local = transport.getPeer(), transport.getHost()
@@ -377,7 +378,7 @@ class ServiceTunnels:
         listener = _Listener(self, service, session_id, user, uid)
         address: tunnels.Address
         try:
-            if service in UNIX_SOCKET_SERVICES:
+            if listener.unix:
                 address = os.path.join(self.socket_directory, f"{service}-{secrets.token_hex(8)}")
                 # The directory is root's: nobody can swap the path between the bind and the chmod.
                 listener.port = self.reactor.listenUNIX(address, listener, mode=0o666, wantPID=False)
