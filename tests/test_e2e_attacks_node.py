@@ -121,8 +121,10 @@ SAMBA_BROKE_OFF = "read_fd_with_timeout failed"
 
 
 def tunnel_address(log: str, service: str) -> str:
-    """Where the gateway says the session's ``service`` tunnel listens: a port or a socket's path."""
-    found = re.search(rf"{service} through its own SSH channel \(tunnel (?:on 127\.0\.0\.1:(\d+)|at (\S+))\)", log)
+    """Where the session's node says its ``service`` listener for the client's own SSH channel is: a port or a
+    socket's path."""
+    what = {"printing": "printing", "sharing": "folders"}[service]
+    found = re.search(rf"the client takes its {what} back \(listening (?:on 127\.0\.0\.1:(\d+)|at (\S+))\)", log)
     if found is None:
         raise AssertionError(f"the gateway's log names no {service} tunnel")
     return found.group(1) or found.group(2)
@@ -212,8 +214,8 @@ class TunnelIntruderTests(ClientScreenTestCase):
         self.assertFalse([data for data in self.printer.texts() if marker.encode() in data],
                          "bob's document came out of alice's printer")
         uid = self.intruder.entry.pw_uid
-        self.assertIn(f"refused a printing connection to its tunnel from uid {uid}", self.gateway.log())
-        self.assertIn(f"refused a sharing connection to its tunnel from", self.gateway.log())
+        self.assertIn(f"refused a printing connection from uid {uid}", self.gateway.log())
+        self.assertIn(f"refused a folders connection from", self.gateway.log())
         client.terminate()
         client.wait(30)
         wait_for(lambda: not cupsd_of(self.user.name), 30, "the session's cupsd to end")

@@ -322,7 +322,7 @@ class ClientPrintingTests(ClientScreenTestCase):
         self.assertEqual(printed.returncode, 0, printed.stderr)
         self.assertEqual(self.printer.wait_for_text(text.encode()).strip(), text.encode())
         # The jobs went on an SSH channel of their own, not through nxagent's cups channel: its Unix socket ...
-        tunnel = re.search(r"printing through its own SSH channel \(tunnel at (\S+)\)", self.gateway.log())
+        tunnel = re.search(r"the client takes its printing back \(listening at (\S+)\)", self.gateway.log())
         self.assertIsNotNone(tunnel, "the gateway's log says where the printers' tunnel listens")
         path = tunnel.group(1)
         self.assertTrue(stat.S_ISSOCK(os.stat(path).st_mode), path)
@@ -350,7 +350,7 @@ class ClientPrintingTests(ClientScreenTestCase):
             answers[who] = subprocess.run(["runuser", "-u", who, "--", sys.executable, "-c", probe, path],
                                           input=request, capture_output=True, timeout=30).stdout
         self.assertEqual(answers[stranger.name], b"", "another user got an answer through the tunnel")
-        self.assertIn(f"refused a printing connection to its tunnel from uid {stranger.entry.pw_uid}",
+        self.assertIn(f"refused a printing connection from uid {stranger.entry.pw_uid}",
                       self.gateway.log())
         self.assertTrue(answers[self.user.name].startswith(b"HTTP/1.1 200 "), answers[self.user.name][:100])
         self.assertIn(QUEUE.encode(), answers[self.user.name])

@@ -1,6 +1,6 @@
 """Who may use a session user's back-channel (nxgate.local_peers): the pure
 judgements, the kernel's tables read from a fake /proc, real sockets of this
-machine, and the tunnels' listeners (nxgate.wire.service_tunnels) on a real
+machine, and the reverse listeners of a node (nxgate.node.reverse) on a real
 reactor, where uid 0 is nobody's pass any more."""
 
 from __future__ import annotations
@@ -9,14 +9,16 @@ import os
 import socket
 import tempfile
 
-from twisted.internet import reactor, task
+from twisted.internet import protocol, reactor, task
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from nxgate import local_peers
 from nxgate.local_peers import TcpRow
+from nxgate.node.reverse import ReverseListeners
+from nxgate.streams import reverse
 from nxgate.threads import in_thread
-from nxgate.wire import service_tunnels
-from nxgate.wire import tunnel_registry as tunnels
+from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.model import Session, State
 
 SID = "0123456789ABCDEF0123456789ABCDEF"
 HEADER = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n")
@@ -129,32 +131,27 @@ class RealSockets(TestCase):
         self.assertFalse(closed.admitted, closed.reason)
 
 
-class FakeConn:
-    """The SSH connection the tunnels open channels on: records them."""
-
-    def __init__(self) -> None:
-        self.opened: list[tuple[object, bytes]] = []
-
-    def openChannel(self, channel, data: bytes) -> None:
-        self.opened.append((channel, data))
-
-
 class Listeners(TestCase):
-    """The tunnels' listeners on the real reactor, with our own connections:
-    the tests run as root, so a connection of ours is uid 0's, which once
-    counted as "the gateway itself" and must not any more."""
+    """The reverse listeners of a node (nxgate.node.reverse) on the real reactor, with our own connections:
+    the tests run as root, so a connection of ours is uid 0's, which once counted as "the gateway itself"
+    and must not any more."""
 
-    def tunnels(self, uid: int) -> tuple[service_tunnels.ServiceTunnels, FakeConn, tunnels.TunnelRegistry]:
-        conn, registry = FakeConn(), tunnels.TunnelRegistry()
+    def listeners(self, uid: int, service: str) -> tuple[ReverseListeners, list[bytes]]:
         directory = tempfile.mkdtemp()
         os.chmod(directory, 0o711)
+        session = Session(id=SID, user="alice", uid=uid, gid=uid, display=1, cookie="c" * 32, name="s",
+                          server_name="h", type="unix-console", state=State.RUNNING)
+        listeners = ReverseListeners(reactor, directory, in_thread(reactor), {SID: session}.get)
+        self.addCleanup(listeners.close)
+        announced: list[bytes] = []
 
-        async def authorize(service: str, session_id: str) -> tuple[str, int]:
-            return "alice", uid
+        class Lines(protocol.Protocol):
+            def dataReceived(self, data: bytes) -> None:
+                announced.extend(line for line in data.split(b"\n") if line)
 
-        tunnels_ = service_tunnels.ServiceTunnels(reactor, conn, authorize, in_thread(reactor), directory, registry)
-        self.addCleanup(tunnels_.close)
-        return tunnels_, conn, registry
+        route = listeners.open_route(Caller(user="alice", uid=uid, gid=uid), session, reverse.SERVICES[service])
+        route.attach(Lines())
+        return listeners, announced
 
     async def settle(self) -> None:
         for _ in range(20):
@@ -163,9 +160,8 @@ class Listeners(TestCase):
     async def test_printing_listens_on_a_unix_socket_that_lets_in_the_users_processes_only(self) -> None:
         mine = os.getuid()
         for uid, admitted in ((mine + 4242, False), (mine, True)):
-            tunnels_, conn, registry = self.tunnels(uid)
-            self.assertEqual(await tunnels_.request(tunnels.encode("printing", SID)), 1)
-            path = registry.address(SID, "alice", "printing")
+            listeners, announced = self.listeners(uid, "printing")
+            path = listeners.address(SID, "printing")
             self.assertIsInstance(path, str)
             self.assertEqual(os.stat(path).st_mode & 0o777, 0o666)  # reachable; the kernel's word decides
             client = socket.socket(socket.AF_UNIX)
@@ -173,31 +169,29 @@ class Listeners(TestCase):
             client.sendall(b"POST / HTTP/1.1\r\n\r\n")
             client.close()  # connect, send, close
             await self.settle()
-            self.assertEqual(len(conn.opened), 1 if admitted else 0, f"uid {uid}")
+            self.assertEqual(len(announced), 1 if admitted else 0, f"uid {uid}")
+            listeners.close()
 
-    async def test_the_gateways_own_connection_goes_through_without_a_listener(self) -> None:
-        tunnels_, conn, registry = self.tunnels(os.getuid() + 4242)  # not ours: only the own way gets in
-        await tunnels_.request(tunnels.encode("printing", SID))
-        own = registry.connect_own(SID, "alice", "printing")()
+    async def test_the_nodes_own_connection_goes_through_without_the_listener(self) -> None:
+        listeners, announced = self.listeners(os.getuid() + 4242, "printing")  # not ours: only the own way in
+        own = listeners.connect_own(SID, "printing")
         self.addCleanup(own.close)
         await self.settle()
-        self.assertEqual(len(conn.opened), 1)
-        self.assertEqual(conn.opened[0][1], tunnels.encode("printing", SID))
+        self.assertEqual(len(announced), 1)
 
     async def test_folders_listen_on_tcp_where_a_closed_socket_is_refused_and_a_held_one_passes(self) -> None:
-        tunnels_, conn, registry = self.tunnels(os.getuid())
-        await tunnels_.request(tunnels.encode("sharing", SID))
-        port = registry.address(SID, "alice", "sharing")
+        listeners, announced = self.listeners(os.getuid(), "sharing")
+        port = listeners.address(SID, "sharing")
         self.assertIsInstance(port, int)
         closed = socket.create_connection(("127.0.0.1", port))
         closed.sendall(b"\x00\x00\xff\xff")
         closed.close()  # an orphan by the time it is looked at: uid 0 in the table, which is ours
         await self.settle()
-        self.assertEqual(conn.opened, [])
+        self.assertEqual(announced, [])
         held = socket.create_connection(("127.0.0.1", port))
         self.addCleanup(held.close)
         await self.settle()
-        self.assertEqual(len(conn.opened), 1)
+        self.assertEqual(len(announced), 1)
 
     async def test_refusals_are_logged_a_few_times_not_once_each(self) -> None:
         from twisted.logger import globalLogPublisher
@@ -205,18 +199,17 @@ class Listeners(TestCase):
         events: list[dict] = []
         globalLogPublisher.addObserver(events.append)
         self.addCleanup(globalLogPublisher.removeObserver, events.append)
-        tunnels_, conn, registry = self.tunnels(os.getuid() + 4242)
-        await tunnels_.request(tunnels.encode("printing", SID))
-        path = registry.address(SID, "alice", "printing")
+        listeners, announced = self.listeners(os.getuid() + 4242, "printing")
+        path = listeners.address(SID, "printing")
         for _ in range(120):
             client = socket.socket(socket.AF_UNIX)
             client.connect(path)
             client.close()
             await task.deferLater(reactor, 0, lambda: None)
         await self.settle()
-        refusals = [e for e in events if "refused a {service} connection" in e.get("log_format", "")]
+        refusals = [e for e in events if "refused a {what} connection" in e.get("log_format", "")]
         self.assertEqual(len(refusals), 3)  # the 1st, 10th and 100th
-        tunnels_.close()
-        summary = [e for e in events if "tunnel closed; it refused" in e.get("log_format", "")]
-        self.assertIn("120 connection(s) from uid", summary[0]["summary"])
-        self.assertEqual(conn.opened, [])
+        listeners.close()
+        summary = [e for e in events if "no longer takes its" in e.get("log_format", "")]
+        self.assertIn("120 from uid", summary[0]["refused"])
+        self.assertEqual(announced, [])

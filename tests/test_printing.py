@@ -160,7 +160,7 @@ class CupsdConfiguration(TestCase):
         self.assertEqual(conf.count("Shared No"), 2)
         self.assertEqual(printing.printers_conf([], 2001, "c"), "\n")
 
-    def test_a_tunnels_unix_socket_is_the_uris_host_written_with_percent_slashes(self) -> None:
+    def test_a_reverse_listeners_unix_socket_is_the_uris_host_written_with_percent_slashes(self) -> None:
         """CUPS's ipp backend connects to a host that starts with "/" as a
         Unix socket; in a URI it is written %2F...."""
         uri = printing.device_uri("/var/lib/nxgate/tunnels/printing-0a1b", "/printers/home", "c" * 8)
@@ -367,6 +367,7 @@ class Lifecycle(TestCase):
         self.addCleanup(lambda: __import__("shutil").rmtree(base))
         launcher = FakeLauncher()
         context = SimpleNamespace(reactor=reactor, session_dir=lambda session: base, launcher=launcher, blocking=None,
+                                  reverse=None,
                                   layout=SimpleNamespace(agent_files=lambda sid: SimpleNamespace(
                                       app_log=os.path.join(base, "session.log"))))
         extra = printing.Printing(context, "cupsd")  # type: ignore[arg-type]
@@ -387,23 +388,25 @@ class Lifecycle(TestCase):
         self.assertFalse(os.path.exists(os.path.join(base, "cups", "printers.conf")))
         await defer.ensureDeferred(_until(lambda: launcher.children[0].poll() is not None))
 
-    async def test_with_a_tunnel_the_gateway_asks_through_it_and_the_queues_send_to_its_socket(self) -> None:
-        """The client asked for its own SSH channel: discovery goes through
-        the tunnel's own way in (a socket pair, not its listening socket),
-        and the queues' device URIs name the tunnel's Unix socket."""
+    async def test_with_a_route_the_node_asks_through_it_and_the_queues_send_to_its_socket(self) -> None:
+        """The client takes its printing back over its own SSH connection (a
+        route to the session's reverse listener): discovery goes through the
+        listeners' own way in (a socket pair, not the listening socket), and the
+        queues' device URIs name the listener's Unix socket."""
         import socket
-
-        from nxgate.wire import tunnel_registry as tunnels
 
         factory = protocol.Factory.forProtocol(FakeCups)
         factory.seen, factory.bare, factory.open, factory.closed = [], False, 0, []
         factory.printers = [{"printer-name": "home", "printer-uri-supported": "ipp://x/printers/home"}]
 
-        class Own:
+        class Listeners:
             calls = 0
 
-            def connect_own(self):
-                Own.calls += 1
+            def address(self, session_id, service):
+                return f"/run/nxgate/reverse/{session_id}.{service}"
+
+            def connect_own(self, session_id, service):
+                Listeners.calls += 1
                 ours, theirs = socket.socketpair()
                 theirs.setblocking(False)
                 reactor.adoptStreamConnection(theirs.fileno(), socket.AF_UNIX, factory)
@@ -415,19 +418,17 @@ class Lifecycle(TestCase):
         self.addCleanup(lambda: __import__("shutil").rmtree(base))
         session = SimpleNamespace(id="D" * 32, uid=os.getuid(), gid=os.getgid(), display=7, cookie=COOKIE,
                                   user="someone")
-        tunnel = tunnels.Tunnel(session.id, session.user, "printing", "/run/nxgate/tunnels/printing-0a", Own())
-        tunnels.REGISTRY.add(tunnel)
-        self.addCleanup(tunnels.REGISTRY.remove, tunnel)
         launcher = FakeLauncher()
         context = SimpleNamespace(reactor=reactor, session_dir=lambda session: base, launcher=launcher, blocking=None,
+                                  reverse=Listeners(),
                                   layout=SimpleNamespace(agent_files=lambda sid: SimpleNamespace(
                                       app_log=os.path.join(base, "session.log"))))
         extra = printing.Printing(context, "cupsd")  # type: ignore[arg-type]
         await extra.start(session)
         await defer.ensureDeferred(_until(lambda: launcher.requests and extra._cupsd.get(session.id)))
-        self.assertEqual(Own.calls, 2)  # CUPS-Get-Printers and CUPS-Get-Default
+        self.assertEqual(Listeners.calls, 2)  # CUPS-Get-Printers and CUPS-Get-Default
         with open(os.path.join(base, "cups", "printers.conf")) as handle:
-            self.assertIn("@%2Frun%2Fnxgate%2Ftunnels%2Fprinting-0a/printers/home\n", handle.read())
+            self.assertIn(f"@%2Frun%2Fnxgate%2Freverse%2F{session.id}.printing/printers/home\n", handle.read())
         await extra.stop(session)
         await defer.ensureDeferred(_until(lambda: launcher.children[0].poll() is not None))
 
@@ -438,6 +439,7 @@ class Lifecycle(TestCase):
         self.addCleanup(lambda: __import__("shutil").rmtree(base))
         launcher = FakeLauncher()
         context = SimpleNamespace(reactor=reactor, session_dir=lambda session: base, launcher=launcher, blocking=None,
+                                  reverse=None,
                                   layout=None)
         extra = printing.Printing(context, "cupsd")  # type: ignore[arg-type]
         session = SimpleNamespace(id="C" * 32, uid=os.getuid(), gid=os.getgid(), display=free_port() - 2000,

@@ -1,7 +1,7 @@
-"""The pure parts of the service tunnels (nxgate.wire.tunnel_registry), the
-tunnel channel's flow control with fakes, and the listeners' admission on
-real sockets of this machine; the whole thing is tested end to end in
-tests.test_e2e_sharing, tests.test_e2e_printing (nxgate-client) and
+"""nxgate-client's service tunnels: their words on the wire (nxgate.protocols.service_tunnel), the reverse
+channel's flow control with fakes (nxgate.streams.reverse_channel), and the gate the client's print
+tunnel passes; the listeners' admission is tested in tests.test_local_peers and tests.test_reverse_streams,
+the whole thing end to end in tests.test_e2e_sharing, tests.test_e2e_printing (nxgate-client) and
 tests.test_e2e_attacks_node (another user's connect-send-close flood)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 from twisted.trial.unittest import TestCase
 
-from nxgate.wire import tunnel_registry as tunnels
 from nxgate.protocols import printgate
-from nxgate.wire.service_tunnels import WINDOW, TunnelChannel
+from nxgate.protocols import service_tunnel as tunnels
+from nxgate.streams.reverse_channel import WINDOW, ChannelEnd, SplicedChannel
 
 SID = "0123456789ABCDEF0123456789ABCDEF"
 class Codec(TestCase):
@@ -26,42 +26,6 @@ class Codec(TestCase):
             self.assertRaises(tunnels.TunnelRequestError, tunnels.decode, bad)
 
 
-class Registry(TestCase):
-    def test_a_tunnel_serves_its_own_user_only_and_only_its_owner_removes_it(self) -> None:
-        registry = tunnels.TunnelRegistry()
-        first = tunnels.Tunnel(SID, "alice", "sharing", 40001, Own())
-        registry.add(first)
-        self.assertEqual(registry.address(SID, "alice", "sharing"), 40001)
-        self.assertIsNone(registry.address(SID, "bob", "sharing"))
-        self.assertIsNone(registry.address(SID, "alice", "printing"))
-        second = tunnels.Tunnel(SID, "alice", "sharing", 40002, Own())  # a resume from another connection
-        registry.add(second)
-        registry.remove(first)  # the old connection goes: the new tunnel stays
-        self.assertEqual(registry.address(SID, "alice", "sharing"), 40002)
-        registry.remove(second)
-        self.assertIsNone(registry.address(SID, "alice", "sharing"))
-
-    def test_the_gateways_own_way_in_is_the_tunnels_and_its_users_only(self) -> None:
-        registry = tunnels.TunnelRegistry()
-        own = Own()
-        registry.add(tunnels.Tunnel(SID, "alice", "printing", "/run/t/printing-1", own))
-        self.assertIsNone(registry.connect_own(SID, "bob", "printing"))
-        self.assertIsNone(registry.connect_own(SID, "alice", "sharing"))
-        connect = registry.connect_own(SID, "alice", "printing")
-        self.assertIsNotNone(connect)
-        self.assertEqual(connect(), "a socket")
-        self.assertEqual(own.calls, 1)
-
-
-class Own:
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def connect_own(self):
-        self.calls += 1
-        return "a socket"
-
-
 class FakeConnection:
     def __init__(self) -> None:
         self.adjusted: list[int] = []
@@ -72,20 +36,31 @@ class FakeConnection:
 
 
 class FlowControl(TestCase):
-    def test_a_full_socket_holds_the_window_until_it_drained(self) -> None:
+    def test_a_full_stream_holds_the_window_until_it_drained(self) -> None:
         conn = FakeConnection()
-        channel = TunnelChannel(conn=conn)
-        written: list[bytes] = []
-        channel.socket = SimpleNamespace(transport=SimpleNamespace(write=written.append))
-        channel.pauseProducing()  # the socket's buffer is full
+        channel = SplicedChannel(conn=conn)
+        end = ChannelEnd(channel)
+        end.pause_reading()  # the stream's buffer is full
         channel.localWindowLeft = 100  # the peer used nearly all of it
         # Conch grants more only while localWindowLeft < localWindowSize // 2: never while paused.
         self.assertFalse(channel.localWindowLeft < channel.localWindowSize // 2)
-        channel.dataReceived(b"x")
-        self.assertEqual(written, [b"x"])
-        channel.resumeProducing()
+        end.resume_reading()
         self.assertEqual(conn.adjusted, [WINDOW - 100])
         self.assertEqual(channel.localWindowSize, WINDOW)
+
+    def test_a_full_client_window_pauses_the_streams_reading(self) -> None:
+        channel = SplicedChannel(conn=FakeConnection())
+        written: list[bytes] = []
+        paused: list[str] = []
+        far = SimpleNamespace(write=written.append, pauseProducing=lambda: paused.append("pause"),
+                              resumeProducing=lambda: paused.append("resume"), registerProducer=lambda p, s: None,
+                              bufferSize=0)
+        channel.far_connected(far)
+        channel.stopWriting()
+        channel.startWriting()
+        self.assertEqual(paused, ["pause", "resume"])
+        channel.dataReceived(b"x")
+        self.assertEqual(written, [b"x"])
 
 
 class Gate(TestCase):

@@ -20,6 +20,14 @@ client's CUPS does that for its printer.  The credential (derived from the
 session cookie) is only in printers.conf (0600, in the 0700 directory); cupsd
 takes the password out of the backend's argv.
 
+When ``nxgate-client`` takes the printing back over its own SSH connection
+(its door opened a route: :mod:`nxgate.streams.reverse`), the queues send to
+the session's reverse listener instead (a Unix socket only the user's
+processes get through: ``ipp://nxgate:CREDENTIAL@%2F<path>/printers/NAME``),
+and the node asks the client's printers through the same route
+(:meth:`Printing.route`), on one box and for a client on another cluster
+member alike.
+
 The client's printers are known only once the client is attached, after
 ``start``: a background task asks the client's print server through the
 channel (:mod:`nxgate.protocols.ipp`), retrying until the client answers, then writes
@@ -60,7 +68,6 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
-from nxgate.wire import tunnel_registry as tunnels
 from nxgate.protocols import channels
 from nxgate.protocols import ipp
 from nxgate.protocols import printgate
@@ -140,7 +147,7 @@ def cups_files_conf(directory: str) -> str:
 def device_uri(address: int | str, resource: str, credential: str) -> str:
     """A queue's device URI: to 127.0.0.1:``address`` (the NX cups channel's
     port), or to the Unix socket at ``address`` (the client's own SSH
-    channel, see :mod:`nxgate.wire.tunnel_registry`): CUPS's ipp backend takes
+    connection, see :mod:`nxgate.streams.reverse`): CUPS's ipp backend takes
     a host that starts with ``/``, written ``%2F...``, for a socket path."""
     host = f"127.0.0.1:{address}" if isinstance(address, int) else urllib.parse.quote(address, safe="")
     return f"ipp://{printgate.USER}:{credential}@{host}{resource}"
@@ -246,7 +253,7 @@ class _Loopback:
 
 @implementer(IStreamClientEndpoint)
 class _Handed:
-    """A connection to a socket someone hands us (the tunnel's :meth:`connect_own`)."""
+    """A connection to a socket someone hands us (the reverse listeners' :meth:`connect_own`)."""
 
     def __init__(self, reactor: Any, connect: Callable[[], socket.socket]) -> None:
         self.reactor = reactor
@@ -274,7 +281,7 @@ class _Handed:
 
 
 @implementer(IAgentEndpointFactory)
-class _ThroughTunnel:
+class _Reverse:
     def __init__(self, reactor: Any, connect: Callable[[], socket.socket]) -> None:
         self.endpoint = _Handed(reactor, connect)
 
@@ -297,11 +304,12 @@ class Route:
         return cls(port, _Loopback(reactor, port, timeout))
 
     @classmethod
-    def tunnel(cls, reactor: Any, address: int | str, connect: Callable[[], socket.socket]) -> Route:
-        """The client's own SSH channel: the session's cupsd connects to its
-        listening socket, the gateway through a socket pair the tunnel takes
-        as its own (its listener lets in the session user's processes only)."""
-        return cls(address, _ThroughTunnel(reactor, connect))
+    def reverse(cls, reactor: Any, address: int | str, connect: Callable[[], socket.socket]) -> Route:
+        """Back over the client's own SSH connection: the session's cupsd
+        connects to the reverse listener, the node itself through a socket
+        pair its connections are handed with (the listener lets in the
+        session user's processes only)."""
+        return cls(address, _Reverse(reactor, connect))
 
     @property
     def host(self) -> str:
@@ -505,13 +513,21 @@ class Printing:
 
     def route(self, session: Any) -> Route:
         """Where the session's jobs reach the client's gate: the client's own
-        SSH channel when it asked for one (:mod:`nxgate.wire.tunnel_registry`), else the
-        NX cups channel (whose port :meth:`start` checked)."""
+        SSH connection when its door opened a route for the session's printing
+        (the session's reverse listener, :mod:`nxgate.node.reverse`: a Unix
+        socket only the user's processes get through, on one box and for a
+        client on another cluster member alike), else the NX cups channel
+        (whose port :meth:`start` checked)."""
         reactor = self.context.reactor
-        address = tunnels.REGISTRY.address(session.id, session.user, "printing")
-        connect = tunnels.REGISTRY.connect_own(session.id, session.user, "printing")
-        if address is not None and connect is not None:
-            return Route.tunnel(reactor, address, connect)
+        listeners = self.context.reverse
+        address = listeners.address(session.id, self.name) if listeners is not None else None
+        if isinstance(address, str):
+            def connect() -> socket.socket:
+                own = listeners.connect_own(session.id, self.name)
+                if own is None:
+                    raise OSError(f"the printing of session {session.id} no longer goes back to its client")
+                return own
+            return Route.reverse(reactor, address, connect)
         return Route.channel(reactor, channels.channel_port("printing", session.display) or 0)
 
     async def _socket_made(self, path: str, cupsd: processes.ProcessId) -> None:
