@@ -144,6 +144,7 @@ class ServicePathsTests(TestCase):
             return self.notices[-1]
 
         self.launcher.run = run
+        self.launcher.stop = lambda: None  # no spares here
         self.signals: list[int] = []
         self.service = SessionService(reactor, config, self.store.deferred, layout, notifier=FakeNotifier(),
                                       launcher=self.launcher, blocking=in_thread(reactor),
