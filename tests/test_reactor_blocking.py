@@ -82,7 +82,7 @@ class ReactorGuard:
                     test.patch(module, name, self._guarded(f"{module.__name__}.{name}", getattr(module, name),
                                                            lambda *args, **kwargs: True))
         for module, name in ((builtins, "open"), (io, "open"), (os, "open")):
-            test.patch(module, name, self._guarded(f"open of /proc", getattr(module, name),
+            test.patch(module, name, self._guarded("open of /proc", getattr(module, name),
                                                    lambda path, *args, **kwargs: _scan(path)))
         for name in ("listdir", "scandir"):
             test.patch(os, name, self._guarded(f"os.{name} of /proc", getattr(os, name),
