@@ -30,7 +30,7 @@ from twisted.trial.unittest import SkipTest
 from nxgate.clients.nx.sharing import LocalShares
 from nxgate.protocols.nx import client_commands as commands
 from tests.harness.gateway import Gateway
-from tests.harness.process import wait_for
+from tests.harness.process import descendants, wait_for
 from tests.harness.samba import open_blocking
 from tests.harness.users import create_user
 from tests.harness.ssh import Attachment, NXClient, SessionInfo
@@ -327,8 +327,9 @@ class ClientSharingTests(ClientScreenTestCase):
         self.assertEqual(wrote.returncode, 0, wrote.stderr)
         with open(os.path.join(self.folder, "back.txt"), "rb") as handle:
             self.assertEqual(handle.read(), b"from the session\n")
-        smbd = subprocess.run(["pgrep", "-f", "smbd --foreground --no-process-group -s /tmp/nxgate-client-"],
-                              capture_output=True, text=True).stdout.split()
+        private_smbd = "smbd --foreground --no-process-group -s /tmp/nxgate-client-"
+        found = subprocess.run(["pgrep", "-f", private_smbd], capture_output=True, text=True).stdout.split()
+        smbd = [pid for pid in found if int(pid) in descendants(client.pid)]  # this client's, not another test's
         self.assertTrue(smbd, "the client's private smbd")
         client.send_signal(signal.SIGTERM)
         _code, output = self.finished(client)

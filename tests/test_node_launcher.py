@@ -11,13 +11,13 @@ import tempfile
 
 from twisted.internet import defer, reactor
 from twisted.internet.error import ProcessDone, ProcessTerminated
-from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 
 from nxgate.node import launcher as launcher_module
 from nxgate.node.launcher import Launcher
 from nxgate.node.processes import LaunchError
+from tests.harness.clock import FakeReactor
 from tests.harness.users import NEED_ROOT, is_root
 
 
@@ -44,7 +44,9 @@ class FakeProcess:
         self.protocol.processEnded(Failure(reason))
 
 
-class FakeProcessReactor(Clock):
+class FakeProcessReactor(FakeReactor):
+    """The test reactor that also spawns (fake) processes."""
+
     def __init__(self) -> None:
         super().__init__()
         self.processes: list[FakeProcess] = []

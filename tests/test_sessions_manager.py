@@ -17,7 +17,6 @@ import time
 
 from twisted.internet import defer
 from twisted.logger import globalLogPublisher
-from twisted.test.proto_helpers import MemoryReactorClock
 from twisted.trial.unittest import TestCase
 
 from nxgate.config import Config, SessionsSection
@@ -34,6 +33,7 @@ from tests.harness.stores import inline_store
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.results import StreamTarget
+from tests.harness.clock import FakeReactor
 
 ME = pwd.getpwuid(os.getuid()).pw_name
 
@@ -100,7 +100,7 @@ class FakeLauncher:
 
 class ManagerTests(TestCase):
     def setUp(self):
-        self.reactor = MemoryReactorClock()
+        self.reactor = FakeReactor()
         layout = files.StateLayout(short_state_dir(self))
         layout.prepare()
         sessions = SessionsSection(display_base=3100, display_limit=20, max_sessions_per_user=2,
@@ -509,7 +509,7 @@ class ReconcileTests(TestCase):
     """A new gateway takes back what the previous one left running."""
 
     def setUp(self):
-        self.reactor = MemoryReactorClock()
+        self.reactor = FakeReactor()
         self.layout = files.StateLayout(short_state_dir(self))
         self.layout.prepare()
         self.store = inline_store(self.layout.database)

@@ -9,7 +9,6 @@ import shutil
 import tempfile
 
 from twisted.internet import defer
-from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.config import Config, ShadowSection
@@ -23,6 +22,7 @@ from nxgate.node import console, processes
 from nxgate.node.shadow_sessions import ShadowService, Target
 from nxgate import users
 from nxgate.users import UserDirectory
+from tests.harness.clock import FakeReactor
 
 ME = pwd.getpwuid(os.getuid())
 WATCHED = "A" * 32
@@ -32,7 +32,7 @@ class Manager:
     """What the shadow service reads of the session manager."""
 
     def __init__(self, layout):
-        self.reactor = MemoryReactorClock()
+        self.reactor = FakeReactor()
         self.layout = layout
         self.sessions = {WATCHED: Session(WATCHED, ME.pw_name, ME.pw_uid, ME.pw_gid, "unix-desktop", "desk", 7,
                                           "gw", "c0" * 16, state=State.RUNNING, ever_attached=True)}
