@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import inspect
 import json
 import os
 import pwd
@@ -28,6 +29,7 @@ from nxgate.node.local import LocalNode
 from nxgate.wire.remote_node import RemoteNode, RemoteNodes
 from nxgate.gateway.doors.admin.cli import main as admin_main
 from nxgate.threads import inline
+from nxgate.vocabulary.api import NodeAPI, SessionAPI
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.model import State
@@ -89,9 +91,11 @@ class SerialiserTests(SynchronousTestCase):
         self.assertEqual(roundtrip(EXAMPLES[6]).remote.password, "s3cret")
 
     def test_method_signatures_come_from_the_session_api(self):
-        self.assertEqual(wire.METHODS, {"start", "start_for_later", "restore", "attach_shadow", "suspend",
-                                        "terminate", "rename", "list", "show", "shadow_targets", "status",
-                                        "set_draining", "add_mount", "thumbnail"})
+        # Every coroutine of the node interface travels as a call, but open_stream (a connection of its own).
+        coroutines = {name for name, member in vars(NodeAPI).items() if inspect.iscoroutinefunction(member)}
+        coroutines |= {name for name, member in vars(SessionAPI).items() if inspect.iscoroutinefunction(member)}
+        self.assertEqual(wire.METHODS, coroutines - {"open_stream"})
+        self.assertLessEqual({"start", "restore", "terminate", "list", "show", "thumbnail"}, wire.METHODS)
         self.assertEqual(wire.decode_outcome("thumbnail", {"ok": wire.encode(b"\x89PNG\x00")}), b"\x89PNG\x00")
         args = wire.encode_arguments("terminate", (CALLER, "A" * 32, "admin"))
         self.assertEqual(wire.decode_arguments("terminate", json.loads(json.dumps(args))), [CALLER, "A" * 32, "admin"])
