@@ -457,7 +457,9 @@ class NodeSideTests(SynchronousTestCase):
 
         manager = self.manager("node-a")
         self.assertEqual(manager.node_name, "node-a")
-        fresh = manager.new_session(ALICE, "unix-console", "x", DisplaySettings(), True)
+        fresh = self.successResultOf(defer.ensureDeferred(
+            manager.new_session(ALICE, "unix-console", "x", DisplaySettings(), True)))
+        manager.displays.release(fresh.display)
         self.assertEqual((fresh.node, SessionView.of(fresh).node), ("node-a", "node-a"))
         gone = ProcessId(os.getpid(), 1)  # no live process has this start time
         for session_id, node in (("A" * 32, "node-a"), ("B" * 32, "node-b")):
@@ -493,7 +495,11 @@ class NodeSideTests(SynchronousTestCase):
         self.assertEqual(manager.sessions, {})  # nothing here: the local count alone would let her in
         given, released = [], []
         allocate, release = manager.displays.allocate, manager.displays.release
-        manager.displays.allocate = lambda: given.append(allocate()) or given[-1]
+        async def allocating(uid, gid):
+            given.append(await allocate(uid, gid))
+            return given[-1]
+
+        manager.displays.allocate = allocating
         manager.displays.release = lambda display: (released.append(display), release(display))
         error = self.failureResultOf(defer.ensureDeferred(
             manager.start_for_later(ALICE, "unix-console", "third")), SessionError).value

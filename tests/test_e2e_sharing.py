@@ -286,6 +286,21 @@ class SharingSwitchedOffTests(SharingTestCase):
         self.assertFalse(os.path.lexists(os.path.join(self.user.home, "MyShares", SHARE)))
 
 
+def client_share_set_up(case, set_up) -> str:
+    """For tests of ``nxgate-client --share``: FUSE that users may use, the
+    case's ``set_up`` run, and a fresh folder to share (removed at cleanup)."""
+    if not os.path.exists("/dev/fuse") or shutil.which("smbnetfs") is None:
+        raise SkipTest("no /dev/fuse or smbnetfs here")
+    set_up()
+    mode = os.stat("/dev/fuse").st_mode & 0o777
+    if mode & 0o006 != 0o006:
+        os.chmod("/dev/fuse", 0o666)
+        case.addCleanup(os.chmod, "/dev/fuse", mode)
+    folder = tempfile.mkdtemp(prefix="nxgate-share-")
+    case.addCleanup(shutil.rmtree, folder, True)
+    return folder
+
+
 class ClientSharingTests(ClientScreenTestCase):
     """``nxgate-client --share`` against the real gateway: its own private
     Samba, its addmount, and the folder gone with the client."""
@@ -294,15 +309,7 @@ class ClientSharingTests(ClientScreenTestCase):
                "types": CLIENT_TYPES}
 
     def setUp(self):
-        if not os.path.exists("/dev/fuse") or shutil.which("smbnetfs") is None:
-            raise SkipTest("no /dev/fuse or smbnetfs here")
-        super().setUp()
-        mode = os.stat("/dev/fuse").st_mode & 0o777
-        if mode & 0o006 != 0o006:
-            os.chmod("/dev/fuse", 0o666)
-            self.addCleanup(os.chmod, "/dev/fuse", mode)
-        self.folder = tempfile.mkdtemp(prefix="nxgate-share-")
-        self.addCleanup(shutil.rmtree, self.folder, True)
+        self.folder = client_share_set_up(self, super().setUp)
 
     def test_the_shared_folder_appears_in_the_session_and_goes_with_the_client(self):
         with open(os.path.join(self.folder, "hello.txt"), "w") as handle:
