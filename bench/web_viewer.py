@@ -84,7 +84,19 @@ XTERM = "xterm -bg #ff0000 -fg #ffff00 -geometry 60x15+10+10 -e sh -c 'cat > /de
 WATCH_FIRST_PICTURE = """
 (function () {
   if (!location.pathname.startsWith('/view/') && location.port !== '%(peer_port)s') return;
-  window.nxgateBench = { firstPicture: null };
+  window.nxgateBench = { firstPicture: null, socket: {} };
+  // Each step of the opening, in epoch ms (see STEPS): the WebSocket's creation, open and first message.
+  const NativeSocket = window.WebSocket;
+  window.WebSocket = function (...args) {
+    const socket = new NativeSocket(...args);
+    const times = window.nxgateBench.socket;
+    times.created = times.created || Date.now();
+    socket.addEventListener('open', () => { times.open = times.open || Date.now(); });
+    socket.addEventListener('message', () => { times.message = times.message || Date.now(); });
+    return socket;
+  };
+  Object.assign(window.WebSocket, NativeSocket);
+  window.WebSocket.prototype = NativeSocket.prototype;
   const points = [[40, 40], [150, 100], [300, 150]];
   function red(context, [x, y]) {
     const d = context.getImageData(x, y, 1, 1).data;
@@ -104,6 +116,31 @@ WATCH_FIRST_PICTURE = """
   }
   look();
 })();
+"""
+
+#: The steps of one opening, from the page's own records (epoch ms): the page's response and its
+#: DOMContentLoaded, the viewer's scripts (noVNC's modules / guacamole-common-js) loaded, the ticket
+#: (nxgate), the WebSocket created, open and its first message, the first picture.
+STEPS = """
+const bench = window.nxgateBench || {};
+const origin = performance.timeOrigin;
+const nav = performance.getEntriesByType('navigation')[0] || {};
+const resources = performance.getEntriesByType('resource');
+const ends = (test) => resources.filter((r) => test(r.name)).map((r) => origin + r.responseEnd);
+const scripts = ends((name) => name.includes('/novnc/') || name.includes('guacamole-common'));
+const ticket = ends((name) => name.includes('/view/ticket'));
+return {
+  navigation_start: origin,
+  page: nav.responseEnd ? origin + nav.responseEnd : null,
+  dom_ready: nav.domContentLoadedEventEnd ? origin + nav.domContentLoadedEventEnd : null,
+  scripts: scripts.length ? Math.max(...scripts) : null,
+  scripts_count: scripts.length,
+  ticket: ticket.length ? Math.max(...ticket) : null,
+  socket_created: (bench.socket || {}).created || null,
+  socket_open: (bench.socket || {}).open || null,
+  socket_message: (bench.socket || {}).message || null,
+  picture: bench.firstPicture || null,
+};
 """
 
 #: In either page: the session's canvas (noVNC's; guacd's default layer) and a key press and release.
@@ -411,6 +448,7 @@ class Bench:
         self.screen = ClientScreen(800, 600)
         self.browser: Browser | None = None
         self.peer: GuacamolePeer | None = None
+        self.steps: dict[str, list[dict[str, Any]]] = {}
 
     def close(self) -> None:
         if self.browser is not None:
@@ -452,7 +490,19 @@ class Bench:
         button.click()
         shown = browser.wait(lambda: browser.driver.execute_script(
             "return window.nxgateBench && window.nxgateBench.firstPicture;"), 60, "the first picture")
+        self.note_steps("nxgate", clicked)
         return (shown - clicked) / 1000
+
+    def note_steps(self, side: str, clicked: float) -> None:
+        """The opening's steps (:data:`STEPS`) in ms after the click, kept per side and printed."""
+        assert self.browser is not None
+        times = self.browser.driver.execute_script(STEPS)
+        steps = {name: (value - clicked if isinstance(value, (int, float)) and name != "scripts_count" else value)
+                 for name, value in times.items()}
+        self.steps.setdefault(side, []).append(steps)
+        shown = ", ".join(f"{name} {value:.0f}" for name, value in steps.items()
+                          if isinstance(value, (int, float)) and name != "scripts_count")
+        print(f"  {side} steps (ms after the click): {shown}", flush=True)
 
     def leave(self, session_id: str) -> None:
         """Leave the viewer's page (the session suspends) and wait for the viewer's programs to go."""
@@ -497,6 +547,7 @@ class Bench:
         browser.get(self.peer.url)
         shown = browser.wait(lambda: browser.driver.execute_script(
             "return window.nxgateBench && window.nxgateBench.firstPicture;"), 60, "the peer's first picture")
+        self.note_steps("guacamole", clicked)
         return (shown - clicked) / 1000
 
     def leave_peer(self) -> None:
@@ -567,7 +618,11 @@ class Bench:
         time.sleep(0.5)
         result = self.measure("nxgate", self.viewer_programs(), keys, seconds, rate, display, authority)
         result.update(first_picture_s=firsts, first_picture_s_median=statistics.median(firsts),
-                      target_first_picture_s=TARGET_FIRST_PICTURE_S, source_rate=rate, seconds=seconds)
+                      target_first_picture_s=TARGET_FIRST_PICTURE_S, source_rate=rate, seconds=seconds,
+                      steps_ms=step_medians(self.steps.get("nxgate", [])), load_1min=os.getloadavg()[0])
+        if peer_firsts:
+            pairs = [ours / theirs for ours, theirs in zip(firsts, peer_firsts) if theirs]
+            result["first_picture_paired_ratio"] = statistics.median(pairs)
         clipboard = self.clipboard_times(display, authority, copies)
         print(f"copy in the session -> the page's clipboard: median {statistics.median(clipboard):.0f} ms "
               f"(max {max(clipboard):.0f}, {len(clipboard)} copies)", flush=True)
@@ -580,10 +635,18 @@ class Bench:
                 "window.guacClient.sendMouseState(new Guacamole.Mouse.State({x: 100, y: 60}));")
             time.sleep(0.5)
             guac = self.measure("Guacamole", peer.viewer_pids(), keys, seconds, rate, display, authority)
-            guac.update(first_picture_s=peer_firsts, first_picture_s_median=statistics.median(peer_firsts))
+            guac.update(first_picture_s=peer_firsts, first_picture_s_median=statistics.median(peer_firsts),
+                        steps_ms=step_medians(self.steps.get("guacamole", [])))
             result["guacamole"] = guac
             self.leave_peer()
         return result
+
+
+def step_medians(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """The median of each step over the runs that have it (ms after the click)."""
+    names = {name for run in runs for name, value in run.items() if isinstance(value, (int, float))}
+    return {name: statistics.median(run[name] for run in runs if isinstance(run.get(name), (int, float)))
+            for name in sorted(names)}
 
 
 def comparison(result: dict[str, Any]) -> list[tuple[str, float, float, float, str, bool]]:
