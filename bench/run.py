@@ -8,7 +8,7 @@ Runs, each as its own process with its own JSON in bench/results/:
                      splice loop; it uses bench/relay_nxcopy.py's harness);
 * bench/sessions.py  nxgate's session timings with nxgate-client + memory;
 * bench/x2go.py      the same for X2Go (installed if missing, as root);
-* bench/scale.py     50/100 sessions, 200 parallel logins, a 10 000-row
+* bench/scale.py     growth over 1/10/50/100 suspended sessions, 200 parallel logins, a 10 000-row
                      store, and where the session times go (phases);
 * bench/store_listing.py  the session store's listsession query with 10 000
                      stored sessions on SQLite, PostgreSQL and MariaDB (issue 13);
@@ -355,13 +355,47 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
                            f"listsession {logins.get('listsession_p50_s', 0):.2f}/"
                            f"{logins.get('listsession_p99_s', 0):.2f} s; "
                            f"{logins.get('logins_per_second', 0):.0f} logins/s, pam_threads {logins['pam_threads']}")
-        sess = (scale.get("sessions") or {}).get("counts") or {}
+        sessions_part = scale.get("sessions") or {}
+        sess = sessions_part.get("counts") or {}
         for count, figures in sess.items():
-            table.add(f"{count} sessions: gateway RSS", figures["gateway_rss_mb"], "MB", None,
-                      f"{figures['gateway_mb_per_session']:.2f} MB/session", None, "(info)",
-                      note=f"per session: agent {figures['agent_rss_mb_median']:.1f} MB, agent+program "
-                           f"{figures['session_mb_agent_plus_program']:.1f} MB; gateway idle "
-                           f"{scale['sessions']['gateway_rss_mb_idle']:.1f} MB, {figures['gateway_fds']} fds")
+            if "gateway_idle_cpu_pct" not in figures:  # a scale.json from before the growth figures
+                table.add(f"{count} sessions: gateway RSS", figures["gateway_rss_mb"], "MB", None,
+                          f"{figures['gateway_mb_per_session']:.2f} MB/session", None, "(info)")
+                continue
+            table.add(f"{count} suspended sessions: gateway RSS / PSS",
+                      f"{figures['gateway_rss_mb']:.1f}/{figures['gateway_pss_mb']:.1f}", "MB", None, "", None,
+                      "(info)", note=f"idle CPU {figures['gateway_idle_cpu_pct']:.2f} %; login + listsession "
+                                     f"{figures['login_list_s'] * 1000:.0f} ms (listsession alone "
+                                     f"{figures['list_ms']:.1f} ms); agent {figures['agent_rss_mb_median']:.1f} MB "
+                                     f"RSS, agent+program {figures['session_mb_agent_plus_program']:.1f} MB/session; "
+                                     f"{figures['gateway_fds']} fds; load {figures.get('load_1min', 0):.1f}")
+        growth = sessions_part.get("per_added_session")
+        if growth and sess:
+            counts = "/".join(sess)
+            points = {"0": sessions_part.get("base", {}), **sess}
+
+            def slope(key: str, scale_by: float = 1.0) -> float | None:
+                """Least-squares growth of ``key`` per added session over every count (0 included)."""
+                xy = [(int(c), f[key] * scale_by) for c, f in points.items() if key in f]
+                if len(xy) < 2:
+                    return None
+                mx, my = sum(x for x, _ in xy) / len(xy), sum(y for _, y in xy) / len(xy)
+                den = sum((x - mx) ** 2 for x, _ in xy)
+                return sum((x - mx) * (y - my) for x, y in xy) / den if den else None
+
+            rows = (("gateway RSS", "gateway_rss_mb", 1024, "kB", 100, "gateway_rss_kb", "{:.0f}"),
+                    ("gateway idle CPU", "gateway_idle_cpu_pct", 1, "% CPU", 0.01, "gateway_idle_cpu_pct", "{:.3f}"),
+                    ("login + listsession", "login_list_s", 1000, "ms", 1.0, "login_list_ms", "{:.2f}"))
+            for label, key, factor, unit, limit, steps, shown in rows:
+                value = slope(key, factor)
+                if value is None:
+                    continue
+                # Flat or linear with a small slope over 0..N sessions; each step's own growth in the note.
+                table.add(f"{label} per added session (0-{counts.split('/')[-1]})", value, unit, None, "", None,
+                          f"<= {limit:g} {unit}/session", value <= limit,
+                          note=f"each step 0->{counts}: " + "/".join(shown.format(v) for v in growth[steps])
+                               + (f"; medians {', '.join(f'{c}: {f[key] * factor:.0f}' for c, f in points.items() if key in f)} {unit}"
+                                  if key == "login_list_s" else ""))
         store = scale.get("store")
         if store:
             table.add(f"listsession, {store['live']} live + {store['ended']} ended",
@@ -555,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     scale_args = []
     if args.quick:
         runs, sessions, size, repeat = 2, 3, "256M", 1
-        scale_args = ["--sessions", "5,10", "--logins", "40", "--ended", "1000", "--dead", "10", "--phase-runs", "2"]
+        scale_args = ["--sessions", "1,5,10", "--logins", "40", "--ended", "1000", "--dead", "10", "--phase-runs", "2"]
     steps = {
         "relay": [python, os.path.join(HERE, "relay.py"), "--size", size, "--repeat", str(repeat),
                   "--json", os.path.join(RESULTS, "relay.json"), *install, *profile],
