@@ -25,7 +25,7 @@ in the page itself, where the user sees it:
   source's own rate is reported beside it.
 * memory: the PSS (``/proc/PID/smaps_rollup``) of the viewer's programs
   (x11vnc; Xvfb and nxproxy too for a session that never had a client),
-  the server-side cost of one browser; and their CPU over 5 s while
+  the server-side cost of one browser; and their CPU over 10 s while
   nothing changes on screen (x11vnc polls).
 * clipboard: from ``xclip`` copying in the session (with its X authority)
   to the text in the page's viewer state; median of 5 copies.
@@ -36,7 +36,8 @@ into ``--guacd`` when missing) with ``guacamole-lite`` (its Node WebSocket
 bridge) and ``guacamole-common-js`` in the page, both from the npm registry
 (installed into ``bench/.peers/guacamole`` when missing; not committed),
 serving the same session's screen through a standing ``x11vnc -sb 0`` on
-the session's display with the same ``-defer 3 -wait 3`` as nxgate's (so
+the session's display with the same polling options as nxgate's
+(``nxgate.node.browser_viewer.POLLING``, so
 the figures differ by what is between the VNC server and the page).  Its
 page is ``bench/guacamole_peer.js``'s.  The open runs alternate (nxgate,
 Guacamole, nxgate, ...); its memory and idle CPU per viewer are guacd's
@@ -65,6 +66,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from nxgate.gateway.doors.admin.cli import request as admin_request  # noqa: E402
+from nxgate.node.browser_viewer import POLLING  # noqa: E402
 from tests.harness.browser import Browser, available  # noqa: E402
 from tests.harness.gateway import Gateway  # noqa: E402
 from tests.harness.process import wait_for  # noqa: E402
@@ -238,7 +240,7 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def idle_cpu(pids: list[int], seconds: float = 5.0) -> float:
+def idle_cpu(pids: list[int], seconds: float = 10.0) -> float:
     """The share of one CPU these processes use together over ``seconds`` (percent)."""
     before = sum(cpu_ticks(pid) for pid in pids)
     time.sleep(seconds)
@@ -358,7 +360,7 @@ class GuacamolePeer:
         vnc_port, guacd_port = free_port(), free_port()
         self.vnc = self._spawn(["runuser", "-u", user, "--", "x11vnc", "-display", f":{display}", "-rfbport", str(vnc_port), "-localhost",
                                 "-rfbportv6", "0", "-no6", "-nopw", "-norc", "-forever", "-shared", "-xkb",
-                                "-defer", "3", "-wait", "3", "-sb", "0", "-nowf", "-quiet"],
+                                *POLLING, "-sb", "0", "-nowf", "-quiet"],
                                dict(os.environ, XAUTHORITY=authority))
         # guacd loads its protocol plug-ins (libguac-client-vnc.so) by name: from its own prefix.
         lib = os.path.join(os.path.dirname(os.path.dirname(self.guacd)), "lib")
