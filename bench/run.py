@@ -162,13 +162,17 @@ def store_rows(table: Table, store: dict | None) -> None:
 
 
 def cluster_relay_rows(table: Table, cluster: dict | None) -> None:
-    """Issue 13: the stream to a session on another member vs on the gateway's own box."""
+    """The stream to a session on another member vs on the gateway's own box (issues 13, 34)."""
     if not cluster:
         return
     rows, ratios = cluster.get("rows", {}), cluster.get("ratios", {})
     size_mib = cluster["size"] / (1 << 20)
+    pinned = cluster.get("pinned")
+    load = cluster.get("load_before", [None])[0]
     table.section(f"cluster stream: gateway -> node (TLS) -> agent vs one box ({size_mib:g} MiB per run, median of "
-                  f"{cluster['repeat']}){' [profiled]' if cluster.get('profiled') else ''}")
+                  f"{cluster['repeat']}{'; node alone on one CPU, the rest on the other' if pinned else ''}"
+                  f"{f'; load {load:.1f}' if load is not None else ''}){' [profiled]' if cluster.get('profiled') else ''}")
+    target = cluster.get("target_ratio", 0.9)
     for kind, label in (("conch", "through SSH (Conch)"), ("plain", "plain (no SSH)")):
         here, there = rows.get(f"{kind} one box"), rows.get(f"{kind} via node")
         if not here or not there:
@@ -178,12 +182,19 @@ def cluster_relay_rows(table: Table, cluster: dict | None) -> None:
                 continue
             ours, peer = there["directions"][direction]["gb_per_s"], here["directions"][direction]["gb_per_s"]
             is_target = kind == "conch"
+            paired = ratios.get(f"{kind}_{direction}_paired")
+            bound = ratios.get(f"{kind}_{direction}_front_cpu_bound")
+            loads = there["directions"][direction].get("load_1min") or []
             table.add(f"{label} {direction} GB/s", ours, "GB/s", peer, "same path, one box", ratio(ours, peer),
-                      ">= 0.8x one box" if is_target else "(info)",
-                      (ours >= 0.8 * peer) if is_target else None,
+                      f">= {target:g}x one box" if is_target else "(info)",
+                      (ours >= target * peer) if is_target else None,
                       spread_pct(there["directions"][direction]["all_gb_per_s"]),
                       note=f"CPU s/GB {there['directions'][direction]['cpu_s_per_gb']:.2f} via node, "
-                           f"{here['directions'][direction]['cpu_s_per_gb']:.2f} one box")
+                           f"{here['directions'][direction]['cpu_s_per_gb']:.2f} one box"
+                           + (f"; paired {paired:.2f}x" if paired else "")
+                           + (f"; bound (gateway + client CPU/GB one box / via node) {bound:.2f}x" if bound and pinned
+                              else "")
+                           + (f"; load {min(loads):.1f}-{max(loads):.1f}" if loads else ""))
         cpu = [ratios.get(f"{kind}_{direction}_gateway_cpu_ratio") for direction in ("up", "down")]
         if all(cpu):
             table.add(f"{label} gateway CPU/GB one box / via node", f"{cpu[0]:.2f}/{cpu[1]:.2f}", "up/dn", None,
@@ -503,8 +514,16 @@ def web_viewer_rows(table: Table, web: dict | None) -> None:
     if "idle_cpu_pct" in web:
         table.add("server CPU per idle browser viewer", web["idle_cpu_pct"], "% CPU", target="(info)")
     for row in web.get("comparison", []):  # issue 25: against Apache Guacamole, measured in the same run
+        note = ""
+        if row["figure"].startswith("open") and "steps_ms" in web:
+            def steps(figures: dict) -> str:
+                names = ("page", "dom_ready", "scripts", "socket_open", "socket_message", "picture")
+                return ", ".join(f"{name} {figures[name]:.0f}" for name in names if name in figures)
+            note = (f"paired {web.get('first_picture_paired_ratio', 0):.2f}x; load {web.get('load_1min', 0):.1f}; "
+                    f"steps (ms after the click, medians): nxgate {steps(web['steps_ms'])}; Guacamole "
+                    f"{steps((web.get('guacamole') or {}).get('steps_ms', {}))}")
         table.add(f"vs Guacamole: {row['figure']}", row["nxgate"], "", row["guacamole"], "Guacamole (guacd 1.6)",
-                  row["ratio"], row["goal"], row["met"])
+                  row["ratio"], row["goal"], row["met"], note=note)
 
 
 def printing_rows(table: Table, printing: dict | None) -> None:
@@ -603,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
                   *(["--calls", "50"] if args.quick else [])],
         "cluster_relay": [python, os.path.join(HERE, "cluster_relay.py"), "--size",
                           "128M" if args.quick else "512M", "--repeat", str(repeat), *(["--rounds", "300"] if args.quick else []),
-                          "--json", os.path.join(RESULTS, "cluster_relay.json")],
+                          "--pin", "--json", os.path.join(RESULTS, "cluster_relay.json")],
         "cluster": [python, os.path.join(HERE, "cluster_placement.py"), "--json", os.path.join(RESULTS, "cluster.json"),
                     *(["--calls", "50"] if args.quick else [])],
         "cluster_picture": [python, os.path.join(HERE, "cluster_picture.py"), "--runs", str(runs),
