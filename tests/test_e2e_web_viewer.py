@@ -15,8 +15,8 @@ user gets nothing by any URL or WebSocket.
 
 from __future__ import annotations
 
-import json
 import contextlib
+import json
 import os
 import re
 import secrets
