@@ -258,6 +258,10 @@ class SessionsSection:
     allow_unencrypted: bool = option(False, boolean, "let clients use unencrypted sessions (agent port open to them)")
     nxagent: str = option("nxagent", nonempty, "the nxagent program")
     agent_extra_options: tuple[str, ...] = option((), words, "extra nxagent command line options")
+    published_applications: tuple[str, ...] = option(
+        ("/etc/x2go/applications", "/usr/share/applications"), words,
+        "directories whose .desktop files (and those of their subdirectories) X2Go clients' published-applications"
+        " mode lists and may start")
     use_xsession: bool = option(True, boolean, "start desktops through the system's X session script")
     xsession: str = option("/etc/X11/Xsession", nonempty, "the system's X session script")
     path: str = option("/usr/local/bin:/usr/bin:/bin:/usr/games", nonempty, "PATH of session programs")

@@ -47,8 +47,8 @@ from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.limits import Limits, limit_reached
 from nxgate.vocabulary.model import Member, Session, State
 from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
-from nxgate.vocabulary.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
-                                     ShadowTarget)
+from nxgate.vocabulary.results import (DesktopEntry, Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent,
+                                     SessionView, ShadowTarget)
 from nxgate.vocabulary.streams import Stream, StreamKind
 from nxgate.store.errors import StoreError, storage_reason
 
@@ -308,6 +308,13 @@ class Router:
         """On the session's node, which mounts the share (its password then
         crosses the members' TLS wire, never the store)."""
         return await self._on_node_of("add_mount", caller, session_id, mount)
+
+    async def applications(self, caller: Caller, session_id: str) -> tuple[DesktopEntry, ...]:
+        """The applications of the session's node (its machine's .desktop files)."""
+        return await self._on_node_of("applications", caller, session_id)
+
+    async def run_application(self, caller: Caller, session_id: str, argv: tuple[str, ...]) -> bool:
+        return await self._on_node_of("run_application", caller, session_id, argv)
 
     async def show(self, caller: Caller, session_id: str) -> SessionView:
         """The node's own view; a session on a down node as the store last had it, marked lost."""

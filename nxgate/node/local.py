@@ -37,7 +37,7 @@ from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.model import Session, State
 from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
-from nxgate.vocabulary.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
+from nxgate.vocabulary.results import (DesktopEntry, Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
                                      ShadowTarget)
 from nxgate.vocabulary.streams import Stream, StreamKind
 from nxgate.wire import agentsocket
@@ -119,6 +119,12 @@ class LocalNode:
 
     async def add_mount(self, caller: Caller, session_id: str, mount: ShareMount) -> bool:
         return await self.service.add_mount(await self._here(caller), session_id, mount)
+
+    async def applications(self, caller: Caller, session_id: str) -> tuple[DesktopEntry, ...]:
+        return await self.service.applications(await self._here(caller), session_id)
+
+    async def run_application(self, caller: Caller, session_id: str, argv: tuple[str, ...]) -> bool:
+        return await self.service.run_application(await self._here(caller), session_id, argv)
 
     async def list(self, caller: Caller) -> Listing:
         return await self.service.list(await self._here(caller))

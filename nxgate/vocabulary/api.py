@@ -20,7 +20,7 @@ from typing import Protocol
 
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
-from nxgate.vocabulary.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
+from nxgate.vocabulary.results import (DesktopEntry, Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
                                      ShadowTarget)
 from nxgate.vocabulary.streams import Stream, StreamKind
 
@@ -48,6 +48,12 @@ class SessionAPI(Protocol):
 
     # A folder the client shares, mounted in the caller's session; False: sharing is off there.
     async def add_mount(self, caller: Caller, session_id: str, mount: ShareMount) -> bool: ...
+
+    # The applications the session's node publishes (its .desktop files), for the session's owner.
+    async def applications(self, caller: Caller, session_id: str) -> tuple[DesktopEntry, ...]: ...
+
+    # Start one of those applications (its Exec argv) in the caller's published-applications session.
+    async def run_application(self, caller: Caller, session_id: str, argv: tuple[str, ...]) -> bool: ...
 
     async def list(self, caller: Caller) -> Listing: ...  # live sessions, oldest first; an admin's: everyone's
 

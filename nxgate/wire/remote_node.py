@@ -40,7 +40,7 @@ from nxgate.wire.tls import ClusterTLS
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
-from nxgate.vocabulary.results import (Listing, Progress, ProgressCallback, Ready, ServiceStatus, SessionEvent,
+from nxgate.vocabulary.results import (DesktopEntry, Listing, Progress, ProgressCallback, Ready, ServiceStatus, SessionEvent,
                                      SessionView, ShadowTarget)
 from nxgate.vocabulary.streams import Stream, StreamKind
 
@@ -169,6 +169,12 @@ class RemoteNode:
 
     async def add_mount(self, caller: Caller, session_id: str, mount: ShareMount) -> bool:
         return await self._call("add_mount", caller, session_id, mount)
+
+    async def applications(self, caller: Caller, session_id: str) -> tuple[DesktopEntry, ...]:
+        return await self._call("applications", caller, session_id)
+
+    async def run_application(self, caller: Caller, session_id: str, argv: tuple[str, ...]) -> bool:
+        return await self._call("run_application", caller, session_id, argv)
 
     async def list(self, caller: Caller) -> Listing:
         return await self._call("list", caller)

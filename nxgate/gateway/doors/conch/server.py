@@ -32,7 +32,8 @@ from zope.interface import implementer
 from nxgate.wire import tunnel_registry as tunnels
 from nxgate.gateway.auth.pam import Prompt
 from nxgate.gateway.doors.conch import algorithms, kexmath
-from nxgate.gateway.doors.conch.checkers import IKeyboardInteractive, KeyboardInteractive, LoginUnavailable, Principal
+from nxgate.gateway.doors.conch.checkers import (IKeyboardInteractive, KeyboardInteractive, LoginUnavailable, Principal,
+                                                 RepeatedSecrets)
 from nxgate.wire.ssh_compression import DELAYED_ZLIB, SERVER_COMPRESSIONS, BoundedInflater, CompressionError
 from nxgate.wire.ssh_etm import MAX_PACKET, EtmTransport
 from nxgate.gateway.doors.conch.kexlimit import KexAdmission, OncePer, Refusal
@@ -61,12 +62,14 @@ class _AddressPortal:
     def __init__(self, portal: Portal, address: str) -> None:
         self._portal = portal
         self._address = address
+        self._repeated = RepeatedSecrets()  # one per connection: one typo, one failure
 
     def listCredentialsInterfaces(self) -> list[Any]:
         return self._portal.listCredentialsInterfaces()
 
     def login(self, credentials: Any, mind: Any, *interfaces: Any) -> defer.Deferred[Any]:
         credentials.remote_address = self._address
+        credentials.repeated_secrets = self._repeated
         return self._portal.login(credentials, self._address, *interfaces)
 
 

@@ -73,7 +73,7 @@ class X2GoDoor:
         caller: Caller = await self.blocking(resolve_caller, user, channel.peer, channel.local_address, "x2go")
         config = self.config()
         hostname = config.server_name if config.server_name not in ("localhost", "(none)", "") else "nxgate"
-        facts = shell.Facts(user=user, home=entry.pw_dir, hostname=hostname)
+        facts = shell.Facts(user=user, home=entry.pw_dir, hostname=hostname, shell=entry.pw_shell or "/bin/sh")
         path = config.sessions.path
 
         async def locate(name: str) -> str | None:
@@ -109,9 +109,10 @@ class X2GoDoor:
             calls = verbs.check_program(program, context.facts)
         except shell.Refused as refusal:
             log.warn("refused X2Go command {command!r} of {user} from {address}: {why}; nothing was run",
-                     command=raw[:200], user=caller.user, address=caller.address, why=str(refusal),
+                     command=raw[:600], user=caller.user, address=caller.address, why=str(refusal),
                      audit="x2go_refused")
-            channel.write_stderr(f"nxgate: command refused ({refusal})\n".encode())
+            channel.write_stderr(f"nxgate: command refused: {refusal}. Nothing was run: this server runs one program"
+                                 f" with its arguments, without a shell.\n".encode())
             channel.finish(127)
             return
         log.debug("X2Go command of {user}: {verbs}", user=caller.user, verbs=[call.verb for call in calls])
