@@ -89,7 +89,8 @@ class SerialiserTests(SynchronousTestCase):
     def test_method_signatures_come_from_the_session_api(self):
         self.assertEqual(wire.METHODS, {"start", "start_for_later", "restore", "attach_shadow", "suspend",
                                         "terminate", "rename", "list", "show", "shadow_targets", "status",
-                                        "set_draining", "add_mount", "thumbnail"})
+                                        "set_draining", "add_mount", "thumbnail", "applications",
+                                        "run_application"})
         self.assertEqual(wire.decode_outcome("thumbnail", {"ok": wire.encode(b"\x89PNG\x00")}), b"\x89PNG\x00")
         args = wire.encode_arguments("terminate", (CALLER, "A" * 32, "admin"))
         self.assertEqual(wire.decode_arguments("terminate", json.loads(json.dumps(args))), [CALLER, "A" * 32, "admin"])
