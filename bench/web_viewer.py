@@ -25,7 +25,7 @@ in the page itself, where the user sees it:
   source's own rate is reported beside it.
 * memory: the PSS (``/proc/PID/smaps_rollup``) of the viewer's programs
   (x11vnc; Xvfb and nxproxy too for a session that never had a client),
-  the server-side cost of one browser; and their CPU over 10 s while
+  the server-side cost of one browser; and their CPU over 10 s (after 5 s left alone) while
   nothing changes on screen (x11vnc polls).
 * clipboard: from ``xclip`` copying in the session (with its X authority)
   to the text in the page's viewer state; median of 5 copies.
@@ -238,6 +238,10 @@ def cpu_ticks(pid: int) -> int:
     with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
         fields = handle.read().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])
+
+
+#: How long a viewer is left alone before its idle CPU is measured.
+IDLE_SETTLE_S = 5.0
 
 
 def idle_cpu(pids: list[int], seconds: float = 10.0) -> float:
@@ -563,6 +567,9 @@ class Bench:
         assert self.browser is not None
         memory = {f"{name} {pid}": pss_kb(pid) for pid, name in pids.items()}
         print(f"{name}: viewer programs' PSS: {memory} kB", flush=True)
+        # Steady state: a viewer's first seconds (x11vnc's or guacd's start-up, the first full
+        # frames, the clipboard's first exchange) are not what an idle tab costs; both sides wait alike.
+        time.sleep(IDLE_SETTLE_S)
         idle = idle_cpu(list(pids))
         print(f"{name}: viewer programs' CPU while the session shows no change: {idle:.1f}% of one CPU", flush=True)
         self.browser.driver.set_script_timeout(keys * 4 + 30)
