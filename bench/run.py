@@ -353,7 +353,7 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
                           f"p50/p99 {row['latency_p50_us']:.0f}/{row['latency_p99_us']:.0f} us")
     # ------------------------------------------------------------------- scale
     if scale:
-        table.section("scale")
+        table.section("scale (each count's load in its note)")
         logins = scale.get("logins")
         if logins:
             table.add(f"{logins['logins']} parallel logins: failures", logins["failures"], "", None, "", None, "0",
@@ -500,7 +500,8 @@ def web_viewer_rows(table: Table, web: dict | None) -> None:
     """Issue 15's browser viewer figures (bench/web_viewer.py)."""
     if not web:
         return
-    table.section("the in-browser viewer (headless Chromium, noVNC <- x11vnc on the session's display, loopback)")
+    load = f", load {web['load_1min']:.1f}" if "load_1min" in web else ""
+    table.section(f"the in-browser viewer (headless Chromium, noVNC <- x11vnc on the session's display, loopback{load})")
     table.add("open -> first picture (suspended session)", web["first_picture_s_median"], "s",
               target=f"<= {web['target_first_picture_s']} s",
               met=web["first_picture_s_median"] <= web["target_first_picture_s"],
