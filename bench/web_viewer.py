@@ -25,7 +25,7 @@ in the page itself, where the user sees it:
   source's own rate is reported beside it.
 * memory: the PSS (``/proc/PID/smaps_rollup``) of the viewer's programs
   (x11vnc; Xvfb and nxproxy too for a session that never had a client),
-  the server-side cost of one browser; and their CPU over 10 s (after 5 s left alone) while
+  the server-side cost of one browser; and their CPU over 10 s (after 15 s left alone) while
   nothing changes on screen (x11vnc polls).
 * clipboard: from ``xclip`` copying in the session (with its X authority)
   to the text in the page's viewer state; median of 5 copies.
@@ -240,8 +240,11 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-#: How long a viewer is left alone before its idle CPU is measured.
-IDLE_SETTLE_S = 5.0
+#: How long a viewer is left alone before its idle CPU is measured: a tab left open costs its
+#: steady state.  A freshly started x11vnc polls harder at first (on an xterm's screen, a client
+#: asking for updates as noVNC does: 1.25 % of a CPU in its first 8 s, 0.5 % in each 8 s after), and
+#: nxgate starts one per tab while the peer's has been running since the bench began.
+IDLE_SETTLE_S = 15.0
 
 
 def idle_cpu(pids: list[int], seconds: float = 10.0) -> float:
@@ -578,8 +581,8 @@ class Bench:
         assert self.browser is not None
         memory = {f"{name} {pid}": pss_kb(pid) for pid, name in pids.items()}
         print(f"{name}: viewer programs' PSS: {memory} kB", flush=True)
-        # Steady state: a viewer's first seconds (x11vnc's or guacd's start-up, the first full
-        # frames, the clipboard's first exchange) are not what an idle tab costs; both sides wait alike.
+        # Steady state (see IDLE_SETTLE_S): a viewer's first seconds are not what an idle tab costs;
+        # both sides wait alike.
         time.sleep(IDLE_SETTLE_S)
         idle = idle_cpu(list(pids))
         print(f"{name}: viewer programs' CPU while the session shows no change: {idle:.1f}% of one CPU", flush=True)
