@@ -18,7 +18,8 @@ Runs, each as its own process with its own JSON in bench/results/:
                      stored sessions on SQLite, PostgreSQL and MariaDB (issue 13);
 * bench/cluster_relay.py  the cluster stream (gateway -> a node's TLS stream
                      endpoint -> the agent) vs the single-box relay, through
-                     Conch and plain: throughput, added latency, opening (issue 13);
+                     Conch and plain: throughput, added latency, opening, with the
+                     node alone on one CPU and the bound the gateway's CPU sets;
 * bench/cluster_placement.py  placement decision time with 1,000 live sessions,
                      pure and with PostgreSQL reads (issue 13);
 * bench/cluster_picture.py  start/resume -> picture through a gateway to another
@@ -26,8 +27,9 @@ Runs, each as its own process with its own JSON in bench/results/:
 * bench/sound_latency.py  a click from the session to the client's sound
                      server (latency) and a stream's bandwidth (issue 14);
 * bench/web_viewer.py  the in-browser viewer in headless Chromium: open ->
-                     first picture, keystroke -> echo, full-screen fps,
-                     server memory per browser viewer (issue 15);
+                     first picture (and each step of it), keystroke -> echo,
+                     full-screen fps, server memory and idle CPU per browser
+                     viewer, against Apache Guacamole in the same run;
 * bench/printing_latency.py  lp in the session -> the job at the client's
                      printer, against lp straight into the client's CUPS (issue 14);
 * bench/sharing_copy.py  copying a file through the smb channel (the client's
