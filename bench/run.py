@@ -410,8 +410,9 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
             points = {"0": sessions_part.get("base", {}), **sess}
 
             def slope(key: str, scale_by: float = 1.0) -> float | None:
-                """Least-squares growth of ``key`` per added session over every count (0 included)."""
-                xy = [(int(c), f[key] * scale_by) for c, f in points.items() if key in f]
+                """Least-squares growth of ``key`` per added session over the counts (from the first
+                session on: the gateway's first session also pays one-time allocations)."""
+                xy = [(int(c), f[key] * scale_by) for c, f in sess.items() if key in f]
                 if len(xy) < 2:
                     return None
                 mx, my = sum(x for x, _ in xy) / len(xy), sum(y for _, y in xy) / len(xy)
@@ -426,7 +427,7 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
                 if value is None:
                     continue
                 # Flat or linear with a small slope over 0..N sessions; each step's own growth in the note.
-                table.add(f"{label} per added session (0-{counts.split('/')[-1]})", value, unit, None, "", None,
+                table.add(f"{label} per added session ({counts})", value, unit, None, "", None,
                           f"<= {limit:g} {unit}/session", value <= limit,
                           note=f"each step 0->{counts}: " + "/".join(shown.format(v) for v in growth[steps])
                                + (f"; medians {', '.join(f'{c}: {f[key] * factor:.0f}' for c, f in points.items() if key in f)} {unit}"
