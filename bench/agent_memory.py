@@ -51,7 +51,8 @@ from relay import free_port  # noqa: E402
 
 from nxgate.config import SessionsSection  # noqa: E402
 from nxgate.node.agents import nxagent  # noqa: E402
-from nxgate.node.environment import login_environment  # noqa: E402
+from nxgate.node.environment import (compose_cache_environment, login_environment,  # noqa: E402
+                                     prepare_compose_cache)
 from nxgate.vocabulary.requests import DisplaySettings  # noqa: E402
 from tests.harness.process import stop, wait_for  # noqa: E402
 from tests.harness.users import create_user  # noqa: E402
@@ -119,9 +120,10 @@ class _Session:
     full_id: str
 
 
-def nxgate_agent(user: pwd.struct_passwd, where: Where) -> Agent:
+def nxgate_agent(user: pwd.struct_passwd, where: Where, compose_cache: str | None) -> Agent:
     """nxgate's agent for an application session shown rootless, built by the
-    product's own functions (the supervisor's)."""
+    product's own functions (the supervisor's); its program shares the
+    user's ``compose_cache`` as a session's does."""
     session = _Session(type="unix-application", display=where.display, cookie=where.cookie, rootless=True,
                        server_name="bench", full_id=f"bench-{where.display}-{secrets.token_hex(16).upper()}")
     files = where.files
@@ -135,7 +137,7 @@ def nxgate_agent(user: pwd.struct_passwd, where: Where) -> Agent:
         options=options,  # type: ignore[arg-type]
         args=argv[1:-1],
         env=nxagent.agent_environment(session, files, base),
-        program_env=nxagent.x11_environment(session, files, base),
+        program_env=nxagent.x11_environment(session, files, {**base, **compose_cache_environment(compose_cache)}),
     )
 
 
@@ -235,6 +237,8 @@ VARIANTS: dict[str, tuple[str, Change | None]] = {
     "lang_unset": ("no LANG in the agent's environment", lambda a, u, w: _env(a, LANG=None)),
     "program_lang_c": ("the program (xterm) with LANG=C instead of C.UTF-8",
                        lambda a, u, w: a.program_env.update(LANG="C")),
+    "no_compose_cache": ("the program without the user's compose cache (XCOMPOSECACHE)",
+                         lambda a, u, w: a.program_env.pop("XCOMPOSECACHE")),
     "xfixes_on": ("XFIXES offered (no -extension XFIXES)", lambda a, u, w: _drop_arg(a, "-extension", "XFIXES")),
     "glx_off": ("-extension GLX", lambda a, u, w: a.args.extend(["-extension", "GLX"])),
     "shm_off": ("shmem=0,shpix=0", lambda a, u, w: (a.set_option("shmem", "0"), a.set_option("shpix", "0"))),
@@ -274,6 +278,22 @@ class Runner:
         self.user = pwd.getpwnam(user_name)
         self.base = tempfile.mkdtemp(prefix="nxgate-bench-agent-")
         os.chmod(self.base, 0o711)
+        self.compose_cache = prepare_compose_cache(self.base, self.user.pw_uid, self.user.pw_gid)
+        self._prime_compose_cache()
+
+    def _prime_compose_cache(self) -> None:
+        """The user's first Xlib program writes the compose cache (and keeps
+        the table it parsed): one on the client's screen does it, so that
+        every measured program finds the cache, as all but the first of a
+        user's programs do."""
+        env = {"PATH": "/usr/bin:/bin", "HOME": self.user.pw_dir, "LANG": "C.UTF-8", "DISPLAY": self.screen.name,
+               **compose_cache_environment(self.compose_cache)}
+        first = self.spawn(PROGRAM, env, self.user.pw_dir, os.path.join(self.base, "prime.log"))
+        try:
+            wait_for(lambda: os.listdir(self.compose_cache), 30, "the compose cache")
+        finally:
+            os.killpg(first.pid, signal.SIGTERM)
+            first.wait(10)
 
     def _as_user(self) -> None:
         os.setgid(self.user.pw_gid)
@@ -299,7 +319,7 @@ class Runner:
         if name == "x2go" or name in X2GO_BASED:
             agent = x2go_agent(self.user, where)
         else:
-            agent = nxgate_agent(self.user, where)
+            agent = nxgate_agent(self.user, where, self.compose_cache)
         change = VARIANTS[name][1]
         if change is not None:
             change(agent, self.user, where)

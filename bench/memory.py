@@ -258,9 +258,16 @@ def suspended_agents(state_dir: str) -> int:
 
 
 def wait_programs(sides: list[Side], count: int) -> None:
+    """Until every side runs ``count`` programs (generous: X2Go's start takes
+    ~400 processes and a loaded machine makes that minutes)."""
     for side in sides:
-        wait_for(lambda s=side: s.programs() >= count, 180, f"{side.label}: {count} sessions with their programs",
-                 interval=0.2)
+        def up(s: Side = side) -> bool:
+            gone = [index for index, client in enumerate(s.clients) if client.poll() is not None]
+            if gone:
+                raise RuntimeError(f"{s.label}: the client of session {gone[0]} exited before its session was up")
+            return s.programs() >= count
+
+        wait_for(up, 600, f"{side.label}: {count} sessions with their programs", interval=0.2)
 
 
 #: The sides, in the order they start their sessions.

@@ -61,7 +61,7 @@ RESULTS = os.path.join(HERE, "results")
 # The X2Go figures (reference machine) and the targets.
 X2GO_REFERENCE = {"new_to_picture": 3.51, "suspend": 2.80, "resume_to_picture": 3.03, "terminate": 2.68}
 #: The agent variants make bench times (all of them: bench/agent_memory.py alone).
-AGENT_VARIANTS = "baseline,x2go,argv0_x2goagent,x2go_options,program_lang_c,glx_off,desktop,x11vnc"
+AGENT_VARIANTS = "baseline,x2go,argv0_x2goagent,x2go_options,program_lang_c,no_compose_cache,glx_off,desktop,x11vnc"
 TIME_TARGETS = [  # key, label, ratio target
     ("new_to_picture", "login -> picture", 0.2),
     ("suspend", "suspend", 0.3),
