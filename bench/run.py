@@ -7,6 +7,10 @@ Runs, each as its own process with its own JSON in bench/results/:
                      gateway, OpenSSH mode's nxcopy, OpenSSH + nc, socat,
                      splice loop; it uses bench/relay_nxcopy.py's harness);
 * bench/sessions.py  nxgate's session timings with nxgate-client;
+* bench/new_session.py  new session -> picture with nxgate-client against the
+                     floor (nxagent + nxproxy + the program by hand, alternating),
+                     where every 50 ms goes, and suspend/terminate with nx-libs'
+                     own waits (issue 34);
 * bench/x2go.py      the same for X2Go (installed if missing, as root);
 * bench/memory.py    memory per session as PSS, attached and suspended:
                      nxgate-client, x2goserver and nxgate's X2Go door with
@@ -34,6 +38,9 @@ Runs, each as its own process with its own JSON in bench/results/:
 * bench/sharing_copy.py  copying a file through the smb channel (the client's
                      folder in the session) against the same SMB copy without NX
                      (issue 14);
+* bench/attacks.py   NX logins and portal pages under DHEat, with the key-exchange
+                     workers stopped and under idle connections from many
+                     addresses, against the quiet gateway (issues 27 and 31);
 
 then prints ONE table: each figure, its peer (X2Go measured here, X2Go's
 reference figures from the issue, OpenSSH...), the ratio, the target and
@@ -483,6 +490,40 @@ def sound_rows(table: Table, sound: dict | None) -> None:
               "(info)")
 
 
+def new_session_rows(table: Table, result: dict | None) -> None:
+    """Issue 34: a new session against its floor, and where suspend and
+    terminate go (bench/new_session.py)."""
+    if not result:
+        return
+    load = f"load {result['load_before'][0]:.1f} -> {result['load_after'][0]:.1f}"
+    table.section("new session -> picture vs the floor (nxagent + nxproxy + the program by hand, no SSH; "
+                  "same Xvfb, alternating)")
+    pairs = result["pairs"]
+    paired = result["paired_ratio_median"]
+    parts = result["floor_parts_median_s"]
+    table.add("new session -> picture, nxgate-client", result["client_median_s"], "s", result["floor_median_s"],
+              "the floor, measured here", paired, "<= 1.3x floor", paired <= 1.3,
+              spread_pct([pair["client"]["new_to_picture"] for pair in pairs]),
+              note=f"paired ratio (median of {len(pairs)} pairs; ratio of medians {result['ratio_of_medians']:.2f}x); "
+                   f"floor: agent {parts['agent_listening'] * 1000:.0f} ms + link "
+                   f"{parts['link_up'] * 1000:.0f} + program {parts['program_to_picture'] * 1000:.0f}; {load}")
+    steps = [row for row in result.get("breakdown", []) if row["length_s"]]
+    if steps:
+        biggest = sorted(steps, key=lambda row: -row["length_s"])[:5]
+        table.add("  where it goes (traced, largest steps)", "", "", target="(info)", note="; ".join(
+            f"{row['step']} {row['length_s'] * 1000:.0f} ms" for row in biggest))
+    for verb in ("suspend", "terminate"):
+        part = result.get(verb)
+        if not part:
+            continue
+        sleeps = "; ".join(f"{call} {ms} ms in {count}/{len(part['runs'])}" for call, ms, count in part["agent_sleeps"])
+        shutdown = next((row for row in part["breakdown"] if row["step"].startswith("agent: nx-libs")), None)
+        table.add(f"{verb}, nxgate-client (traced)", part["median_s"], "s", target="(info)",
+                  spread=spread_pct([run["seconds"] for run in part["runs"]]),
+                  note=(f"the agent's own shutdown {shutdown['length_s'] * 1000:.0f} ms" if shutdown and
+                        shutdown["length_s"] is not None else "") + (f" (nx-libs' sleeps: {sleeps})" if sleeps else ""))
+
+
 def web_viewer_rows(table: Table, web: dict | None) -> None:
     """Issue 15's browser viewer figures (bench/web_viewer.py)."""
     if not web:
@@ -538,6 +579,31 @@ def sharing_rows(table: Table, sharing: dict | None) -> None:
                       (share >= 0.5) if share is not None and target != "(info)" else None)
 
 
+def attack_rows(table: Table, attacks: dict | None) -> None:
+    """Logins while the gateway is attacked (bench/attacks.py); the tests only check that they succeed."""
+    if not attacks:
+        return
+    table.section("logins under attack (medians)")
+    dheat = attacks.get("dheat")
+    if dheat:
+        login, page = statistics.median(dheat["login_s"]), statistics.median(dheat["page_s"])
+        quiet_login, quiet_page = statistics.median(dheat["quiet_login_s"]), statistics.median(dheat["quiet_page_s"])
+        table.add("NX login (group exchange) under DHEat", login, "s", quiet_login, "quiet", ratio(login, quiet_login),
+                  f"< {dheat['target_login_s']:g} s", login < dheat["target_login_s"], spread_pct(dheat["login_s"]))
+        table.add("portal page under DHEat", page * 1000, "ms", quiet_page * 1000, "quiet", ratio(page, quiet_page),
+                  f"< {dheat['target_page_s'] * 1000:g} ms", page < dheat["target_page_s"], spread_pct(dheat["page_s"]))
+    frozen = attacks.get("frozen")
+    if frozen:
+        table.add("group-exchange login, workers SIGSTOPped", statistics.median(frozen["first_s"]), "s", target="(info)",
+                  spread=spread_pct(frozen["first_s"]),
+                  note=f"the next login {statistics.median(frozen['next_s']):.3f} s")
+    idle = attacks.get("idle")
+    if idle:
+        login, quiet = statistics.median(idle["login_s"]), statistics.median(idle["quiet_login_s"])
+        table.add("NX login, 20 x 10 idle connections", login, "s", quiet, "quiet", ratio(login, quiet), "(info)",
+                  spread=spread_pct(idle["login_s"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and counts: a smoke run (minutes)")
@@ -545,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=10, help="sessions per side for the memory figures")
     parser.add_argument("--size", default="2G", help="bytes per relay throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="relay throughput runs per row")
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,memory,agent_memory,scale,store,cluster,cluster_picture,cluster_relay,sound,web,printing,sharing")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,new_session,x2go,memory,agent_memory,scale,store,cluster,cluster_picture,cluster_relay,sound,web,printing,sharing,attacks")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install bench packages")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway (relay, logins, sessions)")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from bench/results/*.json")
@@ -568,6 +634,9 @@ def main(argv: list[str] | None = None) -> int:
                   "--json", os.path.join(RESULTS, "relay.json"), *install, *profile],
         "sessions": [python, os.path.join(HERE, "sessions.py"), "--runs", str(runs),
                      "--json", os.path.join(RESULTS, "sessions.json")],
+        "new_session": [python, os.path.join(HERE, "new_session.py"), "--runs", str(3 if args.quick else 9),
+                        "--breakdown", str(1 if args.quick else 5), "--operations", str(1 if args.quick else 3),
+                        "--json", os.path.join(RESULTS, "new_session.json")],
         "x2go": [python, os.path.join(HERE, "x2go.py"), "--runs", str(runs),
                  "--json", os.path.join(RESULTS, "x2go.json"), *install],
         "memory": [python, os.path.join(HERE, "memory.py"), "--sessions", str(sessions),
@@ -593,6 +662,8 @@ def main(argv: list[str] | None = None) -> int:
                      "--json", os.path.join(RESULTS, "printing.json")],
         "sharing": [python, os.path.join(HERE, "sharing_copy.py"), "--size-mb", "10" if args.quick else "100",
                     "--json", os.path.join(RESULTS, "sharing.json")],
+        "attacks": [python, os.path.join(HERE, "attacks.py"), "--runs", str(runs),
+                    "--json", os.path.join(RESULTS, "attacks.json")],
     }
     log_dir = os.path.join(RESULTS, "logs")
     os.makedirs(log_dir, exist_ok=True)
@@ -610,6 +681,7 @@ def main(argv: list[str] | None = None) -> int:
             steps_run[name] = run_step(name, step, log_dir)
     relay = load(os.path.join(RESULTS, "relay.json"))
     sessions_result = load(os.path.join(RESULTS, "sessions.json"))
+    new_session = load(os.path.join(RESULTS, "new_session.json"))
     x2go = load(os.path.join(RESULTS, "x2go.json"))
     memory = load(os.path.join(RESULTS, "memory.json"))
     agent_memory = load(os.path.join(RESULTS, "agent_memory.json"))
@@ -622,7 +694,9 @@ def main(argv: list[str] | None = None) -> int:
     web = load(os.path.join(RESULTS, "web_viewer.json"))
     printing = load(os.path.join(RESULTS, "printing.json"))
     sharing = load(os.path.join(RESULTS, "sharing.json"))
+    attacks = load(os.path.join(RESULTS, "attacks.json"))
     table = build_table(relay, sessions_result, x2go, scale)
+    new_session_rows(table, new_session)
     memory_rows(table, memory, agent_memory)
     store_rows(table, store)
     cluster_rows(table, placement)
@@ -632,6 +706,7 @@ def main(argv: list[str] | None = None) -> int:
     web_viewer_rows(table, web)
     printing_rows(table, printing)
     sharing_rows(table, sharing)
+    attack_rows(table, attacks)
     print()
     print(f"nxgate benchmark — {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
           f"load {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f}")
@@ -645,10 +720,11 @@ def main(argv: list[str] | None = None) -> int:
         "started": started, "seconds": time.time() - started, "cpus": os.cpu_count(), "kernel": platform.release(),
         "load_before": load_before, "load_after": os.getloadavg(), "quick": args.quick,
         "steps": steps_run, "table": table.rows,
-        "results": {"relay": relay, "sessions": sessions_result, "x2go": x2go, "memory": memory,
-                    "agent_memory": agent_memory, "scale": scale, "store": store,
+        "results": {"relay": relay, "sessions": sessions_result, "new_session": new_session, "x2go": x2go,
+                    "memory": memory, "agent_memory": agent_memory, "scale": scale, "store": store,
                     "cluster": placement, "cluster_picture": cluster_picture,
-                    "cluster_relay": cluster_relay, "sound": sound, "web_viewer": web, "printing": printing, "sharing": sharing},
+                    "cluster_relay": cluster_relay, "sound": sound, "web_viewer": web, "printing": printing, "sharing": sharing,
+                    "attacks": attacks},
         "x2go_reference": X2GO_REFERENCE,
     }
     out = os.path.join(RESULTS, "bench.json")

@@ -5,6 +5,7 @@ the whole group database), never per command on the reactor thread."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import grp
 import os
 import pwd
@@ -17,6 +18,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from nxgate.descriptors import NSS_HEADROOM, count_open_files, short_of_files
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.threads import Blocking
@@ -36,10 +38,34 @@ def group_names(user: str, gid: int) -> frozenset[str]:
     return frozenset(names)
 
 
+class AccountsUnavailable(OSError):
+    """The user database could not answer (no descriptor left to read
+    /etc/passwd, an NSS service down): the account may well exist."""
+
+
+def account(name: str) -> pwd.struct_passwd:
+    """``pwd.getpwnam(name)`` (blocking: NSS), but a KeyError only when the
+    user database said there is no such account; a database that could not
+    be read raises :class:`AccountsUnavailable`, so that a gateway out of
+    descriptors never calls a real user unknown (and counts it as a failed
+    login)."""
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        # glibc's NSS says "not found" when /etc/passwd could not be opened
+        # (its "files" service unavailable, the next one not knowing the
+        # name): only the count of free descriptors tells.
+        if short_of_files(NSS_HEADROOM):
+            raise AccountsUnavailable(errno.EMFILE, "the user database could not be read: the gateway is out of"
+                                                    " open files") from None
+        raise
+
+
 def resolve_caller(user: str, address: str, local_address: str = "127.0.0.1", door: str = "nx") -> Caller:
     """The :class:`Caller` for ``user`` (blocking: run it in a thread).
-    Raises KeyError when the account does not exist (any more)."""
-    entry = pwd.getpwnam(user)
+    Raises KeyError when the account does not exist (any more),
+    :class:`AccountsUnavailable` when that cannot be told now."""
+    entry = account(user)
     return Caller(user=user, uid=entry.pw_uid, gid=entry.pw_gid, groups=group_names(user, entry.pw_gid),
                   address=address, local_address=local_address, door=door)
 
@@ -62,8 +88,9 @@ class UserDirectory:
         self._cache: dict[tuple[str, object], tuple[float, Any]] = {}
 
     def lookup(self, name: str) -> Deferred[pwd.struct_passwd]:
-        """The passwd entry of ``name``; fails with KeyError for an unknown account."""
-        return self._get(("name", name), pwd.getpwnam, name)
+        """The passwd entry of ``name``; fails with KeyError for an unknown
+        account, :class:`AccountsUnavailable` when the database cannot tell."""
+        return self._get(("name", name), account, name)
 
     def by_uid(self, uid: int) -> Deferred[pwd.struct_passwd]:
         """The passwd entry of ``uid``; fails with KeyError for an unknown uid."""
@@ -86,6 +113,9 @@ class UserDirectory:
         except KeyError:
             raise SessionError(Kind.NOT_ALLOWED, f"The account {caller.user} does not exist on the machine "
                                                  f"{machine}; ask your administrator.") from None
+        except AccountsUnavailable:
+            raise SessionError(Kind.LIMIT_REACHED, f"The machine {machine} is out of open files; please try again"
+                                                   " in a minute.") from None
         groups = await self.groups(caller.user, entry.pw_gid)
         return dataclasses.replace(caller, uid=entry.pw_uid, gid=entry.pw_gid, groups=groups)
 
@@ -107,6 +137,9 @@ class UserDirectory:
             if failure.check(KeyError):
                 log.info("no account {kind} {value!r} (looked up by {function})", kind=key[0], value=argument,
                          function=function.__name__)
+            elif failure.check(AccountsUnavailable):
+                log.error("the look-up of account {kind} {value!r} failed: {error}", kind=key[0], value=argument,
+                          error=str(failure.value), open_files=count_open_files())
             else:
                 log.failure("the look-up of account {kind} {value!r} failed", failure, kind=key[0], value=argument)
             return failure

@@ -124,7 +124,7 @@ class DirectoryTests(SynchronousTestCase):
         self.clock.now += 59
         self.successResultOf(self.users.lookup(ME.pw_name))
         self.successResultOf(self.users.by_uid(ME.pw_uid))
-        self.assertEqual(self.blocking.calls, [("getpwnam", (ME.pw_name,)), ("getpwuid", (ME.pw_uid,))])
+        self.assertEqual(self.blocking.calls, [("account", (ME.pw_name,)), ("getpwuid", (ME.pw_uid,))])
         self.clock.now += 2  # past the 60 seconds: asked again
         self.successResultOf(self.users.lookup(ME.pw_name))
         self.assertEqual(len(self.blocking.calls), 3)

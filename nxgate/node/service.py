@@ -29,8 +29,9 @@ from nxgate.config import Config
 from nxgate.node.displays import DisplayAllocator, NoFreeDisplay
 from nxgate.node.supervisor import AgentSupervisor, Orphan, SendSignal
 from nxgate.safetext import printable
-from nxgate.node import displays, extras, files, processes
+from nxgate.node import applications, displays, extras, files, processes
 from nxgate.node.launcher import Launcher
+from nxgate.node.reverse import ReverseListeners
 from nxgate.vocabulary.model import FOR_LATER, Session, member_name
 from nxgate.node.kinds import DesktopKind, RemoteDesktopKind, SessionKind, kind_for
 from nxgate.vocabulary.caller import Caller
@@ -38,8 +39,9 @@ from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.node.housekeeping import Housekeeping
 from nxgate.node.lifecycle import Background, Lifecycle
 from nxgate.limits import Limits
-from nxgate.vocabulary.requests import DisplaySettings, RestoreRequest, ShadowRequest, ShareMount, StartRequest
-from nxgate.vocabulary.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionObserver, SessionView,
+from nxgate.vocabulary.requests import (PUBLISHED_TYPE, DisplaySettings, RestoreRequest, ShadowRequest, ShareMount,
+                                        StartRequest)
+from nxgate.vocabulary.results import (DesktopEntry, Listing, ProgressCallback, Ready, ServiceStatus, SessionObserver, SessionView,
                                      ShadowTarget, StreamTarget, UnknownSession, HeldDisplay)
 from nxgate.store.interface import SessionStore
 from nxgate.node.writer import StoreWriter
@@ -92,12 +94,17 @@ class SessionService(service.Service):
         self.displays = DisplayAllocator(
             lambda: (self.settings.display_base, self.settings.display_limit),
             lambda: [s.display for s in self.sessions.values()] + [o.display for o in self.orphans.values()])
+        #: The reverse listeners of this machine's sessions (nxgate.node.reverse).
+        self.reverse = ReverseListeners(reactor, layout.reverse, blocking, lambda sid: self.sessions.get(sid),
+                                        lambda word: bool(getattr(self.config.services, word, False)),
+                                        lambda: self.node_name or "this machine")
         self.extras = extras.Extras.load(extras.Context(reactor, lambda: self.config, layout, self.launcher,
-                                                        blocking))
+                                                        blocking, self.reverse))
         self.lifecycle = Lifecycle(reactor, lambda: self.config, lambda: self.settings, layout, self.supervisor,
                                    self.writer, self.store, self.displays, self.background, self.extras)
         self.sessions = self.lifecycle.sessions  # the same dicts: the life cycle owns them
         self.runtime = self.lifecycle.runtime
+        self.lifecycle.observers.append(self.reverse.session_changed)
         self.housekeeper = Housekeeping(reactor, lambda: self.settings, self.store, layout, self.supervisor,
                                         lambda: self.sessions.values(), self.lifecycle.terminate_session,
                                         self.background, lambda: self.node_name)
@@ -115,6 +122,7 @@ class SessionService(service.Service):
         super().startService()
         displays.ensure_x_socket_dir()
         self.notifier.startReading()
+        self.launcher.prepare()  # a launcher started ahead: no Python start-up on a session's start
         self.background(self.lifecycle._reconcile(), "taking back the sessions of the previous run")
         self.housekeeper.startService()
 
@@ -122,6 +130,7 @@ class SessionService(service.Service):
         """Stop watching; the sessions themselves carry on without us."""
         super().stopService()
         self.housekeeper.stopService()
+        self.launcher.stop()
         self.writer.stop()
         self.writer.flush()
         if self.unsaved:
@@ -129,6 +138,7 @@ class SessionService(service.Service):
                       "learns the state of running sessions from their agents' logs", count=len(self.unsaved))
         for runtime in self.runtime.values():
             self.lifecycle._stop_watching(runtime)
+        self.reverse.close()
         self.notifier.loseConnection()
 
     async def start(self, caller: Caller, request: StartRequest) -> Ready:
@@ -268,6 +278,31 @@ class SessionService(service.Service):
         log.info("{user} from {address} shares {share!r} (as ~/MyShares/{name}) with session {id}", user=caller.user,
                  address=caller.address, share=mount.share, name=mount.name, id=session.id, audit="share_mount")
         self.background(self.lifecycle.mount_share(session.id, mount), "mounting a shared folder", session.id)
+        return True
+
+    async def applications(self, caller: Caller, session_id: str) -> tuple[DesktopEntry, ...]:
+        """This machine's published applications (``[sessions] published_applications``), for the owner of a
+        session here: X2Go's published-applications mode lists them."""
+        self._owned(caller, session_id)
+        return await self._blocking(applications.read_applications, self.settings.published_applications)
+
+    async def run_application(self, caller: Caller, session_id: str, argv: tuple[str, ...]) -> bool:
+        """Start a published application in the caller's own published-applications session: only the
+        ``Exec`` line of one this machine lists, nothing else."""
+        session = self._owned(caller, session_id)
+        if session.user != caller.user or session.type != PUBLISHED_TYPE:
+            raise SessionError(Kind.NOT_ALLOWED, "Applications start only in a published-applications session of"
+                               " one's own.", session_id=session_id)
+        listed = await self._blocking(applications.read_applications, self.settings.published_applications)
+        if tuple(argv) not in applications.launchable(listed):
+            log.warn("{user} from {address} asked to start {argv!r} in session {id}: not a published application;"
+                     " refused", user=caller.user, address=caller.address, argv=list(argv)[:8], id=session_id,
+                     audit="launch_refused")
+            raise SessionError(Kind.NOT_ALLOWED, f"{argv[0][:64] if argv else 'Nothing'} is not a published"
+                               " application of this server.", session_id=session_id)
+        log.info("{user} from {address} starts the published application {argv!r} in session {id}",
+                 user=caller.user, address=caller.address, argv=list(argv)[:8], id=session_id, audit="launch")
+        await self.lifecycle.start_application(session_id, tuple(argv))
         return True
 
     @property

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import enum
 import os
-import pwd
 import re
 import warnings
 from collections.abc import Callable, Sequence
@@ -34,10 +33,12 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
 from nxgate import metrics
+from nxgate.descriptors import PAM_HEADROOM, short_of_files
 from nxgate.node import pamlib
 from nxgate.node.pamlib import (PAM_PROMPT_ECHO_OFF, PAM_PROMPT_ECHO_ON, PAM_SUCCESS, Prompt, Responder, encode,
                                 resolve_service)
 from nxgate.gateway.auth.throttle import Outcome, Throttle
+from nxgate.users import AccountsUnavailable, account
 
 log = Logger()
 
@@ -77,6 +78,9 @@ EXPIRED_NOTES = {
     PAM_ACCT_EXPIRED: "this account has expired; ask your administrator",
     PAM_NEW_AUTHTOK_REQD: "the password has expired; change it (log in on the console or with ssh) first",
 }
+#: What every door tells a user whose login could not be checked because
+#: the gateway ran out of open files (not a wrong password: try again).
+TEMPORARY_NOTE = "the server cannot check logins right now (it is out of open files); please try again in a minute"
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,9 @@ class AuthResult:
     username: str
     reason: str
     code: int = 0  # PAM's return code, when PAM answered
+    #: An ERROR that says nothing about the password and passes (the gateway
+    #: was out of open files): the user is told to try again.
+    temporary: bool = False
 
     @property
     def granted(self) -> bool:
@@ -102,6 +109,8 @@ class AuthResult:
         so saying it tells nobody whether an account exists or a password
         was right, and it saves a newcomer trying root from guessing.
         """
+        if self.verdict is Verdict.ERROR and self.temporary:
+            return TEMPORARY_NOTE
         if self.verdict is Verdict.DENIED and self.reason == DENIED_USER:
             return f"user '{self.username}' may not log in to this server; use an ordinary Unix account"
         if self.verdict is Verdict.DENIED and self.code in EXPIRED_NOTES:
@@ -148,7 +157,7 @@ def account_refusal(username: str) -> str | None:
     but also LDAP or sssd, which may take seconds), so it runs in the PAM
     thread, never on the reactor."""
     try:
-        entry = pwd.getpwnam(username)
+        entry = account(username)
     except KeyError:
         return "no such Unix account"
     except UnicodeEncodeError:
@@ -221,6 +230,11 @@ def password_responder(password: str) -> Responder:
     return respond
 
 
+def _out_of_files(username: str, said: str, code: int = 0) -> AuthResult:
+    return AuthResult(Verdict.ERROR, username, f"PAM could not check the login: the gateway is out of open files"
+                                               f" ({said})", code, temporary=True)
+
+
 class Authenticator:
     """PAM for the gateway: passwords, conversations and account checks.
 
@@ -253,17 +267,22 @@ class Authenticator:
     def stop(self) -> None:
         self.pool.stop()
 
-    def password(self, username: str, password: str, remote_host: str | None) -> defer.Deferred[AuthResult]:
+    def password(self, username: str, password: str, remote_host: str | None,
+                 secret: Callable[[], bytes | None] = lambda: None) -> defer.Deferred[AuthResult]:
+        """``secret``: the digest of the password for the throttle (a failure
+        with a digest it counted before is not counted again)."""
         return self._login(username, remote_host, lambda: policy_refusal(username, self.deny_users, password),
-                           password_responder(password))
+                           password_responder(password), secret)
 
-    def conversation(self, username: str, respond: Responder, remote_host: str | None) -> defer.Deferred[AuthResult]:
+    def conversation(self, username: str, respond: Responder, remote_host: str | None,
+                     secret: Callable[[], bytes | None] = lambda: None) -> defer.Deferred[AuthResult]:
         """Authenticate with an interactive conversation (``respond`` runs in
-        the PAM thread and may block on the client)."""
-        return self._login(username, remote_host, lambda: policy_refusal(username, self.deny_users), respond)
+        the PAM thread and may block on the client); ``secret`` is asked when
+        PAM has answered (the digest of the client's answers)."""
+        return self._login(username, remote_host, lambda: policy_refusal(username, self.deny_users), respond, secret)
 
     def _login(self, username: str, remote_host: str | None, policy: Callable[[], str | None],
-               respond: Responder) -> defer.Deferred[AuthResult]:
+               respond: Responder, secret: Callable[[], bytes | None] = lambda: None) -> defer.Deferred[AuthResult]:
         """One login attempt, counted by the throttle from its start to its
         answer (so that a burst sent at once cannot outrun the count)."""
         key = username if len(username) <= MAX_USERNAME_BYTES else None  # a huge name is no table key
@@ -279,18 +298,18 @@ class Authenticator:
             raise
         # Settled when PAM answers; a refusal still waits for the delay,
         # also a right password refused by the throttle (no faster answer).
-        result.addBoth(self._settled, username, key, remote_host)
+        result.addBoth(self._settled, username, key, remote_host, secret)
         return result.addCallback(self._delay_denial, started)
 
     def _settled(self, outcome: AuthResult | Failure, username: str, key: str | None,
-                 remote_host: str | None) -> AuthResult | Failure:
+                 remote_host: str | None, secret: Callable[[], bytes | None]) -> AuthResult | Failure:
         if isinstance(outcome, Failure):
             self._settle(username, key, remote_host, None)
             return outcome
-        return self._settle(username, key, remote_host, outcome)
+        return self._settle(username, key, remote_host, outcome, secret() if outcome.verdict is Verdict.DENIED else None)
 
     def _settle(self, username: str, key: str | None, remote_host: str | None,
-                outcome: AuthResult | None) -> AuthResult | None:
+                outcome: AuthResult | None, secret: bytes | None = None) -> AuthResult | None:
         """Tell the throttle (and the metrics) how a login went; a success
         that ran beside guesses which got its address or account blocked
         is refused after all."""
@@ -302,7 +321,11 @@ class Authenticator:
             self.throttle.end(remote_host, key, Outcome.VOID)
             return None
         kind = {Verdict.GRANTED: Outcome.GRANTED, Verdict.DENIED: Outcome.FAILED}.get(outcome.verdict, Outcome.VOID)
-        refusal, started = self.throttle.end(remote_host, key, kind)
+        if kind is Outcome.FAILED and secret is not None and self.throttle.repeats(remote_host, key, secret):
+            log.info("login of {user!r} from {address} failed with the secret it failed with before on this connection"
+                     " (another SSH method): one failure, counted once", user=loggable_user(username),
+                     address=remote_host)
+        refusal, started = self.throttle.end(remote_host, key, kind, secret)
         for blocked in started:
             log.warn("login throttling: blocking the {kind} of {user!r} from {address}", kind=blocked,
                      user=loggable_user(username), address=remote_host, reason="throttled", audit="login_throttled")
@@ -336,11 +359,28 @@ class Authenticator:
         return result
 
     def _attempt(self, username: str, respond: Responder | None, remote_host: str | None) -> AuthResult:
-        """In the PAM thread: the account look-up, then the PAM transaction."""
-        refusal = account_refusal(username)
+        """In the PAM thread: the account look-up, then the PAM transaction.
+
+        A gateway out of open files gets "not found" from NSS and "Module
+        is unknown" or "Authentication failure" from PAM whatever the
+        password: such a verdict is a temporary error (the throttle does
+        not count it, the user is told to try again), never a denial."""
+        try:
+            refusal = account_refusal(username)
+        except AccountsUnavailable as error:
+            return AuthResult(Verdict.ERROR, username, f"the account could not be looked up: {error.strerror}",
+                              temporary=True)
         if refusal is not None:
             return AuthResult(Verdict.DENIED, username, refusal)
-        return self._verdict(username, *self._transaction(self.service, username, respond, remote_host))
+        try:
+            result = self._verdict(username, *self._transaction(self.service, username, respond, remote_host))
+        except OSError as error:  # pam_start failed: its configuration or modules could not be read
+            if short_of_files(PAM_HEADROOM):
+                return _out_of_files(username, str(error))
+            raise
+        if not result.granted and short_of_files(PAM_HEADROOM):
+            return _out_of_files(username, result.reason, result.code)
+        return result
 
     @staticmethod
     def _verdict(username: str, code: int, message: str) -> AuthResult:

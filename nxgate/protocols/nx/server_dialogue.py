@@ -191,10 +191,12 @@ class ServerDialogue:
         """PAM's verdict: the canonical user name, or None for a failure.
 
         ``error`` marks a failure of the authentication machinery itself
-        (not a wrong password): the client gets ``NX> 503``.  ``note`` is a
-        safe explanation of a failure (e.g. root is refused by policy),
-        added in parentheses to the ``NX> 404`` line: clients key on the
-        code, and those that show the text (OpenNX) show the note too.
+        (not a wrong password): the client gets ``NX> 503``, with ``note``
+        as its text when there is one (the server is out of open files: try
+        again), and may log in again.  ``note`` is a safe explanation of a
+        failure (e.g. root is refused by policy), added in parentheses to
+        the ``NX> 404`` line: clients key on the code, and those that show
+        the text (OpenNX) show the note too.
         """
         if self.state is DialogueState.CLOSED:
             return []
@@ -202,7 +204,7 @@ class ServerDialogue:
         if username is not None:
             self._welcome(username, "password")
         elif error:
-            self._line("NX> 503 ERROR: Internal error.")
+            self._line(f"NX> 503 ERROR: {note[:1].upper() + note[1:]}." if note else "NX> 503 ERROR: Internal error.")
             self._prompt()
             self.state = DialogueState.COMMAND
         else:

@@ -203,7 +203,9 @@ class AdminFactory(protocol.Factory):
 
 
 def _preauth_status(gateway: Any) -> dict[str, Any]:
-    """``nxgate-admin status``'s lines about the doors' guard (nxgate.gateway.doors.guard)."""
+    """``nxgate-admin status``'s lines about the doors' guard (nxgate.gateway.doors.guard): the
+    process's real count of open files (``/proc/self/fd``; the limit itself when none is left to
+    list them), and how often users' file work was refused to keep the reserve."""
     guard = getattr(gateway, "guard", None)
     if guard is None:
         return {}
@@ -211,4 +213,6 @@ def _preauth_status(gateway: Any) -> dict[str, Any]:
     return {"unauthenticated_connections": now["unauthenticated"],
             "penalized_addresses": now["penalized_sources"],
             "refused_connections": sum(now["refused"].values()),
-            "open_files": f"{now['open_files']} of {now['file_limit']} (the doors keep {now['fd_reserve']} free)"}
+            "open_files": f"{now['open_files']} of {now['file_limit']} (the doors keep {now['fd_reserve']} free;"
+                          f" the files of logged-in users stop at {now['file_limit'] - 2 * now['fd_reserve']})",
+            "refused_user_files": now.get("refused_user_files", 0)}

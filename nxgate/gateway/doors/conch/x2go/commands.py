@@ -24,8 +24,9 @@ from nxgate.gateway.doors.conch.x2go import names
 from nxgate.gateway.doors.conch.x2go.shell import Facts, Program
 from nxgate.gateway.doors.conch.x2go.verbs import VERBS, Call, parse_start
 from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.display_bounds import depth_problem, size_problem
 from nxgate.vocabulary.errors import Kind, SessionError
-from nxgate.vocabulary.requests import DisplaySettings, RestoreRequest, ShadowRequest, StartRequest
+from nxgate.vocabulary.requests import PUBLISHED_TYPE, DisplaySettings, RestoreRequest, ShadowRequest, StartRequest
 from nxgate.vocabulary.results import Ready, SessionView
 
 #: x2gostartagent's exit status for a session limit (x2goclient then says "Sessions limit reached").
@@ -40,6 +41,7 @@ class Link:
     session_id: str
     target: Any  # nxgate.vocabulary.results.StreamTarget
     agent_cookie: str = field(repr=False)
+    name: str = ""  # the session's X2Go name (its ~/.x2go/C-<name> holds what the client pushes)
 
     def cookie_matches(self, offered: str) -> bool:
         return hmac.compare_digest(offered.encode(), self.agent_cookie.encode())
@@ -86,6 +88,7 @@ class Context:
     locate: Callable[[str], Awaitable[str | None]]  # a program on the sessions' PATH, or None
     log: Any
     types: Callable[[], set[str]] = set  # the session types this server offers
+    remove: Callable[[str], Awaitable[None]] | None = None  # a file below ~/.x2go, removed (no link followed)
 
 
 async def run(program: Program, calls: tuple[Call, ...], context: Context) -> Outcome:
@@ -138,8 +141,10 @@ async def _which(call: Call, context: Context) -> tuple[str, str, int]:
     name = call.args[0]
     if name in VERBS:
         return f"/usr/bin/{name}\n", "", 0
-    if name == "fusermount":  # no folders here: python-x2go then switches sshfs off cleanly
-        return "", "", 1
+    if name == "fusermount":
+        # Answered: without it python-x2go tells its user "Remote user ... is not allowed to share SSHFS
+        # resources", which reads like a permission problem; x2gomountdirs then says what is missing.
+        return "/usr/bin/fusermount\n", "", 0
     found = await context.locate(name)
     return (f"{found}\n", "", 0) if found else ("", "", 1)
 
@@ -150,6 +155,18 @@ async def _test(call: Call, context: Context) -> tuple[str, str, int]:
         return "", "", 1
     found = await context.locate(path)
     return "", "", 0 if found else 1
+
+
+async def _rm(call: Call, context: Context) -> tuple[str, str, int]:
+    """The sshfs key the client pushed (its checks: verbs._rm); one already gone is no error (``-f``)."""
+    for path in call.args[1:]:
+        if context.remove is not None:
+            try:
+                await context.remove(path)
+            except Exception as error:  # gone already, or not the user's: -f says nothing
+                context.log.debug("rm -f {path!r} of {user}: {error}", path=path, user=context.caller.user,
+                                  error=str(error))
+    return "", "", 0
 
 
 async def _stat(call: Call, context: Context) -> tuple[str, str, int]:
@@ -194,7 +211,16 @@ async def _session(call: Call, context: Context) -> SessionView:
 
 
 def _settings(geometry: str, depth: int, link: str, kbtype: str, clipboard: str) -> DisplaySettings:
+    """The display an X2Go client asks for, within the bounds every door keeps."""
     fullscreen = geometry in ("fullscreen", "maximize")
+    if not fullscreen:
+        width, _, height = geometry.partition("x")
+        problem = size_problem(int(width), int(height))
+        if problem is not None:
+            raise SessionError(Kind.INVALID_REQUEST, f"the session size {geometry}: {problem}")
+    problem = depth_problem(depth)
+    if problem is not None:
+        raise SessionError(Kind.INVALID_REQUEST, f"a colour depth of {depth}: {problem}")
     return DisplaySettings(geometry="1024x768" if fullscreen else geometry, fullscreen=fullscreen, depth=depth,
                            keyboard=kbtype if re.fullmatch(r"[a-z0-9]+/[a-z0-9_-]+", kbtype) else "pc105/us",
                            link=link, clipboard=clipboard, client="x2go")
@@ -205,7 +231,8 @@ def _linked(ready: Ready, context: Context) -> names.X2GoNumbers:
     agent's own cookie), remembered for the graphics link that follows."""
     numbers = dataclasses.replace(names.numbers(ready.view, context.secret), cookie=ready.cookie)
     if ready.stream is not None:
-        context.links.put(context.caller.user, numbers.gr_port, Link(ready.view.id, ready.stream, ready.cookie))
+        context.links.put(context.caller.user, numbers.gr_port, Link(ready.view.id, ready.stream, ready.cookie,
+                                                                     numbers.name))
     return numbers
 
 
@@ -222,12 +249,15 @@ async def _start(call: Call, context: Context) -> tuple[str, str, int]:
     start = parse_start(call.args)
     if start.kind == "S":
         return await _share(start, context)
+    display = _settings(start.geometry, start.depth, start.link, start.kbtype, start.clipboard)
     if start.kind == "P":
-        return "", "nxgate: published applications are not offered by this server\n", 1
-    session_type, application = session_type_for(start.command, context.types(), start.command_args)
-    request = StartRequest(type=session_type, name=start.command[:64], encrypted=True,
-                           rootless=start.kind == "R", application=application,
-                           display=_settings(start.geometry, start.depth, start.link, start.kbtype, start.clipboard))
+        # Published applications: a rootless agent kept without a program; the client starts them one by one.
+        session_type, application = PUBLISHED_TYPE, ()
+        request = StartRequest(type=PUBLISHED_TYPE, name="PUBLISHED", encrypted=True, rootless=True, display=display)
+    else:
+        session_type, application = session_type_for(start.command, context.types(), start.command_args)
+        request = StartRequest(type=session_type, name=start.command.rsplit("/", 1)[-1][:64], encrypted=True,
+                               rootless=start.kind == "R", application=application, display=display)
     ready = await context.api.start(context.caller, request)
     numbers = _linked(ready, context)
     context.log.info("X2Go session {name} (session {id}, {type}) started for {user} from {address}",
@@ -310,22 +340,64 @@ async def _runcommand(call: Call, context: Context) -> tuple[str, str, int]:
     return "", "", 0
 
 
+async def _applications(call: Call, context: Context) -> tuple[str, str, int]:
+    """``x2gogetapps``: the applications of the machine of the caller's
+    published-applications session (else of his newest session; none: an
+    empty menu), in x2goserver's format."""
+    views = [view for view in await _mine(context) if not view.lost]
+    published = [view for view in views if view.type == PUBLISHED_TYPE]
+    chosen = (published or views)[-1:] if views else []
+    if not chosen:
+        context.log.info("X2Go x2gogetapps of {user}: no session of theirs to ask its machine; an empty menu",
+                         user=context.caller.user)
+        return "", "", 0
+    entries = await context.api.applications(context.caller, chosen[0].id)
+    context.log.info("X2Go x2gogetapps of {user}: {count} applications of the machine of session {id}",
+                     user=context.caller.user, count=len(entries), id=chosen[0].id)
+    return names.applications_output(entries), "", 0
+
+
+async def _launch(call: Call, context: Context) -> tuple[str, str, int]:
+    """A published application started by the client (``setsid <Exec> … & exit``)
+    in its published-applications session, named by ``X2GO_SESSION`` or ``DISPLAY``."""
+    views = await _mine(context)
+    wanted = call.env.get("X2GO_SESSION", "")
+    display = call.env.get("DISPLAY", "").lstrip(":").split(".")[0]
+    view = names.find(views, wanted) if wanted else None
+    if view is None and display.isdigit():
+        view = next((v for v in views if v.display == int(display)), None)
+    if view is None:
+        published = [v for v in views if v.type == PUBLISHED_TYPE and v.status == "Running"]
+        view = published[-1] if len(published) == 1 else None
+    if view is None:
+        context.log.info("X2Go client of {user} started {program!r} outside a session of theirs: refused",
+                         user=context.caller.user, program=call.args[0][:64])
+        raise SessionError(Kind.NOT_FOUND, "no such session")
+    await context.api.run_application(context.caller, view.id, call.args)
+    return "", "", 0
+
+
 async def _owned_quiet(call: Call, context: Context) -> tuple[str, str, int]:
     await _session(call, context)
     return "", "", 0
 
 
+#: What x2gomountdirs answers (python-x2go logs it; the mount counts as failed without its "ok").
+NO_FOLDERS = "nxgate: shared folders and printing are not offered to X2Go clients by this server (yet)"
+
+
 async def _mountdirs(call: Call, context: Context) -> tuple[str, str, int]:
-    context.log.info("X2Go folder sharing asked by {user}: not offered", user=context.caller.user)
-    return "the sshfs command is not installed on this server\n", "", 0
+    context.log.info("X2Go folder sharing or printing asked by {user}: not offered", user=context.caller.user)
+    return NO_FOLDERS + "\n", "", 0
 
 
 _HANDLERS: dict[str, Callable[[Call, Context], Awaitable[tuple[str, str, int]]]] = {
     "echo": _echo, "printf": _quiet, "export": _quiet, "assign": _quiet, "true": _quiet,
-    "setxkbmap": _quiet, "xrandr": _quiet, "which": _which, "test": _test, "stat": _stat,
+    "setxkbmap": _quiet, "xrandr": _quiet, "which": _which, "test": _test, "stat": _stat, "rm": _rm,
     "x2goversion": _version, "x2gofeaturelist": _features, "x2gobasepath": _basepath, "x2gogetservers": _servers,
     "x2golistsessions": _list, "x2golistshadowsessions": _quiet, "x2golistdesktops": _desktops,
     "x2gostartagent": _start, "x2goresume-session": _resume, "x2gosuspend-session": _suspend,
     "x2goterminate-session": _terminate, "x2goruncommand": _runcommand, "x2gocmdexitmessage": _owned_quiet,
     "x2goumount-session": _owned_quiet, "x2golistmounts": _owned_quiet, "x2gomountdirs": _mountdirs,
+    "x2gogetapps": _applications, "launch": _launch,
 }

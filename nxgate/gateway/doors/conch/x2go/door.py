@@ -6,10 +6,14 @@ keyboard-interactive or key: :mod:`nxgate.gateway.doors.conch.checkers`) may, wi
 (read by :mod:`~nxgate.gateway.doors.conch.x2go.shell`, checked by
 :mod:`~nxgate.gateway.doors.conch.x2go.verbs`, run by :mod:`~nxgate.gateway.doors.conch.x2go.commands`
 against the session API), open ``direct-tcpip`` channels to his sessions'
-virtual graphics ports (spliced into the agent's socket through the same
-:class:`~nxgate.wire.relay.StreamRelay` the NX door uses, so a session on
-another cluster member is reached the same way), and write the files the
-clients push over SFTP below his ``~/.x2go`` (:mod:`~nxgate.gateway.doors.conch.x2go.sftp`).
+virtual graphics ports (relayed to the agent's stream, which the session
+API's ``open_stream`` opens on the session's node, through the same
+:class:`~nxgate.wire.relay.StreamRelay` the NX door uses: one box and a
+cluster are one path), write the files the
+clients push over SFTP below his ``~/.x2go`` (:mod:`~nxgate.gateway.doors.conch.x2go.sftp`),
+and carry his sessions' sound back to the client's reverse forward
+(:meth:`X2GoDoor.forward_request`, on the node interface's reverse streams:
+:mod:`nxgate.streams.reverse`).
 """
 
 from __future__ import annotations
@@ -30,9 +34,12 @@ from twisted.logger import Logger
 
 from nxgate import __version__
 from nxgate.users import resolve_caller
-from nxgate.gateway.doors.conch.x2go import commands, files, scp, sftp, shell, verbs
+from nxgate.gateway.doors.conch.x2go import commands, files, pushes, scp, sftp, shell, verbs
 from nxgate.gateway.doors.conch.x2go.commands import Context, Link, Links
+from nxgate.streams.reverse_channel import ReverseChannel
+from nxgate.streams.reverse_route import ReverseRoute
 from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.errors import SessionError
 from nxgate.wire.relay import StreamRelay
 
 log = Logger(namespace="nxgate.x2go")
@@ -49,15 +56,23 @@ class X2GoDoor:
     links, and the per-connection callers."""
 
     def __init__(self, reactor: Any, api: Callable[[], Any], blocking: Any, users: Any,
-                 config: Callable[[], Any], streams: Callable[[], Any]) -> None:
+                 config: Callable[[], Any], room: Callable[[int], bool] = lambda count: True) -> None:
+        """``room(n)``: whether users' work may take ``n`` more of the
+        gateway's descriptors (the guard's reserve)."""
         self.reactor = reactor
+        self.room = room
+        self.desk = pushes.FileDesk(blocking, reactor.seconds, room)
         self.api = api
         self.blocking = blocking
         self.users = users
         self.config = config
-        self.streams = streams
         self.secret = secrets.token_bytes(32)
         self.links = Links()
+        #: The PulseAudio cookies X2Go clients pushed, by (user, X2Go session name): the last few per user.
+        self.cookies: dict[tuple[str, str], bytes] = {}
+        #: The open sound routes by (user, X2Go session name), for the cookies pushed after them.
+        self.sound_routes: dict[tuple[str, str], set[ReverseRoute]] = {}
+        self.desk.pushed = self.pushed
 
     # --------------------------------------------------------------- who
     async def context(self, avatar: Any, channel: Any) -> Context:
@@ -69,7 +84,7 @@ class X2GoDoor:
         caller: Caller = await self.blocking(resolve_caller, user, channel.peer, channel.local_address, "x2go")
         config = self.config()
         hostname = config.server_name if config.server_name not in ("localhost", "(none)", "") else "nxgate"
-        facts = shell.Facts(user=user, home=entry.pw_dir, hostname=hostname)
+        facts = shell.Facts(user=user, home=entry.pw_dir, hostname=hostname, shell=entry.pw_shell or "/bin/sh")
         path = config.sessions.path
 
         async def locate(name: str) -> str | None:
@@ -77,9 +92,14 @@ class X2GoDoor:
                 return name if await self.blocking(_executable, name) else None
             return await self.blocking(shutil.which, name, 1, path)
 
+        owner = files.Owner(caller.uid, caller.gid, entry.pw_dir, caller.user)
+
+        async def remove(path: str) -> None:
+            await self.desk.look(files.remove, path, owner)
+
         context = Context(api=self.api(), caller=caller, facts=facts, secret=self.secret, links=self.links,
                           version=__version__, now=self.reactor.seconds, locate=locate, log=log,
-                          types=lambda: set(self.config().types))
+                          types=lambda: set(self.config().types), remove=remove)
         avatar.x2go_context = context
         return context
 
@@ -104,10 +124,11 @@ class X2GoDoor:
             program = shell.read_exec(raw, context.facts)
             calls = verbs.check_program(program, context.facts)
         except shell.Refused as refusal:
-            log.warn("refused X2Go command {command!r} of {user} from {address}: {why}; nothing was run",
-                     command=raw[:200], user=caller.user, address=caller.address, why=str(refusal),
+            log.warn("refused X2Go command {command!r} of {user} from {address}: {reason}; nothing was run",
+                     command=raw[:600], user=caller.user, address=caller.address, reason=str(refusal),
                      audit="x2go_refused")
-            channel.write_stderr(f"nxgate: command refused ({refusal})\n".encode())
+            channel.write_stderr(f"nxgate: command refused: {refusal}. Nothing was run: this server runs one program"
+                                 f" with its arguments, without a shell.\n".encode())
             channel.finish(127)
             return
         log.debug("X2Go command of {user}: {verbs}", user=caller.user, verbs=[call.verb for call in calls])
@@ -128,32 +149,120 @@ class X2GoDoor:
         channel.finish(outcome.status)
 
     def _scp_sink(self, channel: Any, context: Context, call: Any) -> None:
-        """x2goclient's ``scp -t``: files below ~/.x2go, written in a thread, acknowledged in order."""
+        """x2goclient's ``scp -t``: files below ~/.x2go, written as the user, acknowledged in order."""
         target = [arg for arg in call.args if not arg.startswith("-")][0]
-        owner = files.Owner(context.caller.uid, context.caller.gid, context.facts.home)
+        owner = files.Owner(context.caller.uid, context.caller.gid, context.facts.home, context.caller.user)
         sink = scp.Sink(target)
-        handler = _ScpHandler(self, channel, sink, owner, context.caller.user)
+        handler = pushes.ScpHandler(self.desk, channel, sink, owner, context.caller.user)
         channel.handler = handler
         channel.write(sink.start())
 
     def forward_request(self, avatar: Any, kind: bytes, data: bytes) -> Any:
-        """X2Go's reverse forwards (sound, folders, printing) are accepted and
-        never used: nothing here offers those services, and x2goclient shows
-        critical dialogs when the requests fail."""
+        """X2Go's reverse forwards: the client asks for the sound port of a
+        session of theirs that this door started or resumed, and the
+        session's sound comes back on ``forwarded-tcpip`` channels to that
+        port, as reverse streams from the session's node
+        (:mod:`nxgate.streams.reverse`; :meth:`_route_sound`).  The folders'
+        port (sshfs, printing) is granted and not used yet: x2goclient shows
+        critical dialogs when it is refused.  Any other port is refused with
+        one log line.  At most :data:`MAX_FORWARDS` requests are answered per
+        connection (the clients ask for one per service and session), the
+        rest refused with one log line."""
         try:
             host, rest = common.getNS(data)
             (port,) = struct.unpack(">L", rest[:4])
         except (ValueError, struct.error):
             return 0
-        if kind == b"tcpip-forward":
-            log.info("X2Go client of {user} asked for a reverse forward to port {port}: accepted, not used (sound"
-                     " and folders are not offered)", user=avatar.principal.unix_user, port=port)
-            return (1, struct.pack(">L", port or 1)) if port == 0 else 1
-        return 1
+        user = avatar.principal.unix_user
+        routes: dict[int, ReverseRoute] = avatar.__dict__.setdefault("x2go_routes", {})
+        if kind == b"cancel-tcpip-forward":
+            route = routes.pop(port, None)
+            if route is not None:
+                route.close()
+            return 1  # a cancel frees no slot: grants per connection stay bounded, and so do their log lines
+        granted = getattr(avatar, "x2go_forwards", 0)
+        if granted >= MAX_FORWARDS:
+            if not getattr(avatar, "x2go_forwards_refused", False):
+                avatar.x2go_forwards_refused = True
+                log.info("refused reverse forwards of {user}'s X2Go client past {limit} on one connection (this"
+                         " line once per connection)", user=user, limit=MAX_FORWARDS)
+            return 0
+        avatar.x2go_forwards = granted + 1
+        sound, folders = self.links.get(user, port - 1), self.links.get(user, port - 2)
+        if sound is not None and port not in routes:
+            log.info("X2Go client of {user} asked for a reverse forward of port {port}: the sound of session {id}",
+                     user=user, port=port, id=sound.session_id)
+            routes[port] = self._route_sound(avatar, sound, host, port)
+            return 1
+        if sound is not None:
+            return 1
+        if folders is not None:
+            log.debug("X2Go client of {user} asked for a reverse forward of port {port}, the folders of session {id}:"
+                      " granted, not carried (folders are not offered)", user=user, port=port,
+                      id=folders.session_id)
+            return 1
+        log.info("refused a reverse forward of {user}'s X2Go client to {host!r}:{port}: not the sound or folders port"
+                 " of a session of theirs started or resumed here", user=user, host=host[:100], port=port)
+        return 0
+
+    def _route_sound(self, avatar: Any, link: Link, host: bytes, port: int) -> ReverseRoute:
+        """The session's sound, back to this connection: each connection a
+        program of the session makes to its sound listener becomes a
+        ``forwarded-tcpip`` channel to ``host:port`` as the client asked."""
+        user = avatar.principal.unix_user
+        what = f"the sound of session {link.session_id}"
+        opened = struct.pack(">L", port)
+
+        def deliver(stream: Any) -> None:
+            if not self.room(LINK_FILES):
+                log.warn("dropped a sound connection of session {id} of {user}: the gateway is short of open files"
+                         " ([server] fd_reserve)", id=link.session_id, user=user)
+                stream.close()
+                return
+            channel = ReverseChannel(stream, b"forwarded-tcpip", what, conn=avatar.conn)
+            avatar.conn.openChannel(channel, common.NS(host) + opened + common.NS(b"127.0.0.1") + struct.pack(">L", 0))
+
+        def ended(why: str) -> None:
+            log.info("X2Go client of {user}: {what} no longer comes back ({why})", user=user, what=what, why=why)
+            self.sound_routes.get((user, link.name), set()).discard(route)
+
+        route = ReverseRoute(self.api().open_stream, self.caller_of(avatar), link.session_id, "sound", deliver,
+                             ended)
+        self.sound_routes.setdefault((user, link.name), set()).add(route)
+        cookie = self.cookies.get((user, link.name))
+        if cookie is not None:
+            route.send("cookie", cookie)
+
+        def refused(failure: Any) -> None:
+            self.sound_routes.get((user, link.name), set()).discard(route)
+            why = failure.value.message if failure.check(SessionError) else failure.getErrorMessage()
+            log.info("X2Go client of {user}: {what} cannot come back: {why}", user=user, what=what, why=why)
+
+        defer.ensureDeferred(route.open()).addErrback(refused)
+        return route
+
+    def pushed(self, user: str, names: list[str], data: bytes) -> None:
+        """A file the client pushed was written: a PulseAudio cookie
+        (``~/.x2go/C-<session>/.pulse-cookie``) goes to the session's sound
+        routes, now and when one opens."""
+        if len(names) != 3 or names[2] != ".pulse-cookie" or not names[1].startswith("C-"):
+            return
+        session = names[1][2:]
+        mine = [key for key in self.cookies if key[0] == user and key[1] != session]
+        for key in mine[:max(0, len(mine) - MAX_COOKIES + 1)]:
+            del self.cookies[key]
+        self.cookies[(user, session)] = data
+        for route in self.sound_routes.get((user, session), ()):
+            route.send("cookie", data)
+
+    def connection_lost(self, avatar: Any) -> None:
+        """The client's SSH connection went: its sound goes back to nobody."""
+        for route in avatar.__dict__.pop("x2go_routes", {}).values():
+            route.close()
 
     # -------------------------------------------------------------- sftp
     def sftp(self, channel: Any) -> int:
-        return sftp.start_sftp(self, channel)
+        return sftp.start_sftp(self.desk, channel)
 
     # ------------------------------------------------------------- links
     def link_channel(self, avatar: Any, window: int, max_packet: int, data: bytes) -> SSHChannel:
@@ -169,6 +278,10 @@ class X2GoDoor:
             log.info("refused a forward of {user} to {host!r}:{port}: not a graphics port of a session of theirs"
                      " started or resumed here", user=user, host=host[:100], port=port)
             raise ConchError(OPEN_CONNECT_FAILED, "no such session port")
+        if not self.room(LINK_FILES):
+            log.warn("refused an X2Go graphics link of {user} to session {id}: the gateway is short of open files"
+                     " ([server] fd_reserve)", user=user, id=link.session_id)
+            raise ConchError(OPEN_CONNECT_FAILED, pushes.SHORT_OF_FILES)
         return X2GoLinkChannel(self, link, localWindow=LINK_WINDOW, remoteWindow=window, remoteMaxPacket=max_packet,
                                data=data, avatar=avatar)
 
@@ -180,6 +293,13 @@ class X2GoDoor:
 
 
 LINK_WINDOW = 2 * 1024 * 1024
+#: Descriptors one graphics link holds (its socket to the agent, or to the member that runs it).
+LINK_FILES = 1
+#: Reverse forwards granted per connection: python-x2go and x2goclient ask
+#: for one each for sound, folders, printing and the MIME box per session.
+MAX_FORWARDS = 16
+#: PulseAudio cookies kept per user (one per session the client takes sound from).
+MAX_COOKIES = 8
 
 
 class _Quiet:
@@ -246,8 +366,7 @@ class X2GoLinkChannel(SSHChannel):
             return
         head, self.head = self.head, b""
         caller = self.door.caller_of(self.avatar)
-        self.relay = StreamRelay(self.door.reactor, caller, self.link.target, _LinkStream(self), head,
-                                 self.door.streams())
+        self.relay = StreamRelay(caller, self.link.session_id, _LinkStream(self), head, self.door.api().open_stream)
 
     def _refuse(self, why: str) -> None:
         log.warn("X2Go graphics link of {user} to session {id} closed: {why}", user=self.avatar.principal.unix_user,
@@ -292,72 +411,3 @@ class _LinkStream:
 
     def resume_input(self) -> None:
         self.channel.conn.transport.transport.resumeProducing()
-
-
-class _ScpHandler:
-    """Feeds an SCP sink; writes its files one after the other, then acknowledges."""
-
-    def __init__(self, door: X2GoDoor, channel: Any, sink: Any, owner: Any, user: str) -> None:
-        self.door = door
-        self.channel = channel
-        self.sink = sink
-        self.owner = owner
-        self.user = user
-        self.chain: defer.Deferred[Any] = defer.succeed(None)
-        self.failed = False
-
-    def data_received(self, data: bytes) -> None:
-        if self.failed:
-            return
-        try:
-            answer, received = self.sink.feed(data)
-        except scp.Failed as error:
-            self._fail(str(error))
-            return
-        for item in received:
-            self.chain.addCallback(lambda _, item=item: self.door.blocking(_write_file, item.path, item.data,
-                                                                          self.owner))
-            self.chain.addCallback(lambda kept, item=item: log.info(
-                "X2Go client of {user} copied {path} ({size} bytes){kept}", user=self.user, path=item.path,
-                size=len(item.data), kept="" if kept else ": discarded, an sshfs key for folders, which are not"
-                " offered"))
-        self.chain.addCallback(lambda _: self.channel.write(answer) if answer and not self.channel.closing else None)
-        self.chain.addErrback(lambda failure: self._fail(failure.getErrorMessage()))
-        if self.sink.done:
-            self.chain.addCallback(lambda _: self.channel.finish(0) if not self.failed else None)
-
-    def _fail(self, why: str) -> None:
-        if self.failed:
-            return
-        self.failed = True
-        log.info("refused an SCP copy of {user}: {why}", user=self.user, why=why)
-        if not self.channel.closing:
-            self.channel.write(scp.failure(why))
-            self.channel.finish(1)
-
-    def eof_received(self) -> None:
-        self.chain.addCallback(lambda _: self.channel.finish(0) if not self.failed and not self.channel.closing
-                               else None)
-
-    def connection_lost(self) -> None:
-        self.failed = True
-
-    def pause_output(self) -> None:
-        pass
-
-    def resume_output(self) -> None:
-        pass
-
-
-def _write_file(path: str, data: bytes, owner: Any) -> bool:
-    """Write a copied file below ~/.x2go (False: discarded).  The keys for
-    folder sharing (``~/.x2go/ssh/``: the client's private key for sshfs back
-    to it) are not kept: nothing here would use them."""
-    if files.parts(path, owner.home)[1] == "ssh":
-        return False
-    fd = files.open_for_writing(path, owner)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    return True

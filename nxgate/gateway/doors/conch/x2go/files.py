@@ -1,20 +1,33 @@
 """Files X2Go clients push, confined to the user's ``~/.x2go`` (blocking: run in a thread).
 
 python-x2go writes its PulseAudio cookie (and the sshfs key) over SFTP and
-aborts a session start when it cannot.  The gateway runs as root, so every
-step is taken the careful way: the path is checked as text first (below
-``~/.x2go``, no ``..``, plain names), then walked from the home directory
-with ``openat(…, O_NOFOLLOW)`` so that no symbolic link is ever followed,
-each directory must belong to the user, a new directory or file is handed
-to the user (0700/0600), and an existing file is written only if it is the
-user's own with a single link (no hard link to someone else's file).
+aborts a session start when it cannot; x2goclient copies them with scp.
+Every step is taken the careful way: the path is checked as text first
+(below ``~/.x2go``, no ``..``, plain names), then walked from the home
+directory with ``openat(…, O_NOFOLLOW)`` so that no symbolic link is ever
+followed, each directory must belong to the user, a new directory or file
+is the user's (0700/0600), and an existing file is written only if it is
+the user's own with a single link (no hard link to someone else's file).
+
+The writing itself runs **as the user**, in a small process of its own
+(:func:`write_as_user` runs this module): the user's disk quota and
+permissions apply, and root never creates anything in a user's directory.
+The uid, gid and groups are switched by :mod:`subprocess` in the child
+before it executes the program (not in a thread of the gateway: a
+threaded process cannot change its credentials for one thread safely);
+it needs no PAM session, so the session launcher
+(:mod:`nxgate.node.runas`) is not involved.  Stat and unlink stay root's
+(nothing is created; the walk is the same).
 """
 
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import stat
+import subprocess
+import sys
 from dataclasses import dataclass
 
 _PART = re.compile(r"[A-Za-z0-9._@+-]{1,128}")
@@ -26,11 +39,19 @@ class PathRefused(ValueError):
     pass
 
 
+#: Seconds the writer process may take (it writes at most 64 KiB).
+WRITER_TIMEOUT = 30.0
+#: Descriptors the gateway holds while a writer runs (its three pipes and
+#: subprocess's exec-error pipe, both ends for a moment).
+WRITER_FILES = 8
+
+
 @dataclass(frozen=True)
 class Owner:
     uid: int
     gid: int
     home: str
+    user: str = ""
 
 
 def parts(path: str, home: str) -> list[str]:
@@ -127,3 +148,56 @@ def size_of(path: str, owner: Owner) -> int:
     if not stat.S_ISREG(info.st_mode):
         raise PathRefused("not a plain file")
     return info.st_size
+
+
+def write_file(path: str, data: bytes, owner: Owner) -> None:
+    """Write ``data`` to the user's ``path`` (in the writer: as the user)."""
+    fd = open_for_writing(path, owner)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError as error:
+        raise PathRefused(f"{parts(path, owner.home)[-1]}: {error.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def write_as_user(path: str, data: bytes, owner: Owner) -> None:
+    """Write ``data`` to ``path`` below the user's ``~/.x2go`` as the user
+    (a process of this module with the user's uid, gid and groups); raises
+    :class:`PathRefused` with the writer's reason."""
+    parts(path, owner.home)  # refused before any process starts
+    if len(data) > MAX_FILE_BYTES:
+        raise PathRefused("file too large")
+    name = owner.user or pwd.getpwuid(owner.uid).pw_name
+    try:
+        done = subprocess.run([sys.executable, "-m", __name__, owner.home, path], input=data,
+                              capture_output=True, cwd="/", timeout=WRITER_TIMEOUT,
+                              env={"PATH": os.defpath, "LANG": "C.UTF-8", "PYTHONPATH": os.pathsep.join(sys.path)},
+                              user=owner.uid, group=owner.gid, extra_groups=os.getgrouplist(name, owner.gid))
+    except subprocess.TimeoutExpired:
+        raise PathRefused("the write as the user took too long") from None
+    answer = done.stdout.decode("utf-8", "replace").strip()[:200]
+    if done.returncode != 0 or answer != "ok":
+        raise PathRefused(answer.removeprefix("error: ") or f"the write as the user failed ({done.returncode})")
+
+
+def main(argv: list[str]) -> int:
+    """The writer: ``python -m nxgate.gateway.doors.conch.x2go.files HOME PATH``
+    with the data on stdin, run as the user; says ``ok`` or ``error: why``."""
+    home, path = argv
+    data = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
+    try:
+        if len(data) > MAX_FILE_BYTES:
+            raise PathRefused("file too large")
+        write_file(path, data, Owner(os.getuid(), os.getgid(), home))
+    except (PathRefused, OSError) as error:
+        print(f"error: {error}")
+        return 1
+    print("ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -6,14 +6,18 @@ that fails.  This reads the few messages a sink gets -- ``C<mode> <size>
 <name>`` with the data, ``D``/``E`` for directories, ``T`` times -- and
 answers them; what to write where is handed out as :class:`File` records
 (paths below the target directory, plain names only, at most
-:data:`MAX_FILE_BYTES` each), written by the caller (confined to
-``~/.x2go``: :mod:`nxgate.gateway.doors.conch.x2go.files`).
+:data:`MAX_FILE_BYTES` each, and at most so many files and bytes in one
+copy: :class:`~nxgate.gateway.doors.conch.x2go.allowance.PushCount`),
+written by the caller (confined to ``~/.x2go``, as the user:
+:mod:`nxgate.gateway.doors.conch.x2go.pushes`).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from nxgate.gateway.doors.conch.x2go.allowance import PushCount
 
 OK = b"\0"
 MAX_FILE_BYTES = 64 * 1024
@@ -43,6 +47,7 @@ class Sink:
         self.buffer = b""
         self.pending: tuple[str, int] | None = None  # (path, size) of the file being received
         self.done = False
+        self.count = PushCount()
 
     def start(self) -> bytes:
         return OK
@@ -80,6 +85,9 @@ class Sink:
             size = int(copy.group(2))
             if size > MAX_FILE_BYTES:
                 raise Failed("file too large")
+            refusal = self.count.refusal(size)
+            if refusal is not None:
+                raise Failed(refusal)
             self.pending = (self._join(copy.group(3).decode()), size)
             return OK
         directory = _DIRECTORY.fullmatch(line)
