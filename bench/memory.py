@@ -27,11 +27,9 @@ Both sides' sessions run with the same LANG (``--locale``, C.UTF-8 by
 default): nxgate's sessions take [sessions] lang when PAM sets none, and
 X2Go's private sshd gets ``SetEnv LANG=...``, as ``pam_env`` would give both
 from /etc/default/locale on an installed system (this machine has none,
-so X2Go's programs would otherwise run in the C locale, where xterm takes
-~0.7 MB less: in a UTF-8 locale Xlib parses its compose table into the
-heap of every client that opens an input method; bench/agent_memory.py's
-``program_lang_c``).  A fourth side, ``x2go_no_lang``, is x2goserver with
-no LANG at all, as this machine's PAM leaves its sessions.
+so X2Go's programs would otherwise run in the C locale, where Xlib loads no
+compose table).  A fourth side, ``x2go_no_lang``, is x2goserver with no
+LANG at all, as this machine's PAM leaves its sessions.
 
 Needs root.  With --install the Debian packages x2goserver,
 x2goserver-xsession and pyhoca-cli are installed when missing; without

@@ -185,8 +185,8 @@ def memory_rows(table: Table, memory: dict | None, agents: dict | None) -> None:
                 if plain is not None:
                     table.add("  vs x2goserver without LANG", value, "MB", mb(plain, key), "x2goserver, no LANG",
                               ratio(value, mb(plain, key)), "(info)",
-                              note="X2Go's sessions as this machine's PAM leaves them (C locale): the difference is"
-                                   " Xlib's UTF-8 compose table in the xterm (agent_memory's program_lang_c)")
+                              note="X2Go's sessions as this machine's PAM leaves them (C locale, no compose table);"
+                                   " nxgate's user's first Xlib program keeps the one it parsed for the cache")
             if door is not None and peer is not None:
                 value, other = mb(door, "every_process_kb"), mb(peer, "every_process_kb")
                 table.add(f"pyhoca-cli via the door, {state}", value, "MB", other, "x2goserver, same client",
