@@ -19,9 +19,10 @@ do), and is measured in both states from /proc/PID/smaps_rollup:
   processes on every side);
 * ``every process``: every process of the session's user (X2Go's also has
   its wrapper script ``x2goruncommand`` and, attached, the user's ``sshd``
-  and ``sftp-server``), plus what the server's process tree grew by (the
-  gateway and its children; sshd's per-connection ``[priv]`` processes);
-  both divided by the number of sessions.
+  and ``sftp-server``), plus the private memory the server's process tree
+  (the gateway and its children; sshd and its per-connection ``[priv]``
+  processes) gained since it served one login and held still; both divided
+  by the number of sessions.
 
 Both sides' sessions run with the same LANG (``--locale``, C.UTF-8 by
 default): nxgate's sessions take [sessions] lang when PAM sets none, and
@@ -49,6 +50,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Iterable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -127,28 +129,41 @@ class Side:
         """The server's process tree, without the user's processes."""
         return [pid for pid in pss.tree(self.server_root()) if pss.owner(pid) != self.uid]
 
+    def warm_up(self) -> None:
+        """One login with no session, so that what a server pays once (its
+        first connection, workers still loading) is not counted per session."""
+        raise NotImplementedError
+
+    def private_kb(self) -> int:
+        return sum(pss.rollup(pid)["anon"] + pss.rollup(pid)["shmem"] for pid in self.server_pids())
+
     def mark_idle(self) -> None:
+        """The server's processes once their private memory holds still
+        (two looks a second apart within 64 kB, or after a minute)."""
+        last, deadline = self.private_kb(), time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(1)
+            now = self.private_kb()
+            if abs(now - last) <= 64:
+                break
+            last = now
         self.server_idle = {pid: pss.rollup(pid) for pid in self.server_pids()}
 
     def server_growth(self) -> dict[str, float]:
-        """kB the server side grew by: the private memory (anonymous and
-        shared) its processes of before gained, and the whole PSS of its new
-        ones (sshd's per-connection processes).  Not the PSS of the
-        processes of before: the file part of a Python gateway's PSS falls
-        when other Python processes (the clients, here on the same machine)
-        map the same libraries, which is no saving of the server's."""
-        growth = {"pss": 0.0, "anon": 0.0, "rss": 0.0}
-        for pid in self.server_pids():
-            now, before = pss.rollup(pid), self.server_idle.get(pid)
-            if before is None:
-                for key in growth:
-                    growth[key] += now[key]
-            else:
-                private = now["anon"] + now["shmem"] - before["anon"] - before["shmem"]
-                growth["pss"] += private
-                growth["anon"] += now["anon"] - before["anon"]
-                growth["rss"] += now["rss"] - before["rss"]
-        return growth
+        """kB the server's process tree grew by since :meth:`mark_idle`: its
+        private memory (anonymous + shared: ``pss``) and RSS, over every
+        process in it then and now (sshd's per-connection processes come and
+        go; nxgate's launcher keeps spare helpers, replaced as they are
+        used).  Not PSS: the file part of a Python gateway's PSS falls when
+        other Python processes (the clients, here on the same machine) map
+        the same libraries, which is no saving of the server's; so new
+        server processes count without their share of shared libraries."""
+        def total(figures: Iterable[dict[str, int]], key: str) -> int:
+            return sum(f["anon"] + f["shmem"] if key == "pss" else f[key] for f in figures)
+
+        now = [pss.rollup(pid) for pid in self.server_pids()]
+        before = list(self.server_idle.values())
+        return {key: float(total(now, key) - total(before, key)) for key in ("pss", "anon", "rss")}
 
     def snapshot(self) -> dict:
         user = pss.by_name(pss.user_pids(self.uid))
@@ -193,6 +208,9 @@ class NxgateSide(Side):
         return self.bench.client("--type", "unix-application", "--rootless", "--application", application(index),
                                  "--geometry", GEOMETRY, wait=False)
 
+    def warm_up(self) -> None:
+        self.bench.client("--list")
+
     def suspend_all(self) -> None:
         for client in self.clients:
             client.terminate()  # nxgate-client goes: the channel closes, the session suspends
@@ -236,6 +254,9 @@ class X2GoSide(Side):
     def launch(self, index: int) -> subprocess.Popen:
         return self.bench.cli("-c", application(index), "-t", "application", "-g", GEOMETRY, "-q", "lan",
                               "--sound", "none", log=f"memory{index}.log", wait=False)
+
+    def warm_up(self) -> None:
+        self.bench.cli("--list-sessions", log="warm-up.log")
 
     def suspend_all(self) -> None:
         for client in self.clients:
@@ -306,7 +327,8 @@ def measure(count: int, locale: str, keys: list[str]) -> dict:
     try:
         for key in keys:
             sides.append(make_side(key, count, locale))
-        time.sleep(2)
+        for side in sides:
+            side.warm_up()
         for side in sides:
             side.mark_idle()
         load_before = os.getloadavg()
