@@ -32,7 +32,6 @@ import os
 import pwd
 import secrets
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -54,7 +53,7 @@ from nxgate.node.agents import nxagent  # noqa: E402
 from nxgate.node.environment import (compose_cache_environment, login_environment,  # noqa: E402
                                      prepare_compose_cache)
 from nxgate.vocabulary.requests import DisplaySettings  # noqa: E402
-from tests.harness.process import stop, wait_for  # noqa: E402
+from tests.harness.process import stop, stop_groups, wait_for  # noqa: E402
 from tests.harness.users import create_user  # noqa: E402
 from tests.harness.x11 import ClientScreen  # noqa: E402
 
@@ -292,8 +291,7 @@ class Runner:
         try:
             wait_for(lambda: os.listdir(self.compose_cache), 30, "the compose cache")
         finally:
-            os.killpg(first.pid, signal.SIGTERM)
-            first.wait(10)
+            stop_groups([first])
 
     def _as_user(self) -> None:
         os.setgid(self.user.pw_gid)
@@ -359,15 +357,7 @@ class Runner:
         finally:
             if proxy is not None:
                 stop(proxy)
-            for process in reversed(processes):
-                if process.poll() is None:
-                    os.killpg(process.pid, signal.SIGTERM)
-            for process in processes:
-                try:
-                    process.wait(10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait(5)
+            stop_groups(processes)
             shutil.rmtree(where.directory, ignore_errors=True)
 
     @staticmethod
