@@ -38,6 +38,9 @@ Runs, each as its own process with its own JSON in bench/results/:
 * bench/sharing_copy.py  copying a file through the smb channel (the client's
                      folder in the session) against the same SMB copy without NX
                      (issue 14);
+* bench/display_search.py  a new session's display search with 50,000 Unix
+                     sockets on the machine: how long the reactor stalls, the
+                     search on its thread (as before) and in the thread pool;
 * bench/attacks.py   NX logins and portal pages under DHEat, with the key-exchange
                      workers stopped and under idle connections from many
                      addresses, against the quiet gateway (issues 27 and 31);
@@ -231,6 +234,21 @@ def store_rows(table: Table, store: dict | None) -> None:
                   (median < 20) if kind == "postgresql" else None,
                   note=f"p95 {figures['live_user']['p95_ms']:.2f} ms; admit {figures['admit']['median_ms']:.2f} ms,"
                        f" swap {figures['swap']['median_ms']:.2f} ms, all live {figures['live_all']['median_ms']:.0f} ms")
+
+
+def display_search_rows(table: Table, search: dict | None) -> None:
+    """A new session's display search on a machine with many Unix sockets: the reactor's stall."""
+    if not search:
+        return
+    table.section(f"display search, {search['unix_sockets']} Unix sockets and {search['planted_locks']} planted "
+                  f"locks: reactor stall (median of {search['runs']})")
+    before, now = search["ways"]["on the reactor"], search["ways"]["in the thread pool"]
+    table.add("search on the reactor's thread (before)", before["stall_median_ms"], "ms", target="(info)",
+              note=f"max {before['stall_max_ms']:.1f} ms")
+    table.add("search in the thread pool", now["stall_median_ms"], "ms", before["stall_median_ms"], "on the reactor",
+              now["stall_median_ms"] / before["stall_median_ms"] if before["stall_median_ms"] else None,
+              "(info)", note=f"max {now['stall_max_ms']:.1f} ms; the search itself "
+                             f"{now['allocation_median_ms']:.0f} ms")
 
 
 def cluster_relay_rows(table: Table, cluster: dict | None) -> None:
@@ -611,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=10, help="sessions per side for the memory figures")
     parser.add_argument("--size", default="2G", help="bytes per relay throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="relay throughput runs per row")
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,new_session,x2go,memory,agent_memory,scale,store,cluster,cluster_picture,cluster_relay,sound,web,printing,sharing,attacks")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,new_session,x2go,memory,agent_memory,scale,store,cluster,cluster_picture,cluster_relay,sound,web,printing,sharing,attacks,displays")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install bench packages")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway (relay, logins, sessions)")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from bench/results/*.json")
@@ -662,6 +680,8 @@ def main(argv: list[str] | None = None) -> int:
                      "--json", os.path.join(RESULTS, "printing.json")],
         "sharing": [python, os.path.join(HERE, "sharing_copy.py"), "--size-mb", "10" if args.quick else "100",
                     "--json", os.path.join(RESULTS, "sharing.json")],
+        "displays": [python, os.path.join(HERE, "display_search.py"), "--runs", "3" if args.quick else "10",
+                     "--json", os.path.join(RESULTS, "displays.json")],
         "attacks": [python, os.path.join(HERE, "attacks.py"), "--runs", str(runs),
                     "--json", os.path.join(RESULTS, "attacks.json")],
     }
@@ -694,6 +714,7 @@ def main(argv: list[str] | None = None) -> int:
     web = load(os.path.join(RESULTS, "web_viewer.json"))
     printing = load(os.path.join(RESULTS, "printing.json"))
     sharing = load(os.path.join(RESULTS, "sharing.json"))
+    display_search = load(os.path.join(RESULTS, "displays.json"))
     attacks = load(os.path.join(RESULTS, "attacks.json"))
     table = build_table(relay, sessions_result, x2go, scale)
     new_session_rows(table, new_session)
@@ -706,6 +727,7 @@ def main(argv: list[str] | None = None) -> int:
     web_viewer_rows(table, web)
     printing_rows(table, printing)
     sharing_rows(table, sharing)
+    display_search_rows(table, display_search)
     attack_rows(table, attacks)
     print()
     print(f"nxgate benchmark — {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
@@ -722,6 +744,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": steps_run, "table": table.rows,
         "results": {"relay": relay, "sessions": sessions_result, "new_session": new_session, "x2go": x2go,
                     "memory": memory, "agent_memory": agent_memory, "scale": scale, "store": store,
+                    "displays": display_search,
                     "cluster": placement, "cluster_picture": cluster_picture,
                     "cluster_relay": cluster_relay, "sound": sound, "web_viewer": web, "printing": printing, "sharing": sharing,
                     "attacks": attacks},
