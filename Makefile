@@ -96,6 +96,9 @@ $(STAMP): setup.py requirements.txt helpers/nxcopy.c $(shell find nxgate twisted
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements.txt
 	$(VENV)/bin/pip install -q --no-deps rdpyqt==2.1.6
+	# setuptools' build/ keeps every module it ever copied: a module that moved or was removed would
+	# still be installed (and imported by the programs run as other users) from a stale build/.
+	rm -rf build
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall .
 	touch $@
 
