@@ -114,7 +114,7 @@ class MembershipTests(TestCase):
             self.clock.advance(2.0)
         self.store.down = False
         self.clock.advance(2.0)
-        texts = [m.get("log_format", "") for m in messages if m.get("log_namespace") == "nxgate.cluster"]
+        texts = [m.get("log_format", "") for m in messages if m.get("log_namespace") == "nxgate.gateway.membership"]
         self.assertEqual(sum("heartbeat not written" in t for t in texts), 1)
         self.assertEqual(sum("written again" in t for t in texts), 1)
         self.assertEqual(self.store.calls, 5)

@@ -81,6 +81,17 @@ class DisplayAllocatorTests(TestCase):
         self.held.append(3304)
         self.assertRaises(NoFreeDisplay, self.allocator.allocate)
 
+    def test_the_same_displays_of_others_are_a_warning_once(self):
+        from twisted.logger import capturedLogs
+
+        levels = []
+        for held in ([3300], [3300, 3302], [3300, 3302, 3303]):  # :3301 stays somebody else's
+            self.held = held
+            with capturedLogs() as events:
+                self.allocator.allocate()
+            levels += [event["log_level"].name for event in events if "passed over" in event["log_format"]]
+        self.assertEqual(levels, ["warn", "debug", "debug"])
+
     def test_passing_over_others_displays_is_bounded(self):
         self.patch(displays, "MAX_FOREIGN", 5)
         tried = []

@@ -26,7 +26,7 @@ from nxgate.vocabulary.model import Member
 from nxgate.vocabulary.results import MemberView
 from nxgate.store.errors import StoreError, storage_reason
 
-log = Logger(namespace="nxgate.cluster")
+log = Logger()
 
 DEFAULT_HEARTBEAT = 2.0
 #: Heartbeats a member may miss before it is down.

@@ -49,7 +49,7 @@ from nxgate.gateway.doors.preauth import Limits
 from nxgate.gateway.doors.conch.channel import ChannelHandler, ChannelTransport
 from nxgate.gateway.doors.conch.server import NXAvatar, NXRealm, NXSessionChannel, NXSSHFactory, kex_service
 
-log = Logger(namespace="nxgate")
+log = Logger()
 
 
 def shell_settings(config: Config) -> DialogueSettings:
@@ -406,6 +406,11 @@ class Gateway(service.MultiService):
     def _relay(self, client: Caller, target: StreamTarget, transport: ChannelTransport, leftover: bytes) -> StreamRelay:
         """After ``bye``: the channel relayed to the agent's stream, which the router opens on the session's node."""
         return StreamRelay(client, target.session_id, transport, leftover, self.api.open_stream)
+
+    def privilegedStartService(self) -> None:
+        # The doors bind their ports here, before startService: their lines go through the filter too.
+        filter_global_log(self.config.server.log_level, self.config.server.log_rotated_files)
+        super().privilegedStartService()
 
     def startService(self) -> None:
         record_pid(self.lock_fd)  # twistd may have forked since the lock was taken

@@ -52,7 +52,7 @@ from nxgate.vocabulary.results import (DesktopEntry, Listing, ProgressCallback, 
 from nxgate.vocabulary.streams import Stream, StreamKind
 from nxgate.store.errors import StoreError, storage_reason
 
-log = Logger(namespace="nxgate.gateway.router")
+log = Logger()
 
 def lost(view: SessionView) -> SessionView:
     """``view`` of a session whose member is down."""

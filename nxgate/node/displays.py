@@ -33,12 +33,12 @@ import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 
 from nxgate.node.agents import x11
 from nxgate.node import files
 
-log = Logger(namespace="nxgate.session")
+log = Logger()
 
 #: Where gateways on one machine claim displays (root's: /run is not
 #: world-writable, so no local user can hold a claim).
@@ -217,6 +217,7 @@ class DisplayAllocator:
     def __init__(self, span: Callable[[], tuple[int, int]], in_use: Callable[[], Iterable[int]]) -> None:
         self.span = span
         self.in_use = in_use
+        self._foreign_told: tuple[int, ...] = ()  # the displays of others the log last warned about
 
     def allocate(self) -> int:
         """Reserve a free display number (its claim is held until :meth:`release`).
@@ -242,8 +243,10 @@ class DisplayAllocator:
                 release_display(display)
                 foreign.append(display)
         finally:
-            if foreign:
-                log.warn("{count} display(s) in use by others passed over: {displays} (nxgate-admin status "
+            if foreign:  # a warning when they change, not at every start while the same ones stay
+                told, self._foreign_told = self._foreign_told, tuple(foreign)
+                log.emit(LogLevel.debug if told == self._foreign_told else LogLevel.warn,
+                         "{count} display(s) in use by others passed over: {displays} (nxgate-admin status "
                          "says who holds them)", count=len(foreign), displays=" ".join(f":{n}" for n in foreign))
         raise NoFreeDisplay("no free display for a new session")
 

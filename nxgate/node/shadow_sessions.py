@@ -37,7 +37,7 @@ from nxgate.users import UserDirectory
 if TYPE_CHECKING:
     from nxgate.node.service import SessionService
 
-log = Logger(namespace="nxgate.shadow")
+log = Logger()
 
 #: Why a jailed session is not offered for shadowing (said when it is asked for by id).
 JAILED = "it runs in a jail, where its display exists only for its own programs (its owner was not asked)"
@@ -189,7 +189,7 @@ class ShadowService:
         if settings.fullscreen and watched == (area_w, area_h):
             return settings  # a full screen of the watched screen's size: 1:1, with no window frame
         width, height = screen.shadow_geometry(watched, (area_w, area_h))
-        log.info("shadow of :{display} ({watched}) in a viewer area of {area}: window {width}x{height}",
+        log.debug("shadow of :{display} ({watched}) in a viewer area of {area}: window {width}x{height}",
                  display=target.display, watched="unknown size" if watched is None else "x".join(map(str, watched)),
                  area=settings.geometry, width=width, height=height)
         return dataclasses.replace(settings, geometry=f"{width}x{height}", fullscreen=False)

@@ -41,7 +41,7 @@ from nxgate.node.environment import bus_environment, login_environment
 from nxgate.vocabulary.requests import DisplaySettings
 from nxgate.threads import Blocking, inline
 
-log = Logger(namespace="nxgate.session")
+log = Logger()
 
 #: A suspended agent that has not started resuming this long after a SIGHUP
 #: gets another one; one that started is left alone for RESUME_LISTEN_SECONDS.

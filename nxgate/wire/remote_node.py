@@ -44,7 +44,7 @@ from nxgate.vocabulary.results import (DesktopEntry, Listing, Progress, Progress
                                      SessionView, ShadowTarget)
 from nxgate.vocabulary.streams import Stream, StreamKind
 
-log = Logger(namespace="nxgate.wire.remote_node")
+log = Logger()
 
 
 class _GatewayAMP(amp.AMP):

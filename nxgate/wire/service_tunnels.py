@@ -30,7 +30,7 @@ from twisted.python.failure import Failure
 from nxgate.wire import tunnel_registry as tunnels
 from nxgate.wire.tcp import no_delay
 
-log = Logger(namespace="nxgate.ssh.tunnel")
+log = Logger()
 
 #: Window of a tunnel channel: large enough that a bulk copy does not wait
 #: a round trip per window (the NX channel uses the same, see server.py).

@@ -21,7 +21,7 @@ from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.results import MemberView, SessionView
 from nxgate.gateway.auth.peercred import peer_uid
 
-log = Logger(namespace="nxgate.admin")
+log = Logger()
 
 MAX_REQUEST = 65536
 

@@ -36,7 +36,7 @@ from nxgate.gateway.doors.conch.x2go.commands import Context, Link, Links
 from nxgate.vocabulary.caller import Caller
 from nxgate.wire.relay import StreamRelay
 
-log = Logger(namespace="nxgate.x2go")
+log = Logger()
 
 OPEN_CONNECT_FAILED = 2
 LOOPBACK = frozenset({b"localhost", b"127.0.0.1", b"::1", b"ip6-localhost"})

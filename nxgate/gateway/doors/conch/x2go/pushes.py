@@ -19,7 +19,7 @@ from twisted.logger import Logger
 from nxgate.gateway.doors.conch.x2go import files, scp
 from nxgate.gateway.doors.conch.x2go.allowance import Allowance
 
-log = Logger(namespace="nxgate.x2go")
+log = Logger()
 
 #: What a refusal for want of descriptors says to the client.
 SHORT_OF_FILES = "the server is short of open files; try again later"
