@@ -13,7 +13,7 @@ from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 
-from nxgate.gateway.membership import DOWN_AFTER, Membership, available_memory, load_average, state
+from nxgate.gateway.membership import DOWN_AFTER, Membership, available_memory, load_average, reachable, state
 from nxgate.config import Config, StoreSection
 from nxgate.gateway.doors.admin import cli
 from nxgate.gateway.doors.admin.server import AdminProtocol
@@ -47,6 +47,17 @@ class PureTests(SynchronousTestCase):
         self.assertEqual(state(member(100.0), 99.0, 2.0), "up")  # a reader whose clock is a little behind
         self.assertEqual(state(member(100.0), 130.0, 10.0), "up")
         self.assertEqual(state(member(100.0), 130.5, 10.0), "down")
+
+    def test_a_node_this_gateway_links_to_is_up_only_while_the_link_works(self):
+        fresh = member(100.0)
+        self.assertEqual(state(fresh, 101.0, 2.0, "up"), "up")
+        self.assertEqual(state(fresh, 101.0, 2.0, None), "up")  # no link kept: this member, another gateway
+        self.assertEqual(state(fresh, 101.0, 2.0, "connecting"), "connecting")
+        refused = "refused: certificate not from the cluster's CA"
+        self.assertEqual(state(fresh, 101.0, 2.0, refused), refused)  # its heartbeat is no help
+        self.assertEqual(state(fresh, 200.0, 2.0, "up"), "down")  # nor a link without heartbeats
+        self.assertEqual([reachable(s) for s in ("up", "connecting", refused, "unreachable: x", "down")],
+                         [True, True, False, False, False])
 
     def test_proc_parsers(self):
         self.assertEqual(load_average(PROC["/proc/loadavg"]), 0.42)
@@ -164,11 +175,30 @@ class AdminTests(MembershipTests):
         self.assertEqual((answer["ok"], answer["kind"]), (False, "invalid_request"))
         self.assertIn("no cluster member 'node-q'", answer["error"])
 
-    def test_a_single_box_says_so(self):
-        gateway = SimpleNamespace(membership=None, sessions=None, api=None, config=None, started=0.0)
-        line = json.dumps({"command": "nodes", "args": {}}).encode()
-        answer = self.successResultOf(defer.ensureDeferred(AdminProtocol(gateway)._handle(line)))
+    def test_a_single_box_lists_its_one_node_and_drains_it_with_drain_on(self):
+        box = Membership(Config(), self.store, self.clock, lambda: 3, PROC.__getitem__, draining=lambda: True)
+        beats = self.store.calls
+        gateway = SimpleNamespace(membership=box, sessions=None, api=None, config=None, started=0.0)
+
+        def ask(command, **args):
+            line = json.dumps({"command": command, "args": args}).encode()
+            return self.successResultOf(defer.ensureDeferred(AdminProtocol(gateway)._handle(line)))
+
+        (row,) = ask("nodes")["result"]
+        self.assertEqual((row["name"], row["roles"], row["state"], row["sessions"], row["drained"], row["cpus"]),
+                         (Config().server_name, ["gateway", "node"], "up", 3, True, os.cpu_count()))
+        answer = ask("drain", on=True, node="node-a")
+        self.assertEqual(answer["ok"], False)
         self.assertIn("single box", answer["error"])
+        self.assertEqual(self.store.calls, beats)  # a single box writes no heartbeat, reads no member
+
+    def test_a_member_the_link_refuses_shows_why(self):
+        refused = "refused: certificate not from the cluster's CA"
+        api = SimpleNamespace(links={"node-a": refused}.get)
+        gateway = SimpleNamespace(membership=self.membership, sessions=None, api=api, config=None, started=0.0)
+        line = json.dumps({"command": "nodes", "args": {}}).encode()
+        (row,) = self.successResultOf(defer.ensureDeferred(AdminProtocol(gateway)._handle(line)))["result"]
+        self.assertEqual(row["state"], refused)
 
     def test_the_command_line(self):
         args = cli.parse_arguments(["drain", "--node", "node-b", "--off"])

@@ -25,7 +25,7 @@ from nxgate.wire import tls
 from nxgate.wire.node_listener import choose
 from nxgate.wire.connection import GateFactory
 from nxgate.node.local import LocalNode
-from nxgate.wire.remote_node import RemoteNode, RemoteNodes
+from nxgate.wire.remote_node import RemoteNode, RemoteNodes, link_problem
 from nxgate.gateway.doors.admin.cli import main as admin_main
 from nxgate.threads import inline
 from nxgate.vocabulary.caller import Caller
@@ -72,6 +72,20 @@ EXAMPLES = [
 
 def roundtrip(value):
     return wire.decode(type(value), json.loads(json.dumps(wire.encode(value))))
+
+
+class LinkProblemTests(SynchronousTestCase):
+    """A failed link attempt in the words of the member's state (``nxgate-admin nodes``)."""
+
+    def test_words(self):
+        self.assertEqual(link_problem("TLS with member node-x failed: [('SSL routines', '', "
+                                      "'certificate verify failed')]"), "refused: certificate not from the cluster's CA")
+        self.assertEqual(link_problem("[('SSL routines', '', 'tlsv1 alert unknown ca')]"),
+                         "refused: it does not trust this gateway's certificate")
+        self.assertEqual(link_problem("member node-b: its certificate names node-c, not node-b"),
+                         "refused: its certificate names node-c, not node-b")
+        self.assertEqual(link_problem("Connection was refused by other side: 111: Connection refused."),
+                         "unreachable: Connection was refused by other side: 111: Connection refused.")
 
 
 class SerialiserTests(SynchronousTestCase):
@@ -403,25 +417,30 @@ class WireTests(TestCase):
         yield None
 
     @defer.inlineCallbacks
-    def assert_refused(self, node, reason_words):
+    def assert_refused(self, node, reason_words, link_state=None):
+        """``link_state``: the member's state for this gateway (``nxgate-admin nodes``) after the refusal."""
         error = yield self.assertFailure(defer.ensureDeferred(node.status(CALLER)), SessionError)
         self.assertEqual(error.kind, Kind.UNAVAILABLE)
         yield deferLater(reactor, 0.1, lambda: None)
         self.assertEqual(self.sessions.calls, [])
         reasons = " | ".join(e.get("reason", "") for e in self.log.refusals())
         self.assertIn(reason_words, reasons)
+        if link_state is not None:
+            self.assertEqual(node.link_state, link_state)
 
     @defer.inlineCallbacks
     def test_a_gateway_with_a_certificate_of_another_ca_is_refused(self):
         port = yield self.listen()
         other = PKI(os.path.join(self.base, "other"))
-        yield self.assert_refused(self.remote(port, other.member("gw-a")), "not the cluster CA")
+        # Its CA is another too: it trusts no certificate of the cluster, the node's included.
+        yield self.assert_refused(self.remote(port, other.member("gw-a")), "not the cluster CA",
+                                  "refused: certificate not from the cluster's CA")
 
     @defer.inlineCallbacks
     def test_a_node_with_a_certificate_of_another_ca_is_refused_by_the_gateway(self):
         other = PKI(os.path.join(self.base, "other"))
         port = yield self.listen(other.member("node-b"))
-        yield self.assert_refused(self.remote(port), "not the cluster CA")
+        yield self.assert_refused(self.remote(port), "not the cluster CA", "refused: certificate not from the cluster's CA")
 
     @defer.inlineCallbacks
     def test_an_expired_certificate_is_refused(self):
@@ -433,7 +452,8 @@ class WireTests(TestCase):
     @defer.inlineCallbacks
     def test_a_node_naming_another_member_is_refused(self):
         port = yield self.listen(self.pki.member("node-c"))
-        yield self.assert_refused(self.remote(port, name="node-b"), "names node-c, not node-b")
+        yield self.assert_refused(self.remote(port, name="node-b"), "names node-c, not node-b",
+                                  "refused: its certificate names node-c, not node-b")
 
     @defer.inlineCallbacks
     def test_a_peer_that_is_no_gateway_is_refused(self):

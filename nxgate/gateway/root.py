@@ -161,8 +161,9 @@ class Gateway(service.MultiService):
             self.node = LocalNode(self.sessions, self.users,
                                   lambda: member_name(self.config) or self.config.server_name, self.blocking,
                                   self.viewers)
-        # A cluster member writes its heartbeat to the shared store (nodes, drain --node).
-        self.membership = self._membership() if config.cluster else None
+        # A cluster member writes its heartbeat to the shared store (nodes, drain --node); a single box
+        # writes none, and lists its one node.
+        self.membership = self._membership()
         if config.cluster:
             self._cluster_wire(config.cluster)
         # What every door calls: the router, over the cluster or over this box, a cluster of one.
@@ -192,8 +193,10 @@ class Gateway(service.MultiService):
         from nxgate.gateway.membership import Membership
 
         membership = Membership(self.config, self.store, self.reactor,
-                                lambda: self.sessions.live_count() if self.sessions is not None else 0)
-        membership.setServiceParent(self)
+                                lambda: self.sessions.live_count() if self.sessions is not None else 0,
+                                draining=lambda: self.sessions is not None and self.sessions.draining)
+        if self.config.cluster:
+            membership.setServiceParent(self)
         return membership
 
     def _cluster_wire(self, cluster: Any) -> None:
@@ -226,7 +229,7 @@ class Gateway(service.MultiService):
 
         self.remote_nodes = RemoteNodes(self.config, self.reactor, self.cluster_tls)
         api = Router(self.reactor, lambda: self.config, self.node, self.store, self.remote_nodes.get,
-                     self.remote_nodes.broken)
+                     self.remote_nodes.link_state)
         self.remote_nodes.listener = api.heard  # every member's session events, through its connection
         if self.serves_doors:
             touch = TimerService(self.config.cluster.heartbeat, steady(api.keep_in_touch, "keeping in touch with the members"))
