@@ -79,7 +79,8 @@ class LinkProblemTests(SynchronousTestCase):
 
     def test_words(self):
         self.assertEqual(link_problem("TLS with member node-x failed: [('SSL routines', '', "
-                                      "'certificate verify failed')]"), "refused: certificate not from the cluster's CA")
+                                      "'certificate verify failed')]"),
+                         "refused: certificate not from the cluster's CA")
         self.assertEqual(link_problem("[('SSL routines', '', 'tlsv1 alert unknown ca')]"),
                          "refused: it does not trust this gateway's certificate")
         self.assertEqual(link_problem("member node-b: its certificate names node-c, not node-b"),
@@ -440,7 +441,8 @@ class WireTests(TestCase):
     def test_a_node_with_a_certificate_of_another_ca_is_refused_by_the_gateway(self):
         other = PKI(os.path.join(self.base, "other"))
         port = yield self.listen(other.member("node-b"))
-        yield self.assert_refused(self.remote(port), "not the cluster CA", "refused: certificate not from the cluster's CA")
+        yield self.assert_refused(self.remote(port), "not the cluster CA",
+                                  "refused: certificate not from the cluster's CA")
 
     @defer.inlineCallbacks
     def test_an_expired_certificate_is_refused(self):

@@ -22,7 +22,7 @@ from typing import Any
 
 from tests.harness.process import wait_for
 from tests.harness.x11 import ClientScreen
-from tests.test_e2e_dbus import SystemBus
+from tests.test_e2e_dbus import fixture_with_bus
 from tests.test_e2e_web_viewer import RED, WebViewerBase, programs_of
 
 #: A line of the log: its time, what twistd writes in brackets (``namespace#level``) and the text.
@@ -44,7 +44,8 @@ def levels(log: str) -> dict[str, int]:
 
 def about(log: str, session_id: str) -> list[str]:
     """The texts of the lines that name ``session_id``."""
-    return [match.group("text") for match in map(LINE.match, log.splitlines()) if match and session_id in match.group(0)]
+    matches = (LINE.match(line) for line in log.splitlines() if session_id in line)
+    return [match.group("text") for match in matches if match]
 
 
 def free_displays(count: int) -> int:
@@ -63,23 +64,11 @@ class AdminLogTests(WebViewerBase):
     """A gateway whose log the test reads after each step."""
 
     timeout = 600
-    options = {**WebViewerBase.options}
 
     def make_fixture(self) -> Any:
-        bus = SystemBus()
         sessions = {**WebViewerBase.options["sessions"], "display_base": str(free_displays(20)), "display_limit": "20"}
-        type(self).options = {**WebViewerBase.options, "sessions": sessions, "dbus": {"address": bus.address}}
-        try:
-            fixture, teardown = super().make_fixture()
-        except BaseException:
-            bus.close()
-            raise
-
-        def both() -> None:
-            teardown()
-            bus.close()
-
-        return fixture, both
+        return fixture_with_bus(self, lambda address: {**WebViewerBase.options, "sessions": sessions,
+                                                       "dbus": {"address": address}}, WebViewerBase.make_fixture)
 
     def setUp(self) -> None:
         super().setUp()

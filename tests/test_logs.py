@@ -358,7 +358,8 @@ class ClassChatterTests(SynchronousTestCase):
         class_logger(connection).error("other side refused open\nreason: {reason}", reason="x")
         class_logger(factory).info("Starting factory {factory!r}", factory=factory)
         self.assertEqual(class_logger(connection).namespace, NXConnection._log.namespace)
-        Logger(namespace="nxgate.gateway.doors.conch.server", observer=publisher).info("SSH connection from 192.0.2.1:5 closed")
+        ours = Logger(namespace="nxgate.gateway.doors.conch.server", observer=publisher)
+        ours.info("SSH connection from 192.0.2.1:5 closed")
         return text.getvalue()
 
     def test_at_info_only_the_gateways_lines_and_twisteds_errors(self):

@@ -257,8 +257,8 @@ class DisconnectLogTests(ExtInfoOrderTests):
                           (transport.DISCONNECT_BY_APPLICATION, b"disconnected by user")):
             self.setUp()
             events = self.closing_lines(code, why)
-            self.assertEqual([e for e in events if e["log_level"] in (LogLevel.warn, LogLevel.error, LogLevel.critical)],
-                             [])  # Conch's "Got remote error" was an error line
+            alarms = [e for e in events if e["log_level"] in (LogLevel.warn, LogLevel.error, LogLevel.critical)]
+            self.assertEqual(alarms, [])  # Conch's "Got remote error" was an error line
             (line,) = [formatEvent(e) for e in events if e["log_namespace"] == server.__name__]
             self.assertRegex(line, r"^SSH connection from \S+ closed$")
 

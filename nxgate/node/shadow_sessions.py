@@ -189,7 +189,7 @@ class ShadowService:
         if settings.fullscreen and watched == (area_w, area_h):
             return settings  # a full screen of the watched screen's size: 1:1, with no window frame
         width, height = screen.shadow_geometry(watched, (area_w, area_h))
-        log.debug("shadow of :{display} ({watched}) in a viewer area of {area}: window {width}x{height}",
+        log.info("shadow of :{display} ({watched}) in a viewer area of {area}: window {width}x{height}",
                  display=target.display, watched="unknown size" if watched is None else "x".join(map(str, watched)),
                  area=settings.geometry, width=width, height=height)
         return dataclasses.replace(settings, geometry=f"{width}x{height}", fullscreen=False)

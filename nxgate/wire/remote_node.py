@@ -155,9 +155,8 @@ class RemoteNode:
         self.progress_callbacks: dict[int, ProgressCallback] = {}
         self.calls = itertools.count(1)
         #: When (this gateway's clock) the connection to the member broke or
-        #: could not be made; None while it works or was never needed.  A
-        #: member killed is seen at once this way, heartbeats take three
-        #: periods (see :meth:`RemoteNodes.broken`).
+        #: could not be made, the outage the log tells once; None while it
+        #: works or was never needed.
         self.broken_at: float | None = None
         #: Why the link does not work (:func:`link_problem`), since it last failed or broke; "" while it works.
         self.problem = ""
@@ -333,9 +332,9 @@ class RemoteNode:
         self.attempting = False
         self.failures += 1
         problem, self.problem = self.problem, link_problem(failure.getErrorMessage())
-        # Said once per outage (the link and the heartbeat try again), and when its reason changes;
+        # Said once per outage (the link and the heartbeat try again), and when it turns into a refusal;
         # "connected" ends it.
-        if self.broken_at is None or problem != self.problem:
+        if self.broken_at is None or (self.problem != problem and self.problem.startswith("refused")):
             self.broken_at = self.broken_at or self.reactor.seconds()
             self._unavailable(self.problem if self.problem.startswith("refused") else failure.getErrorMessage())
         if self.failures >= self.RETRIES and not self.closing:
