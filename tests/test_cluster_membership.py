@@ -3,6 +3,7 @@ last heartbeat, and the admin's ``nodes`` and ``drain --node``."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -51,7 +52,9 @@ class PureTests(SynchronousTestCase):
     def test_a_node_this_gateway_links_to_is_up_only_while_the_link_works(self):
         fresh = member(100.0)
         self.assertEqual(state(fresh, 101.0, 2.0, "up"), "up")
-        self.assertEqual(state(fresh, 101.0, 2.0, None), "up")  # no link kept: this member, another gateway
+        self.assertEqual(state(fresh, 101.0, 2.0, None), "up")  # no link kept: this member, one serving no doors
+        gateway = dataclasses.replace(fresh, roles=frozenset({"gateway"}))
+        self.assertEqual(state(gateway, 101.0, 2.0, "connecting"), "up")  # gateways link to nodes only
         self.assertEqual(state(fresh, 101.0, 2.0, "connecting"), "connecting")
         refused = "refused: certificate not from the cluster's CA"
         self.assertEqual(state(fresh, 101.0, 2.0, refused), refused)  # its heartbeat is no help
@@ -194,11 +197,15 @@ class AdminTests(MembershipTests):
 
     def test_a_member_the_link_refuses_shows_why(self):
         refused = "refused: certificate not from the cluster's CA"
-        api = SimpleNamespace(links={"node-a": refused}.get)
+        self.successResultOf(self.store.heartbeat(Member(
+            name="node-x", address="x:7022", roles=frozenset({"node"}), started=900.0, last_heartbeat=1000.0,
+            sessions=0, load=0.0, cpus=8, free_memory=1)))
+        api = SimpleNamespace(links={"node-a": "connecting", "node-x": refused}.get)
         gateway = SimpleNamespace(membership=self.membership, sessions=None, api=api, config=None, started=0.0)
         line = json.dumps({"command": "nodes", "args": {}}).encode()
-        (row,) = self.successResultOf(defer.ensureDeferred(AdminProtocol(gateway)._handle(line)))["result"]
-        self.assertEqual(row["state"], refused)
+        rows = self.successResultOf(defer.ensureDeferred(AdminProtocol(gateway)._handle(line)))["result"]
+        # Its own node (node-a) is in process: no link, up by its heartbeat.
+        self.assertEqual({row["name"]: row["state"] for row in rows}, {"node-a": "up", "node-x": refused})
 
     def test_the_command_line(self):
         args = cli.parse_arguments(["drain", "--node", "node-b", "--off"])

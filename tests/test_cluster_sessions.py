@@ -363,8 +363,10 @@ class RouterTests(SynchronousTestCase):
     def test_a_node_whose_first_link_attempt_is_under_way_may_take_calls(self):
         self.store.members_["node-a"] = member("node-a", sessions=9)
         self.store.members_["node-c"] = member("node-c", sessions=9)
-        self.links["node-b"] = "connecting"
+        self.links.update({"node-a": "refused: never asked about itself", "node-b": "connecting"})
         self.assertEqual(self.ok(self.api.start(ALICE, START)).view.node, "node-b")
+        self.store.members_["node-b"] = member("node-b", sessions=20)
+        self.assertEqual(self.ok(self.api.start(ALICE, START)).view.node, "node-a")  # its own node, in process
 
     def test_the_gateway_keeps_in_touch_with_every_other_node_that_is_up(self):
         self.links["node-b"] = "refused: certificate not from the cluster's CA"  # dialled again: it may be mended

@@ -380,15 +380,18 @@ class WireTests(TestCase):
         self.assertTrue([e for e in self.log.events if e.get("event") == "cluster_member_unreachable"])
         self.assertTrue(error.unreachable)  # nothing was asked: a start may be placed elsewhere
         self.assertIsNotNone(node.broken_at)  # the gateway sees it down before its heartbeats go stale
+        self.assertRegex(node.link_state, r"^unreachable: .*refused")
         factory = GateFactory(self.authorize, choose(self.node())).tls_factory(self.node_tls)
         again = yield endpoints.serverFromString(reactor, f"tcp:{number}:interface=127.0.0.1").listen(factory)
         self.addCleanup(again.stopListening)
         self.assertEqual((yield defer.ensureDeferred(node.status(CALLER))), ServiceStatus(False, 1, 0, ()))
         self.assertIsNone(node.broken_at)
+        self.assertEqual(node.link_state, "up")
         # The node goes away during the connection's life: the next call dials again.
         node.connection.transport.abortConnection()
         yield deferLater(reactor, 0.05, lambda: None)
         self.assertIsNotNone(node.broken_at)  # seen at once, not three heartbeats later
+        self.assertEqual(node.link_state, "unreachable: its connection closed")
         self.assertIs((yield defer.ensureDeferred(node.set_draining(CALLER, False))), False)
         self.assertIsNone(node.broken_at)
 
@@ -413,6 +416,7 @@ class WireTests(TestCase):
     @defer.inlineCallbacks
     def test_remote_nodes_keeps_one_per_member(self):
         nodes = RemoteNodes(None, reactor, self.gateway_tls)
+        self.assertEqual(nodes.link_state("node-b"), "connecting")  # not dialled yet: not up either
         self.assertIs(nodes.get("node-b", "127.0.0.1:1"), nodes.get("node-b", "127.0.0.1:1"))
         self.assertIsNot(nodes.get("node-b", "127.0.0.1:1"), nodes.get("node-b", "127.0.0.1:2"))
         yield None

@@ -45,8 +45,8 @@ DEFAULT_ROLES = frozenset({"gateway", "node"})
 
 UP, DOWN, CONNECTING = MEMBER_UP, MEMBER_DOWN, MEMBER_CONNECTING
 
-#: What tells a member's link state (:meth:`nxgate.wire.remote_node.RemoteNodes.link_state`): None when
-#: this member keeps no link to it (itself, another gateway, or a member that routes nothing).
+#: What tells the state of this member's link to another (:meth:`nxgate.wire.remote_node.RemoteNodes.link_state`);
+#: None: it keeps none (a member that serves no doors).
 Links = Callable[[str], "str | None"]
 
 
@@ -56,11 +56,13 @@ def no_links(name: str) -> str | None:
 
 def state(member: Member, now: float, heartbeat: float = DEFAULT_HEARTBEAT, link: str | None = None) -> str:
     """"down" if ``member`` wrote no heartbeat within the last ``DOWN_AFTER``
-    periods; else the state of this member's link to it (``link``: "up",
-    "connecting", "refused: ...", "unreachable: ..."), "up" without one."""
+    periods; else, for a node, the state of this member's link to it
+    (``link``: "up", "connecting", "refused: ...", "unreachable: ..."); "up"
+    without one (this member itself, a member that links to none) and for a
+    member that runs no sessions (gateways link to nodes only)."""
     if now - member.last_heartbeat > DOWN_AFTER * heartbeat:
         return DOWN
-    return link or UP
+    return link if link is not None and "node" in member.roles else UP
 
 
 def reachable(member_state: str) -> bool:
@@ -167,7 +169,11 @@ class Membership(service.Service):
             members = await self.store.members()
         except StoreError as error:
             raise _unavailable(error) from None
-        return tuple(view(member, now, self.heartbeat, links(member.name)) for member in members)
+        return tuple(view(member, now, self.heartbeat, self._link(links, member.name))
+                     for member in members)
+
+    def _link(self, links: Links, name: str) -> str | None:
+        return None if name == self.member_name else links(name)  # this member's own node is in process
 
     async def drain(self, name: str, on: bool) -> bool:
         """The admin's switch for member ``name``; False: no such member."""

@@ -33,6 +33,7 @@ from nxgate.node.service import SessionService
 from nxgate.store.factory import open_store
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.results import StreamTarget
+from nxgate.gateway.membership import no_links
 from nxgate.gateway.router import Router
 from nxgate.node.launcher import Launcher
 from nxgate.node.local import LocalNode
@@ -228,8 +229,9 @@ class Gateway(service.MultiService):
         from nxgate.wire.remote_node import RemoteNodes
 
         self.remote_nodes = RemoteNodes(self.config, self.reactor, self.cluster_tls)
+        # A member that serves doors keeps a link to every node (keep_in_touch), whose state is the node's.
         api = Router(self.reactor, lambda: self.config, self.node, self.store, self.remote_nodes.get,
-                     self.remote_nodes.link_state)
+                     self.remote_nodes.link_state if self.serves_doors else no_links)
         self.remote_nodes.listener = api.heard  # every member's session events, through its connection
         if self.serves_doors:
             touch = TimerService(self.config.cluster.heartbeat, steady(api.keep_in_touch, "keeping in touch with the members"))

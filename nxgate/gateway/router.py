@@ -137,7 +137,11 @@ class Router:
     def _up(self, member: Member | None) -> bool:
         """Up by its heartbeat and by this gateway's link to it (or its first attempt under way)."""
         return member is not None and reachable(state(member, self.reactor.seconds(), self.heartbeat,
-                                                      self.links(member.name)))
+                                                      self._link(member.name)))
+
+    def _link(self, name: str) -> str | None:
+        """This gateway's link to member ``name`` (None: this member itself, whose node is in process)."""
+        return None if name == self.name else self.links(name)
 
     def _api(self, member: Member) -> Any:
         """This machine's node, or the other member's over the wire."""
@@ -201,7 +205,7 @@ class Router:
         await self._check_user_limit(caller)
         members = await self._members()
         candidates = ranked(members.values(), self.reactor.seconds(), self.heartbeat, self._pending(members),
-                            self.links)
+                            self._link)
         if not candidates:
             raise SessionError(Kind.LIMIT_REACHED, NO_NODE)
         last: SessionError | None = None

@@ -168,14 +168,12 @@ class RemoteNode:
         return f"RemoteNode({self.name!r}, {self.address!r})"
 
     @property
-    def link_state(self) -> str | None:
-        """The link's state: up, connecting (a first attempt), the problem
-        since it last failed (until it works again), or None (never dialled)."""
+    def link_state(self) -> str:
+        """The link's state: up, the problem since it last failed (until it
+        works again), or connecting (its first attempt is under way or to come)."""
         if self.connection is not None:
             return MEMBER_UP
-        if self.problem:
-            return self.problem
-        return MEMBER_CONNECTING if self.attempting else None
+        return self.problem or MEMBER_CONNECTING
 
     # ----------------------------------------------------- SessionAPI
     async def start(self, caller: Caller, request: StartRequest) -> Ready:
@@ -387,13 +385,13 @@ class RemoteNodes:
             node = self.nodes[name] = RemoteNode(self.reactor, self.tls, name, address, self.listener, self.streams)
         return node
 
-    def link_state(self, name: str) -> str | None:
-        """The state of this gateway's link to member ``name`` (None: none
-        was ever dialled).  Until it works again after a break or a refusal,
+    def link_state(self, name: str) -> str:
+        """The state of this gateway's link to member ``name`` (connecting:
+        not dialled yet).  Until it works again after a break or a refusal,
         the gateway treats the member as down: its sessions are listed as
         lost and new ones go elsewhere, at once, not three heartbeats later."""
         node = self.nodes.get(name)
-        return None if node is None else node.link_state
+        return MEMBER_CONNECTING if node is None else node.link_state
 
     def close(self) -> None:
         for node in self.nodes.values():
