@@ -64,8 +64,9 @@ from zope.interface import implementer
 from nxgate.safetext import printable
 
 LEVELS = {"debug": LogLevel.debug, "info": LogLevel.info, "warn": LogLevel.warn, "error": LogLevel.error}
-# Conch's module-level chatter; our own modules log what matters with context.
-QUIET_NAMESPACES = ("twisted.conch",)
+# Module-level chatter of Twisted's (Conch's, AMP's "connection established/lost" for every member
+# link); our own modules log what matters with context (nxgate.wire.remote_node: "connected to ...").
+QUIET_NAMESPACES = ("twisted.conch", "twisted.protocols.amp")
 
 
 def logged_by_its_class(event: dict[str, Any]) -> bool:

@@ -358,6 +358,7 @@ class ClassChatterTests(SynchronousTestCase):
         class_logger(connection).error("other side refused open\nreason: {reason}", reason="x")
         class_logger(factory).info("Starting factory {factory!r}", factory=factory)
         self.assertEqual(class_logger(connection).namespace, NXConnection._log.namespace)
+        Logger(namespace="twisted.protocols.amp", observer=publisher).info("NodeAMP connection established")
         ours = Logger(namespace="nxgate.gateway.doors.conch.server", observer=publisher)
         ours.info("SSH connection from 192.0.2.1:5 closed")
         return text.getvalue()
@@ -366,6 +367,7 @@ class ClassChatterTests(SynchronousTestCase):
         text = self.log_at("info")
         self.assertNotIn("sending close", text)
         self.assertNotIn("Starting factory", text)
+        self.assertNotIn("connection established", text)
         self.assertIn("other side refused open", text)
         self.assertIn("SSH connection from 192.0.2.1:5 closed", text)
 
@@ -373,6 +375,7 @@ class ClassChatterTests(SynchronousTestCase):
         text = self.log_at("debug")
         self.assertIn("sending close 3", text)
         self.assertIn("Starting factory", text)
+        self.assertIn("connection established", text)
 
 
 class NamespaceTests(SynchronousTestCase):
