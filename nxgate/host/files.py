@@ -23,7 +23,7 @@ from typing import Any
 
 from twisted.logger import Logger
 
-log = Logger(namespace="nxgate.session")
+log = Logger()
 
 
 #: The agent's Unix socket in the session directory: the agent is told to

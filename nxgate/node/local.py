@@ -47,7 +47,7 @@ from nxgate.vocabulary.streams import Stream, StreamKind
 from nxgate.streams import agentsocket
 from nxgate.streams.agentsocket import SocketStream, StreamWatch
 
-log = Logger(namespace="nxgate.node.local")
+log = Logger()
 
 Blocking = Callable[..., Awaitable[Any]]
 

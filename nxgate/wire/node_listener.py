@@ -39,7 +39,7 @@ from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.results import Progress, SessionEvent
 from nxgate.streams.splice import Splice, TransportEnd
 
-log = Logger(namespace="nxgate.cluster.node")
+log = Logger()
 
 STREAM_HELLO = wire.STREAM_HELLO
 

@@ -41,7 +41,7 @@ from zope.interface import alsoProvides, implementer
 from nxgate.host.descriptors import count_open_files
 from nxgate.gateway.doors.preauth import Block, Ending, PreauthLimits, PreauthTable, Refusal
 
-log = Logger(namespace="nxgate.gateway.doors")
+log = Logger()
 
 #: Seconds a count of open descriptors is trusted, far from the limit and
 #: near it (between samples every admitted connection counts as one more, so

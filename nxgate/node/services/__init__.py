@@ -25,7 +25,7 @@ from twisted.logger import Logger
 from nxgate.protocols import service_channels
 from nxgate.node.services.ports import openable
 
-log = Logger(namespace="nxgate.services")
+log = Logger()
 
 #: service -> the module with its Service.
 MODULES = {

@@ -74,7 +74,7 @@ from nxgate.protocols import printgate
 from nxgate.host import files, processes
 from nxgate.node.services import Context
 
-log = Logger(namespace="nxgate.services.printing")
+log = Logger()
 
 DIRECTORY = "cups"
 SOCKET = "socket"

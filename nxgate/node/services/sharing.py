@@ -42,7 +42,7 @@ from nxgate.protocols import service_channels
 from nxgate.host import files
 from nxgate.node.services import Context
 
-log = Logger(namespace="nxgate.services.sharing")
+log = Logger()
 
 #: The folder in the user's home where shares appear (FreeNX's ``$(SHARES)``).
 SHARES_DIR = "MyShares"

@@ -45,7 +45,7 @@ from nxgate.protocols import service_channels
 from nxgate.host import files
 from nxgate.node.services import Context
 
-log = Logger(namespace="nxgate.services.sound")
+log = Logger()
 
 COOKIE_NAME = "pulse-cookie"
 #: The clients (``DisplaySettings.client``) that take a session's sound back over their SSH connection.
