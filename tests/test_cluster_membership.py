@@ -201,7 +201,7 @@ class AdminTests(MembershipTests):
             name="node-x", address="x:7022", roles=frozenset({"node"}), started=900.0, last_heartbeat=1000.0,
             sessions=0, load=0.0, cpus=8, free_memory=1)))
         api = SimpleNamespace(links={"node-a": "connecting", "node-x": refused}.get)
-        gateway = SimpleNamespace(membership=self.membership, sessions=None, api=api, config=None, started=0.0)
+        gateway = SimpleNamespace(membership=self.membership, manager=None, router=api, config=None, started=0.0)
         line = json.dumps({"command": "nodes", "args": {}}).encode()
         rows = self.successResultOf(defer.ensureDeferred(AdminProtocol(gateway)._handle(line)))["result"]
         # Its own node (node-a) is in process: no link, up by its heartbeat.
