@@ -24,8 +24,9 @@ Who may connect: the session's user only.  A Unix socket's peer is known
 from ``SO_PEERCRED``; a TCP peer from the kernel's table and the user's
 processes (:mod:`nxgate.local_peers`, run off the reactor).  Nothing the
 peer sent is read before the verdict; a refused peer is closed, and the
-log says who, a few times and then as a sum.  An admitted connection is
-not read at all here: the gateway takes the socket as it is.
+log says who, once a minute per peer with a count (:mod:`nxgate.ratelimit`),
+and the sum at the end.  An admitted connection is not read at all here:
+the gateway takes the socket as it is.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from nxgate import local_peers
+from nxgate.ratelimit import RateLimiter
 from nxgate.streams import reverse
 from nxgate.streams.reverse import ReverseService, RouteError, Waiting
 from nxgate.vocabulary.caller import Caller
@@ -56,8 +58,10 @@ log = Logger(namespace="nxgate.node.reverse")
 #: Connections a listener takes from the kernel in one turn of the reactor.
 ACCEPTS_PER_TURN = 16
 BACKLOG = 16
-#: Refusals of one peer are logged at these counts (the rest summed up when the route ends).
-_SAY_AT = frozenset({1, 10, 100, 1000, 10000, 100000})
+#: Peers whose refusals a route sums up for its last line (the rest are in the per-minute lines only).
+MAX_PEERS_COUNTED = 64
+#: Refusals of one peer are logged once a minute per route (the rest counted, and summed up when the route ends).
+REFUSALS_LOGGED_EVERY = 60.0
 
 Setting = Callable[[Session, str, bytes], Awaitable[None]]
 
@@ -278,6 +282,8 @@ class _Route:
         self.end: Any = None  # the transport of the node's end of the route
         self.closed = False
         self.refused: dict[str, int] = {}
+        self.refusal_lines = RateLimiter(owner.reactor.seconds, window=REFUSALS_LOGGED_EVERY, capacity=256,
+                                         reports=False)
 
     @property
     def where(self) -> str:
@@ -325,11 +331,13 @@ class _Route:
             self.end.write(reverse.announcement(number))
 
     def _refused(self, who: str, reason: str) -> None:
-        count = self.refused[who] = self.refused.get(who, 0) + 1
-        if count in _SAY_AT:
+        if who in self.refused or len(self.refused) < MAX_PEERS_COUNTED:
+            self.refused[who] = self.refused.get(who, 0) + 1
+        held = self.refusal_lines.tell(who)
+        if held is not None:
             log.warn("session {id} of {user}: refused a {what} connection from {who}: {reason} (only the session's "
                      "user may use it){times}", id=self.session_id, user=self.user, what=self.service.what, who=who,
-                     reason=reason, times="" if count == 1 else f"; {count} refused from there so far")
+                     reason=reason, times=f"; {held} more refused from there in the last minute" if held else "")
 
     def setting(self, line: bytes) -> None:
         try:
