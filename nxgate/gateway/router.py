@@ -53,6 +53,8 @@ from nxgate.vocabulary.streams import Stream, StreamKind
 from nxgate.store.errors import StoreError, storage_reason
 
 log = Logger(namespace="nxgate.gateway.router")
+#: Descriptors a stream from another member holds here: its connection, and a socket pair when it is handed on.
+STREAM_FILES = 2
 
 def lost(view: SessionView) -> SessionView:
     """``view`` of a session whose member is down."""
@@ -82,10 +84,14 @@ class Router:
 
     def __init__(self, reactor: Any, config: Callable[[], Any], local: Any, store: Any,
                  remote: Callable[[str, str], Any] | None = None,
-                 broken: Callable[[str], float | None] = lambda name: None) -> None:
+                 broken: Callable[[str], float | None] = lambda name: None,
+                 room: Callable[[int], bool] = lambda count: True) -> None:
         """``broken(name)``: when this gateway's connection to that member
-        broke, if it did (:meth:`nxgate.wire.remote_node.RemoteNodes.broken`)."""
+        broke, if it did (:meth:`nxgate.wire.remote_node.RemoteNodes.broken`);
+        ``room(n)``: whether users' work may take ``n`` more descriptors (the
+        doors' guard's reserve)."""
         self.reactor = reactor
+        self.room = room
         self.broken = broken
         self.config = config
         self.local = local
@@ -264,8 +270,18 @@ class Router:
 
     async def open_stream(self, caller: Caller, session_id: str, kind: StreamKind) -> Stream:
         """One end of the caller's session, opened by the node that runs it
-        (which checks the owner again and picks the end from its own record)."""
-        return await self._on_node_of("open_stream", caller, session_id, kind)
+        (which checks the owner again and picks the end from its own record).
+        A stream from another member holds this gateway's descriptors too:
+        it is refused when users' work may take no more (``room``; this
+        machine's node asks for its own)."""
+        node = await self._node_of(await self._row(caller, session_id))
+        if node is not self.local and not self.room(STREAM_FILES):
+            log.warn("{user} from {address}: no {kind} stream of session {id}: this gateway is short of open files"
+                     " ([server] fd_reserve)", user=caller.user, address=caller.address, kind=kind.word,
+                     id=session_id)
+            raise SessionError(Kind.LIMIT_REACHED, "The server is short of open files; please try again in a"
+                               " minute.", session_id=session_id)
+        return await node.open_stream(caller, session_id, kind)
 
     async def restore(self, caller: Caller, request: RestoreRequest) -> Ready:
         node = await self._node_of(await self._row(caller, request.session_id))

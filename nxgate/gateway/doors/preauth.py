@@ -84,6 +84,8 @@ class Limits:
     penalty_min: float = 15.0
     penalty_max: float = 600.0
     exempt: tuple[Any, ...] = ()
+    #: Authenticated connections per user (not this table's: nxgate.gateway.doors.user_connections).
+    per_user: int = 32
 
     @classmethod
     def from_config(cls, config: Config) -> Limits:
@@ -92,7 +94,8 @@ class Limits:
         return cls(grace=server.login_grace_time, per_address=server.max_startups_per_address, start=start,
                    rate=rate, full=full, fd_reserve=server.fd_reserve, penalty_noauth=server.penalty_noauth,
                    penalty_grace=server.penalty_grace, penalty_min=server.penalty_min,
-                   penalty_max=server.penalty_max, exempt=parse_networks(server.preauth_exempt))
+                   penalty_max=server.penalty_max, exempt=parse_networks(server.preauth_exempt),
+                   per_user=server.max_connections_per_user)
 
 
 class Refusal(enum.Enum):
