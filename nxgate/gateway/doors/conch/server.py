@@ -109,8 +109,14 @@ class NXUserAuthServer(userauth.SSHUserAuthServer):
         super().serviceStarted()
         peer = self.transport.transport.getPeer()
         guarded = self.transport.transport
-        self.portal = _AddressPortal(self.portal, getattr(peer, "host", str(peer)),
-                                     lambda user: user_logged_in(guarded, user))
+
+        def claim(user: str) -> str | None:
+            refusal = user_logged_in(guarded, user)
+            if refusal is not None:
+                authenticated(guarded)  # a right login refused for the cap: its end costs the address no penalty
+            return refusal
+
+        self.portal = _AddressPortal(self.portal, getattr(peer, "host", str(peer)), claim)
         self._info_answer: defer.Deferred[list[str]] | None = None
 
     def serviceStopped(self) -> None:
