@@ -243,7 +243,7 @@ class Conversation:
     def _command_error(self, failure: Failure, command: str) -> NXError:
         if failure.check(AccountsUnavailable):
             log.warn("{command} for {user} from {address} refused: {error}", command=command, user=self.shell.user,
-                     address=self.address, error=str(failure.value))
+                     address=self.address, error=failure.value.strerror or str(failure.value))
             return NXError(TEMPORARY_FAILURE, f"ERROR: {TEMPORARY_NOTE[:1].upper()}{TEMPORARY_NOTE[1:]}.")
         if failure.check(NXError):
             error: NXError = failure.value  # type: ignore[assignment]
