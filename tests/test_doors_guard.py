@@ -245,3 +245,19 @@ class UserConnectionTests(TestCase):
         self.limit[0] = 300  # an admin's prlimit under the running gateway
         self.assertEqual(self.guard.status()["file_limit"], 300)
         self.assertFalse(self.guard.users_may_open(100))  # 20 + 100 > 300 - 2 x 128
+
+    def test_the_admin_status_shows_the_limit_of_now_and_the_users_connections(self) -> None:
+        from types import SimpleNamespace
+
+        from nxgate.gateway.doors.admin.server import _preauth_status
+        from nxgate.wire.guarded import user_logged_in
+
+        for n in range(3):
+            user_logged_in(self.connect(f"192.0.2.{n}"), "alice")  # two held, the third refused
+        user_logged_in(self.connect("192.0.2.9"), "bob")
+        self.limit[0] = 600  # prlimit under the running gateway
+        shown = _preauth_status(SimpleNamespace(guard=self.guard))
+        self.assertTrue(shown["open_files"].startswith("20 of 600 "), shown["open_files"])
+        self.assertEqual(shown["user_connections"], "3 connections of 2 users (the most of one user: 2; at most 2"
+                                                    " each, 0: no cap)")
+        self.assertEqual(shown["refused_user_connections"], 1)
