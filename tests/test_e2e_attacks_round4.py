@@ -11,10 +11,10 @@ What the third round's fixers noticed and left, and the surfaces added since:
   ``[server] max_connections_per_user`` (32) connections over every door,
   and the rest are refused with the reason.
 * **NX logins inside the nx account's connections** count the same way.
-* **Reverse streams without the users' file reserve**: a session's own
-  programs connecting to its printers' listener again and again, each
-  connection carried to nxgate-client on a channel of its own and held: the
-  gateway ran out of files.  Now a connection carries at most 32 and every
+* **Reverse streams without a cap**: a session's own programs connecting to
+  its printers' listener again and again, each connection carried to
+  nxgate-client on an SSH channel of its own and held, each a descriptor
+  of the gateway's.  Now one client connection carries at most 32 and every
   stream asks the users' reserve.
 * **An account look-up that cannot tell** (the gateway out of files after an
   NX login): an internal error and a traceback before; now the NX client
@@ -42,6 +42,11 @@ from tests.harness.process import wait_for
 from tests.harness.shared import class_fixture
 from tests.harness.ssh import NXClient, askpass_env, ssh_argv
 from tests.harness.users import NEED_ROOT, TestUser, create_user, is_root
+from tests.harness.cups import client_printing
+from tests.test_e2e_client import RED, ClientScreenTestCase
+from tests.test_e2e_client import TYPES as CLIENT_TYPES
+from tests.test_e2e_printing import QUEUE, _only_session, _program_env
+from tests.test_e2e_sound import as_user
 
 FILE_LIMIT = 256
 #: The doors stop at FILE_LIMIT - FD_RESERVE open files, users' work at FILE_LIMIT - 2 x FD_RESERVE.
@@ -286,3 +291,80 @@ class AdminStatusTests(Round4Case):
         print(f"\n    nxgate-admin status after prlimit 200: {shown['result']['open_files']}")
         self.assertRegex(shown["result"]["open_files"], r"^\d+ of 200 ")
         self.assertRegex(shown["result"]["user_connections"], r"at most 32 each")
+
+
+#: The session's own user: COUNT connections to its printers' tunnel (a Unix socket), held; then, once the
+#: gateway has said what it will (no end seen for 5 s), how many are open and how many it closed.
+TUNNEL_HOLDER = r"""
+import json, select, socket, sys, time
+path, count = sys.argv[1], int(sys.argv[2])
+held = []
+for _ in range(count):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)  # blocking: waits while the listener's backlog is full
+    held.append(s)
+open_, closed = set(held), 0
+quiet_since, deadline = time.monotonic(), time.monotonic() + 120
+while open_ and time.monotonic() < deadline and time.monotonic() - quiet_since < 5:
+    ready, _, _ = select.select(list(open_), [], [], 0.5)
+    for s in ready:
+        try:
+            data = s.recv(65536)
+        except OSError:
+            data = b""
+        if not data:
+            open_.discard(s)
+            closed += 1
+            quiet_since = time.monotonic()
+print(json.dumps({"connected": len(held), "open": len(open_), "closed": closed}), flush=True)
+sys.stdin.read()
+"""
+
+
+class ReverseChannelCapTests(ClientScreenTestCase):
+    """alice's nxgate-client takes her printers back; her own session's programs hold 300 connections to
+    the printers' tunnel."""
+
+    options = {"sessions": {"display_base": "3500", "display_limit": "20", "connect_timeout": "60"},
+               "types": CLIENT_TYPES}
+
+    def setUp(self):
+        super().setUp()
+        self.printer, self.cups = client_printing(self, self.gateway.workdir)
+
+    def test_one_client_connection_carries_at_most_32_reverse_channels_and_printing_goes_on(self):
+        self.background(self.argv("--geometry", "800x600", "--print", "--print-server", self.cups.server, "--verbose"),
+                        DISPLAY=self.screen.name)
+        self.screen.wait_for_colour(RED, 20000, timeout=60)
+        env = wait_for(lambda: _program_env(self.user.name, _only_session(self.user.name)), 20, "the session program")
+        env = {key: env[key] for key in ("CUPS_SERVER", "HOME")}
+        wait_for(lambda: QUEUE in as_user(self.user.name, env, "lpstat", "-a").stdout, 60,
+                 "the client's queue in the session", interval=0.3)
+        tunnel = re.search(r"the client takes its printing back \(listening at (\S+)\)", self.gateway.log())
+        self.assertIsNotNone(tunnel, "the gateway's log says where the printers' tunnel listens")
+        pid = self.gateway.process.pid
+        files_before = open_files(pid)
+        holder = subprocess.Popen(["runuser", "-u", self.user.name, "--", sys.executable, "-c", TUNNEL_HOLDER,
+                                   tunnel.group(1), "300"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        self.addCleanup(Round4Case._release, holder)
+        line = holder.stdout.readline()
+        self.assertTrue(line, holder.stderr.read() if not line else "")
+        got = json.loads(line)
+        files_held = open_files(pid)
+        print(f"\n    300 connections of the session's user to its printers' tunnel: {got}; the gateway's open files"
+              f" {files_before} before, {files_held} while they are held")
+        self.assertEqual(got["connected"], 300)
+        self.assertLessEqual(got["open"], 32)  # nxgate.streams.reverse_channel.MAX_PER_CONNECTION
+        self.assertEqual(got["closed"], 300 - got["open"])
+        self.assertIn("dropped a printing connection: its nxgate-client's connection carries 32 such connections"
+                      " already", self.gateway.log())
+        # Their end frees the places: alice prints through the same client connection.
+        Round4Case._release(holder)
+        text = f"printed after the flood {os.urandom(8).hex()}"
+        path = os.path.join(self.user.home, "after-flood.txt")
+        as_user(self.user.name, env, "sh", "-c", f"printf '%s\\n' '{text}' > {path}")
+        printed = as_user(self.user.name, env, "lp", "-d", QUEUE, path)
+        self.assertEqual(printed.returncode, 0, printed.stderr)
+        self.assertEqual(self.printer.wait_for_text(text.encode()).strip(), text.encode())
+        self.assertNotIn("Traceback", self.gateway.log())
