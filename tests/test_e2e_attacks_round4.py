@@ -38,7 +38,7 @@ from twisted.trial.unittest import SkipTest, TestCase
 
 from tests.harness.cluster import admin_cli
 from tests.harness.gateway import REPO, Gateway
-from tests.harness.process import wait_for
+from tests.harness.process import release, wait_for
 from tests.harness.shared import class_fixture
 from tests.harness.ssh import NXClient, askpass_env, ssh_argv
 from tests.harness.users import NEED_ROOT, TestUser, create_user, is_root
@@ -136,23 +136,11 @@ class Round4Case(TestCase):
         """Run an attacker that prints one JSON line and holds what it took until its stdin closes."""
         process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True, **options)
-        self.addCleanup(self._release, process)
+        self.addCleanup(release, process)
         line = process.stdout.readline()
         if not line:
             raise AssertionError(f"the attacker ended: {process.stderr.read()[-3000:]}")
         return json.loads(line), process
-
-    @staticmethod
-    def _release(process: subprocess.Popen) -> None:
-        if process.poll() is None:
-            process.stdin.close()
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        process.stdout.close()
-        process.stderr.close()
 
     def nx_login(self, user: TestUser) -> bytes:
         client = NXClient(self.gateway.port)
@@ -347,7 +335,7 @@ class ReverseChannelCapTests(ClientScreenTestCase):
         holder = subprocess.Popen(["runuser", "-u", self.user.name, "--", sys.executable, "-c", TUNNEL_HOLDER,
                                    tunnel.group(1), "300"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
-        self.addCleanup(Round4Case._release, holder)
+        self.addCleanup(release, holder)
         line = holder.stdout.readline()
         self.assertTrue(line, holder.stderr.read() if not line else "")
         got = json.loads(line)
@@ -360,7 +348,7 @@ class ReverseChannelCapTests(ClientScreenTestCase):
         self.assertIn("dropped a printing connection: its nxgate-client's connection carries 32 such connections"
                       " already", self.gateway.log())
         # Their end frees the places: alice prints through the same client connection.
-        Round4Case._release(holder)
+        release(holder)
         text = f"printed after the flood {os.urandom(8).hex()}"
         path = os.path.join(self.user.home, "after-flood.txt")
         as_user(self.user.name, env, "sh", "-c", f"printf '%s\\n' '{text}' > {path}")
