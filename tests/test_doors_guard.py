@@ -261,3 +261,5 @@ class UserConnectionTests(TestCase):
         self.assertEqual(shown["user_connections"], "3 connections of 2 users (the most of one user: 2; at most 2"
                                                     " each, 0: no cap)")
         self.assertEqual(shown["refused_user_connections"], 1)
+        self.limit[0] = 200  # below twice the reserve (128): users' work gets nothing, not a negative number
+        self.assertTrue(_preauth_status(SimpleNamespace(guard=self.guard))["open_files"].endswith(" stop at 0)"))
