@@ -6,6 +6,14 @@ a level filter in front of the observers twistd installed.  twistd offers no
 hook for that, hence the small reach into the global publisher's observer
 list; if that ever changes, the log is simply unfiltered.
 
+Twisted's classes log through a ``Logger`` attribute of theirs, namespaced
+by the object's class: a Conch connection's "connection lost" and "sending
+close 3", a factory's "Starting factory <...>", for every connection and
+channel.  That chatter (:func:`logged_by_its_class`) is debug; its warnings
+and errors pass.  The gateway's own modules log through a module-level
+``Logger()`` (namespaced by the module), never through such an attribute,
+so what they say at info stays at info.
+
 The same wrapper keeps every event on one line: values in events come from
 clients (a user name, a parameter with ``%0A`` in it, bytes that are not
 UTF-8), and the classic text format writes a newline in a message as a new
@@ -56,13 +64,25 @@ from nxgate import ratelimit
 from nxgate.safetext import printable
 
 LEVELS = {"debug": LogLevel.debug, "info": LogLevel.info, "warn": LogLevel.warn, "error": LogLevel.error}
-# Conch's per-connection chatter; our own modules log what matters with context.
-QUIET_NAMESPACES = ("twisted.conch", "nxgate.gateway.doors.conch.server.NXSessionChannel", "nxgate.gateway.doors.conch.server.NXUserAuthServer")
-NORMAL_DISCONNECT = 11  # SSH_DISCONNECT_BY_APPLICATION: a client saying goodbye
+# Module-level chatter of Twisted's (Conch's, AMP's "connection established/lost" for every member
+# link); our own modules log what matters with context (nxgate.wire.remote_node: "connected to ...").
+QUIET_NAMESPACES = ("twisted.conch", "twisted.protocols.amp")
 
 
-def _not_a_normal_disconnect(event: dict) -> PredicateResult:
-    if event.get("log_format", "").startswith("Got remote error") and event.get("code") == NORMAL_DISCONNECT:
+def logged_by_its_class(event: dict[str, Any]) -> bool:
+    """Whether ``event`` came from a ``Logger`` that is a class attribute
+    (Twisted's way: its namespace is the class of the object that logs)."""
+    source = event.get("log_source")
+    if source is None:
+        return False
+    cls = source if isinstance(source, type) else type(source)
+    return event.get("log_namespace") == f"{cls.__module__}.{cls.__name__}"
+
+
+def _class_chatter_is_debug(event: dict[str, Any]) -> PredicateResult:
+    """Twisted's per-object info lines count as debug (see the module's docstring)."""
+    if (event.get("log_level") is LogLevel.info and _PREDICATE.defaultLogLevel is not LogLevel.debug
+            and logged_by_its_class(event)):
         return PredicateResult.no
     return PredicateResult.maybe
 
@@ -324,7 +344,7 @@ def filter_global_log(level: str, rotated_files: int | None = None) -> None:
     if level != "debug":
         for namespace in QUIET_NAMESPACES:
             _PREDICATE.setLogLevelForNamespace(namespace, LogLevel.warn)
-    predicates = [_not_a_normal_disconnect, _PREDICATE]
+    predicates = [_class_chatter_is_debug, _PREDICATE]
     observers = getattr(globalLogPublisher, "_observers", None)
     if observers is not None:
         for observer in list(observers):

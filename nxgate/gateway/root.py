@@ -33,6 +33,7 @@ from nxgate.node.service import SessionService
 from nxgate.store.factory import open_store
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.results import StreamTarget
+from nxgate.gateway.membership import no_links
 from nxgate.gateway.router import Router
 from nxgate.node.launcher import Launcher
 from nxgate.node.local import LocalNode
@@ -49,7 +50,7 @@ from nxgate.gateway.doors.preauth import Limits
 from nxgate.gateway.doors.conch.channel import ChannelHandler, ChannelTransport
 from nxgate.gateway.doors.conch.server import NXAvatar, NXRealm, NXSessionChannel, NXSSHFactory, kex_service
 
-log = Logger(namespace="nxgate")
+log = Logger()
 
 
 def shell_settings(config: Config) -> DialogueSettings:
@@ -162,8 +163,9 @@ class Gateway(service.MultiService):
             self.node = LocalNode(self.sessions, self.users,
                                   lambda: member_name(self.config) or self.config.server_name, self.blocking,
                                   self.viewers, room=self.guard.users_may_open)
-        # A cluster member writes its heartbeat to the shared store (nodes, drain --node).
-        self.membership = self._membership() if config.cluster else None
+        # A cluster member writes its heartbeat to the shared store (nodes, drain --node); a single box
+        # writes none, and lists its one node.
+        self.membership = self._membership()
         if config.cluster:
             self._cluster_wire(config.cluster)
         # What every door calls: the router, over the cluster or over this box, a cluster of one.
@@ -193,8 +195,10 @@ class Gateway(service.MultiService):
         from nxgate.gateway.membership import Membership
 
         membership = Membership(self.config, self.store, self.reactor,
-                                lambda: self.sessions.live_count() if self.sessions is not None else 0)
-        membership.setServiceParent(self)
+                                lambda: self.sessions.live_count() if self.sessions is not None else 0,
+                                draining=lambda: self.sessions is not None and self.sessions.draining)
+        if self.config.cluster:
+            membership.setServiceParent(self)
         return membership
 
     def _cluster_wire(self, cluster: Any) -> None:
@@ -226,8 +230,9 @@ class Gateway(service.MultiService):
         from nxgate.wire.remote_node import RemoteNodes
 
         self.remote_nodes = RemoteNodes(self.config, self.reactor, self.cluster_tls)
+        # A member that serves doors keeps a link to every node (keep_in_touch), whose state is the node's.
         api = Router(self.reactor, lambda: self.config, self.node, self.store, self.remote_nodes.get,
-                     self.remote_nodes.broken, room=self.guard.users_may_open)
+                     self.remote_nodes.link_state if self.serves_doors else no_links, room=self.guard.users_may_open)
         self.remote_nodes.listener = api.heard  # every member's session events, through its connection
         if self.serves_doors:
             touch = TimerService(self.config.cluster.heartbeat, steady(api.keep_in_touch, "keeping in touch with the members"))
@@ -408,6 +413,11 @@ class Gateway(service.MultiService):
     def _relay(self, client: Caller, target: StreamTarget, transport: ChannelTransport, leftover: bytes) -> StreamRelay:
         """After ``bye``: the channel relayed to the agent's stream, which the router opens on the session's node."""
         return StreamRelay(client, target.session_id, transport, leftover, self.api.open_stream)
+
+    def privilegedStartService(self) -> None:
+        # The doors bind their ports here, before startService: their lines go through the filter too.
+        filter_global_log(self.config.server.log_level, self.config.server.log_rotated_files)
+        super().privilegedStartService()
 
     def startService(self) -> None:
         record_pid(self.lock_fd)  # twistd may have forked since the lock was taken

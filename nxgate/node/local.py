@@ -47,7 +47,7 @@ from nxgate.vocabulary.streams import Stream, StreamKind
 from nxgate.wire import agentsocket
 from nxgate.wire.agentsocket import SocketStream, StreamWatch
 
-log = Logger(namespace="nxgate.node.local")
+log = Logger()
 
 Blocking = Callable[..., Awaitable[Any]]
 

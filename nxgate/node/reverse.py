@@ -53,7 +53,7 @@ from nxgate.vocabulary.results import SessionEvent
 from nxgate.vocabulary.streams import Stream
 from nxgate.wire.agentsocket import SocketStream
 
-log = Logger(namespace="nxgate.node.reverse")
+log = Logger()
 
 #: Connections a listener takes from the kernel in one turn of the reactor.
 ACCEPTS_PER_TURN = 16

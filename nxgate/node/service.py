@@ -21,7 +21,7 @@ from typing import Any
 
 from twisted.application import service
 from twisted.internet import defer, inotify
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 
 from nxgate.node.pamlib import resolve_service
 from nxgate.node.agents import nxagent
@@ -47,7 +47,7 @@ from nxgate.store.interface import SessionStore
 from nxgate.node.writer import StoreWriter
 from nxgate.threads import Blocking, inline
 
-log = Logger(namespace="nxgate.session")
+log = Logger()
 
 #: The longest session name :meth:`SessionService.rename` accepts.
 MAX_NAME = 64
@@ -197,7 +197,7 @@ class SessionService(service.Service):
         session = await self.new_session(caller, request.type, request.name, request.display, request.encrypted)
         session = session.evolve(options={**session.options, **launch.options, FOR_LATER: True}, client_address="")
         ready = await self.launch(caller, session, request.display, launch.plan)
-        log.info("session {id} of {user} started for a later client", id=ready.view.id, user=caller.user,
+        log.debug("session {id} of {user} started for a later client", id=ready.view.id, user=caller.user,
                  audit="session_start_for_later")
         return ready.view
 
@@ -247,8 +247,10 @@ class SessionService(service.Service):
 
     async def terminate(self, caller: Caller, session_id: str, reason: str = "user request") -> SessionView:
         session = self._owned(caller, session_id)
-        log.info("terminating session {id} of {user} on request from {address}", id=session.id,
-                 user=session.user, address=caller.address, audit="session_terminate")
+        # The session's end is its owner's line; another user ending it is worth one of its own.
+        log.emit(LogLevel.debug if caller.user == session.user else LogLevel.info,
+                 "terminating session {id} of {user} on request of {requester} from {address}", id=session.id,
+                 user=session.user, requester=caller.user, address=caller.address, audit="session_terminate")
         await self.lifecycle.terminate_session(session.id, reason)
         return SessionView.of(self.sessions.get(session.id, session))
 

@@ -37,7 +37,7 @@ from nxgate.vocabulary.streams import Stream
 from nxgate.wire.splice import Splice, TransportEnd
 from nxgate.wire.tcp import no_delay
 
-log = Logger(namespace="nxgate.streams.reverse_channel")
+log = Logger()
 
 #: Window of a reverse channel: a bulk copy (a folder) must not wait a round trip per window.
 WINDOW = 2 * 1024 * 1024

@@ -15,7 +15,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from twisted.internet import defer
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
 from nxgate.gateway.auth.pam import TEMPORARY_NOTE, AuthResult, Authenticator, Verdict
@@ -28,8 +28,9 @@ from nxgate.threads import Blocking, inline
 from nxgate.users import AccountsUnavailable, resolve_caller
 from nxgate.wire.relay import ByteTransport  # where a conversation's bytes go: the wire's word
 
-log = Logger(namespace="nxgate.conversation")
-
+log = Logger()
+#: How a conversation ends when the client says goodbye: not worth a line beside its connection's.
+NORMAL_ENDS = frozenset(("quit", "bye"))
 
 
 
@@ -198,7 +199,8 @@ class Conversation:
             elif isinstance(effect, nx.SwitchToRelay):
                 self._switch(effect)
             elif isinstance(effect, nx.Close):
-                log.info("NX conversation with {address} closed ({reason})", address=self.address, reason=effect.reason)
+                log.emit(LogLevel.debug if effect.reason in NORMAL_ENDS else LogLevel.info,
+                         "NX conversation with {address} closed ({reason})", address=self.address, reason=effect.reason)
                 self._cancel_timers()
                 self._closed = True
                 self.transport.close()

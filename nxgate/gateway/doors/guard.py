@@ -49,7 +49,7 @@ from nxgate.descriptors import count_open_files
 from nxgate.gateway.doors.preauth import Block, Ending, Limits, PreauthTable, Refusal
 from nxgate.gateway.doors.user_connections import UserConnections
 
-log = Logger(namespace="nxgate.gateway.doors")
+log = Logger()
 
 #: Seconds a count of open descriptors is trusted, far from the limit and
 #: near it (between samples every admitted connection counts as one more, so

@@ -20,8 +20,9 @@ from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.results import MemberView, SessionView
 from nxgate.gateway.auth.peercred import peer_uid
+from nxgate.gateway.membership import no_links
 
-log = Logger(namespace="nxgate.admin")
+log = Logger()
 
 MAX_REQUEST = 65536
 
@@ -161,23 +162,17 @@ class AdminProtocol(LineOnlyReceiver):
                  admin="root", audit="admin_action")
         return {"draining": bool(on)}
 
-    def _membership(self) -> Any:
-        membership = getattr(self.gateway, "membership", None)
-        if membership is None:
-            raise ValueError("this gateway is a single box (no [cluster] section); "
-                             "nxgate-admin status and drain on|off cover it")
-        return membership
-
     async def _drain_member(self, node: str, on: bool) -> dict[str, Any]:
         """A cluster member drained (no new sessions placed there) in the shared store."""
-        if not await self._membership().drain(node, on):
+        if not await self.gateway.membership.drain(node, on):
             raise ValueError(f"no cluster member {node!r} (nxgate-admin nodes lists them)")
         log.info("admin turns draining of member {node} {state}", node=node, state="on" if on else "off",
                  command=f"drain --node {node}{'' if on else ' --off'}", admin="root", audit="admin_action")
         return {"node": node, "drained": on}
 
     async def do_nodes(self) -> list[dict[str, Any]]:
-        members = await self._membership().views()
+        """The members, each node's state as this gateway's link to it has it; a single box: its one node."""
+        members = await self.gateway.membership.views(getattr(self.gateway.api, "links", no_links))
         now = time.time()
         return [describe_member(member, now) for member in members]
 

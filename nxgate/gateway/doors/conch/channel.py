@@ -17,7 +17,7 @@ from nxgate.streams.reverse_channel import MAX_PER_CONNECTION, send_back
 from nxgate.streams.reverse_route import ReverseRoute
 from nxgate.vocabulary.errors import SessionError
 
-log = Logger(namespace="nxgate.gateway.doors.conch.channel")
+log = Logger()
 
 
 class ChannelTransport:

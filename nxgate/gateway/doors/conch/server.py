@@ -42,7 +42,7 @@ from nxgate.gateway.doors.conch.kexpool import InlineKexPool, KexJobError, KexPo
 from nxgate.wire.guarded import authenticated, user_logged_in
 from nxgate.wire.tcp import no_delay
 
-log = Logger(namespace="nxgate.ssh")
+log = Logger()
 
 OPEN_ADMINISTRATIVELY_PROHIBITED = 1
 MSG_USERAUTH_INFO_REQUEST = 60
@@ -51,6 +51,8 @@ MODULI_FILE = "/etc/ssh/moduli"
 KEEPALIVE = b"keepalive@openssh.com"
 #: paramiko's (python-x2go's) probe, every 5 seconds with want_reply=0.
 PARAMIKO_KEEPALIVE = b"keepalive@lag.net"
+#: A client's goodbyes: Conch's and nxgate-client's "user closed connection", OpenSSH's "disconnected by user".
+NORMAL_DISCONNECTS = frozenset((transport.DISCONNECT_CONNECTION_LOST, transport.DISCONNECT_BY_APPLICATION))
 
 # Makes the NX conversation for a channel: (avatar, channel) -> handler
 # with data_received(bytes), eof_received() and connection_lost().
@@ -854,8 +856,15 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
         if service.name == b"ssh-connection" and getattr(getattr(self.avatar, "principal", None), "unix_user", None):
             authenticated(self.transport)
 
+    def receiveError(self, reasonCode: int, description: bytes) -> None:
+        """The client's reason for disconnecting, told in the connection's
+        closing line (Conch logs every one, a normal goodbye too, as an error)."""
+        if reasonCode not in NORMAL_DISCONNECTS:
+            self._client_reason = f" by the client: {description[:200].decode('utf-8', 'replace')} (code {reasonCode})"
+
     def connectionLost(self, reason: Any) -> None:
-        log.info("SSH connection from {peer} closed", peer=getattr(self, "peer_text", "?"))
+        log.info("SSH connection from {peer} closed{why}", peer=getattr(self, "peer_text", "?"),
+                 why=getattr(self, "_client_reason", ""))
         self._lost = True
         if self._kex_job is not None:
             self._kex_job.cancel()  # a queued job is dropped (and its admission released)

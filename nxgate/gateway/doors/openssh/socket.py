@@ -38,7 +38,7 @@ from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import SessionError
 from nxgate.vocabulary.streams import AGENT, Stream
 
-log = Logger(namespace="nxgate.shell")
+log = Logger()
 
 
 class _Frames:

@@ -22,7 +22,7 @@ from twisted.web import server
 
 from nxgate.ratelimit import RateLimiter
 
-log = Logger(namespace="nxgate.web")
+log = Logger()
 
 MAX_FORM_BYTES = 16 << 10
 FAILURE_LOG_PERIOD = 60.0
@@ -70,6 +70,14 @@ class DoorSite(server.Site):
         super().__init__(resource, requestFactory=DoorRequest)
         self.headers = headers
         self.failures = Quota(clock)
+
+    def log(self, request: server.Request) -> None:
+        """Each request at debug, not Twisted's access line at info: a page
+        is some twenty requests, a viewer more, and the logins, starts and
+        refusals they make have lines of their own."""
+        log.debug("web {method} {path} {code} for {address}", method=request.method.decode("ascii", "replace"),
+                  path=request.path.decode("ascii", "replace")[:200], code=request.code,
+                  address=getattr(request.getClientAddress(), "host", "?"))
 
 
 def report_failure(request: server.Request, failure: Failure, what: str) -> None:

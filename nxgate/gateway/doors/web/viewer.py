@@ -54,7 +54,7 @@ from nxgate.wire.guarded import user_logged_in
 from nxgate.wire.relay import StreamRelay
 from nxgate.wire.splice import Splice, TransportEnd
 
-log = Logger(namespace="nxgate.web.viewer")
+log = Logger()
 
 NOVNC = "/usr/share/novnc"
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "viewer_static")
@@ -675,7 +675,7 @@ class ViewerBridge:
         self.pending.clear()
         # Neither side buffers without bound: each pauses the other when its own send buffer fills.
         self.splice = Splice(TransportEnd(transport), _BrowserEnd(self), names=("vnc", "browser"))
-        log.info("browser viewer of {user}: first VNC bytes path ready after {seconds:.2f}s", user=self.caller.user,
+        log.debug("browser viewer of {user}: first VNC bytes path ready after {seconds:.2f}s", user=self.caller.user,
                  seconds=self.reactor.seconds() - self.started)
 
     def _nudge_selection(self) -> None:

@@ -42,7 +42,7 @@ from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import SessionError
 from nxgate.wire.relay import StreamRelay
 
-log = Logger(namespace="nxgate.x2go")
+log = Logger()
 
 OPEN_CONNECT_FAILED = 2
 LOOPBACK = frozenset({b"localhost", b"127.0.0.1", b"::1", b"ip6-localhost"})
