@@ -45,7 +45,7 @@ from nxgate.gateway.doors.openssh.socket import OpenSSHDoorFactory
 from nxgate.node.shadow_sessions import ShadowSessions
 from nxgate.gateway.doors.conch import checkers, hostkeys
 from nxgate.gateway.doors.guard import DoorGuard, raise_file_limit
-from nxgate.streams.guarded import authenticated
+from nxgate.streams.guarded import authenticated, user_logged_in
 from nxgate.gateway.doors.preauth import PreauthLimits
 from nxgate.gateway.doors.conch.channel import ChannelHandler, ChannelTransport
 from nxgate.gateway.doors.conch.server import NXAvatar, NXRealm, NXSessionChannel, NXSSHFactory, kex_service
@@ -152,7 +152,8 @@ class Gateway(service.MultiService):
         self.node: LocalNode | None = None
         web = bool(config.web.listen) and self.serves_doors
         if "node" in roles:
-            self.manager = SessionManager(reactor, config, self.store, self.layout, blocking=in_thread(reactor))
+            self.manager = SessionManager(reactor, config, self.store, self.layout, blocking=in_thread(reactor),
+                                           room=self.guard.users_may_open)
             self.manager.setServiceParent(self)
             self.shadow = self.manager.shadow = ShadowSessions(self.manager, config, self.blocking, self.users)
         # This machine's browser viewers: the node's live ones (its ``view`` streams) and the portal's
@@ -161,7 +162,7 @@ class Gateway(service.MultiService):
         if self.manager is not None:
             self.node = LocalNode(self.manager, self.users,
                                   lambda: member_name(self.config) or self.config.server_name, self.blocking,
-                                  self.viewers)
+                                  self.viewers, room=self.guard.users_may_open)
         # A cluster member writes its heartbeat to the shared store (nodes, drain --node); a single box
         # writes none, and lists its one node.
         self.membership = self._membership()
@@ -225,13 +226,13 @@ class Gateway(service.MultiService):
         sessions placed, the others sent to the node that runs them; on a
         single box, all to this machine's node."""
         if not self.config.cluster:
-            return Router(self.reactor, lambda: self.config, self.node, self.store)
+            return Router(self.reactor, lambda: self.config, self.node, self.store, room=self.guard.users_may_open)
         from nxgate.wire.remote_node import RemoteNodes
 
         self.remote_nodes = RemoteNodes(self.config, self.reactor, self.cluster_tls)
         # A member that serves doors keeps a link to every node (keep_in_touch), whose state is the node's.
         router = Router(self.reactor, lambda: self.config, self.node, self.store, self.remote_nodes.get,
-                     self.remote_nodes.link_state if self.serves_doors else no_links)
+                     self.remote_nodes.link_state if self.serves_doors else no_links, room=self.guard.users_may_open)
         self.remote_nodes.listener = router.heard  # every member's session events, through its connection
         if self.serves_doors:
             touch = TimerService(self.config.cluster.heartbeat, steady(router.keep_in_touch, "keeping in touch with the members"))
@@ -389,12 +390,12 @@ class Gateway(service.MultiService):
 
     def conversation(self, transport: Any, address: str, preauthenticated_user: str | None,
                      relay_factory: Any, local_address: str = "127.0.0.1", door: str = "nx",
-                     logged_in: Any = None) -> Conversation:
+                     logged_in: Any = None, claim: Any = None) -> Conversation:
         """A new NX conversation (not started) over ``transport``."""
         return Conversation(
             self.reactor, self.shell_settings, transport, address, self.authenticator, self.commands,
             relay_factory=relay_factory, preauthenticated_user=preauthenticated_user, local_address=local_address,
-            door=door, blocking=self.blocking, logged_in=logged_in,
+            door=door, blocking=self.blocking, logged_in=logged_in, claim=claim,
         )
 
     def _open_nx_channel(self, avatar: NXAvatar, channel: NXSessionChannel) -> ChannelHandler:
@@ -403,7 +404,8 @@ class Gateway(service.MultiService):
         ssh = channel.conn.transport
         conversation = self.conversation(ChannelTransport(channel), channel.peer, avatar.principal.unix_user,
                                          self._relay, channel.local_address, door="nx-conch",
-                                         logged_in=lambda: authenticated(ssh.transport))
+                                         logged_in=lambda: authenticated(ssh.transport),
+                                         claim=lambda user: user_logged_in(ssh.transport, user))
         handler = ChannelHandler(conversation, channel)
         conversation.start()
         return handler

@@ -55,6 +55,9 @@ from nxgate.vocabulary.streams import Stream, StreamKind
 from nxgate.store.errors import StoreError, storage_reason
 
 log = Logger()
+#: Descriptors a stream from another member holds here: its connection, and a socket pair when it is handed on.
+STREAM_FILES = 2
+
 
 def lost(view: SessionView) -> SessionView:
     """``view`` of a session whose member is down."""
@@ -83,10 +86,14 @@ class Router:
     (:meth:`nxgate.wire.remote_node.RemoteNodes.get`)."""
 
     def __init__(self, reactor: Any, config: Callable[[], Any], local: Any, store: Any,
-                 remote: Callable[[str, str], Any] | None = None, links: Links = no_links) -> None:
+                 remote: Callable[[str, str], Any] | None = None, links: Links = no_links,
+                 room: Callable[[int], bool] = lambda count: True) -> None:
         """``links(name)``: the state of this gateway's link to that member
-        (:meth:`nxgate.wire.remote_node.RemoteNodes.link_state`)."""
+        (:meth:`nxgate.wire.remote_node.RemoteNodes.link_state`); ``room(n)``:
+        whether users' work may take ``n`` more descriptors (the doors'
+        guard's reserve)."""
         self.reactor = reactor
+        self.room = room
         self.links = links
         self.config = config
         self.local = local
@@ -269,8 +276,18 @@ class Router:
 
     async def open_stream(self, caller: Caller, session_id: str, kind: StreamKind) -> Stream:
         """One end of the caller's session, opened by the node that runs it
-        (which checks the owner again and picks the end from its own record)."""
-        return await self._on_node_of("open_stream", caller, session_id, kind)
+        (which checks the owner again and picks the end from its own record).
+        A stream from another member holds this gateway's descriptors too:
+        it is refused when users' work may take no more (``room``; this
+        machine's node asks for its own)."""
+        node = await self._node_of(await self._row(caller, session_id))
+        if node is not self.local and not self.room(STREAM_FILES):
+            log.warn("{user} from {address}: no {kind} stream of session {id}: this gateway is short of open files"
+                     " ([server] fd_reserve)", user=caller.user, address=caller.address, kind=kind.word,
+                     id=session_id)
+            raise SessionError(ErrorKind.LIMIT_REACHED, "The server is short of open files; please try again in a"
+                               " minute.", session_id=session_id)
+        return await node.open_stream(caller, session_id, kind)
 
     async def restore(self, caller: Caller, request: RestoreRequest) -> Ready:
         node = await self._node_of(await self._row(caller, request.session_id))

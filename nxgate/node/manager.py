@@ -72,11 +72,15 @@ class SessionManager(service.Service):
         blocking: Blocking = inline,
         send_signal: SendSignal = processes.send_signal,
         listens: Callable[[int, int], bool] | None = None,
+        room: Callable[[int], bool] = lambda count: True,
     ) -> None:
         """``blocking`` runs the work that must not hold the reactor (the
         gateway passes a thread pool); ``send_signal`` and ``listens`` go to
         the AgentSupervisor (tests record signals and fake the port check).
-        ``store``: the one ``[store] url`` names (SQLite by default)."""
+        ``store``: the one ``[store] url`` names (SQLite by default).
+        ``room(n)``: whether users' work may take ``n`` more of this
+        process's descriptors (the doors' guard's reserve): the reverse
+        listeners ask before they accept."""
         self.reactor = reactor
         self.config = config
         self.settings = config.sessions
@@ -99,7 +103,7 @@ class SessionManager(service.Service):
         #: The reverse listeners of this machine's sessions (nxgate.node.reverse).
         self.reverse = ReverseListeners(reactor, layout.reverse, blocking, lambda sid: self.sessions.get(sid),
                                         lambda word: bool(getattr(self.config.services, word, False)),
-                                        lambda: self.node_name or "this machine")
+                                        lambda: self.node_name or "this machine", room)
         self.services = services.Services.load(services.Context(reactor, lambda: self.config, layout, self.launcher,
                                                         blocking, self.reverse))
         self.lifecycle = Lifecycle(reactor, lambda: self.config, lambda: self.settings, layout, self.supervisor,

@@ -200,7 +200,9 @@ class AdminFactory(protocol.Factory):
 def _preauth_status(gateway: Any) -> dict[str, Any]:
     """``nxgate-admin status``'s lines about the doors' guard (nxgate.gateway.doors.guard): the
     process's real count of open files (``/proc/self/fd``; the limit itself when none is left to
-    list them), and how often users' file work was refused to keep the reserve."""
+    list them) of its limit now (``getrlimit``, as ``prlimit`` may have changed it; a limit below twice
+    the reserve leaves users' file work none, not a negative number), how often users'
+    file work was refused to keep the reserve, and the users' authenticated connections."""
     guard = getattr(gateway, "guard", None)
     if guard is None:
         return {}
@@ -209,5 +211,9 @@ def _preauth_status(gateway: Any) -> dict[str, Any]:
             "penalized_addresses": now["penalized_sources"],
             "refused_connections": sum(now["refused"].values()),
             "open_files": f"{now['open_files']} of {now['file_limit']} (the doors keep {now['fd_reserve']} free;"
-                          f" the files of logged-in users stop at {now['file_limit'] - 2 * now['fd_reserve']})",
-            "refused_user_files": now.get("refused_user_files", 0)}
+                          f" the files of logged-in users stop at {max(0, now['file_limit'] - 2 * now['fd_reserve'])})",
+            "refused_user_files": now.get("refused_user_files", 0),
+            "user_connections": f"{now['user_connections']} connections of {now['users_connected']} users (the most of one user:"
+                                f" {now['most_connections_of_one_user']}; at most {now['max_connections_per_user']}"
+                                " each, 0: no cap)",
+            "refused_user_connections": now["refused_user_connections"]}

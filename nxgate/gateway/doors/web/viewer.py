@@ -50,6 +50,7 @@ from nxgate.vocabulary.results import Ready, SessionView, State
 from nxgate.vocabulary.streams import VIEW, Stream
 from nxgate.streams import agentsocket
 from nxgate.streams.agentsocket import SocketStream
+from nxgate.streams.guarded import user_logged_in
 from nxgate.streams.relay import StreamRelay
 from nxgate.streams.splice import Splice, TransportEnd
 
@@ -340,6 +341,10 @@ class _SocketResource(resource.Resource):
             return self._refuse(request, 403, "ticket of another login", caller.user if caller else "")
         if login_key(self.parent.auth.csrf_token(request)) != ticket.login:
             return self._refuse(request, 403, "ticket of another login", caller.user)
+        # A WebSocket is a connection of its user's from now on (the cap over every door).
+        refusal = user_logged_in(getattr(request.channel, "transport", None), caller.user)
+        if refusal is not None:
+            return self._refuse(request, 429, refusal, caller.user)
         connection = websocket.WebSocketConnection(self.parent.reactor)
         bridge = ViewerBridge(self.parent, caller, ticket, connection)
         connection.handler = bridge
