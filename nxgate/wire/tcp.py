@@ -20,3 +20,45 @@ def no_delay(transport: Any) -> None:
     set_it = getattr(transport, "setTcpNoDelay", None)
     if set_it is not None:
         set_it(True)
+
+
+def socket_transport(transport: Any) -> Any:
+    """The TCP or Unix socket transport that ``transport`` writes through
+    unchanged (through Twisted's plain ``ProtocolWrapper``\ s, whose
+    ``write`` only forwards), or None: TLS and other wrappers that transform
+    what they write, test transports.  (A wrapper answers any attribute of
+    the transport under it, ``socket`` too: only the type tells.)"""
+    from twisted.internet.abstract import FileDescriptor
+    from twisted.protocols.policies import ProtocolWrapper
+
+    while isinstance(transport, ProtocolWrapper) and type(transport).write is ProtocolWrapper.write:
+        transport = transport.transport
+    return transport if isinstance(transport, FileDescriptor) and hasattr(transport, "socket") else None
+
+
+def send_now(transport: Any, data: bytes | memoryview) -> None:
+    """``transport.write(data)``, but the bytes go to the socket at once when
+    nothing waits before them, instead of at the reactor's next turn.
+
+    Twisted buffers every write until the socket is next reported writable:
+    a request passing through one of our processes cost a round of the
+    reactor (``epoll_ctl`` to watch for writing, ``epoll_wait``, the send,
+    ``epoll_ctl`` again) at each hop, and what one read brought went out
+    only once all of it was handled, so the next process in a chain (the
+    client's SSH end, the gateway's, the session's program) started only
+    then.  What the socket does not take now is buffered as before, with
+    Twisted's flow control; an error is left for Twisted to find.  ``data``
+    may be a view (of a packet just opened): it is copied only into what
+    waits."""
+    target = socket_transport(transport)
+    if target is None or not target.connected or target.disconnecting or target._writeDisconnected \
+            or target._tempDataBuffer or target.offset < len(target.dataBuffer):
+        transport.write(data if isinstance(data, bytes) else bytes(data))
+        return
+    try:
+        sent = target.socket.send(data)  # all of it: Twisted's writeSomeData sends 128 KiB at most
+    except OSError:  # would block, or an error Twisted's next attempt meets and closes the connection on
+        sent = 0
+    if sent < len(data):
+        rest = data[sent:] if sent else data
+        transport.write(rest if isinstance(rest, bytes) else bytes(rest))
