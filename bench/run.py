@@ -33,6 +33,9 @@ Runs, each as its own process with its own JSON in bench/results/:
 * bench/sharing_copy.py  copying a file through the smb channel (the client's
                      folder in the session) against the same SMB copy without NX
                      (issue 14);
+* bench/display_search.py  a new session's display search with 50,000 Unix
+                     sockets on the machine: how long the reactor stalls, the
+                     search on its thread (as before) and in the thread pool;
 * bench/attacks.py   NX logins and portal pages under DHEat, with the key-exchange
                      workers stopped and under idle connections from many
                      addresses, against the quiet gateway (issues 27 and 31);
@@ -163,6 +166,21 @@ def store_rows(table: Table, store: dict | None) -> None:
                   (median < 20) if kind == "postgresql" else None,
                   note=f"p95 {figures['live_user']['p95_ms']:.2f} ms; admit {figures['admit']['median_ms']:.2f} ms,"
                        f" swap {figures['swap']['median_ms']:.2f} ms, all live {figures['live_all']['median_ms']:.0f} ms")
+
+
+def display_search_rows(table: Table, search: dict | None) -> None:
+    """A new session's display search on a machine with many Unix sockets: the reactor's stall."""
+    if not search:
+        return
+    table.section(f"display search, {search['unix_sockets']} Unix sockets and {search['planted_locks']} planted "
+                  f"locks: reactor stall (median of {search['runs']})")
+    before, now = search["ways"]["on the reactor"], search["ways"]["in the thread pool"]
+    table.add("search on the reactor's thread (before)", before["stall_median_ms"], "ms", target="(info)",
+              note=f"max {before['stall_max_ms']:.1f} ms")
+    table.add("search in the thread pool", now["stall_median_ms"], "ms", before["stall_median_ms"], "on the reactor",
+              now["stall_median_ms"] / before["stall_median_ms"] if before["stall_median_ms"] else None,
+              "(info)", note=f"max {now['stall_max_ms']:.1f} ms; the search itself "
+                             f"{now['allocation_median_ms']:.0f} ms")
 
 
 def cluster_relay_rows(table: Table, cluster: dict | None) -> None:
@@ -637,6 +655,8 @@ def main(argv: list[str] | None = None) -> int:
                      "--json", os.path.join(RESULTS, "printing.json")],
         "sharing": [python, os.path.join(HERE, "sharing_copy.py"), "--size-mb", "10" if args.quick else "100",
                     "--json", os.path.join(RESULTS, "sharing.json")],
+        "displays": [python, os.path.join(HERE, "display_search.py"), "--runs", "3" if args.quick else "10",
+                     "--json", os.path.join(RESULTS, "displays.json")],
         "attacks": [python, os.path.join(HERE, "attacks.py"), "--runs", str(runs),
                     "--json", os.path.join(RESULTS, "attacks.json")],
     }
@@ -667,6 +687,7 @@ def main(argv: list[str] | None = None) -> int:
     web = load(os.path.join(RESULTS, "web_viewer.json"))
     printing = load(os.path.join(RESULTS, "printing.json"))
     sharing = load(os.path.join(RESULTS, "sharing.json"))
+    display_search = load(os.path.join(RESULTS, "displays.json"))
     attacks = load(os.path.join(RESULTS, "attacks.json"))
     table = build_table(relay, sessions_result, x2go, scale)
     new_session_rows(table, new_session)
@@ -678,6 +699,7 @@ def main(argv: list[str] | None = None) -> int:
     web_viewer_rows(table, web)
     printing_rows(table, printing)
     sharing_rows(table, sharing)
+    display_search_rows(table, display_search)
     attack_rows(table, attacks)
     print()
     print(f"nxgate benchmark — {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
@@ -693,6 +715,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": load_before, "load_after": os.getloadavg(), "quick": args.quick,
         "steps": steps_run, "table": table.rows,
         "results": {"relay": relay, "sessions": sessions_result, "new_session": new_session, "x2go": x2go, "scale": scale, "store": store,
+                    "displays": display_search,
                     "cluster": placement, "cluster_picture": cluster_picture,
                     "cluster_relay": cluster_relay, "sound": sound, "web_viewer": web, "printing": printing, "sharing": sharing,
                     "attacks": attacks},
