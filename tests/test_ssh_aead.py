@@ -83,6 +83,15 @@ class GcmFramingTests(SynchronousTestCase):
                 etm.open_aead(opening, struct.pack(">L", length))
             self.assertEqual(raised.exception.code, transport.DISCONNECT_PROTOCOL_ERROR)
 
+    def test_padding_bytes_come_from_the_kernel_in_chunks_each_used_once(self) -> None:
+        pool = etm._RandomBytes(chunk=64)
+        taken = [pool.take(19) for _ in range(3)]
+        self.assertEqual([len(piece) for piece in taken], [19, 19, 19])
+        self.assertEqual(b"".join(taken), pool.pool[:57])  # one draw, consecutive, no byte twice
+        first = pool.pool
+        self.assertEqual(len(pool.take(19)), 19)  # 57 + 19 > 64: a fresh draw
+        self.assertIsNot(pool.pool, first)
+
     def test_the_invocation_counter_wraps_in_64_bits_and_the_fixed_part_stays(self) -> None:
         state = etm.Gcm(b"k" * 32, b"FIXD" + b"\xff" * 8)
         self.assertEqual(state.next_nonce(), b"FIXD" + b"\xff" * 8)

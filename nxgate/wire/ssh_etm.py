@@ -236,6 +236,27 @@ class EtmError(Exception):
         self.code = code
 
 
+class _RandomBytes:
+    """Random bytes for packet padding, drawn from the kernel 8 KiB at a
+    time: one ``getrandom`` per packet cost more than the padding is worth
+    (each byte is still used once)."""
+
+    def __init__(self, chunk: int = 8192) -> None:
+        self.chunk = chunk
+        self.pool = b""
+        self.used = 0
+
+    def take(self, count: int) -> bytes:
+        if self.used + count > len(self.pool):
+            self.pool, self.used = secureRandom(self.chunk), 0
+        taken = self.pool[self.used:self.used + count]
+        self.used += count
+        return taken
+
+
+_padding = _RandomBytes()
+
+
 def seal(ciphers: transport.SSHCiphers, sequence: int, payload: bytes) -> bytes:
     """One ETM packet: length in clear, the rest encrypted, then the MAC of
     the sequence number, the length and the ciphertext."""
@@ -244,7 +265,7 @@ def seal(ciphers: transport.SSHCiphers, sequence: int, payload: bytes) -> bytes:
     padding = block - body % block
     if padding < 4:
         padding += block
-    clear = bytes((padding,)) + payload + secureRandom(padding)
+    clear = bytes((padding,)) + payload + _padding.take(padding)
     framed = struct.pack(">L", len(clear)) + ciphers.encrypt(clear)
     return framed + ciphers.makeMAC(sequence, framed)
 
@@ -281,7 +302,7 @@ def seal_aead(gcm: Gcm, parts: tuple[bytes | memoryview, ...]) -> bytes:
     if padding < 4:
         padding += 16
     length = struct.pack(">L", body + padding)
-    clear = b"".join((bytes((padding,)), *parts, secureRandom(padding)))
+    clear = b"".join((bytes((padding,)), *parts, _padding.take(padding)))
     return length + gcm.aead.encrypt(gcm.next_nonce(), clear, length)
 
 
