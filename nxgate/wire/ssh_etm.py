@@ -297,7 +297,7 @@ def open_packet(ciphers: transport.SSHCiphers, sequence: int, data: bytes) -> tu
 def seal_aead(gcm: Gcm, parts: tuple[bytes | memoryview, ...]) -> bytes:
     """One AES-GCM packet of the payload ``parts`` (joined): the length in
     clear (authenticated), the rest encrypted, then the tag."""
-    body = 1 + sum(len(part) for part in parts)
+    body = 1 + sum(map(len, parts))
     padding = 16 - body % 16
     if padding < 4:
         padding += 16

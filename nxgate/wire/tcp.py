@@ -22,18 +22,31 @@ def no_delay(transport: Any) -> None:
         set_it(True)
 
 
+_WRAPPER_TYPES: tuple[type, type] | None = None
+
+
+def _wrapper_types() -> tuple[type, type]:
+    """Twisted's FileDescriptor and ProtocolWrapper, imported at the first
+    use (the client's start-up needs neither module)."""
+    global _WRAPPER_TYPES
+    if _WRAPPER_TYPES is None:
+        from twisted.internet.abstract import FileDescriptor
+        from twisted.protocols.policies import ProtocolWrapper
+
+        _WRAPPER_TYPES = (FileDescriptor, ProtocolWrapper)
+    return _WRAPPER_TYPES
+
+
 def socket_transport(transport: Any) -> Any:
     """The TCP or Unix socket transport that ``transport`` writes through
-    unchanged (through Twisted's plain ``ProtocolWrapper``\ s, whose
-    ``write`` only forwards), or None: TLS and other wrappers that transform
-    what they write, test transports.  (A wrapper answers any attribute of
-    the transport under it, ``socket`` too: only the type tells.)"""
-    from twisted.internet.abstract import FileDescriptor
-    from twisted.protocols.policies import ProtocolWrapper
-
-    while isinstance(transport, ProtocolWrapper) and type(transport).write is ProtocolWrapper.write:
+    unchanged (through Twisted's plain protocol wrappers, whose ``write``
+    only forwards), or None: TLS and other wrappers that transform what
+    they write, test transports.  (A wrapper answers any attribute of the
+    transport under it, ``socket`` too: only the type tells.)"""
+    descriptor, wrapper = _WRAPPER_TYPES or _wrapper_types()
+    while isinstance(transport, wrapper) and type(transport).write is wrapper.write:
         transport = transport.transport
-    return transport if isinstance(transport, FileDescriptor) and hasattr(transport, "socket") else None
+    return transport if isinstance(transport, descriptor) and hasattr(transport, "socket") else None
 
 
 def send_now(transport: Any, data: bytes | memoryview) -> None:
