@@ -600,6 +600,16 @@ class WireTests(TestCase):
         relay.close()
         yield deferLater(reactor, 0.05, lambda: None)
 
+    def test_a_process_that_makes_member_connections_keeps_freed_buffers(self):
+        """glibc's malloc is told once to keep freed stream buffers (a relaying
+        process otherwise faulted fresh pages in for most reads and records)."""
+        from nxgate.wire import records
+
+        GateFactory(lambda names: None, lambda head, member: None).tls_factory(self.node_tls)
+        self.assertEqual(records._kept, [True])  # Debian's libc is glibc: applied, once
+        self.assertTrue(records.keep_freed_memory())
+        self.assertEqual(records._kept, [True])
+
     def test_the_records_of_one_tcp_read_reach_the_stream_as_one_piece(self):
         """Twisted's TLS hands over 16 KiB records one by one; the gate passes
         what one read decrypted to as one piece (fewer, fuller SSH packets and

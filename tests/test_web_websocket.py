@@ -362,6 +362,11 @@ class LiveViewerTests(TestCase):
         self.assertIn("-once", argv)
         self.assertIn("-timeout", argv)
         self.assertNotIn("-xrandr", argv)
+        # Polls an unchanged screen every 10 ms, every 3 ms right after the page's input; X DAMAGE kept.
+        self.assertEqual(argv[argv.index("-wait") + 1], "10")
+        self.assertEqual(argv[argv.index("-wait_ui") + 1], "3.33")
+        self.assertNotIn("-noxdamage", argv)
+        self.assertEqual(bv.x11vnc_argv("x11vnc", 3100, "/v/vnc.sock").count("-wait_ui"), 1)
 
     def test_a_resume_or_the_end_of_the_session_ends_its_live_viewers_only(self) -> None:
         from nxgate.vocabulary.model import State

@@ -49,7 +49,7 @@ ONE_AT_A_TIME = {
     "/run/nxgate/displays), several through the same set-up (ManagerTests, SessionSide): side by side they "
     "take each other's numbers": (
         "tests.test_admin_server", "tests.test_cluster_sessions", "tests.test_node_streams",
-        "tests.test_node_supervisor", "tests.test_services", "tests.test_sessions_for_later",
+        "tests.test_node_supervisor", "tests.test_reactor_blocking", "tests.test_services", "tests.test_sessions_for_later",
         "tests.test_sessions_manager", "tests.test_sharing"),
 }
 
