@@ -23,6 +23,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from nxgate.streams.reverse_channel import SplicedChannel
 from nxgate.wire import ssh_etm as etm
+from nxgate.wire import tcp
 from nxgate.wire.tcp import send_now
 
 GCM = b"aes256-gcm@openssh.com"
@@ -36,6 +37,11 @@ def gcm_pair(name: bytes = GCM) -> tuple[etm.Gcm, etm.Gcm, bytes, bytes]:
     return etm.Gcm(key[:size], iv), etm.Gcm(key[:size], iv), key[:size], iv
 
 
+def sealed_packet(state: etm.Gcm, *parts: bytes) -> bytes:
+    """A packet as it goes on the wire (seal_aead gives it in two pieces)."""
+    return b"".join(etm.seal_aead(state, parts))
+
+
 class GcmFramingTests(SynchronousTestCase):
     def test_a_packet_is_openssh_s_layout(self) -> None:
         """PROTOCOL 1.6 / RFC 5647: the length in clear and authenticated,
@@ -43,7 +49,7 @@ class GcmFramingTests(SynchronousTestCase):
         16, the tag; the nonce is the IV's 12 bytes, counted up by one."""
         sealing, _, key, iv = gcm_pair()
         for count, payload in enumerate((b"", b"x", b"y" * 11, b"z" * 12, b"w" * 1000)):
-            sealed = etm.seal_aead(sealing, (payload,))
+            sealed = sealed_packet(sealing, payload)
             (length,) = struct.unpack(">L", sealed[:4])
             self.assertEqual(len(sealed), 4 + length + etm.TAG_SIZE)
             self.assertEqual(length % 16, 0)
@@ -55,7 +61,7 @@ class GcmFramingTests(SynchronousTestCase):
 
     def test_round_trip_one_after_another(self) -> None:
         sealing, opening, _, _ = gcm_pair(b"aes128-gcm@openssh.com")
-        first, second = etm.seal_aead(sealing, (b"first",)), etm.seal_aead(sealing, (b"sec", b"ond"))
+        first, second = sealed_packet(sealing, b"first"), sealed_packet(sealing, b"sec", b"ond")
         self.assertIsNone(etm.open_aead(opening, first[:-1]))  # incomplete: nothing used, the nonce kept
         self.assertIsNone(etm.open_aead(opening, first[:3]))
         self.assertEqual(etm.open_aead(opening, first + second[:10]), (b"first", len(first)))
@@ -63,7 +69,7 @@ class GcmFramingTests(SynchronousTestCase):
 
     def test_a_forged_or_replayed_packet_is_refused(self) -> None:
         sealing, opening, _, _ = gcm_pair()
-        sealed = etm.seal_aead(sealing, (b"payload" * 10,))
+        sealed = sealed_packet(sealing, b"payload" * 10)
         for where in (3, 4, 20, len(sealed) - 1):  # the length, the body, the tag
             forged = bytearray(sealed)
             forged[where] ^= 1
@@ -71,7 +77,7 @@ class GcmFramingTests(SynchronousTestCase):
                 etm.open_aead(_copy(opening), bytes(forged))
             self.assertIn(raised.exception.code, (transport.DISCONNECT_MAC_ERROR, transport.DISCONNECT_PROTOCOL_ERROR))
         self.assertEqual(etm.open_aead(_copy(opening), sealed)[0], b"payload" * 10)
-        later = etm.seal_aead(sealing, (b"later",))
+        later = sealed_packet(sealing, b"later")
         with self.assertRaises(etm.EtmError) as raised:  # out of order: its nonce is the next one's
             etm.open_aead(_copy(opening), later)
         self.assertEqual(raised.exception.code, transport.DISCONNECT_MAC_ERROR)
@@ -117,7 +123,7 @@ class CipherStateTests(SynchronousTestCase):
         other = etm.EtmCiphers(b"aes128-ctr", GCM, ETM_MAC, ETM_MAC)
         other.setKeys(keys[2], keys[3], keys[0], keys[1], keys[5], keys[4])
         self.assertEqual((other.verifyDigestSize, other.decBlockSize), (0, 16))
-        sealed = etm.seal_aead(mixed.outAEAD, (b"to the other side",))
+        sealed = sealed_packet(mixed.outAEAD, b"to the other side")
         self.assertEqual(etm.open_aead(other.inAEAD, sealed)[0], b"to the other side")
         back = etm.seal(other, 3, b"and back")
         self.assertEqual(etm.open_packet(mixed, 3, back)[0], b"and back")
@@ -210,6 +216,14 @@ class ChannelDataTests(SynchronousTestCase):
         self.deliver(sender, receiver)
         self.assertEqual(b"".join(bytes(piece) for piece in into.got), data)
 
+    def test_a_packet_taken_outside_the_transports_loop_is_bytes(self) -> None:
+        sender, receiver, out, into = self.link()
+        out.write(b"c" * 100)
+        receiver.buf = sender.transport.value()
+        packet = receiver.getPacket()
+        self.assertIsInstance(packet, bytes)
+        self.assertEqual(packet[9:], b"c" * 100)
+
     def test_other_channels_and_ciphers_keep_conchs_path(self) -> None:
         for cipher, takes_views in ((GCM, False), (b"aes128-ctr", True)):
             sender, receiver, out, into = self.link(cipher, takes_views)
@@ -263,10 +277,19 @@ class SendNowTests(TestCase):
         self.assertEqual(theirs.recv(100), b"nowand a view")
         self.assertFalse(transport_._tempDataBuffer)
 
+    def test_pieces_go_in_one_sendmsg_and_what_is_left_is_joined_in_order(self) -> None:
+        transport_, theirs = self.adopted()
+        send_now(transport_, b"len:", memoryview(b"-body-")[1:-1])
+        self.assertEqual(theirs.recv(100), b"len:body")
+        self.assertEqual(tcp._rest((b"abc", memoryview(b"def"), b"g"), 4), b"efg")
+        self.assertEqual(tcp._rest((b"abc", b"def"), 3), b"def")
+        one = b"whole"
+        self.assertIs(tcp._rest((one,), 0), one)  # nothing copied for a plain write
+
     def test_what_waits_in_twisteds_buffer_keeps_the_order(self) -> None:
         transport_, theirs = self.adopted()
         transport_.write(b"first ")
-        send_now(transport_, b"second")
+        send_now(transport_, b"sec", b"ond")
         self.assertRaises(BlockingIOError, theirs.recv, 100)  # both wait for the reactor
 
         def arrived() -> bytes:

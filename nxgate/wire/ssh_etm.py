@@ -122,6 +122,8 @@ class EtmTransport:
     decides)."""
 
     supportedCiphers = [*AEAD_CIPHERS, *transport.SSHTransportBase.supportedCiphers]
+    #: Within our own packet loop: payloads may stay views of the opened packets.
+    _views = False
 
     # Provided by SSHTransportBase.
     currentEncryptions: Any
@@ -154,8 +156,10 @@ class EtmTransport:
         data = bytes((messageType,)) + payload
         if self.outgoingCompression:
             data = self.outgoingCompression.compress(data) + self.outgoingCompression.flush(2)
-        send_now(self.transport, seal_aead(aead, (data,)) if aead is not None
-                 else seal(ciphers, self.outgoingPacketSequence, data))
+        if aead is not None:
+            send_now(self.transport, *seal_aead(aead, (data,)))
+        else:
+            send_now(self.transport, seal(ciphers, self.outgoingPacketSequence, data))
         self.outgoingPacketSequence += 1
 
     def send_channel_data(self, recipient: int, data: bytes | memoryview) -> None:
@@ -167,8 +171,8 @@ class EtmTransport:
         if aead is None or self.outgoingCompression or self._keyExchangeState != self._KEY_EXCHANGE_NONE:  # type: ignore[attr-defined]
             self.sendPacket(connection.MSG_CHANNEL_DATA, _CHANNEL_DATA.pack(recipient, len(data)) + bytes(data))
             return
-        send_now(self.transport, seal_aead(aead, (_CHANNEL_DATA_MESSAGE.pack(connection.MSG_CHANNEL_DATA, recipient,
-                                                                             len(data)), data)))
+        send_now(self.transport, *seal_aead(aead, (_CHANNEL_DATA_MESSAGE.pack(connection.MSG_CHANNEL_DATA, recipient,
+                                                                              len(data)), data)))
         self.outgoingPacketSequence += 1
 
     def dataReceived(self, data: bytes) -> None:
@@ -179,11 +183,15 @@ class EtmTransport:
             super().dataReceived(data)  # type: ignore[misc]
             return
         self.buf = self.buf + data if self.buf else data
-        packet = self.getPacket()
-        while packet:
-            if packet[0] != connection.MSG_CHANNEL_DATA or not self._channel_data(packet):
-                self.dispatchMessage(packet[0], packet[1:])  # type: ignore[attr-defined]
+        self._views = True
+        try:
             packet = self.getPacket()
+            while packet:
+                if packet[0] != connection.MSG_CHANNEL_DATA or not self._channel_data(packet):
+                    self.dispatchMessage(packet[0], bytes(packet[1:]))  # type: ignore[attr-defined]
+                packet = self.getPacket()
+        finally:
+            self._views = False
 
     def _channel_data(self, packet: bytes) -> bool:
         """Hand a well-formed SSH_MSG_CHANNEL_DATA within the window to its
@@ -198,12 +206,16 @@ class EtmTransport:
                 or length > channel.localWindowLeft or length > channel.localMaxPacket):
             return False
         channel.localWindowLeft -= length
-        if channel.localWindowLeft < channel.localWindowSize // 2:
-            service.adjustWindow(channel, channel.localWindowSize - channel.localWindowLeft)
         channel.dataReceived(memoryview(packet)[9:])
+        # Granted after the data went on (Conch grants first): the peer has half the window still, and the
+        # adjustment is a send and a wakeup of the peer that need not delay this data's way.
+        if channel.localWindowLeft < channel.localWindowSize // 2 and not channel.localClosed:
+            service.adjustWindow(channel, channel.localWindowSize - channel.localWindowLeft)
         return True
 
-    def getPacket(self) -> bytes | None:
+    def getPacket(self) -> bytes | memoryview | None:
+        """The next packet's payload: a view of the opened packet within our
+        own packet loop (:meth:`dataReceived`), bytes for anyone else."""
         ciphers = self.currentEncryptions
         aead = getattr(ciphers, "inAEAD", None)
         if aead is None and not is_etm(ciphers.inMACType):
@@ -225,7 +237,7 @@ class EtmTransport:
                 self.sendDisconnect(transport.DISCONNECT_COMPRESSION_ERROR, b"compression error")  # type: ignore[attr-defined]
                 return None
         self.incomingPacketSequence += 1
-        return payload
+        return payload if self._views or isinstance(payload, bytes) else bytes(payload)
 
 
 class EtmError(Exception):
@@ -291,25 +303,27 @@ def open_packet(ciphers: transport.SSHCiphers, sequence: int, data: bytes) -> tu
     padding = clear[0]
     if padding < 4 or padding >= len(clear):
         raise EtmError(transport.DISCONNECT_PROTOCOL_ERROR, "bad padding length")
-    return clear[1:len(clear) - padding], end + mac_size
+    return memoryview(clear)[1:len(clear) - padding], end + mac_size
 
 
-def seal_aead(gcm: Gcm, parts: tuple[bytes | memoryview, ...]) -> bytes:
-    """One AES-GCM packet of the payload ``parts`` (joined): the length in
-    clear (authenticated), the rest encrypted, then the tag."""
+def seal_aead(gcm: Gcm, parts: tuple[bytes | memoryview, ...]) -> tuple[bytes, bytes]:
+    """One AES-GCM packet of the payload ``parts`` (joined), in two pieces
+    to send one after the other (not joined: another copy): the length in
+    clear (authenticated), then the rest encrypted and the tag."""
     body = 1 + sum(map(len, parts))
     padding = 16 - body % 16
     if padding < 4:
         padding += 16
     length = struct.pack(">L", body + padding)
     clear = b"".join((bytes((padding,)), *parts, _padding.take(padding)))
-    return length + gcm.aead.encrypt(gcm.next_nonce(), clear, length)
+    return length, gcm.aead.encrypt(gcm.next_nonce(), clear, length)
 
 
-def open_aead(gcm: Gcm, data: bytes) -> tuple[bytes, int] | None:
-    """The payload of the AES-GCM packet at the start of ``data`` and the
-    bytes it took, or None while it is incomplete.  Raises :class:`EtmError`
-    (nothing of a packet whose tag is wrong is used)."""
+def open_aead(gcm: Gcm, data: bytes) -> tuple[memoryview, int] | None:
+    """The payload of the AES-GCM packet at the start of ``data`` (a view
+    into the decrypted packet) and the bytes it took, or None while it is
+    incomplete.  Raises :class:`EtmError` (nothing of a packet whose tag is
+    wrong is used)."""
     if len(data) < 4:
         return None
     (length,) = struct.unpack_from(">L", data)
@@ -326,4 +340,4 @@ def open_aead(gcm: Gcm, data: bytes) -> tuple[bytes, int] | None:
     padding = clear[0]
     if padding < 4 or padding >= len(clear):
         raise EtmError(transport.DISCONNECT_PROTOCOL_ERROR, "bad padding length")
-    return clear[1:len(clear) - padding], end
+    return memoryview(clear)[1:len(clear) - padding], end

@@ -49,9 +49,10 @@ def socket_transport(transport: Any) -> Any:
     return transport if isinstance(transport, descriptor) and hasattr(transport, "socket") else None
 
 
-def send_now(transport: Any, data: bytes | memoryview) -> None:
-    """``transport.write(data)``, but the bytes go to the socket at once when
-    nothing waits before them, instead of at the reactor's next turn.
+def send_now(transport: Any, *pieces: bytes | memoryview) -> None:
+    """``transport.write`` of ``pieces`` (joined), but the bytes go to the
+    socket at once when nothing waits before them, instead of at the
+    reactor's next turn, and several pieces in one ``sendmsg`` (no join).
 
     Twisted buffers every write until the socket is next reported writable:
     a request passing through one of our processes cost a round of the
@@ -60,18 +61,31 @@ def send_now(transport: Any, data: bytes | memoryview) -> None:
     only once all of it was handled, so the next process in a chain (the
     client's SSH end, the gateway's, the session's program) started only
     then.  What the socket does not take now is buffered as before, with
-    Twisted's flow control; an error is left for Twisted to find.  ``data``
+    Twisted's flow control; an error is left for Twisted to find.  A piece
     may be a view (of a packet just opened): it is copied only into what
     waits."""
     target = socket_transport(transport)
     if target is None or not target.connected or target.disconnecting or target._writeDisconnected \
             or target._tempDataBuffer or target.offset < len(target.dataBuffer):
-        transport.write(data if isinstance(data, bytes) else bytes(data))
+        transport.write(_rest(pieces, 0))
         return
-    try:
-        sent = target.socket.send(data)  # all of it: Twisted's writeSomeData sends 128 KiB at most
+    try:  # all of it: Twisted's writeSomeData sends 128 KiB at most
+        sent = target.socket.send(pieces[0]) if len(pieces) == 1 else target.socket.sendmsg(pieces)
     except OSError:  # would block, or an error Twisted's next attempt meets and closes the connection on
         sent = 0
-    if sent < len(data):
-        rest = data[sent:] if sent else data
-        transport.write(rest if isinstance(rest, bytes) else bytes(rest))
+    if sent < sum(map(len, pieces)):
+        transport.write(_rest(pieces, sent))
+
+
+def _rest(pieces: tuple[bytes | memoryview, ...], skip: int) -> bytes:
+    """The bytes of ``pieces`` after the first ``skip``, as one ``bytes``."""
+    if len(pieces) == 1 and not skip and isinstance(pieces[0], bytes):
+        return pieces[0]
+    rest = []
+    for piece in pieces:
+        if skip >= len(piece):
+            skip -= len(piece)
+            continue
+        rest.append(memoryview(piece)[skip:] if skip else piece)
+        skip = 0
+    return b"".join(rest)
