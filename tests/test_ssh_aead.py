@@ -206,6 +206,30 @@ class ChannelDataTests(SynchronousTestCase):
         self.deliver(receiver, sender)
         self.assertEqual(out.remoteWindowLeft, into.localWindowLeft)
 
+    def test_the_window_is_granted_after_the_data_went_on_and_not_while_paused(self) -> None:
+        sender, receiver, out, into = self.link(window=65536)
+        sent_before: list[int] = []
+
+        def received(data) -> None:
+            sent_before.append(len(receiver.transport.value()))  # what the receiver had sent when the data came
+            into.got.append(data)
+
+        into.dataReceived = received
+        out.write(b"d" * 40000)  # past half the window: a grant is due
+        self.deliver(sender, receiver, piece=1 << 20)
+        self.assertEqual(sent_before, [0, 0])  # no grant was on its way yet when the data reached the channel
+        self.assertNotEqual(receiver.transport.value(), b"")  # and then it was
+        receiver.transport.clear()
+
+        def paused(data) -> None:
+            into.localWindowSize = 0  # the far end is full: ChannelEnd.pause_reading
+            into.got.append(data)
+
+        into.dataReceived = paused
+        out.write(b"e" * 20000)
+        self.deliver(sender, receiver, piece=1 << 20)
+        self.assertEqual(receiver.transport.value(), b"")  # nothing granted while paused
+
     def test_more_than_the_window_waits_in_conchs_buffer_until_granted(self) -> None:
         sender, receiver, out, into = self.link(window=65536)
         data = os.urandom(100000)
