@@ -16,7 +16,7 @@ mounted by the gateway at ``~/MyShares/bench`` (smbnetfs, as the user):
 Each run copies with ``dd`` as the session's user: reads a --size-mb file of
 random bytes from the client's folder, writes one back (``bs=1M``, the
 write ends with ``conv=fsync``); the three ways alternate, and medians of
---runs are reported (MB/s = 10^6 bytes/s), with ratios to the peer.  Files
+--runs are reported (MB/s = 10^6 bytes/s), with ratios to the peer and the CPU seconds per GB of every process.  Files
 are checked byte for byte in the first run.
 
 What limits the NX channel (found with this script and strace): Nagle's
