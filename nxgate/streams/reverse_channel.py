@@ -38,7 +38,7 @@ from nxgate.wire.heap import keep_freed_memory
 from nxgate.wire.splice import Splice, TransportEnd
 from nxgate.wire.tcp import no_delay, send_now, socket_transport
 
-log = Logger(namespace="nxgate.streams.reverse_channel")
+log = Logger()
 
 #: Window of a reverse channel: a bulk copy (a folder) must not wait a round trip per window.
 WINDOW = 2 * 1024 * 1024
@@ -47,6 +47,9 @@ WINDOW = 2 * 1024 * 1024
 MAX_PACKET = 256 * 1024
 #: What one read of the SSH connection's socket may bring: a whole packet at once.
 SSH_READ = 512 * 1024
+#: Reverse channels one SSH connection carries at once (a session's sound streams, print jobs, folder
+#: connections): each holds a descriptor of the gateway, and the session's programs make them.
+MAX_PER_CONNECTION = 32
 
 
 class _FarEnd(TransportEnd):
@@ -211,25 +214,55 @@ class ReverseChannel(SplicedChannel):
     """The gateway's channel to the client for one reverse stream.
 
     ``kind``: the channel type (``forwarded-tcpip``, ``service-connection@nxgate``);
-    ``what``: words for the log."""
+    ``what``: words for the log.  It counts on its connection from its
+    making to its end (:func:`send_back`)."""
 
     def __init__(self, stream: Stream, kind: bytes, what: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.name = kind
         self.stream = stream
         self.what = what
+        self.counted = self.conn is not None
+        if self.counted:
+            self.conn.nxgate_reverse_channels = _carried(self.conn) + 1
+
+    def _uncount(self) -> None:
+        if self.counted:
+            self.counted = False
+            self.conn.nxgate_reverse_channels = _carried(self.conn) - 1
 
     def channelOpen(self, specificData: bytes) -> None:
         self._ready_for_bulk()
         self.stream.attach(self.far_side())
 
     def openFailed(self, reason: Failure) -> None:
+        self._uncount()
         log.info("the client refused a channel for {what}: {reason}", what=self.what,
                  reason=reason.getErrorMessage())
         self.stream.close()
 
+    def closed(self) -> None:
+        self._uncount()
+        super().closed()
+
     def far_failed(self) -> None:
         self.stream.close()
+
+
+def _carried(conn: Any) -> int:
+    return int(getattr(conn, "nxgate_reverse_channels", 0))
+
+
+def send_back(conn: Any, stream: Stream, kind: bytes, what: str, data: bytes) -> bool:
+    """Open a :class:`ReverseChannel` for ``stream`` on the SSH connection
+    ``conn`` (``data``: the channel type's own fields), if the connection
+    carries fewer than :data:`MAX_PER_CONNECTION`; else close the stream
+    (its program gets an end, as when a client refuses) and say False."""
+    if _carried(conn) >= MAX_PER_CONNECTION:
+        stream.close()
+        return False
+    conn.openChannel(ReverseChannel(stream, kind, what, conn=conn), data)
+    return True
 
 
 class TargetChannel(SplicedChannel):
