@@ -640,19 +640,33 @@ def printing_rows(table: Table, printing: dict | None) -> None:
 
 
 def sharing_rows(table: Table, sharing: dict | None) -> None:
-    """Issue 14's folder sharing figures (bench/sharing_copy.py)."""
+    """Issue 14's folder sharing figures (bench/sharing_copy.py): each way beside the same
+    smbnetfs on the same Samba without NX or SSH, from the same run (the ways alternate), with
+    the paired ratio and the CPU seconds per GB of every process of the copy."""
     if not sharing:
         return
+    load = sharing.get("load")
     table.section(f"folder sharing: a {sharing['size_mb']} MB file, the session's smbnetfs to the client's Samba "
-                  f"(loopback, link={sharing['link']})")
+                  f"(loopback, link={sharing['link']})" + (f"; load {load['median']:.1f} ({load['min']:.1f}-"
+                                                          f"{load['max']:.1f})" if load else ""))
+
+    def cpu(figures: dict, way: str) -> str:
+        used = figures.get(f"{way}_cpu_s_per_gb") or {}
+        return ", ".join(f"{name} {seconds:.2f}" for name, seconds in sorted(used.items())) + \
+            f" (all {sum(used.values()):.2f})" if used else "-"
+
     for way, label in (("read", "client's folder -> session (read)"), ("write", "session -> client's folder (write)")):
         for path, how, target in (("tunnel", "its own SSH channel", ">= 0.5x"), ("nx", "the NX smb channel", "(info)")):
-            if path not in sharing:
+            if not sharing.get(path):
                 continue
             share = sharing.get(f"{path}_{way}_ratio")
+            paired = sharing.get(f"{path}_{way}_paired_ratio")
+            note = (f"paired {paired:.2f}x; " if paired is not None else "") + \
+                f"CPU s/GB {cpu(sharing[path], way)}; without NX {cpu(sharing['direct'], way)}"
             table.add(f"{label}, {how}", sharing[path][f"{way}_mbps"], "MB/s", sharing["direct"][f"{way}_mbps"],
                       "the same SMB copy without NX", share, target,
-                      (share >= 0.5) if share is not None and target != "(info)" else None)
+                      (share >= 0.5) if share is not None and target != "(info)" else None,
+                      spread_pct(sharing[path].get(f"{way}s") or []), note=note)
 
 
 def attack_rows(table: Table, attacks: dict | None) -> None:
