@@ -49,6 +49,8 @@ APT_PACKAGES += x11-xkb-utils
 APT_PACKAGES += python3-x2go pyhoca-cli
 # Issue 24: and X2Go's Qt client, driven by a session profile under the client Xvfb.
 APT_PACKAGES += x2goclient
+# Issue 33: Remmina's X2Go plugin (it runs pyhoca-cli), tested under the client Xvfb.
+APT_PACKAGES += remmina remmina-plugin-x2go
 # Issue 31: the X2Go door's attack tests drive paramiko (what python-x2go uses) from Debian's python3.
 APT_PACKAGES += python3-paramiko
 

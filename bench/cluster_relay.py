@@ -22,17 +22,17 @@ Two kinds of rows:
   and listens on its socket itself before ``bye``.  For the cluster row the
   gateway's stream target is that session on member ``bench-node-1``: a
   separate process running nxgate's own node listener (GateFactory + the
-  NodeStream of node_server, over the TLS of nxgate.wire.tls with
-  certificates made by ``nxgate-admin cluster``), whose session table
-  knows just the sessions this benchmark hands it.  Routing a session to a
+  NodeStream of nxgate.wire.node_listener, over the TLS of nxgate.wire.tls
+  with certificates made by ``nxgate-admin cluster``), whose node opens
+  just the sessions this benchmark hands it.  Routing a session to a
   node is issue 13's placement/routing work, not what is measured here: the
-  gateway process runs with one hook (``Gateway._relay`` sends the streams
-  listed in a routes file to the node), everything after it is production
-  code.
+  gateway process runs with one hook (``Router.open_stream`` sends the
+  streams listed in a routes file to the node's RemoteNode), everything
+  after it is production code.
 * ``plain``: no SSH. A small Twisted process relays a TCP client with
   nxgate's StreamRelay exactly as the Conch channel does (pausing each side
   when the other's buffer is full), to the local socket or through
-  RemoteStreams to the node: the cost of the cluster hop alone.
+  a RemoteNode's open_stream to the node: the cost of the cluster hop alone.
 
 Needs root (creates Unix users, starts nxagent sessions).
 
@@ -43,7 +43,6 @@ Needs root (creates Unix users, starts nxagent sessions).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -113,17 +112,17 @@ def profiled(profile: str, run: Any) -> None:
 def gateway_process(routes: str, twistd_args: list[str]) -> None:
     """``twistd nxgate`` whose streams for the sessions listed in ``routes``
     go to member ``NODE`` (the one hook; see the module's docstring)."""
-    from nxgate.gateway import root as gateway
+    from nxgate.gateway.router import Router
 
-    original = gateway.Gateway._relay
+    original = Router.open_stream
 
-    def _relay(self: Any, client: Any, target: Any, transport: Any, leftover: bytes) -> Any:
-        route = read_routes(routes).get(target.session_id)
+    async def open_stream(self: Any, caller: Any, session_id: str, kind: Any) -> Any:
+        route = read_routes(routes).get(session_id)
         if route:
-            target = dataclasses.replace(target, node=route["node"], address=route["address"])
-        return original(self, client, target, transport, leftover)
+            return await self.remote(route["node"], route["address"]).open_stream(caller, session_id, kind)
+        return await original(self, caller, session_id, kind)
 
-    gateway.Gateway._relay = _relay
+    Router.open_stream = open_stream  # type: ignore[method-assign]
     from twisted.scripts.twistd import run
 
     name_process("bench-gateway")
@@ -131,29 +130,30 @@ def gateway_process(routes: str, twistd_args: list[str]) -> None:
     run()
 
 
-@dataclasses.dataclass
-class _Session:
-    id: str
-    state: Any
+class RoutedNode:
+    """A node as the stream listener asks it (``open_stream``): the sessions
+    the benchmark listed, each running, its agent socket root's."""
 
+    def __init__(self, reactor: Any, routes: str) -> None:
+        self.reactor, self.routes = reactor, routes
 
-class RoutedSessions:
-    """The node's session table as NodeStream reads it: the sessions the
-    benchmark listed, each running, its agent socket root's."""
+    async def open_stream(self, caller: Any, session_id: str, kind: Any) -> Any:
+        from nxgate.vocabulary.errors import Kind, SessionError
 
-    def __init__(self, routes: str) -> None:
-        self.routes = routes
+        path = read_routes(self.routes).get(session_id)
+        if path is None:
+            raise SessionError(Kind.NOT_FOUND, f"Could not find session {session_id}.")
+        return await self._at(path, session_id, kind)
 
-    @property
-    def sessions(self) -> dict[str, _Session]:
-        from nxgate.vocabulary.model import State
+    async def _at(self, path: str, session_id: str, kind: Any) -> Any:
+        from nxgate.wire import agentsocket
 
-        return {sid: _Session(sid, State.RUNNING) for sid in read_routes(self.routes)}
+        sock = await agentsocket.reach(self.reactor, path, 0)
+        return agentsocket.SocketStream(self.reactor, sock, session_id, kind)
 
-    def stream_target(self, session: _Session) -> Any:
-        from nxgate.vocabulary.results import StreamTarget
-
-        return StreamTarget(session.id, read_routes(self.routes)[session.id], 0)
+    def local(self, path: str) -> Any:
+        """``open_stream`` of the agent at ``path`` on this machine (what LocalNode does after its checks)."""
+        return lambda caller, session_id, kind: self._at(path, session_id, kind)
 
 
 def node_process(pki: str, routes: str, port_file: str, profile: str) -> None:
@@ -164,15 +164,10 @@ def node_process(pki: str, routes: str, port_file: str, profile: str) -> None:
     from nxgate.wire.connection import GateFactory
     from nxgate.wire.node_listener import choose
     from nxgate.wire.tls import ClusterTLS
-    from nxgate.node.local import LocalNode
-
-    class SameAccounts:  # the stream needs no account; NodeAMP (not used here) would ask
-        async def here(self, caller: Any, machine: str) -> Any:
-            return caller
 
     tls = ClusterTLS.load(NODE, *pki_files(pki, NODE))
-    node = LocalNode(RoutedSessions(routes), SameAccounts(), lambda: NODE, blocking=None)
-    factory = GateFactory(lambda names: GATEWAY if GATEWAY in names else None, choose(reactor, node), role="gateway")
+    factory = GateFactory(lambda names: GATEWAY if GATEWAY in names else None, choose(RoutedNode(reactor, routes)),
+                          role="gateway")
     port = reactor.listenTCP(0, factory.tls_factory(tls), interface="127.0.0.1")
     write_routes(port_file, {"port": port.getHost().port})
     name_process("bench-node")
@@ -183,10 +178,10 @@ class PlainClient:
     """A TCP client as StreamRelay's ClientStream, as the Conch channel is
     one: ``LOCAL <id> <path>`` or ``NODE <id> <host:port>`` first, then raw bytes."""
 
-    def __init__(self, reactor: Any, streams: Any) -> None:
+    def __init__(self, reactor: Any, nodes: Any) -> None:
         from twisted.internet import protocol
 
-        self.reactor, self.streams = reactor, streams
+        self.reactor, self.nodes = reactor, nodes
         self.head = b""
         self.relay: Any = None
         client = self
@@ -217,17 +212,15 @@ class PlainClient:
         from zope.interface import implementer
 
         from nxgate.vocabulary.caller import Caller
-        from nxgate.vocabulary.results import StreamTarget
         from nxgate.wire.relay import StreamRelay
 
         line, _, rest = self.head.partition(b"\n")
         kind, sid, where = line.decode().split()
         if kind == "NODE":
-            target = StreamTarget(sid, "", -1, NODE, where)
+            opener = self.nodes(where).open_stream
         else:
-            target = StreamTarget(sid, where, 0)
-        self.relay = StreamRelay(self.reactor, Caller("bench", 0, 0, address="bench"), target, self, rest,
-                                 self.streams)
+            opener = RoutedNode(self.reactor, "").local(where)
+        self.relay = StreamRelay(Caller("bench", 0, 0, address="bench"), sid, self, rest, opener)
 
         @implementer(IPushProducer)
         class _AgentPauser:  # the client's send buffer is full: hold the agent (the SSH window's job)
@@ -261,14 +254,20 @@ def plain_gateway_process(pki: str, port_file: str, profile: str) -> None:
     """A relay-only 'gateway': StreamRelay for TCP clients (see PlainClient)."""
     from twisted.internet import protocol, reactor
 
-    from nxgate.wire.member_stream import RemoteStreams
+    from nxgate.wire.remote_node import RemoteNode
     from nxgate.wire.tls import ClusterTLS
 
-    streams = RemoteStreams(reactor, ClusterTLS.load(GATEWAY, *pki_files(pki, GATEWAY)))
+    tls = ClusterTLS.load(GATEWAY, *pki_files(pki, GATEWAY))
+    nodes: dict[str, RemoteNode] = {}
+
+    def node(address: str) -> RemoteNode:
+        if address not in nodes:
+            nodes[address] = RemoteNode(reactor, tls, NODE, address)
+        return nodes[address]
 
     class Factory(protocol.Factory):
         def buildProtocol(self, addr: Any) -> Any:
-            return PlainClient(reactor, streams).protocol
+            return PlainClient(reactor, node).protocol
 
     port = reactor.listenTCP(0, Factory(), interface="127.0.0.1")
     write_routes(port_file, {"port": port.getHost().port})

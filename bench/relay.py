@@ -48,6 +48,7 @@ missing and --install is given (make bench does).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -70,7 +71,6 @@ sys.path.insert(0, HERE)
 import relay_nxcopy as rn  # noqa: E402  (the local rows' harness)
 
 from tests.harness.gateway import Gateway, nx_key  # noqa: E402
-from tests.harness.net import listen_unix_when_free  # noqa: E402
 from tests.harness.process import Pipe, stop, wait_for  # noqa: E402
 from tests.harness.users import create_user  # noqa: E402
 
@@ -372,7 +372,12 @@ def spawn_ssh(argv: list[str]) -> tuple[subprocess.Popen, str]:
 
 def accept(listener: socket.socket, timeout: float = 20.0) -> socket.socket:
     listener.settimeout(timeout)
-    conn, _ = listener.accept()
+    try:
+        conn, _ = listener.accept()
+    finally:
+        while _STOPPED:  # the stream is ours (or never came): the stopped agents go
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(_STOPPED.pop(), signal.SIGKILL)
     conn.settimeout(None)
     listener.close()
     return conn
@@ -440,8 +445,14 @@ def agent_pids(display: int) -> list[int]:
     return pids
 
 
+#: Agents stopped by take_agent_port, ended by accept once their stream is ours.
+_STOPPED: list[int] = []
+
+
 def take_agent_port(display: int, timeout: float = 20.0) -> socket.socket:
-    """SIGKILL the session's nxagent and listen on its socket ourselves."""
+    """Stop the session's nxagent and listen on its socket ourselves.  The
+    session stays live until the stream is ours (its node opens streams of
+    running sessions only): :func:`accept` ends the agent then."""
     pids = agent_pids(display)
     if not pids:
         raise RuntimeError(f"no nxagent runs for display :{display}")
@@ -455,8 +466,13 @@ def take_agent_port(display: int, timeout: float = 20.0) -> socket.socket:
         # The agent is started in its session directory with "-options options": relative to its cwd.
         directory = os.path.dirname(os.path.join(os.readlink(f"/proc/{pid}/cwd"), options))
         path = os.path.join(directory, "agent.sock")
-        os.kill(pid, signal.SIGKILL)
-    return listen_unix_when_free(path, timeout)
+        os.kill(pid, signal.SIGSTOP)
+        _STOPPED.append(pid)
+    os.unlink(path)  # the stopped agent keeps its listener, unreachable by path
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    return listener
 
 
 # -------------------------------------------------------------------- the paths

@@ -29,6 +29,9 @@ Runs, each as its own process with its own JSON in bench/results/:
 * bench/sharing_copy.py  copying a file through the smb channel (the client's
                      folder in the session) against the same SMB copy without NX
                      (issue 14);
+* bench/attacks.py   NX logins and portal pages under DHEat, with the key-exchange
+                     workers stopped and under idle connections from many
+                     addresses, against the quiet gateway (issues 27 and 31);
 
 then prints ONE table: each figure, its peer (X2Go measured here, X2Go's
 reference figures from the issue, OpenSSH...), the ratio, the target and
@@ -547,6 +550,31 @@ def sharing_rows(table: Table, sharing: dict | None) -> None:
                       (share >= 0.5) if share is not None and target != "(info)" else None)
 
 
+def attack_rows(table: Table, attacks: dict | None) -> None:
+    """Logins while the gateway is attacked (bench/attacks.py); the tests only check that they succeed."""
+    if not attacks:
+        return
+    table.section("logins under attack (medians)")
+    dheat = attacks.get("dheat")
+    if dheat:
+        login, page = statistics.median(dheat["login_s"]), statistics.median(dheat["page_s"])
+        quiet_login, quiet_page = statistics.median(dheat["quiet_login_s"]), statistics.median(dheat["quiet_page_s"])
+        table.add("NX login (group exchange) under DHEat", login, "s", quiet_login, "quiet", ratio(login, quiet_login),
+                  f"< {dheat['target_login_s']:g} s", login < dheat["target_login_s"], spread_pct(dheat["login_s"]))
+        table.add("portal page under DHEat", page * 1000, "ms", quiet_page * 1000, "quiet", ratio(page, quiet_page),
+                  f"< {dheat['target_page_s'] * 1000:g} ms", page < dheat["target_page_s"], spread_pct(dheat["page_s"]))
+    frozen = attacks.get("frozen")
+    if frozen:
+        table.add("group-exchange login, workers SIGSTOPped", statistics.median(frozen["first_s"]), "s", target="(info)",
+                  spread=spread_pct(frozen["first_s"]),
+                  note=f"the next login {statistics.median(frozen['next_s']):.3f} s")
+    idle = attacks.get("idle")
+    if idle:
+        login, quiet = statistics.median(idle["login_s"]), statistics.median(idle["quiet_login_s"])
+        table.add("NX login, 20 x 10 idle connections", login, "s", quiet, "quiet", ratio(login, quiet), "(info)",
+                  spread=spread_pct(idle["login_s"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and counts: a smoke run (minutes)")
@@ -554,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=10, help="sessions for the memory figures (both)")
     parser.add_argument("--size", default="2G", help="bytes per relay throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="relay throughput runs per row")
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,cluster,cluster_picture,cluster_relay,sound,web,printing,sharing")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,cluster,cluster_picture,cluster_relay,sound,web,printing,sharing,attacks")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install bench packages")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway (relay, logins, sessions)")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from bench/results/*.json")
@@ -598,6 +626,8 @@ def main(argv: list[str] | None = None) -> int:
                      "--json", os.path.join(RESULTS, "printing.json")],
         "sharing": [python, os.path.join(HERE, "sharing_copy.py"), "--size-mb", "10" if args.quick else "100",
                     "--json", os.path.join(RESULTS, "sharing.json")],
+        "attacks": [python, os.path.join(HERE, "attacks.py"), "--runs", str(runs),
+                    "--json", os.path.join(RESULTS, "attacks.json")],
     }
     log_dir = os.path.join(RESULTS, "logs")
     os.makedirs(log_dir, exist_ok=True)
@@ -625,6 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     web = load(os.path.join(RESULTS, "web_viewer.json"))
     printing = load(os.path.join(RESULTS, "printing.json"))
     sharing = load(os.path.join(RESULTS, "sharing.json"))
+    attacks = load(os.path.join(RESULTS, "attacks.json"))
     table = build_table(relay, sessions_result, x2go, scale)
     store_rows(table, store)
     cluster_rows(table, placement)
@@ -634,6 +665,7 @@ def main(argv: list[str] | None = None) -> int:
     web_viewer_rows(table, web)
     printing_rows(table, printing)
     sharing_rows(table, sharing)
+    attack_rows(table, attacks)
     print()
     print(f"nxgate benchmark — {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
           f"load {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f}")
@@ -649,7 +681,8 @@ def main(argv: list[str] | None = None) -> int:
         "steps": steps_run, "table": table.rows,
         "results": {"relay": relay, "sessions": sessions_result, "x2go": x2go, "scale": scale, "store": store,
                     "cluster": placement, "cluster_picture": cluster_picture,
-                    "cluster_relay": cluster_relay, "sound": sound, "web_viewer": web, "printing": printing, "sharing": sharing},
+                    "cluster_relay": cluster_relay, "sound": sound, "web_viewer": web, "printing": printing, "sharing": sharing,
+                    "attacks": attacks},
         "x2go_reference": X2GO_REFERENCE,
     }
     out = os.path.join(RESULTS, "bench.json")

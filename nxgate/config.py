@@ -179,6 +179,8 @@ class ServerSection:
     state_dir: str = option("/var/lib/nxgate", nonempty, "host keys, session store and session directories", is_path=True)
     protocol_version: str = option("3.5.0", nx_version, "NX protocol version in the greeting (keep below 4)")
     log_level: str = option("info", one_of("debug", "info", "warn", "error"), "lowest level written to the log")
+    log_rotated_files: int = option(10, integer(1, 1000), "rotated files of twistd's --logfile kept (it rotates "
+                                    "at 1 MB): gateway.log.1 ... gateway.log.N")
     shell_socket: str = option("", text, "Unix socket for nxgate-shell, the OpenSSH mode (empty: off)", is_path=True)
     audit_log: str = option("", text, "the audit log, one JSON line per event (empty: audit.log in state_dir)",
                             is_path=True)
@@ -189,8 +191,9 @@ class ServerSection:
                                      "authentication, on every door (SSH, HTTPS, cluster port, shell socket)")
     max_startups_per_address: int = option(10, integer(1, 1_000_000), "unauthenticated connections one address "
                                            "(IPv6: one /64) may hold at once, over all doors")
-    max_startups: str = option("100:30:200", max_startups, "start:rate:full: from start unauthenticated "
-                               "connections on refuse rate% of new ones, rising to all at full")
+    max_startups: str = option("100:30:200", max_startups, "start:rate:full, on each door: from start "
+                               "unauthenticated connections on refuse rate% of new ones (or displace an idle one), "
+                               "rising to all at full")
     fd_reserve: int = option(128, integer(16, 1_000_000), "file descriptors kept for running sessions, PAM "
                              "and the store: the doors take no one within this many of the limit")
     penalty_noauth: float = option(1.0, number(0, 3600), "penalty seconds for a connection that ends "
@@ -255,6 +258,10 @@ class SessionsSection:
     allow_unencrypted: bool = option(False, boolean, "let clients use unencrypted sessions (agent port open to them)")
     nxagent: str = option("nxagent", nonempty, "the nxagent program")
     agent_extra_options: tuple[str, ...] = option((), words, "extra nxagent command line options")
+    published_applications: tuple[str, ...] = option(
+        ("/etc/x2go/applications", "/usr/share/applications"), words,
+        "directories whose .desktop files (and those of their subdirectories) X2Go clients' published-applications"
+        " mode lists and may start")
     use_xsession: bool = option(True, boolean, "start desktops through the system's X session script")
     xsession: str = option("/etc/X11/Xsession", nonempty, "the system's X session script")
     path: str = option("/usr/local/bin:/usr/bin:/bin:/usr/games", nonempty, "PATH of session programs")

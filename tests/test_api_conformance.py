@@ -2,7 +2,8 @@
 signatures (issue 23): the node's session service, the router every door
 uses, and the two nodes the router talks to (this machine's in process,
 another member's over the wire), which also implement the node interface.  A method added to one and forgotten in
-another, or an argument renamed, fails here instead of at a door."""
+another, or an argument renamed, fails here instead of at a door.  The router has the node interface's calls
+about one session too (``thumbnail``, ``open_stream``: a door reaches a session's bytes only through it)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from nxgate.node.service import SessionService
 
 IMPLEMENTATIONS = (SessionService, Router, RemoteNode, LocalNode)
 NODES = (RemoteNode, LocalNode)
+#: What the router routes of the node interface beyond the session API (``subscribe`` is its ``observers``).
+ROUTED = ("thumbnail", "open_stream")
 
 
 def api_methods(api: type = SessionAPI) -> dict[str, inspect.Signature]:
@@ -36,7 +39,7 @@ def shape(parameter: inspect.Parameter) -> tuple[object, ...]:
 class ConformanceTests(SynchronousTestCase):
     def test_the_api_is_not_empty(self):
         self.assertGreaterEqual(len(api_methods()), 13)
-        self.assertEqual(set(api_methods(NodeAPI)) - set(api_methods()), {"thumbnail", "subscribe"})
+        self.assertEqual(set(api_methods(NodeAPI)) - set(api_methods()), {"thumbnail", "subscribe", "open_stream"})
 
     def test_every_node_has_the_node_interface(self):
         for node in NODES:
@@ -49,8 +52,22 @@ class ConformanceTests(SynchronousTestCase):
                     self.assertEqual([shape(p) for p in inspect.signature(method).parameters.values()],
                                      [shape(p) for p in expected.parameters.values()])
 
-    def test_the_router_draws_thumbnails_through_the_nodes(self):
-        self.assertTrue(inspect.iscoroutinefunction(Router.thumbnail))
+    def test_the_router_draws_thumbnails_and_opens_streams_through_the_nodes(self):
+        node_api = api_methods(NodeAPI)
+        for name in ROUTED:
+            with self.subTest(method=name):
+                method = getattr(Router, name, None)
+                self.assertIsNotNone(method, f"Router has no {name}")
+                self.assertTrue(inspect.iscoroutinefunction(method))
+                self.assertEqual([shape(p) for p in inspect.signature(method).parameters.values()],
+                                 [shape(p) for p in node_api[name].parameters.values()])
+
+    def test_open_stream_is_on_every_node_and_the_router(self):
+        """The one way to a session's bytes, with one signature everywhere (the checks above, named)."""
+        expected = inspect.signature(NodeAPI.open_stream)
+        for implementation in NODES + (Router,):
+            with self.subTest(implementation=implementation.__name__):
+                self.assertEqual(inspect.signature(implementation.open_stream), expected)
 
     def test_every_implementation_has_every_method_with_its_signature(self):
         for implementation in IMPLEMENTATIONS:

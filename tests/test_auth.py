@@ -2,14 +2,16 @@
 
 import pwd
 
+from twisted.cred.error import UnauthorizedLogin
 from twisted.internet import defer
+from twisted.python.failure import Failure
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from nxgate.gateway.auth import pam as auth
 from nxgate.node import pamlib
 from nxgate.gateway.auth.pam import Authenticator, Verdict
-from nxgate.gateway.auth.throttle import Throttle
+from nxgate.gateway.auth.throttle import Outcome, Throttle
 
 
 def immediate(reactor, pool, function, *args):
@@ -303,3 +305,81 @@ class KeyboardInteractiveAnswerTests(TestCase):
                 with self.assertRaises(UnauthorizedLogin):
                     await checker.requestAvatarId(credentials)
         self.assertEqual(seen, ["an answer longer than any password", ["right"]])
+
+
+class OneTypoOneFailureTests(SynchronousTestCase):
+    """x2goclient tries keyboard-interactive, then password, with the same typo on one connection."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.patch(auth, "shell_refusal", lambda shell: None)
+        self.patch(auth, "account_refusal", lambda username: None)
+        self.patch(auth.threads, "deferToThreadPool", immediate)
+        from nxgate.gateway.doors.conch import checkers
+
+        self.checkers = checkers
+        self.throttle = Throttle(self.clock, per_address=5, per_account=10, window=300, block=600)
+
+        def transaction(service, username, respond, host):
+            return (0, "ok") if respond([(1, "Password: ")]) == ["right"] else (7, "Authentication failure")
+
+        self.authenticator = Authenticator(self.clock, "nxgate", failed_login_delay=0, transaction=transaction,
+                                           throttle=self.throttle)
+        self.patch(checkers.threads, "blockingCallFromThread", lambda reactor, ask, prompts: ask(prompts).result)
+
+    def failures(self, key="192.0.2.1", table=None):
+        record = (table or self.throttle.addresses).records.get(key)
+        return len(record.failures) if record else 0
+
+    def typo(self, connection, secret="typo"):
+        """One typo as x2goclient (libssh's userAuthWithPass) sends it: keyboard-interactive, then password."""
+        from twisted.cred.credentials import UsernamePassword
+
+        kbd = self.checkers.KeyboardInteractive(b"alice", lambda prompts: defer.succeed([secret]), "192.0.2.1")
+        password = UsernamePassword(b"alice", secret.encode())
+        password.remote_address = "192.0.2.1"
+        for credentials, checker in (
+                (kbd, self.checkers.KeyboardInteractiveChecker(self.clock, "nx", self.authenticator)),
+                (password, self.checkers.PasswordChecker("nx", self.authenticator))):
+            credentials.repeated_secrets = connection
+            outcome = []
+            checker.requestAvatarId(credentials).addBoth(outcome.append)
+            self.assertIsInstance(outcome[0], Failure)
+            outcome[0].trap(UnauthorizedLogin)
+
+    def test_the_same_typo_with_two_methods_is_one_failure(self):
+        self.typo(self.checkers.RepeatedSecrets())
+        self.assertEqual((self.failures(), self.failures("alice", self.throttle.accounts)), (1, 1))
+
+    def test_four_typos_lock_nothing_and_the_fifth_locks_the_address(self):
+        for _ in range(4):
+            self.typo(self.checkers.RepeatedSecrets())
+        self.assertEqual(self.failures(), 4)
+        self.assertIsNone(self.throttle.blocked("192.0.2.1", "alice"))
+        self.typo(self.checkers.RepeatedSecrets())
+        self.assertEqual(self.throttle.blocked("192.0.2.1", "alice")[0], "address")
+
+    def test_another_secret_or_another_connection_counts_again(self):
+        connection = self.checkers.RepeatedSecrets()
+        self.typo(connection, "typo")
+        self.typo(connection, "other typo")
+        self.typo(self.checkers.RepeatedSecrets(), "typo")
+        self.assertEqual(self.failures(), 3)
+
+    def test_the_digest_is_the_connections_own(self):
+        one, two = self.checkers.RepeatedSecrets(), self.checkers.RepeatedSecrets()
+        self.assertEqual(one.digest("alice", ["typo"]), one.digest("alice", ["typo"]))
+        self.assertNotEqual(one.digest("alice", ["typo"]), two.digest("alice", ["typo"]))
+        self.assertNotEqual(one.digest("alice", ["typo"]), one.digest("bob", ["typo"]))
+        self.assertNotIn(b"typo", one.digest("alice", ["typo"]))
+
+    def test_a_repeated_secret_still_counts_as_pending_and_a_block_still_refuses_it(self):
+        digest = self.checkers.RepeatedSecrets().digest("alice", ["typo"])
+        for _ in range(5):
+            self.assertIsNone(self.throttle.begin("192.0.2.9", "alice"))
+        self.assertEqual(self.throttle.begin("192.0.2.9", "alice").pending, 5)
+        for _ in range(5):
+            self.throttle.end("192.0.2.9", "alice", Outcome.FAILED, digest)
+        self.assertEqual(self.failures("192.0.2.9"), 1)
+        self.throttle.failed("192.0.2.9", "alice")
+        self.assertIsNone(self.throttle.blocked("192.0.2.9", "alice"))

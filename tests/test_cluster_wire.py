@@ -26,7 +26,6 @@ from nxgate.wire.node_listener import choose
 from nxgate.wire.connection import GateFactory
 from nxgate.node.local import LocalNode
 from nxgate.wire.remote_node import RemoteNode, RemoteNodes
-from nxgate.wire.member_stream import RemoteStreams
 from nxgate.gateway.doors.admin.cli import main as admin_main
 from nxgate.threads import inline
 from nxgate.vocabulary.caller import Caller
@@ -36,6 +35,8 @@ from nxgate.vocabulary.requests import (DisplaySettings, RemoteRequest, RestoreR
                                       StartRequest)
 from nxgate.vocabulary.results import (Listing, Progress, Ready, ServiceStatus, SessionView, ShadowTarget,
                                      StreamTarget, UnknownSession, HeldDisplay)
+from nxgate.vocabulary.streams import AGENT, StreamKind
+from nxgate.vocabulary.streams import VIEW as VIEW_STREAM
 from nxgate.wire.relay import StreamRelay
 
 CALLER = Caller("alice", 1001, 1001, frozenset({"staff", "nxadmin"}), "10.0.0.9:4711 (claimed by uid 5)",
@@ -167,6 +168,7 @@ class FakeSessions:
         self.calls = []
         self.sessions = {}
         self.targets = {}
+        self.reactor = reactor
 
     async def start(self, caller, request):
         self.calls.append(("start", caller, request))
@@ -204,7 +206,12 @@ class FakeSessions:
         return Listing(tuple(dataclasses.replace(VIEW, id=f"{n:032X}") for n in range(600)), False)
 
     async def show(self, caller, session_id):
-        raise RuntimeError("a bug on the node")
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise RuntimeError("a bug on the node")
+        if not caller.owns(session.user):
+            raise SessionError(Kind.NOT_YOURS, f"Could not find session {session_id}.", session_id=session_id)
+        return dataclasses.replace(VIEW, id=session_id, user=session.user)
 
     async def shadow_targets(self, caller):
         return (ShadowTarget("A" * 32, "alice", 1001, "work", "unix-console"),)
@@ -264,16 +271,11 @@ class WireTests(TestCase):
 
     @defer.inlineCallbacks
     def listen(self, node_tls=None):
-        factory = GateFactory(self.authorize, choose(reactor, self.node()),
+        factory = GateFactory(self.authorize, choose(self.node()),
                               clock=lambda: self.clock).tls_factory(node_tls or self.node_tls)
         port = yield endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(factory)
         self.addCleanup(port.stopListening)
         return port
-
-    def streams(self):
-        streams = RemoteStreams(reactor, self.gateway_tls)
-        self.addCleanup(streams.close)
-        return streams
 
     def remote(self, port, gateway_tls=None, name="node-b"):
         node = RemoteNode(reactor, gateway_tls or self.gateway_tls, name, f"127.0.0.1:{port.getHost().port}")
@@ -363,7 +365,7 @@ class WireTests(TestCase):
         self.assertTrue([e for e in self.log.events if e.get("event") == "cluster_member_unreachable"])
         self.assertTrue(error.unreachable)  # nothing was asked: a start may be placed elsewhere
         self.assertIsNotNone(node.broken_at)  # the gateway sees it down before its heartbeats go stale
-        factory = GateFactory(self.authorize, choose(reactor, self.node())).tls_factory(self.node_tls)
+        factory = GateFactory(self.authorize, choose(self.node())).tls_factory(self.node_tls)
         again = yield endpoints.serverFromString(reactor, f"tcp:{number}:interface=127.0.0.1").listen(factory)
         self.addCleanup(again.stopListening)
         self.assertEqual((yield defer.ensureDeferred(node.status(CALLER))), ServiceStatus(False, 1, 0, ()))
@@ -482,8 +484,8 @@ class WireTests(TestCase):
         self.assertEqual(admin_main(["cluster", "cert", "node-b", "--ca", self.pki.ca, "--out", out]), 1)
 
     # --------------------------------------------------------- streams
-    def agent(self, session_id="A" * 32):
-        """An echoing 'agent' on a Unix socket, and the session that owns it."""
+    def agent(self, session_id="A" * 32, user="alice"):
+        """An echoing 'agent' on a Unix socket, and the session (of ``user``) that owns it."""
         short = tempfile.mkdtemp(prefix="nxcw")  # Unix socket paths are short
         self.addCleanup(shutil.rmtree, short, True)
         path = os.path.join(short, "agent.sock")
@@ -494,26 +496,26 @@ class WireTests(TestCase):
 
         port = reactor.listenUNIX(path, protocol.Factory.forProtocol(Echo))
         self.addCleanup(port.stopListening)
-        session = dataclasses.make_dataclass("S", [("id", str), ("state", State)])(session_id, State.RUNNING)
+        session = dataclasses.make_dataclass("S", [("id", str), ("state", State), ("user", str)])(
+            session_id, State.RUNNING, user)
         self.sessions.sessions[session_id] = session
         self.sessions.targets[session_id] = StreamTarget(session_id, path, os.getuid())
-        return StreamTarget(session_id, "(the node's)", -1, "node-b", "")
+        return session_id
 
     @defer.inlineCallbacks
     def test_the_relay_reaches_an_agent_on_another_member(self):
-        port = yield self.listen()
-        target = dataclasses.replace(self.agent(), address=f"127.0.0.1:{port.getHost().port}")
+        node = self.remote((yield self.listen()))
         channel = FakeChannel()
-        relay = StreamRelay(reactor, CALLER, target, channel, b"hello ", self.streams())
+        relay = StreamRelay(CALLER, self.agent(), channel, b"hello ", node.open_stream)
         relay.write(b"world")
         yield channel.wait_for(b"HELLO WORLD")
         relay.close()
         yield deferLater(reactor, 0.05, lambda: None)
 
     @defer.inlineCallbacks
-    def open_stream(self, streams, target, data=b"ping"):
+    def open_stream(self, node, session_id, data=b"ping"):
         channel = FakeChannel()
-        relay = StreamRelay(reactor, CALLER, target, channel, data, streams)
+        relay = StreamRelay(CALLER, session_id, channel, data, node.open_stream)
         yield channel.wait_for(data.upper())
         relay.close()
         yield deferLater(reactor, 0.05, lambda: None)  # the spare is dialled once the node answered
@@ -522,28 +524,26 @@ class WireTests(TestCase):
     def test_the_next_stream_to_a_member_takes_a_spare_connection(self):
         """Issue 25: after a stream opened, one connection to that member is
         kept ready, and the next stream uses it (no TCP connect or handshake)."""
-        port = yield self.listen()
-        target = dataclasses.replace(self.agent(), address=f"127.0.0.1:{port.getHost().port}")
-        streams = self.streams()
-        yield self.open_stream(streams, target)
+        node = self.remote((yield self.listen()))
+        session_id = self.agent()
+        yield self.open_stream(node, session_id)
         self.assertEqual(self.authorizations, 2)  # the stream's connection and the spare
-        spare = streams.spares[("node-b", target.address)][0]
-        yield self.open_stream(streams, target, b"again")
+        spare = node.streams.spares[("node-b", node.address)][0]
+        yield self.open_stream(node, session_id, b"again")
         self.assertTrue(spare.open)  # it carried the second stream
         self.assertEqual(self.authorizations, 3)  # and a new spare was dialled
-        streams.close()
-        self.assertEqual(streams.spares, {})
+        node.streams.close()
+        self.assertEqual(node.streams.spares, {})
 
     @defer.inlineCallbacks
     def test_a_spare_used_later_has_its_member_checked_again(self):
-        port = yield self.listen()
-        target = dataclasses.replace(self.agent(), address=f"127.0.0.1:{port.getHost().port}")
-        streams = self.streams()
-        yield self.open_stream(streams, target)
+        node = self.remote((yield self.listen()))
+        session_id = self.agent()
+        yield self.open_stream(node, session_id)
         self.clock += 60  # the spare waited a minute; meanwhile gw-a left the cluster
         self.authorized = set()
         channel = FakeChannel()
-        StreamRelay(reactor, CALLER, target, channel, b"ping", streams)
+        StreamRelay(CALLER, session_id, channel, b"ping", node.open_stream)
         yield channel.closed
         self.assertEqual(channel.data, b"")
         self.assertIn("names gw-a, not a member with role gateway",
@@ -554,7 +554,7 @@ class WireTests(TestCase):
         """TCP_NODELAY on both ends of AMP and of a stream: a request written
         right after the TLS handshake must not wait for a delayed ACK."""
         gates = []
-        factory = GateFactory(self.authorize, choose(reactor, self.node()))
+        factory = GateFactory(self.authorize, choose(self.node()))
         build = factory.buildProtocol
         factory.buildProtocol = lambda addr: gates.append(build(addr)) or gates[-1]
         port = yield endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(
@@ -564,9 +564,8 @@ class WireTests(TestCase):
         yield defer.ensureDeferred(node.status(CALLER))
         self.assertTrue(node.connection.transport.getTcpNoDelay(), "the gateway's AMP connection")
         self.assertTrue(gates[0].transport.getTcpNoDelay(), "the node's AMP connection")
-        target = dataclasses.replace(self.agent(), address=f"127.0.0.1:{port.getHost().port}")
         channel = FakeChannel()
-        relay = StreamRelay(reactor, CALLER, target, channel, b"ping", self.streams())
+        relay = StreamRelay(CALLER, self.agent(), channel, b"ping", node.open_stream)
         yield channel.wait_for(b"PING")
         self.assertTrue(relay.agent.getTcpNoDelay(), "the gateway's end of the stream")
         self.assertTrue(gates[1].transport.getTcpNoDelay(), "the node's end of the stream")
@@ -577,10 +576,9 @@ class WireTests(TestCase):
     def test_a_big_write_goes_to_tcp_as_one_write_and_arrives_whole(self):
         """One application write -> one TCP write of all its TLS records (not
         one per 16 KiB record), byte for byte, both ways."""
-        port = yield self.listen()
-        target = dataclasses.replace(self.agent(), address=f"127.0.0.1:{port.getHost().port}")
+        node = self.remote((yield self.listen()))
         channel = FakeChannel()
-        relay = StreamRelay(reactor, CALLER, target, channel, b"x", self.streams())
+        relay = StreamRelay(CALLER, self.agent(), channel, b"x", node.open_stream)
         yield channel.wait_for(b"X")
         tcp = relay.agent.transport  # under the TLS protocol
         writes = []
@@ -636,49 +634,73 @@ class WireTests(TestCase):
 
     @defer.inlineCallbacks
     def test_a_stream_for_an_unknown_session_is_refused(self):
-        port = yield self.listen()
-        target = StreamTarget("F" * 32, "", -1, "node-b", f"127.0.0.1:{port.getHost().port}")
+        node = self.remote((yield self.listen()))
+        self.agent()
         channel = FakeChannel()
-        StreamRelay(reactor, CALLER, target, channel, b"", self.streams())
+        StreamRelay(CALLER, "F" * 32, channel, b"", node.open_stream)
         yield channel.closed
-        self.assertTrue([e for e in self.log.events if "no live encrypted session" in str(e.get("why", ""))])
+        self.flushLoggedErrors(RuntimeError)  # the fake node's show knows no such session
+        self.assertTrue([e for e in self.log.events if "cannot reach the agent of session" in e.get("log_format", "")])
+
+    @defer.inlineCallbacks
+    def test_a_stream_of_another_users_session_is_refused_with_the_nodes_words(self):
+        """The node checks the owner of a stream as of any call: another
+        user's session is NOT_YOURS, with NOT_FOUND's words, and nothing of
+        the agent is reached."""
+        node = self.remote((yield self.listen()))
+        session_id = self.agent(user="bob")
+        error = yield self.assertFailure(defer.ensureDeferred(node.open_stream(CALLER, session_id, AGENT)),
+                                         SessionError)
+        self.assertEqual((error.kind, error.message), (Kind.NOT_YOURS, f"Could not find session {session_id}."))
+
+    @defer.inlineCallbacks
+    def test_a_stream_of_an_unknown_kind_is_refused_with_words(self):
+        node = self.remote((yield self.listen()))
+        session_id = self.agent()
+        error = yield self.assertFailure(
+            defer.ensureDeferred(node.open_stream(CALLER, session_id, StreamKind("accept", 3))), SessionError)
+        self.assertEqual(error.kind, Kind.INVALID_REQUEST)
+        self.assertEqual(error.message, "Machine node-1 opens no stream of kind accept 3.")
 
     @defer.inlineCallbacks
     def test_a_view_stream_of_a_session_the_node_cannot_show_is_refused_with_words(self):
-        """Issue 25: the ``view`` kind of stream (a browser viewer on the node); a node without the
-        session (or without viewers) answers ERR, which the gateway hands on, and starts nothing."""
-        from twisted.internet import protocol as twisted_protocol
+        """Issue 25: the ``view`` kind of stream (a browser viewer on the node); a node without
+        viewers answers with its words, which the gateway hands on, and starts nothing."""
+        node = self.remote((yield self.listen()))
+        session_id = self.agent()
+        error = yield self.assertFailure(defer.ensureDeferred(node.open_stream(CALLER, session_id, VIEW_STREAM)),
+                                         SessionError)
+        self.assertEqual((error.kind, error.message), (Kind.UNAVAILABLE, "Machine node-1 shows no sessions in a browser."))
 
-        port = yield self.listen()
-        target = StreamTarget("F" * 32, "", -1, "node-b", f"127.0.0.1:{port.getHost().port}")
-        refused: defer.Deferred = defer.Deferred()
-        RemoteStreams(reactor, self.gateway_tls).connect(target, twisted_protocol.Protocol(), refused.callback,
-                                                         kind="view")
-        why = yield refused
-        self.assertIn("cannot be shown in a browser on this node", why)
-
-    def test_the_stream_head_names_its_kind(self):
-        from nxgate.wire.node_listener import _STREAM_LINE, STREAM_KINDS
-
-        self.assertEqual(_STREAM_LINE.fullmatch(b"NXSTREAM ABC\n").group(2), None)
-        self.assertEqual(_STREAM_LINE.fullmatch(b"NXSTREAM ABC view\n").group(2), b"view")
-        self.assertIsNone(_STREAM_LINE.fullmatch(b"NXSTREAM ABC shell\n"))
-        self.assertEqual(STREAM_KINDS, ("", "view"))
+    def test_the_stream_request_carries_the_call_and_refusals_their_kind(self):
+        line = wire.stream_request(CALLER, "A" * 32, VIEW_STREAM)
+        self.assertTrue(line.startswith(b"NXSTREAM ") and line.endswith(b"\n"))
+        self.assertEqual(wire.read_stream_request(line[:-1]), [CALLER, "A" * 32, VIEW_STREAM])
+        for bad in (b"NXSTREAM [1]", b"NXSTREAM {", b"GET / HTTP/1.1",
+                    wire.stream_request(CALLER, "A" * 32, AGENT)[:-1].replace(b'"agent"', b'"Agent!"')):
+            self.assertRaises(ValueError, wire.read_stream_request, bad)
+        self.assertIsNone(wire.read_stream_answer(b"OK"))
+        refusal = wire.stream_refusal(SessionError(Kind.NOT_YOURS, "Could not find session X.", session_id="X"))
+        error = self.assertRaises(SessionError, wire.read_stream_answer, refusal[:-1])
+        self.assertEqual((error.kind, error.message, error.session_id), (Kind.NOT_YOURS, "Could not find session X.", "X"))
+        for bad in (b"ERR", b"ERR {}", b"ERR []", b"ERR {\"error\": {}}", b"HELLO"):
+            self.assertRaises(ValueError, wire.read_stream_answer, bad)
+        self.assertNotIn("open_stream", wire.METHODS)  # not an AMP call: its result is a connection
+        self.assertRaises(ValueError, wire.decode_arguments, "open_stream", [wire.encode(CALLER), "A", {"word": "agent"}])
 
     @defer.inlineCallbacks
-    def test_a_relay_without_cluster_credentials_fails_cleanly(self):
-        channel = FakeChannel()
-        StreamRelay(reactor, CALLER, StreamTarget("A" * 32, "", -1, "node-b", "127.0.0.1:1"), channel, b"")
-        yield channel.closed
+    def test_an_unreachable_member_is_unavailable(self):
+        node = RemoteNode(reactor, self.gateway_tls, "node-b", "127.0.0.1:1")
+        self.addCleanup(node.close)
+        error = yield self.assertFailure(defer.ensureDeferred(node.open_stream(CALLER, "A" * 32, AGENT)),
+                                         SessionError)
+        self.assertEqual(error.kind, Kind.UNAVAILABLE)
 
     @defer.inlineCallbacks
     def test_the_openssh_door_gets_a_socket_to_the_remote_agent(self):
-        port = yield self.listen()
-        target = dataclasses.replace(self.agent(), address=f"127.0.0.1:{port.getHost().port}")
-        got = defer.Deferred()
-        self.streams().connect_socket(target, lambda sock, error: got.callback((sock, error)))
-        sock, error = yield got
-        self.assertEqual(error, "")
+        node = self.remote((yield self.listen()))
+        stream = yield defer.ensureDeferred(node.open_stream(CALLER, self.agent(), AGENT))
+        sock = stream.take_socket()
         sock.sendall(b"abc")
         data = yield defer.ensureDeferred(read_some(sock))
         self.assertEqual(data, b"ABC")

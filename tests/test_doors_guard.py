@@ -169,6 +169,22 @@ class GuardTests(TestCase):
         self.connect("192.0.2.8")
         self.assertIsNone(self.factory.buildProtocol(peer("192.0.2.8")))
 
+    def test_a_newcomer_at_a_full_door_displaces_a_silent_connection_of_the_heaviest_address(self) -> None:
+        self.guard.table.limits = Limits(grace=30, per_address=3, start=4, rate=30, full=4, penalty_noauth=0)
+        held = [self.connect("192.0.2.1") for _ in range(3)] + [self.connect("192.0.2.2")]
+        held[1][0].dataReceived(b"SSH-2.0-")  # spoke last: not the most idle
+        portal = self.guard.wrap(self.door, "HTTPS", http=True)
+        self.assertIsNotNone(self.connect("192.0.2.3", portal)[0])  # another door: its own total
+        with capturedLogs() as events:
+            newcomer, transport = self.connect("198.51.100.7")
+        self.assertIsNotNone(newcomer)
+        self.assertEqual([wire.disconnecting for _, wire in held], [True, False, False, False])
+        self.assertIn("closed 1 silent connection(s) from 192.0.2.1 (latest on the SSH door) to make room for"
+                      " newcomers", " ".join(_text(event) for event in events))
+        held[0][0].connectionLost(None)  # the abort noticed: it is not counted twice
+        self.assertEqual(self.guard.table.doors["SSH"].total, 4)
+        self.assertEqual(self.guard.status()["displaced"], 1)
+
     def test_the_door_saying_no_costs_no_place(self) -> None:
         class Closed(protocol.Factory):
             def buildProtocol(self, addr: object) -> None:

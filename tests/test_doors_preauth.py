@@ -8,7 +8,7 @@ from twisted.trial.unittest import TestCase
 
 from nxgate import config as configuration
 from nxgate.config import parse_max_startups, parse_networks
-from nxgate.gateway.doors.preauth import MAX_SOURCES, Ending, Limits, PreauthTable, Refusal
+from nxgate.gateway.doors.preauth import DISPLACE_IDLE, MAX_SOURCES, Ending, Limits, PreauthTable, Refusal
 
 
 class Clock:
@@ -68,6 +68,95 @@ class CapTests(TestCase):
         self.assertEqual(preauth.admit("10.1.2.3"), Refusal.FULL)
         self.assertTrue(preauth.exempt(PreauthTable.source_of("2001:db8:5::1")))
         self.assertFalse(preauth.exempt("192.0.2.1"))
+
+
+class DoorTests(TestCase):
+    """Each door has its own total; a newcomer at a full door displaces the
+    most idle connection of the address holding the most there."""
+
+    def flood(self, preauth: PreauthTable, door: str, addresses: int, each: int, first: int = 1,
+              penalties: bool = True) -> list[str]:
+        names = []
+        for a in range(first, first + addresses):
+            for n in range(each):
+                name = f"{door}-10.0.0.{a}-{n}"
+                self.assertIsNone(preauth.admit(f"10.0.0.{a}", door=door, connection=name, penalties=penalties))
+                names.append(name)
+        return names
+
+    def test_idle_connections_on_one_door_take_nothing_from_another(self) -> None:
+        preauth, _ = table(chance=0.0, per_address=10, start=50, rate=30, full=50)
+        self.flood(preauth, "HTTPS", 5, 10)  # the portal is full
+        self.assertEqual(preauth.admit("10.0.0.1", door="HTTPS"), Refusal.PER_ADDRESS)
+        self.assertIsNone(preauth.admit("192.0.2.1", door="SSH", connection="login"))
+        self.assertEqual(preauth.status()["unauthenticated_by_door"], {"HTTPS": 50, "SSH": 1})
+        self.assertEqual(preauth.total, 51)
+
+    def test_a_newcomer_at_a_full_door_displaces_the_heaviest_addresss_most_idle_connection(self) -> None:
+        displaced: list[tuple[object, str, object]] = []
+        clock = Clock()
+        preauth = PreauthTable(Limits(per_address=10, start=20, rate=30, full=20), clock, lambda: 0.0,
+                               lambda *gone: displaced.append(gone))
+        self.flood(preauth, "SSH", 2, 9)
+        self.flood(preauth, "SSH", 1, 2, first=3)  # 20: full
+        clock.now += 1
+        preauth.active("SSH-10.0.0.1-0")  # it spoke: no longer the most idle of its address
+        self.assertIsNone(preauth.admit("192.0.2.1", door="SSH", connection="login"))
+        self.assertEqual(displaced, [("SSH-10.0.0.1-1", "10.0.0.1", None)])
+        self.assertEqual(preauth.doors["SSH"].total, 20)
+        self.assertEqual(preauth.sources["10.0.0.1"].pending, 8)
+        self.assertEqual(preauth.displaced, 1)
+        # Its end, when its close is noticed, is not counted again.
+        self.assertIsNone(preauth.ended("10.0.0.1", Ending.NOAUTH, "SSH-10.0.0.1-1"))
+        self.assertEqual((preauth.total, preauth.sources["10.0.0.1"].pending), (20, 8))
+        # The heaviest address's own newcomer may not displace its equals: refused.
+        self.assertEqual(preauth.admit("10.0.0.2", door="SSH", connection="more"), Refusal.FULL)
+        # A login in progress is never taken by the flood's next connections.
+        for n in range(5):
+            preauth.admit("10.0.0.1", door="SSH", connection=f"again-{n}")
+        self.assertNotIn("login", [gone[0] for gone in displaced])
+        self.assertIn("login", preauth._placed)
+
+    def test_equals_displace_only_connections_silent_for_a_while(self) -> None:
+        """A flood of one connection from each of many addresses: a newcomer
+        takes the place of one silent for DISPLACE_IDLE seconds, never of
+        one that is busy logging in."""
+        displaced: list[object] = []
+        clock = Clock()
+        preauth = PreauthTable(Limits(per_address=10, start=10, rate=30, full=10), clock, lambda: 0.0,
+                               lambda connection, source, block: displaced.append(connection))
+        self.flood(preauth, "SSH", 9, 1)
+        preauth.admit("192.0.2.1", door="SSH", connection="login")
+        self.assertEqual(preauth.admit("10.0.1.1", door="SSH", connection="x"), Refusal.FULL)
+        clock.now += DISPLACE_IDLE - 1
+        preauth.active("login")
+        clock.now += 1
+        self.assertIsNone(preauth.admit("10.0.1.1", door="SSH", connection="x"))
+        self.assertEqual(len(displaced), 1)
+        self.assertNotEqual(displaced[0], "login")
+
+    def test_exempt_addresses_are_never_displaced(self) -> None:
+        preauth, _ = table(chance=0.0, per_address=10, start=10, rate=30, full=10,
+                           exempt=parse_networks(["10.0.0.0/8"]))
+        self.flood(preauth, "SSH", 1, 10)
+        self.assertEqual(preauth.admit("192.0.2.1", door="SSH", connection="login"), Refusal.FULL)
+
+    def test_a_displaced_connection_costs_its_address_a_penalty(self) -> None:
+        blocks: list[object] = []
+        clock = Clock()
+        preauth = PreauthTable(Limits(per_address=10, start=10, rate=30, full=10, penalty_noauth=5, penalty_min=15),
+                               clock, lambda: 0.0, lambda connection, source, block: blocks.append(block))
+        self.flood(preauth, "SSH", 1, 10)
+        for n in range(3):
+            self.assertIsNone(preauth.admit(f"192.0.2.{n}", door="SSH", connection=f"login-{n}"))
+        self.assertEqual(blocks[:2], [None, None])
+        self.assertEqual((blocks[2].source, blocks[2].seconds), ("10.0.0.1", 15))
+        # On the portal (no penalties there: browsers keep idle connections) displacing costs nothing.
+        self.flood(preauth, "HTTPS", 1, 10, first=2, penalties=False)
+        for n in range(20):
+            preauth.admit(f"192.0.2.{100 + n}", door="HTTPS", connection=f"browser-{n}", penalties=False)
+        self.assertEqual(blocks[3:], [None] * (len(blocks) - 3))
+        self.assertEqual(preauth.penalized(), 1)
 
 
 class TrustTests(TestCase):

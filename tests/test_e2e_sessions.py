@@ -13,7 +13,6 @@ import json
 import os
 import pwd
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,7 +22,6 @@ import time
 from twisted.trial.unittest import SkipTest, TestCase
 
 from tests.harness.gateway import REPO, Gateway
-from tests.harness.net import listen_unix_when_free
 from tests.harness.process import wait_for
 from tests.harness.shared import class_fixture
 from tests.harness.ssh import Attachment, NXClient, SessionInfo
@@ -616,15 +614,28 @@ class RelayTests(SessionTestCase):
     CHUNK = 1024 * 1024
 
     def take_agent_port(self, info: SessionInfo) -> socket.socket:
-        """End the session's agent and listen on its socket: the test reads
-        the relayed stream (or not) at its own pace."""
-        for pid in agent_processes(self.user.name):
-            os.kill(pid, signal.SIGKILL)
+        """Stop the session's agent and listen on its socket in its place:
+        the test reads the relayed stream (or not) at its own pace.  The
+        session stays live meanwhile (its node opens streams of running
+        sessions only); :meth:`end_agent` ends the agent once the stream is
+        the test's."""
+        self.stopped = agent_processes(self.user.name)
+        for pid in self.stopped:
+            os.kill(pid, signal.SIGSTOP)
+        self.addCleanup(self.end_agent)
         path = os.path.join(self.gateway.state_dir, "sessions", info.session_id, "agent.sock")
-        listener = listen_unix_when_free(path)
-        self.addCleanup(shutil.rmtree, os.path.dirname(path), True)
+        os.unlink(path)  # the stopped agent keeps its listener, unreachable by path
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.addCleanup(listener.close)
+        listener.bind(path)
+        listener.listen(1)
         return listener
+
+    def end_agent(self) -> None:
+        for pid in getattr(self, "stopped", []):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.stopped = []
 
     def test_a_client_faster_than_its_agent_is_held_back_and_loses_nothing(self):
         """Nothing reads the agent's end while the client floods the stream:
@@ -638,6 +649,7 @@ class RelayTests(SessionTestCase):
         listener.settimeout(20)
         agent_end, _ = listener.accept()
         self.addCleanup(agent_end.close)
+        self.end_agent()  # the stream is the test's now: the session ends, its stream goes on
         gateway = self.gateway.process.pid
         rss_before = gateway_rss_mb(gateway)
         chunks = [hashlib.sha256(str(i).encode()).digest() * (self.CHUNK // 32) for i in range(self.FLOOD // self.CHUNK)]

@@ -90,6 +90,8 @@ class SSHAuditTests(TestCase):
         self.assertEqual(names(report, "kex")[0], "mlkem768x25519-sha256")
         self.assertNotIn("ssh-rsa", names(report, "key"))
         self.assertEqual(report.get("cves"), [])
+        # Compression only after authentication: plain zlib would inflate a client's bomb before login.
+        self.assertEqual(report.get("compression"), ["none", "zlib@openssh.com"])
 
     def test_legacy_algorithms_bring_back_what_nxssh_needs(self) -> None:
         report = audit(self.gateway({"legacy_algorithms": "yes"}).port)

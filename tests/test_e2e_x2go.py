@@ -39,6 +39,11 @@ _NAME_LINE = re.compile(r"Session Name: (\S+)")
 _STARTED = re.compile(r"X2Go session (\S+) \(session ([0-9A-F]{32}),")
 
 
+def display_of(name: str) -> int:
+    """The display of an X2Go session name (``user-DISPLAY-time_st…``: the command word may hold '-' too)."""
+    return int(re.search(r"-(\d+)-\d+_st", name).group(1))
+
+
 def _fixture():
     if not is_root():
         raise SkipTest(NEED_ROOT)
@@ -144,7 +149,7 @@ class X2GoCase(TestCase):
 
     def desktop_equal(self, name: str) -> float:
         """The share of the agent's screen equal in its window on the client (best within the wait)."""
-        display, session_id = int(name.split("-")[-2]), self.session_id(name)
+        display, session_id = display_of(name), self.session_id(name)
         best: list = [0.0, None, None]
 
         def equal() -> bool:
@@ -168,7 +173,7 @@ class X2GoCase(TestCase):
 
     def window_equal(self, name: str, title: str) -> float:
         """A rootless session: its window ``title`` on the client against the agent's."""
-        display, session_id = int(name.split("-")[-2]), self.session_id(name)
+        display, session_id = display_of(name), self.session_id(name)
         best: list = [0.0, None, None]
 
         def equal() -> bool:
@@ -198,6 +203,37 @@ class X2GoCase(TestCase):
                      if shot is not None and shot.width]
             saved.append(pixels.save_png(self.screen.shot(), f"{stem}-whole-client.png"))
             print(f"\n    {name}: {share:.2%} equal; pictures: {' '.join(saved)}")
+
+    def x2goclient(self, settings: str, lang: str = "C") -> tuple[subprocess.Popen, str, int]:
+        """x2goclient --debug on a session profile "gw" (the user logs in with a key from his
+        ~/.ssh/authorized_keys: x2goclient takes no password on its command line) with ``settings``
+        (profile lines); its process, its log, and where the gateway's log stood before."""
+        key = os.path.join(self.home, "id")
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
+        entry = pwd.getpwnam(self.user.name)
+        ssh_dir = os.path.join(entry.pw_dir, ".ssh")
+        os.makedirs(ssh_dir, exist_ok=True)
+        with open(key + ".pub") as public, open(os.path.join(ssh_dir, "authorized_keys"), "w") as keys:
+            keys.write(public.read())
+        for path, mode in ((ssh_dir, 0o700), (os.path.join(ssh_dir, "authorized_keys"), 0o600)):
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+            os.chmod(path, mode)
+        self.addCleanup(shutil.rmtree, ssh_dir, True)
+        os.makedirs(os.path.join(self.home, ".x2goclient"))
+        with open(os.path.join(self.home, ".x2goclient", "sessions"), "w", encoding="ascii") as handle:
+            handle.write(f"[gw]\nname=gw\nhost=127.0.0.1\nsshport={self.gateway.port}\nuser={self.user.name}\n"
+                         f"key={key}\nautologin=false\nspeed=4\npack=16m-jpeg\nquality=9\nfullscreen=false\n"
+                         f"usekbd=false\nsetdpi=false\n{settings}")
+        before = len(self.gateway.log())  # the gateway is shared with other tests of the module
+        log = os.path.join(self.home, "x2goclient.log")
+        with open(log, "wb") as handle:
+            # --bypass-cleanup-helper: its helper process outlives x2goclient by design (the test stops it).
+            process = subprocess.Popen(["x2goclient", "--session=gw", "--add-to-known-hosts", "--no-menu",
+                                        "--bypass-cleanup-helper", "--debug"],
+                                       env=dict(self.env(), XDG_RUNTIME_DIR=self.home, LANG=lang),
+                                       stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT)
+        self.clients.append(process)
+        return process, log, before
 
     def agent_running(self, name: str) -> bool:
         return os.path.exists(os.path.join(self.gateway.state_dir, "sessions", self.session_id(name)))
@@ -254,7 +290,7 @@ class DesktopSharingTests(X2GoCase):
     def test_sharing_ones_own_desktop_view_only_and_another_user_is_denied(self):
         client, log = self.session_client("-c", "TERMINAL", "-t", "desktop", "-g", "800x600", "-q", "lan")
         name = self.started_name(client, log)
-        display, session_id = int(name.split("-")[-2]), self.session_id(name)
+        display, session_id = display_of(name), self.session_id(name)
         listed = self.cli("--list-desktops")
         self.assertIn(f"{self.user.name}@:{display}", listed.stdout)
         self.assertNotIn(f"{self.user.name}@:{display}", self.cli("--list-desktops", user=self.other).stdout)
@@ -263,7 +299,7 @@ class DesktopSharingTests(X2GoCase):
         shared = self.started_name(viewer, log)
         self.assertIn("_stS", shared)
         self.assertIn(f"watches {session_id} of {self.user.name} (view-only)", self.gateway.log())
-        shadow_display = int(shared.split("-")[-2])
+        shadow_display = display_of(shared)
         best = [0.0]
 
         def equal() -> bool:
@@ -441,8 +477,9 @@ class PortalThenPyhocaTests(X2GoCase):
         listed = wait_for(lambda: self.listed() or None, 30, "the portal's session in X2Go's listing")
         (name, status), = listed.items()
         self.assertEqual(status, "S")
-        self.assertRegex(name, rf"^{self.user.name}-\d+-\d+_stDTERMINAL_dp24$")
-        display = int(name.split("-")[-2])
+        # The name given in the portal is what X2Go's listing can show: x2goclient's "Command" column.
+        self.assertRegex(name, rf"^{self.user.name}-\d+-\d+_stDfrom-the-portal_dp24$")
+        display = display_of(name)
         session_id = re.search(rf"starting session ([0-9A-F]{{32}}) \(unix-console, display :{display}\)",
                                self.gateway.log()).group(1)
         client, log = self.session_client("-R", name, "-g", "800x600", "-q", "lan")
@@ -489,36 +526,8 @@ class X2GoClientTests(X2GoCase):
         if shutil.which("x2goclient") is None:
             raise SkipTest("x2goclient is not installed (apt-get install x2goclient)")
 
-    def profile(self, command: str) -> str:
-        key = os.path.join(self.home, "id")
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
-        entry = pwd.getpwnam(self.user.name)
-        ssh_dir = os.path.join(entry.pw_dir, ".ssh")
-        os.makedirs(ssh_dir, exist_ok=True)
-        with open(key + ".pub") as public, open(os.path.join(ssh_dir, "authorized_keys"), "w") as keys:
-            keys.write(public.read())
-        for path, mode in ((ssh_dir, 0o700), (os.path.join(ssh_dir, "authorized_keys"), 0o600)):
-            os.chown(path, entry.pw_uid, entry.pw_gid)
-            os.chmod(path, mode)
-        self.addCleanup(shutil.rmtree, ssh_dir, True)
-        os.makedirs(os.path.join(self.home, ".x2goclient"))
-        with open(os.path.join(self.home, ".x2goclient", "sessions"), "w") as handle:
-            handle.write(f"[gw]\nname=gw\nhost=127.0.0.1\nsshport={self.gateway.port}\nuser={self.user.name}\n"
-                         f"key={key}\nautologin=false\ncommand={command}\nrootless=false\nspeed=4\n"
-                         "pack=16m-jpeg\nquality=9\nwidth=1024\nheight=768\nfullscreen=false\nusekbd=false\n"
-                         "setdpi=false\n")
-        return "gw"
-
     def test_x2goclient_logs_in_with_a_key_and_shows_the_desktop(self):
-        name = self.profile("XFCE")
-        before = len(self.gateway.log())  # the gateway is shared with other tests of the module
-        log = os.path.join(self.home, "x2goclient.log")
-        with open(log, "wb") as handle:
-            # --bypass-cleanup-helper: its helper process outlives x2goclient by design (the test stops it).
-            process = subprocess.Popen(["x2goclient", f"--session={name}", "--add-to-known-hosts", "--no-menu",
-                                        "--bypass-cleanup-helper", "--debug"], env=dict(self.env(), XDG_RUNTIME_DIR=self.home),
-                                       stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT)
-        self.clients.append(process)
+        process, log, before = self.x2goclient("command=XFCE\nrootless=false\nwidth=1024\nheight=768\n")
 
         def started() -> str | None:
             if process.poll() is not None:

@@ -16,6 +16,7 @@ from tests.harness import pixels
 from tests.harness.process import stop, wait_for
 from tests.harness.x11 import ClientScreen
 from tests.test_e2e_cluster import ClusterTestCase
+from tests.test_e2e_x2go import display_of
 
 _STARTED = re.compile(r"X2Go session (\S+) \(session ([0-9A-F]{32}),")
 
@@ -79,7 +80,7 @@ class X2GoThroughTheClusterTests(ClusterTestCase):
         first, log = self.pyhoca(gateway, "-c", "TERMINAL", "-g", "800x600", "-q", "lan")
         name = self.reported(first, log)
         found = dict(_STARTED.findall(gateway.log()))
-        session_id, display = found[name], int(name.split("-")[-2])
+        session_id, display = found[name], display_of(name)
         self.assertEqual(self.sessions(gateway)[session_id]["node"], "node2")
         self.assertTrue(os.path.isdir(os.path.join(node.state_dir, "sessions", session_id)))
         self.assertGreaterEqual(self.window_equal(node, session_id, display), 0.99)

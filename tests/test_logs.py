@@ -5,6 +5,7 @@ import errno
 import io
 import json
 import os
+from struct import error as struct_error
 
 from twisted.logger import Logger, LogPublisher, textFileLogObserver
 from twisted.python.failure import Failure
@@ -138,3 +139,194 @@ class AuditAfterReloadTests(SynchronousTestCase):
         self.assertNotIn("chatter", text.getvalue())
         publisher.removeObserver(audit)
         self.assertNotIn(audit, publisher._observers)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class RepeatLimiterTests(SynchronousTestCase):
+    """Lines a client can repeat: a few a minute, then a count."""
+
+    def setUp(self):
+        self.clock = _Clock()
+        self.limiter = logs.RepeatLimiter(self.clock, per_source=10, per_kind=60, window=60.0)
+
+    def admit(self, kind="refused {x}", source="192.0.2.1", times=1):
+        return [self.limiter.admit(kind, source, {"n": n, "log_format": kind}) for n in range(times)]
+
+    def test_a_flood_of_one_kind_from_one_address_is_held_back_then_counted_once(self):
+        self.assertEqual(self.admit(times=1000).count(True), 10)
+        self.assertEqual(self.limiter.due(), [])  # its minute is not over
+        self.clock.now += 59
+        self.assertEqual(self.limiter.due(), [])
+        self.clock.now += 1
+        [held] = self.limiter.due()
+        self.assertEqual((held.count, held.since, held.sample["n"]), (990, 1000.0, 999))
+        self.clock.now += 5
+        self.assertEqual(self.limiter.due(), [])  # told once
+        self.assertEqual(self.admit(times=3), [True] * 3)  # a new minute
+
+    def test_other_addresses_and_kinds_keep_their_share(self):
+        self.admit(times=100)
+        self.assertEqual(self.admit(source="192.0.2.2", times=10), [True] * 10)
+        self.assertEqual(self.admit(kind="another {y}", times=10), [True] * 10)
+        self.assertEqual(self.admit(source=None, times=11).count(True), 10)
+
+    def test_one_kind_from_many_addresses_is_bounded_in_all(self):
+        passed = sum(self.admit(source=f"10.0.{n // 250}.{n % 250}", times=3).count(True) for n in range(1000))
+        self.assertEqual(passed, 60)
+        self.clock.now += 61
+        self.limiter.due()
+        self.assertTrue(self.admit(source="10.9.9.9")[0])
+
+    def test_a_count_is_told_when_the_same_kind_comes_back_after_its_minute(self):
+        self.admit(times=15)
+        self.clock.now += 61
+        self.assertEqual(self.admit(), [True])
+        [held] = self.limiter.due()
+        self.assertEqual(held.count, 5)
+
+    def test_the_table_stays_bounded_under_a_flood_from_many_addresses(self):
+        limiter = logs.RepeatLimiter(self.clock, per_source=10, per_kind=10**6, capacity=100)
+        for n in range(5000):
+            limiter.admit("kind", f"10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}", {})
+            if n % 1000 == 999:
+                self.clock.now += 61
+        self.assertLessEqual(len(limiter._sources), 101)
+
+
+class RepeatObserverTests(SynchronousTestCase):
+    def setUp(self):
+        self.clock = _Clock()
+        self.out = io.StringIO()
+        self.observer = logs.RepeatObserver(OneLineObserver(textFileLogObserver(self.out)),
+                                            logs.RepeatLimiter(self.clock))
+        self.log = Logger(namespace="nxgate.ssh", observer=self.observer)
+
+    def lines(self):
+        return self.out.getvalue().split("\n")[:-1]
+
+    def test_warnings_are_limited_per_address_and_info_lines_are_not(self):
+        for n in range(1000):
+            self.log.warn("refused global request {kind!r} for {user!r}", kind=f"r{n}", user="nx",
+                          address="192.0.2.1")
+            self.log.info("an info line {n}", n=n)
+        lines = self.lines()
+        self.assertEqual(sum("refused global request" in line for line in lines), logs.PER_SOURCE)
+        self.assertEqual(sum("an info line" in line for line in lines), 1000)
+        self.clock.now += 61
+        self.log.info("later")  # any line tells what is due
+        summary = [line for line in lines + self.lines()[len(lines):] if "more like it" in line]
+        self.assertEqual(len(summary), 1)
+        self.assertIn("[nxgate.ssh#warn] refused global request 'r999' for 'nx' ... and 990 more like it in 61 s",
+                      summary[0])
+
+    def test_tracebacks_are_limited_too_and_the_count_is_one_line(self):
+        for _ in range(100):
+            try:
+                raise struct_error("unpack requires a buffer of 4 bytes")
+            except struct_error:
+                Logger(namespace="twisted.conch.ssh.filetransfer", observer=self.observer).failure(
+                    "Failed to handle packet of type {packetType}", packetType="OPEN")
+        self.assertEqual(self.out.getvalue().count("Traceback"), logs.PER_SOURCE)
+        self.clock.now += 60
+        logs._REPEAT_OBSERVERS.append(self.observer)
+        self.addCleanup(logs._REPEAT_OBSERVERS.remove, self.observer)
+        logs.flush_repeats()  # the gateway's timer, when nothing else is logged
+        last = self.lines()[-1]
+        self.assertIn("Failed to handle packet of type OPEN ... and 90 more like it", last)
+        self.assertEqual(self.out.getvalue().count("Traceback"), logs.PER_SOURCE)
+
+    def test_the_address_is_taken_from_the_usual_fields(self):
+        from twisted.internet.address import IPv4Address
+
+        self.assertEqual(logs.source_of({"peer": "192.0.2.7:40000"}), "192.0.2.7")
+        self.assertEqual(logs.source_of({"address": IPv4Address("TCP", "192.0.2.8", 1)}), "192.0.2.8")
+        self.assertEqual(logs.source_of({"source": "2001:db8::1"}), "2001:db8::1")
+        self.assertIsNone(logs.source_of({"user": "bob"}))
+
+
+class GlobalLogTests(SynchronousTestCase):
+    """What the gateway installs in front of twistd's observers."""
+
+    def test_the_gateways_log_holds_back_a_warning_flood(self):
+        publisher = LogPublisher()
+        self.patch(logs, "globalLogPublisher", publisher)
+        clock = _Clock()
+        self.patch(logs, "CLOCK", clock)
+        text = io.StringIO()
+        publisher.addObserver(textFileLogObserver(text))
+        logs.filter_global_log("info")
+        log = Logger(namespace="nxgate.ssh", observer=publisher)
+        for _ in range(10000):
+            log.warn("refused {what!r} for {user!r} from {address}", what=b"x11", user="nx", address="192.0.2.9")
+        self.assertEqual(text.getvalue().count("refused b'x11'"), logs.PER_SOURCE)
+
+
+class _Unopenable(Exception):
+    pass
+
+
+class SturdyLogFileTests(SynchronousTestCase):
+    def log_file(self, keep=3, length=200):
+        directory = self.mktemp()
+        os.makedirs(directory)
+        from twisted.python.logfile import LogFile
+
+        made = LogFile("gateway.log", directory, rotateLength=length)
+        self.addCleanup(lambda: made.closed or made.close())
+        publisher = LogPublisher()
+        self.patch(logs, "globalLogPublisher", publisher)
+        observer = textFileLogObserver(made)
+        publisher.addObserver(observer)
+        logs.filter_global_log("info", rotated_files=keep)  # as the gateway does with twistd's file
+        self.addCleanup(logs._LOG_FILES.remove, made)
+        self.assertIsInstance(made, logs.SturdyLogFile)
+        return made, Logger(namespace="nxgate", observer=publisher), directory
+
+    def test_rotated_files_are_bounded_in_number(self):
+        made, log, directory = self.log_file(keep=3)
+        for n in range(200):
+            log.info("line {n} of a long run", n=n)
+        self.assertEqual(sorted(os.listdir(directory)),
+                         ["gateway.log", "gateway.log.1", "gateway.log.2", "gateway.log.3"])
+        with open(os.path.join(directory, "gateway.log")) as handle:
+            self.assertIn("line 199 of a long run", handle.read())
+
+    def test_a_rotation_that_cannot_open_a_new_file_writes_on_and_opens_one_later(self):
+        made, log, directory = self.log_file(keep=5)
+        opened = made._openFile
+        failing = [True]
+
+        def open_file():
+            if failing[0]:
+                raise OSError(errno.EMFILE, "Too many open files")
+            opened()
+
+        made._openFile = open_file
+        for n in range(40):
+            log.info("line {n} while the process has no file left", n=n)
+        self.assertEqual(sorted(os.listdir(directory)), ["gateway.log.1"])  # renamed, written on
+        with open(os.path.join(directory, "gateway.log.1")) as handle:
+            self.assertIn("line 39 while the process has no file left", handle.read())
+        failing[0] = False
+        made.retry_at = 0  # a second later
+        log.info("files are back")
+        with open(os.path.join(directory, "gateway.log")) as handle:
+            text = handle.read()
+        self.assertIn("the log could not be reopened at its rotation (Too many open files)", text)
+        self.assertIn("files are back", text)
+
+    def test_a_rotation_that_cannot_rename_keeps_the_current_file(self):
+        made, log, directory = self.log_file(keep=5)
+        self.patch(logs.os, "rename", lambda *args: (_ for _ in ()).throw(OSError(errno.EROFS, "read-only")))
+        for n in range(40):
+            log.info("line {n}", n=n)
+        self.assertEqual(os.listdir(directory), ["gateway.log"])
+        with open(os.path.join(directory, "gateway.log")) as handle:
+            self.assertIn("line 39", handle.read())

@@ -3,7 +3,9 @@
 The X server decides how big ``xwd``'s dump is (a user's own agent can
 claim a 16384x16384 screen: a 1 GiB dump, 4 GiB is possible), and the
 gateway runs as root: it must stop reading at the limit, not read the whole
-dump and then look at its size.
+dump and then look at its size.  xwd is started, as every program run as a
+user, by the node's launcher, which reads a program's output with that bound
+(:meth:`nxgate.node.launcher.Launcher.output`).
 """
 
 from __future__ import annotations
@@ -15,53 +17,54 @@ import shutil
 import stat
 import subprocess
 import sys
-import threading
 import time
 from typing import Any
 
-from twisted.trial.unittest import SkipTest, SynchronousTestCase
+from twisted.internet import defer, reactor
+from twisted.trial.unittest import SkipTest, TestCase
 
 from nxgate.node import thumbnails
+from nxgate.node.launcher import Launcher, OutputTooLarge
 from nxgate.node.processes import ProcessId
 
 MB = 1 << 20
 
 
-class ReadLimitedTests(SynchronousTestCase):
-    def pipe_with(self, total: int) -> int:
-        """The read end of a pipe that a thread fills with ``total`` bytes."""
-        read_end, write_end = os.pipe()
-
-        def write() -> None:
-            try:
-                left = total
-                while left:
-                    left -= os.write(write_end, b"\0" * min(left, MB))
-            except BrokenPipeError:
-                pass
-            finally:
-                os.close(write_end)
-
-        writer = threading.Thread(target=write)
-        writer.start()
-        self.addCleanup(writer.join)
-        self.addCleanup(os.close, read_end)
-        return read_end
-
-    def test_a_stream_past_the_limit_is_stopped_while_reading(self) -> None:
-        fd = self.pipe_with(64 * MB)
-        error = self.assertRaises(thumbnails.DumpTooLarge, thumbnails.read_limited, fd, MB, time.monotonic() + 60)
-        self.assertEqual(error.read, MB + 1)  # never more than the limit and one byte
-
-    def test_a_stream_within_the_limit_is_read_whole(self) -> None:
-        fd = self.pipe_with(MB)
-        self.assertEqual(len(thumbnails.read_limited(fd, MB, time.monotonic() + 60)), MB)
+def as_root() -> None:
+    from tests.harness.users import NEED_ROOT, is_root
+    if not is_root():
+        raise SkipTest(NEED_ROOT)
 
 
-class GrabTests(SynchronousTestCase):
-    def test_a_huge_xwd_dump_is_refused_with_bounded_memory(self) -> None:
+class OutputTests(TestCase):
+    """The launcher's bounded reading of a program's output (as root: it starts programs as users)."""
+
+    def setUp(self) -> None:
+        as_root()
+
+    def run_writing(self, total: int, limit: int) -> defer.Deferred:
+        request = {"user": "root", "argv": ["head", "-c", str(total), "/dev/zero"], "env": {},
+                   "env_fixed": {"PATH": "/usr/bin:/bin"}, "cwd": "/", "log": os.devnull}
+        return defer.ensureDeferred(Launcher(reactor).output(request, limit, 60))
+
+    @defer.inlineCallbacks
+    def test_output_past_the_limit_is_stopped_while_reading(self):
+        error = yield self.assertFailure(self.run_writing(64 * MB, MB), OutputTooLarge)
+        self.assertGreater(error.read, MB)
+        self.assertLess(error.read, MB + 256 * 1024)  # it stopped at the limit, not at the end
+
+    @defer.inlineCallbacks
+    def test_output_within_the_limit_is_read_whole(self):
+        data = yield self.run_writing(MB, MB)
+        self.assertEqual(data, b"\0" * MB)
+
+
+class GrabTests(TestCase):
+    @defer.inlineCallbacks
+    def test_a_huge_xwd_dump_is_refused_with_bounded_memory(self):
         """An "xwd" that writes 300 MB: grab stops at the (here 4 MB) limit,
         and this process's peak memory does not grow by the dump."""
+        as_root()
         directory = os.path.abspath(self.mktemp())
         os.makedirs(directory)
         os.chmod(directory, 0o755)
@@ -72,7 +75,9 @@ class GrabTests(SynchronousTestCase):
         self.patch(thumbnails, "XWD", fake)
         self.patch(thumbnails, "MAX_DUMP_BYTES", 4 * MB)
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        self.assertRaises(thumbnails.DumpTooLarge, thumbnails.grab, 4321, "/nonexistent", os.getuid(), os.getgid())
+        yield self.assertFailure(defer.ensureDeferred(thumbnails.grab(Launcher(reactor), 4321, "/nonexistent",
+                                                                      pwd.getpwuid(os.getuid()).pw_name)),
+                                 thumbnails.DumpTooLarge)
         grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
         self.assertLess(grown_kib, 64 * 1024)
 
@@ -96,7 +101,7 @@ print(got, flush=True)
 """
 
 
-class GrabSourceTests(SynchronousTestCase):
+class GrabSourceTests(TestCase):
     """With an X server that listens on its path socket only (as a jailed
     agent does) and another user listening on the display's abstract
     socket, the picture comes from the X server and the listener gets no
@@ -123,7 +128,8 @@ class GrabSourceTests(SynchronousTestCase):
         self.addCleanup(lambda: process.poll() is None and (process.terminate(), process.wait()))
         return process
 
-    def test_the_picture_never_comes_from_an_abstract_socket_squatter(self) -> None:
+    @defer.inlineCallbacks
+    def test_the_picture_never_comes_from_an_abstract_socket_squatter(self):
         listener = self.start(self.bob, [sys.executable, "-c", ABSTRACT_LISTENER, str(self.DISPLAY)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.assertEqual(listener.stdout.readline().strip(), "listening")
@@ -145,7 +151,8 @@ class GrabSourceTests(SynchronousTestCase):
         time.sleep(0.3)
         agent = ProcessId.of(server.pid)
         alice = pwd.getpwnam(self.alice.name)
-        dump = thumbnails.grab(self.DISPLAY, "/dev/null", alice.pw_uid, alice.pw_gid, (agent.pid, agent.started))
+        dump = yield defer.ensureDeferred(thumbnails.grab(Launcher(reactor), self.DISPLAY, "/dev/null", alice.pw_name,
+                                                          (agent.pid, agent.started)))
         width, height, rgb = thumbnails.parse_xwd(dump)
         self.assertEqual((width, height), (320, 200))
         self.assertEqual(set(rgb), {255})  # -wr: the server's white root window

@@ -19,6 +19,7 @@ import json
 import os
 import pwd
 import random
+import signal
 import sys
 import textwrap
 from typing import Any
@@ -31,13 +32,13 @@ try:
 except ImportError:  # Cryptography before 48 (Debian 12 has 38): no hybrid to test
     mlkem = None
 from twisted.conch.ssh import _kex, common, keys, transport
-from twisted.internet import defer, reactor
+from twisted.internet import defer, reactor, task
 from twisted.internet.task import deferLater
 from twisted.internet.testing import StringTransport
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import SkipTest, TestCase
 
-from nxgate.gateway.doors.conch import algorithms, kexmath, kexworker
+from nxgate.gateway.doors.conch import algorithms, kexlimit, kexmath, kexpool, kexworker
 from nxgate.wire import ssh_etm as etm
 from nxgate.gateway.doors.conch.kexlimit import FairQueue, KexAdmission, OncePer
 from nxgate.gateway.doors.conch.kexpool import KexJobError, KexPool
@@ -45,6 +46,13 @@ from nxgate.gateway.doors.conch import server as server_module
 from nxgate.gateway.doors.conch.server import KexService, NXSSHFactory
 
 ECHO = 192
+
+
+def _kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def need_mlkem() -> None:
@@ -65,6 +73,7 @@ REVIEWED_CONCH = {
     "SSHServerTransport._keySetup": "81785e1f6f06d921",
     "SSHTransportBase.dataReceived": "8240acd8b4abd0a3",
     "SSHTransportBase.getPacket": "12c9666a90759991",
+    "SSHTransportBase._newKeys": "4109423d0a1f2ef3",
     "SSHTransportBase.sendPacket": "2c351e9582c1fc6b",
     "SSHTransportBase.ssh_KEXINIT": "67c0895f49feb80d",
     "SSHCiphers.makeMAC": "4bd1f6720179a204",
@@ -277,6 +286,121 @@ class WorkerTests(TestCase):
                         uid = next(line.split()[1] for line in status if line.startswith("Uid:"))
                     self.assertEqual(int(uid), pwd.getpwnam("nobody").pw_uid)
                     self.assertEqual(os.getpriority(os.PRIO_PROCESS, worker.transport.pid), kexworker.NICENESS)
+
+    def test_a_stopped_worker_is_replaced_and_its_job_answered_by_the_next(self) -> defer.Deferred[None]:
+        """SIGSTOP the only worker: its job is not lost at a deadline, it is
+        computed by the worker started in its place."""
+        pool = KexPool(reactor, 1)
+        pool.start()
+        self.addCleanup(pool.stop)
+        self.patch(kexpool, "STALL_CHECK", 0.3)
+        events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        generator, prime = GROUP14
+        job = {"op": "dh", "g": "2", "p": format(prime, "x"), "e": format(pow(2, 4242, prime), "x")}
+
+        async def run() -> None:
+            await pool.submit(job)  # the worker runs
+            [frozen] = pool._workers
+            frozen_pid = frozen.transport.pid
+            os.kill(frozen_pid, signal.SIGSTOP)
+            self.addCleanup(_kill_quietly, frozen_pid)
+            done: list[bool] = []
+            answer = await pool.submit(job, lambda: done.append(True))
+            self.assertEqual(pow(int(answer["f"], 16), 4242, prime), int(answer["k"], 16))
+            self.assertEqual(done, [True])  # its admission released once
+            [fresh] = pool._workers
+            self.assertNotEqual(fresh.transport.pid, frozen_pid)
+            lines = [formatEvent(event) for event in events]
+            self.assertTrue(any(f"key-exchange worker 0 (pid {frozen_pid}) did not answer" in line
+                                and "it is stopped" in line and "tried again" in line for line in lines), lines)
+            while frozen.running:  # killed, not left stopped
+                await deferLater(reactor, 0.05)
+
+        return defer.ensureDeferred(run())
+
+    def test_a_job_that_stalls_two_workers_fails(self) -> None:
+        """With a fake process that never answers and seems stopped: one retry, then a clear failure."""
+        clock = task.Clock()
+        spawned: list[Any] = []
+
+        class Transport:
+            def __init__(self, number: int) -> None:
+                self.pid, self.written, self.signals = 1000 + number, [], []
+
+            def write(self, data: bytes) -> None:
+                self.written.append(data)
+
+            def signalProcess(self, signal: str) -> None:
+                self.signals.append(signal)
+
+        def spawnProcess(worker: Any, *args: Any, **kwargs: Any) -> None:
+            worker.transport = Transport(len(spawned))
+            spawned.append(worker)
+            worker.connectionMade()
+
+        clock.spawnProcess = spawnProcess  # type: ignore[attr-defined]
+        pool = KexPool(clock, 1, inspect=lambda pid: ("T", 5))
+        pool.start()
+        failed: list[Any] = []
+        released: list[bool] = []
+        pool.submit({"op": "dh"}, lambda: released.append(True), "192.0.2.1").addErrback(failed.append)
+        clock.advance(kexpool.STALL_CHECK)
+        self.assertEqual(len(spawned), 2)
+        self.assertEqual(spawned[0].transport.signals, ["KILL"])
+        self.assertEqual(len(spawned[1].transport.written), 1)  # the job, again, on the fresh worker
+        self.assertEqual(failed, [])
+        clock.advance(kexpool.STALL_CHECK)
+        self.assertEqual(len(spawned), 3)
+        self.assertEqual(spawned[2].transport.written, [])
+        [failure] = failed
+        self.assertIn("did not answer", failure.getErrorMessage())
+        self.assertEqual(released, [True])
+
+    def test_with_every_worker_stopped_the_job_goes_to_a_fresh_one_and_the_stopped_idle_ones_are_replaced(self) -> None:
+        clock = task.Clock()
+        spawned: list[Any] = []
+        states: dict[int, str] = {}
+
+        class Transport:
+            def __init__(self, pid: int) -> None:
+                self.pid, self.written, self.signals = pid, [], []
+
+            def write(self, data: bytes) -> None:
+                self.written.append(json.loads(data))
+
+            def signalProcess(self, signal: str) -> None:
+                self.signals.append(signal)
+
+        def spawnProcess(worker: Any, *args: Any, **kwargs: Any) -> None:
+            worker.transport = Transport(2000 + len(spawned))
+            states[worker.transport.pid] = "S"
+            spawned.append(worker)
+            worker.connectionMade()
+
+        clock.spawnProcess = spawnProcess  # type: ignore[attr-defined]
+        pool = KexPool(clock, 2, inspect=lambda pid: (states[pid], 5))
+        pool.start()
+        states[2000] = states[2001] = "T"  # SIGSTOP both
+        answers: list[Any] = []
+        pool.submit({"op": "dh"}, source="192.0.2.1").addBoth(answers.append)
+        clock.advance(kexpool.STALL_CHECK)
+        self.assertEqual([w.transport.signals for w in spawned[:2]], [["KILL"], ["KILL"]])
+        self.assertEqual(len(spawned), 4)  # both replaced
+        fresh = spawned[2]
+        [job] = fresh.transport.written
+        fresh.outReceived(json.dumps({"id": job["id"], "f": "1", "k": "2"}).encode() + b"\n")
+        self.assertEqual(answers, [{"id": job["id"], "f": "1", "k": "2"}])
+
+    def test_a_slow_worker_is_left_alone(self) -> None:
+        self.assertIsNone(kexlimit.stalled("R", 40, 40, 10.0, 60.0))  # waiting for a CPU: slow, not stuck
+        self.assertIsNone(kexlimit.stalled("S", None, 40, 2.0, 60.0))  # the first look: no judgement yet
+        self.assertIsNone(kexlimit.stalled("S", 40, 45, 4.0, 60.0))  # it computed since
+        self.assertIsNone(kexlimit.stalled("Z", 40, 40, 4.0, 60.0))  # ended: the pool hears of it anyway
+        self.assertEqual(kexlimit.stalled("T", None, 40, 2.0, 60.0), "it is stopped")
+        self.assertIn("used no CPU", kexlimit.stalled("S", 40, 40, 4.0, 60.0) or "")
+        self.assertIn("no answer after 60 s", kexlimit.stalled("R", 40, 90, 60.0, 60.0) or "")
 
     def test_a_worker_that_cannot_start_fails_jobs_instead_of_hanging_them(self) -> defer.Deferred[None]:
         pool = KexPool(reactor, 1, argv=[sys.executable, "-c", "import sys; sys.exit(3)"])

@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
+import zlib
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from twisted.conch.ssh import keys, service, transport
 from twisted.internet import defer
 from twisted.internet.testing import StringTransport
-from twisted.logger import formatEvent, globalLogPublisher
+from twisted.logger import capturedLogs, formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
 from nxgate.gateway.doors.conch import server
-from nxgate.wire.ssh_etm import ETM_MACS, EtmTransport
+from nxgate.wire.ssh_compression import BoundedInflater, CompressionError
+from nxgate.wire.ssh_etm import ETM_MACS, MAX_PACKET, EtmTransport
+from tests.harness.sshattack import DelayedZlib, bomb_packet
 from nxgate.gateway.doors.conch.server import NXSSHFactory
 from nxgate.wire.tcp import QUICK_ACK_BELOW, no_delay, quick_ack
 
@@ -42,6 +46,20 @@ def pump(server: Any, server_wire: StringTransport, client: Any, client_wire: St
 
 
 ECHO = 192  # a message number for the test services (local extensions)
+USERAUTH_SUCCESS = 52
+
+
+class _Ready:
+    """The client's compressor for one packet already compressed (the bomb)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def compress(self, data: bytes) -> bytes:
+        return self.data
+
+    def flush(self, mode: int = 0) -> bytes:
+        return b""
 
 
 class _EchoService(service.SSHService):
@@ -65,7 +83,7 @@ class _RecordingService(service.SSHService):
         self.received.append(packet)
 
 
-class _Client(EtmTransport, transport.SSHClientTransport):
+class _Client(EtmTransport, DelayedZlib, transport.SSHClientTransport):
     supportedMACs = [*ETM_MACS, *transport.SSHClientTransport.supportedMACs]
     service_requested: _RecordingService | None = None
 
@@ -143,11 +161,39 @@ class ExtInfoOrderTests(TestCase):
         self.assertEqual(self.client.peerExtensions, {})
         self.echo()
 
-    def test_zlib_stream_goes_on_across_newkeys_and_rekeying(self) -> None:
-        """With "zlib" our compressor starts at our NEWKEYS (the EXT_INFO is
-        already compressed); it must not restart at the client's."""
-        self.connect(b"zlib")
-        self.assertEqual(self.server.outgoingCompressionType, b"zlib")
+    def authenticate(self) -> None:
+        """What the user authentication service sends when it succeeds."""
+        self.server.sendPacket(USERAUTH_SUCCESS, b"")
+        self.pump()
+
+    def test_plain_zlib_is_not_offered(self) -> None:
+        """Plain zlib compresses from the first NEWKEYS, before the client
+        has authenticated: anyone could send a zlib bomb."""
+        self.client.supportedCompressions = [b"zlib"]
+        self.server.makeConnection(self.server_wire)
+        self.client.makeConnection(self.client_wire)
+        with capturedLogs() as events:
+            self.pump()
+        self.assertIsNone(self.client.service_requested)
+        self.assertTrue(self.server_wire.disconnecting or self.client_wire.disconnecting)
+        self.assertIn(b"none,zlib@openssh.com", self.server.ourKexInitPayload)
+        self.assertNotIn(b",zlib,", self.server.ourKexInitPayload)
+        lines = [formatEvent(event) for event in events]
+        self.assertTrue(any("no compression in common (the client offers zlib)" in line
+                            and "never plain zlib" in line for line in lines), lines)
+
+    def test_delayed_zlib_starts_after_authentication_and_goes_on_across_rekeying(self) -> None:
+        """zlib@openssh.com: nothing is compressed (or inflated) before
+        USERAUTH_SUCCESS; both directions from the packet after it; a fresh
+        stream at each later key exchange, as OpenSSH does."""
+        self.connect(b"zlib@openssh.com")
+        self.assertEqual(self.server.incomingCompressionType, b"zlib@openssh.com")
+        self.assertIsNone(self.server.outgoingCompression)
+        self.assertIsNone(self.server.incomingCompression)
+        self.echo()
+        self.authenticate()
+        self.assertIsInstance(self.server.incomingCompression, BoundedInflater)
+        self.assertIsNotNone(self.server.outgoingCompression)
         self.echo()
         # A rekeying, with a reply queued by the server while it runs.
         self.client.sendKexInit()
@@ -161,6 +207,28 @@ class ExtInfoOrderTests(TestCase):
         self.assertIn(queued, self.client.service_requested.received)
         self.echo()
         self.echo(1000)
+        self.assertIsInstance(self.server.incomingCompression, BoundedInflater)
+
+    def test_a_zlib_bomb_after_authentication_closes_the_connection_at_the_packet_limit(self) -> None:
+        self.connect(b"zlib@openssh.com")
+        self.authenticate()
+        self.echo()
+        bomb = bomb_packet(self.client.outgoingCompression, 40 * MAX_PACKET)
+        self.assertLess(len(bomb), MAX_PACKET // 10)
+        self.client.outgoingCompression = _Ready(bomb)
+        self.client.sendPacket(2, b"")  # SSH_MSG_IGNORE
+        with capturedLogs() as events:
+            self.server.dataReceived(self.client_wire.value())
+        self.assertTrue(self.server_wire.disconnecting)
+        told: list[tuple[int, bytes]] = []
+        self.client.receiveError = lambda code, why: told.append((code, why))
+        self.client.dataReceived(self.server_wire.value())
+        self.assertEqual(told, [(transport.DISCONNECT_COMPRESSION_ERROR,
+                                 b"a compressed packet of %d bytes inflates to more than 1048576 bytes, the packet limit"
+                                 % len(bomb))])
+        lines = [formatEvent(event) for event in events]
+        self.assertTrue(any("closed: a compressed packet of" in line for line in lines), lines)
+        self.assertFalse(any(event.get("log_failure") for event in events))  # a line, not a traceback
 
     def test_rekeying_without_compression(self) -> None:
         self.connect()
@@ -258,3 +326,25 @@ class QuickAckTests(TestCase):
         quick_ack(wire, 10)
         self.assertEqual(sock.options, [])
         quick_ack(StringTransport(), 10)  # no socket under it: nothing to set, no error
+
+
+class BoundedInflaterTests(TestCase):
+    def test_packets_up_to_the_limit_inflate_one_after_another(self) -> None:
+        deflate = zlib.compressobj(6)
+        inflater = BoundedInflater(1000)
+        for payload in (b"a" * 1000, os.urandom(500), b""):
+            packet = deflate.compress(payload) + deflate.flush(zlib.Z_SYNC_FLUSH)
+            self.assertEqual(inflater.decompress(packet), payload)
+
+    def test_one_byte_over_the_limit_is_refused_without_inflating_it_all(self) -> None:
+        deflate = zlib.compressobj(6)
+        inflater = BoundedInflater(1000)
+        error = self.assertRaises(CompressionError, inflater.decompress,
+                                  deflate.compress(b"a" * 1001) + deflate.flush(zlib.Z_SYNC_FLUSH))
+        self.assertIn("more than 1000 bytes", str(error))
+        bomb = bomb_packet(zlib.compressobj(6), 100 << 20)[5:]  # 100 MB of zeros, without the header
+        self.assertRaises(CompressionError, BoundedInflater(1000).decompress, bomb)
+
+    def test_corrupt_data_is_a_compression_error(self) -> None:
+        error = self.assertRaises(CompressionError, BoundedInflater(1000).decompress, b"not zlib at all")
+        self.assertIn("corrupt", str(error))

@@ -9,9 +9,22 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.internet import defer, task, threads
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+from nxgate.wire.agentsocket import SocketStream
 from nxgate.wire.relay import StreamRelay
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.results import StreamTarget
+from nxgate.vocabulary.streams import AGENT
+
+
+class Opener:
+    """``open_stream`` whose answer the test gives (by hand)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.answer: defer.Deferred = defer.Deferred()
+
+    def __call__(self, caller, session_id, kind):
+        self.calls.append((caller, session_id, kind))
+        return self.answer
 
 
 class FakeChannel:
@@ -41,10 +54,13 @@ class AgentConnection(StringTransport):
 class FlowControlTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.channel = FakeChannel()
-        # Nothing listens there: the test connects the relay by hand.
-        self.relay = StreamRelay(MemoryReactorClock(), Caller("alice", address="192.0.2.1"),
-                                StreamTarget("S" * 32, "/nonexistent/agent.sock", 1000), self.channel, b"early")
+        # The stream never opens: the test connects the relay by hand.
+        self.opener = Opener()
+        self.relay = StreamRelay(Caller("alice", address="192.0.2.1"), "S" * 32, self.channel, b"early", self.opener)
         self.agent = AgentConnection()
+
+    def test_the_relay_asks_the_node_interface_for_the_agents_stream(self) -> None:
+        self.assertEqual(self.opener.calls, [(Caller("alice", address="192.0.2.1"), "S" * 32, AGENT)])
 
     def test_client_input_waits_for_the_agent_connection(self) -> None:
         self.assertTrue(self.channel.paused)
@@ -72,9 +88,16 @@ class FlowControlTests(SynchronousTestCase):
         ours, theirs = socket.socketpair(socket.AF_UNIX)
         self.addCleanup(theirs.close)
         self.relay.close()
-        self.relay._reached(ours, "")
+        self.opener.answer.callback(SocketStream(MemoryReactorClock(), ours, "S" * 32, AGENT))
         self.assertEqual(ours.fileno(), -1)  # closed, not adopted
         self.assertEqual(theirs.recv(1), b"")
+
+    def test_a_refusal_closes_the_client(self) -> None:
+        from nxgate.vocabulary.errors import Kind, SessionError
+
+        self.opener.answer.errback(SessionError(Kind.NOT_YOURS, "Could not find session " + "S" * 32 + "."))
+        self.assertTrue(self.channel.closed)
+        self.assertFalse(self.channel.paused)
 
 
 class EndOfInputTests(SynchronousTestCase):
@@ -84,8 +107,7 @@ class EndOfInputTests(SynchronousTestCase):
 
     def setUp(self) -> None:
         self.channel = FakeChannel()
-        self.relay = StreamRelay(MemoryReactorClock(), Caller("alice", address="192.0.2.1"),
-                                 StreamTarget("S" * 32, "/nonexistent/agent.sock", 1000), self.channel, b"")
+        self.relay = StreamRelay(Caller("alice", address="192.0.2.1"), "S" * 32, self.channel, b"", Opener())
 
     def test_the_agent_connection_is_half_closed(self) -> None:
         agent = AgentConnection()
@@ -121,14 +143,11 @@ class RealAgentEndOfInputTests(TestCase):
         from twisted.internet import reactor
 
         channel = FakeChannel()
-        # Built on a fake reactor (its attempts to reach the agent's path go
-        # nowhere); the socket pair is then handed to it on the real one.
-        relay = StreamRelay(MemoryReactorClock(), Caller("alice", address="192.0.2.1"),
-                            StreamTarget("S" * 32, "/nonexistent/agent.sock", 1000), channel, b"")
-        relay.reactor = reactor
         ours, theirs = socket.socketpair(socket.AF_UNIX)
         self.addCleanup(ours.close)
-        relay._reached(theirs, "")
+        opener = Opener()
+        relay = StreamRelay(Caller("alice", address="192.0.2.1"), "S" * 32, channel, b"", opener)
+        opener.answer.callback(SocketStream(reactor, theirs, "S" * 32, AGENT))
         relay.write(b"last words")
         relay.end_of_input()
         received = yield threads.deferToThread(read_to_eof, ours)

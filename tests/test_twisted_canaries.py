@@ -11,9 +11,11 @@ beside the transport's tests.)
 from __future__ import annotations
 
 import inspect
+import os
 
 from twisted.internet.testing import StringTransport
-from twisted.logger import globalLogPublisher
+from twisted.logger import globalLogPublisher, textFileLogObserver
+from twisted.python import logfile
 from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http import HTTPChannel
@@ -70,3 +72,22 @@ class LogPublisherCanary(SynchronousTestCase):
         observers = getattr(globalLogPublisher, "_observers", None)
         self.assertIsInstance(observers, list, "twisted.logger's publisher no longer has _observers: "
                                                "re-check nxgate.logs.filter_global_log")
+
+
+class LogFileCanary(SynchronousTestCase):
+    """nxgate.logs makes twistd's ``--logfile`` a SturdyLogFile: it finds the
+    file as the text observer's ``_outFile`` and reuses LogFile's
+    ``_openFile``, ``_file``, ``listLogs`` and ``size``."""
+
+    def test_the_text_observer_keeps_its_file_and_the_log_file_its_parts(self):
+        directory = self.mktemp()
+        os.makedirs(directory)
+        made = logfile.LogFile("x.log", directory)
+        self.addCleanup(made.close)
+        self.assertIs(getattr(textFileLogObserver(made), "_outFile", None), made,
+                      "twisted.logger's file observer no longer keeps _outFile: re-check nxgate.logs._sturdy")
+        for name in ("_file", "size", "maxRotatedFiles", "path"):
+            self.assertTrue(hasattr(made, name), f"LogFile lost {name}: re-check nxgate.logs.SturdyLogFile")
+        self.assertEqual(made.listLogs(), [])
+        self.assertIn("self._file =", inspect.getsource(logfile.BaseLogFile._openFile))
+        self.assertEqual(logfile.LogFile.synchronized, ["write", "rotate"])

@@ -15,7 +15,7 @@ from twisted.web.test.requesthelper import DummyRequest
 
 from nxgate.protocols import websocket as ws
 from nxgate.gateway.doors.web.viewer import login_key, same_origin
-from nxgate.clients import browser_viewer as bv
+from nxgate.node import browser_viewer as bv
 
 MASK = b"\x37\xfa\x21\x3d"
 

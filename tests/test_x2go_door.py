@@ -16,7 +16,7 @@ from nxgate.gateway.doors.conch.x2go import commands, files, names, shell, verbs
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.model import State
-from nxgate.vocabulary.results import Listing, Ready, SessionView, StreamTarget
+from nxgate.vocabulary.results import DesktopEntry, Listing, Ready, SessionView, StreamTarget
 
 FACTS = shell.Facts("alice", "/home/alice", "srv1")
 UUID = "d0dc54c4-f0c8-11f1-82e7-02fc00000001"
@@ -96,7 +96,9 @@ class ReaderTests(TestCase):
                   ";", "&&", "&", "|", "||", "$(", ")", "`", "'", '"', "\\", "{", "}", ">", ">>", "<", "2>", "1>",
                   "~", "~root", "$HOME", "${HOME}", "$", "${", "X2GODATABEGIN:1", f"X2GODATAEND:{UUID}", "bash",
                   "-l", "-c", "sh", "exit", "\t", " ", "*", "?", "[", "=", "PATH=", "A=b", "id", "rm", "-rf",
-                  "/usr/bin/", "../", "\n", "\x00", "é", "#", "!"]
+                  "/usr/bin/", "../", "\n", "\x00", "é", "#", "!", '"a b"', "'a b'", "a\\ b", "'\\''", "Prüfung",
+                  "x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_24 us auto 0 R", "xterm -title", "$USER",
+                  "$((", "${HOME:-x}", "$1", "X2GO_SPACE_CHAR"]
         rng = random.Random(24)
         allowed = set(verbs._CHECKS) | {"assign"}
         accepted = 0
@@ -112,8 +114,96 @@ class ReaderTests(TestCase):
         self.assertLess(accepted, 1000)
 
 
+def python_start(command: str) -> bytes:
+    """python-x2go's x2gostartagent with a profile command pasted in as it is (terminal/plain.py)."""
+    return python_x2go("X2GO_XINERAMA=false x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_24 null auto 1 R "
+                       f"{command} both")
+
+
+def x2goclient_start(command: str) -> bytes:
+    """x2goclient 4.1.2.2's x2gostartagent (onmainwindow.cpp), as its --debug log shows it: the profile's
+    command pasted into its ``bash -l -c '…'`` with its own single quotes as they are (not ``'\\''``)."""
+    return (f"bash -l -c 'echo \"X2GODATABEGIN:{UUID}\"; export PATH=\"/usr/local/bin:/usr/bin:/bin\";export "
+            f"TERM=\"dumb\"; X2GO_XINERAMA=no x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_24 us auto 0 R "
+            f"{command} both; echo \"X2GODATAEND:{UUID}\";'").encode()
+
+
+class CommandLineTests(TestCase):
+    """A profile's command line through each client's wrapping: the argv nxgate starts, without a shell."""
+
+    def argv(self, raw: bytes) -> tuple[str, ...]:
+        _, calls = read(raw)
+        (start,) = [call for call in calls if call.verb == "x2gostartagent"]
+        parsed = verbs.parse_start(start.args)
+        return commands.session_type_for(parsed.command, set(), parsed.command_args)[1]
+
+    def test_quoting_and_expansion_as_a_posix_shell_reads_them(self):
+        cases = {
+            'xterm -title "a b"': ("xterm", "-title", "a b"),
+            "xterm -title 'a b'": ("xterm", "-title", "a b"),
+            "xterm -title a\\ b": ("xterm", "-title", "a b"),
+            "xterm -title Prüfung": ("xterm", "-title", "Prüfung"),
+            'xterm -title "$USER@$HOSTNAME" -e "${HOME}"': ("xterm", "-title", "alice@srv1", "-e", "/home/alice"),
+            "xterm -xrm 'XTerm*allowTitleOps: false' -title \"a b\"": ("xterm", "-xrm", "XTerm*allowTitleOps: false",
+                                                                    "-title", "a b"),
+            "xterm -title 'it''s' -T \"100 $\"": ("xterm", "-title", "its", "-T", "100 $"),
+            "xterm -title a#b -T 'x!'": ("xterm", "-title", "a#b", "-T", "x!"),
+        }
+        for command, argv in cases.items():
+            self.assertEqual(self.argv(python_start(command)), argv, command)
+            self.assertEqual(self.argv(x2goclient_start(command)), argv, command)
+
+    def test_a_tilde_and_single_quotes_through_x2goclients_bash_wrapping(self):
+        self.assertEqual(self.argv(x2goclient_start("gedit ~/notes.txt")), ("gedit", "/home/alice/notes.txt"))
+        self.assertEqual(self.argv(x2goclient_start("gedit ~alice/a\\'b")), ("gedit", "/home/alice/a'b"))
+        self.assertEqual(self.argv(x2goclient_start("""xterm -e 'echo "it'"'"'s"'""")),
+                         ("xterm", "-e", 'echo "it\'s"'))
+        # Had x2goclient written its quotes as '\'' (the contract's reading of sshprocess.cpp), the same argv:
+        self.assertEqual(self.argv(x2goclient("X2GO_XINERAMA=no x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_24 "
+                                              "us auto 0 R xterm -title 'a b' both")), ("xterm", "-title", "a b"))
+
+    def test_x2goclients_latin1_is_read_as_latin1(self):
+        raw = x2goclient_start("xterm -title Prüfung").decode().encode("latin-1")
+        program, _ = read(raw)
+        self.assertEqual(program.extra.get("encoding"), "latin-1")
+        self.assertEqual(self.argv(raw), ("xterm", "-title", "Prüfung"))
+        self.assertRaises(shell.Refused, read, python_start("xterm -title Prüfung").decode().encode("latin-1"))
+
+    def test_what_a_shell_would_do_beyond_words_is_refused_with_its_name(self):
+        cases = {
+            "xterm; id": "the command 'id'", "xterm && id": "the command 'id'", "xterm | id": "a pipe",
+            "xterm > /tmp/x": "output to a file", "xterm $(id)": "command substitution",
+            "xterm `id`": "command substitution", "xterm < /etc/shadow": "input redirection",
+            "xterm -title $PATH": "the variable $PATH", "xterm *.txt": "file-name pattern",
+            "xterm -title ~root": "another user's home", "xterm $((1+1))": "arithmetic expansion",
+            "xterm ${HOME:-x}": "parameter expansion", "xterm #x": "a comment", "(xterm)": "sub-shell",
+            "xterm $1": "special parameter",
+        }
+        for command, reason in cases.items():
+            for raw in (python_start(command), x2goclient_start(command)):
+                with self.assertRaises(shell.Refused, msg=command) as refused:
+                    read(raw)
+                self.assertIn(reason, str(refused.exception), command)
+
+    def test_runcommand_takes_any_command_of_either_client(self):
+        name = "alice-1000-1733339233_stRxterm_dp24"
+        # python-x2go's quotes leave the pattern of a quoted '*' bare in sh -c's program: nothing runs that word.
+        _, calls = read(python_x2go(f"setsid x2goruncommand 1000 77 {name} 30001 \"xtermX2GO_SPACE_CHAR-xrmX2GO_SPACE"
+                                    "_CHAR'XTerm*allowTitleOps:X2GO_SPACE_CHARfalse'\" pulse R 1>/dev/null 2>/dev/null"
+                                    " & exit"))
+        self.assertEqual(calls[0].verb, "x2goruncommand")
+        self.assertRaises(shell.Refused, read, python_x2go(f"setsid x2goruncommand 1000 77 {name} 30001 xterm pulse "
+                                                           "R* 1>/dev/null 2>/dev/null & exit"))
+        for raw in (python_x2go(f'setsid x2goruncommand 1000 77 {name} 30001 "xtermX2GO_SPACE_CHAR-titleX2GO_SPACE_CHAR'
+                                f'"aX2GO_SPACE_CHARb"" pulse R 1>/dev/null 2>/dev/null & exit'),
+                    x2goclient(f"setsid /usr/bin/x2goruncommand 1000 77 {name} 30001 xtermX2GO_SPACE_CHAR-titleX2GO_"
+                               f'SPACE_CHAR"aX2GO_SPACE_CHARb" nosnd R 1> /dev/null 2>/dev/null & exit')):
+            _, calls = read(raw)
+            self.assertIn("x2goruncommand", [call.verb for call in calls])
+
+
 def view(user="alice", display=1003, state=State.RUNNING, session_type="unix-xfce", **changes) -> SessionView:
-    values = dict(id="AB" * 16, full_id="srv1-1003-" + "AB" * 16, user=user, type=session_type, name="desk",
+    values = dict(id="AB" * 16, full_id="srv1-1003-" + "AB" * 16, user=user, type=session_type, name=session_type,
                   display=display, state=state, geometry="800x600", depth=24, render=True, fullscreen=False,
                   rootless=False, encrypted=True, client_address="192.0.2.7", created=1733339233.5,
                   changed=1733339300.0, attached_before=True, agent_pid=4242, failure="")
@@ -132,6 +222,15 @@ class NameTests(TestCase):
                          "RTERMINAL_dp24")
         odd = view(session_type="unix-application", name="my_app --x", options={})
         self.assertNotIn("_", names.session_name(odd).split("_st")[1][:-5])
+
+    def test_a_name_given_elsewhere_is_the_word_x2goclient_shows_as_command(self):
+        for name, word in (("from the portal", "from-the-portal"), ("Büro 2_b", "Bro-2b"), ("XFCE", "XFCE"),
+                           ("unix-xfce", "XFCE"), ("   ", "XFCE"), ("__", "XFCE")):
+            self.assertEqual(names.session_name(view(name=name)), f"alice-1003-1733339233_stD{word}_dp24", name)
+        self.assertEqual(names.session_name(view(session_type="unix-application", name="xterm", options={})),
+                         "alice-1003-1733339233_stDxterm_dp24")
+        renamed = view(name="my work")
+        self.assertIs(names.find([renamed], "alice-1003-1733339233_stDXFCE_dp24"), renamed)  # a name from before
 
     def test_a_listing_line_has_sixteen_fields_numbers_where_clients_call_int(self):
         line = names.list_line(view(), b"k" * 32, "srv1", 1733339400.0)
@@ -169,7 +268,7 @@ class FakeAPI:
         self.calls.append(("start", request))
         if self.limit:
             raise SessionError(Kind.LIMIT_REACHED, "Server capacity: reached for user: alice")
-        made = view(session_type=request.type)
+        made = view(session_type=request.type, rootless=request.rootless)
         return Ready(made, "c" * 32, False, StreamTarget(made.id, "/x/agent.sock", 1000))
 
     async def restore(self, caller, request):
@@ -178,6 +277,14 @@ class FakeAPI:
 
     async def suspend(self, caller, session_id):
         self.calls.append(("suspend", session_id))
+
+    async def applications(self, caller, session_id):
+        self.calls.append(("applications", session_id))
+        return (DesktopEntry("/x/xterm.desktop", ("Name=Terminal", "Exec=xterm %U"), 1, b"PNG"),)
+
+    async def run_application(self, caller, session_id, argv):
+        self.calls.append(("launch", session_id, argv))
+        return True
 
     async def terminate(self, caller, session_id, reason="user request"):
         self.calls.append(("terminate", session_id))
@@ -318,3 +425,67 @@ class ScpSinkTests(TestCase):
         self.assertEqual(read(b"scp -t -r '.x2go/ssh'")[1][0].verb, "scp")
         for raw in (b"scp -f .x2go/ssh", b"scp -t /etc", b"scp -t .ssh", b"scp -t -r .x2go/../.ssh", b"scp x y"):
             self.assertRaises(shell.Refused, read, raw)
+
+
+class BoundsTests(TestCase):
+    """The NX door's bounds of a session's screen, asked by the X2Go door too (one check)."""
+
+    def test_a_size_the_nx_door_refuses_is_refused_in_x2goclients_words(self):
+        from nxgate.protocols.nx import requests
+        from nxgate.protocols.nx.errors import NXError
+        from nxgate.protocols.nx.params import parse_params
+
+        for geometry, refused in (("99999x99999", True), ("63x600", True), ("16385x600", True), ("800x600", False),
+                                  ("16384x16384", False)):
+            api = FakeAPI([])
+            out = run(x2goclient(f"X2GO_XINERAMA=no x2gostartagent {geometry} lan 16m-jpeg-9 unix-kde-depth_24 us "
+                                 "auto 0 D XFCE both"), api)
+            try:
+                requests.display_settings(parse_params(f'--geometry="{geometry}"'))
+                nx_refused = False
+            except NXError as error:
+                nx_refused = error.code == 597
+            self.assertEqual((out.status != 0, nx_refused), (refused, refused), geometry)
+            if refused:
+                self.assertIn(f"nxgate: the session size {geometry}: size out of range (64x64 to 16384x16384)",
+                              out.stderr)
+                self.assertEqual(api.calls, [])
+
+    def test_a_depth_the_nx_door_refuses_is_refused(self):
+        out = run(python_x2go("x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_12 null auto 1 D XFCE both"),
+                  FakeAPI([]))
+        self.assertIn("a colour depth of 12: depth must be 8, 15, 16, 24 or 32", out.stderr)
+
+
+class PublishedApplicationTests(TestCase):
+    """x2goclient's and python-x2go's published-applications mode: a type P session, x2gogetapps, Exec lines."""
+
+    def test_a_type_p_session_is_a_rootless_agent_without_a_program(self):
+        api = FakeAPI([])
+        out = run(python_x2go("X2GO_XINERAMA=false x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_24 null auto 1 P "
+                              "PUBLISHED both"), api)
+        request = api.calls[0][1]
+        self.assertEqual((request.type, request.rootless, request.application), ("unix-published", True, ()))
+        self.assertEqual(out.stdout.splitlines()[4], "alice-1003-1733339233_stRPUBLISHED_dp24")
+        self.assertIn("X2GO_PUBLISHED_APPLICATIONS", run(python_x2go("x2gofeaturelist"), api).stdout)
+
+    def test_x2gogetapps_asks_the_machine_of_the_published_session(self):
+        published = view(session_type="unix-published", rootless=True, id="CD" * 16)
+        api = FakeAPI([view(), published])
+        out = run(python_x2go("which x2gogetapps >/dev/null && x2gogetapps"), api)
+        self.assertEqual(api.calls, [("applications", "CD" * 16)])
+        self.assertIn("<desktop>\nName=Terminal\n<icon>\nUE5H\n\n</icon>\nExec=xterm %U\n</desktop>\n", out.stdout)
+        self.assertEqual(run(python_x2go("x2gogetapps"), FakeAPI([])).stdout.splitlines()[1:-1], [])
+
+    def test_python_x2gos_exec_line_goes_to_the_named_session(self):
+        published = view(session_type="unix-published", rootless=True, id="CD" * 16, display=1004)
+        api = FakeAPI([view(), published])
+        name = names.session_name(published)
+        run(python_x2go(f"export DISPLAY=:1004 && export X2GO_SESSION={name} && export PULSE_CLIENTCONFIG=/home/alice/"
+                        f'.x2go/C-{name}/.pulse-client.conf && setsid xterm -title "Published a b"  1>/dev/null '
+                        "2>/dev/null & exit"), api)
+        self.assertEqual(api.calls, [("launch", "CD" * 16, ("xterm", "-title", "Published a b"))])
+
+    def test_what_is_not_a_launch_stays_refused(self):
+        for command in ("setsid xterm > /tmp/x", "xterm & exit", "setsid xterm | id", "setsid bash -c id; id"):
+            self.assertRaises(shell.Refused, read, python_x2go(command))

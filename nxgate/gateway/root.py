@@ -21,7 +21,7 @@ from nxgate.gateway.doors.admin.server import AdminFactory
 from nxgate.audit import AuditLog
 from nxgate.gateway.auth.pam import Authenticator
 from nxgate.config import Config
-from nxgate.logs import filter_global_log
+from nxgate.logs import filter_global_log, flush_repeats
 from nxgate.loops import steady
 from nxgate.gateway.doors.conversation import Conversation
 from nxgate.instance import StartupError, check_port_free, claim_unix_socket, lock_state_dir, record_pid
@@ -113,6 +113,9 @@ class Gateway(service.MultiService):
         flush = TimerService(15.0, steady(self.guard.flush, "logging the refusals of unauthenticated connections"))
         flush.clock = reactor
         flush.setServiceParent(self)
+        repeats = TimerService(15.0, steady(flush_repeats, "logging the counts of repeated lines held back"))
+        repeats.clock = reactor
+        repeats.setServiceParent(self)
         self.users = UserDirectory(self.blocking)
         self.layout = StateLayout(config.server.state_dir)
         self.layout.prepare()
@@ -146,15 +149,22 @@ class Gateway(service.MultiService):
         # has none: no supervisor, no agents, nothing to reconcile.
         self.sessions: SessionService | None = None
         self.node: LocalNode | None = None
+        web = bool(config.web.listen) and self.serves_doors
         if "node" in roles:
             self.sessions = SessionService(reactor, config, self.store, self.layout, blocking=in_thread(reactor))
             self.sessions.setServiceParent(self)
             self.shadow = self.sessions.shadow = ShadowService(self.sessions, config, self.blocking, self.users)
+        # This machine's browser viewers: the node's live ones (its ``view`` streams) and the portal's
+        # own for what a live viewer cannot show (see nxgate.node.browser_viewer).
+        self.viewers = self._browser_viewers() if web or "node" in roles else None
+        if self.sessions is not None:
             self.node = LocalNode(self.sessions, self.users,
-                                  lambda: member_name(self.config) or self.config.server_name, self.blocking)
+                                  lambda: member_name(self.config) or self.config.server_name, self.blocking,
+                                  self.viewers)
         # A cluster member writes its heartbeat to the shared store (nodes, drain --node).
         self.membership = self._membership() if config.cluster else None
-        self.cluster_streams = self._cluster_wire(config.cluster) if config.cluster else None
+        if config.cluster:
+            self._cluster_wire(config.cluster)
         # What every door calls: the router, over the cluster or over this box, a cluster of one.
         self.api = self._router()
         self.commands = NXDispatcher(self.api)
@@ -170,8 +180,6 @@ class Gateway(service.MultiService):
         self._listen_unix(config.server.admin_socket or os.path.join(self.layout.root, "admin.sock"), 0o600,
                           AdminFactory(self), "[server] admin_socket")
         self.dbus = self._dbus_door() if config.dbus.enabled and self.serves_doors else None
-        web = bool(config.web.listen) and self.serves_doors
-        self.web_viewers = self._browser_viewers() if web else None
         self.web = self._web_door() if web else None
         if config.metrics.listen:
             if not metrics.available():
@@ -188,14 +196,13 @@ class Gateway(service.MultiService):
         membership.setServiceParent(self)
         return membership
 
-    def _cluster_wire(self, cluster: Any) -> Any:
-        """Issue 13's wire (cluster-wire): this member's TLS credentials, the
-        node listener when it has role node, and what opens streams to
-        sessions on other members.  Routing is nxgate.gateway.router'."""
+    def _cluster_wire(self, cluster: Any) -> None:
+        """The members' wire: this member's TLS credentials, and the node
+        listener when it has role node.  Routing, and the streams to other
+        members' sessions, are the router's and its remote nodes'."""
         from OpenSSL import SSL
 
         from nxgate.wire.node_listener import NodeListener, gateway_members
-        from nxgate.wire.member_stream import RemoteStreams
         from nxgate.wire.tls import ClusterTLS
 
         try:
@@ -204,13 +211,10 @@ class Gateway(service.MultiService):
             raise RuntimeError(f"[cluster] ca, certificate or key cannot be used: {error}") from error
         if "node" in cluster.roles:
             check_port_free(cluster.listen, "[cluster] listen")
-            NodeListener(self.reactor, cluster.listen, self.cluster_tls, self.node,
-                         gateway_members(self.store),
-                         wrap=lambda factory: self.guard.wrap(factory, "cluster", trusts=True),
-                         viewers=self._node_viewers).setServiceParent(self)
+            NodeListener(cluster.listen, self.cluster_tls, self.node, gateway_members(self.store),
+                         wrap=lambda factory: self.guard.wrap(factory, "cluster", trusts=True)).setServiceParent(self)
             log.info("cluster member {name}: listening for gateways on {where}", name=cluster.name,
                      where=configuration.describe_listen(cluster.listen))
-        return RemoteStreams(self.reactor, self.cluster_tls)
 
     def _router(self) -> Router:
         """The session API of every door (nxgate.gateway.router): new
@@ -244,27 +248,26 @@ class Gateway(service.MultiService):
         door.setServiceParent(self)
         return door
 
-    def _node_viewers(self) -> Any:
-        """The browser viewers of this node for gateways' ``view`` streams (made when first asked on a
-        member without a portal)."""
-        if getattr(self, "web_viewers", None) is None:
-            self.web_viewers = self._browser_viewers()
-        return self.web_viewers
-
     def _browser_viewers(self) -> Any:
-        """The node's browser viewers (x11vnc on the session's display per open tab), for ``/view``."""
-        from nxgate.clients.browser_viewer import BrowserViewers, ViewerLimits, ViewerPrograms
+        """This machine's browser viewers (x11vnc per open tab: on a session's own display for the node's
+        ``view`` streams, or in a private display for ``/view``'s resumed ones)."""
+        from nxgate.node.browser_viewer import BrowserViewers, ViewerLimits, ViewerPrograms
 
-        launcher = self.sessions.launcher if self.sessions is not None else Launcher(self.reactor)
-        viewers = BrowserViewers(self.reactor, launcher, os.path.join(self.layout.root, "viewers"),
+        viewers = BrowserViewers(self.reactor, self._launcher, os.path.join(self.layout.root, "viewers"),
                                  self.layout.logs, ViewerLimits(per_user=self.config.web.max_viewers),
                                  ViewerPrograms(path=self.config.sessions.path, lang=self.config.sessions.lang),
                                  self.blocking)
-        viewers.streams = self.cluster_streams  # a session on another node: its stream goes there
-        viewers.node = self.sessions  # live viewers show this node's sessions; a resume ends them
-        self.api.observers.append(viewers.session_changed)  # every member's session changes, through the router
         viewers.prepare()
         return viewers
+
+    @property
+    def _launcher(self) -> Launcher:
+        """The one launcher of programs run as users: the session service's, or this member's own."""
+        if self.sessions is not None:
+            return self.sessions.launcher
+        if getattr(self, "own_launcher", None) is None:
+            self.own_launcher = Launcher(self.reactor)
+        return self.own_launcher
 
     def _web_door(self) -> Any:
         """The browser portal (``[web] listen``); a listen it refuses (plain
@@ -281,7 +284,7 @@ class Gateway(service.MultiService):
                        resolve=self._web_caller, settings=lambda: self.config.web,
                        thumbnailer=lambda caller, view: self.api.thumbnail(caller, view.id),
                        types=self._browser_types, certificate_dir=os.path.join(self.layout.root, "web"),
-                       host_name=self.config.server_name, viewers=getattr(self, "web_viewers", None),
+                       host_name=self.config.server_name, viewers=self.viewers,
                        wrap=lambda factory, tls: self.guard.wrap(factory, "HTTPS" if tls else "HTTP", http=True,
                                                                  inside_tls=tls))
         door.setServiceParent(self)
@@ -352,7 +355,7 @@ class Gateway(service.MultiService):
             checker.nx_user = new.ssh.nx_user
         self.key_checker.nx_keys = nx_keys
         self.users.forget()
-        filter_global_log(new.server.log_level)
+        filter_global_log(new.server.log_level, new.server.log_rotated_files)
         log.info("configuration reloaded from {source}", source=new.source)
         return {"ok": True, "source": new.source, "restart_needed_for": restart}
 
@@ -377,7 +380,7 @@ class Gateway(service.MultiService):
         from nxgate.gateway.doors.conch.x2go.door import X2GoDoor
 
         return X2GoDoor(self.reactor, lambda: self.api, self.blocking, self.users, lambda: self.config,
-                        lambda: self.cluster_streams, room=self.guard.users_may_open)
+                        room=self.guard.users_may_open)
 
     def conversation(self, transport: Any, address: str, preauthenticated_user: str | None,
                      relay_factory: Any, local_address: str = "127.0.0.1", door: str = "nx",
@@ -401,11 +404,12 @@ class Gateway(service.MultiService):
         return handler
 
     def _relay(self, client: Caller, target: StreamTarget, transport: ChannelTransport, leftover: bytes) -> StreamRelay:
-        return StreamRelay(self.reactor, client, target, transport, leftover, self.cluster_streams)
+        """After ``bye``: the channel relayed to the agent's stream, which the router opens on the session's node."""
+        return StreamRelay(client, target.session_id, transport, leftover, self.api.open_stream)
 
     def startService(self) -> None:
         record_pid(self.lock_fd)  # twistd may have forked since the lock was taken
-        filter_global_log(self.config.server.log_level)
+        filter_global_log(self.config.server.log_level, self.config.server.log_rotated_files)
         self.audit = AuditLog(self.config.server.audit_log or os.path.join(self.layout.root, "audit.log"))
         globalLogPublisher.addObserver(self.audit)
         self.authenticator.start()
@@ -421,8 +425,8 @@ class Gateway(service.MultiService):
         super().startService()
 
     def stopService(self) -> Any:
-        if self.web_viewers is not None:
-            self.web_viewers.close_all()
+        if self.viewers is not None:
+            self.viewers.close_all()
         d = super().stopService()
         globalLogPublisher.removeObserver(self.audit)
         self.audit.close()

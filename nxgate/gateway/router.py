@@ -24,7 +24,9 @@ only node is this machine's :class:`~nxgate.node.local.LocalNode`.
   (:attr:`observers`: the D-Bus door hears every member's sessions).
 * The store unreachable: new requests get a clear ``NX> 596``; the relays
   of running sessions do not depend on it and carry on.
-* Thumbnails are drawn by the session's node (:meth:`thumbnail`).
+* Thumbnails are drawn by the session's node (:meth:`thumbnail`), and a
+  session's bytes (the agent's stream, a browser's view) come from its node
+  too (:meth:`open_stream`): the one way a door reaches them.
 
 ``status`` and ``set_draining`` are this member's own.
 """
@@ -45,8 +47,9 @@ from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.limits import Limits, limit_reached
 from nxgate.vocabulary.model import Member, Session, State
 from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
-from nxgate.vocabulary.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
-                                     ShadowTarget, StreamTarget)
+from nxgate.vocabulary.results import (DesktopEntry, Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent,
+                                     SessionView, ShadowTarget)
+from nxgate.vocabulary.streams import Stream, StreamKind
 from nxgate.store.errors import StoreError, storage_reason
 
 log = Logger(namespace="nxgate.gateway.router")
@@ -259,13 +262,10 @@ class Router:
         node = await self._node_of(await self._row(caller, session_id))
         return await getattr(node, method)(caller, session_id, *arguments, **options)
 
-    async def viewer_target(self, caller: Caller, session_id: str) -> StreamTarget | None:
-        """Where a browser viewer of the caller's session is opened: the
-        member that runs it (a ``view`` stream, nxgate.wire.member_stream), None on this one."""
-        node = await self._node_of(await self._row(caller, session_id))
-        if node is self.local:
-            return None
-        return StreamTarget(session_id, "", -1, node.name, node.address)
+    async def open_stream(self, caller: Caller, session_id: str, kind: StreamKind) -> Stream:
+        """One end of the caller's session, opened by the node that runs it
+        (which checks the owner again and picks the end from its own record)."""
+        return await self._on_node_of("open_stream", caller, session_id, kind)
 
     async def restore(self, caller: Caller, request: RestoreRequest) -> Ready:
         node = await self._node_of(await self._row(caller, request.session_id))
@@ -308,6 +308,13 @@ class Router:
         """On the session's node, which mounts the share (its password then
         crosses the members' TLS wire, never the store)."""
         return await self._on_node_of("add_mount", caller, session_id, mount)
+
+    async def applications(self, caller: Caller, session_id: str) -> tuple[DesktopEntry, ...]:
+        """The applications of the session's node (its machine's .desktop files)."""
+        return await self._on_node_of("applications", caller, session_id)
+
+    async def run_application(self, caller: Caller, session_id: str, argv: tuple[str, ...]) -> bool:
+        return await self._on_node_of("run_application", caller, session_id, argv)
 
     async def show(self, caller: Caller, session_id: str) -> SessionView:
         """The node's own view; a session on a down node as the store last had it, marked lost."""

@@ -13,7 +13,7 @@ Two kinds start new sessions: desktops (``unix-*`` and the admin's own
 types, :class:`DesktopKind`) and remote desktops (``windows``, ``vnc``:
 :class:`RemoteDesktopKind`, an nxagent desktop whose program is a viewer).
 Shadows attach to an existing display (:mod:`nxgate.node.shadow_sessions`)
-and browser views are the node's viewers (:mod:`nxgate.clients.browser_viewer`).
+and browser views are the node's viewers (:mod:`nxgate.node.browser_viewer`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from nxgate.config import Config, SessionsSection
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.node.programs import session_command
-from nxgate.vocabulary.requests import StartRequest
+from nxgate.vocabulary.requests import PUBLISHED_TYPE, StartRequest
 
 log = Logger(namespace="nxgate.session")
 
@@ -67,6 +67,9 @@ class DesktopKind:
 
     async def prepare(self, caller: Caller, request: StartRequest) -> Launch:
         settings = self.settings()
+        if request.type == PUBLISHED_TYPE:
+            # X2Go's published applications: rootless, no program of its own, kept without windows.
+            return Launch(nxagent.AgentPlan(mode="-R", keep_without_windows=True), services=True)
         program = session_command(request, self.config().types, settings)
         if not request.encrypted and not settings.allow_unencrypted:
             raise SessionError(Kind.ENCRYPTION_REQUIRED, "Unencrypted sessions are not allowed.")

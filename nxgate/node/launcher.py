@@ -1,7 +1,9 @@
 """Starting programs as a user: :class:`Launcher` runs :mod:`nxgate.node.runas`
 (as root, with PAM) for each start, feeds it the request as JSON on stdin and
 reads back "ok" (then the program's pid) or the error, and optionally the
-program's own first status line (fd 3)."""
+program's own first status line (fd 3), or all of its output, with a bound
+(:meth:`Launcher.output`).  It is the one way nxgate starts a program as a
+user: sessions, their programs and services, browser viewers, thumbnails."""
 
 from __future__ import annotations
 
@@ -17,9 +19,22 @@ from twisted.internet import defer, protocol
 from nxgate.node.processes import LaunchError, ProcessId
 
 
+class OutputTooLarge(LaunchError):
+    """The program wrote more than the caller would read; reading stopped there (``read`` bytes)."""
+
+    def __init__(self, read: int) -> None:
+        super().__init__(f"output too large: more than {read - 1} bytes")
+        self.read = read
+
+
 class _Launch(protocol.ProcessProtocol):
-    def __init__(self, request: dict[str, Any]) -> None:
+    def __init__(self, request: dict[str, Any], limit: int | None = None) -> None:
         self.request = json.dumps(request).encode()
+        #: With a limit, everything the program writes after "ok" is kept (up to the limit).
+        self.limit = limit
+        self.kept: list[bytes] = []
+        self.kept_bytes = 0
+        self.too_much: int | None = None
         self.ready: defer.Deferred[int] = defer.Deferred()
         self.status: defer.Deferred[str] = defer.Deferred() if request.get("status_fd") else defer.succeed("")
         self.ended: defer.Deferred[int | None] = defer.Deferred()
@@ -31,6 +46,9 @@ class _Launch(protocol.ProcessProtocol):
         self.transport.closeStdin()
 
     def outReceived(self, data: bytes) -> None:
+        if self.limit is not None and self.ready.called:
+            self._keep(data)
+            return
         self.output += data
         while b"\n" in self.output:
             raw, self.output = self.output.split(b"\n", 1)
@@ -42,8 +60,23 @@ class _Launch(protocol.ProcessProtocol):
                     self.ready.callback(int(line[3:]))  # a child it forked (into a jail)
                 else:
                     self.ready.errback(LaunchError(line.removeprefix("error: ")))
+                    continue
+                if self.limit is not None:  # the rest is the program's output
+                    output, self.output = self.output, b""
+                    self._keep(output)
+                    return
             elif not self.status.called:
                 self.status.callback(line)  # the program's own first line (fd 3)
+
+    def _keep(self, data: bytes) -> None:
+        if self.too_much is not None or not data:
+            return
+        self.kept.append(data)
+        self.kept_bytes += len(data)
+        if self.limit is not None and self.kept_bytes > self.limit:
+            self.too_much = self.kept_bytes
+            self.kept.clear()
+            self.transport.closeChildFD(1)  # a writer past the limit gets SIGPIPE
 
     def outConnectionLost(self) -> None:
         if self.ready.called and not self.status.called:
@@ -76,8 +109,8 @@ class Launcher:
         self.reactor = reactor
         self._pam_closes = defer.DeferredSemaphore(self.CONCURRENT_PAM_CLOSES)
 
-    def _run(self, request: dict[str, Any]) -> _Launch:
-        launch = _Launch(request)
+    def _run(self, request: dict[str, Any], limit: int | None = None) -> _Launch:
+        launch = _Launch(request, limit)
         env = {"PATH": os.defpath, "LANG": "C.UTF-8", "PYTHONPATH": os.pathsep.join(sys.path)}
         self.reactor.spawnProcess(
             launch, sys.executable, [sys.executable, "-m", "nxgate.node.runas"],
@@ -113,6 +146,25 @@ class Launcher:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             return None
+
+    async def output(self, request: dict[str, Any], limit: int, timeout: float) -> bytes:
+        """Run a program as a user (``pipe_stdout`` in the request) to its end
+        and return what it wrote on stdout: at most ``limit`` bytes are kept,
+        whatever it writes (:class:`OutputTooLarge` past them), and a program
+        still running after ``timeout`` seconds is killed (LaunchError)."""
+        launch = self._run(dict(request, pipe_stdout=True), limit)
+        pid = await launch.ready
+        ended = launch.ended
+        ended.addTimeout(timeout, self.reactor)
+        try:
+            await ended
+        except defer.TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # our own child, not reaped yet: its pid is nobody else's
+            raise LaunchError(f"no complete output within {timeout:g} seconds") from None
+        if launch.too_much is not None:
+            raise OutputTooLarge(launch.too_much)
+        return b"".join(launch.kept)
 
     async def close_pam(self, request: dict[str, Any]) -> None:
         await self._pam_closes.acquire()

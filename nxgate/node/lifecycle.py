@@ -532,6 +532,32 @@ class Lifecycle:
         except LaunchError as error:
             return f"error protocol: {error}"
 
+    async def start_application(self, session_id: str, argv: tuple[str, ...]) -> None:
+        """Start ``argv`` in a running session beside what runs there (a
+        published application): as the user, in the session's namespaces
+        and environment, its own process group; its end ends nothing, and
+        the session's end ends it (it carries the session's marker)."""
+        if self.sessions[session_id].state in (State.STARTING, State.WAITING, State.RESUMING):
+            # X2Go's clients send it as soon as their link is up: the agent says it is attached a moment later.
+            try:
+                await self._wait_for(session_id, {State.RUNNING}, self.settings.agent_start_timeout)
+            except (WaitTimeout, SessionEnded) as error:
+                raise SessionError(Kind.WRONG_STATE, f"Session {session_id} is not running ({error}).",
+                                   session_id=session_id) from None
+        session = self.sessions[session_id]
+        if session.state is not State.RUNNING:
+            raise SessionError(Kind.WRONG_STATE, f"Session {session_id} is not running.", session_id=session_id)
+        runtime = self.runtime[session_id]
+        try:
+            started, _ = await self.supervisor.start_program(session, runtime.files, None, False,
+                                                            self.extras.environment(session), argv=argv)
+        except (LaunchError, OSError, KeyError) as error:
+            log.warn("session {id}: could not start {program}: {error}", id=session_id, program=argv[0],
+                     error=str(error))
+            raise SessionError(Kind.FAILED_TO_START, f"Could not start {argv[0]}.", session_id=session_id) from None
+        log.info("session {id}: started {program} (pid {pid}) for its client", id=session_id, program=argv[0],
+                 pid=started.pid)
+
     def _program_exited(self, session_id: str) -> None:
         session = self.sessions.get(session_id)
         if session is None or not session.state.live:

@@ -12,6 +12,12 @@ a call arrives, on one box and on many:
   does not have is refused with words for the user.
 * **Thumbnails** are drawn here, as the session's user, from its own agent
   (:mod:`nxgate.node.thumbnails`), after the owner check of ``show``.
+* **Streams** (:meth:`LocalNode.open_stream`) are opened here, after the
+  same owner check: the end is picked from the node's own record of the
+  session, never from what a gateway says.  One opener per kind: ``agent``
+  (the agent's socket, :mod:`nxgate.wire.agentsocket`) and ``view`` (a
+  live browser viewer's x11vnc, :mod:`nxgate.node.browser_viewer`, which
+  ends with its stream).
 * **Events**: whoever subscribes hears every state change of this node's
   sessions (the D-Bus door of any member, through the router).
 """
@@ -21,16 +27,32 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from twisted.internet import defer
+from twisted.logger import Logger
+
 from nxgate.node import thumbnails
+from nxgate.node.browser_viewer import BrowserViewer
 from nxgate.node.thumbnails import ThumbnailError
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
-from nxgate.vocabulary.model import Session
+from nxgate.vocabulary.model import Session, State
 from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
-from nxgate.vocabulary.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
+from nxgate.vocabulary.results import (DesktopEntry, Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
                                      ShadowTarget)
+from nxgate.vocabulary.streams import Stream, StreamKind
+from nxgate.wire import agentsocket
+from nxgate.wire.agentsocket import SocketStream, StreamWatch
+
+log = Logger(namespace="nxgate.node.local")
 
 Blocking = Callable[..., Awaitable[Any]]
+
+#: How long a live viewer's x11vnc may take to listen (it takes a tenth of a second or two), and how often
+#: its socket is tried meanwhile.
+VIEW_WAIT, VIEW_EVERY = 10.0, 0.02
+#: After the viewer's client first spoke (its RFB version: the handshake is done well within this),
+#: x11vnc is told to stop holding the clipboard back (nxgate.node.browser_viewer.selection_nudge_argv).
+NUDGE_AFTER = 1.0
 
 
 class LocalNode:
@@ -38,13 +60,23 @@ class LocalNode:
 
     ``service``: its :class:`nxgate.node.service.SessionService`;
     ``users``: its :class:`nxgate.users.UserDirectory`; ``machine``:
-    its name for refusals; ``blocking``: runs a blocking call off the reactor."""
+    its name for refusals; ``blocking``: runs a blocking call off the
+    reactor; ``viewers``: this machine's
+    :class:`nxgate.node.browser_viewer.BrowserViewers` (None: no ``view``
+    streams here), which hear this node's sessions from now on."""
 
-    def __init__(self, service: Any, users: Any, machine: Callable[[], str], blocking: Blocking) -> None:
+    def __init__(self, service: Any, users: Any, machine: Callable[[], str], blocking: Blocking,
+                 viewers: Any = None) -> None:
         self.service = service
         self.users = users
         self.machine = machine
         self.blocking = blocking
+        self.viewers = viewers
+        if viewers is not None:
+            self.subscribe(viewers.session_changed)  # a resume elsewhere, or the end, ends live viewers
+        #: One opener per stream kind: (caller resolved here, the caller's live session) -> the stream.
+        self.openers: dict[str, Callable[[Caller, Session, StreamKind], Awaitable[Stream]]] = {
+            "agent": self._agent_stream, "view": self._view_stream}
 
     def __repr__(self) -> str:
         return f"LocalNode({self.machine()!r})"
@@ -88,6 +120,12 @@ class LocalNode:
     async def add_mount(self, caller: Caller, session_id: str, mount: ShareMount) -> bool:
         return await self.service.add_mount(await self._here(caller), session_id, mount)
 
+    async def applications(self, caller: Caller, session_id: str) -> tuple[DesktopEntry, ...]:
+        return await self.service.applications(await self._here(caller), session_id)
+
+    async def run_application(self, caller: Caller, session_id: str, argv: tuple[str, ...]) -> bool:
+        return await self.service.run_application(await self._here(caller), session_id, argv)
+
     async def list(self, caller: Caller) -> Listing:
         return await self.service.list(await self._here(caller))
 
@@ -111,18 +149,81 @@ class LocalNode:
         session = self.service.sessions.get(view.id)
         if session is None or not session.agent_pid:
             raise SessionError(Kind.NOT_FOUND, f"Session {session_id} has no screen now.", session_id=session_id)
-        try:
-            entry = await self.users.lookup(session.user)
-        except KeyError:
-            raise SessionError(Kind.NOT_FOUND, f"Session {session_id} has no screen now.",
-                               session_id=session_id) from None
         authority = self.service.layout.agent_files(view.id).authority
         try:
-            return bytes(await self.blocking(thumbnails.thumbnail, session.display, authority, entry.pw_uid,
-                                             entry.pw_gid, agent=(session.agent_pid, session.agent_started)))
+            return await thumbnails.thumbnail(self.service.launcher, self.blocking, session.display, authority,
+                                              session.user, agent=(session.agent_pid, session.agent_started))
         except (ThumbnailError, OSError) as error:
             raise SessionError(Kind.NOT_FOUND, f"No picture of session {session_id}: {error}",
                                session_id=session_id) from None
+
+    async def open_stream(self, caller: Caller, session_id: str, kind: StreamKind) -> Stream:
+        """One end of the caller's session on this machine (see the module's docstring)."""
+        opener = self.openers.get(kind.word)
+        if opener is None or kind.number is not None:
+            raise SessionError(Kind.INVALID_REQUEST, f"Machine {self.machine()} opens no stream of kind {kind}.",
+                               session_id=session_id)
+        here = await self._here(caller)
+        view = await self.service.show(here, session_id)  # the owner check, as for every call
+        session = self.session(view.id)
+        if session is None or not session.state.live:
+            raise SessionError(Kind.NOT_FOUND, f"Could not find session {session_id}.", session_id=session_id)
+        return await opener(here, session, kind)
+
+    async def _agent_stream(self, caller: Caller, session: Session, kind: StreamKind) -> Stream:
+        """The agent's socket, once it listens (a resumed agent is made to listen again: a moment)."""
+        if session.state is State.TERMINATING:
+            raise SessionError(Kind.WRONG_STATE, f"Session {session.id} is ending.", session_id=session.id)
+        target = self.service.stream_target(session)
+        if target is None:
+            raise SessionError(Kind.INVALID_REQUEST, f"Session {session.id} is not encrypted: its client connects"
+                               " to its agent itself.", session_id=session.id)
+        try:
+            sock = await agentsocket.reach(self.service.reactor, target.path, target.uid)
+        except OSError as error:
+            raise SessionError(Kind.UNAVAILABLE, f"The agent of session {session.id} cannot be reached: {error}",
+                               session_id=session.id) from None
+        return SocketStream(self.service.reactor, sock, session.id, kind)
+
+    async def _view_stream(self, caller: Caller, session: Session, kind: StreamKind) -> Stream:
+        """RFB of the session's own screen: a live viewer's x11vnc, started for
+        this stream, stopped when it ends (the session's own user only, as a
+        browser shows only one's own sessions live; the admin shadows)."""
+        if session.user != caller.user:
+            log.warn("{user} from {address} asked to view session {id} of another user", user=caller.user,
+                     address=caller.address, id=session.id, audit="session_denied")
+            raise SessionError(Kind.NOT_YOURS, f"Could not find session {session.id}.", session_id=session.id)
+        if self.viewers is None:
+            raise SessionError(Kind.UNAVAILABLE, f"Machine {self.machine()} shows no sessions in a browser.",
+                               session_id=session.id)
+        files = self.service.layout.agent_files(session.id)
+        viewer: BrowserViewer = await self.viewers.open_live(session, files.directory, files.authority)
+        reactor = self.service.reactor
+        try:
+            sock = await agentsocket.reach(reactor, viewer.vnc_socket, viewer.uid, VIEW_WAIT, VIEW_EVERY,
+                                           alive=lambda: not viewer.closed and all(viewer.alive().values()))
+        except OSError as error:
+            viewer.close()
+            raise SessionError(Kind.UNAVAILABLE, f"The browser viewer of session {session.id} did not start: "
+                               f"{error}", session_id=session.id) from None
+        except BaseException:
+            viewer.close()
+            raise
+        if viewer.closed:  # the session was resumed elsewhere, or ended, while x11vnc started
+            sock.close()
+            raise SessionError(Kind.WRONG_STATE, viewer.ended or f"Session {session.id} cannot be shown now.",
+                               session_id=session.id)
+
+        def nudge() -> None:
+            if not viewer.closed:
+                defer.ensureDeferred(viewer.nudge_selection()).addErrback(
+                    lambda failure: log.failure("cannot nudge the clipboard of browser viewer {id}", failure,
+                                                id=viewer.id))
+
+        watch = StreamWatch(first_write=lambda: reactor.callLater(NUDGE_AFTER, nudge), ended=viewer.close)
+        stream = SocketStream(reactor, sock, session.id, kind, watch)
+        viewer.on_close = stream.end  # the node ends the viewer: the stream ends, with its words
+        return stream
 
     def subscribe(self, observer: Callable[[SessionEvent], None]) -> Callable[[], None]:
         """``observer`` hears this node's session changes until the result is called."""

@@ -29,7 +29,7 @@ from nxgate.config import Config
 from nxgate.node.displays import DisplayAllocator, NoFreeDisplay
 from nxgate.node.supervisor import AgentSupervisor, Orphan, SendSignal
 from nxgate.safetext import printable
-from nxgate.node import displays, extras, files, processes
+from nxgate.node import applications, displays, extras, files, processes
 from nxgate.node.launcher import Launcher
 from nxgate.vocabulary.model import FOR_LATER, Session, member_name
 from nxgate.node.kinds import DesktopKind, RemoteDesktopKind, SessionKind, kind_for
@@ -38,8 +38,9 @@ from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.node.housekeeping import Housekeeping
 from nxgate.node.lifecycle import Background, Lifecycle
 from nxgate.limits import Limits
-from nxgate.vocabulary.requests import DisplaySettings, RestoreRequest, ShadowRequest, ShareMount, StartRequest
-from nxgate.vocabulary.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionObserver, SessionView,
+from nxgate.vocabulary.requests import (PUBLISHED_TYPE, DisplaySettings, RestoreRequest, ShadowRequest, ShareMount,
+                                        StartRequest)
+from nxgate.vocabulary.results import (DesktopEntry, Listing, ProgressCallback, Ready, ServiceStatus, SessionObserver, SessionView,
                                      ShadowTarget, StreamTarget, UnknownSession, HeldDisplay)
 from nxgate.store.interface import SessionStore
 from nxgate.node.writer import StoreWriter
@@ -268,6 +269,31 @@ class SessionService(service.Service):
         log.info("{user} from {address} shares {share!r} (as ~/MyShares/{name}) with session {id}", user=caller.user,
                  address=caller.address, share=mount.share, name=mount.name, id=session.id, audit="share_mount")
         self.background(self.lifecycle.mount_share(session.id, mount), "mounting a shared folder", session.id)
+        return True
+
+    async def applications(self, caller: Caller, session_id: str) -> tuple[DesktopEntry, ...]:
+        """This machine's published applications (``[sessions] published_applications``), for the owner of a
+        session here: X2Go's published-applications mode lists them."""
+        self._owned(caller, session_id)
+        return await self._blocking(applications.read_applications, self.settings.published_applications)
+
+    async def run_application(self, caller: Caller, session_id: str, argv: tuple[str, ...]) -> bool:
+        """Start a published application in the caller's own published-applications session: only the
+        ``Exec`` line of one this machine lists, nothing else."""
+        session = self._owned(caller, session_id)
+        if session.user != caller.user or session.type != PUBLISHED_TYPE:
+            raise SessionError(Kind.NOT_ALLOWED, "Applications start only in a published-applications session of"
+                               " one's own.", session_id=session_id)
+        listed = await self._blocking(applications.read_applications, self.settings.published_applications)
+        if tuple(argv) not in applications.launchable(listed):
+            log.warn("{user} from {address} asked to start {argv!r} in session {id}: not a published application;"
+                     " refused", user=caller.user, address=caller.address, argv=list(argv)[:8], id=session_id,
+                     audit="launch_refused")
+            raise SessionError(Kind.NOT_ALLOWED, f"{argv[0][:64] if argv else 'Nothing'} is not a published"
+                               " application of this server.", session_id=session_id)
+        log.info("{user} from {address} starts the published application {argv!r} in session {id}",
+                 user=caller.user, address=caller.address, argv=list(argv)[:8], id=session_id, audit="launch")
+        await self.lifecycle.start_application(session_id, tuple(argv))
         return True
 
     @property

@@ -271,15 +271,16 @@ class AgentSupervisor:
 
     async def start_program(self, session: Session, agent_files: nxagent.AgentFiles, secret: str | None,
                             report: bool, extra_env: dict[str, str] | None = None,
-                            ) -> tuple[ProcessId, defer.Deferred[str]]:
+                            argv: tuple[str, ...] | None = None) -> tuple[ProcessId, defer.Deferred[str]]:
         """Start the session's program (raises LaunchError or OSError); with
         ``report``, the Deferred gives its status line.  ``extra_env``: what
-        the session's extras add (PULSE_SERVER, CUPS_SERVER, ...)."""
+        the session's extras add (PULSE_SERVER, CUPS_SERVER, ...).  ``argv``:
+        another program in the session instead (a published application)."""
         plan = self.plan(session)
         user = await self.blocking(pwd.getpwuid, session.uid)
         request = {
             "user": user.pw_name,
-            "argv": list(plan.program),
+            "argv": list(argv if argv is not None else plan.program),
             "env": login_environment(user, self.settings),
             "env_fixed": {**nxagent.x11_environment(session, agent_files, {**(extra_env or {}), **dict(plan.program_env)}),
                           **bus_environment(self.config().dbus, os.environ),

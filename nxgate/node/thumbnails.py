@@ -2,33 +2,30 @@
 
 ``xwd -root`` against the session's display, run as the session's user
 with the session's X authority file (the gateway never opens the user's
-authority file itself), then scaled down (nearest pixel) and written as a
-PNG with :mod:`zlib`.  Blocking: run it in a thread.
+authority file itself, and starts xwd with the node's one launcher,
+:meth:`nxgate.node.launcher.Launcher.output`), then scaled down (nearest
+pixel) and written as a PNG with :mod:`zlib` (in a thread: ``blocking``).
 
 The picture comes from the session's own agent only: xwd reaches the
 display by its path socket alone, in the agent's namespaces (the jail of
 a jailed session, see :func:`_runas_request`), so nobody who binds ``@/tmp/.X11-unix/XN`` or
 TCP 6000+N on the host gets the session's cookie or can paint its
-thumbnail.  The dump is read with a bound (:func:`read_limited`).
+thumbnail.  The dump is read with a bound (:data:`MAX_DUMP_BYTES`).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import pwd
-import select
 import struct
-import subprocess
-import sys
-import time
 import zlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from nxgate.node.processes import LaunchError
+from nxgate.node.launcher import OutputTooLarge
+
 MAX_DUMP_BYTES = 64 << 20
-MAX_STATUS_LINE = 4096  # the launcher's "ok PID" or error line before the dump
 XWD_TIMEOUT = 10.0
-CHUNK = 1 << 16
 XWD = "xwd"
 
 
@@ -103,28 +100,7 @@ class DumpTooLarge(ThumbnailError):
         self.read = read
 
 
-def read_limited(fd: int, limit: int, deadline: float) -> bytes:
-    """All of a pipe up to its end, or :class:`DumpTooLarge` as soon as it
-    holds more than ``limit`` bytes: never more than ``limit + 1`` bytes are
-    read, whatever the writer sends (an X server controls the size of the
-    dump: the user's own agent can claim a 4 GiB screen)."""
-    data = bytearray()
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise ThumbnailError(f"no complete dump within {XWD_TIMEOUT:g} seconds")
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if not ready:
-            continue
-        chunk = os.read(fd, min(CHUNK, limit + 1 - len(data)))
-        if not chunk:
-            return bytes(data)
-        data += chunk
-        if len(data) > limit:
-            raise DumpTooLarge(len(data))
-
-
-def _runas_request(display: int, authority: str, uid: int, agent: tuple[int, int] | None) -> dict[str, Any]:
+def _runas_request(display: int, authority: str, user: str, agent: tuple[int, int] | None) -> dict[str, Any]:
     """What :mod:`nxgate.node.runas` needs to run xwd for a session.
 
     ``xwd`` runs as the session's user, with ``no_network`` (a new, empty
@@ -141,7 +117,7 @@ def _runas_request(display: int, authority: str, uid: int, agent: tuple[int, int
     user, in the jail) ends an xwd that a stalled server keeps waiting, so
     the gateway never has to signal a pid it did not start."""
     return {
-        "user": pwd.getpwuid(uid).pw_name,
+        "user": user,
         "argv": ["timeout", "-s", "KILL", f"{XWD_TIMEOUT:g}", XWD, "-silent", "-root"],
         "env": {},
         "env_fixed": {"PATH": "/usr/bin:/bin", "DISPLAY": f":{display}", "XAUTHORITY": authority},
@@ -153,53 +129,32 @@ def _runas_request(display: int, authority: str, uid: int, agent: tuple[int, int
     }
 
 
-def grab(display: int, authority: str, uid: int, gid: int, agent: tuple[int, int] | None = None) -> bytes:
-    """The raw ``xwd`` dump of ``:display``'s root window, taken as ``uid``
-    (through the launcher, see :func:`_runas_request`), and read with a
-    bound of :data:`MAX_DUMP_BYTES`.  Not as root (a developer's gateway):
-    xwd as we are, on the display as it is."""
-    deadline = time.monotonic() + XWD_TIMEOUT + 2
-    env = {"PATH": "/usr/bin:/bin", "DISPLAY": f":{display}", "XAUTHORITY": authority}
-    root = os.geteuid() == 0
+async def grab(launcher: Any, display: int, authority: str, user: str,
+               agent: tuple[int, int] | None = None) -> bytes:
+    """The raw ``xwd`` dump of ``:display``'s root window, taken as ``user``
+    (see :func:`_runas_request`), and read with a bound of
+    :data:`MAX_DUMP_BYTES` (the X server decides how big the dump is)."""
     try:
-        if root:
-            process = subprocess.Popen([sys.executable, "-m", "nxgate.node.runas"], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/",
-                                       env={"PATH": os.defpath, "LANG": "C.UTF-8",
-                                            "PYTHONPATH": os.pathsep.join(sys.path)})
-            assert process.stdin is not None
-            process.stdin.write(json.dumps(_runas_request(display, authority, uid, agent)).encode())
-            process.stdin.close()
-        else:
-            process = subprocess.Popen([XWD, "-silent", "-root"], env=env, stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/")
-    except OSError as error:
-        raise ThumbnailError(f"xwd on :{display}: {error}") from error
-    assert process.stdout is not None
-    try:
-        data = read_limited(process.stdout.fileno(), MAX_DUMP_BYTES + (MAX_STATUS_LINE if root else 0), deadline)
-    finally:
-        process.stdout.close()  # a writer past the limit gets SIGPIPE
-        try:
-            process.wait(XWD_TIMEOUT + 2)
-        except subprocess.TimeoutExpired:
-            process.kill()  # our own child, not yet reaped: its pid cannot be anybody else's
-            process.wait()
-    if root:
-        line, _, data = data.partition(b"\n")
-        if not line.startswith(b"ok"):
-            raise ThumbnailError(f"xwd on :{display}: {line.decode(errors='replace')[:200]}")
-        if len(data) > MAX_DUMP_BYTES:
-            raise DumpTooLarge(len(data))
+        data = await launcher.output(_runas_request(display, authority, user, agent), MAX_DUMP_BYTES,
+                                     XWD_TIMEOUT + 2)
+    except OutputTooLarge as error:
+        raise DumpTooLarge(error.read) from None
+    except LaunchError as error:
+        raise ThumbnailError(f"xwd on :{display}: {str(error)[:200]}") from None
     if not data:
         raise ThumbnailError(f"xwd on :{display} failed (no dump)")
     return data
 
 
-def thumbnail(display: int, authority: str, uid: int, gid: int, max_width: int = 240, max_height: int = 180,
-              agent: tuple[int, int] | None = None) -> bytes:
-    """A PNG of at most ``max_width`` x ``max_height`` of the session's
-    screen (blocking); ``agent``: a jailed session's agent (see :func:`grab`)."""
-    width, height, rgb = parse_xwd(grab(display, authority, uid, gid, agent))
+def picture(dump: bytes, max_width: int = 240, max_height: int = 180) -> bytes:
+    """A PNG of at most ``max_width`` x ``max_height`` of an xwd dump (CPU work: in a thread)."""
+    width, height, rgb = parse_xwd(dump)
     new_width, new_height = fit(width, height, max_width, max_height)
     return png(new_width, new_height, scale_nearest(width, height, rgb, new_width, new_height))
+
+
+async def thumbnail(launcher: Any, blocking: Callable[..., Awaitable[Any]], display: int, authority: str,
+                    user: str, agent: tuple[int, int] | None = None) -> bytes:
+    """A small PNG of the session's screen: its dump taken as ``user``
+    (``agent``: a jailed session's agent, see :func:`grab`), drawn off the reactor."""
+    return bytes(await blocking(picture, await grab(launcher, display, authority, user, agent)))

@@ -7,6 +7,10 @@ through a :class:`NodeAPI`: this machine's in process
 (:class:`nxgate.node.local.LocalNode`), another member's over the wire
 (:class:`nxgate.wire.remote_node.RemoteNode`).  Both do the same checks in
 the same place, the node, so one box and a cluster behave alike.
+
+That holds for a session's bytes too: a door reaches them only with
+:meth:`NodeAPI.open_stream` (the router has it as well, and routes it as it
+routes every call about a session), never by a socket path of its own.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ from typing import Protocol
 
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
-from nxgate.vocabulary.results import (Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
+from nxgate.vocabulary.results import (DesktopEntry, Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
                                      ShadowTarget)
+from nxgate.vocabulary.streams import Stream, StreamKind
 
 
 class SessionAPI(Protocol):
@@ -44,6 +49,12 @@ class SessionAPI(Protocol):
     # A folder the client shares, mounted in the caller's session; False: sharing is off there.
     async def add_mount(self, caller: Caller, session_id: str, mount: ShareMount) -> bool: ...
 
+    # The applications the session's node publishes (its .desktop files), for the session's owner.
+    async def applications(self, caller: Caller, session_id: str) -> tuple[DesktopEntry, ...]: ...
+
+    # Start one of those applications (its Exec argv) in the caller's published-applications session.
+    async def run_application(self, caller: Caller, session_id: str, argv: tuple[str, ...]) -> bool: ...
+
     async def list(self, caller: Caller) -> Listing: ...  # live sessions, oldest first; an admin's: everyone's
 
     async def show(self, caller: Caller, session_id: str) -> SessionView: ...
@@ -59,7 +70,14 @@ class NodeAPI(SessionAPI, Protocol):
     """What a node answers beyond the session API: the things doors need
     that live on the machine running the session.  The coroutine methods
     travel over the members' wire (:mod:`nxgate.wire.protocol` reads
-    them from here); :meth:`subscribe` is a push, carried by its own box."""
+    them from here); :meth:`subscribe` is a push, carried by its own box,
+    and :meth:`open_stream` by a connection of its own (its result is a
+    connection, not a value)."""
+
+    # One end of the session, connected (nxgate.vocabulary.streams): the owner checked, as for any call
+    # (the ``view`` kind: the session's own user only); an unknown kind, a session that is not running,
+    # or one whose end cannot be reached is a SessionError with words for the user.
+    async def open_stream(self, caller: Caller, session_id: str, kind: StreamKind) -> Stream: ...
 
     # A PNG of the session's screen, drawn on its node as its user (owner or admin only).
     async def thumbnail(self, caller: Caller, session_id: str) -> bytes: ...

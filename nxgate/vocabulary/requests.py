@@ -47,6 +47,11 @@ class DisplaySettings:
         return cls(**known)
 
 
+#: The session type of X2Go's published applications: a rootless agent kept
+#: without a program of its own, its programs started one by one (``launch``).
+PUBLISHED_TYPE = "unix-published"
+
+
 @dataclass(frozen=True)
 class StartRequest:
     type: str

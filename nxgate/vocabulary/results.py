@@ -107,6 +107,18 @@ class Listing:
 
 
 @dataclass(frozen=True)
+class DesktopEntry:
+    """One application a node publishes (a .desktop file): the lines X2Go's
+    ``x2gogetapps`` passes on, in order, and its icon's bytes, which stood
+    before ``lines[icon_at]`` (-1: no icon)."""
+
+    path: str
+    lines: tuple[str, ...]
+    icon_at: int = -1
+    icon: bytes = b""
+
+
+@dataclass(frozen=True)
 class ShadowTarget:
     """A display the caller may shadow (no cookie, no authority path)."""
 

@@ -1,19 +1,20 @@
-"""A session's stream to another member: the gateway's side.
+"""A session's stream on another member: the gateway's side.
 
-After ``bye`` the client's NX bytes go to the session's agent.  When the
-session runs on another member (``StreamTarget.node``), the gateway opens a
-TLS connection to that member's listener (:func:`nxgate.wire.connection.dial`,
-whose certificate must name the node), says ``NXSTREAM <id>\\n`` (or
-``NXSTREAM <id> view\\n`` for a browser viewer's RFB stream) and, after
-the node's ``OK\\n``, the connection carries the raw stream; the node relays
-it to the agent's socket after its own owner checks
-(:mod:`nxgate.wire.node_listener`).
+``open_stream`` of a session that another member runs
+(:meth:`nxgate.wire.remote_node.RemoteNode.open_stream`) opens a TLS
+connection to that member's listener (:func:`nxgate.wire.connection.dial`,
+whose certificate must name the node), whose first line is the request,
+``NXSTREAM`` and the call's arguments: the caller, the session and the
+kind (:func:`nxgate.wire.protocol.stream_request`).  The node checks
+them as for any call and answers ``OK`` or ``ERR`` with the refusal's
+kind and words (:mod:`nxgate.wire.node_listener`); after ``OK`` the
+connection carries the raw stream.
 
-:meth:`RemoteStreams.connect` gives the relay (:mod:`nxgate.wire.relay`) a
-connected protocol, as a local agent socket would; :meth:`RemoteStreams.connect_socket`
-gives a plain socket (one end of a socket pair the gateway splices to the
-TLS connection) for the OpenSSH door, which hands a descriptor to
-``nxgate-shell``.
+The gateway then holds a :class:`MemberStream` (a
+:class:`nxgate.vocabulary.streams.Stream`): attached, the taker's protocol
+becomes the TLS connection's own (its bytes come straight from the TLS
+layer: no copy, no hop in between); taken as a socket (the OpenSSH door),
+one end of a socket pair that this process splices to the TLS connection.
 """
 
 from __future__ import annotations
@@ -22,28 +23,39 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from twisted.internet import protocol
+from twisted.internet import defer, protocol
 from twisted.internet.interfaces import IHalfCloseableProtocol
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.streams import StreamKind
+from nxgate.wire import protocol as wire
 from nxgate.wire.connection import dial
-from nxgate.wire.tls import ClusterTLS
 from nxgate.wire.splice import Splice, TransportEnd
+from nxgate.wire.tls import ClusterTLS
 
 log = Logger(namespace="nxgate.wire.member_stream")
 
-class _StreamClient(protocol.Protocol):
-    """Ask for the stream, then become ``inner``'s transport.
 
-    Made without a session, it is a spare (see :class:`RemoteStreams`):
+class _StreamClient(protocol.Protocol):
+    """One stream connection: asks for the stream, holds it once open, then
+    gives the taker's protocol its transport.
+
+    Made without a request, it is a spare (see :class:`RemoteStreams`):
     connected and checked, it waits for :meth:`ask`."""
 
-    def __init__(self, session_id: str = "", inner: protocol.Protocol | None = None,
-                 failed: Callable[[str], None] | None = None, kind: str = "") -> None:
-        self.session_id, self.inner, self.failed, self.kind = session_id, inner, failed, kind
+    def __init__(self, request: bytes = b"", opened: defer.Deferred[Any] | None = None,
+                 node: str = "") -> None:
+        self.request, self.opened, self.node = request, opened, node
+        #: Makes the stream the node opened (set with the request).
+        self.stream: Callable[[_StreamClient], Any] = lambda client: None
         self.head = b""
-        self.open = False
+        self.open = False  # the node said OK
+        self.inner: Any = None  # the taker's protocol, once attached
+        self.held: list[bytes] = []  # what came after OK, before the taker
+        self.lost_reason: Any = None
         self.lost = False
         #: Called once the node answered (or the stream failed): a spare for the next one may be dialled.
         self.answered: Callable[[], None] = lambda: None
@@ -51,64 +63,133 @@ class _StreamClient(protocol.Protocol):
         self.spare_lost: Callable[[], None] = lambda: None
 
     def connectionMade(self) -> None:
-        if self.session_id:
-            self._ask()
+        if self.request:
+            self.transport.write(self.request)
 
     def idle(self) -> bool:
         """A spare that can still carry a stream."""
-        return (not self.session_id and not self.lost and self.transport is not None
+        return (not self.request and not self.lost and self.transport is not None
                 and not self.transport.disconnecting)
 
-    def ask(self, session_id: str, inner: protocol.Protocol, failed: Callable[[str], None], kind: str = "") -> None:
-        self.session_id, self.inner, self.failed, self.kind = session_id, inner, failed, kind
-        self._ask()
-
-    def _ask(self) -> None:
-        kind = b" " + self.kind.encode("ascii") if self.kind else b""
-        self.transport.write(b"NXSTREAM " + self.session_id.encode("ascii") + kind + b"\n")
+    def ask(self, request: bytes, opened: defer.Deferred[Any], node: str,
+            stream: Callable[[_StreamClient], Any]) -> None:
+        self.request, self.opened, self.node, self.stream = request, opened, node, stream
+        self.transport.write(request)
 
     def dataReceived(self, data: bytes) -> None:
-        if self.open:
+        if self.inner is not None:
             self.inner.dataReceived(data)
             return
-        if not self.session_id:
+        if self.open:
+            self.held.append(data)
+            return
+        if not self.request:
             self.transport.loseConnection()  # a node does not speak first
             return
         self.head += data
         if b"\n" not in self.head:
-            if len(self.head) > 512:
-                self._fail("the node's answer was unreadable")
+            if len(self.head) > wire.MAX_STREAM_ANSWER:
+                self._fail(SessionError(Kind.INTERNAL, "Internal error: the session node's answer was unreadable."))
             return
         line, _, rest = self.head.partition(b"\n")
-        if line != b"OK":
-            self._fail(line.decode("utf-8", "replace").removeprefix("ERR ") or "refused by the node")
+        self.head = b""
+        try:
+            wire.read_stream_answer(line)
+        except SessionError as refusal:
+            self._fail(refusal)
+            return
+        except ValueError as error:
+            log.error("member {node} answered a stream request with something this gateway cannot read: {error}",
+                      node=self.node, error=str(error))
+            self._fail(SessionError(Kind.INTERNAL, "Internal error: the session node's answer was unreadable."))
             return
         self.open = True
-        self.answered()
-        self.inner.makeConnection(self.transport)
+        self.transport.pauseProducing()  # the taker reads, once there is one
         if rest:
-            self.inner.dataReceived(rest)
+            self.held.append(rest)
+        self.answered()
+        opened, self.opened = self.opened, None
+        if opened is not None:
+            opened.callback(self.stream(self))
 
-    def _fail(self, why: str) -> None:
-        failed, self.failed = self.failed, None
+    def _fail(self, error: SessionError) -> None:
+        opened, self.opened = self.opened, None
         self.transport.loseConnection()
-        if failed is not None:
+        if opened is not None:
             self.answered()
-            failed(why)
+            opened.errback(error)
+
+    def give(self, inner: Any) -> None:
+        """The taker's protocol gets the connection, and what came for it meanwhile."""
+        self.inner = inner
+        inner.makeConnection(self.transport)
+        held, self.held = self.held, []
+        for data in held:
+            inner.dataReceived(data)
+        if self.lost:
+            inner.connectionLost(self.lost_reason)
+        else:
+            self.transport.resumeProducing()
 
     def connectionLost(self, reason: Any) -> None:
-        self.lost = True
-        if self.open:
+        self.lost, self.lost_reason = True, reason
+        if self.inner is not None:
             self.inner.connectionLost(reason)
-        elif self.failed is not None:
-            self._fail_lost(reason)
-        elif not self.session_id:
+        elif self.opened is not None:
+            opened, self.opened = self.opened, None
+            self.answered()
+            opened.errback(SessionError(
+                Kind.UNAVAILABLE, f"The session node {self.node} closed the stream before it was open "
+                                  f"({reason.getErrorMessage()}); try again."))
+        elif not self.request:
             self.spare_lost()
 
-    def _fail_lost(self, reason: Any) -> None:
-        failed, self.failed = self.failed, None
-        self.answered()
-        failed(f"the node closed the stream before it was open ({reason.getErrorMessage()})")
+
+class MemberStream:
+    """A stream that another member opened (a :class:`nxgate.vocabulary.streams.Stream`)."""
+
+    def __init__(self, reactor: Any, client: _StreamClient, session_id: str, kind: StreamKind) -> None:
+        self.reactor, self.client = reactor, client
+        self.session_id, self.kind = session_id, kind
+        self.node = client.node
+        self.taken = False
+
+    def __repr__(self) -> str:
+        return f"MemberStream({self.session_id!r}, {str(self.kind)!r}, on {self.node!r})"
+
+    def attach(self, inner: Any) -> None:
+        self._take()
+        self.client.give(inner)
+
+    def take_socket(self) -> socket.socket:
+        """One end of a socket pair; the other end is spliced here to the member's stream."""
+        self._take()
+        theirs, mine = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        mine.setblocking(False)
+        try:
+            self.client.give(_Splice(self.reactor, mine))
+        except BaseException:
+            theirs.close()
+            raise
+        return theirs
+
+    def _take(self) -> None:
+        if self.taken:
+            raise ValueError("this stream was taken already")
+        self.taken = True
+
+    def close(self) -> None:
+        if not self.taken:
+            self.taken = True
+            self.client.held.clear()
+        if self.client.transport is not None:
+            self.client.transport.loseConnection()
+
+    def ended(self) -> str:
+        return ""  # a node's words about why it ended a stream do not travel (the raw stream just ends)
+
+    def closed(self) -> bool:
+        return self.client.lost
 
 
 @implementer(IHalfCloseableProtocol)
@@ -135,7 +216,7 @@ class _PairEnd(protocol.Protocol):
 
 
 class _Splice(protocol.Protocol):
-    """The TLS stream's inner protocol for :meth:`RemoteStreams.connect_socket`."""
+    """The TLS stream's protocol for :meth:`MemberStream.take_socket`: spliced to our end of the pair."""
 
     def __init__(self, reactor: Any, mine: socket.socket) -> None:
         self.reactor, self.mine = reactor, mine
@@ -181,25 +262,38 @@ class RemoteStreams:
         self.spares: dict[tuple[str, str], tuple[_StreamClient, Any]] = {}
         self.dialling: set[tuple[str, str]] = set()
 
-    def connect(self, target: Any, inner: protocol.Protocol, failed: Callable[[str], None], kind: str = "") -> None:
-        """Connect ``inner`` to the stream of ``target`` (with ``node`` and
-        ``address`` set), or call ``failed(why)``; never from inside this call."""
-        key = (target.node, target.address)
+    def open(self, node: str, address: str, caller: Caller, session_id: str,
+             kind: StreamKind) -> defer.Deferred[MemberStream]:
+        """``open_stream(caller, session_id, kind)`` on member ``node`` at
+        ``address``: the stream once the node opened it, or the node's
+        refusal (a SessionError: its kind and words), or UNAVAILABLE when the
+        member cannot be reached."""
+        request = wire.stream_request(caller, session_id, kind)
+        opened: defer.Deferred[MemberStream] = defer.Deferred()
+        key = (node, address)
+
+        def stream(client: _StreamClient) -> MemberStream:
+            return MemberStream(self.reactor, client, session_id, kind)
+
         spare = self._take(key)
         if spare is not None:
             spare.answered = lambda: self._keep_spare(key)
-            spare.ask(target.session_id, inner, failed, kind)
-            return
-        client = _StreamClient(target.session_id, inner, failed, kind)
+            spare.ask(request, opened, node, stream)
+            return opened
+        client = _StreamClient(request, opened, node)
+        client.stream = stream
         client.answered = lambda: self._keep_spare(key)
-        d = dial(self.reactor, self.tls, target.node, target.address, client)
 
         def not_connected(failure: Any) -> None:
-            if client.failed is not None:
-                why, client.failed = failure.getErrorMessage(), None
-                failed(f"cannot reach member {target.node}: {why}")
+            if client.opened is not None:
+                client.opened = None
+                log.warn("cluster member {name} at {address} cannot be reached for a stream: {why}", name=node,
+                         address=address, why=failure.getErrorMessage(), event="cluster_member_unreachable")
+                opened.errback(SessionError(Kind.UNAVAILABLE,
+                                            f"The session node {node} cannot be reached; try again later."))
 
-        d.addErrback(not_connected)
+        dial(self.reactor, self.tls, node, address, client).addErrback(not_connected)
+        return opened
 
     def _take(self, key: tuple[str, str]) -> _StreamClient | None:
         spare, expiry = self.spares.pop(key, (None, None))
@@ -246,21 +340,3 @@ class RemoteStreams:
         self.keep_spares = False
         for key, (spare, _expiry) in list(self.spares.items()):
             self._drop(key, spare)
-
-    def connect_socket(self, target: Any, done: Callable[[socket.socket | None, str], None]) -> None:
-        """As :func:`nxgate.wire.agentsocket.connect_soon`: ``done(sock, "")``
-        with a socket that carries the remote stream, or ``done(None, why)``."""
-        theirs, mine = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        mine.setblocking(False)
-
-        class _Handing(_Splice):
-            def connectionMade(self) -> None:
-                super().connectionMade()
-                done(theirs, "")
-
-        def failed(why: str) -> None:
-            theirs.close()
-            mine.close()
-            done(None, why)
-
-        self.connect(target, _Handing(self.reactor, mine), failed)

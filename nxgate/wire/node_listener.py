@@ -4,22 +4,23 @@ session streams, for gateways only.
 One TLS port carries both (:mod:`nxgate.wire.connection` checks the
 peer's certificate first): a connection whose first byte is 0 speaks AMP
 (:mod:`nxgate.wire.protocol`, an AMP box starts with a two-byte key
-length below 256), one that starts with ``NXSTREAM <id>\\n`` is a session's
-stream.  One port means one firewall rule and one certificate check path;
-the first-byte test costs nothing after that.
+length below 256), one that starts with ``NXSTREAM `` asks for a stream.
+One port means one firewall rule and one certificate check path; the
+first-byte test costs nothing after that.
 
-The stream needs no ticket besides the session id: only members with role
-gateway get this far (the same peers that may ask for any session through
-the API, acting for the users they authenticated), the node picks the
-agent socket and its owner from its own session table, never from the
-wire, and the agent itself still checks the session cookie the client
-proxy must present, as on a single box.
+A stream's request is ``open_stream``'s arguments (the caller, the
+session, the kind: :func:`nxgate.wire.protocol.read_stream_request`), and
+it is answered by this machine's node exactly as the router here would
+have it answered (:meth:`nxgate.node.local.LocalNode.open_stream`: the
+caller resolved again on this machine, the owner checked, the end picked
+from the node's own session table, never from the wire).  Only members
+with role gateway get this far, the same peers that may make any call of
+the API for the users they authenticated; the agent itself still checks
+the session cookie the client proxy must present, as on a single box.
 """
 
 from __future__ import annotations
 
-import re
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -36,17 +37,11 @@ from nxgate.wire.connection import GateFactory
 from nxgate.wire.tls import ClusterTLS
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.results import Progress, SessionEvent
-from nxgate.wire import agentsocket
 from nxgate.wire.splice import Splice, TransportEnd
 
 log = Logger(namespace="nxgate.cluster.node")
 
-STREAM_HELLO = b"NXSTREAM "
-_STREAM_LINE = re.compile(rb"NXSTREAM ([A-Za-z0-9]{1,64})(?: (view))?\n")
-#: What a stream reaches: the session's agent (no word), or "view": a browser
-#: viewer's x11vnc that the node starts on the session's display for this
-#: stream and stops with it (nxgate.clients.browser_viewer.BrowserViewers.open_live).
-STREAM_KINDS = ("", "view")
+STREAM_HELLO = wire.STREAM_HELLO
 
 
 class NodeAMP(amp.AMP):
@@ -107,198 +102,138 @@ class NodeAMP(amp.AMP):
 
 
 @implementer(IHalfCloseableProtocol)
-class _AgentEnd(protocol.Protocol):
-    """The agent's socket: its events go to the stream's splice."""
+class _SessionEnd(protocol.Protocol):
+    """The session's end of a stream (the stream the node opened): its events go to the splice."""
 
     def __init__(self, stream: NodeStream) -> None:
         self.stream = stream
 
     def connectionMade(self) -> None:
-        self.stream.agent_connected(self.transport)
+        self.stream.end_connected(self.transport)
 
     def dataReceived(self, data: bytes) -> None:
         if self.stream.splice is not None:
-            self.stream.splice.received("agent", data)
+            self.stream.splice.received("session", data)
 
     def readConnectionLost(self) -> None:
         if self.stream.splice is not None:
-            self.stream.splice.eof("agent")  # TLS cannot half-close: the stream ends
+            self.stream.splice.eof("session")  # TLS cannot half-close: the stream ends
 
     def writeConnectionLost(self) -> None:
         pass
 
     def connectionLost(self, reason: Any) -> None:
-        self.stream.agent_lost()
+        self.stream.end_lost()
 
 
 class NodeStream(protocol.Protocol):
-    """A gateway's stream for one session: TLS <-> the agent's socket.
+    """A gateway's stream connection: its request, then TLS <-> the end the node opened.
 
-    The gateway sends ``NXSTREAM <id>\\n``; the node answers ``OK\\n`` once
-    the agent is connected (then raw bytes both ways) or ``ERR <text>\\n``."""
+    The gateway sends ``NXSTREAM`` and ``open_stream``'s arguments on one
+    line; the node answers ``OK`` once the end is connected (then raw bytes
+    both ways) or ``ERR`` with the refusal's kind and words."""
 
-    def __init__(self, reactor: Any, sessions: Any, member: str,
-                 viewers: Callable[[], Any] | None = None) -> None:
-        self.reactor, self.sessions, self.member = reactor, sessions, member
-        self.viewers = viewers
-        self.viewer: Any = None
-        self.kind = ""
+    def __init__(self, node: Any, member: str) -> None:
+        self.node, self.member = node, member
         self.head = b""
-        self.agent: Any = None
+        self.asked = False
+        self.stream: Any = None
+        self.end: Any = None
         self.splice: Splice | None = None
         self.pending: list[bytes] = []
         self.session_id = ""
         self.closed = False
-        self.up = self.down = 0
 
     def dataReceived(self, data: bytes) -> None:
         if self.splice is not None:
             self.splice.received("gateway", data)
             return
-        if self.session_id:  # the agent is not connected yet
+        if self.asked:  # the end is not connected yet
             self.pending.append(data)
             return
         self.head += data
         if b"\n" not in self.head:
-            if len(self.head) > 100:
-                self._refuse("a stream request line that is too long")
+            if len(self.head) > wire.MAX_STREAM_REQUEST:
+                self._refuse(SessionError(Kind.INVALID_REQUEST, "The stream request is too long."))
             return
         line, _, rest = self.head.partition(b"\n")
-        match = _STREAM_LINE.fullmatch(line + b"\n")
-        if match is None:
-            self._refuse("a malformed stream request")
-            return
-        self.session_id = match.group(1).decode()
-        self.kind = (match.group(2) or b"").decode()
+        self.head, self.asked = b"", True
         if rest:
             self.pending.append(rest)
-        if self.kind == "view":
-            defer.ensureDeferred(self._open_view()).addErrback(self._view_failed)
-            return
-        self._open()
-
-    def _open(self) -> None:
-        session = self.sessions.sessions.get(self.session_id)
-        target = self.sessions.stream_target(session) if session is not None and session.state.live else None
-        if target is None:
-            self._refuse(f"no live encrypted session {self.session_id} on this node")
-            return
-        self.transport.pauseProducing()  # nothing piles up before the agent is there
-        agentsocket.connect_soon(self.reactor, target.path, target.uid, self._reached)
-
-    async def _open_view(self) -> None:
-        """A browser viewer of the session, for a gateway that checked its
-        caller owns it (as for the agent's stream): its x11vnc, then the relay."""
-        session = self.sessions.sessions.get(self.session_id)
-        viewers = self.viewers() if self.viewers is not None else None
-        if session is None or viewers is None or not viewers.shows_live(self.session_id):
-            self._refuse(f"session {self.session_id} cannot be shown in a browser on this node")
-            return
-        self.transport.pauseProducing()
-        self.viewer = await viewers.open_live(session.user, self.session_id)
-        self.viewer.on_close = lambda why: self.agent_lost()
-        if self.closed:
-            self.viewer.close()
-            return
-        self._reach_view(self.reactor.seconds() + 10.0)
-
-    def _reach_view(self, deadline: float) -> None:
-        """Connect to the viewer's x11vnc as soon as it listens (every 20 ms: it takes a tenth of a second)."""
-        if self.closed:
-            return
         try:
-            sock = agentsocket.connect(self.viewer.vnc_socket, self.viewer.uid)
-        except (FileNotFoundError, ConnectionRefusedError) as error:
-            if self.reactor.seconds() < deadline and all(self.viewer.alive().values()):
-                self.reactor.callLater(0.02, self._reach_view, deadline)
-            else:
-                self._reached(None, str(error))
-        except OSError as error:
-            self._reached(None, str(error))
-        else:
-            self._reached(sock, "")
-            self.reactor.callLater(1.0, self._nudge_view)
+            caller, self.session_id, kind = wire.read_stream_request(line)
+        except (ValueError, TypeError, KeyError) as error:
+            log.warn("gateway {member} sent a stream request this node cannot read: {error}", member=self.member,
+                     error=str(error))
+            self._refuse(SessionError(Kind.INVALID_REQUEST, "The node cannot read this stream request."))
+            return
+        self.transport.pauseProducing()  # nothing piles up before the end is there
+        opened = defer.ensureDeferred(self.node.open_stream(caller, self.session_id, kind))
+        opened.addCallbacks(self._opened, self._not_opened)
 
-    def _nudge_view(self) -> None:
-        if not self.closed and self.viewer is not None:
-            defer.ensureDeferred(self.viewer.nudge_selection()).addErrback(
-                lambda failure: log.failure("cannot nudge the clipboard of session {id}'s browser viewer", failure,
-                                            id=self.session_id))
+    def _opened(self, stream: Any) -> None:
+        if self.closed:  # the gateway left meanwhile
+            stream.close()
+            return
+        self.stream = stream
+        stream.attach(_SessionEnd(self))
 
-    def _view_failed(self, failure: Failure) -> None:
+    def _not_opened(self, failure: Failure) -> None:
         if failure.check(SessionError):
-            self._refuse(failure.value.message)
-        else:
-            log.failure("browser viewer of session {id} for gateway {member} failed", failure, id=self.session_id,
-                        member=self.member)
-            self._refuse("the browser viewer could not start (see the node's log)")
-
-    def _reached(self, sock: socket.socket | None, error: str) -> None:
-        if sock is None:
-            self._refuse(f"cannot reach the agent of session {self.session_id}: {error}")
+            self._refuse(failure.value)
             return
-        if self.closed:
-            sock.close()
-            return
-        try:
-            self.reactor.adoptStreamConnection(sock.fileno(), socket.AF_UNIX,
-                                               protocol.Factory.forProtocol(lambda: _AgentEnd(self)))
-        finally:
-            sock.close()
+        log.failure("a stream of session {id} for gateway {member} failed", failure, id=self.session_id,
+                    member=self.member)
+        self._refuse(SessionError(Kind.INTERNAL, "Internal error on the session node."))
 
-    def agent_connected(self, transport: Any) -> None:
+    def end_connected(self, transport: Any) -> None:
         if self.closed:
             transport.loseConnection()
             return
-        self.agent = transport
+        self.end = transport
         self.transport.write(b"OK\n")
         for chunk in self.pending:
             transport.write(chunk)
         self.pending.clear()
-        self.splice = Splice(TransportEnd(self.transport), TransportEnd(transport), names=("gateway", "agent"))
+        self.splice = Splice(TransportEnd(self.transport), TransportEnd(transport), names=("gateway", "session"))
         self.transport.resumeProducing()
-        log.info("relaying the stream of session {id} for gateway {member}", id=self.session_id, member=self.member)
+        log.info("relaying the {kind} stream of session {id} for gateway {member}", kind=str(self.stream.kind),
+                 id=self.session_id, member=self.member)
 
-    def _refuse(self, why: str) -> None:
-        log.warn("refused a stream for gateway {member}: {why}", member=self.member, why=why)
+    def _refuse(self, error: SessionError) -> None:
+        log.info("refused a stream of session {id} for gateway {member}: {why}", id=self.session_id or "-",
+                 member=self.member, why=error.message)
         self.closed = True
-        self._end_viewer()
-        self.transport.write(b"ERR " + why.encode("utf-8", "replace")[:200] + b"\n")
+        self.transport.write(wire.stream_refusal(error))
         self.transport.loseConnection()
 
-    def _end_viewer(self) -> None:
-        viewer, self.viewer = self.viewer, None
-        if viewer is not None:
-            viewer.on_close = None
-            viewer.close()
-
-    def agent_lost(self) -> None:
-        self._end_viewer()
+    def end_lost(self) -> None:
         if not self.closed:
             self.closed = True
             if self.splice is not None:
-                self.splice.lost("agent")
-            log.info("stream of session {id} closed by the agent", id=self.session_id)
+                self.splice.lost("session")
+            else:
+                self.transport.loseConnection()
+            log.info("stream of session {id} closed by the session's end", id=self.session_id)
 
     def connectionLost(self, reason: Any) -> None:
-        self._end_viewer()
         if not self.closed:
             self.closed = True
             if self.splice is not None:
                 self.splice.lost("gateway")
                 log.info("stream of session {id} closed by gateway {member}", id=self.session_id, member=self.member)
+            elif self.stream is not None:
+                self.stream.close()
 
 
-def choose(reactor: Any, node: Any, viewers: Callable[[], Any] | None = None) -> Callable[[bytes, str], Any]:
-    """AMP or a stream, by the first bytes (see the module's docstring);
-    ``viewers`` gives the node's browser viewers (for ``view`` streams)."""
-    sessions = node.service
+def choose(node: Any) -> Callable[[bytes, str], Any]:
+    """AMP or a stream, by the first bytes (see the module's docstring)."""
 
     def pick(head: bytes, member: str) -> Any:
         if head[:1] == b"\x00":
             return NodeAMP(node, member)
         if head[:len(STREAM_HELLO)] == STREAM_HELLO[:len(head)]:
-            return NodeStream(reactor, sessions, member, viewers) if len(head) >= len(STREAM_HELLO) else None
+            return NodeStream(node, member) if len(head) >= len(STREAM_HELLO) else None
         return False
     return pick
 
@@ -329,12 +264,11 @@ def gateway_members(store: Any, this_member: str = "") -> Callable[[frozenset[st
 class NodeListener(service.MultiService):
     """``[cluster] listen`` with TLS, serving this machine's ``node`` to gateways."""
 
-    def __init__(self, reactor: Any, listen: str, tls: ClusterTLS, node: Any,
-                 authorize: Callable[[frozenset[str]], Any],
-                 wrap: Callable[[Any], Any] | None = None, viewers: Callable[[], Any] | None = None) -> None:
+    def __init__(self, listen: str, tls: ClusterTLS, node: Any, authorize: Callable[[frozenset[str]], Any],
+                 wrap: Callable[[Any], Any] | None = None) -> None:
         """``wrap``: what listens in front of the TLS factory (the gateway's
         guard of unauthenticated connections, nxgate.gateway.doors.guard)."""
         super().__init__()
-        self.factory = GateFactory(authorize, choose(reactor, node, viewers), role="gateway")
+        self.factory = GateFactory(authorize, choose(node), role="gateway")
         front = self.factory.tls_factory(tls)
         strports.service(listen, wrap(front) if wrap is not None else front).setServiceParent(self)

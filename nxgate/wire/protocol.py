@@ -16,6 +16,12 @@ line as it would for a local session.  ``attach_shadow``'s progress
 (asking the owner) comes back as :class:`Progress` boxes for the call;
 after :class:`Subscribe` the node pushes its sessions' changes as
 :class:`Event` boxes (D-Bus signals, the portal's refreshes on every member).
+
+``open_stream`` is no AMP call: its result is a connection.  Its request
+travels as the first line of a stream connection of its own
+(:func:`stream_request`, read by :func:`read_stream_request`), with the
+same encoding of its arguments; the node answers ``OK`` or ``ERR`` and the
+refusal's kind and words (:func:`stream_refusal`, :func:`read_stream_answer`).
 """
 
 from __future__ import annotations
@@ -34,9 +40,11 @@ from twisted.protocols import amp
 from nxgate.vocabulary.api import NodeAPI
 from nxgate.vocabulary.errors import Kind, SessionError
 
-#: The methods a gateway may call: the public coroutine methods of NodeAPI (and so of SessionAPI).
+#: The NodeAPI methods whose result is a connection: each has a connection of its own, not an AMP call.
+STREAMED = frozenset({"open_stream"})
+#: The methods a gateway may call over AMP: the public coroutine methods of NodeAPI (and so of SessionAPI).
 METHODS: frozenset[str] = frozenset(name for owner in NodeAPI.__mro__ for name, value in vars(owner).items()
-                                    if inspect.iscoroutinefunction(value) and not name.startswith("_"))
+                                    if inspect.iscoroutinefunction(value) and not name.startswith("_")) - STREAMED
 
 #: A value bigger than AMP's 64 KiB is cut into keys ``name``, ``name.1``, ...
 _CHUNK = amp.MAX_VALUE_LENGTH
@@ -135,16 +143,17 @@ def signature(method: str) -> tuple[list[tuple[str, Any]], Any]:
     return [(name, hints[name]) for name in parameters], hints["return"]
 
 
-def encode_arguments(method: str, arguments: tuple[Any, ...]) -> list[Any]:
-    if method not in METHODS:
+def encode_arguments(method: str, arguments: tuple[Any, ...], methods: frozenset[str] = METHODS) -> list[Any]:
+    """The arguments of a call of one of ``methods`` (the AMP calls; :data:`STREAMED` for a stream's request)."""
+    if method not in methods:
         raise ValueError(f"no session method {method!r}")
     return [encode(value) for value in arguments]
 
 
-def decode_arguments(method: str, data: Any) -> list[Any]:
+def decode_arguments(method: str, data: Any, methods: frozenset[str] = METHODS) -> list[Any]:
     """The arguments of a call, checked against the method's signature
     (a trailing optional argument may be left out)."""
-    if method not in METHODS:
+    if method not in methods:
         raise ValueError(f"no session method {method!r}")
     parameters, _ = signature(method)
     _expect(data, list, method)
@@ -168,6 +177,64 @@ def decode_outcome(method: str, outcome: Any) -> Any:
             kind = Kind.INTERNAL
         raise SessionError(kind, str(error["message"]), session_id=error.get("session_id"))
     return decode(signature(method)[1], outcome["ok"])
+
+
+# ---------------------------------------------------------- streams
+#: A stream connection starts with this, then its request as JSON, then a newline.
+STREAM_HELLO = b"NXSTREAM "
+#: The longest request line a node reads (a caller's groups make it grow).
+MAX_STREAM_REQUEST = 64 * 1024
+#: The longest answer line a gateway reads.
+MAX_STREAM_ANSWER = 4096
+
+
+def stream_request(caller: Any, session_id: str, kind: Any) -> bytes:
+    """The first line of a stream connection: ``open_stream(caller, session_id, kind)``."""
+    arguments = encode_arguments("open_stream", (caller, session_id, kind), STREAMED)
+    return STREAM_HELLO + json.dumps(arguments, separators=(",", ":")).encode() + b"\n"
+
+
+def read_stream_request(line: bytes) -> list[Any]:
+    """``[caller, session_id, kind]`` of a request line (without its newline), checked
+    against ``open_stream``'s signature; ValueError if it is not one."""
+    if not line.startswith(STREAM_HELLO):
+        raise ValueError("not a stream request")
+    try:
+        data = json.loads(line[len(STREAM_HELLO):])
+    except ValueError as error:
+        raise ValueError(f"a stream request that is not JSON: {error}") from None
+    values = decode_arguments("open_stream", data, STREAMED)
+    if len(values) != 3:
+        raise ValueError("a stream request without its three arguments")
+    return values
+
+
+def stream_refusal(error: SessionError) -> bytes:
+    """The node's answer when it does not open the stream: the refusal's kind and words."""
+    line = b"ERR " + json.dumps(encode_error(error), separators=(",", ":")).encode()
+    if len(line) >= MAX_STREAM_ANSWER:
+        short = SessionError(error.kind, error.message[:1000], session_id=error.session_id)
+        line = b"ERR " + json.dumps(encode_error(short), separators=(",", ":")).encode()
+    return line + b"\n"
+
+
+def read_stream_answer(line: bytes) -> None:
+    """Nothing for ``OK``; the node's refusal raised again; ValueError for anything else."""
+    if line == b"OK":
+        return
+    if not line.startswith(b"ERR "):
+        raise ValueError("the node's answer was unreadable")
+    try:
+        outcome = json.loads(line[4:])
+    except ValueError:
+        raise ValueError("the node's refusal was unreadable") from None
+    if not isinstance(outcome, dict) or not isinstance(outcome.get("error"), dict):
+        raise ValueError("the node's refusal was unreadable")
+    try:
+        decode_outcome("open_stream", outcome)  # raises the SessionError
+    except (KeyError, TypeError):
+        pass
+    raise ValueError("the node's refusal was unreadable")
 
 
 # ----------------------------------------------------------------- AMP

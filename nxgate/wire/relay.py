@@ -1,34 +1,39 @@
-"""The raw NX stream after ``bye``: SSH channel <-> the agent's Unix socket.
+"""The raw NX stream after ``bye``: SSH channel <-> the session's agent.
 
 From ``NX> 999 Bye.`` on, the channel carries only the client proxy's bytes;
-they go to the agent's socket (:mod:`nxgate.wire.agentsocket`) and back, byte for
-byte.  Neither side can make the gateway buffer without bound: when the
-client's SSH window is full the agent connection is paused (the channel
-tells us), and when the agent reads slower than the client sends, the
-client's input is paused.
+they go to the agent and back, byte for byte.  Neither side can make the
+gateway buffer without bound: when the client's SSH window is full the
+agent connection is paused (the channel tells us), and when the agent reads
+slower than the client sends, the client's input is paused.
 Either side closing closes the other.
 
-A session on another cluster member (``target.node`` set) is reached the
-same way through ``streams`` (:class:`nxgate.wire.member_stream.RemoteStreams`):
-a TLS connection to that member instead of the local socket; everything
-else here is the same.
+The agent's end comes from the node interface's ``open_stream`` (the
+router's: the session's node checks the owner and connects): this
+machine's agent socket, or a TLS stream to the member that runs the
+session.  The relay does not know which, and needs not.
 """
 
 from __future__ import annotations
 
-import socket
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from twisted.internet import protocol
+from twisted.internet import defer, protocol
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
-from nxgate.wire import agentsocket
 from nxgate.wire.splice import Splice, TransportEnd
 from nxgate import metrics
 from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.errors import SessionError
+from nxgate.vocabulary.streams import AGENT, Stream, StreamKind
 
 log = Logger(namespace="nxgate.relay")
+
+#: ``open_stream`` of the node interface (the router's, for a door).
+OpenStream = Callable[[Caller, str, StreamKind], Awaitable[Stream]]
+
 
 class ByteTransport(Protocol):
     """Where the conversation's bytes go."""
@@ -95,12 +100,12 @@ class _AgentSide(protocol.Protocol):
 
 
 class StreamRelay:
-    """One client's stream to its session's agent."""
+    """One client's stream to its session's agent (``open_stream`` gives the agent's end)."""
 
-    def __init__(self, reactor: Any, client: Caller, target: Any, channel: ClientStream, leftover: bytes,
-                 streams: Any = None) -> None:
+    def __init__(self, client: Caller, session_id: str, channel: ClientStream, leftover: bytes,
+                 open_stream: OpenStream, kind: StreamKind = AGENT) -> None:
         self.client = client
-        self.target = target
+        self.session_id = session_id
         self.channel = channel
         self.pending = [leftover] if leftover else []
         self.agent: Any = None
@@ -112,29 +117,24 @@ class StreamRelay:
         self.to_client = 0
         channel.pause_input()  # nothing piles up before the agent is connected
         log.info("relaying {user}'s stream from {address} to session {id}", user=client.user,
-                 address=client.address, id=target.session_id)
-        self.reactor = reactor
-        if getattr(target, "node", ""):
-            if streams is None:
-                reactor.callLater(0, self._failed, f"the session runs on member {target.node}, and this gateway"
-                                                   " is not a cluster member")
-            else:
-                streams.connect(target, _AgentSide(self), self._failed)
-        else:
-            agentsocket.connect_soon(reactor, target.path, target.uid, self._reached)
+                 address=client.address, id=session_id)
+        self.stream: Stream | None = None
+        opened = defer.ensureDeferred(open_stream(client, session_id, kind))  # type: ignore[arg-type]
+        opened.addCallbacks(self._opened, self._not_opened)
 
-    def _reached(self, sock: socket.socket | None, error: str) -> None:
-        if sock is None:
-            self._failed(error)
+    def _opened(self, stream: Stream) -> None:
+        if self.closed:  # the client left while the node opened the stream
+            stream.close()
             return
-        if self.closed:  # the client left while the agent was not listening yet
-            sock.close()
+        self.stream = stream
+        stream.attach(_AgentSide(self))
+
+    def _not_opened(self, failure: Failure) -> None:
+        if failure.check(SessionError):
+            self._failed(failure.value.message)
             return
-        try:
-            factory = protocol.Factory.forProtocol(lambda: _AgentSide(self))
-            self.reactor.adoptStreamConnection(sock.fileno(), socket.AF_UNIX, factory)
-        finally:
-            sock.close()  # the reactor holds its own copy of the descriptor
+        log.failure("opening the stream of session {id} failed", failure, id=self.session_id)
+        self._failed("internal error (see the log)")
 
     def connected(self, transport: Any) -> None:
         if self.closed:
@@ -150,7 +150,7 @@ class StreamRelay:
             self._end_agent_input()
 
     def _failed(self, error: str) -> None:
-        log.warn("cannot reach the agent of session {id}: {error}", id=self.target.session_id, error=error)
+        log.warn("cannot reach the agent of session {id}: {error}", id=self.session_id, error=error)
         self.agent_closed()
 
     # client side -------------------------------------------------------
@@ -215,4 +215,4 @@ class StreamRelay:
 
     def _log_end(self, side: str) -> None:
         log.info("stream of session {id} closed by the {side} ({up} bytes up, {down} down)",
-                 id=self.target.session_id, side=side, up=self.to_agent, down=self.to_client)
+                 id=self.session_id, side=side, up=self.to_agent, down=self.to_client)

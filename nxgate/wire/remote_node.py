@@ -5,8 +5,9 @@ sending every call over AMP (:mod:`nxgate.wire.protocol`) to the named
 member's local session service, over the mutually authenticated TLS of
 :mod:`nxgate.wire.connection`.  Its answers and refusals are the
 node's own (a SessionError keeps its kind and words).  A Ready's stream is
-marked with the node's name and address, so the relay goes there
-(:mod:`nxgate.wire.member_stream`).
+marked with the node's name and address (for the logs and listings: the
+relay asks for the stream with ``open_stream``, which goes to the node on a
+stream connection of its own, :mod:`nxgate.wire.member_stream`).
 
 One connection per member, kept by Twisted's ``ClientService`` (see
 :class:`RemoteNode`); a member that cannot be reached fails the call at
@@ -34,12 +35,14 @@ from zope.interface import implementer
 
 from nxgate.wire import protocol as wire
 from nxgate.wire.connection import dial
+from nxgate.wire.member_stream import RemoteStreams
 from nxgate.wire.tls import ClusterTLS
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
-from nxgate.vocabulary.results import (Listing, Progress, ProgressCallback, Ready, ServiceStatus, SessionEvent,
+from nxgate.vocabulary.results import (DesktopEntry, Listing, Progress, ProgressCallback, Ready, ServiceStatus, SessionEvent,
                                      SessionView, ShadowTarget)
+from nxgate.vocabulary.streams import Stream, StreamKind
 
 log = Logger(namespace="nxgate.wire.remote_node")
 
@@ -116,9 +119,13 @@ class RemoteNode:
     RETRIES = 5
 
     def __init__(self, reactor: Any, tls: ClusterTLS, name: str, address: str,
-                 listener: Callable[[SessionEvent], None] | None = None) -> None:
-        """``listener``: hears the member's session events, from each connection on."""
+                 listener: Callable[[SessionEvent], None] | None = None,
+                 streams: RemoteStreams | None = None) -> None:
+        """``listener``: hears the member's session events, from each connection on;
+        ``streams``: opens its streams (one for all members: :class:`RemoteNodes`)."""
         self.reactor, self.tls, self.name, self.address = reactor, tls, name, address
+        self.own_streams = streams is None
+        self.streams = streams if streams is not None else RemoteStreams(reactor, tls)
         self.listener = listener
         self.connection: _GatewayAMP | None = None
         self.attempting = False
@@ -163,6 +170,12 @@ class RemoteNode:
     async def add_mount(self, caller: Caller, session_id: str, mount: ShareMount) -> bool:
         return await self._call("add_mount", caller, session_id, mount)
 
+    async def applications(self, caller: Caller, session_id: str) -> tuple[DesktopEntry, ...]:
+        return await self._call("applications", caller, session_id)
+
+    async def run_application(self, caller: Caller, session_id: str, argv: tuple[str, ...]) -> bool:
+        return await self._call("run_application", caller, session_id, argv)
+
     async def list(self, caller: Caller) -> Listing:
         return await self._call("list", caller)
 
@@ -180,6 +193,13 @@ class RemoteNode:
 
     async def thumbnail(self, caller: Caller, session_id: str) -> bytes:
         return await self._call("thumbnail", caller, session_id)
+
+    async def open_stream(self, caller: Caller, session_id: str, kind: StreamKind) -> Stream:
+        """On a stream connection of its own to the member (not the AMP link): see
+        :mod:`nxgate.wire.member_stream`."""
+        if self.closing:
+            raise self._unavailable("this gateway is stopping", quiet=True)
+        return await self.streams.open(self.name, self.address, caller, session_id, kind)
 
     def subscribe(self, observer: Callable[[SessionEvent], None]) -> Callable[[], None]:
         """``observer`` hears this member's session events from its next connection on."""
@@ -302,6 +322,8 @@ class RemoteNode:
         self.closing = True
         if self.link.running:
             self.link.stopService()
+        if self.own_streams:
+            self.streams.close()
 
 
 class RemoteNodes:
@@ -314,6 +336,8 @@ class RemoteNodes:
         self.tls = tls or ClusterTLS.from_config(config.cluster)
         self.listener = listener
         self.nodes: dict[str, RemoteNode] = {}
+        #: Every member's streams, with a spare connection kept to each (nxgate.wire.member_stream).
+        self.streams = RemoteStreams(reactor, self.tls)
 
     def get(self, name: str, address: str) -> RemoteNode:
         """The member ``name``; a changed address (the member moved) starts afresh."""
@@ -321,7 +345,7 @@ class RemoteNodes:
         if node is None or node.address != address:
             if node is not None:
                 node.close()
-            node = self.nodes[name] = RemoteNode(self.reactor, self.tls, name, address, self.listener)
+            node = self.nodes[name] = RemoteNode(self.reactor, self.tls, name, address, self.listener, self.streams)
         return node
 
     def broken(self, name: str) -> float | None:
@@ -335,3 +359,4 @@ class RemoteNodes:
     def close(self) -> None:
         for node in self.nodes.values():
             node.close()
+        self.streams.close()

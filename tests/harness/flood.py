@@ -2,7 +2,8 @@
 holds COUNT TCP connections from SOURCE to 127.0.0.1:PORT that never send
 a byte, and opens new ones in place of those the server closes, until it
 is terminated.  It prints "holding ..." once the first COUNT are open, and
-a last line with its totals when it ends."""
+a last line with its totals when it ends.  SOURCE may be several addresses
+separated by commas: COUNT from each."""
 
 from __future__ import annotations
 
@@ -79,17 +80,20 @@ class Flood:
 
 
 def main() -> None:
-    source, port, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    raise_own_file_limit(count + 256)
-    flood = Flood(source, port, count)
-    print(f"holding {len(flood.sockets)} connections from {source}", flush=True)
+    sources, port, count = sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3])
+    raise_own_file_limit(count * len(sources) + 256)
+    floods = [Flood(source, port, count) for source in sources]
+    print(f"holding {sum(len(flood.sockets) for flood in floods)} connections from {sys.argv[1]}", flush=True)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     while not stop:
         time.sleep(0.5)
-        flood.refill(count)
-    print(f"opened {flood.opened} connections from {source} in all, {len(flood.sockets)} held at the end", flush=True)
-    flood.close()
+        for flood in floods:
+            flood.refill(count)
+    print(f"opened {sum(flood.opened for flood in floods)} connections from {sys.argv[1]} in all,"
+          f" {sum(len(flood.sockets) for flood in floods)} held at the end", flush=True)
+    for flood in floods:
+        flood.close()
 
 
 if __name__ == "__main__":

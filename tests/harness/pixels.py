@@ -92,13 +92,17 @@ def windows(display: str, authority: str | None = None) -> Iterator[tuple[str, s
     if authority is not None:
         env["XAUTHORITY"] = authority
     for _ in range(5):  # a window that goes while xwininfo walks the tree fails the walk
-        result = subprocess.run(["xwininfo", "-root", "-tree"], env=env, capture_output=True, text=True)
+        result = subprocess.run(["xwininfo", "-root", "-tree"], env=env, capture_output=True)
         if result.returncode == 0:
             break
     else:
-        raise AssertionError(f"xwininfo on {display} failed: {result.stderr.strip()}")
-    out = result.stdout
-    for line in out.splitlines():
+        raise AssertionError(f"xwininfo on {display} failed: {result.stderr.decode(errors='replace').strip()}")
+    for raw in result.stdout.splitlines():
+        # WM_NAME is a STRING (Latin-1) or a UTF8_STRING: xwininfo prints its bytes as they are.
+        try:
+            line = raw.decode()
+        except UnicodeDecodeError:
+            line = raw.decode("latin-1")
         match = _TREE_LINE.match(line)
         if match:
             wid, name, width, height, x, y = match.groups()

@@ -267,17 +267,22 @@ class Authenticator:
     def stop(self) -> None:
         self.pool.stop()
 
-    def password(self, username: str, password: str, remote_host: str | None) -> defer.Deferred[AuthResult]:
+    def password(self, username: str, password: str, remote_host: str | None,
+                 secret: Callable[[], bytes | None] = lambda: None) -> defer.Deferred[AuthResult]:
+        """``secret``: the digest of the password for the throttle (a failure
+        with a digest it counted before is not counted again)."""
         return self._login(username, remote_host, lambda: policy_refusal(username, self.deny_users, password),
-                           password_responder(password))
+                           password_responder(password), secret)
 
-    def conversation(self, username: str, respond: Responder, remote_host: str | None) -> defer.Deferred[AuthResult]:
+    def conversation(self, username: str, respond: Responder, remote_host: str | None,
+                     secret: Callable[[], bytes | None] = lambda: None) -> defer.Deferred[AuthResult]:
         """Authenticate with an interactive conversation (``respond`` runs in
-        the PAM thread and may block on the client)."""
-        return self._login(username, remote_host, lambda: policy_refusal(username, self.deny_users), respond)
+        the PAM thread and may block on the client); ``secret`` is asked when
+        PAM has answered (the digest of the client's answers)."""
+        return self._login(username, remote_host, lambda: policy_refusal(username, self.deny_users), respond, secret)
 
     def _login(self, username: str, remote_host: str | None, policy: Callable[[], str | None],
-               respond: Responder) -> defer.Deferred[AuthResult]:
+               respond: Responder, secret: Callable[[], bytes | None] = lambda: None) -> defer.Deferred[AuthResult]:
         """One login attempt, counted by the throttle from its start to its
         answer (so that a burst sent at once cannot outrun the count)."""
         key = username if len(username) <= MAX_USERNAME_BYTES else None  # a huge name is no table key
@@ -293,18 +298,18 @@ class Authenticator:
             raise
         # Settled when PAM answers; a refusal still waits for the delay,
         # also a right password refused by the throttle (no faster answer).
-        result.addBoth(self._settled, username, key, remote_host)
+        result.addBoth(self._settled, username, key, remote_host, secret)
         return result.addCallback(self._delay_denial, started)
 
     def _settled(self, outcome: AuthResult | Failure, username: str, key: str | None,
-                 remote_host: str | None) -> AuthResult | Failure:
+                 remote_host: str | None, secret: Callable[[], bytes | None]) -> AuthResult | Failure:
         if isinstance(outcome, Failure):
             self._settle(username, key, remote_host, None)
             return outcome
-        return self._settle(username, key, remote_host, outcome)
+        return self._settle(username, key, remote_host, outcome, secret() if outcome.verdict is Verdict.DENIED else None)
 
     def _settle(self, username: str, key: str | None, remote_host: str | None,
-                outcome: AuthResult | None) -> AuthResult | None:
+                outcome: AuthResult | None, secret: bytes | None = None) -> AuthResult | None:
         """Tell the throttle (and the metrics) how a login went; a success
         that ran beside guesses which got its address or account blocked
         is refused after all."""
@@ -316,7 +321,11 @@ class Authenticator:
             self.throttle.end(remote_host, key, Outcome.VOID)
             return None
         kind = {Verdict.GRANTED: Outcome.GRANTED, Verdict.DENIED: Outcome.FAILED}.get(outcome.verdict, Outcome.VOID)
-        refusal, started = self.throttle.end(remote_host, key, kind)
+        if kind is Outcome.FAILED and secret is not None and self.throttle.repeats(remote_host, key, secret):
+            log.info("login of {user!r} from {address} failed with the secret it failed with before on this connection"
+                     " (another SSH method): one failure, counted once", user=loggable_user(username),
+                     address=remote_host)
+        refusal, started = self.throttle.end(remote_host, key, kind, secret)
         for blocked in started:
             log.warn("login throttling: blocking the {kind} of {user!r} from {address}", kind=blocked,
                      user=loggable_user(username), address=remote_host, reason="throttled", audit="login_throttled")

@@ -15,6 +15,16 @@ refused at once), and the same bound caps how many PAM conversations one
 address or one account may hold open at a time.  Checking only finished
 attempts let every request already in flight through (issue 22).
 
+One wrong secret is one failure, whatever SSH methods a client tries it
+with: x2goclient answers keyboard-interactive's "Password:" and then tries
+the password method with the same typo, on the same connection.  A failure
+may carry a digest of its secret (a keyed hash, its key one connection's
+own: :class:`~nxgate.gateway.doors.conch.checkers.RepeatedSecrets`); a
+failure whose digest an earlier failure of the same address or account
+within the window carried is not counted again.  Every attempt still counts
+as pending while it runs, so bursts are held as before, and a repeated
+secret tells a guesser nothing new.
+
 A success that ends while its address or account is blocked (the guesses
 that ran beside it used up the budget) is refused too.  A successful login
 clears the failures of its account and address (not what is still
@@ -29,6 +39,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 MAX_KEYS = 100_000
+#: Digests of failed secrets kept per address or account (the newest).
+MAX_SECRETS = 16
 
 
 class Outcome(enum.Enum):
@@ -62,6 +74,8 @@ class _Record:
     failures: deque[float] = field(default_factory=deque)
     blocked_until: float = 0.0
     pending: int = 0
+    #: (when, digest) of the failed secrets counted within the window.
+    secrets: deque[tuple[float, bytes]] = field(default_factory=lambda: deque(maxlen=MAX_SECRETS))
 
 
 class _Table:
@@ -80,6 +94,8 @@ class _Table:
         self.records[key] = record
         while record.failures and record.failures[0] <= now - self.window:
             record.failures.popleft()
+        while record.secrets and record.secrets[0][0] <= now - self.window:
+            record.secrets.popleft()
         while len(self.records) > MAX_KEYS:
             self.records.popitem(last=False)
         return record
@@ -111,12 +127,20 @@ class _Table:
             record.pending -= 1
             self._forget_if_empty(key, record)
 
-    def failed(self, key: str, now: float) -> bool:
+    def repeated(self, key: str, secret: bytes | None, now: float) -> bool:
+        """Whether a failure with ``secret``'s digest was counted already."""
+        if secret is None or self.limit <= 0 or key not in self.records:
+            return False
+        return any(seen == secret for _, seen in self._record(key, now).secrets)
+
+    def failed(self, key: str, now: float, secret: bytes | None = None) -> bool:
         """Count a failure; True if it starts a block."""
         if self.limit <= 0:
             return False
         record = self._record(key, now)
         record.failures.append(now)
+        if secret is not None:
+            record.secrets.append((now, secret))
         if len(record.failures) >= self.limit and record.blocked_until <= now:
             record.blocked_until = now + self.block
             record.failures.clear()
@@ -129,11 +153,12 @@ class _Table:
         if record is None:
             return
         record.failures.clear()
+        record.secrets.clear()
         record.blocked_until = 0.0
         self._forget_if_empty(key, record)
 
     def _forget_if_empty(self, key: str, record: _Record) -> None:
-        if not record.pending and not record.failures and not record.blocked_until:
+        if not record.pending and not record.failures and not record.blocked_until and not record.secrets:
             del self.records[key]
 
 
@@ -178,18 +203,21 @@ class Throttle:
             table.begin(key, now)
         return None
 
-    def end(self, address: str | None, user: str | None, outcome: Outcome) -> tuple[Refusal | None, list[str]]:
+    def end(self, address: str | None, user: str | None, outcome: Outcome,
+            secret: bytes | None = None) -> tuple[Refusal | None, list[str]]:
         """Settle an attempt :meth:`begin` let through.
 
         Returns a refusal when a success may not stand (its address or
         account was blocked while it ran), and the kinds of blocks a failure
-        started."""
+        started.  ``secret``: the digest of a failed attempt's secret; a
+        failure with a digest counted before is not counted again."""
         now = self.clock.seconds()
         keys = self._keys(address, user)
         for _kind, table, key in keys:
             table.settle(key)
         if outcome is Outcome.FAILED:
-            return None, [kind for kind, table, key in keys if table.failed(key, now)]
+            return None, [kind for kind, table, key in keys
+                          if not table.repeated(key, secret, now) and table.failed(key, now, secret)]
         if outcome is Outcome.GRANTED:
             for kind, table, key in keys:
                 left = table.blocked(key, now) if table.limit > 0 else 0.0
@@ -198,6 +226,11 @@ class Throttle:
             for _kind, table, key in keys:
                 table.clear(key)
         return None, []
+
+    def repeats(self, address: str | None, user: str | None, secret: bytes) -> bool:
+        """Whether a failure with ``secret``'s digest was counted already (for the log)."""
+        now = self.clock.seconds()
+        return any(table.repeated(key, secret, now) for _kind, table, key in self._keys(address, user))
 
     def failed(self, address: str | None, user: str) -> list[str]:
         """Count a failed login that was never begun; the kinds of blocks it started."""

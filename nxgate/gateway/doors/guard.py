@@ -94,6 +94,7 @@ class GuardedConnection(ProtocolWrapper):
         super().__init__(factory, wrapped)
         self.source = source  # None: not counted (the shell socket)
         self.passed = False
+        self.displaced = False
         self.timed_out = False
         self.deadline: Any = None
         self.head = b""
@@ -110,7 +111,7 @@ class GuardedConnection(ProtocolWrapper):
         self.head = b""
         if self.deadline is not None and self.deadline.active():
             self.deadline.cancel()
-        self.factory.guard.ended(self.source, Ending.AUTHENTICATED)
+        self.factory.guard.ended(self.source, Ending.AUTHENTICATED, self)
         if self.factory.trusts and self.source is not None:
             self.factory.guard.table.trust(self.source)
 
@@ -122,6 +123,8 @@ class GuardedConnection(ProtocolWrapper):
             self.wrappedProtocol.handshakeCompleted()
 
     def dataReceived(self, data: bytes) -> None:
+        if not self.passed and self.source is not None:
+            self.factory.guard.table.active(self)  # not the idle one a newcomer may displace
         if self.factory.http and not self.passed:
             seen = self.head + data
             if b"\r\n\r\n" in seen:
@@ -138,13 +141,21 @@ class GuardedConnection(ProtocolWrapper):
         self.factory.guard.expired(self.source, self.factory.door, self.getPeer())
         self.transport.abortConnection()
 
+    def displace(self) -> None:
+        """The table gave this silent connection's place to a newcomer (it no longer counts there)."""
+        self.passed = self.displaced = True
+        if self.deadline is not None and self.deadline.active():
+            self.deadline.cancel()
+        if self.transport is not None:
+            self.transport.abortConnection()
+
     def connectionLost(self, reason: Any) -> None:
         if self.deadline is not None and self.deadline.active():
             self.deadline.cancel()
         if not self.passed:
             self.passed = True
             ending = Ending.DEADLINE if self.timed_out else Ending.NOAUTH
-            self.factory.guard.ended(self.source, ending if self.factory.penalize else Ending.UNPENALIZED)
+            self.factory.guard.ended(self.source, ending if self.factory.penalize else Ending.UNPENALIZED, self)
         super().connectionLost(reason)
 
 
@@ -176,15 +187,17 @@ class GuardedFactory(WrappingFactory):
         return wrapped.logPrefix() if ILoggingContext.providedBy(wrapped) else type(wrapped).__name__
 
     def buildProtocol(self, addr: Any) -> Any:
-        source = self.guard.admit(addr, self.door, self.counted, self.penalize)
+        connection = self.protocol(self, None, None)  # its place in the table, before the door sees it
+        source = self.guard.admit(addr, self.door, self.counted, self.penalize, connection)
         if source is False:
             return _Refused() if self.inside_tls else None  # None: the port closes the socket at once
         inner = self.wrappedFactory.buildProtocol(addr)
         if inner is None:
             if source is not None:
-                self.guard.ended(source, Ending.AUTHENTICATED)  # the door itself said no: no penalty
+                self.guard.ended(source, Ending.AUTHENTICATED, connection)  # the door itself said no: no penalty
             return None
-        return self.protocol(self, inner, source)
+        connection.wrappedProtocol, connection.source = inner, source
+        return connection
 
 
 class DoorGuard:
@@ -193,7 +206,7 @@ class DoorGuard:
     def __init__(self, reactor: Any, limits: Limits, *, count_files: Callable[[], int] = count_open_files,
                  file_limit: int | None = None, chance: Callable[[], float] = random.random) -> None:
         self.reactor = reactor
-        self.table = PreauthTable(limits, reactor.seconds, chance)
+        self.table = PreauthTable(limits, reactor.seconds, chance, self._displaced)
         self.count_files = count_files
         self.file_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0] if file_limit is None else file_limit
         self._files = 0
@@ -236,14 +249,15 @@ class DoorGuard:
         self._files += count  # as for an admitted connection: the estimate errs high until the next sample
         return True
 
-    def admit(self, addr: Any, door: str, counted: bool, penalties: bool = True) -> str | None | bool:
+    def admit(self, addr: Any, door: str, counted: bool, penalties: bool = True,
+              connection: GuardedConnection | None = None) -> str | None | bool:
         """The source a new connection counts under, None when it is not
         counted, or False when it is refused (logged, rate-limited)."""
         host = peer_host(addr)
         source = self.table.source_of(host)
         files = self.open_files()
         if counted:
-            refusal = self.table.admit(source, files, self.file_limit, penalties)
+            refusal = self.table.admit(source, files, self.file_limit, penalties, door, connection)
         elif files >= self.file_limit - self.limits.fd_reserve:
             refusal = Refusal.FILES
             self.table.refused["files"] += 1
@@ -259,10 +273,19 @@ class DoorGuard:
         self._flush()
         return False
 
-    def ended(self, source: str | None, ending: Ending) -> None:
+    def ended(self, source: str | None, ending: Ending, connection: GuardedConnection | None = None) -> None:
         if source is None:
             return
-        block = self.table.ended(source, ending)
+        block = self.table.ended(source, ending, connection)
+        if block is not None:
+            self._log_block(block)
+
+    def _displaced(self, connection: Any, source: str, block: Block | None) -> None:
+        """The table gave ``connection``'s place to a newcomer: close it, and say so (once a minute)."""
+        connection.displace()
+        counts = self.table.note(source, "displaced")
+        if counts is not None:
+            self._log_refusals(source, counts, connection.factory.door, None)
         if block is not None:
             self._log_block(block)
 
@@ -288,6 +311,12 @@ class DoorGuard:
         self._flush(force=True)
 
     def _log_refusals(self, source: str, counts: dict[str, int], door: str, latest: Refusal | None) -> None:
+        displaced = counts.pop("displaced", 0)
+        if displaced:
+            log.info("closed {count} silent connection(s) from {source} (latest on the {door} door) to make room for"
+                     " newcomers: that door was full and this address held the most there ([server] max_startups;"
+                     " one line per address per minute)", count=displaced, source=source, door=door,
+                     event="preauth_displaced")
         deadline = counts.pop("deadline", 0)
         if deadline:
             log.info("closed {count} connection(s) from {source} (latest on the {door} door): not authenticated"

@@ -10,11 +10,21 @@ connection, and what it tells when the connection authenticates or ends:
 * **Per source** (``max_startups_per_address``): at most this many
   unauthenticated connections from one address (IPv6: one /64, as a host
   usually owns a whole /64) across all doors.
-* **In total** (``max_startups`` = ``start:rate:full``, OpenSSH's
-  MaxStartups): from ``start`` unauthenticated connections on, a new one is
-  refused with probability ``rate`` percent, rising linearly to 100 % at
-  ``full``.  Random early drop keeps some room for real clients while a
-  flood lasts instead of a hard wall that the flood alone fills.
+* **Per door** (``max_startups`` = ``start:rate:full``, OpenSSH's
+  MaxStartups, counted for each door on its own: idle TLS connections to the
+  portal take nothing from the SSH port): from ``start`` unauthenticated
+  connections on, a new one is refused with probability ``rate`` percent,
+  rising linearly to 100 % at ``full``.  Random early drop keeps some room
+  for real clients while a flood lasts instead of a hard wall that the flood
+  alone fills.
+* **Displacement**: where a new connection would be refused by that total,
+  it takes the place of the most idle connection of the address that holds
+  the most on that door, if that address holds more than the newcomer's
+  would (or, for a newcomer with no other connection waiting on the door,
+  of any connection silent for :data:`DISPLACE_IDLE` seconds); the displaced
+  one is closed and costs its address ``penalty_noauth``.  Twenty addresses
+  holding ten silent connections each cannot keep a user from logging in,
+  and a connection that is busy logging in is never the one displaced.
 * **File descriptors** (``fd_reserve``): when the process is within this
   many descriptors of its limit, doors take no one, so that running
   sessions, the admin socket, PAM/NSS and the store keep the reserve.
@@ -38,7 +48,7 @@ from __future__ import annotations
 import enum
 import ipaddress
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +61,10 @@ TRUST_SECONDS = 3600.0
 MAX_TRUSTED = 1024
 #: Seconds between two log lines about one source.
 LOG_INTERVAL = 60.0
+#: Seconds without a byte after which any newcomer may displace a connection.
+DISPLACE_IDLE = 10.0
+#: The door of callers that name none.
+ANY_DOOR = "any"
 
 
 @dataclass(frozen=True)
@@ -94,11 +108,24 @@ class Ending(enum.Enum):
     NOAUTH = "closed before authenticating"
     DEADLINE = "not authenticated within the deadline"
     UNPENALIZED = "ended before authenticating, on a door without penalties"
+    DISPLACED = "closed to make room for a newcomer"
+
+
+@dataclass
+class _Door:
+    """One door's unauthenticated connections: by source, each source's
+    connections from the most idle to the latest active."""
+
+    total: int = 0
+    by_source: dict[str, OrderedDict[Hashable, float]] = field(default_factory=dict)
+    #: Whether its connections earn penalties (the portal's do not).
+    penalizes: bool = True
 
 
 @dataclass
 class _Source:
     pending: int = 0          # unauthenticated connections now
+    by_door: dict[str, int] = field(default_factory=dict)  # ... on each door
     debt: float = 0.0         # penalty seconds owed, as of debt_at
     debt_at: float = 0.0
     blocked_until: float = 0.0
@@ -127,14 +154,22 @@ class PreauthTable:
     ``clock`` gives seconds (the reactor's), ``random`` a float in [0, 1)
     for the early drop; both are injected so that tests decide."""
 
-    def __init__(self, limits: Limits, clock: Callable[[], float], random: Callable[[], float]) -> None:
+    def __init__(self, limits: Limits, clock: Callable[[], float], random: Callable[[], float],
+                 displace: Callable[[Hashable, str, Block | None], None] = lambda *displaced: None) -> None:
+        """``displace(connection, source, block)`` closes a connection the
+        table displaced (see :meth:`admit`; ``block``: a penalty that began
+        with it, or None): it no longer counts, its end is not told again."""
         self.limits = limits
         self.clock = clock
         self.random = random
+        self.displace = displace
         self.sources: OrderedDict[str, _Source] = OrderedDict()
         self.total = 0
+        self.doors: dict[str, _Door] = {}
+        self._placed: dict[Hashable, tuple[str, str]] = {}  # connection -> (door, source)
         self.refused: dict[str, int] = {reason.name.lower(): 0 for reason in Refusal}
         self.closed_at_deadline = 0
+        self.displaced = 0
         # Sources a cluster member's certificate was verified from, until when (see trust()).
         self.trusted: dict[str, float] = {}
 
@@ -179,47 +214,103 @@ class PreauthTable:
         return sum(1 for record in self.sources.values() if record.blocked_until > now)
 
     # ----------------------------------------------------------- changes
-    def admit(self, source: str, open_files: int = 0, file_limit: int = 0, penalties: bool = True) -> Refusal | None:
-        """A new connection from ``source``: None if it may go on (it then
-        counts until :meth:`ended`), else why not.  ``open_files`` of
-        ``file_limit`` are the process's descriptors (0: not checked).
+    def admit(self, source: str, open_files: int = 0, file_limit: int = 0, penalties: bool = True,
+              door: str = ANY_DOOR, connection: Hashable | None = None) -> Refusal | None:
+        """A new connection from ``source`` to ``door``: None if it may go on
+        (it then counts until :meth:`ended`), else why not.  ``open_files``
+        of ``file_limit`` are the process's descriptors (0: not checked).
         ``penalties``: whether this door refuses a penalized source (the
         portal neither earns nor checks them: it has its own login throttle,
-        and one scanner behind an office NAT must not take it from all)."""
+        and one scanner behind an office NAT must not take it from all).
+        ``connection``: a key for this connection, so that it may be
+        displaced by a later one and tell its activity (:meth:`active`);
+        admitting it may displace another (see the module's docstring)."""
         limits, now = self.limits, self.clock()
         refusal = None
         record = self.sources.get(source)
         exempt = self.exempt(source)
+        at_door = self.doors.setdefault(door, _Door())
+        at_door.penalizes = penalties
         if file_limit and open_files >= file_limit - limits.fd_reserve:
             refusal = Refusal.FILES
         elif penalties and not exempt and record is not None and record.blocked_until > now:
             refusal = Refusal.PENALTY
         elif not exempt and record is not None and record.pending >= limits.per_address:
             refusal = Refusal.PER_ADDRESS
-        elif self.total >= limits.full:
+        elif at_door.total >= limits.full:
             refusal = Refusal.FULL
-        elif self.total >= limits.start:
-            chance = (limits.rate + (100 - limits.rate) * (self.total - limits.start)
+        elif at_door.total >= limits.start:
+            chance = (limits.rate + (100 - limits.rate) * (at_door.total - limits.start)
                       / max(1, limits.full - limits.start)) / 100
             if self.random() < chance:
                 refusal = Refusal.EARLY_DROP
+        if refusal in (Refusal.FULL, Refusal.EARLY_DROP) and self._make_room(at_door, source, now):
+            refusal = None
         if refusal is not None:
             self.refused[refusal.name.lower()] += 1
             return refusal
         record = self._record(source)
         record.pending += 1
+        record.by_door[door] = record.by_door.get(door, 0) + 1
         self.total += 1
+        at_door.total += 1
+        if connection is not None:
+            at_door.by_source.setdefault(source, OrderedDict())[connection] = now
+            self._placed[connection] = (door, source)
         return None
 
-    def ended(self, source: str, ending: Ending) -> Block | None:
+    def active(self, connection: Hashable) -> None:
+        """``connection`` received something: it is the least idle of its source's."""
+        placed = self._placed.get(connection)
+        if placed is not None:
+            door, source = placed
+            waiting = self.doors[door].by_source[source]
+            waiting[connection] = self.clock()
+            waiting.move_to_end(connection)
+
+    def _make_room(self, at_door: _Door, source: str, now: float) -> bool:
+        """Displace a connection for a newcomer from ``source``, if one may be."""
+        mine = len(at_door.by_source.get(source, ())) + 1
+        best: tuple[int, float, str, Hashable] | None = None
+        for holder, waiting in at_door.by_source.items():
+            if not waiting or holder == source or self.exempt(holder):
+                continue
+            connection, last = next(iter(waiting.items()))
+            count, idle = len(waiting), now - last
+            if count > mine or (mine == 1 and idle >= DISPLACE_IDLE):
+                if best is None or (count, idle) > best[:2]:
+                    best = (count, idle, holder, connection)
+        if best is None:
+            return False
+        _, _, holder, connection = best
+        block = self.ended(holder, Ending.DISPLACED if at_door.penalizes else Ending.UNPENALIZED, connection)
+        self.displaced += 1
+        self.displace(connection, holder, block)
+        return True
+
+    def ended(self, source: str, ending: Ending, connection: Hashable | None = None,
+              door: str = ANY_DOOR) -> Block | None:
         """An admitted connection authenticated or ended before that: it no
         longer counts; one that never authenticated adds to its source's
-        debt, which may start a block (returned, for the log)."""
+        debt, which may start a block (returned, for the log).  A
+        ``connection`` that was displaced has ended already: nothing happens."""
+        if connection is not None:
+            placed = self._placed.pop(connection, None)
+            if placed is None:
+                return None
+            door, source = placed
+            waiting = self.doors[door].by_source[source]
+            del waiting[connection]
+            if not waiting:
+                del self.doors[door].by_source[source]
         record = self.sources.get(source)
         if record is None or record.pending <= 0:
             return None
         record.pending -= 1
         self.total -= 1
+        if record.by_door.get(door, 0) > 0:
+            record.by_door[door] -= 1
+            self.doors[door].total -= 1
         if ending is Ending.DEADLINE:
             self.closed_at_deadline += 1
         if ending in (Ending.AUTHENTICATED, Ending.UNPENALIZED) or self.exempt(source):
@@ -286,10 +377,16 @@ class PreauthTable:
         for source in [s for s, record in self.sources.items() if record.idle(now)]:
             del self.sources[source]
         while len(self.sources) > MAX_SOURCES * 9 // 10:
-            _, record = self.sources.popitem(last=False)
-            self.total -= record.pending
+            source, record = self.sources.popitem(last=False)
+            self.total -= record.pending  # what it still holds no longer counts
+            for name, count in record.by_door.items():
+                self.doors[name].total -= count
+                for connection in self.doors[name].by_source.pop(source, {}):
+                    self._placed.pop(connection, None)
 
     def status(self) -> dict[str, Any]:
         """For ``nxgate-admin status`` and the metrics."""
         return {"unauthenticated": self.total, "penalized_sources": self.penalized(),
-                "refused": dict(self.refused), "closed_at_deadline": self.closed_at_deadline}
+                "refused": dict(self.refused), "closed_at_deadline": self.closed_at_deadline,
+                "displaced": self.displaced,
+                "unauthenticated_by_door": {name: door.total for name, door in self.doors.items() if door.total}}

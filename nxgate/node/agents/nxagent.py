@@ -77,6 +77,8 @@ class AgentPlan:
     program_early: bool = False
     attach_signal: int = 0
     program_env: tuple[tuple[str, str], ...] = ()
+    # Rootless with no program of its own (published applications): -norootlessexit.
+    keep_without_windows: bool = False
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -84,6 +86,7 @@ class AgentPlan:
             "extra_cookies": [list(c) for c in self.extra_cookies], "run_as": self.run_as,
             "persistent": self.persistent, "pam": self.pam, "program_early": self.program_early,
             "attach_signal": self.attach_signal, "program_env": [list(e) for e in self.program_env],
+            "keep_without_windows": self.keep_without_windows,
         }
 
     @classmethod
@@ -102,6 +105,7 @@ class AgentPlan:
             program_early=bool(values.get("program_early", False)),
             attach_signal=int(values.get("attach_signal", 0)),  # type: ignore[call-overload]
             program_env=pairs("program_env"),
+            keep_without_windows=bool(values.get("keep_without_windows", False)),
         )
 
 
@@ -223,7 +227,7 @@ def options_line(session: AgentSession, settings: DisplaySettings, listen: tuple
         ("cleanup", "0"),
         # A suspended agent keeps drawing at full speed (its default sleeps
         # 50 ms per round while suspended): browser tabs show a suspended
-        # session's own framebuffer through x11vnc (nxgate.clients.browser_viewer),
+        # session's own framebuffer through x11vnc (nxgate.node.browser_viewer),
         # and with the sleep their key echo and frame rate fell to ~20/s.
         ("sleep", "0"),
         ("product", PRODUCT),
@@ -286,6 +290,7 @@ def agent_argv(executable: str, session: AgentSession, files: AgentFiles, plan: 
         "-name", caption(session),
         plan.mode,
         *(() if plan.persistent else ("-nopersistent",)),
+        *(("-norootlessexit",) if plan.keep_without_windows else ()),
         "-nolisten", "tcp",
         "-auth", os.path.basename(files.authority),
         *(arg for name in DISABLED_EXTENSIONS for arg in ("-extension", name)),

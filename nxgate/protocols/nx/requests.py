@@ -24,6 +24,7 @@ import shlex
 from nxgate.protocols.nx import errors
 from nxgate.protocols.nx.errors import NXError
 from nxgate.protocols.nx.params import Params
+from nxgate.vocabulary.display_bounds import depth_problem, size_problem
 from nxgate.vocabulary.requests import DisplaySettings, RemoteRequest, RestoreRequest, ShadowRequest, StartRequest
 from nxgate.safetext import printable
 
@@ -140,12 +141,14 @@ def display_settings(params: Params) -> DisplaySettings:
         screen_width, screen_height = int(match.group(1)), int(match.group(2))
         if screen_width and screen_height and (fullscreen or not width):
             width, height = screen_width, screen_height
-    if depth not in (8, 15, 16, 24, 32):
-        raise invalid("screeninfo", screeninfo, "depth must be 8, 15, 16, 24 or 32")
+    problem = depth_problem(depth)
+    if problem is not None:
+        raise invalid("screeninfo", screeninfo, problem)
     if not width:
         width, height = 800, 600
-    if not (64 <= width <= 16384 and 64 <= height <= 16384):
-        raise invalid("geometry", params.get("geometry", "") or screeninfo, "size out of range")
+    problem = size_problem(width, height)
+    if problem is not None:
+        raise invalid("geometry", params.get("geometry", "") or screeninfo, problem)
     keyboard = params.get("keyboard", "").strip() or params.get("kbtype", "")
     return DisplaySettings(
         geometry=f"{width}x{height}",

@@ -11,13 +11,19 @@ Two kinds of SSH logins exist:
 
 The checkers return a :class:`Principal`.  They read the client's address
 from the credentials (set by :class:`~nxgate.gateway.doors.conch.server.NXUserAuthServer`) to
-honour ``from=`` key options and to give PAM its ``PAM_RHOST``.
+honour ``from=`` key options and to give PAM its ``PAM_RHOST``, and the
+connection's :class:`RepeatedSecrets`, so that one wrong password tried with
+two SSH methods (x2goclient: keyboard-interactive, then password) is one
+failure for the login throttle.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import pwd
+import secrets
 import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -74,6 +80,27 @@ class KeyboardInteractive:
     username: bytes
     ask: Callable[[Sequence[Prompt]], defer.Deferred[list[str]]]
     remote_address: str | None = None
+
+
+class RepeatedSecrets:
+    """One SSH connection's key for the digests of the secrets it tries.
+
+    The digest of a user and a secret (a password, or the answers of a
+    keyboard-interactive conversation) under a key of this connection alone:
+    the throttle sees that a failure repeats one it counted, and nothing
+    else -- not the secret, and not the same secret on another connection."""
+
+    def __init__(self) -> None:
+        self._key = secrets.token_bytes(32)
+
+    def digest(self, user: str, answers: Sequence[str]) -> bytes:
+        material = "\0".join([user, *answers]).encode("utf-8", "surrogateescape")
+        return hmac.new(self._key, material, hashlib.sha256).digest()
+
+
+def _digest(credentials: Any, user: str, answers: Sequence[str]) -> bytes | None:
+    repeated = getattr(credentials, "repeated_secrets", None)
+    return repeated.digest(user, answers) if isinstance(repeated, RepeatedSecrets) and answers else None
 
 
 def _text(raw: bytes) -> str:
@@ -232,7 +259,9 @@ class PasswordChecker(_Checker):
         address = getattr(credentials, "remote_address", None)
         if user == self.nx_user:
             raise UnauthorizedLogin("the nx account only takes its key")
-        result = await self.authenticator.password(user, _text(credentials.password), address)
+        password = _text(credentials.password)
+        result = await self.authenticator.password(user, password, address,
+                                                   secret=lambda: _digest(credentials, user, [password]))
         _require(result, address, "password")
         return Principal(user, user, "password")
 
@@ -252,6 +281,8 @@ class KeyboardInteractiveChecker(_Checker):
         if user == self.nx_user:
             raise UnauthorizedLogin("the nx account only takes its key")
 
+        given: list[str] = []
+
         def respond(prompts: Sequence[Prompt]) -> list[str]:
             # Runs in a PAM thread; waits for the client's answers.  An
             # answer longer than any password ends the conversation before
@@ -259,9 +290,12 @@ class KeyboardInteractiveChecker(_Checker):
             answers = threads.blockingCallFromThread(self.reactor, credentials.ask, prompts)
             if any(len(answer) > MAX_PASSWORD_BYTES for answer in answers):
                 raise LookupError("an answer longer than any password")
+            given.extend(answer for answer in answers if answer is not None)
             return answers
 
-        result = await self.authenticator.conversation(user, respond, credentials.remote_address)
+        # One hidden answer (pam_unix's "Password: ") digests as the password method's does.
+        result = await self.authenticator.conversation(user, respond, credentials.remote_address,
+                                                       secret=lambda: _digest(credentials, user, given))
         _require(result, credentials.remote_address, "keyboard-interactive")
         return Principal(user, user, "keyboard-interactive")
 

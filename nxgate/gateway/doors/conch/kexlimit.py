@@ -145,3 +145,23 @@ class FairQueue(Generic[T]):
             del self._by_key[key]
         self._length -= 1
         return True
+
+
+def stalled(state: str, cpu_before: int | None, cpu_now: int, busy_for: float, longest: float) -> str | None:
+    """Why a worker that has had a job for ``busy_for`` seconds without
+    answering should be replaced, or None to wait on.  ``state`` is the
+    process's (``/proc/PID/stat``: R running, S sleeping, T stopped...),
+    ``cpu_before`` its CPU time at the last look (None: first look), and
+    ``cpu_now`` now.  A stopped worker is stuck at once; one that sleeps and
+    used no CPU since the last look is stuck too (a computing worker never
+    waits for anything); one waiting for a CPU on a loaded machine (R) is
+    only slow.  Whatever it does, ``longest`` seconds is the end."""
+    if state in ("Z", "X"):
+        return None  # it has ended: the pool hears of it in a moment
+    if state in ("T", "t"):
+        return "it is stopped"
+    if busy_for >= longest:
+        return f"no answer after {busy_for:.0f} s"
+    if state != "R" and cpu_before is not None and cpu_now == cpu_before:
+        return f"it sleeps and has used no CPU for {busy_for:.0f} s"
+    return None

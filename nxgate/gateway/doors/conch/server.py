@@ -32,8 +32,10 @@ from zope.interface import implementer
 from nxgate.wire import tunnel_registry as tunnels
 from nxgate.gateway.auth.pam import Prompt
 from nxgate.gateway.doors.conch import algorithms, kexmath
-from nxgate.gateway.doors.conch.checkers import IKeyboardInteractive, KeyboardInteractive, LoginUnavailable, Principal
-from nxgate.wire.ssh_etm import EtmTransport
+from nxgate.gateway.doors.conch.checkers import (IKeyboardInteractive, KeyboardInteractive, LoginUnavailable, Principal,
+                                                 RepeatedSecrets)
+from nxgate.wire.ssh_compression import DELAYED_ZLIB, SERVER_COMPRESSIONS, BoundedInflater, CompressionError
+from nxgate.wire.ssh_etm import MAX_PACKET, EtmTransport
 from nxgate.gateway.doors.conch.kexlimit import KexAdmission, OncePer, Refusal
 from nxgate.gateway.doors.conch.kexpool import InlineKexPool, KexJobError, KexPool
 from nxgate.wire.guarded import authenticated
@@ -60,12 +62,14 @@ class _AddressPortal:
     def __init__(self, portal: Portal, address: str) -> None:
         self._portal = portal
         self._address = address
+        self._repeated = RepeatedSecrets()  # one per connection: one typo, one failure
 
     def listCredentialsInterfaces(self) -> list[Any]:
         return self._portal.listCredentialsInterfaces()
 
     def login(self, credentials: Any, mind: Any, *interfaces: Any) -> defer.Deferred[Any]:
         credentials.remote_address = self._address
+        credentials.repeated_secrets = self._repeated
         return self._portal.login(credentials, self._address, *interfaces)
 
 
@@ -199,10 +203,16 @@ class NXAvatar(ConchUser):
             return 0  # any answer tells the client we are alive; no log line every interval
         if self.x2go is not None and requestType in (b"tcpip-forward", b"cancel-tcpip-forward"):
             return self.x2go.forward_request(self, requestType, data)
-        log.warn(
-            "refused global request {kind!r} for {user!r}", kind=requestType, user=self.principal.ssh_user
-        )
+        log.warn("refused global request {kind!r} for {user!r} from {address}", kind=requestType[:100],
+                 user=self.principal.ssh_user, address=self.address)
         return 0
+
+    @property
+    def address(self) -> str:
+        """The client's address (for the log: repeated lines are counted per address)."""
+        conn = getattr(self, "conn", None)
+        peer = conn.transport.transport.getPeer() if conn is not None else None
+        return str(getattr(peer, "host", peer))
 
     def logout(self) -> None:
         log.debug("SSH logout of {user!r}", user=self.principal.ssh_user)
@@ -445,9 +455,16 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
     signature algorithm for an RSA key as soon as they have our NEWKEYS;
     without ``rsa-sha2-*`` in ``server-sig-algs`` by then they fall back to
     SHA-1 ``ssh-rsa`` and refuse to use their key.
+
+    Compression is OpenSSH's delayed ``zlib@openssh.com`` or none: it starts
+    after user authentication, and every packet inflates to the packet limit
+    at most (:mod:`nxgate.wire.ssh_compression`).
     """
 
+    supportedCompressions = list(SERVER_COMPRESSIONS)
     _sending_new_keys = False
+    #: User authentication succeeded: delayed compression may start.
+    _user_authenticated = False
     _kex_job: defer.Deferred[Any] | None = None
     _gex_group: tuple[int, int] | None = None
     _receiving = False
@@ -456,9 +473,26 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
     _kex_messages_left = 0
 
     def sendPacket(self, messageType: int, payload: bytes) -> None:
+        sent_before = self.outgoingPacketSequence
         super().sendPacket(messageType, payload)
         if messageType == transport.MSG_NEWKEYS:
             self._start_sending_with_new_keys()
+        elif messageType == userauth.MSG_USERAUTH_SUCCESS and self.outgoingPacketSequence != sent_before:
+            self._start_delayed_compression()  # sent, not held back by a key exchange
+
+    def _compresses(self, kind: bytes | None) -> bool:
+        """Whether a direction negotiated as ``kind`` is compressed now."""
+        return kind == DELAYED_ZLIB and self._user_authenticated
+
+    def _start_delayed_compression(self) -> None:
+        """OpenSSH's ``zlib@openssh.com``: both directions compress from the
+        first packet after SSH_MSG_USERAUTH_SUCCESS (the client starts when
+        it reads it and has nothing to send before)."""
+        self._user_authenticated = True
+        if self._compresses(self.outgoingCompressionType):
+            self.outgoingCompression = zlib.compressobj(6)
+        if self._compresses(self.incomingCompressionType):
+            self.incomingCompression = BoundedInflater(MAX_PACKET)
 
     def _start_sending_with_new_keys(self) -> None:
         """RFC 4253, section 7.3: after our NEWKEYS we send with the new
@@ -469,7 +503,7 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
         for name in _INCOMING_CIPHER_STATE:
             setattr(sending, name, getattr(self.currentEncryptions, name))
         self.currentEncryptions = sending
-        self.outgoingCompression = zlib.compressobj(6) if self.outgoingCompressionType == b"zlib" else None
+        self.outgoingCompression = zlib.compressobj(6) if self._compresses(self.outgoingCompressionType) else None
         self._sending_new_keys = True
 
     def sendExtInfo(self, extensions: list[tuple[bytes, bytes]]) -> None:
@@ -485,20 +519,26 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
         return super()._allowedKeyExchangeMessageType(messageType)
 
     def _newKeys(self) -> None:
-        """The client's NEWKEYS: now read with the new keys too.  Conch would
-        also start a fresh outgoing compressor here, in the middle of the
-        zlib stream we began at our NEWKEYS; it must go on."""
+        """The client's NEWKEYS: now read with the new keys too (and a new
+        zlib stream, bounded, if this exchange compresses after an earlier
+        authentication).  Conch would also start a fresh outgoing compressor
+        here, in the middle of the zlib stream we began at our NEWKEYS; it
+        must go on."""
         if not self._sending_new_keys:  # a NEWKEYS before ours: Conch's way
             super()._newKeys()
-            return
-        compressor, kind = self.outgoingCompression, self.outgoingCompressionType
-        self.outgoingCompressionType = None  # Conch starts no compressor for this
-        try:
-            super()._newKeys()
-        finally:
-            self.outgoingCompressionType = kind
-            self.outgoingCompression = compressor
-            self._sending_new_keys = False
+            self.outgoingCompression = (zlib.compressobj(6) if self._compresses(self.outgoingCompressionType)
+                                        else None)
+        else:
+            compressor, kind = self.outgoingCompression, self.outgoingCompressionType
+            self.outgoingCompressionType = None  # Conch starts no compressor for this
+            try:
+                super()._newKeys()
+            finally:
+                self.outgoingCompressionType = kind
+                self.outgoingCompression = compressor
+                self._sending_new_keys = False
+        self.incomingCompression = (BoundedInflater(MAX_PACKET) if self._compresses(self.incomingCompressionType)
+                                    else None)
 
     # ---------------------------------------------- key exchange, off the reactor
     def dataReceived(self, data: bytes) -> None:
@@ -515,9 +555,25 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
             self._receiving = False
 
     def getPacket(self) -> bytes | None:
+        """The next packet, inflated here rather than by Conch (or ETM) so
+        that a packet inflating beyond the limit closes the connection with
+        one clear line instead of a traceback."""
         if self._kex_job is not None:  # stops Conch's packet loop in dataReceived
             return None
-        return super().getPacket()
+        inflater, self.incomingCompression = self.incomingCompression, None
+        try:
+            payload = super().getPacket()
+        finally:
+            self.incomingCompression = inflater
+        if payload is None or inflater is None:
+            return payload
+        try:
+            return inflater.decompress(payload)
+        except CompressionError as error:
+            log.warn("SSH connection from {peer} closed: {why}", peer=getattr(self, "peer_text", "?"),
+                     why=str(error), address=self.peer_host, event="ssh_compression_refused")
+            self.sendDisconnect(transport.DISCONNECT_COMPRESSION_ERROR, str(error).encode())
+            return None
 
     def ssh_KEXINIT(self, packet: bytes) -> None:
         super().ssh_KEXINIT(packet)
@@ -728,9 +784,12 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
                 self.supportedMACs, self.supportedMACs, self.supportedCompressions, self.supportedCompressions)
         problems = algorithms.unmatched([names.split(b",") for names in lists], ours)
         legacy = self.factory.kex.policy.kex == algorithms.LEGACY_KEX
+        if problems and all(problem.startswith("no compression") for problem in problems):
+            hint = " (compression is zlib@openssh.com, after authentication, or none: never plain zlib)"
+        else:
+            hint = "" if legacy else " (NoMachine's nxssh and other old clients need [ssh] legacy_algorithms = yes)"
         log.info("SSH connection from {peer} refused: {problems}{hint}", peer=getattr(self, "peer_text", "?"),
-                 problems="; ".join(problems) or "no algorithms in common",
-                 hint="" if legacy else " (NoMachine's nxssh and other old clients need [ssh] legacy_algorithms = yes)")
+                 problems="; ".join(problems) or "no algorithms in common", hint=hint)
 
     @property
     def peer_host(self) -> str:

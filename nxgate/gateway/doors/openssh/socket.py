@@ -7,9 +7,13 @@ kernel tells us who connected (SO_PEERCRED): the nx account gets the usual
 NX login; any other user (sshd's ForceCommand for users who log in as
 themselves) is already authenticated as that user, as with legacy-free
 logins; root and unknown users are refused.  After ``bye`` the gateway
-connects to the session's agent (whose socket only root and the session's
-user can reach, see :mod:`nxgate.wire.agentsocket`) and passes the connection to
-the shell (SCM_RIGHTS), which relays the stream itself (with nxcopy).
+asks the router for the session's agent stream (``open_stream``: the
+session's node checks the owner and connects to the agent's socket, which
+only root and the session's user can reach) and passes it to the shell as
+a socket (SCM_RIGHTS), which relays the stream itself (with nxcopy).  A
+session on this machine: the agent's own socket, nothing in between; on
+another member: one end of a socket pair the gateway splices to that
+member's stream.
 """
 
 from __future__ import annotations
@@ -22,13 +26,17 @@ from typing import Any
 from twisted.internet import protocol
 from twisted.logger import Logger
 
+from twisted.internet import defer
+from twisted.python.failure import Failure
+
 from nxgate.gateway.auth.pam import AuthResult
 from nxgate.gateway.auth.peercred import peer_uid
-from nxgate.wire import agentsocket
 from nxgate.gateway.doors.openssh import framing
 from nxgate.gateway.doors.conversation import Conversation
 from nxgate.wire.guarded import authenticated
 from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.errors import SessionError
+from nxgate.vocabulary.streams import AGENT, Stream
 
 log = Logger(namespace="nxgate.shell")
 
@@ -210,14 +218,14 @@ class OpenSSHDoorProtocol(protocol.Protocol):
         self.transport.loseConnection()
 
     def _hand_over(self, client: Caller, target: Any, _transport: Any, leftover: bytes) -> _HandedOver:
-        def reached(sock: socket.socket | None, error: str) -> None:
-            if sock is None:
-                log.warn("cannot reach the agent of session {id}: {error}", id=target.session_id, error=error)
-                self.transport.write(framing.frame(framing.EXIT, b"1"))
-                self._drop()
-                return
+        def opened(stream: Stream) -> None:
             if self.lost:  # nxgate-shell is gone already
-                sock.close()
+                stream.close()
+                return
+            try:
+                sock = stream.take_socket()
+            except (OSError, ValueError) as error:
+                failed(str(error))
                 return
             self.agent = sock
             self.transport.sendFileDescriptor(sock.fileno())
@@ -227,11 +235,21 @@ class OpenSSHDoorProtocol(protocol.Protocol):
             log.info("handed {user}'s stream for session {id} to nxgate-shell", user=client.user,
                      id=target.session_id)
 
-        streams = getattr(self.gateway, "cluster_streams", None)
-        if getattr(target, "node", "") and streams is not None:
-            streams.connect_socket(target, reached)  # a socket the gateway splices to the member's TLS stream
-        else:
-            agentsocket.connect_soon(self.gateway.reactor, target.path, target.uid, reached)
+        def failed(why: str) -> None:
+            log.warn("cannot reach the agent of session {id}: {error}", id=target.session_id, error=why)
+            if not self.lost:
+                self.transport.write(framing.frame(framing.EXIT, b"1"))
+                self._drop()
+
+        def not_opened(failure: Failure) -> None:
+            if failure.check(SessionError):
+                failed(failure.value.message)
+            else:
+                log.failure("opening the stream of session {id} failed", failure, id=target.session_id)
+                failed("internal error")
+
+        opening = defer.ensureDeferred(self.gateway.api.open_stream(client, target.session_id, AGENT))
+        opening.addCallbacks(opened, not_opened)
         return _HandedOver()
 
     def connectionLost(self, reason: Any) -> None:

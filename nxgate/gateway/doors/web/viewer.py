@@ -8,13 +8,21 @@ login, this session and the window's size, then opens
 from ``/view/novnc/``).  The upgrade checks the Origin, the login cookie and
 the ticket, which is used up; nothing else is in any URL.
 
-Then :class:`ViewerBridge` does what an NX client does: it starts the
-viewer's Xvfb (:mod:`nxgate.clients.browser_viewer`), takes the session over
-with the session service's ``restore`` (a session shown elsewhere is
-suspended there, as for any NX resume), relays the NX stream between the
-viewer's nxproxy and the agent (:mod:`nxgate.wire.relay`, as after
-``bye``) and bridges x11vnc's RFB to the WebSocket.  When the tab closes the
-programs stop; the agent loses its proxy and suspends, ready for nxclient.
+Then :class:`ViewerBridge` shows the session.  A session that a client
+drew before is shown *live*: the router's ``open_stream(..., VIEW)`` has
+the session's node (this machine or another member) start an x11vnc on the
+session's own display for this tab, and the bridge splices its RFB to the
+WebSocket (a session an NX client shows is suspended there first, as a
+resume elsewhere would).  Otherwise (a session started for later that never
+had a client, an admin's shadow) the bridge does what an NX client does: it
+starts a private Xvfb, nxproxy and x11vnc here
+(:mod:`nxgate.node.browser_viewer`, given to the door by the composition
+root), takes the session over with the session API's ``restore`` (or
+``attach_shadow``), relays the NX stream between the viewer's nxproxy and
+the agent's stream (``open_stream(..., AGENT)``, :mod:`nxgate.wire.relay`,
+as after ``bye``) and splices that x11vnc's RFB to the WebSocket.  When the
+tab closes the programs stop; the agent loses its proxy and suspends,
+ready for nxclient.
 """
 
 from __future__ import annotations
@@ -38,9 +46,12 @@ from nxgate.gateway.doors.web.site import words_of
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.requests import DisplaySettings, RestoreRequest, ShadowRequest
-from nxgate.vocabulary.results import Ready, State
+from nxgate.vocabulary.results import Ready, SessionView, State
+from nxgate.vocabulary.streams import VIEW, Stream
 from nxgate.wire import agentsocket
+from nxgate.wire.agentsocket import SocketStream
 from nxgate.wire.relay import StreamRelay
+from nxgate.wire.splice import Splice, TransportEnd
 
 log = Logger(namespace="nxgate.web.viewer")
 
@@ -132,19 +143,16 @@ class ViewerResource(resource.Resource):
             self.prepared.pop(key).discard()
 
     def prepare(self, caller: Caller, login: str, session_id: str) -> None:
-        """Start the live viewer of a session while the browser loads the
+        """Open the live view of a session while the browser loads the
         viewer's page, asks its ticket and opens its WebSocket (together
         about as long as x11vnc takes to start): its WebSocket then finds
-        x11vnc listening (:meth:`take_prepared`).  Bound to this login and
-        session; not taken within :data:`PREPARED_SECONDS`, it is stopped.
+        the stream open (:meth:`take_prepared`).  Bound to this login and
+        session; not taken within :data:`PREPARED_SECONDS`, it is closed.
         Anything that goes wrong here is the WebSocket's to find and say."""
-        if self.viewers is None:
-            return
         old = self.prepared.pop((login, session_id), None)
         if old is not None:
             old.discard()  # the page asked again (a reload): one prepared viewer per page
-        prepared = Prepared(self.reactor, defer.ensureDeferred(prepared_viewer(self.service, self.viewers, caller,
-                                                                             session_id)))
+        prepared = Prepared(defer.ensureDeferred(prepared_stream(self.service, caller, session_id)))
         self.prepared[(login, session_id)] = prepared
         prepared.expiry = self.reactor.callLater(PREPARED_SECONDS, self._expire, login, session_id, prepared)
 
@@ -164,13 +172,21 @@ class ViewerResource(resource.Resource):
 PREPARED_SECONDS = 15.0
 
 
-async def prepared_viewer(service: Any, viewers: Any, caller: Caller, session_id: str) -> Any:
-    """For :meth:`ViewerResource.prepare`: the live viewer of ``caller``'s
-    session on this node, or None when this node cannot show it live."""
+def shown_live(view: SessionView) -> bool:
+    """Whether the session's node can show it live (a client drew it before, its agent runs); the node
+    checks again with its own record."""
+    return (view.attached_before and bool(view.agent_pid) and not view.lost
+            and view.state in (State.RUNNING, State.SUSPENDED, State.SUSPENDING))
+
+
+async def prepared_stream(service: Any, caller: Caller, session_id: str) -> Stream | None:
+    """For :meth:`ViewerResource.prepare`: the live view of ``caller``'s
+    session, or None when its node cannot show it live."""
     view = await service.show(caller, session_id)  # the owner check
-    if getattr(view, "lost", False) or not viewers.shows_live(view.id):
+    if not shown_live(view):
         return None
-    return await live_viewer(service, viewers, caller, view)
+    await suspend_for_browser(service, caller, view)
+    return await service.open_stream(caller, view.id, VIEW)  # limits: SessionError
 
 
 async def suspend_for_browser(service: Any, caller: Caller, view: Any) -> None:
@@ -181,27 +197,21 @@ async def suspend_for_browser(service: Any, caller: Caller, view: Any) -> None:
         await service.suspend(caller, view.id)
 
 
-async def live_viewer(service: Any, viewers: Any, caller: Caller, view: Any) -> Any:
-    """The live viewer (x11vnc started) of ``caller``'s session ``view`` of this node."""
-    await suspend_for_browser(service, caller, view)
-    return await viewers.open_live(caller.user, view.id)  # limits: SessionError
-
-
 class Prepared:
-    """A live viewer being started for a page (see :meth:`ViewerResource.prepare`)."""
+    """A live view being opened for a page (see :meth:`ViewerResource.prepare`)."""
 
-    def __init__(self, reactor: Any, started: defer.Deferred[Any]) -> None:
-        self.viewer: Any = None
+    def __init__(self, opened: defer.Deferred[Any]) -> None:
+        self.stream: Stream | None = None
         self.failure: Failure | None = None
         self.expiry: Any = None
         self.waiters: list[defer.Deferred[Any]] = []
         self.done = False
-        started.addCallbacks(self._started, self._failed)
+        opened.addCallbacks(self._opened, self._failed)
 
-    def _started(self, viewer: Any) -> None:
-        self.viewer, self.done = viewer, True
+    def _opened(self, stream: Stream | None) -> None:
+        self.stream, self.done = stream, True
         for waiter in self.waiters:
-            waiter.callback(viewer)
+            waiter.callback(stream)
 
     def _failed(self, failure: Failure) -> None:
         self.failure, self.done = failure, True
@@ -211,16 +221,16 @@ class Prepared:
             waiter.callback(None)
 
     def wait(self) -> defer.Deferred[Any]:
-        """The viewer, or None (not live here, or it failed: the WebSocket tries again and says why)."""
+        """The stream, or None (not live, or it failed: the WebSocket tries again and says why)."""
         if self.done:
-            return defer.succeed(self.viewer)
+            return defer.succeed(self.stream)
         waiter: defer.Deferred[Any] = defer.Deferred()
         self.waiters.append(waiter)
         return waiter
 
     def discard(self) -> None:
-        """Not taken: stop the viewer (now, or once it started)."""
-        self.wait().addCallback(lambda viewer: viewer is not None and viewer.close())
+        """Not taken: close the stream (now, or once it is open); its node stops the viewer."""
+        self.wait().addCallback(lambda stream: stream is not None and stream.close())
 
 
 class _Page(resource.Resource):
@@ -343,6 +353,8 @@ class _SocketResource(resource.Resource):
 
 
 class _VNCSide(protocol.Protocol):
+    """The x11vnc end of the bridge (the node's live view, or this viewer's own x11vnc)."""
+
     def __init__(self, bridge: ViewerBridge) -> None:
         self.bridge = bridge
 
@@ -350,13 +362,41 @@ class _VNCSide(protocol.Protocol):
         self.bridge.vnc_connected(self.transport)
 
     def dataReceived(self, data: bytes) -> None:
+        if self.bridge.splice is not None:
+            self.bridge.splice.received("vnc", data)
+
+    def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
+        stream = self.bridge.stream
+        why = stream.ended() if stream is not None else ""
+        self.bridge.stop(why or "the viewer's VNC server ended")
+
+
+class _BrowserEnd:
+    """The page's WebSocket as one end of the bridge's splice (:mod:`nxgate.wire.splice`):
+    RFB in WebSocket messages, x11vnc's first words in RFB's order (:class:`EarlyVersion`)."""
+
+    def __init__(self, bridge: ViewerBridge) -> None:
+        self.bridge = bridge
+
+    def write(self, data: bytes) -> None:
         data = self.bridge.early.from_server(data)
         if data:
             self.bridge.ws.send(data)
 
-    def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
-        viewer = self.bridge.viewer
-        self.bridge.stop(viewer.ended if viewer is not None and viewer.ended else "the viewer's VNC server ended")
+    def pause_reading(self) -> None:
+        self.bridge.ws.transport.pauseProducing()
+
+    def resume_reading(self) -> None:
+        self.bridge.ws.transport.resumeProducing()
+
+    def hold(self, producer: Any) -> None:
+        self.bridge.ws.transport.registerProducer(producer, True)
+
+    def write_eof(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass  # the bridge closes the WebSocket with its words (ViewerBridge.stop)
 
 
 def _screen_size(geometry: str) -> tuple[int, int] | None:
@@ -417,10 +457,8 @@ class _ProxySide(protocol.Protocol):
             self.transport.loseConnection()
             return
         bridge.stop_listening()
-        assert bridge.ready.stream is not None
-        self.relay = bridge.relay = StreamRelay(bridge.reactor, bridge.caller, bridge.ready.stream,
-                                                _ProxyChannel(self.transport), b"",
-                                                getattr(bridge.parent.viewers, "streams", None))
+        self.relay = bridge.relay = StreamRelay(bridge.caller, bridge.ready.view.id, _ProxyChannel(self.transport),
+                                                b"", bridge.parent.service.open_stream)
         self.transport.registerProducer(_AgentOutput(self.relay), True)
 
     def dataReceived(self, data: bytes) -> None:
@@ -496,11 +534,13 @@ class ViewerBridge:
         self.caller = caller
         self.ticket = ticket
         self.ws = ws
-        self.viewer: Any = None
+        self.viewer: Any = None  # this machine's resumed viewer (Xvfb, nxproxy, x11vnc), when not live
+        self.stream: Stream | None = None  # the x11vnc's stream
         self.ready: Ready | None = None
         self.relay: StreamRelay | None = None
         self.listener: Any = None
         self.vnc: Any = None
+        self.splice: Splice | None = None
         self.pending: list[bytes] = []
         #: Set when the viewer cannot start: the RFB answer that says why, sent after the client's version.
         self.refusal: bytes | None = None
@@ -514,91 +554,52 @@ class ViewerBridge:
         defer.ensureDeferred(self._start()).addErrback(self._failed)
 
     async def _start(self) -> None:
-        viewers = self.parent.viewers
+        viewers = self.parent.viewers  # this machine's, for what a live view cannot show
         if viewers is None:
             raise SessionError(Kind.NOT_ALLOWED, "The browser viewer is not available on this server.")
-        if self.ticket.purpose == "open" and (await self._open_prepared() or await self._open_live(viewers)):
+        if self.ticket.purpose == "open" and (await self._open_prepared() or await self._open_live()):
             return
         await self._start_resumed(viewers)
 
     async def _open_prepared(self) -> bool:
-        """The live viewer this page's request started (:meth:`ViewerResource.prepare`), if any."""
+        """The live view this page's request opened (:meth:`ViewerResource.prepare`), if any."""
         prepared = self.parent.take_prepared(self.ticket.login, self.ticket.session_id)
-        viewer = await prepared.wait() if prepared is not None else None
-        if viewer is None:
+        stream = await prepared.wait() if prepared is not None else None
+        if stream is None:
             return False
-        if viewer.closed:  # ended meanwhile (an NX resume): start again, and say why if it cannot
+        if stream.closed():  # ended meanwhile (an NX resume): open again, and say why if it cannot
             return False
         if self.stopped:
-            viewer.close()
+            stream.close()
             raise _Gone()
-        self._use(viewer)
+        self._use(stream)
         return True
 
-    async def _open_live(self, viewers: Any) -> bool:
-        """Show the session's own screen with an x11vnc next to its agent
-        (:meth:`nxgate.clients.browser_viewer.BrowserViewers.open_live`); False
-        when this node cannot (a session that never had a client, or one
-        on another member): then the viewer resumes it.  A session an NX
-        client shows is suspended there first, as a resume would."""
+    async def _open_live(self) -> bool:
+        """Show the session's own screen with an x11vnc its node starts next
+        to its agent (the router's ``open_stream`` of kind ``view``); False
+        when the session never had a client: then the viewer resumes it.  A
+        session an NX client shows is suspended there first, as a resume would."""
         view = await self.parent.service.show(self.caller, self.ticket.session_id)  # the owner check
-        if getattr(view, "lost", False):
+        if not shown_live(view):
             return False
-        target = None
-        if not viewers.shows_live(view.id):
-            # On a cluster: a session that another member runs is shown by that member's viewer.
-            where = getattr(self.parent.service, "viewer_target", None)
-            if (where is None or viewers.streams is None or not view.attached_before
-                    or view.state not in (State.RUNNING, State.SUSPENDED)):
-                return False
-            target = await where(self.caller, view.id)
-            if target is None:
-                return False
-        if target is not None:
-            await suspend_for_browser(self.parent.service, self.caller, view)
-            if self.stopped:
-                raise _Gone()
-            log.info("{user} opens session {id} in a browser (live, on member {node})", user=self.caller.user,
-                     id=view.id, node=target.node, audit="web_viewer_open")
-            viewers.streams.connect(target, _VNCSide(self), self._remote_failed, kind="view")
-            return True
-        viewer = await live_viewer(self.parent.service, viewers, self.caller, view)
+        await suspend_for_browser(self.parent.service, self.caller, view)
         if self.stopped:
-            viewer.close()  # the browser left while it started
             raise _Gone()
-        self._use(viewer)
+        stream = await self.parent.service.open_stream(self.caller, view.id, VIEW)  # limits: SessionError
+        if self.stopped:
+            stream.close()  # the browser left while it opened
+            raise _Gone()
+        self._use(stream)
         return True
 
-    def _use(self, viewer: Any) -> None:
-        """Show the page what this live viewer's x11vnc serves."""
-        self.viewer = viewer
-        viewer.on_close = self.stop
-        log.info("{user} opens session {id} in a browser (viewer {viewer}, live)", user=self.caller.user,
-                 id=viewer.session_id, viewer=viewer.id, audit="web_viewer_open")
-        self._reach_vnc(self.reactor.seconds() + 10.0)
-
-    def _remote_failed(self, why: str) -> None:
-        """The member running the session could not show it (its words, or why it was not reached)."""
-        log.info("browser viewer for {user} refused by the session's member: {why}", user=self.caller.user, why=why)
-        self.stop(why, close_socket=False)
-        self.refuse("The session cannot be shown: " + why)
-
-    def _reach_vnc(self, deadline: float) -> None:
-        """Connect to the live viewer's x11vnc as soon as it listens (it
-        takes a tenth of a second or two: tried every 20 ms)."""
-        if self.stopped:
-            return
-        try:
-            sock = agentsocket.connect(self.viewer.vnc_socket, self.viewer.uid)
-        except (FileNotFoundError, ConnectionRefusedError) as error:
-            if self.reactor.seconds() < deadline and all(self.viewer.alive().values()):
-                self.reactor.callLater(0.02, self._reach_vnc, deadline)
-            else:
-                self._vnc_reached(None, str(error))
-        except OSError as error:
-            self._vnc_reached(None, str(error))
-        else:
-            self._vnc_reached(sock, "")
+    def _use(self, stream: Stream) -> None:
+        """Show the page what this live view's x11vnc serves."""
+        where = f"live, on member {stream.node}" if stream.node else "live"
+        log.info("{user} opens session {id} in a browser ({where})", user=self.caller.user, id=stream.session_id,
+                 where=where, audit="web_viewer_open")
+        self.stream = stream
+        stream.attach(_VNCSide(self))
 
     async def _start_resumed(self, viewers: Any) -> None:
         width, height = self.ticket.width, self.ticket.height
@@ -643,20 +644,20 @@ class ViewerBridge:
             defer.ensureDeferred(viewer.start_vnc())], consumeErrors=True)
         if self.stopped:
             raise _Gone()
-        agentsocket.connect_soon(self.reactor, viewer.vnc_socket, viewer.uid, self._vnc_reached, wait=10.0)
-
-    def _vnc_reached(self, sock: socket.socket | None, error: str) -> None:
-        if sock is None:
+        try:
+            sock = await agentsocket.reach(self.reactor, viewer.vnc_socket, viewer.uid, wait=10.0)
+        except OSError as error:
             self.stop(f"the viewer's VNC server did not listen: {error}")
             return
         if self.stopped:
             sock.close()
             return
-        try:
-            factory = protocol.Factory.forProtocol(lambda: _VNCSide(self))
-            self.reactor.adoptStreamConnection(sock.fileno(), socket.AF_UNIX, factory)
-        finally:
-            sock.close()
+        self.stream = SocketStream(self.reactor, sock, ready.view.id, VIEW)
+        self.stream.attach(_VNCSide(self))
+        # Once noVNC is through the RFB handshake (loopback: well within a second), x11vnc is told to
+        # stop holding the clipboard back (its first 15 seconds; see browser_viewer.selection_nudge_argv).
+        # (A live view's node does the same for its own x11vnc.)
+        self.reactor.callLater(1.0, self._nudge_selection)
 
     def vnc_connected(self, transport: Any) -> None:
         if self.stopped:
@@ -668,14 +669,9 @@ class ViewerBridge:
             transport.write(data)
         self.pending.clear()
         # Neither side buffers without bound: each pauses the other when its own send buffer fills.
-        transport.registerProducer(self.ws.transport, True)
-        self.ws.transport.registerProducer(transport, True)
-        log.info("browser viewer {id}: first VNC bytes path ready after {seconds:.2f}s",
-                 id=self.viewer.id if self.viewer is not None else "on another member",
+        self.splice = Splice(TransportEnd(transport), _BrowserEnd(self), names=("vnc", "browser"))
+        log.info("browser viewer of {user}: first VNC bytes path ready after {seconds:.2f}s", user=self.caller.user,
                  seconds=self.reactor.seconds() - self.started)
-        # Once noVNC is through the RFB handshake (loopback: well within a second), x11vnc is told to
-        # stop holding the clipboard back (its first 15 seconds; see browser_viewer.selection_nudge_argv).
-        self.reactor.callLater(1.0, self._nudge_selection)
 
     def _nudge_selection(self) -> None:
         if self.stopped or self.viewer is None:
@@ -710,8 +706,8 @@ class ViewerBridge:
                 self.ws.send(held)
         if not payload:
             return
-        if self.vnc is not None:
-            self.vnc.write(payload)
+        if self.splice is not None:
+            self.splice.received("browser", payload)
         elif len(self.pending) < 64:
             self.pending.append(payload)
 
@@ -751,8 +747,12 @@ class ViewerBridge:
         if close_socket:
             self.ws.close(websocket.VIEWER_ENDED, why[:100])
         self.stop_listening()
-        if self.vnc is not None:
+        if self.splice is not None:
+            self.splice.close()
+        elif self.vnc is not None:
             self.vnc.loseConnection()
+        elif self.stream is not None:
+            self.stream.close()
         if self.ticket.purpose == "shadow" and self.ready is not None:
             # A shadow ends with its viewer; ended first, so that the audit says why rather than the shadow
             # agent's "Please check the state of your network" on losing its client.

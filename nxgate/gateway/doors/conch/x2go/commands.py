@@ -24,8 +24,9 @@ from nxgate.gateway.doors.conch.x2go import names
 from nxgate.gateway.doors.conch.x2go.shell import Facts, Program
 from nxgate.gateway.doors.conch.x2go.verbs import VERBS, Call, parse_start
 from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.display_bounds import depth_problem, size_problem
 from nxgate.vocabulary.errors import Kind, SessionError
-from nxgate.vocabulary.requests import DisplaySettings, RestoreRequest, ShadowRequest, StartRequest
+from nxgate.vocabulary.requests import PUBLISHED_TYPE, DisplaySettings, RestoreRequest, ShadowRequest, StartRequest
 from nxgate.vocabulary.results import Ready, SessionView
 
 #: x2gostartagent's exit status for a session limit (x2goclient then says "Sessions limit reached").
@@ -194,7 +195,16 @@ async def _session(call: Call, context: Context) -> SessionView:
 
 
 def _settings(geometry: str, depth: int, link: str, kbtype: str, clipboard: str) -> DisplaySettings:
+    """The display an X2Go client asks for, within the bounds every door keeps."""
     fullscreen = geometry in ("fullscreen", "maximize")
+    if not fullscreen:
+        width, _, height = geometry.partition("x")
+        problem = size_problem(int(width), int(height))
+        if problem is not None:
+            raise SessionError(Kind.INVALID_REQUEST, f"the session size {geometry}: {problem}")
+    problem = depth_problem(depth)
+    if problem is not None:
+        raise SessionError(Kind.INVALID_REQUEST, f"a colour depth of {depth}: {problem}")
     return DisplaySettings(geometry="1024x768" if fullscreen else geometry, fullscreen=fullscreen, depth=depth,
                            keyboard=kbtype if re.fullmatch(r"[a-z0-9]+/[a-z0-9_-]+", kbtype) else "pc105/us",
                            link=link, clipboard=clipboard, client="x2go")
@@ -222,12 +232,15 @@ async def _start(call: Call, context: Context) -> tuple[str, str, int]:
     start = parse_start(call.args)
     if start.kind == "S":
         return await _share(start, context)
+    display = _settings(start.geometry, start.depth, start.link, start.kbtype, start.clipboard)
     if start.kind == "P":
-        return "", "nxgate: published applications are not offered by this server\n", 1
-    session_type, application = session_type_for(start.command, context.types(), start.command_args)
-    request = StartRequest(type=session_type, name=start.command[:64], encrypted=True,
-                           rootless=start.kind == "R", application=application,
-                           display=_settings(start.geometry, start.depth, start.link, start.kbtype, start.clipboard))
+        # Published applications: a rootless agent kept without a program; the client starts them one by one.
+        session_type, application = PUBLISHED_TYPE, ()
+        request = StartRequest(type=PUBLISHED_TYPE, name="PUBLISHED", encrypted=True, rootless=True, display=display)
+    else:
+        session_type, application = session_type_for(start.command, context.types(), start.command_args)
+        request = StartRequest(type=session_type, name=start.command.rsplit("/", 1)[-1][:64], encrypted=True,
+                               rootless=start.kind == "R", application=application, display=display)
     ready = await context.api.start(context.caller, request)
     numbers = _linked(ready, context)
     context.log.info("X2Go session {name} (session {id}, {type}) started for {user} from {address}",
@@ -310,6 +323,43 @@ async def _runcommand(call: Call, context: Context) -> tuple[str, str, int]:
     return "", "", 0
 
 
+async def _applications(call: Call, context: Context) -> tuple[str, str, int]:
+    """``x2gogetapps``: the applications of the machine of the caller's
+    published-applications session (else of his newest session; none: an
+    empty menu), in x2goserver's format."""
+    views = [view for view in await _mine(context) if not view.lost]
+    published = [view for view in views if view.type == PUBLISHED_TYPE]
+    chosen = (published or views)[-1:] if views else []
+    if not chosen:
+        context.log.info("X2Go x2gogetapps of {user}: no session of theirs to ask its machine; an empty menu",
+                         user=context.caller.user)
+        return "", "", 0
+    entries = await context.api.applications(context.caller, chosen[0].id)
+    context.log.info("X2Go x2gogetapps of {user}: {count} applications of the machine of session {id}",
+                     user=context.caller.user, count=len(entries), id=chosen[0].id)
+    return names.applications_output(entries), "", 0
+
+
+async def _launch(call: Call, context: Context) -> tuple[str, str, int]:
+    """A published application started by the client (``setsid <Exec> … & exit``)
+    in its published-applications session, named by ``X2GO_SESSION`` or ``DISPLAY``."""
+    views = await _mine(context)
+    wanted = call.env.get("X2GO_SESSION", "")
+    display = call.env.get("DISPLAY", "").lstrip(":").split(".")[0]
+    view = names.find(views, wanted) if wanted else None
+    if view is None and display.isdigit():
+        view = next((v for v in views if v.display == int(display)), None)
+    if view is None:
+        published = [v for v in views if v.type == PUBLISHED_TYPE and v.status == "Running"]
+        view = published[-1] if len(published) == 1 else None
+    if view is None:
+        context.log.info("X2Go client of {user} started {program!r} outside a session of theirs: refused",
+                         user=context.caller.user, program=call.args[0][:64])
+        raise SessionError(Kind.NOT_FOUND, "no such session")
+    await context.api.run_application(context.caller, view.id, call.args)
+    return "", "", 0
+
+
 async def _owned_quiet(call: Call, context: Context) -> tuple[str, str, int]:
     await _session(call, context)
     return "", "", 0
@@ -328,4 +378,5 @@ _HANDLERS: dict[str, Callable[[Call, Context], Awaitable[tuple[str, str, int]]]]
     "x2gostartagent": _start, "x2goresume-session": _resume, "x2gosuspend-session": _suspend,
     "x2goterminate-session": _terminate, "x2goruncommand": _runcommand, "x2gocmdexitmessage": _owned_quiet,
     "x2goumount-session": _owned_quiet, "x2golistmounts": _owned_quiet, "x2gomountdirs": _mountdirs,
+    "x2gogetapps": _applications, "launch": _launch,
 }

@@ -6,9 +6,10 @@ keyboard-interactive or key: :mod:`nxgate.gateway.doors.conch.checkers`) may, wi
 (read by :mod:`~nxgate.gateway.doors.conch.x2go.shell`, checked by
 :mod:`~nxgate.gateway.doors.conch.x2go.verbs`, run by :mod:`~nxgate.gateway.doors.conch.x2go.commands`
 against the session API), open ``direct-tcpip`` channels to his sessions'
-virtual graphics ports (spliced into the agent's socket through the same
-:class:`~nxgate.wire.relay.StreamRelay` the NX door uses, so a session on
-another cluster member is reached the same way), and write the files the
+virtual graphics ports (relayed to the agent's stream, which the session
+API's ``open_stream`` opens on the session's node, through the same
+:class:`~nxgate.wire.relay.StreamRelay` the NX door uses: one box and a
+cluster are one path), and write the files the
 clients push over SFTP below his ``~/.x2go`` (:mod:`~nxgate.gateway.doors.conch.x2go.sftp`).
 """
 
@@ -49,8 +50,7 @@ class X2GoDoor:
     links, and the per-connection callers."""
 
     def __init__(self, reactor: Any, api: Callable[[], Any], blocking: Any, users: Any,
-                 config: Callable[[], Any], streams: Callable[[], Any],
-                 room: Callable[[int], bool] = lambda count: True) -> None:
+                 config: Callable[[], Any], room: Callable[[int], bool] = lambda count: True) -> None:
         """``room(n)``: whether users' work may take ``n`` more of the
         gateway's descriptors (the guard's reserve)."""
         self.reactor = reactor
@@ -60,7 +60,6 @@ class X2GoDoor:
         self.blocking = blocking
         self.users = users
         self.config = config
-        self.streams = streams
         self.secret = secrets.token_bytes(32)
         self.links = Links()
 
@@ -74,7 +73,7 @@ class X2GoDoor:
         caller: Caller = await self.blocking(resolve_caller, user, channel.peer, channel.local_address, "x2go")
         config = self.config()
         hostname = config.server_name if config.server_name not in ("localhost", "(none)", "") else "nxgate"
-        facts = shell.Facts(user=user, home=entry.pw_dir, hostname=hostname)
+        facts = shell.Facts(user=user, home=entry.pw_dir, hostname=hostname, shell=entry.pw_shell or "/bin/sh")
         path = config.sessions.path
 
         async def locate(name: str) -> str | None:
@@ -110,9 +109,10 @@ class X2GoDoor:
             calls = verbs.check_program(program, context.facts)
         except shell.Refused as refusal:
             log.warn("refused X2Go command {command!r} of {user} from {address}: {why}; nothing was run",
-                     command=raw[:200], user=caller.user, address=caller.address, why=str(refusal),
+                     command=raw[:600], user=caller.user, address=caller.address, why=str(refusal),
                      audit="x2go_refused")
-            channel.write_stderr(f"nxgate: command refused ({refusal})\n".encode())
+            channel.write_stderr(f"nxgate: command refused: {refusal}. Nothing was run: this server runs one program"
+                                 f" with its arguments, without a shell.\n".encode())
             channel.finish(127)
             return
         log.debug("X2Go command of {user}: {verbs}", user=caller.user, verbs=[call.verb for call in calls])
@@ -271,8 +271,7 @@ class X2GoLinkChannel(SSHChannel):
             return
         head, self.head = self.head, b""
         caller = self.door.caller_of(self.avatar)
-        self.relay = StreamRelay(self.door.reactor, caller, self.link.target, _LinkStream(self), head,
-                                 self.door.streams())
+        self.relay = StreamRelay(caller, self.link.session_id, _LinkStream(self), head, self.door.api().open_stream)
 
     def _refuse(self, why: str) -> None:
         log.warn("X2Go graphics link of {user} to session {id} closed: {why}", user=self.avatar.principal.unix_user,

@@ -8,7 +8,10 @@ NX client, the browser, D-Bus or an X2Go client alike), so that nothing
 new is stored and any door's session is listed and resumable:
 
 * the name from user, display, creation time, type (D/R/S and a command
-  word) and depth;
+  word) and depth; the command word is the session's own name when one was
+  given (the NX client's profile, the portal, D-Bus ``rename``): it is what
+  x2goclient shows in its sessions' "Command" column and part of the
+  "Session Name" pyhoca-cli prints, the only place X2Go's listing has;
 * the graphics/sound/folder ports as *virtual* numbers from the session id
   (nxgate's agents listen on a Unix socket only; this door alone resolves
   the number in a ``direct-tcpip`` request);
@@ -20,6 +23,7 @@ new is stored and any door's session is listed and resumable:
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import re
@@ -27,7 +31,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from nxgate.vocabulary.results import SessionView
+from nxgate.vocabulary.results import DesktopEntry, SessionView
 
 #: What X2Go's own session-name check accepts (x2goserver's X2Go::Utils).
 NAME = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._@-]*-\d{2,5}-\d{9,12}_st[A-Za-z0-9.@-]*_dp\d{1,2}")
@@ -36,7 +40,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9.-]")
 #: nxgate session types and the word X2Go clients use for them.
 TYPE_WORDS = {
     "unix-xfce": "XFCE", "unix-kde": "KDE", "unix-gnome": "GNOME", "unix-mate": "MATE", "unix-lxde": "LXDE",
-    "unix-console": "TERMINAL", "unix-default": "DEFAULT",
+    "unix-console": "TERMINAL", "unix-default": "DEFAULT", "unix-published": "PUBLISHED",
 }
 #: What a client may send as the command of x2gostartagent/x2goruncommand
 #: (profile names, and the binaries the clients map them to), and the type.
@@ -63,9 +67,28 @@ class X2GoNumbers:
     cookie: str
 
 
+def given_name(view: SessionView) -> str | None:
+    """The session's name as an X2Go command word, when it is a name of its
+    own (not its type or its program, which the word shows anyway): blanks
+    become ``-``, what X2Go's names cannot hold goes."""
+    name = (view.name or "").strip()
+    defaults = {view.type, view.type.removeprefix("unix-"), TYPE_WORDS.get(view.type, ""),
+                str(view.options.get("x2go_command", ""))}
+    if not name or name.lower() in {default.lower() for default in defaults if default}:
+        return None
+    if view.type == "unix-application" and len(name.split()) == 1:
+        return None  # an application's program: the word below
+    word = _UNSAFE.sub("", re.sub(r"\s+", "-", name)).strip("-")[:40]
+    return word or None
+
+
 def command_word(view: SessionView) -> str:
-    """The ``_st<kind><word>`` part's word: a desktop's profile name, an
-    application's program name (no ``_``: clients split the name on it)."""
+    """The ``_st<kind><word>`` part's word: the session's own name, else a
+    desktop's profile name or an application's program name (no ``_``:
+    clients split the name on it)."""
+    given = given_name(view)
+    if given is not None:
+        return given
     word = TYPE_WORDS.get(view.type)
     if word is None and view.type == "unix-application":
         word = str(view.options.get("x2go_command", "") or view.name or "APPLICATION").split()[0].rsplit("/", 1)[-1]
@@ -170,4 +193,32 @@ def version_output(nxgate_version: str) -> str:
 
 
 #: What x2gofeaturelist advertises: only what this door answers.
-FEATURES = ("X2GO_LIST_DESKTOPS", "X2GO_CLIPBOARD_MODES")
+FEATURES = ("X2GO_LIST_DESKTOPS", "X2GO_CLIPBOARD_MODES", "X2GO_PUBLISHED_APPLICATIONS")
+
+
+def _base64_chunks(data: bytes) -> list[str]:
+    """Perl's ``encode_base64`` of each 3420-byte read, as x2gogetapps prints
+    them: 76-character lines, each ending in a new line."""
+    chunks = []
+    for start in range(0, len(data), 60 * 57):
+        text = base64.b64encode(data[start:start + 60 * 57]).decode()
+        chunks.append("".join(text[i:i + 76] + "\n" for i in range(0, len(text), 76)))
+    return chunks
+
+
+def applications_output(entries: Iterable[DesktopEntry]) -> str:
+    """``x2gogetapps``' output, byte for byte as x2goserver prints it: each
+    entry's kept lines between ``<desktop>`` and ``</desktop>``, its icon in
+    base64 between ``<icon>`` and ``</icon>`` where its ``Icon`` line stood."""
+    out = []
+    for entry in entries:
+        parts = ["<desktop>"]
+        for index, line in enumerate(entry.lines):
+            if index == entry.icon_at:
+                parts += ["<icon>", *_base64_chunks(entry.icon), "</icon>"]
+            parts.append(line)
+        if entry.icon_at >= len(entry.lines):
+            parts += ["<icon>", *_base64_chunks(entry.icon), "</icon>"]
+        parts.append("</desktop>")
+        out.append("\n".join(parts) + "\n")
+    return "".join(out)

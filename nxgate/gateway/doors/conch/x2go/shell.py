@@ -1,18 +1,31 @@
 """A strict reader of the shell programs X2Go clients send (pure, no I/O).
 
 X2Go's clients do not send argv lists: every ``exec`` is a little shell
-program for the user's login shell (see the contract, 1.3).  nxgate runs no
-shell.  This module reads exactly the constructs the two clients produce --
-words with ``'…'``, ``"…"`` and ``\\`` quoting, ``$HOME``/``${HOME}``/
-``$HOSTNAME``/``$USER``, a leading ``~`` or ``~user`` of the caller,
-``VAR=value`` prefixes, ``;``, ``&&``, a final ``& exit``, ``{ …; }`` groups and
-``>``/``>>``/``1>``/``2>`` redirections -- into a flat list of simple
-commands, and refuses everything else (pipes, ``$(…)``, back-quotes, globs,
-other variables, input redirection, sub-shells) with a reason for the log.
+program for the user's login shell (see the contract, 1.3), and the command
+line a user typed into his profile is pasted into it as it is.  nxgate runs
+no shell.  This module reads what a POSIX shell would make of the words --
+``'…'``, ``"…"`` and ``\\`` quoting, ``$HOME``/``${HOME}``/``$USER``/
+``$LOGNAME``/``$SHELL``/``$HOSTNAME`` of the caller's own account, a leading
+``~`` or ``~user`` of the caller, any UTF-8 text -- and the glue the clients
+use: ``VAR=value`` prefixes, ``;``, ``&&``, a final ``& exit``, ``{ …; }``
+groups and ``>``/``>>``/``1>``/``2>`` redirections.  The result is a flat list
+of simple commands (argv lists); everything a shell would do beyond words
+(pipes, ``$(…)``, back-quotes, file-name patterns, other variables, input
+redirection, sub-shells, comments) is refused with a reason for the log and
+the client.
+
 It also strips the two wrappers: python-x2go's
 ``echo X2GODATABEGIN:…; PATH=… sh -c "…"; echo X2GODATAEND:…`` and
-x2goclient's ``bash -l -c '…'``.  Whether a command may run is decided
-afterwards, by :mod:`nxgate.gateway.doors.conch.x2go.verbs`.
+x2goclient's ``bash -l -c '…'``.  python-x2go pastes the command between
+double quotes without escaping it, so a profile command with its own double
+quotes (``xterm -title "a b"``) breaks out of them: a login shell would run
+``sh -c 'xterm -title a'`` with ``b`` as ``$0``.  The text between the
+wrapper's quotes is what the client meant, and is read instead.  x2goclient
+(4.1.2.2) does the same with its single quotes: a command with its own
+(``xterm -xrm 'XTerm*allowTitleOps: false'``) is read between the wrapper's.
+x2goclient sends its strings in Latin-1 (Qt's ``toLatin1``): a string that is not UTF-8
+in x2goclient's wrapper is read as Latin-1.  Whether a command may run is
+decided afterwards, by :mod:`nxgate.gateway.doors.conch.x2go.verbs`.
 """
 
 from __future__ import annotations
@@ -29,13 +42,26 @@ MAX_COMMANDS = 16
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MARKER = re.compile(r"X2GODATA(BEGIN|END):[0-9a-fA-F-]{8,64}")
+#: python-x2go's wrapper, exactly (backends/control/plain.py): the command between the quotes, unescaped.
+_PYTHON_WRAPPER = re.compile(r'echo (X2GODATABEGIN:[0-9a-fA-F-]{8,64}); PATH=/usr/local/bin:/usr/bin:/bin sh -c "(.*)"; '
+                             r"echo (X2GODATAEND:[0-9a-fA-F-]{8,64})", re.DOTALL)
+#: x2goclient's wrapper (sshprocess.cpp): the program between the single quotes, which it does not escape.
+_X2GOCLIENT_WRAPPER = re.compile(r"bash -l -c '(echo \"X2GODATABEGIN:[0-9a-fA-F-]{8,64}\"; .*)'", re.DOTALL)
+#: Characters after ``$`` that leave it a plain dollar sign, as in a shell.
+_PLAIN_DOLLAR = frozenset(" \t/:,.=+-%@]}")
 #: Characters that end an unquoted word (braces do not: ``{`` and ``}`` are
 #: words of their own, reserved only where a command starts).
 _BREAKS = frozenset(" \t;&|<>()")
 #: Unquoted characters that would mean more shell than we read.
-_REFUSED_UNQUOTED = {"|": "a pipe", "<": "an input redirection", "(": "a sub-shell", ")": "a sub-shell",
-                     "`": "command substitution", "*": "a glob", "?": "a glob", "[": "a glob", "\n": "a new line",
-                     "!": "history expansion", "#": "a comment"}
+_REFUSED_UNQUOTED = {
+    "|": "a pipe ('|')", "<": "an input redirection ('<')", "(": "a sub-shell ('(')", ")": "a sub-shell (')')",
+    "`": "command substitution ('`…`')", "\n": "a new line",
+}
+#: Unquoted file-name pattern characters: nxgate expands no patterns, so a
+#: word with one is marked and refused where it would matter (see :class:`Simple`).
+PATTERN = frozenset("*?[")
+PATTERN_REFUSED = ("a file-name pattern (an unquoted '*', '?' or '['; quote it to pass it as it is; x2goclient"
+                   " also sends '?' for a character outside Latin-1)")
 
 
 class Refused(ValueError):
@@ -49,6 +75,7 @@ class Facts:
     user: str
     home: str
     hostname: str
+    shell: str = "/bin/sh"
 
 
 @dataclass(frozen=True)
@@ -60,11 +87,17 @@ class Redirect:
 
 @dataclass(frozen=True)
 class Simple:
-    """One simple command: ``VAR=value … word … > path``."""
+    """One simple command: ``VAR=value … word … > path``.  ``patterned``:
+    the indices of the words of ``argv`` with an unquoted ``*``, ``?`` or
+    ``[``, which a shell would try to expand (and leave as they are when no
+    file matches): only where a word is not used to run anything may one
+    pass (python-x2go's ``x2goruncommand`` argument, whose program nxgate
+    takes from ``x2gostartagent`` instead)."""
 
     assignments: tuple[tuple[str, str], ...] = ()
     argv: tuple[str, ...] = ()
     redirects: tuple[Redirect, ...] = ()
+    patterned: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -97,27 +130,38 @@ class _Word:
     text: str
     quoted: bool  # any part was quoted (then it is never an operator or assignment)
     name_end: int = -1  # for NAME=value: where the unquoted name ended
+    pattern: bool = False  # an unquoted *, ? or [
 
 
 def _variable(name: str, facts: Facts) -> str:
-    values = {"HOME": facts.home, "HOSTNAME": facts.hostname, "USER": facts.user, "LOGNAME": facts.user}
+    values = {"HOME": facts.home, "HOSTNAME": facts.hostname, "USER": facts.user, "LOGNAME": facts.user,
+              "SHELL": facts.shell}
     if name not in values:
-        raise Refused(f"variable ${name}")
+        raise Refused(f"the variable ${name[:32]} (only $HOME, $USER, $LOGNAME, $SHELL and $HOSTNAME are known here)")
     return values[name]
 
 
 def _dollar(text: str, at: int, facts: Facts) -> tuple[str, int]:
-    """Expand ``$NAME`` or ``${NAME}`` at ``text[at] == '$'``."""
-    rest = text[at + 1:]
+    """Expand ``$NAME`` or ``${NAME}`` at ``text[at] == '$'`` (a ``$`` that
+    starts nothing is a plain dollar sign, as in a shell)."""
+    rest = text[at + 1:at + 80]
     if rest.startswith("{"):
         close = rest.find("}")
         name = rest[1:close] if close > 0 else ""
         if not _NAME.fullmatch(name):
-            raise Refused("a parameter expansion")
+            raise Refused("a parameter expansion ('${…}' other than a plain name)")
         return _variable(name, facts), at + close + 2
     match = _NAME.match(rest)
     if match is None:
-        raise Refused("command substitution" if rest.startswith("(") else "a special parameter")
+        if not rest or rest[0] in _PLAIN_DOLLAR or rest[0] == '"':
+            return "$", at + 1
+        if rest.startswith("(("):
+            raise Refused("arithmetic expansion ('$((…))')")
+        if rest.startswith("("):
+            raise Refused("command substitution ('$(…)')")
+        if rest[0] in "'":
+            raise Refused("ANSI-C quoting ($'…')")
+        raise Refused(f"a special parameter (${rest[0]})")
     return _variable(match.group(), facts), at + 1 + match.end()
 
 
@@ -151,6 +195,8 @@ def tokens(text: str, facts: Facts) -> list[_Word | _Op]:
             continue
         if c in _REFUSED_UNQUOTED:
             raise Refused(_REFUSED_UNQUOTED[c])
+        if c == "#":
+            raise Refused("a comment ('#' at the start of a word; quote it to pass it as it is)")
         word, after = _read_word(text, i, facts)
         if after <= i:  # cannot happen with the breaks above; never loop on it
             raise Refused(f"an unexpected {c!r}")
@@ -170,6 +216,7 @@ def tokens(text: str, facts: Facts) -> list[_Word | _Op]:
 def _read_word(text: str, i: int, facts: Facts) -> tuple[_Word, int]:
     parts: list[str] = []
     quoted = False
+    pattern = False
     name_end = -1
     start = i
     n = len(text)
@@ -209,11 +256,12 @@ def _read_word(text: str, i: int, facts: Facts) -> tuple[_Word, int]:
         elif c in _REFUSED_UNQUOTED:
             raise Refused(_REFUSED_UNQUOTED[c])
         else:
+            pattern = pattern or c in PATTERN
             if c == "=" and name_end < 0 and not quoted and _NAME.fullmatch(text[start:i]):
                 name_end = i - start
             parts.append(c)
             i += 1
-    return _Word("".join(parts), quoted, name_end), i
+    return _Word("".join(parts), quoted, name_end, pattern), i
 
 
 def _double_quoted(text: str, i: int, facts: Facts) -> tuple[str, int]:
@@ -332,6 +380,7 @@ def _simple(items: list[_Word | _Op], i: int) -> tuple[Simple, int]:
     assignments: list[tuple[str, str]] = []
     argv: list[str] = []
     redirects: list[Redirect] = []
+    patterned: set[int] = set()
     while i < len(items):
         item = items[i]
         if isinstance(item, _Op):
@@ -341,6 +390,8 @@ def _simple(items: list[_Word | _Op], i: int) -> tuple[Simple, int]:
             target = items[i + 1] if i + 1 < len(items) else None
             if not isinstance(target, _Word):
                 raise Refused("a redirection without a file")
+            if target.pattern:
+                raise Refused(PATTERN_REFUSED)
             redirects.append(Redirect(fd, item.text.endswith(">>"), target.text))
             i += 2
             continue
@@ -349,11 +400,25 @@ def _simple(items: list[_Word | _Op], i: int) -> tuple[Simple, int]:
         if not argv and item.name_end > 0:
             assignments.append((item.text[:item.name_end], item.text[item.name_end + 1:]))
         else:
+            if item.pattern:
+                patterned.add(len(argv))
             argv.append(item.text)
         i += 1
     if not argv and not assignments:
         raise Refused("an empty command")
-    return Simple(tuple(assignments), tuple(argv), tuple(redirects)), i
+    return Simple(tuple(assignments), tuple(argv), tuple(redirects), frozenset(patterned)), i
+
+
+def decode(raw: bytes) -> tuple[str, str]:
+    """The text of an exec string and its encoding: UTF-8, or Latin-1 in
+    x2goclient's wrapper (Qt's ``toLatin1``; a shell there would pass the
+    bytes on, and a UTF-8 session would show them garbled)."""
+    try:
+        return raw.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        if raw.startswith(b"bash -l -c '"):
+            return raw.decode("latin-1"), "latin-1"
+        raise Refused("not UTF-8") from None
 
 
 def read_exec(raw: bytes, facts: Facts) -> Program:
@@ -363,27 +428,43 @@ def read_exec(raw: bytes, facts: Facts) -> Program:
     contract; nothing is run before the whole program has been read."""
     if len(raw) > MAX_EXEC_BYTES:
         raise Refused(f"longer than {MAX_EXEC_BYTES} bytes")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise Refused("not UTF-8") from None
-    if any(ord(c) < 32 and c not in "\t" for c in text) or "\x7f" in text:
+    text, encoding = decode(raw)
+    if any(ord(c) < 32 and c != "\t" or 0x7f <= ord(c) < 0xa0 for c in text):
         raise Refused("a control character")
-    outer = parse(text, facts)
-    python = _python_wrapper(outer)
+    extra = {"encoding": encoding} if encoding != "utf-8" else {}
+    python_literal = _PYTHON_WRAPPER.fullmatch(text)
+    x2goclient_literal = _X2GOCLIENT_WRAPPER.fullmatch(text)
+    try:
+        outer = parse(text, facts)
+    except Refused:
+        if python_literal is None and x2goclient_literal is None:
+            raise
+        outer = ()
+    python = _python_wrapper(outer) if outer else None
     if python is not None:
         begin, inner, end = python
-        return Program(parse(inner, facts, 1), begin, end, "python-x2go")
+        return Program(parse(inner, facts, 1), begin, end, "python-x2go", extra)
+    if python_literal is not None:
+        # The command's own double quotes broke python-x2go's: read what it meant.
+        begin, inner, end = python_literal.groups()
+        return Program(parse(inner, facts, 1), begin, end, "python-x2go", {**extra, "quotes": "literal"})
     if len(outer) == 1 and outer[0].command.argv[:3] == ("bash", "-l", "-c") and len(outer[0].command.argv) == 4 \
             and not outer[0].command.assignments and not outer[0].command.redirects:
-        inner = parse(outer[0].command.argv[3], facts, 1)
-        first, last = inner[0].command, inner[-1].command
-        if _is_marker_echo(first, "BEGIN") and len(inner) >= 2 and _is_marker_echo(last, "END"):
-            return Program(inner[1:-1], first.argv[1], last.argv[1], "x2goclient")
-        if _is_marker_echo(first, "BEGIN") and inner[-1].joiner == "&":  # "... & exit": no END marker
-            return Program(inner[1:], first.argv[1], None, "x2goclient")
-        return Program(inner, None, None, "bash -l -c")
-    return Program(outer)
+        return _bash_program(parse(outer[0].command.argv[3], facts, 1), extra)
+    if x2goclient_literal is not None:
+        # The command's own single quotes broke x2goclient's: read what it meant.
+        return _bash_program(parse(x2goclient_literal.group(1), facts, 1), {**extra, "quotes": "literal"})
+    return Program(outer, extra=extra)
+
+
+def _bash_program(inner: tuple[Step, ...], extra: dict[str, str]) -> Program:
+    """x2goclient's ``bash -l -c`` program, its markers taken off."""
+    first, last = inner[0].command, inner[-1].command
+    if _is_marker_echo(first, "BEGIN") and len(inner) >= 2 and _is_marker_echo(last, "END"):
+        return Program(inner[1:-1], first.argv[1], last.argv[1], "x2goclient", extra)
+    if _is_marker_echo(first, "BEGIN") and inner[-1].joiner == "&":  # "... & exit": no END marker
+        return Program(inner[1:], first.argv[1], None, "x2goclient", extra)
+    return Program(inner, None, None, "bash -l -c", extra)
 
 
 def _is_marker_echo(command: Simple, which: str) -> bool:

@@ -6,26 +6,31 @@ becomes one typed :class:`Call` here, or the whole program is refused
 arguments checked, and the few shell utilities the clients use as glue
 (``echo``, ``export``, ``which``, ``stat -tL <home>``, ``test``, ``setsid``,
 ``setxkbmap``/``xrandr`` as no-ops).  Output may go to ``/dev/null`` or to a
-file under the caller's ``~/.x2go/``; nothing else.
+file under the caller's ``~/.x2go/``; nothing else.  The user's own session
+command (the words of ``x2gostartagent`` after the session type) may be any
+text: it becomes one argv, started without a shell.  A program of its own
+under ``setsid`` is a ``launch`` (a published application), which the
+session's node allows only for the ``Exec`` line of a listed application.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
 
 from nxgate.gateway.doors.conch.x2go import files
-from nxgate.gateway.doors.conch.x2go.shell import Facts, Program, Refused, Simple
+from nxgate.gateway.doors.conch.x2go.shell import MAX_EXEC_BYTES, PATTERN_REFUSED, Facts, Program, Refused, Simple
 
 #: Variables a client may set before a command or export.
 ASSIGNABLE = frozenset({"PATH", "TERM", "HOSTNAME", "DISPLAY", "X2GO_XINERAMA", "X2GODPI", "X2GOXDMCP",
-                        "PULSE_CLIENTCONFIG", "X2GO_SPOOLDIR", "X2GO_MIMEBOX"})
+                        "PULSE_CLIENTCONFIG", "X2GO_SPOOLDIR", "X2GO_MIMEBOX", "X2GO_SESSION"})
 #: The verbs this door answers (``which`` finds them in /usr/bin).
 VERBS = frozenset({"x2golistsessions", "x2golistshadowsessions", "x2golistdesktops", "x2gostartagent",
                    "x2goruncommand", "x2goresume-session", "x2gosuspend-session", "x2goterminate-session",
                    "x2goversion", "x2gofeaturelist", "x2gobasepath", "x2gocmdexitmessage", "x2gogetservers",
-                   "x2goumount-session", "x2gomountdirs", "x2golistmounts"})
+                   "x2goumount-session", "x2gomountdirs", "x2golistmounts", "x2gogetapps"})
 _GEOMETRY = re.compile(r"(\d{2,5}x\d{2,5}|fullscreen|maximize)")
 _LINK = frozenset({"modem", "isdn", "adsl", "wan", "lan"})
 _WORD = re.compile(r"[A-Za-z0-9._@:/+,()-]{0,64}")
@@ -33,6 +38,9 @@ _INT = re.compile(r"-?\d{1,10}")
 _CLIPBOARD = frozenset({"both", "server", "client", "none"})
 _DEPTH = re.compile(r"[A-Za-z0-9-]{0,32}-depth_(\d{1,2})")
 _NAME = re.compile(r"[A-Za-z0-9._@-]{1,160}")
+#: A session command (any text a user types in his profile): its words, and one word's characters.
+MAX_COMMAND_WORDS = 64
+MAX_COMMAND_WORD = 1024
 
 
 @dataclass(frozen=True)
@@ -62,8 +70,11 @@ class StartAgent:
 
 
 def check_program(program: Program, facts: Facts) -> tuple[Call, ...]:
-    """The calls of ``program``, or Refused naming the first problem."""
+    """The calls of ``program``, or Refused naming the first problem.  A
+    ``launch`` (a published application) carries what the program exported
+    before it (python-x2go names the session in ``X2GO_SESSION``)."""
     calls: list[Call] = []
+    exported: dict[str, str] = {}
     steps = program.steps
     for index, step in enumerate(steps):
         command = step.command
@@ -71,7 +82,12 @@ def check_program(program: Program, facts: Facts) -> tuple[Call, ...]:
             # Only "X & exit" at the very end: run X, then stop.
             if command.argv != ("exit",) or index != len(steps) - 1 and not _only_end_echo(steps[index + 1:]):
                 raise Refused("a background command other than '… & exit'")
-        calls.append(_call(command, facts, step.joiner))
+        call = _call(command, facts, step.joiner)
+        if call.verb == "export":
+            exported.update(arg.split("=", 1) for arg in call.args if "=" in arg)
+        if call.verb == "launch":
+            call = dataclasses.replace(call, env={**exported, **call.env})
+        calls.append(call)
     return tuple(calls)
 
 
@@ -87,8 +103,25 @@ def _call(command: Simple, facts: Facts, joiner: str) -> Call:
             raise Refused(f"setting {name}")
         env[name] = value
     argv = command.argv
+    patterned = command.patterned
     if argv[:1] == ("setsid",):
         argv = argv[1:]
+        patterned = frozenset(index - 1 for index in patterned)
+    # A pattern passes only in x2goruncommand's program word, which nothing runs (see Simple).
+    if patterned and not (argv[:1] and argv[0].rpartition("/")[2] == "x2goruncommand" and patterned == {5}):
+        raise Refused(PATTERN_REFUSED)
+    verb = argv[0] if argv else "assign"
+    if command.argv[:1] == ("setsid",) and argv and argv[0].rpartition("/")[2] not in VERBS:
+        # A program of its own in a session (a published application): the node decides whether it may run.
+        if any(r.path != "/dev/null" for r in command.redirects) or len(argv) > MAX_COMMAND_WORDS \
+                or any(len(word) > MAX_COMMAND_WORD for word in argv):
+            raise Refused(f"starting {argv[0][:64]!r} other than as a published application")
+        return Call("launch", tuple(argv), env, "/dev/null", False, joiner)
+    if "/" in verb:  # x2goclient runs "<x2gobasepath>/bin/x2goruncommand"
+        directory, _, base = verb.rpartition("/")
+        if directory not in ("/usr/bin", "/usr/local/bin", "/bin") or base not in VERBS:
+            raise Refused(f"the program {verb[:64]!r}")
+        verb = base
     output, append = None, False
     for redirect in command.redirects:
         if redirect.path == "/dev/null":
@@ -97,18 +130,12 @@ def _call(command: Simple, facts: Facts, joiner: str) -> Call:
             continue
         if redirect.fd != 1:
             raise Refused("standard error to a file")
+        if verb not in ("echo", "printf", "assign"):
+            raise Refused(f"{verb[:32]}'s output to a file (a redirection)")
         output, append = x2go_path(redirect.path, facts), redirect.append
     if not argv:
         return Call("assign", (), env, output, append, joiner)
-    verb = argv[0]
-    if "/" in verb:  # x2goclient runs "<x2gobasepath>/bin/x2goruncommand"
-        directory, _, base = verb.rpartition("/")
-        if directory not in ("/usr/bin", "/usr/local/bin", "/bin") or base not in VERBS:
-            raise Refused(f"the program {verb[:64]!r}")
-        verb = base
     args = argv[1:]
-    if output is not None and verb not in ("echo", "printf", "x2goruncommand") and output != "/dev/null":
-        raise Refused(f"{verb[:32]}'s output to a file")
     checker = _CHECKS.get(verb)
     if checker is None:
         raise Refused(f"the command {verb[:64]!r}")
@@ -177,19 +204,21 @@ def parse_start(args: tuple[str, ...]) -> StartAgent:
     command with blanks shifts the clipboard mode to the end (X2Go's script
     would take its second word as the mode): the words between are the
     command's arguments."""
-    if not 9 <= len(args) <= 40:
-        raise Refused("x2gostartagent needs 9 or 10 arguments")
+    if not 9 <= len(args) <= 10 + MAX_COMMAND_WORDS:
+        raise Refused("x2gostartagent needs 9 or 10 arguments and the words of the session command")
     geometry, link, pack, cache_depth, kblayout, kbtype, _setkbd, kind, command = args[:9]
     rest = args[9:]
     clipboard = rest[-1] if rest and rest[-1] in _CLIPBOARD else "both"
     command_args = tuple(rest[:-1] if rest and rest[-1] in _CLIPBOARD else rest)
-    if any(len(word) > 200 or not re.fullmatch(r"[A-Za-z0-9._@+,:/=%#-]*", word) for word in command_args):
-        raise Refused("x2gostartagent with an argument out of range")
+    if len(command_args) > MAX_COMMAND_WORDS or any(len(word) > MAX_COMMAND_WORD for word in command_args):
+        raise Refused(f"a session command of more than {MAX_COMMAND_WORDS} words or a word longer than"
+                      f" {MAX_COMMAND_WORD} characters")
     depth = _DEPTH.fullmatch(cache_depth)
     if not _GEOMETRY.fullmatch(geometry) or link not in _LINK or depth is None or kind not in ("D", "R", "S", "P") \
-            or clipboard not in _CLIPBOARD or not all(_WORD.fullmatch(a) for a in (pack, kblayout, kbtype)) \
-            or not re.fullmatch(r"[A-Za-z0-9._@+,:-]{1,200}", command):
+            or clipboard not in _CLIPBOARD or not all(_WORD.fullmatch(a) for a in (pack, kblayout, kbtype)):
         raise Refused("x2gostartagent with an argument out of range")
+    if not 0 < len(command) <= MAX_COMMAND_WORD or command.startswith("-") or any(c.isspace() for c in command):
+        raise Refused(f"the session command {command[:64]!r}")
     return StartAgent(geometry, link, pack, int(depth.group(1)), kblayout, kbtype, kind, command, clipboard,
                       command_args)
 
@@ -206,7 +235,7 @@ def _resume(args: tuple[str, ...], facts: Facts) -> None:
 
 def _runcommand(args: tuple[str, ...], facts: Facts) -> None:
     if len(args) != 7 or not all(_INT.fullmatch(a) for a in (args[0], args[1], args[3])) \
-            or not _NAME.fullmatch(args[2]) or len(args[4]) > 512 or not _WORD.fullmatch(args[5]) \
+            or not _NAME.fullmatch(args[2]) or len(args[4]) > MAX_EXEC_BYTES or not _WORD.fullmatch(args[5]) \
             or args[6] not in ("D", "R", "S", "P"):
         raise Refused("x2goruncommand with an argument out of range")
 
@@ -241,5 +270,5 @@ _CHECKS = {
     "x2gostartagent": _start, "x2goruncommand": _runcommand, "x2goresume-session": _resume,
     "x2gosuspend-session": _name_then_words(1, 1), "x2goterminate-session": _name_then_words(1, 1),
     "x2gocmdexitmessage": _name_then_words(1, 1), "x2goumount-session": _name_then_words(1, 2),
-    "x2golistmounts": _name_then_words(1, 1), "x2gomountdirs": _any_words(8),
+    "x2golistmounts": _name_then_words(1, 1), "x2gomountdirs": _any_words(8), "x2gogetapps": _any_words(4),
 }

@@ -4,10 +4,14 @@ Two kinds.  A *live* viewer (:meth:`BrowserViewers.open_live`, every
 session that a client drew before) is one x11vnc run as the session's user
 on the session's own display, the agent's framebuffer, next to the agent
 (in a jailed agent's namespaces): opening costs an x11vnc start, not an NX
-resume, and nothing but x11vnc runs per tab.  The agent stays suspended
-while the page shows it (``sleep=0`` in its options keeps a suspended agent
-drawing at full speed), so any NX client may resume it; a resume ends the
-live viewers of that session (:meth:`BrowserViewers.session_changed`).
+resume, and nothing but x11vnc runs per tab.  It is the node's ``view``
+stream (:meth:`nxgate.node.local.LocalNode.open_stream`, which checks the
+owner and hands this module the node's own record of the session): doors
+reach it through the node interface only, on one box and on a cluster.
+The agent stays suspended while the page shows it (``sleep=0`` in its
+options keeps a suspended agent drawing at full speed), so any NX client
+may resume it; a resume ends the live viewers of that session
+(:meth:`BrowserViewers.session_changed`, which hears the node's sessions).
 
 x11vnc runs with ``no_network`` (a new, empty network namespace: it can
 open no TCP port whatever its options say, and reaches the display by its
@@ -20,7 +24,10 @@ The other kind, kept for what a live viewer cannot show (a session started
 for later that never had a client, whose agent has no screen yet, and an
 admin's shadow, which is a session of its own): a private Xvfb, the system
 ``nxproxy`` drawing the session into it, and ``x11vnc`` serving that
-display, all three run as the session's user.
+display, all three run as the session's user on the machine of the door
+(the browser's side, as an NX client's machine would be).  It reaches the
+session's agent as every client does: the door relays ``open_stream``'s
+``agent`` stream.
 
 A browser cannot speak NX, so the gateway does for it what an NX client's
 machine does: ``nxproxy -S`` decodes the session's stream into an X display
@@ -63,7 +70,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from twisted.internet import defer
 from twisted.logger import Logger
 
 from nxgate.node.agents import x11
@@ -71,9 +77,9 @@ from nxgate.node import files, processes
 from nxgate.node.processes import LaunchError, ProcessId
 from nxgate.threads import Blocking, inline
 from nxgate.vocabulary.errors import Kind, SessionError
-from nxgate.vocabulary.model import State
+from nxgate.vocabulary.model import Session, State
 
-log = Logger(namespace="nxgate.clients.engines")
+log = Logger(namespace="nxgate.node.browser_viewer")
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 _COOKIE = re.compile(r"[0-9A-Za-z]{1,128}")
@@ -392,8 +398,15 @@ class BrowserViewer:
             callback(why)
 
 
+def shows_live(session: Session) -> bool:
+    """Whether a live viewer can show ``session`` (the node's record): its
+    agent runs and had a client before (a screen to show)."""
+    return (session.ever_attached and bool(session.agent_pid)
+            and session.state in (State.RUNNING, State.SUSPENDED, State.SUSPENDING))
+
+
 class BrowserViewers:
-    """All browser viewers of this node, and their limits."""
+    """All browser viewers of this machine, and their limits."""
 
     def __init__(self, reactor: Any, launcher: Any, root: str, log_dir: str,
                  limits: ViewerLimits = ViewerLimits(), programs: ViewerPrograms = ViewerPrograms(),
@@ -408,50 +421,35 @@ class BrowserViewers:
         self.limits = limits
         self.programs = programs
         self.open_viewers: dict[str, BrowserViewer] = {}
-        self.on_change: Callable[[], None] = lambda: None
-        # On a cluster gateway: how a viewer's stream reaches a session on
-        # another node (nxgate.wire.member_stream.RemoteStreams), set by the gateway.
-        self.streams: Any = None
-        # This node's session service (its sessions, their agents and files), set by the gateway:
-        # what live viewers show.
-        self.node: Any = None
 
-    def shows_live(self, session_id: str) -> bool:
-        """Whether a live viewer can show this session of this node: its
-        agent runs and had a client before (a screen to show)."""
-        session = self.node.sessions.get(session_id) if self.node is not None else None
-        return (session is not None and session.ever_attached and bool(session.agent_pid)
-                and session.state in (State.RUNNING, State.SUSPENDED, State.SUSPENDING))
-
-    async def open_live(self, user: str, session_id: str) -> BrowserViewer:
-        """A live viewer of ``user``'s session ``session_id`` of this node,
-        its x11vnc started (it listens soon after), or :class:`ViewerRefused`
-        past the limits, or a SessionError when the session is not there
-        (the caller checked the owner with the session API; the node's own
-        record must name the same user)."""
-        session = self.node.sessions.get(session_id) if self.node is not None else None
-        if session is None or session.user != user or not self.shows_live(session_id):
-            raise SessionError(Kind.NOT_FOUND, f"Session {session_id} cannot be shown here.")
+    async def open_live(self, session: Session, directory: str, authority: str) -> BrowserViewer:
+        """A live viewer of ``session`` (the node's own record; the node
+        checked the caller owns it), its x11vnc started in the session's
+        ``directory`` with its X ``authority`` (it listens soon after), or
+        :class:`ViewerRefused` past the limits."""
+        if not shows_live(session):
+            raise SessionError(Kind.WRONG_STATE, f"Session {session.id} cannot be shown in a browser now.",
+                               session_id=session.id)
+        user = session.user
         self._check_limits(user)
         viewer_id = secrets.token_hex(12)
-        files_ = self.node.layout.agent_files(session_id)
-        viewer = BrowserViewer(self, viewer_id, user, session.uid, session.gid, files_.directory, "/")
-        viewer.session_id = session_id
+        viewer = BrowserViewer(self, viewer_id, user, session.uid, session.gid, directory, "/")
+        viewer.session_id = session.id
         self.open_viewers[viewer_id] = viewer
         # Short: a session directory's path is long already, and x11vnc copies it without a check into
         # sun_path's 108 bytes (a longer one aborts it: "buffer overflow detected").
-        socket_path = os.path.join(files_.directory, f"view-{viewer_id[:8]}")
+        socket_path = os.path.join(directory, f"view-{viewer_id[:8]}")
         if len(socket_path.encode()) >= MAX_SOCKET_PATH:
             self.open_viewers.pop(viewer_id, None)
             raise SessionError(Kind.INTERNAL, f"The viewer's socket path is too long ({socket_path}).")
         try:
-            await viewer.start_live(session.display, files_.authority, (session.agent_pid, session.agent_started),
+            await viewer.start_live(session.display, authority, (session.agent_pid, session.agent_started),
                                     socket_path)
         except BaseException:
             viewer.close()
             raise
         log.info("browser viewer {id} for {user}: x11vnc on session {session}'s display", id=viewer_id, user=user,
-                 session=session_id)
+                 session=session.id)
         return viewer
 
     def session_changed(self, event: Any) -> None:
@@ -525,8 +523,3 @@ class BrowserViewers:
     def close_all(self) -> None:
         for viewer in list(self.open_viewers.values()):
             viewer.close()
-
-
-def gather(*works: Any) -> defer.Deferred[list[Any]]:
-    """Run coroutines side by side; the first failure fails the whole."""
-    return defer.gatherResults([defer.ensureDeferred(work) for work in works], consumeErrors=True)
