@@ -191,44 +191,60 @@ class X2GoBench:
 
     # -------------------------------------------------------------- runs
     def one_run(self, index: int) -> dict[str, float | str]:
-        """One cycle: new -> picture, suspend, resume -> picture (``-q lan``,
-        as before), then two resumes with pyhoca-cli's default link (adsl):
-        the first one's link leaves saved caches behind, which the second one
-        meets (every resume of a user who keeps the defaults), terminate."""
+        times: dict[str, float | str] = {}
+        for _ in self.steps(index, times):
+            pass
+        return self.finish_run(index, times)
+
+    def steps(self, index: int, times: dict[str, float | str]):
+        """One cycle, a step per timed operation (``measure`` runs the sides'
+        steps in turn, so that each operation's figures on each side are
+        taken within seconds of each other): new -> picture, list, suspend,
+        resume -> picture (``-q lan``, as before), then two resumes with
+        pyhoca-cli's default link (adsl): the first one's link leaves saved
+        caches behind, which the second one meets (every resume of a user
+        who keeps the defaults), terminate."""
         self.blank()
         started = time.monotonic()
         first = self.cli("-c", APP, "-t", "application", "-g", "1024x768", "-q", "lan", "--sound", "none",
                          log=f"new{index}.log", wait=False)
-        new = self.picture_after(started, first, f"new{index}.log")
-        name = self.session_name(f"new{index}.log")
+        times["new_to_picture"] = self.picture_after(started, first, f"new{index}.log")
+        name = times["session"] = self.session_name(f"new{index}.log")
+        yield
         started = time.monotonic()
         result = self.cli("--list-sessions", log=f"list{index}.log")
-        listing = time.monotonic() - started
+        times["list"] = time.monotonic() - started
         if result.returncode != 0 or name not in self.read_log(f"list{index}.log"):
             raise RuntimeError(f"listing failed: {self.read_log(f'list{index}.log')[-1500:]}")
+        yield
         started = time.monotonic()
         result = self.cli("-S", name, log=f"sus{index}.log")
-        suspend = time.monotonic() - started
+        times["suspend"] = time.monotonic() - started
         if result.returncode != 0:
             raise RuntimeError(f"suspend failed: {self.read_log(f'sus{index}.log')[-1500:]}")
         self.kill(first)
-        resume = self.resume(name, f"res{index}", "-q", "lan")
+        yield
+        times["resume_to_picture"] = self.resume(name, f"res{index}", "-q", "lan")
+        yield
         self.resume(name, f"res{index}-adsl-first")
-        resume_default = self.resume(name, f"res{index}-adsl")
+        yield
+        times["resume_default_link_to_picture"] = self.resume(name, f"res{index}-adsl")
+        yield
         time.sleep(1)
         started = time.monotonic()
         result = self.cli("-T", name, log=f"term{index}.log")
-        terminate = time.monotonic() - started
+        times["terminate"] = time.monotonic() - started
         if result.returncode != 0:
             raise RuntimeError(f"terminate failed: {self.read_log(f'term{index}.log')[-1500:]}")
         wait_for(lambda: not [p for p, n in user_processes(self.user.name) if n == self.agent_name], 30,
                  f"the {self.agent_name} to end")
-        run = {"new_to_picture": new, "list": listing, "suspend": suspend, "resume_to_picture": resume,
-               "resume_default_link_to_picture": resume_default, "terminate": terminate, "session": name,
-               "load": os.getloadavg()[0]}
-        print(f"{self.label} run {index}: new->picture {new:.2f}s list {listing:.2f}s suspend {suspend:.2f}s resume->picture {resume:.2f}s "
-              f"(client's default link {resume_default:.2f}s) terminate {terminate:.2f}s "
-              f"[load {run['load']:.1f}]", flush=True)
+
+    def finish_run(self, index: int, times: dict[str, float | str]) -> dict[str, float | str]:
+        run = {**times, "load": os.getloadavg()[0]}
+        print(f"{self.label} run {index}: new->picture {run['new_to_picture']:.2f}s list {run['list']:.2f}s "
+              f"suspend {run['suspend']:.2f}s resume->picture {run['resume_to_picture']:.2f}s "
+              f"(client's default link {run['resume_default_link_to_picture']:.2f}s) "
+              f"terminate {run['terminate']:.2f}s [load {run['load']:.1f}]", flush=True)
         return run
 
     def resume(self, name: str, log: str, *options: str) -> float:
@@ -455,8 +471,8 @@ KEYS = ("new_to_picture", "list", "suspend", "resume_to_picture", "resume_defaul
 def measure(runs: int, sessions: int, nxgate: bool = True, floor: bool = True) -> dict:
     """X2Go's server, (with ``nxgate``) nxgate's X2Go door and (with
     ``floor``) the server that answers at once (pyhoca-cli's floor), the same
-    pyhoca-cli against each, runs alternating (the order turning each run)
-    so that all see the same load."""
+    pyhoca-cli against each, each operation on every side in turn (the order
+    turning each run) so that all see the same load."""
     bench = door = floor_bench = None
     try:
         bench = X2GoBench()
@@ -466,8 +482,15 @@ def measure(runs: int, sessions: int, nxgate: bool = True, floor: bool = True) -
         sides = [side for side in (bench, door, floor_bench) if side is not None]
         runs_of: dict[str, list[dict]] = {side.label: [] for side in sides}
         for index in range(runs):
-            for side in sides[index % len(sides):] + sides[:index % len(sides)]:
-                runs_of[side.label].append(side.one_run(index))
+            order = sides[index % len(sides):] + sides[:index % len(sides)]
+            times: dict[str, dict] = {side.label: {} for side in order}
+            stepping = [(side, side.steps(index, times[side.label])) for side in order]
+            while stepping:  # each operation on every side in turn, then the next
+                for pair in list(stepping):
+                    if next(pair[1], StopIteration) is StopIteration:
+                        stepping.remove(pair)
+            for side in order:
+                runs_of[side.label].append(side.finish_run(index, times[side.label]))
         all_runs = runs_of[bench.label]
         medians = medians_of(all_runs)
         memory = bench.memory(sessions) if sessions else {}
