@@ -133,7 +133,8 @@ class FloorSession:
         os.chown(self.files.authority, self.user.pw_uid, self.user.pw_gid)
         argv = nxagent.agent_argv("nxagent", self, self.files, nxagent.AgentPlan(mode="-R"))
         env = nxagent.agent_environment(self, self.files, self._login_env())
-        log = open(self.files.log, "ab")
+        log = open(self.files.log, "wb")  # a display used again: its last session's log goes
+        self.read_from = 0
         self.agent = subprocess.Popen(argv, cwd=self.directory, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                       stderr=subprocess.STDOUT, user=self.user.pw_uid, group=self.user.pw_gid,
                                       extra_groups=[], start_new_session=True)
