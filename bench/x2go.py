@@ -50,6 +50,7 @@ figures from the issue are used instead, marked "reference, not measured".
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import re
@@ -252,6 +253,7 @@ class X2GoBench:
         killed afterwards and the picture waited away (the session is
         suspended again by its lost link, as when a user closes the client)."""
         wait_for(lambda: self.magenta() < 100, 30, "the picture to go")
+        wait_for(lambda: self.agent_suspended(name), 60, f"the {self.label} agent to say it suspended")
         self.blank()
         time.sleep(1)
         started = time.monotonic()
@@ -259,6 +261,23 @@ class X2GoBench:
         seconds = self.picture_after(started, client, f"{log}.log")
         self.kill(client)
         return seconds
+
+    def agent_log(self, name: str) -> str | None:
+        """The log of the agent of session ``name`` (x2goserver: ~/.x2go/C-<name>/session.log)."""
+        return f"/home/{self.user.name}/.x2go/C-{name}/session.log"
+
+    def agent_suspended(self, name: str) -> bool:
+        """Whether the session's agent said last that it is suspended: a
+        resume timed before would time the end of the suspend too (and a
+        client that lists it as running may give up on it)."""
+        path = self.agent_log(name)
+        try:
+            with open(path, "rb") as handle:
+                said = [line for line in handle.read().decode("utf-8", "replace").splitlines()
+                        if line.startswith("Session: ")]
+        except (OSError, TypeError):
+            return False
+        return bool(said) and said[-1].startswith("Session: Session suspended")
 
     def memory(self, count: int) -> dict[str, float]:
         """Per-session memory with ``count`` attached application sessions."""
@@ -347,6 +366,11 @@ class NxgateX2GoBench(X2GoBench):
     def server_growth_kb(self) -> int:
         return max(0, rss_kb(self.gateway.process.pid) - self.gateway_rss_before)
 
+    def agent_log(self, name: str) -> str | None:
+        """The newest agent log of the gateway (the bench runs one session at a time)."""
+        logs = glob.glob(os.path.join(self.gateway.state_dir, "logs", "*.agent.log"))
+        return max(logs, key=os.path.getmtime) if logs else None
+
     def terminate_all(self) -> None:
         listing = self.cli("--list-sessions", log="cleanup-list.log")
         for name in re.findall(r"Session Name: (\S+)", self.read_log("cleanup-list.log")) if listing else []:
@@ -369,10 +393,13 @@ class FloorX2GoBench(X2GoBench):
         self.user = create_user(prefix="x2f")
         self.cleanups.append(self.user.remove)
         self.workdir = tempfile.mkdtemp(prefix="nxgate-bench-x2go-floor-")
+        os.chmod(self.workdir, 0o755)  # the agent, run as the user, reaches its session directory below
         self.cleanups.append(lambda: shutil.rmtree(self.workdir, ignore_errors=True))
         self.events = os.path.join(self.workdir, "floor-events.jsonl")
+        self.sessions_dir = os.path.join(self.workdir, "sessions")
+        os.makedirs(self.sessions_dir, mode=0o755)
         self.server = subprocess.Popen([sys.executable, os.path.join(HERE, "x2go_floor.py"), "--user", self.user.name,
-                                        "--events", self.events], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        "--events", self.events, "--workdir", self.sessions_dir], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                        stderr=open(os.path.join(self.workdir, "floor.log"), "wb"),
                                        env=dict(os.environ, PYTHONPATH=REPO))
         self.cleanups.append(lambda: stop(self.server))
@@ -386,6 +413,10 @@ class FloorX2GoBench(X2GoBench):
         os.makedirs(home)
         self.env = dict(os.environ, DISPLAY=self.screen.name, HOME=home)
         self.cleaner = None
+
+    def agent_log(self, name: str) -> str | None:
+        logs = glob.glob(os.path.join(self.sessions_dir, "*.agent.log"))
+        return max(logs, key=os.path.getmtime) if logs else None
 
     def startups(self) -> list[float]:
         """For each pyhoca-cli run: seconds from its exec to its SSH connection."""

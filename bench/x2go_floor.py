@@ -25,7 +25,7 @@ It also notes when each SSH connection arrives (``CLOCK_MONOTONIC``, the same
 clock as the bench's), so that pyhoca-cli's start-up alone (from its exec
 to its first connection) is measured too.
 
-    python bench/x2go_floor.py --user NAME --events FILE   # prints "PORT <n>" when it listens
+    python bench/x2go_floor.py --user NAME --events FILE [--workdir DIR]   # prints "PORT <n>" when it listens
 """
 
 from __future__ import annotations
@@ -546,9 +546,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--user", required=True, help="the Unix user the agent and program run as")
     parser.add_argument("--events", required=True, help="file for the time-stamped notes (JSON lines)")
+    parser.add_argument("--workdir", help="an existing directory for the session directories and agent logs")
     args = parser.parse_args(argv)
     user = pwd.getpwnam(args.user)
-    workdir = tempfile.mkdtemp(prefix="nxgate-bench-floor-")
+    workdir = args.workdir or tempfile.mkdtemp(prefix="nxgate-bench-floor-")
     os.chmod(workdir, 0o755)
     server = FloorServer(user, workdir, Events(args.events))
     listening = reactor.listenTCP(0, FloorFactory(server), interface="127.0.0.1")
@@ -563,7 +564,8 @@ def main(argv: list[str] | None = None) -> int:
         reactor.run(installSignalHandlers=False)
     finally:
         server.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 
