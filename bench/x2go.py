@@ -253,7 +253,11 @@ class X2GoBench:
         killed afterwards and the picture waited away (the session is
         suspended again by its lost link, as when a user closes the client)."""
         wait_for(lambda: self.magenta() < 100, 30, "the picture to go")
-        wait_for(lambda: self.agent_suspended(name), 60, f"the {self.label} agent to say it suspended")
+        try:
+            wait_for(lambda: self.agent_suspended(name), 60, f"the {self.label} agent to say it suspended")
+        except AssertionError:
+            raise RuntimeError(f"the {self.label} agent of {name} did not say it suspended; its last words: "
+                               f"{self.agent_words(name)[-6:]}") from None
         self.blank()
         time.sleep(1)
         started = time.monotonic()
@@ -270,14 +274,16 @@ class X2GoBench:
         """Whether the session's agent said last that it is suspended: a
         resume timed before would time the end of the suspend too (and a
         client that lists it as running may give up on it)."""
+        said = [line for line in self.agent_words(name) if line.startswith("Session: ")]
+        return bool(said) and said[-1].startswith("Session: Session suspended")
+
+    def agent_words(self, name: str) -> list[str]:
         path = self.agent_log(name)
         try:
-            with open(path, "rb") as handle:
-                said = [line for line in handle.read().decode("utf-8", "replace").splitlines()
-                        if line.startswith("Session: ")]
+            with open(path, "rb") as handle:  # type: ignore[arg-type]
+                return handle.read().decode("utf-8", "replace").splitlines()
         except (OSError, TypeError):
-            return False
-        return bool(said) and said[-1].startswith("Session: Session suspended")
+            return []
 
     def memory(self, count: int) -> dict[str, float]:
         """Per-session memory with ``count`` attached application sessions."""
