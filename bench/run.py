@@ -6,15 +6,25 @@ Runs, each as its own process with its own JSON in bench/results/:
 * bench/relay.py     throughput, CPU/GB and latency of the relays (Conch
                      gateway, OpenSSH mode's nxcopy, OpenSSH + nc, socat,
                      splice loop; it uses bench/relay_nxcopy.py's harness);
-* bench/sessions.py  nxgate's session timings with nxgate-client + memory;
+* bench/sessions.py  nxgate's session timings with nxgate-client;
+* bench/new_session.py  new session -> picture with nxgate-client against the
+                     floor (nxagent + nxproxy + the program by hand, alternating),
+                     where every 50 ms goes, and suspend/terminate with nx-libs'
+                     own waits (issue 34);
 * bench/x2go.py      the same for X2Go (installed if missing, as root);
-* bench/scale.py     50/100 sessions, 200 parallel logins, a 10 000-row
+* bench/memory.py    memory per session as PSS, attached and suspended:
+                     nxgate-client, x2goserver and nxgate's X2Go door with
+                     pyhoca-cli, all measured together (issue 34);
+* bench/agent_memory.py  what each nxagent option, argument, environment
+                     variable and X client costs, one difference at a time;
+* bench/scale.py     growth over 1/10/50/100 suspended sessions, 200 parallel logins, a 10 000-row
                      store, and where the session times go (phases);
 * bench/store_listing.py  the session store's listsession query with 10 000
                      stored sessions on SQLite, PostgreSQL and MariaDB (issue 13);
 * bench/cluster_relay.py  the cluster stream (gateway -> a node's TLS stream
                      endpoint -> the agent) vs the single-box relay, through
-                     Conch and plain: throughput, added latency, opening (issue 13);
+                     Conch and plain: throughput, added latency, opening, with the
+                     node alone on one CPU and the bound the gateway's CPU sets;
 * bench/cluster_placement.py  placement decision time with 1,000 live sessions,
                      pure and with PostgreSQL reads (issue 13);
 * bench/cluster_picture.py  start/resume -> picture through a gateway to another
@@ -22,13 +32,17 @@ Runs, each as its own process with its own JSON in bench/results/:
 * bench/sound_latency.py  a click from the session to the client's sound
                      server (latency) and a stream's bandwidth (issue 14);
 * bench/web_viewer.py  the in-browser viewer in headless Chromium: open ->
-                     first picture, keystroke -> echo, full-screen fps,
-                     server memory per browser viewer (issue 15);
+                     first picture (and each step of it), keystroke -> echo,
+                     full-screen fps, server memory and idle CPU per browser
+                     viewer, against Apache Guacamole in the same run;
 * bench/printing_latency.py  lp in the session -> the job at the client's
                      printer, against lp straight into the client's CUPS (issue 14);
 * bench/sharing_copy.py  copying a file through the smb channel (the client's
                      folder in the session) against the same SMB copy without NX
                      (issue 14);
+* bench/display_search.py  a new session's display search with 50,000 Unix
+                     sockets on the machine: how long the reactor stalls, the
+                     search on its thread (as before) and in the thread pool;
 * bench/attacks.py   NX logins and portal pages under DHEat, with the key-exchange
                      workers stopped and under idle connections from many
                      addresses, against the quiet gateway (issues 27 and 31);
@@ -57,8 +71,9 @@ REPO = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
 
 # The issue's X2Go figures (reference machine) and the targets.
-X2GO_REFERENCE = {"new_to_picture": 3.51, "suspend": 2.80, "resume_to_picture": 3.03, "terminate": 2.68,
-                  "session_mb": 38.0}
+X2GO_REFERENCE = {"new_to_picture": 3.51, "suspend": 2.80, "resume_to_picture": 3.03, "terminate": 2.68}
+#: The agent variants make bench times (all of them: bench/agent_memory.py alone).
+AGENT_VARIANTS = "baseline,x2go,argv0_x2goagent,x2go_options,program_lang_c,no_compose_cache,glx_off,desktop,x11vnc"
 TIME_TARGETS = [  # key, label, ratio target
     ("new_to_picture", "login -> picture", 0.2),
     ("suspend", "suspend", 0.3),
@@ -143,6 +158,68 @@ def ratio(a, b):
     return None if a is None or b in (None, 0) else a / b
 
 
+def memory_rows(table: Table, memory: dict | None, agents: dict | None) -> None:
+    """Issue 34: memory per session as PSS, nxgate beside x2goserver measured together."""
+    if memory and "labels" in memory:
+        ours = memory["attached"]["nxgate"]
+        table.section(f"memory per session, PSS ({ours['sessions']} sessions per side, all measured together, "
+                      f"LANG={memory['locale']} on every side, load {memory['load_before'][0]:.1f})")
+        if not memory["x2go_measured"]:
+            table.add("X2Go", "not measured", "", note=f"Debian packages {' '.join(memory['x2go_missing'])} missing")
+
+        def mb(row: dict | None, key: str) -> float | None:
+            return None if row is None else row[key] / 1024
+
+        def agent_note(row: dict) -> str:
+            return (f"agent {row['agent_kb']['pss'] / 1024:.2f} (anon {row['agent_kb']['anon'] / 1024:.2f}) + program "
+                    f"{row['program_kb']['pss'] / 1024:.2f}")
+
+        for state in ("attached", "suspended"):
+            here, peer, door, plain = (memory[state].get(key) for key in ("nxgate", "x2go", "door", "x2go_no_lang"))
+            for key, label in (("agent_plus_program_kb", "agent + program"), ("every_process_kb", "every process")):
+                value, other = mb(here, key), mb(peer, key)
+                if key == "agent_plus_program_kb":
+                    note = f"nxgate {agent_note(here)}" + (f"; X2Go {agent_note(peer)}" if peer else "")
+                else:
+                    note = (f"nxgate: user's {mb(here, 'user_processes_kb'):.2f} + gateway {mb(here, 'server_growth_kb'):.2f}"
+                            + ("" if peer is None else f"; X2Go: user's {mb(peer, 'user_processes_kb'):.2f} "
+                               f"(x2goruncommand; attached sshd, sftp-server) + sshd [priv] {mb(peer, 'server_growth_kb'):.2f}"))
+                table.add(f"{label}, {state}", value, "MB", other, "x2goserver, same run" if peer else "",
+                          ratio(value, other), "<= 1.0x" if peer else "(info)",
+                          None if other is None else value <= other, note=note)
+                if plain is not None:
+                    table.add("  vs x2goserver without LANG", value, "MB", mb(plain, key), "x2goserver, no LANG",
+                              ratio(value, mb(plain, key)), "(info)",
+                              note="X2Go's sessions as this machine's PAM leaves them (C locale, no compose table);"
+                                   " nxgate's user's first Xlib program keeps the one it parsed for the cache")
+            if door is not None and peer is not None:
+                value, other = mb(door, "every_process_kb"), mb(peer, "every_process_kb")
+                table.add(f"pyhoca-cli via the door, {state}", value, "MB", other, "x2goserver, same client",
+                          ratio(value, other), "<= 1.0x", value <= other,
+                          note=f"user's processes {mb(door, 'user_processes_kb'):.2f} + gateway growth "
+                               f"{mb(door, 'server_growth_kb'):.2f}; {agent_note(door)}")
+        peer = memory["attached"].get("x2go")
+        if peer:
+            table.add("summed RSS, attached (not a measure)", ours["rss_sum_kb"] / 1024, "MB", peer["rss_sum_kb"] / 1024,
+                      "x2goserver", ratio(ours["rss_sum_kb"], peer["rss_sum_kb"]), "(info)",
+                      note="RSS counts shared libraries once per process: it favours the side with fewer processes")
+    if agents:
+        variants = agents["variants"]
+        base = variants.get("baseline")
+        if not base:
+            return
+        table.section(f"nxagent started by hand, one difference at a time (bench/agent_memory.py, medians of "
+                      f"{agents['runs']}): anonymous + shared memory, attached")
+        for name, entry in variants.items():
+            attached, suspended = entry["attached"], entry["suspended"]
+            value = (attached["anon"] + attached["shmem"]) / 1024
+            peer = (base["attached"]["anon"] + base["attached"]["shmem"]) / 1024
+            table.add(name, value, "MB", peer, "nxgate's agent", ratio(value, peer), "(info)",
+                      note=f"{entry['what']}: {attached['delta_anon_shmem']:+.0f} kB attached, "
+                           f"{suspended['delta_anon_shmem']:+.0f} kB suspended, program "
+                           f"{attached.get('delta_program_anon', 0):+.0f} kB")
+
+
 def store_rows(table: Table, store: dict | None) -> None:
     """Issue 13: the shared store's listsession query, per back end."""
     if not store:
@@ -161,14 +238,33 @@ def store_rows(table: Table, store: dict | None) -> None:
                        f" swap {figures['swap']['median_ms']:.2f} ms, all live {figures['live_all']['median_ms']:.0f} ms")
 
 
+def display_search_rows(table: Table, search: dict | None) -> None:
+    """A new session's display search on a machine with many Unix sockets: the reactor's stall."""
+    if not search:
+        return
+    table.section(f"display search, {search['unix_sockets']} Unix sockets and {search['planted_locks']} planted "
+                  f"locks: reactor stall (median of {search['runs']})")
+    before, now = search["ways"]["on the reactor"], search["ways"]["in the thread pool"]
+    table.add("search on the reactor's thread (before)", before["stall_median_ms"], "ms", target="(info)",
+              note=f"max {before['stall_max_ms']:.1f} ms")
+    table.add("search in the thread pool", now["stall_median_ms"], "ms", before["stall_median_ms"], "on the reactor",
+              now["stall_median_ms"] / before["stall_median_ms"] if before["stall_median_ms"] else None,
+              "(info)", note=f"max {now['stall_max_ms']:.1f} ms; the search itself "
+                             f"{now['allocation_median_ms']:.0f} ms")
+
+
 def cluster_relay_rows(table: Table, cluster: dict | None) -> None:
-    """Issue 13: the stream to a session on another member vs on the gateway's own box."""
+    """The stream to a session on another member vs on the gateway's own box (issues 13, 34)."""
     if not cluster:
         return
     rows, ratios = cluster.get("rows", {}), cluster.get("ratios", {})
     size_mib = cluster["size"] / (1 << 20)
+    pinned = cluster.get("pinned")
+    load = cluster.get("load_before", [None])[0]
     table.section(f"cluster stream: gateway -> node (TLS) -> agent vs one box ({size_mib:g} MiB per run, median of "
-                  f"{cluster['repeat']}){' [profiled]' if cluster.get('profiled') else ''}")
+                  f"{cluster['repeat']}{'; node alone on one CPU, the rest on the other' if pinned else ''}"
+                  f"{f'; load {load:.1f}' if load is not None else ''}){' [profiled]' if cluster.get('profiled') else ''}")
+    target = cluster.get("target_ratio", 0.9)
     for kind, label in (("conch", "through SSH (Conch)"), ("plain", "plain (no SSH)")):
         here, there = rows.get(f"{kind} one box"), rows.get(f"{kind} via node")
         if not here or not there:
@@ -178,12 +274,19 @@ def cluster_relay_rows(table: Table, cluster: dict | None) -> None:
                 continue
             ours, peer = there["directions"][direction]["gb_per_s"], here["directions"][direction]["gb_per_s"]
             is_target = kind == "conch"
+            paired = ratios.get(f"{kind}_{direction}_paired")
+            bound = ratios.get(f"{kind}_{direction}_front_cpu_bound")
+            loads = there["directions"][direction].get("load_1min") or []
             table.add(f"{label} {direction} GB/s", ours, "GB/s", peer, "same path, one box", ratio(ours, peer),
-                      ">= 0.8x one box" if is_target else "(info)",
-                      (ours >= 0.8 * peer) if is_target else None,
+                      f">= {target:g}x one box" if is_target else "(info)",
+                      (ours >= target * peer) if is_target else None,
                       spread_pct(there["directions"][direction]["all_gb_per_s"]),
                       note=f"CPU s/GB {there['directions'][direction]['cpu_s_per_gb']:.2f} via node, "
-                           f"{here['directions'][direction]['cpu_s_per_gb']:.2f} one box")
+                           f"{here['directions'][direction]['cpu_s_per_gb']:.2f} one box"
+                           + (f"; paired {paired:.2f}x" if paired else "")
+                           + (f"; bound (gateway + client CPU/GB one box / via node) {bound:.2f}x" if bound and pinned
+                              else "")
+                           + (f"; load {min(loads):.1f}-{max(loads):.1f}" if loads else ""))
         cpu = [ratios.get(f"{kind}_{direction}_gateway_cpu_ratio") for direction in ("up", "down")]
         if all(cpu):
             table.add(f"{label} gateway CPU/GB one box / via node", f"{cpu[0]:.2f}/{cpu[1]:.2f}", "up/dn", None,
@@ -195,10 +298,6 @@ def cluster_relay_rows(table: Table, cluster: dict | None) -> None:
         table.add(f"{label} stream opening", there["open"]["median_ms"], "ms", here["open"]["median_ms"], "one box",
                   ratio(there["open"]["median_ms"], here["open"]["median_ms"]), "(info)",
                   note=f"bye/request -> agent socket accepted, median of {len(there['open']['all_ms'])}")
-
-
-def x2mem_of(x2go: dict | None) -> dict:
-    return (x2go or {}).get("memory") or {}
 
 
 #: pyhoca-cli through nxgate's X2Go door vs x2goserver: key, label.
@@ -247,10 +346,6 @@ def x2go_door_rows(table: Table, door: dict, x2go: dict, sessions: dict | None) 
                   ratio(ours, bound), "<= 1.0x", ours <= bound,
                   note=f"nxgate-client resume -> picture {client:.2f} s (sessions step), pyhoca-cli start-up "
                        f"{startup:.2f} s; the door's resume with pyhoca-cli's default link")
-    if door.get("memory") and x2mem_of(x2go):
-        ours, peer = door["memory"]["session_mb"], x2mem_of(x2go)["session_mb"]
-        table.add("memory per session (pyhoca-cli)", ours, "MB", peer, "x2goserver here", ratio(ours, peer),
-                  "<= 1.0x", ours <= peer, note="user's processes + the gateway's growth vs X2Go's without sshd")
 
 
 def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, scale: dict | None) -> Table:
@@ -279,31 +374,6 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
     door = (x2go or {}).get("nxgate_x2go_door") if x2go_measured else None
     if door:
         x2go_door_rows(table, door, x2go, sessions)
-    # ------------------------------------------------------------------ memory
-    table.section("memory per session (attached application sessions, RSS)")
-    memory = (sessions or {}).get("memory") or {}
-    ours = None
-    if memory:
-        ours = memory["session_mb_agent_plus_program"] + max(0.0, memory.get("gateway_mb_per_session", 0.0))
-    x2mem = (x2go or {}).get("memory") or {}
-    if x2go_measured and x2mem:
-        table.add("agent + program (+ gateway share)", ours, "MB", x2mem["session_mb_with_sshd"],
-                  "X2Go here, all procs", ratio(ours, x2mem["session_mb_with_sshd"]), "below X2Go's",
-                  None if ours is None else ours < x2mem["session_mb_with_sshd"],
-                  note=f"X2Go here: agent {x2mem['agent_rss_mb_median']:.1f} MB, agent+program "
-                       f"{x2mem['session_mb_agent_plus_program']:.1f}, + wrapper scripts {x2mem['session_mb']:.1f}, "
-                       f"+ sshd/sftp-server {x2mem['session_mb_with_sshd']:.1f} ({x2mem['sessions']} sessions)")
-        table.add("agent + program only", memory.get("session_mb_agent_plus_program"), "MB",
-                  x2mem["session_mb_agent_plus_program"], "X2Go agent+program", ratio(
-                      memory.get("session_mb_agent_plus_program"), x2mem["session_mb_agent_plus_program"]),
-                  "(like for like)", None if not memory else
-                  memory["session_mb_agent_plus_program"] < x2mem["session_mb_agent_plus_program"],
-                  note=f"rootless like X2Go's: nxagent median {memory.get('agent_rss_mb_median', 0):.1f} MB vs "
-                       f"x2goagent {x2mem['agent_rss_mb_median']:.1f} MB; desktop mode "
-                       f"{memory.get('desktop_agent_rss_mb_median', 0):.1f} MB (its root window)")
-    table.add("agent + program (vs reference)", ours, "MB", X2GO_REFERENCE["session_mb"], "X2Go reference (issue)",
-              ratio(ours, X2GO_REFERENCE["session_mb"]), "below X2Go's",
-              None if ours is None else ours < X2GO_REFERENCE["session_mb"])
     # ------------------------------------------------------------------- relay
     if relay:
         results = {row["relay"]: row for row in relay["results"]}
@@ -386,7 +456,7 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
                           f"p50/p99 {row['latency_p50_us']:.0f}/{row['latency_p99_us']:.0f} us")
     # ------------------------------------------------------------------- scale
     if scale:
-        table.section("scale")
+        table.section("scale (each count's load in its note)")
         logins = scale.get("logins")
         if logins:
             table.add(f"{logins['logins']} parallel logins: failures", logins["failures"], "", None, "", None, "0",
@@ -399,13 +469,49 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
                            f"listsession {logins.get('listsession_p50_s', 0):.2f}/"
                            f"{logins.get('listsession_p99_s', 0):.2f} s; "
                            f"{logins.get('logins_per_second', 0):.0f} logins/s, pam_threads {logins['pam_threads']}")
-        sess = (scale.get("sessions") or {}).get("counts") or {}
+        sessions_part = scale.get("sessions") or {}
+        sess = sessions_part.get("counts") or {}
         for count, figures in sess.items():
-            table.add(f"{count} sessions: gateway RSS", figures["gateway_rss_mb"], "MB", None,
-                      f"{figures['gateway_mb_per_session']:.2f} MB/session", None, "(info)",
-                      note=f"per session: agent {figures['agent_rss_mb_median']:.1f} MB, agent+program "
-                           f"{figures['session_mb_agent_plus_program']:.1f} MB; gateway idle "
-                           f"{scale['sessions']['gateway_rss_mb_idle']:.1f} MB, {figures['gateway_fds']} fds")
+            if "gateway_idle_cpu_pct" not in figures:  # a scale.json from before the growth figures
+                table.add(f"{count} sessions: gateway RSS", figures["gateway_rss_mb"], "MB", None,
+                          f"{figures['gateway_mb_per_session']:.2f} MB/session", None, "(info)")
+                continue
+            table.add(f"{count} suspended sessions: gateway RSS / PSS",
+                      f"{figures['gateway_rss_mb']:.1f}/{figures['gateway_pss_mb']:.1f}", "MB", None, "", None,
+                      "(info)", note=f"idle CPU {figures['gateway_idle_cpu_pct']:.2f} %; login + listsession "
+                                     f"{figures['login_list_s'] * 1000:.0f} ms (listsession alone "
+                                     f"{figures['list_ms']:.1f} ms); agent {figures['agent_pss_mb_median']:.1f} MB "
+                                     f"PSS, the user's processes {figures['session_pss_mb_user_processes']:.1f} MB "
+                                     f"PSS/session (rootless); "
+                                     f"{figures['gateway_fds']} fds; load {figures.get('load_1min', 0):.1f}")
+        growth = sessions_part.get("per_added_session")
+        if growth and sess:
+            counts = "/".join(sess)
+            points = {"0": sessions_part.get("base", {}), **sess}
+
+            def slope(key: str, scale_by: float = 1.0) -> float | None:
+                """Least-squares growth of ``key`` per added session over the counts (from the first
+                session on: the gateway's first session also pays one-time allocations)."""
+                xy = [(int(c), f[key] * scale_by) for c, f in sess.items() if key in f]
+                if len(xy) < 2:
+                    return None
+                mx, my = sum(x for x, _ in xy) / len(xy), sum(y for _, y in xy) / len(xy)
+                den = sum((x - mx) ** 2 for x, _ in xy)
+                return sum((x - mx) * (y - my) for x, y in xy) / den if den else None
+
+            rows = (("gateway RSS", "gateway_rss_mb", 1024, "kB", 100, "gateway_rss_kb", "{:.0f}"),
+                    ("gateway idle CPU", "gateway_idle_cpu_pct", 1, "% CPU", 0.01, "gateway_idle_cpu_pct", "{:.3f}"),
+                    ("login + listsession", "login_list_s", 1000, "ms", 1.0, "login_list_ms", "{:.2f}"))
+            for label, key, factor, unit, limit, steps, shown in rows:
+                value = slope(key, factor)
+                if value is None:
+                    continue
+                # Flat or linear with a small slope over 0..N sessions; each step's own growth in the note.
+                table.add(f"{label} per added session ({counts})", value, unit, None, "", None,
+                          f"<= {limit:g} {unit}/session", value <= limit,
+                          note=f"each step 0->{counts}: " + "/".join(shown.format(v) for v in growth[steps])
+                               + (f"; medians {', '.join(f'{c}: {f[key] * factor:.0f}' for c, f in points.items() if key in f)} {unit}"
+                                  if key == "login_list_s" else ""))
         store = scale.get("store")
         if store:
             table.add(f"listsession, {store['live']} live + {store['ended']} ended",
@@ -495,11 +601,46 @@ def sound_rows(table: Table, sound: dict | None) -> None:
               "(info)")
 
 
+def new_session_rows(table: Table, result: dict | None) -> None:
+    """Issue 34: a new session against its floor, and where suspend and
+    terminate go (bench/new_session.py)."""
+    if not result:
+        return
+    load = f"load {result['load_before'][0]:.1f} -> {result['load_after'][0]:.1f}"
+    table.section("new session -> picture vs the floor (nxagent + nxproxy + the program by hand, no SSH; "
+                  "same Xvfb, alternating)")
+    pairs = result["pairs"]
+    paired = result["paired_ratio_median"]
+    parts = result["floor_parts_median_s"]
+    table.add("new session -> picture, nxgate-client", result["client_median_s"], "s", result["floor_median_s"],
+              "the floor, measured here", paired, "<= 1.3x floor", paired <= 1.3,
+              spread_pct([pair["client"]["new_to_picture"] for pair in pairs]),
+              note=f"paired ratio (median of {len(pairs)} pairs; ratio of medians {result['ratio_of_medians']:.2f}x); "
+                   f"floor: agent {parts['agent_listening'] * 1000:.0f} ms + link "
+                   f"{parts['link_up'] * 1000:.0f} + program {parts['program_to_picture'] * 1000:.0f}; {load}")
+    steps = [row for row in result.get("breakdown", []) if row["length_s"]]
+    if steps:
+        biggest = sorted(steps, key=lambda row: -row["length_s"])[:5]
+        table.add("  where it goes (traced, largest steps)", "", "", target="(info)", note="; ".join(
+            f"{row['step']} {row['length_s'] * 1000:.0f} ms" for row in biggest))
+    for verb in ("suspend", "terminate"):
+        part = result.get(verb)
+        if not part:
+            continue
+        sleeps = "; ".join(f"{call} {ms} ms in {count}/{len(part['runs'])}" for call, ms, count in part["agent_sleeps"])
+        shutdown = next((row for row in part["breakdown"] if row["step"].startswith("agent: nx-libs")), None)
+        table.add(f"{verb}, nxgate-client (traced)", part["median_s"], "s", target="(info)",
+                  spread=spread_pct([run["seconds"] for run in part["runs"]]),
+                  note=(f"the agent's own shutdown {shutdown['length_s'] * 1000:.0f} ms" if shutdown and
+                        shutdown["length_s"] is not None else "") + (f" (nx-libs' sleeps: {sleeps})" if sleeps else ""))
+
+
 def web_viewer_rows(table: Table, web: dict | None) -> None:
     """Issue 15's browser viewer figures (bench/web_viewer.py)."""
     if not web:
         return
-    table.section("the in-browser viewer (headless Chromium, noVNC <- x11vnc on the session's display, loopback)")
+    load = f", load {web['load_1min']:.1f}" if "load_1min" in web else ""
+    table.section(f"the in-browser viewer (headless Chromium, noVNC <- x11vnc on the session's display, loopback{load})")
     table.add("open -> first picture (suspended session)", web["first_picture_s_median"], "s",
               target=f"<= {web['target_first_picture_s']} s",
               met=web["first_picture_s_median"] <= web["target_first_picture_s"],
@@ -513,8 +654,16 @@ def web_viewer_rows(table: Table, web: dict | None) -> None:
     if "idle_cpu_pct" in web:
         table.add("server CPU per idle browser viewer", web["idle_cpu_pct"], "% CPU", target="(info)")
     for row in web.get("comparison", []):  # issue 25: against Apache Guacamole, measured in the same run
+        note = ""
+        if row["figure"].startswith("open") and "steps_ms" in web:
+            def steps(figures: dict) -> str:
+                names = ("page", "dom_ready", "scripts", "socket_open", "socket_message", "picture")
+                return ", ".join(f"{name} {figures[name]:.0f}" for name in names if name in figures)
+            note = (f"paired {web.get('first_picture_paired_ratio', 0):.2f}x; load {web.get('load_1min', 0):.1f}; "
+                    f"steps (ms after the click, medians): nxgate {steps(web['steps_ms'])}; Guacamole "
+                    f"{steps((web.get('guacamole') or {}).get('steps_ms', {}))}")
         table.add(f"vs Guacamole: {row['figure']}", row["nxgate"], "", row["guacamole"], "Guacamole (guacd 1.6)",
-                  row["ratio"], row["goal"], row["met"])
+                  row["ratio"], row["goal"], row["met"], note=note)
 
 
 def printing_rows(table: Table, printing: dict | None) -> None:
@@ -579,10 +728,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and counts: a smoke run (minutes)")
     parser.add_argument("--runs", type=int, default=5, help="session timing runs (nxgate and X2Go)")
-    parser.add_argument("--sessions", type=int, default=10, help="sessions for the memory figures (both)")
+    parser.add_argument("--sessions", type=int, default=10, help="sessions per side for the memory figures")
     parser.add_argument("--size", default="2G", help="bytes per relay throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="relay throughput runs per row")
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,cluster,cluster_picture,cluster_relay,sound,web,printing,sharing,attacks")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,new_session,x2go,memory,agent_memory,scale,store,cluster,cluster_picture,cluster_relay,sound,web,printing,sharing,attacks,displays")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install bench packages")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway (relay, logins, sessions)")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from bench/results/*.json")
@@ -599,21 +748,28 @@ def main(argv: list[str] | None = None) -> int:
     scale_args = []
     if args.quick:
         runs, sessions, size, repeat = 2, 3, "256M", 1
-        scale_args = ["--sessions", "5,10", "--logins", "40", "--ended", "1000", "--dead", "10", "--phase-runs", "2"]
+        scale_args = ["--sessions", "1,5,10", "--logins", "40", "--ended", "1000", "--dead", "10", "--phase-runs", "2"]
     steps = {
         "relay": [python, os.path.join(HERE, "relay.py"), "--size", size, "--repeat", str(repeat),
                   "--json", os.path.join(RESULTS, "relay.json"), *install, *profile],
-        "sessions": [python, os.path.join(HERE, "sessions.py"), "--runs", str(runs), "--sessions", str(sessions),
+        "sessions": [python, os.path.join(HERE, "sessions.py"), "--runs", str(runs),
                      "--json", os.path.join(RESULTS, "sessions.json")],
-        "x2go": [python, os.path.join(HERE, "x2go.py"), "--runs", str(runs), "--sessions", str(sessions),
+        "new_session": [python, os.path.join(HERE, "new_session.py"), "--runs", str(3 if args.quick else 9),
+                        "--breakdown", str(1 if args.quick else 5), "--operations", str(1 if args.quick else 3),
+                        "--json", os.path.join(RESULTS, "new_session.json")],
+        "x2go": [python, os.path.join(HERE, "x2go.py"), "--runs", str(runs),
                  "--json", os.path.join(RESULTS, "x2go.json"), *install],
+        "memory": [python, os.path.join(HERE, "memory.py"), "--sessions", str(sessions),
+                   "--json", os.path.join(RESULTS, "memory.json"), *install],
+        "agent_memory": [python, os.path.join(HERE, "agent_memory.py"), "--runs", "1" if args.quick else "2",
+                         "--only", AGENT_VARIANTS, "--json", os.path.join(RESULTS, "agent_memory.json")],
         "scale": [python, os.path.join(HERE, "scale.py"), "--only", "sessions,logins,store,phases",
                   "--json", os.path.join(RESULTS, "scale.json"), *scale_args, *profile],
         "store": [python, os.path.join(HERE, "store_listing.py"), "--json", os.path.join(RESULTS, "store.json"),
                   *(["--calls", "50"] if args.quick else [])],
         "cluster_relay": [python, os.path.join(HERE, "cluster_relay.py"), "--size",
                           "128M" if args.quick else "512M", "--repeat", str(repeat), *(["--rounds", "300"] if args.quick else []),
-                          "--json", os.path.join(RESULTS, "cluster_relay.json")],
+                          "--pin", "--json", os.path.join(RESULTS, "cluster_relay.json")],
         "cluster": [python, os.path.join(HERE, "cluster_placement.py"), "--json", os.path.join(RESULTS, "cluster.json"),
                     *(["--calls", "50"] if args.quick else [])],
         "cluster_picture": [python, os.path.join(HERE, "cluster_picture.py"), "--runs", str(runs),
@@ -626,6 +782,8 @@ def main(argv: list[str] | None = None) -> int:
                      "--json", os.path.join(RESULTS, "printing.json")],
         "sharing": [python, os.path.join(HERE, "sharing_copy.py"), "--size-mb", "10" if args.quick else "100",
                     "--json", os.path.join(RESULTS, "sharing.json")],
+        "displays": [python, os.path.join(HERE, "display_search.py"), "--runs", "3" if args.quick else "10",
+                     "--json", os.path.join(RESULTS, "displays.json")],
         "attacks": [python, os.path.join(HERE, "attacks.py"), "--runs", str(runs),
                     "--json", os.path.join(RESULTS, "attacks.json")],
     }
@@ -645,7 +803,10 @@ def main(argv: list[str] | None = None) -> int:
             steps_run[name] = run_step(name, step, log_dir)
     relay = load(os.path.join(RESULTS, "relay.json"))
     sessions_result = load(os.path.join(RESULTS, "sessions.json"))
+    new_session = load(os.path.join(RESULTS, "new_session.json"))
     x2go = load(os.path.join(RESULTS, "x2go.json"))
+    memory = load(os.path.join(RESULTS, "memory.json"))
+    agent_memory = load(os.path.join(RESULTS, "agent_memory.json"))
     scale = load(os.path.join(RESULTS, "scale.json"))
     store = load(os.path.join(RESULTS, "store.json"))
     sound = load(os.path.join(RESULTS, "sound.json"))
@@ -655,8 +816,11 @@ def main(argv: list[str] | None = None) -> int:
     web = load(os.path.join(RESULTS, "web_viewer.json"))
     printing = load(os.path.join(RESULTS, "printing.json"))
     sharing = load(os.path.join(RESULTS, "sharing.json"))
+    display_search = load(os.path.join(RESULTS, "displays.json"))
     attacks = load(os.path.join(RESULTS, "attacks.json"))
     table = build_table(relay, sessions_result, x2go, scale)
+    new_session_rows(table, new_session)
+    memory_rows(table, memory, agent_memory)
     store_rows(table, store)
     cluster_rows(table, placement)
     cluster_picture_rows(table, cluster_picture)
@@ -665,6 +829,7 @@ def main(argv: list[str] | None = None) -> int:
     web_viewer_rows(table, web)
     printing_rows(table, printing)
     sharing_rows(table, sharing)
+    display_search_rows(table, display_search)
     attack_rows(table, attacks)
     print()
     print(f"nxgate benchmark — {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
@@ -679,7 +844,9 @@ def main(argv: list[str] | None = None) -> int:
         "started": started, "seconds": time.time() - started, "cpus": os.cpu_count(), "kernel": platform.release(),
         "load_before": load_before, "load_after": os.getloadavg(), "quick": args.quick,
         "steps": steps_run, "table": table.rows,
-        "results": {"relay": relay, "sessions": sessions_result, "x2go": x2go, "scale": scale, "store": store,
+        "results": {"relay": relay, "sessions": sessions_result, "new_session": new_session, "x2go": x2go,
+                    "memory": memory, "agent_memory": agent_memory, "scale": scale, "store": store,
+                    "displays": display_search,
                     "cluster": placement, "cluster_picture": cluster_picture,
                     "cluster_relay": cluster_relay, "sound": sound, "web_viewer": web, "printing": printing, "sharing": sharing,
                     "attacks": attacks},

@@ -25,10 +25,9 @@ from twisted.conch.ssh.keys import Key
 from twisted.internet import defer, protocol
 from twisted.python.failure import Failure
 
-from nxgate.wire import tunnel_registry as tunnels
+from nxgate.protocols import service_tunnel as tunnels
 from nxgate.clients.nx.knownhosts import KnownHosts, Verdict, fingerprint, preferred_algorithms
 from nxgate.wire.ssh_etm import ETM_MACS, EtmTransport
-from nxgate.wire.service_tunnels import ClientTunnelChannel
 from nxgate.wire.tcp import no_delay
 
 
@@ -136,7 +135,7 @@ class ShellChannel(channel.SSHChannel):
 
     def request_tunnel(self, service: str, session_id: str) -> defer.Deferred[Any]:
         """Ask the server to carry ``service`` of the session on SSH channels
-        of its own (:mod:`nxgate.wire.tunnel_registry`); fails when it will not."""
+        of its own (:mod:`nxgate.protocols.service_tunnel`); fails when it will not."""
         return self.conn.sendRequest(self, tunnels.REQUEST, tunnels.encode(service, session_id), wantReply=True)
 
     def pause_reading(self) -> None:
@@ -155,7 +154,7 @@ class _Connection(connection.SSHConnection):
         self.shell: ShellChannel | None = None
 
     def getChannel(self, channelType: bytes, windowSize: int, maxPacket: int, data: bytes) -> channel.SSHChannel:
-        """Only the tunnels we asked for (:mod:`nxgate.wire.tunnel_registry`): the server's
+        """Only the tunnels we asked for (:mod:`nxgate.protocols.service_tunnel`): the server's
         connections to our print gate or private Samba."""
         target = None
         if channelType == tunnels.CHANNEL:
@@ -165,12 +164,18 @@ class _Connection(connection.SSHConnection):
                 target = None
         if target is None:
             raise ConchError(connection.OPEN_ADMINISTRATIVELY_PROHIBITED, "no such tunnel was asked for")
+        # Imported here, for the first tunnel: it pulls in Twisted's endpoints
+        # (TLS, HTTP), which a session without folders or printers never needs.
+        from nxgate.streams.reverse_channel import TargetChannel
+
         reactor = self.handler.reactor  # type: ignore[attr-defined]
-        return ClientTunnelChannel(reactor, target, remoteWindow=windowSize, remoteMaxPacket=maxPacket, conn=self)
+        return TargetChannel(reactor, target, tunnels.CHANNEL, remoteWindow=windowSize, remoteMaxPacket=maxPacket,
+                             conn=self)
 
     def serviceStarted(self) -> None:
         super().serviceStarted()
         self.transport.factory.authenticated = True
+        self.transport.factory.progress(f"SSH: logged in as {self.transport.factory.login.user}")
         self.shell = ShellChannel(self.handler, self.ready, conn=self)
         self.openChannel(self.shell)
 
@@ -250,6 +255,7 @@ class _Transport(EtmTransport, transport.SSHClientTransport):
 
     def connectionMade(self) -> None:
         no_delay(self.transport)  # the NX stream's small messages must not wait (nxgate.wire.tcp)
+        self.factory.progress(f"connected to {self.factory.address}")
         known = self.factory.policy.known_hosts
         if known is not None:
             self.supportedPublicKeys = preferred_algorithms(
@@ -279,6 +285,9 @@ class _Transport(EtmTransport, transport.SSHClientTransport):
         return defer.succeed(True)
 
     def connectionSecure(self) -> None:
+        ciphers = self.currentEncryptions
+        self.factory.progress(f"SSH: keys exchanged ({self.kexAlg.decode()}, {ciphers.outCipType.decode()}, "
+                              f"{ciphers.outMACType.decode()})")
         conn = _Connection(self.factory.handler, self.factory.ready)
         self.requestService(_UserAuth(self.factory.login, conn))
 
@@ -297,8 +306,10 @@ class _Transport(EtmTransport, transport.SSHClientTransport):
 
 
 class _Factory(protocol.ClientFactory):
-    def __init__(self, address: str, login: Login, policy: HostKeyPolicy, handler: ShellHandler) -> None:
+    def __init__(self, address: str, login: Login, policy: HostKeyPolicy, handler: ShellHandler,
+                 progress: Callable[[str], None] | None = None) -> None:
         self.address = address
+        self.progress = progress or (lambda message: None)
         self.login = login
         self.policy = policy
         self.handler = handler
@@ -336,14 +347,16 @@ def open_shell(
     policy: HostKeyPolicy,
     handler: ShellHandler,
     timeout: float = 30.0,
+    progress: Callable[[str], None] | None = None,
 ) -> defer.Deferred[ShellChannel]:
     """Connect, check the host key, log in and start the shell.
 
     The handler sees the shell's data from the first byte; the Deferred
-    fires with the channel once the server granted the shell.
+    fires with the channel once the server granted the shell.  ``progress``
+    hears each step (``--verbose`` shows them: where a slow start waits).
     """
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    factory = _Factory(address, login, policy, handler)
+    factory = _Factory(address, login, policy, handler, progress)
     reactor.connectTCP(host, port, factory, timeout=timeout)
     return factory.ready
 

@@ -41,6 +41,7 @@ class Link:
     session_id: str
     target: Any  # nxgate.vocabulary.results.StreamTarget
     agent_cookie: str = field(repr=False)
+    name: str = ""  # the session's X2Go name (its ~/.x2go/C-<name> holds what the client pushes)
 
     def cookie_matches(self, offered: str) -> bool:
         return hmac.compare_digest(offered.encode(), self.agent_cookie.encode())
@@ -87,6 +88,7 @@ class Context:
     locate: Callable[[str], Awaitable[str | None]]  # a program on the sessions' PATH, or None
     log: Any
     types: Callable[[], set[str]] = set  # the session types this server offers
+    remove: Callable[[str], Awaitable[None]] | None = None  # a file below ~/.x2go, removed (no link followed)
 
 
 async def run(program: Program, calls: tuple[Call, ...], context: Context) -> Outcome:
@@ -139,8 +141,10 @@ async def _which(call: Call, context: Context) -> tuple[str, str, int]:
     name = call.args[0]
     if name in VERBS:
         return f"/usr/bin/{name}\n", "", 0
-    if name == "fusermount":  # no folders here: python-x2go then switches sshfs off cleanly
-        return "", "", 1
+    if name == "fusermount":
+        # Answered: without it python-x2go tells its user "Remote user ... is not allowed to share SSHFS
+        # resources", which reads like a permission problem; x2gomountdirs then says what is missing.
+        return "/usr/bin/fusermount\n", "", 0
     found = await context.locate(name)
     return (f"{found}\n", "", 0) if found else ("", "", 1)
 
@@ -151,6 +155,18 @@ async def _test(call: Call, context: Context) -> tuple[str, str, int]:
         return "", "", 1
     found = await context.locate(path)
     return "", "", 0 if found else 1
+
+
+async def _rm(call: Call, context: Context) -> tuple[str, str, int]:
+    """The sshfs key the client pushed (its checks: verbs._rm); one already gone is no error (``-f``)."""
+    for path in call.args[1:]:
+        if context.remove is not None:
+            try:
+                await context.remove(path)
+            except Exception as error:  # gone already, or not the user's: -f says nothing
+                context.log.debug("rm -f {path!r} of {user}: {error}", path=path, user=context.caller.user,
+                                  error=str(error))
+    return "", "", 0
 
 
 async def _stat(call: Call, context: Context) -> tuple[str, str, int]:
@@ -215,7 +231,8 @@ def _linked(ready: Ready, context: Context) -> names.X2GoNumbers:
     agent's own cookie), remembered for the graphics link that follows."""
     numbers = dataclasses.replace(names.numbers(ready.view, context.secret), cookie=ready.cookie)
     if ready.stream is not None:
-        context.links.put(context.caller.user, numbers.gr_port, Link(ready.view.id, ready.stream, ready.cookie))
+        context.links.put(context.caller.user, numbers.gr_port, Link(ready.view.id, ready.stream, ready.cookie,
+                                                                     numbers.name))
     return numbers
 
 
@@ -365,14 +382,18 @@ async def _owned_quiet(call: Call, context: Context) -> tuple[str, str, int]:
     return "", "", 0
 
 
+#: What x2gomountdirs answers (python-x2go logs it; the mount counts as failed without its "ok").
+NO_FOLDERS = "nxgate: shared folders and printing are not offered to X2Go clients by this server (yet)"
+
+
 async def _mountdirs(call: Call, context: Context) -> tuple[str, str, int]:
-    context.log.info("X2Go folder sharing asked by {user}: not offered", user=context.caller.user)
-    return "the sshfs command is not installed on this server\n", "", 0
+    context.log.info("X2Go folder sharing or printing asked by {user}: not offered", user=context.caller.user)
+    return NO_FOLDERS + "\n", "", 0
 
 
 _HANDLERS: dict[str, Callable[[Call, Context], Awaitable[tuple[str, str, int]]]] = {
     "echo": _echo, "printf": _quiet, "export": _quiet, "assign": _quiet, "true": _quiet,
-    "setxkbmap": _quiet, "xrandr": _quiet, "which": _which, "test": _test, "stat": _stat,
+    "setxkbmap": _quiet, "xrandr": _quiet, "which": _which, "test": _test, "stat": _stat, "rm": _rm,
     "x2goversion": _version, "x2gofeaturelist": _features, "x2gobasepath": _basepath, "x2gogetservers": _servers,
     "x2golistsessions": _list, "x2golistshadowsessions": _quiet, "x2golistdesktops": _desktops,
     "x2gostartagent": _start, "x2goresume-session": _resume, "x2gosuspend-session": _suspend,

@@ -18,6 +18,7 @@ from twisted.logger import Logger
 
 from nxgate.gateway.doors.conch.x2go import files, scp
 from nxgate.gateway.doors.conch.x2go.allowance import Allowance
+from nxgate.streams.reverse import PULSE_COOKIE_BYTES
 
 log = Logger(namespace="nxgate.x2go")
 
@@ -40,16 +41,29 @@ class FileDesk:
         self.blocking = blocking
         self.room = room
         self.allowance = Allowance(now)
+        #: Told ``(user, names below home, data)`` of each file written (the door's sound cookies).
+        self.pushed: Callable[[str, list[str], bytes], None] = lambda user, names, data: None
 
     def store(self, user: str, owner: files.Owner, path: str, data: bytes) -> defer.Deferred[None]:
         """Write a pushed file as the user; fails with :class:`Refused` or
-        :class:`files.PathRefused`."""
+        :class:`files.PathRefused`.  A PulseAudio cookie that is not one (a
+        cookie has :data:`PULSE_COOKIE_BYTES` bytes) is refused: it would go
+        to the session's machine and the client's sound server."""
+        try:
+            names = files.parts(path, owner.home)
+        except files.PathRefused as refusal:
+            return defer.fail(refusal)
+        if names[-1] == ".pulse-cookie" and len(data) != PULSE_COOKIE_BYTES:
+            return defer.fail(Refused(f"not a PulseAudio cookie ({len(data)} bytes; a cookie has "
+                                      f"{PULSE_COOKIE_BYTES})"))
         refusal = self.allowance.take_push(user, len(data))
         if refusal is None and not self.room(files.WRITER_FILES):
             refusal = SHORT_OF_FILES
         if refusal is not None:
             return defer.fail(Refused(refusal))
-        return self.blocking(files.write_as_user, path, data, owner)
+        written = self.blocking(files.write_as_user, path, data, owner)
+        written.addCallback(lambda result: (self.pushed(user, names, data), result)[1])
+        return written
 
     def look(self, function: Callable[..., Any], *args: Any) -> defer.Deferred[Any]:
         """A stat or an unlink (root's, read-only walk) in a thread, when

@@ -5,7 +5,7 @@ becomes one typed :class:`Call` here, or the whole program is refused
 (:class:`~nxgate.gateway.doors.conch.x2go.shell.Refused`): the X2Go verbs with their
 arguments checked, and the few shell utilities the clients use as glue
 (``echo``, ``export``, ``which``, ``stat -tL <home>``, ``test``, ``setsid``,
-``setxkbmap``/``xrandr`` as no-ops).  Output may go to ``/dev/null`` or to a
+``setxkbmap``/``xrandr`` as no-ops, ``rm -f`` of the sshfs key a client pushed).  Output may go to ``/dev/null`` or to a
 file under the caller's ``~/.x2go/``; nothing else.  The user's own session
 command (the words of ``x2gostartagent`` after the session type) may be any
 text: it becomes one argv, started without a shell.  A program of its own
@@ -256,6 +256,19 @@ def _scp(args: tuple[str, ...], facts: Facts) -> None:
         raise Refused(f"scp into {targets[0][:80]!r}: {error}") from None
 
 
+def _rm(args: tuple[str, ...], facts: Facts) -> None:
+    """python-x2go's ``rm -f KEY KEY.ident`` after x2gomountdirs: the sshfs key it pushed, below ~/.x2go/ssh/."""
+    if len(args) < 2 or len(args) > 3 or args[0] != "-f":
+        raise Refused("the command 'rm' (only 'rm -f' of the sshfs key the client pushed)")
+    for path in args[1:]:
+        try:
+            names = files.parts(path, facts.home)
+        except files.PathRefused as error:
+            raise Refused(f"the command 'rm' of {path[:80]!r}: {error}") from None
+        if len(names) != 3 or names[1] != "ssh" or not names[2].startswith("key."):
+            raise Refused(f"the command 'rm' of {path[:80]!r}: not an sshfs key below ~/.x2go/ssh")
+
+
 def _printf(args: tuple[str, ...], facts: Facts) -> None:
     if len(args) != 2 or args[0] != "%b" or len(args[1]) > 1024:
         raise Refused("printf other than %b 'TEXT'")
@@ -263,7 +276,7 @@ def _printf(args: tuple[str, ...], facts: Facts) -> None:
 
 _CHECKS = {
     "echo": _echo, "printf": _printf, "scp": _scp, "export": _export, "which": _which, "stat": _stat, "test": _test,
-    "exit": _none, "true": _none,
+    "exit": _none, "true": _none, "rm": _rm,
     "setxkbmap": _any_words(8), "xrandr": _any_words(8),
     "x2golistsessions": _none, "x2golistshadowsessions": _none, "x2golistdesktops": _none,
     "x2goversion": _none, "x2gofeaturelist": _none, "x2gobasepath": _none, "x2gogetservers": _none,
