@@ -117,7 +117,7 @@ class SavedCacheTests(TestCase):
     (a loaded one stalls nx-libs' reconnection), and nothing else."""
 
     def setUp(self):
-        self.reactor = MemoryReactorClock()
+        self.reactor = FakeReactor()
         self.layout = files.StateLayout(short_state_dir(self))
         self.layout.prepare()
         config = Config(sessions=SessionsSection(display_base=3400))
