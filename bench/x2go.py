@@ -77,6 +77,12 @@ APP = "xterm -bg magenta -fg magenta -geometry 200x60+0+0"
 REFERENCE = {"new_to_picture": 3.51, "suspend": 2.80, "resume_to_picture": 3.03, "terminate": 2.68}
 
 
+def newest(pattern: str) -> str | None:
+    """The file matching ``pattern`` changed last, if any."""
+    found = glob.glob(pattern)
+    return max(found, key=os.path.getmtime) if found else None
+
+
 def user_processes(user: str) -> list[tuple[int, str]]:
     out = subprocess.run(["ps", "-u", user, "-o", "pid=,comm="], capture_output=True, text=True).stdout
     processes = []
@@ -129,6 +135,10 @@ class X2GoBench:
                                             stdout=open(os.path.join(self.workdir, "cleansessions.log"), "wb"),
                                             stderr=subprocess.STDOUT)
             self.cleanups.append(lambda: stop(self.cleaner))
+        self.client_screen()
+
+    def client_screen(self) -> None:
+        """The client's screen (an Xvfb) and pyhoca-cli's environment, its home in the workdir."""
         self.screen = ClientScreen(1024, 768)
         self.cleanups.append(self.screen.close)
         home = os.path.join(self.workdir, "client-home")
@@ -329,17 +339,12 @@ class NxgateX2GoBench(X2GoBench):
         self.cleanups.append(self.gateway.stop)
         self.workdir = tempfile.mkdtemp(prefix="nxgate-bench-x2go-nxgate-")
         self.cleanups.append(lambda: shutil.rmtree(self.workdir, ignore_errors=True))
-        self.screen = ClientScreen(1024, 768)
-        self.cleanups.append(self.screen.close)
-        home = os.path.join(self.workdir, "client-home")
-        os.makedirs(home)
-        self.env = dict(os.environ, DISPLAY=self.screen.name, HOME=home)
+        self.client_screen()
         self.cleaner = None
 
     def agent_log(self, name: str) -> str | None:
         """The newest agent log of the gateway (the bench runs one session at a time)."""
-        logs = glob.glob(os.path.join(self.gateway.state_dir, "logs", "*.agent.log"))
-        return max(logs, key=os.path.getmtime) if logs else None
+        return newest(os.path.join(self.gateway.state_dir, "logs", "*.agent.log"))
 
     def terminate_all(self) -> None:
         listing = self.cli("--list-sessions", log="cleanup-list.log")
@@ -377,16 +382,11 @@ class FloorX2GoBench(X2GoBench):
         if not line.startswith("PORT "):
             raise RuntimeError(f"the floor server did not start: {line!r}")
         self.floor_port = int(line.split()[1])
-        self.screen = ClientScreen(1024, 768)
-        self.cleanups.append(self.screen.close)
-        home = os.path.join(self.workdir, "client-home")
-        os.makedirs(home)
-        self.env = dict(os.environ, DISPLAY=self.screen.name, HOME=home)
+        self.client_screen()
         self.cleaner = None
 
     def agent_log(self, name: str) -> str | None:
-        logs = glob.glob(os.path.join(self.sessions_dir, "*.agent.log"))
-        return max(logs, key=os.path.getmtime) if logs else None
+        return newest(os.path.join(self.sessions_dir, "*.agent.log"))
 
     def startups(self) -> list[float]:
         """For each pyhoca-cli run: seconds from its exec to its SSH connection."""
