@@ -109,6 +109,12 @@ class X2GoCase(TestCase):
         with open(log, errors="replace") as handle:
             return handle.read()
 
+    def refusals(self, since: int = 0) -> list[dict]:
+        """The door's refused commands in the audit log, from its record ``since`` on.  The audit
+        log has every one: the main log holds an address's repeated warnings back for a minute
+        (and then tells of them in one line), and this gateway is shared by every test here."""
+        return [record for record in self.gateway.audit()[since:] if record["event"] == "x2go_refused"]
+
     def listed(self, user=None) -> dict[str, str]:
         """Session name -> status, as pyhoca-cli --list-sessions prints them."""
         result = self.cli("--list-sessions", user=user)
@@ -356,8 +362,7 @@ class RefusalTests(X2GoCase):
         self.assertFalse(os.path.exists(os.path.join(self.user.home, "pwned")))
         self.assertEqual(self.user_processes() - before, set())
         # The audit log has every refusal (the main log may hold repeated warnings back after the fuzz test).
-        refusals = [record for record in self.gateway.audit() if record["event"] == "x2go_refused"]
-        commands = {record["command"]: record["reason"] for record in refusals}
+        commands = {record["command"]: record["reason"] for record in self.refusals()}
         self.assertIn("b'id; cat /etc/shadow'", commands)
         self.assertIn("the command 'id'", commands["b'id; cat /etc/shadow'"])
         self.assertTrue(any("the command 'rm'" in reason for reason in commands.values()), commands)
@@ -547,8 +552,5 @@ class X2GoClientTests(X2GoCase):
         log_text = self.gateway.log()[before:]
         self.assertIn("asked for a reverse forward", log_text)
         self.assertRegex(log_text, r"copied \.x2go/ssh/key\.\S+ \(\d+ bytes\): discarded")
-        # From the audit log, which has every refusal: the main log holds repeats back and tells
-        # of an earlier test's refusals from this address a minute later, in this test's part.
-        refused = [record for record in self.gateway.audit()[audited:] if record["event"] == "x2go_refused"]
-        self.assertEqual(refused, [])
+        self.assertEqual(self.refusals(audited), [])
         self.assertEqual([name for _, name, _ in pixels.windows(self.screen.name) if name == "Error"], [])
