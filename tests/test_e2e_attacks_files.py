@@ -28,7 +28,7 @@ import sys
 from twisted.trial.unittest import SkipTest, TestCase
 
 from tests.harness.gateway import REPO, Gateway
-from tests.harness.process import wait_for
+from tests.harness.process import release, wait_for
 from tests.harness.shared import class_fixture
 from tests.harness.ssh import askpass_env, NXClient, ssh_argv
 from tests.harness.users import NEED_ROOT, TestUser, create_user, is_root
@@ -83,7 +83,7 @@ class FileAttackCase(TestCase):
         if hold:
             process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        env=env, text=True)
-            self.addCleanup(self._release, process)
+            self.addCleanup(release, process, 30)
             line = process.stdout.readline()
             if not line:
                 raise AssertionError(f"the attack ended: {process.stderr.read()}")
@@ -91,18 +91,6 @@ class FileAttackCase(TestCase):
         done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
         self.assertEqual(done.returncode, 0, done.stderr)
         return json.loads(done.stdout.strip().splitlines()[-1])
-
-    @staticmethod
-    def _release(process: subprocess.Popen) -> None:
-        if process.poll() is None:
-            process.stdin.close()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        process.stdout.close()
-        process.stderr.close()
 
     def nx_login(self, user: TestUser) -> bytes:
         client = NXClient(self.gateway.port)
@@ -139,8 +127,8 @@ class SftpHandleTests(FileAttackCase):
         self.assertNotIn("no such Unix account", log)
         # One line per channel for the refusals, and a count when it closes.
         self.assertLess(log.count("refused an SFTP open"), 10)
-        self._release(holder)
-        self._release(other)
+        release(holder, 30)
+        release(other, 30)
         wait_for(lambda: "more SFTP requests of" in self.gateway.log(), 30, "the refusals' count")
 
 
@@ -190,6 +178,7 @@ class OutOfFilesTests(FileAttackCase):
         pid = self.gateway.process.pid
         before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
         self.addCleanup(resource.prlimit, pid, resource.RLIMIT_NOFILE, before)
+        seen = []
         for _ in range(5):
             limit = open_files(pid) + 1
             resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, before[1]))
@@ -208,9 +197,12 @@ class OutOfFilesTests(FileAttackCase):
             self.assertEqual(admin.returncode, 0, err)
             shown = json.loads(out)["result"]["open_files"]
             print(f"\n    admin status at the limit: open files {shown}")
-            self.assertTrue(shown.startswith(f"{limit} of "), shown)  # every one it may have (it said 0)
-            return
-        self.fail("the admin socket was never accepted at the limit")
+            if shown.startswith(f"{limit} of "):  # every one it may have (it said 0)
+                return
+            # A descriptor the gateway held for a moment (a log line, a thread's pipe) closed between
+            # the count and the limit: it was not at its limit, so try again; a wrong count fails below.
+            seen.append((limit, shown))
+        self.fail(f"the admin status never showed the gateway at its limit (limit, shown): {seen}")
 
     def test_an_ssh_login_while_the_gateway_is_out_of_files_is_told_why(self):
         """X2Go's clients log in over SSH with a password: the client is told

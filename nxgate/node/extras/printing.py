@@ -74,7 +74,7 @@ from nxgate.protocols import printgate
 from nxgate.node import files, processes
 from nxgate.node.extras import Context
 
-log = Logger(namespace="nxgate.extras.printing")
+log = Logger()
 
 DIRECTORY = "cups"
 SOCKET = "socket"
