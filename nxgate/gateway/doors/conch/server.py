@@ -40,7 +40,7 @@ from nxgate.wire.ssh_etm import INCOMING_STATE, MAX_PACKET, EtmTransport
 from nxgate.gateway.doors.conch.kexlimit import KexAdmission, OncePer, Refusal
 from nxgate.gateway.doors.conch.kexpool import InlineKexPool, KexJobError, KexPool
 from nxgate.wire.guarded import authenticated, user_logged_in
-from nxgate.wire.tcp import no_delay
+from nxgate.wire.tcp import no_delay, quick_ack
 
 log = Logger()
 
@@ -586,6 +586,7 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
 
     # ---------------------------------------------- key exchange, off the reactor
     def dataReceived(self, data: bytes) -> None:
+        quick_ack(self.transport, len(data))  # a client's next small message must not wait (nxgate.wire.tcp)
         if self._kex_job is not None:  # hold everything until our reply is out
             self.buf += data
             if len(self.buf) > HELD_INPUT_LIMIT:
