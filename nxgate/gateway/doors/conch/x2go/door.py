@@ -83,7 +83,8 @@ class X2GoDoor:
 
         context = Context(api=self.api(), caller=caller, facts=facts, secret=self.secret, links=self.links,
                           version=__version__, now=self.reactor.seconds, locate=locate, log=log,
-                          types=lambda: set(self.config().types))
+                          types=lambda: set(self.config().types), keys=self.desk.keys,
+                          sharing=lambda: bool(self.config().services.sharing))
         avatar.x2go_context = context
         return context
 

@@ -25,7 +25,7 @@ from nxgate.gateway.doors.conch.x2go.shell import MAX_EXEC_BYTES, PATTERN_REFUSE
 
 #: Variables a client may set before a command or export.
 ASSIGNABLE = frozenset({"PATH", "TERM", "HOSTNAME", "DISPLAY", "X2GO_XINERAMA", "X2GODPI", "X2GOXDMCP",
-                        "PULSE_CLIENTCONFIG", "X2GO_SPOOLDIR", "X2GO_MIMEBOX", "X2GO_SESSION"})
+                        "PULSE_CLIENTCONFIG", "X2GO_SPOOLDIR", "X2GO_MIMEBOX", "X2GO_SESSION", "X2GO_ICONV"})
 #: The verbs this door answers (``which`` finds them in /usr/bin).
 VERBS = frozenset({"x2golistsessions", "x2golistshadowsessions", "x2golistdesktops", "x2gostartagent",
                    "x2goruncommand", "x2goresume-session", "x2gosuspend-session", "x2goterminate-session",
@@ -256,19 +256,39 @@ def _scp(args: tuple[str, ...], facts: Facts) -> None:
         raise Refused(f"scp into {targets[0][:80]!r}: {error}") from None
 
 
+def _umount(args: tuple[str, ...], facts: Facts) -> None:
+    """``x2goumount-session <session> [<client path>]`` (python-x2go quotes a path, which may hold blanks)."""
+    _session_name(args[:1], facts)
+    if len(args) > 2 or (len(args) == 2 and (len(args[1]) > 512 or any(ord(c) < 32 for c in args[1]))):
+        raise Refused("x2goumount-session with other than a session and a folder")
+
+
+def _rm(args: tuple[str, ...], facts: Facts) -> None:
+    """``rm -f`` of the key files below ``~/.x2go/ssh`` (python-x2go's after ``x2gomountdirs``), nothing else."""
+    if len(args) < 2 or len(args) > 5 or args[0] != "-f":
+        raise Refused("rm other than rm -f of key files")
+    for path in args[1:]:
+        try:
+            names = files.parts(path, facts.home)
+        except files.PathRefused as error:
+            raise Refused(f"removing {path[:80]!r}: {error}") from None
+        if names[1:2] != ["ssh"] or len(names) != 3:
+            raise Refused(f"removing {path[:80]!r} (only key files below ~/.x2go/ssh)")
+
+
 def _printf(args: tuple[str, ...], facts: Facts) -> None:
     if len(args) != 2 or args[0] != "%b" or len(args[1]) > 1024:
         raise Refused("printf other than %b 'TEXT'")
 
 
 _CHECKS = {
-    "echo": _echo, "printf": _printf, "scp": _scp, "export": _export, "which": _which, "stat": _stat, "test": _test,
+    "echo": _echo, "printf": _printf, "scp": _scp, "rm": _rm, "export": _export, "which": _which, "stat": _stat, "test": _test,
     "exit": _none, "true": _none,
     "setxkbmap": _any_words(8), "xrandr": _any_words(8),
     "x2golistsessions": _none, "x2golistshadowsessions": _none, "x2golistdesktops": _none,
     "x2goversion": _none, "x2gofeaturelist": _none, "x2gobasepath": _none, "x2gogetservers": _none,
     "x2gostartagent": _start, "x2goruncommand": _runcommand, "x2goresume-session": _resume,
     "x2gosuspend-session": _name_then_words(1, 1), "x2goterminate-session": _name_then_words(1, 1),
-    "x2gocmdexitmessage": _name_then_words(1, 1), "x2goumount-session": _name_then_words(1, 2),
-    "x2golistmounts": _name_then_words(1, 1), "x2gomountdirs": _any_words(8), "x2gogetapps": _any_words(4),
+    "x2gocmdexitmessage": _name_then_words(1, 1), "x2goumount-session": _umount,
+    "x2golistmounts": _name_then_words(1, 1), "x2gomountdirs": _any_words(40), "x2gogetapps": _any_words(4),
 }
