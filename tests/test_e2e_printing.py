@@ -25,6 +25,7 @@ import stat
 import subprocess
 import sys
 import time
+import urllib.parse
 import uuid
 
 from nxgate.protocols import channels
@@ -320,21 +321,22 @@ class ClientPrintingTests(ClientScreenTestCase):
         printed = as_user(self.user.name, env, "lp", path)  # the default: the client's default printer
         self.assertEqual(printed.returncode, 0, printed.stderr)
         self.assertEqual(self.printer.wait_for_text(text.encode()).strip(), text.encode())
-        # Issue 25: the jobs went on an SSH channel of their own, not through nxagent's cups channel ...
-        tunnel = re.search(r"printing through its own SSH channel \(tunnel on 127\.0\.0\.1:(\d+)\)",
-                           self.gateway.log())
+        # The jobs went on an SSH channel of their own, not through nxagent's cups channel: its Unix socket ...
+        tunnel = re.search(r"the client takes its printing back \(listening at (\S+)\)", self.gateway.log())
         self.assertIsNotNone(tunnel, "the gateway's log says where the printers' tunnel listens")
-        port = int(tunnel.group(1))
-        (display, *_), = self.sessions().values()
-        self.assertNotEqual(port, channels.channel_port("printing", int(display)))
+        path = tunnel.group(1)
+        self.assertTrue(stat.S_ISSOCK(os.stat(path).st_mode), path)
         conf = os.path.join(os.path.dirname(env["CUPS_SERVER"]), "printers.conf")
         with open(conf) as handle:
-            self.assertIn(f"@127.0.0.1:{port}/printers/{QUEUE}", handle.read(), "the queue sends into the tunnel")
-        # ... whose port lets in the session's user only: another user is cut off before the client sees him.
+            self.assertIn(f"@{urllib.parse.quote(path, safe='')}/printers/{QUEUE}", handle.read(),
+                          "the queue sends into the tunnel")
+        # ... which lets in the session's user only: another user is cut off before the client sees him.
         stranger = create_user()
         self.addCleanup(stranger.remove)
         probe = ("import socket, sys\n"
-                 "s = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=10)\n"
+                 "s = socket.socket(socket.AF_UNIX)\n"
+                 "s.settimeout(10)\n"
+                 "s.connect(sys.argv[1])\n"
                  "s.sendall(sys.stdin.buffer.read())\n"
                  "answer = b''\n"
                  "try:\n"
@@ -342,13 +344,13 @@ class ClientPrintingTests(ClientScreenTestCase):
                  "except OSError: pass\n"
                  "sys.stdout.buffer.write(answer)\n")
         body = ipp.request(ipp.CUPS_GET_PRINTERS, 1, requested=("printer-name",))
-        request = ipp.http_post("/", body, f"127.0.0.1:{port}")
+        request = ipp.http_post("/", body, "localhost")
         answers = {}
         for who in (stranger.name, self.user.name):
-            answers[who] = subprocess.run(["runuser", "-u", who, "--", sys.executable, "-c", probe, str(port)],
+            answers[who] = subprocess.run(["runuser", "-u", who, "--", sys.executable, "-c", probe, path],
                                           input=request, capture_output=True, timeout=30).stdout
         self.assertEqual(answers[stranger.name], b"", "another user got an answer through the tunnel")
-        self.assertIn(f"refused a printing connection to its tunnel from uid {stranger.entry.pw_uid}",
+        self.assertIn(f"refused a printing connection from uid {stranger.entry.pw_uid}",
                       self.gateway.log())
         self.assertTrue(answers[self.user.name].startswith(b"HTTP/1.1 200 "), answers[self.user.name][:100])
         self.assertIn(QUEUE.encode(), answers[self.user.name])

@@ -346,7 +346,7 @@ class ClientSharingTests(ClientScreenTestCase):
         link = os.path.join(self.user.home, "MyShares", "work")
         wait_for(lambda: as_user(self.user.name, "test", "-d", link + "/").returncode == 0, 60,
                  "the client's folder at ~/MyShares/work")
-        tunnel = re.search(r"sharing through its own SSH channel \(tunnel on 127\.0\.0\.1:(\d+)\)",
+        tunnel = re.search(r"the client takes its folders back \(listening on 127\.0\.0\.1:(\d+)\)",
                            self.gateway.log())
         self.assertIsNotNone(tunnel, "the gateway's log says where the folder's tunnel listens")
         port = int(tunnel.group(1))
@@ -376,7 +376,7 @@ class ClientSharingTests(ClientScreenTestCase):
                         f"{self.user.name}%wrong", "-c", "ls")
         self.assertNotEqual(other.returncode, 0)
         self.assertNotIn(b"NT_STATUS_LOGON_FAILURE", other.stdout + other.stderr, "reached the client's Samba")
-        self.assertIn(f"refused a sharing connection to its tunnel from uid {stranger.entry.pw_uid}",
+        self.assertIn(f"refused a folders connection from uid {stranger.entry.pw_uid}",
                       self.gateway.log())
         self.assertNotEqual(as_user(stranger.name, "ls", link).returncode, 0)
         client.send_signal(signal.SIGTERM)

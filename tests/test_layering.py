@@ -36,10 +36,11 @@ VOCAB = "nxgate.vocabulary"
 FRONT = ("nxgate.gateway", "nxgate.protocols.nx", "nxgate.clients.nx", "nxgate.tap")
 #: The packages the rules name: each must exist in the tree.
 PACKAGES = ("nxgate.vocabulary", "nxgate.gateway", "nxgate.gateway.doors", "nxgate.node", "nxgate.node.agents",
-            "nxgate.wire", "nxgate.protocols", "nxgate.protocols.nx", "nxgate.clients", "nxgate.clients.nx")
+            "nxgate.wire", "nxgate.protocols", "nxgate.protocols.nx", "nxgate.clients", "nxgate.clients.nx",
+            "nxgate.streams")
 #: The first-level packages of nxgate: one that is not here is one no rule was written for.
 FIRST_LEVEL = frozenset({"nxgate.clients", "nxgate.gateway", "nxgate.node", "nxgate.protocols", "nxgate.store",
-                         "nxgate.vocabulary", "nxgate.wire"})
+                         "nxgate.streams", "nxgate.vocabulary", "nxgate.wire"})
 #: The composition root: the one module of the gateway that builds the node.
 ROOT = "nxgate.gateway.root"
 #: Host work the gateway's logins share with the node (PAM): it moves out of node/ with the layout's
@@ -333,11 +334,20 @@ def l12_every_import_can_be_read(graph: Graph) -> list[str]:
             in sorted(graph.items()) if DYNAMIC in imports]
 
 
+def l13_streams_serve_every_side(graph: Graph) -> list[str]:
+    """L13: ``streams/`` (what travels back from a session to its client, used by the node, the doors and
+    nxgate-client alike) imports no door, router, node, client program or store."""
+    return [f"L13 {module} imports {name}" for module, imports in sorted(graph.items())
+            if within(module, "nxgate.streams")
+            for name in sorted(imports) if within(name, "nxgate.gateway", "nxgate.node", "nxgate.clients",
+                                                   "nxgate.store")]
+
+
 IMPORT_RULES: list[Rule] = [l1_the_node_ignores_the_front, l2_agents_stand_apart, l3_nx_core_is_pure,
                             l4_vocabulary_stands_alone, l5_doors_and_the_wire_receive_the_node,
                             l6_login_shell_starts_fast, l8_doors_and_the_wire_stay_apart, l9_no_package_cycles,
                             l10_the_nx_client_is_its_own_program, l11_no_way_round_to_the_node,
-                            l12_every_import_can_be_read]
+                            l12_every_import_can_be_read, l13_streams_serve_every_side]
 
 
 def check(graph: Graph) -> list[str]:
@@ -640,6 +650,10 @@ class BrokenTreeTests(TestCase):
         self.assertBroken("L12 nxgate.gateway.doors.web.x imports a module whose name the checker cannot read",
                           ("nxgate/gateway/doors/web/x.py",
                            "import importlib\n\n\ndef load(name):\n    return importlib.import_module(name)\n"))
+
+    def test_l13(self) -> None:
+        self.assertBroken("L13 nxgate.streams.x imports nxgate.node.reverse",
+                          ("nxgate/streams/x.py", "from nxgate.node import reverse\n"))
 
     def test_a_tree_that_lost_a_package_or_grew_an_unknown_one(self) -> None:
         root = self.copy()

@@ -160,6 +160,12 @@ class CupsdConfiguration(TestCase):
         self.assertEqual(conf.count("Shared No"), 2)
         self.assertEqual(printing.printers_conf([], 2001, "c"), "\n")
 
+    def test_a_reverse_listeners_unix_socket_is_the_uris_host_written_with_percent_slashes(self) -> None:
+        """CUPS's ipp backend connects to a host that starts with "/" as a
+        Unix socket; in a URI it is written %2F...."""
+        uri = printing.device_uri("/var/lib/nxgate/tunnels/printing-0a1b", "/printers/home", "c" * 8)
+        self.assertEqual(uri, "ipp://nxgate:cccccccc@%2Fvar%2Flib%2Fnxgate%2Ftunnels%2Fprinting-0a1b/printers/home")
+
     def test_prepare_makes_a_private_directory(self) -> None:
         base = tempfile.mkdtemp()
         self.addCleanup(lambda: __import__("shutil").rmtree(base))
@@ -252,7 +258,7 @@ class ThroughTheGate(TestCase):
     async def test_discovery_passes_the_gate_and_the_server_never_sees_the_credential(self) -> None:
         port = self.serve([{"printer-name": "office", "printer-uri-supported": "ipp://x/printers/office"},
                            {"printer-name": "home", "printer-uri-supported": "ipp://x/printers/home"}])
-        found = await printing.discover(reactor, port, COOKIE)
+        found = await printing.discover(reactor, printing.Route.channel(reactor, port), COOKIE)
         self.assertEqual([(p.queue, p.default) for p in found], [("office", False), ("home", True)])
         self.assertTrue(self.factory.seen)
         for head in self.factory.seen:
@@ -260,20 +266,20 @@ class ThroughTheGate(TestCase):
 
     async def test_a_bare_ipp_printer_is_one_queue(self) -> None:
         port = self.serve([{"printer-name": "Tiny", "printer-uri-supported": "ipp://x/ipp/print"}], bare=True)
-        found = await printing.discover(reactor, port, COOKIE)
+        found = await printing.discover(reactor, printing.Route.channel(reactor, port), COOKIE)
         self.assertEqual([(p.queue, p.resource, p.default) for p in found], [("Tiny", "/ipp/print", True)])
 
     async def test_a_wrong_cookie_is_refused(self) -> None:
         port = self.serve([{"printer-name": "office"}])
         with self.assertRaises(printing.Refused):
-            await printing.discover(reactor, port, "f" * 32)
+            await printing.discover(reactor, printing.Route.channel(reactor, port), "f" * 32)
         self.assertEqual(self.factory.seen, [])
 
     async def test_nobody_listening_is_not_yet(self) -> None:
         from tests.harness.net import free_port
 
         with self.assertRaises(printing.NotAnswering):
-            await printing.discover(reactor, free_port(), COOKIE)
+            await printing.discover(reactor, printing.Route.channel(reactor, free_port()), COOKIE)
 
 
 class ClientOptions(TestCase):
@@ -361,6 +367,7 @@ class Lifecycle(TestCase):
         self.addCleanup(lambda: __import__("shutil").rmtree(base))
         launcher = FakeLauncher()
         context = SimpleNamespace(reactor=reactor, session_dir=lambda session: base, launcher=launcher, blocking=None,
+                                  reverse=None,
                                   layout=SimpleNamespace(agent_files=lambda sid: SimpleNamespace(
                                       app_log=os.path.join(base, "session.log"))))
         extra = printing.Printing(context, "cupsd")  # type: ignore[arg-type]
@@ -381,6 +388,50 @@ class Lifecycle(TestCase):
         self.assertFalse(os.path.exists(os.path.join(base, "cups", "printers.conf")))
         await defer.ensureDeferred(_until(lambda: launcher.children[0].poll() is not None))
 
+    async def test_with_a_route_the_node_asks_through_it_and_the_queues_send_to_its_socket(self) -> None:
+        """The client takes its printing back over its own SSH connection (a
+        route to the session's reverse listener): discovery goes through the
+        listeners' own way in (a socket pair, not the listening socket), and the
+        queues' device URIs name the listener's Unix socket."""
+        import socket
+
+        factory = protocol.Factory.forProtocol(FakeCups)
+        factory.seen, factory.bare, factory.open, factory.closed = [], False, 0, []
+        factory.printers = [{"printer-name": "home", "printer-uri-supported": "ipp://x/printers/home"}]
+
+        class Listeners:
+            calls = 0
+
+            def address(self, session_id, service):
+                return f"/run/nxgate/reverse/{session_id}.{service}"
+
+            def connect_own(self, session_id, service):
+                Listeners.calls += 1
+                ours, theirs = socket.socketpair()
+                theirs.setblocking(False)
+                reactor.adoptStreamConnection(theirs.fileno(), socket.AF_UNIX, factory)
+                theirs.close()
+                ours.setblocking(False)
+                return ours
+
+        base = tempfile.mkdtemp()
+        self.addCleanup(lambda: __import__("shutil").rmtree(base))
+        session = SimpleNamespace(id="D" * 32, uid=os.getuid(), gid=os.getgid(), display=7, cookie=COOKIE,
+                                  user="someone")
+        launcher = FakeLauncher()
+        context = SimpleNamespace(reactor=reactor, session_dir=lambda session: base, launcher=launcher, blocking=None,
+                                  reverse=Listeners(),
+                                  layout=SimpleNamespace(agent_files=lambda sid: SimpleNamespace(
+                                      app_log=os.path.join(base, "session.log"))))
+        extra = printing.Printing(context, "cupsd")  # type: ignore[arg-type]
+        await extra.start(session)
+        await defer.ensureDeferred(_until(lambda: launcher.requests and extra._cupsd.get(session.id)))
+        self.assertEqual(Listeners.calls, 2)  # CUPS-Get-Printers and CUPS-Get-Default
+        with open(os.path.join(base, "cups", "printers.conf")) as handle:
+            self.assertIn(f"@%2Frun%2Fnxgate%2Freverse%2F{session.id}.printing/printers/home\n", handle.read())
+        await extra.stop(session)
+        await defer.ensureDeferred(_until(lambda: launcher.children[0].poll() is not None))
+
     async def test_stop_before_the_client_answers_cancels_the_discovery(self) -> None:
         from tests.harness.net import free_port
 
@@ -388,6 +439,7 @@ class Lifecycle(TestCase):
         self.addCleanup(lambda: __import__("shutil").rmtree(base))
         launcher = FakeLauncher()
         context = SimpleNamespace(reactor=reactor, session_dir=lambda session: base, launcher=launcher, blocking=None,
+                                  reverse=None,
                                   layout=None)
         extra = printing.Printing(context, "cupsd")  # type: ignore[arg-type]
         session = SimpleNamespace(id="C" * 32, uid=os.getuid(), gid=os.getgid(), display=free_port() - 2000,
@@ -397,6 +449,31 @@ class Lifecycle(TestCase):
         await extra.stop(session)
         self.assertEqual(extra._tasks, {})
         self.assertEqual(launcher.requests, [])
+
+
+class SocketMade(TestCase):
+    async def test_a_socket_cupsd_makes_after_the_watch_began_is_seen(self) -> None:
+        """inotify names what it saw in bytes: the socket must still be
+        recognised (else every start waited SOCKET_TIMEOUT and logged a failure)."""
+        import socket
+        import subprocess
+        import threading
+
+        from nxgate.node.processes import ProcessId
+
+        base = tempfile.mkdtemp()
+        self.addCleanup(lambda: __import__("shutil").rmtree(base))
+        child = subprocess.Popen(["sleep", "60"])
+        threading.Thread(target=child.wait, daemon=True).start()
+        self.addCleanup(child.kill)
+        extra = printing.Printing(SimpleNamespace(reactor=reactor))  # type: ignore[arg-type]
+        path = os.path.join(base, "socket")
+        made = socket.socket(socket.AF_UNIX)
+        self.addCleanup(made.close)
+        reactor.callLater(0.1, made.bind, path)
+        self.patch(printing, "SOCKET_TIMEOUT", 30.0)
+        await extra._socket_made(path, ProcessId.of(child.pid))
+        self.assertIsNone(child.poll())  # seen while cupsd (here: sleep) still runs
 
 
 async def _until(predicate, timeout: float = 10.0) -> None:

@@ -1,6 +1,8 @@
-"""The pure parts of the service tunnels (issue 25, nxgate.wire.tunnel_registry) and the
-tunnel channel's flow control, with fakes; the real thing is tested end to
-end in tests.test_e2e_sharing and tests.test_e2e_printing (nxgate-client)."""
+"""nxgate-client's service tunnels: their words on the wire (nxgate.protocols.service_tunnel), the reverse
+channel's flow control with fakes (nxgate.streams.reverse_channel), and the gate the client's print
+tunnel passes; the listeners' admission is tested in tests.test_local_peers and tests.test_reverse_streams,
+the whole thing end to end in tests.test_e2e_sharing, tests.test_e2e_printing (nxgate-client) and
+tests.test_e2e_attacks_node (another user's connect-send-close flood)."""
 
 from __future__ import annotations
 
@@ -8,18 +10,11 @@ from types import SimpleNamespace
 
 from twisted.trial.unittest import TestCase
 
-from nxgate.wire import tunnel_registry as tunnels
 from nxgate.protocols import printgate
-from nxgate.wire.service_tunnels import WINDOW, TunnelChannel
+from nxgate.protocols import service_tunnel as tunnels
+from nxgate.streams.reverse_channel import WINDOW, ChannelEnd, SplicedChannel
 
 SID = "0123456789ABCDEF0123456789ABCDEF"
-TABLE = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 11 1 0 100 0 0 10 0
-   1: 0100007F:D431 0100007F:1F90 01 00000000:00000000 00:00000000 00000000  1042        0 12 1 0 20 4 30 10 -1
-   2: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 13 1 0 20 4 30 10 -1
-"""
-
-
 class Codec(TestCase):
     def test_a_request_round_trips_and_the_id_is_upper_case(self) -> None:
         self.assertEqual(tunnels.decode(tunnels.encode("sharing", SID.lower())), ("sharing", SID))
@@ -29,36 +24,6 @@ class Codec(TestCase):
                     tunnels.encode("sharing", SID)[:-1], tunnels.encode("sharing", SID) + b"!",
                     b"\x00\x00\x10\x00" + b"a" * 4096):
             self.assertRaises(tunnels.TunnelRequestError, tunnels.decode, bad)
-
-
-class PeerUid(TestCase):
-    def test_the_connecting_sockets_owner_is_found(self) -> None:
-        # 127.0.0.1:54321 (uid 1042) connected to our listener's accepted end at 127.0.0.1:8080.
-        self.assertEqual(tunnels.peer_uid(TABLE, ("127.0.0.1", 54321), ("127.0.0.1", 8080)), 1042)
-
-    def test_our_own_end_or_an_unknown_peer_is_not_taken_for_it(self) -> None:
-        self.assertEqual(tunnels.peer_uid(TABLE, ("127.0.0.1", 8080), ("127.0.0.1", 54321)), 0)
-        self.assertIsNone(tunnels.peer_uid(TABLE, ("127.0.0.1", 54322), ("127.0.0.1", 8080)))
-        self.assertIsNone(tunnels.peer_uid("garbage\nmore garbage", ("127.0.0.1", 1), ("127.0.0.1", 2)))
-
-    def test_ipv6_addresses_are_written_as_the_kernel_does(self) -> None:
-        self.assertEqual(tunnels._proc_address("::1", 80), "00000000000000000000000001000000:0050")
-
-
-class Registry(TestCase):
-    def test_a_tunnel_serves_its_own_user_only_and_only_its_owner_removes_it(self) -> None:
-        registry = tunnels.TunnelRegistry()
-        first = tunnels.Tunnel(SID, "alice", "sharing", 40001, object())
-        registry.add(first)
-        self.assertEqual(registry.port(SID, "alice", "sharing"), 40001)
-        self.assertIsNone(registry.port(SID, "bob", "sharing"))
-        self.assertIsNone(registry.port(SID, "alice", "printing"))
-        second = tunnels.Tunnel(SID, "alice", "sharing", 40002, object())  # a resume from another connection
-        registry.add(second)
-        registry.remove(first)  # the old connection goes: the new tunnel stays
-        self.assertEqual(registry.port(SID, "alice", "sharing"), 40002)
-        registry.remove(second)
-        self.assertIsNone(registry.port(SID, "alice", "sharing"))
 
 
 class FakeConnection:
@@ -71,20 +36,31 @@ class FakeConnection:
 
 
 class FlowControl(TestCase):
-    def test_a_full_socket_holds_the_window_until_it_drained(self) -> None:
+    def test_a_full_stream_holds_the_window_until_it_drained(self) -> None:
         conn = FakeConnection()
-        channel = TunnelChannel(conn=conn)
-        written: list[bytes] = []
-        channel.socket = SimpleNamespace(transport=SimpleNamespace(write=written.append))
-        channel.pauseProducing()  # the socket's buffer is full
+        channel = SplicedChannel(conn=conn)
+        end = ChannelEnd(channel)
+        end.pause_reading()  # the stream's buffer is full
         channel.localWindowLeft = 100  # the peer used nearly all of it
         # Conch grants more only while localWindowLeft < localWindowSize // 2: never while paused.
         self.assertFalse(channel.localWindowLeft < channel.localWindowSize // 2)
-        channel.dataReceived(b"x")
-        self.assertEqual(written, [b"x"])
-        channel.resumeProducing()
+        end.resume_reading()
         self.assertEqual(conn.adjusted, [WINDOW - 100])
         self.assertEqual(channel.localWindowSize, WINDOW)
+
+    def test_a_full_client_window_pauses_the_streams_reading(self) -> None:
+        channel = SplicedChannel(conn=FakeConnection())
+        written: list[bytes] = []
+        paused: list[str] = []
+        far = SimpleNamespace(write=written.append, pauseProducing=lambda: paused.append("pause"),
+                              resumeProducing=lambda: paused.append("resume"), registerProducer=lambda p, s: None,
+                              bufferSize=0)
+        channel.far_connected(far)
+        channel.stopWriting()
+        channel.startWriting()
+        self.assertEqual(paused, ["pause", "resume"])
+        channel.dataReceived(b"x")
+        self.assertEqual(written, [b"x"])
 
 
 class Gate(TestCase):

@@ -13,6 +13,7 @@ below a user's directory one name at a time from a directory of its own
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -54,18 +55,28 @@ class StateLayout:
     def sessions(self) -> str:
         return os.path.join(self.root, "sessions")
 
+    @property
+    def reverse(self) -> str:
+        """The Unix sockets of sessions' reverse listeners (:mod:`nxgate.node.reverse`)."""
+        return os.path.join(self.root, "reverse")
+
     def prepare(self) -> None:
         socket_path = self.agent_files("0" * 32).socket
         if len(socket_path.encode()) > MAX_SOCKET_PATH:
             raise RuntimeError(f"state directory {self.root} is too long: agents' sockets ({socket_path}) may "
                                f"have at most {MAX_SOCKET_PATH} bytes; choose a shorter state_dir")
-        for path, mode in ((self.root, 0o711), (self.logs, 0o700), (self.sessions, 0o711)):
+        for path, mode in ((self.root, 0o711), (self.logs, 0o700), (self.sessions, 0o711), (self.reverse, 0o711)):
             os.makedirs(path, mode=mode, exist_ok=True)
             st = os.lstat(path)
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
                 raise RuntimeError(f"{path} must be a directory owned by the gateway's user")
             if stat.S_IMODE(st.st_mode) != mode:
                 os.chmod(path, mode)
+        # A reverse listener lives as long as its route, which ends with this
+        # process: what is left there is a killed gateway's.
+        for name in os.listdir(self.reverse):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.reverse, name))
 
     def agent_files(self, session_id: str) -> AgentFiles:
         return AgentFiles(

@@ -17,7 +17,10 @@ a call arrives, on one box and on many:
   session, never from what a gateway says.  One opener per kind: ``agent``
   (the agent's socket, :mod:`nxgate.wire.agentsocket`) and ``view`` (a
   live browser viewer's x11vnc, :mod:`nxgate.node.browser_viewer`, which
-  ends with its stream).
+  ends with its stream), and the reverse services' (``sound``,
+  ``printing``, ``sharing``: without a number, a route that keeps the
+  service's listener open; with one, a connection that waits there for its
+  client, :mod:`nxgate.node.reverse` and :mod:`nxgate.streams.reverse`).
 * **Events**: whoever subscribes hears every state change of this node's
   sessions (the D-Bus door of any member, through the router).
 """
@@ -33,6 +36,7 @@ from twisted.logger import Logger
 from nxgate.node import thumbnails
 from nxgate.node.browser_viewer import BrowserViewer
 from nxgate.node.thumbnails import ThumbnailError
+from nxgate.streams import reverse
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.model import Session, State
@@ -76,7 +80,8 @@ class LocalNode:
             self.subscribe(viewers.session_changed)  # a resume elsewhere, or the end, ends live viewers
         #: One opener per stream kind: (caller resolved here, the caller's live session) -> the stream.
         self.openers: dict[str, Callable[[Caller, Session, StreamKind], Awaitable[Stream]]] = {
-            "agent": self._agent_stream, "view": self._view_stream}
+            "agent": self._agent_stream, "view": self._view_stream,
+            **{word: self._reverse_stream for word in reverse.SERVICES}}
 
     def __repr__(self) -> str:
         return f"LocalNode({self.machine()!r})"
@@ -169,7 +174,7 @@ class LocalNode:
     async def open_stream(self, caller: Caller, session_id: str, kind: StreamKind) -> Stream:
         """One end of the caller's session on this machine (see the module's docstring)."""
         opener = self.openers.get(kind.word)
-        if opener is None or kind.number is not None:
+        if opener is None or (kind.number is not None and reverse.service_of(kind) is None):
             raise SessionError(Kind.INVALID_REQUEST, f"Machine {self.machine()} opens no stream of kind {kind}.",
                                session_id=session_id)
         here = await self._here(caller)
@@ -233,6 +238,15 @@ class LocalNode:
         stream = SocketStream(reactor, sock, session.id, kind, watch)
         viewer.on_close = stream.end  # the node ends the viewer: the stream ends, with its words
         return stream
+
+    async def _reverse_stream(self, caller: Caller, session: Session, kind: StreamKind) -> Stream:
+        """A reverse service's route (no number) or one of its waiting connections (a number)."""
+        service = reverse.service_of(kind)
+        assert service is not None  # the openers table holds only its words
+        listeners = self.service.reverse
+        if kind.number is None:
+            return listeners.open_route(caller, session, service)
+        return listeners.take(caller, session, service, kind.number)
 
     def subscribe(self, observer: Callable[[SessionEvent], None]) -> Callable[[], None]:
         """``observer`` hears this node's session changes until the result is called."""

@@ -31,6 +31,7 @@ from nxgate.node.supervisor import AgentSupervisor, Orphan, SendSignal
 from nxgate.safetext import printable
 from nxgate.node import applications, displays, extras, files, processes
 from nxgate.node.launcher import Launcher
+from nxgate.node.reverse import ReverseListeners
 from nxgate.vocabulary.model import FOR_LATER, Session, State, member_name
 from nxgate.node.kinds import DesktopKind, RemoteDesktopKind, SessionKind, kind_for
 from nxgate.vocabulary.caller import Caller
@@ -93,12 +94,17 @@ class SessionService(service.Service):
         self.displays = DisplayAllocator(
             lambda: (self.settings.display_base, self.settings.display_limit),
             lambda: [s.display for s in self.sessions.values()] + [o.display for o in self.orphans.values()])
+        #: The reverse listeners of this machine's sessions (nxgate.node.reverse).
+        self.reverse = ReverseListeners(reactor, layout.reverse, blocking, lambda sid: self.sessions.get(sid),
+                                        lambda word: bool(getattr(self.config.services, word, False)),
+                                        lambda: self.node_name or "this machine")
         self.extras = extras.Extras.load(extras.Context(reactor, lambda: self.config, layout, self.launcher,
-                                                        blocking))
+                                                        blocking, self.reverse))
         self.lifecycle = Lifecycle(reactor, lambda: self.config, lambda: self.settings, layout, self.supervisor,
                                    self.writer, self.store, self.displays, self.background, self.extras)
         self.sessions = self.lifecycle.sessions  # the same dicts: the life cycle owns them
         self.runtime = self.lifecycle.runtime
+        self.lifecycle.observers.append(self.reverse.session_changed)
         self.housekeeper = Housekeeping(reactor, lambda: self.settings, self.store, layout, self.supervisor,
                                         lambda: self.sessions.values(), self.lifecycle.terminate_session,
                                         self.background, lambda: self.node_name)
@@ -130,6 +136,7 @@ class SessionService(service.Service):
                       "learns the state of running sessions from their agents' logs", count=len(self.unsaved))
         for runtime in self.runtime.values():
             self.lifecycle._stop_watching(runtime)
+        self.reverse.close()
         self.notifier.loseConnection()
 
     async def start(self, caller: Caller, request: StartRequest) -> Ready:

@@ -13,7 +13,7 @@ the header is removed (the local CUPS must not see, check or log it) and
 request goes on to the local print server unchanged.  Answers go back untouched.
 
 Requests that come through the session's own SSH channel (issue 25,
-:mod:`nxgate.wire.tunnel_registry`) need no credential: the gateway let only the session
+:mod:`nxgate.protocols.service_tunnel`) need no credential: the gateway let only the session
 user's processes into that channel, which is what the credential stood for,
 and CUPS's backend would otherwise pay a 401 and a new connection per job.
 The header is still taken off and ``Host`` still set.
@@ -74,7 +74,7 @@ class Gate:
     session_cookie: str
     host: str = "localhost"
     #: False for connections that came through the session's own SSH channel
-    #: (nxgate.wire.tunnel_registry): the gateway let in only the session user's processes.
+    #: (nxgate.protocols.service_tunnel): the gateway let in only the session user's processes.
     credential_required: bool = True
     _buffer: bytes = b""
     _state: str = "head"  # head, body, chunk-size, chunk-data, chunk-end, trailer, closed

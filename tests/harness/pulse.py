@@ -56,9 +56,9 @@ class PulseServer:
     def pactl(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["pactl", *args], env=self.env(), capture_output=True, text=True, timeout=15)
 
-    def load_tcp(self, cookie: bytes) -> int:
-        """A native-protocol TCP port on 127.0.0.1 that demands ``cookie``; its number."""
-        port = free_port()
+    def load_tcp(self, cookie: bytes, port: int = 0) -> int:
+        """A native-protocol TCP port on 127.0.0.1 (``port``, or a free one) that demands ``cookie``; its number."""
+        port = port or free_port()
         # One file per module: PulseAudio shares a cookie loaded from the same
         # path between modules, so a second one would demand the first cookie.
         path = os.path.join(self.dir, f"session-cookie-{port}")

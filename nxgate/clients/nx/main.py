@@ -421,7 +421,7 @@ class ClientRun:
 
     def _request_tunnels(self, info: dialogue.SessionInfo) -> None:
         """Ask the server to carry the folders and printers on SSH channels of
-        their own (:mod:`nxgate.wire.tunnel_registry`), beside the NX stream: nxagent's
+        their own (:mod:`nxgate.protocols.service_tunnel`), beside the NX stream: nxagent's
         proxy throttles its smb and cups channels.  Sent before ``addmount``
         (the server reads them in order); a server that says no keeps using
         the NX channels, which nxproxy serves all the same."""

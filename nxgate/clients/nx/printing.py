@@ -155,7 +155,7 @@ class GateFactory(protocol.ServerFactory):
 class LocalPrinting:
     """The gates of one attachment, on 127.0.0.1 and free ports: one for the
     NX cups channel, one for the session's own SSH channel (its connections
-    come only from the gateway's tunnel, see :mod:`nxgate.wire.tunnel_registry`)."""
+    come only from the gateway's tunnel, see :mod:`nxgate.protocols.service_tunnel`)."""
 
     def __init__(self, reactor: Any, server: str) -> None:
         self.reactor = reactor

@@ -25,10 +25,10 @@ from twisted.conch.ssh.keys import Key
 from twisted.internet import defer, protocol
 from twisted.python.failure import Failure
 
-from nxgate.wire import tunnel_registry as tunnels
+from nxgate.protocols import service_tunnel as tunnels
 from nxgate.clients.nx.knownhosts import KnownHosts, Verdict, fingerprint, preferred_algorithms
 from nxgate.wire.ssh_etm import ETM_MACS, EtmTransport
-from nxgate.wire.service_tunnels import ClientTunnelChannel
+from nxgate.streams.reverse_channel import TargetChannel
 from nxgate.wire.tcp import no_delay
 
 
@@ -136,7 +136,7 @@ class ShellChannel(channel.SSHChannel):
 
     def request_tunnel(self, service: str, session_id: str) -> defer.Deferred[Any]:
         """Ask the server to carry ``service`` of the session on SSH channels
-        of its own (:mod:`nxgate.wire.tunnel_registry`); fails when it will not."""
+        of its own (:mod:`nxgate.protocols.service_tunnel`); fails when it will not."""
         return self.conn.sendRequest(self, tunnels.REQUEST, tunnels.encode(service, session_id), wantReply=True)
 
     def pause_reading(self) -> None:
@@ -155,7 +155,7 @@ class _Connection(connection.SSHConnection):
         self.shell: ShellChannel | None = None
 
     def getChannel(self, channelType: bytes, windowSize: int, maxPacket: int, data: bytes) -> channel.SSHChannel:
-        """Only the tunnels we asked for (:mod:`nxgate.wire.tunnel_registry`): the server's
+        """Only the tunnels we asked for (:mod:`nxgate.protocols.service_tunnel`): the server's
         connections to our print gate or private Samba."""
         target = None
         if channelType == tunnels.CHANNEL:
@@ -166,7 +166,8 @@ class _Connection(connection.SSHConnection):
         if target is None:
             raise ConchError(connection.OPEN_ADMINISTRATIVELY_PROHIBITED, "no such tunnel was asked for")
         reactor = self.handler.reactor  # type: ignore[attr-defined]
-        return ClientTunnelChannel(reactor, target, remoteWindow=windowSize, remoteMaxPacket=maxPacket, conn=self)
+        return TargetChannel(reactor, target, tunnels.CHANNEL, remoteWindow=windowSize, remoteMaxPacket=maxPacket,
+                             conn=self)
 
     def serviceStarted(self) -> None:
         super().serviceStarted()

@@ -50,13 +50,17 @@ class Extra(Protocol):
 class Context:
     """What extras may use: the reactor, the current config, where session
     directories are (a :class:`nxgate.node.files.StateLayout`), the launcher
-    that runs programs as the user, and a way to run blocking work."""
+    that runs programs as the user, a way to run blocking work, and the
+    node's reverse listeners (:class:`nxgate.node.reverse.ReverseListeners`:
+    where a service's programs reach the client over the client's own SSH
+    connection, when its door opened a route)."""
 
     reactor: Any
     config: Callable[[], Any]
     layout: Any
     launcher: Any = None
     blocking: Any = None
+    reverse: Any = None
 
     def session_dir(self, session: Any) -> str:
         return str(self.layout.agent_files(session.id).directory)
@@ -103,7 +107,21 @@ class Extras:
         return [self.by_name[name] for name in names if name in self.by_name]
 
     def environment(self, session: Any) -> dict[str, str]:
+        """What the session's programs need: each granted extra's environment,
+        and for the others, how to reach their service over a reverse stream
+        (``reverse_environment``, where an extra has one: a client may take the
+        service back over its own SSH connection later)."""
         env: dict[str, str] = {}
+        granted = {extra.name for extra in self.of(session)}
+        for extra in self.by_name.values():
+            reverse_environment = getattr(extra, "reverse_environment", None)
+            if extra.name in granted or reverse_environment is None:
+                continue
+            try:
+                env.update(reverse_environment(session))
+            except Exception:
+                log.failure("session {id}: the {service} extra gave no environment", id=session.id,
+                            service=extra.name)
         for extra in self.of(session):
             try:
                 env.update(extra.environment(session))

@@ -20,6 +20,14 @@ client's CUPS does that for its printer.  The credential (derived from the
 session cookie) is only in printers.conf (0600, in the 0700 directory); cupsd
 takes the password out of the backend's argv.
 
+When ``nxgate-client`` takes the printing back over its own SSH connection
+(its door opened a route: :mod:`nxgate.streams.reverse`), the queues send to
+the session's reverse listener instead (a Unix socket only the user's
+processes get through: ``ipp://nxgate:CREDENTIAL@%2F<path>/printers/NAME``),
+and the node asks the client's printers through the same route
+(:meth:`Printing.route`), on one box and for a client on another cluster
+member alike.
+
 The client's printers are known only once the client is attached, after
 ``start``: a background task asks the client's print server through the
 channel (:mod:`nxgate.protocols.ipp`), retrying until the client answers, then writes
@@ -41,14 +49,17 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import stat
-from collections.abc import Iterable
+import urllib.parse
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from twisted.internet import defer, inotify, protocol, task
 from twisted.internet.endpoints import TCP4ClientEndpoint
-from twisted.internet.error import ConnectingCancelledError
+from twisted.internet.error import ConnectError, ConnectingCancelledError
+from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 from twisted.python.filepath import FilePath
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone
@@ -57,7 +68,6 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
-from nxgate.wire import tunnel_registry as tunnels
 from nxgate.protocols import channels
 from nxgate.protocols import ipp
 from nxgate.protocols import printgate
@@ -134,11 +144,16 @@ def cups_files_conf(directory: str) -> str:
     ])
 
 
-def device_uri(port: int, resource: str, credential: str) -> str:
-    return f"ipp://{printgate.USER}:{credential}@127.0.0.1:{port}{resource}"
+def device_uri(address: int | str, resource: str, credential: str) -> str:
+    """A queue's device URI: to 127.0.0.1:``address`` (the NX cups channel's
+    port), or to the Unix socket at ``address`` (the client's own SSH
+    connection, see :mod:`nxgate.streams.reverse`): CUPS's ipp backend takes
+    a host that starts with ``/``, written ``%2F...``, for a socket path."""
+    host = f"127.0.0.1:{address}" if isinstance(address, int) else urllib.parse.quote(address, safe="")
+    return f"ipp://{printgate.USER}:{credential}@{host}{resource}"
 
 
-def printers_conf(printers: Iterable[ipp.Printer], port: int, credential: str) -> str:
+def printers_conf(printers: Iterable[ipp.Printer], address: int | str, credential: str) -> str:
     """printers.conf: a raw queue per client printer (names and texts were
     cleaned by :mod:`nxgate.protocols.ipp`: nothing can end a line or a section)."""
     printers = list(printers)
@@ -150,7 +165,7 @@ def printers_conf(printers: Iterable[ipp.Printer], port: int, credential: str) -
             f"<{section} {printer.queue}>",
             f"Info {printer.info or printer.name} (NX client)",
             "Location the NX client's machine",
-            f"DeviceURI {device_uri(port, printer.resource, credential)}",
+            f"DeviceURI {device_uri(address, printer.resource, credential)}",
             "State Idle",
             "Accepting Yes",
             "Shared No",
@@ -225,14 +240,81 @@ class Answer:
 
 @implementer(IAgentEndpointFactory)
 class _Loopback:
-    """Agent's connections go to 127.0.0.1 itself: no name to resolve."""
+    """Agent's connections go to 127.0.0.1:``port`` itself: no name to resolve."""
 
-    def __init__(self, reactor: Any, timeout: float) -> None:
+    def __init__(self, reactor: Any, port: int, timeout: float) -> None:
         self.reactor = reactor
+        self.port = port
         self.timeout = timeout
 
     def endpointForURI(self, uri: Any) -> TCP4ClientEndpoint:
-        return TCP4ClientEndpoint(self.reactor, "127.0.0.1", uri.port, timeout=self.timeout)
+        return TCP4ClientEndpoint(self.reactor, "127.0.0.1", self.port, timeout=self.timeout)
+
+
+@implementer(IStreamClientEndpoint)
+class _Handed:
+    """A connection to a socket someone hands us (the reverse listeners' :meth:`connect_own`)."""
+
+    def __init__(self, reactor: Any, connect: Callable[[], socket.socket]) -> None:
+        self.reactor = reactor
+        self.connect_socket = connect
+
+    def connect(self, factory: Any) -> defer.Deferred[Any]:
+        try:
+            sock = self.connect_socket()
+        except OSError as error:
+            return defer.fail(ConnectError(string=str(error)))
+        built: list[Any] = []
+
+        class Capture(protocol.Factory):
+            def buildProtocol(self, addr: Any) -> Any:
+                built.append(factory.buildProtocol(addr))
+                return built[-1]
+
+        try:
+            self.reactor.adoptStreamConnection(sock.fileno(), socket.AF_UNIX, Capture())
+        finally:
+            sock.close()  # the reactor holds its own copy
+        if not built or built[0] is None:
+            return defer.fail(ConnectError(string="the connection was not taken"))
+        return defer.succeed(built[0])
+
+
+@implementer(IAgentEndpointFactory)
+class _Reverse:
+    def __init__(self, reactor: Any, connect: Callable[[], socket.socket]) -> None:
+        self.endpoint = _Handed(reactor, connect)
+
+    def endpointForURI(self, uri: Any) -> _Handed:
+        return self.endpoint
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a session's print requests reach the client's gate: the address
+    its queues send to (:func:`device_uri`) and how the gateway itself asks
+    there (an Agent's endpoints)."""
+
+    address: int | str
+    endpoints: Any
+
+    @classmethod
+    def channel(cls, reactor: Any, port: int, timeout: float = ASK_TIMEOUT) -> Route:
+        """The NX cups channel's port on loopback."""
+        return cls(port, _Loopback(reactor, port, timeout))
+
+    @classmethod
+    def reverse(cls, reactor: Any, address: int | str, connect: Callable[[], socket.socket]) -> Route:
+        """Back over the client's own SSH connection: the session's cupsd
+        connects to the reverse listener, the node itself through a socket
+        pair its connections are handed with (the listener lets in the
+        session user's processes only)."""
+        return cls(address, _Reverse(reactor, connect))
+
+    @property
+    def host(self) -> str:
+        """The ``host[:port]`` the requests name (the client's gate sets its own ``Host``)."""
+        return f"127.0.0.1:{self.address}" if isinstance(self.address, int) else "localhost"
 
 
 def _cancelled(error: BaseException) -> bool:
@@ -243,16 +325,15 @@ def _cancelled(error: BaseException) -> bool:
     return any(reason.check(defer.CancelledError, ConnectingCancelledError) for reason in reasons)
 
 
-async def post(reactor: Any, port: int, path: str, body: bytes, authorization: str | None = None,
+async def post(reactor: Any, route: Route, path: str, body: bytes, authorization: str | None = None,
                timeout: float = ASK_TIMEOUT) -> Answer:
-    """POST an IPP request to 127.0.0.1:``port`` (twisted.web's Agent, one
+    """POST an IPP request along ``route`` (twisted.web's Agent, one
     connection per request); NotAnswering when nobody answers in time."""
     headers = Headers({b"Content-Type": [b"application/ipp"]})
     if authorization is not None:
         headers.addRawHeader(b"Authorization", authorization.encode())
-    agent = Agent.usingEndpointFactory(reactor, _Loopback(reactor, timeout),
-                                       pool=HTTPConnectionPool(reactor, persistent=False))
-    url = f"http://127.0.0.1:{port}{path}".encode()
+    agent = Agent.usingEndpointFactory(reactor, route.endpoints, pool=HTTPConnectionPool(reactor, persistent=False))
+    url = f"http://{route.host}{path}".encode()
     timed_out = []
     work: defer.Deferred[Any] = agent.request(b"POST", url, headers, _Body(body))
     timer = reactor.callLater(timeout, lambda: (timed_out.append(True), work.cancel()))
@@ -275,15 +356,15 @@ async def post(reactor: Any, port: int, path: str, body: bytes, authorization: s
             timer.cancel()
 
 
-async def ask(reactor: Any, port: int, cookie: str, operation: int, path: str, printer_uri: str | None = None,
+async def ask(reactor: Any, route: Route, cookie: str, operation: int, path: str, printer_uri: str | None = None,
               requested: tuple[str, ...] = ()) -> Answer:
     """One IPP request through the channel; the credential is sent only when
     asked for (a 401), as CUPS's ipp backend does, so that a client whose
     print server wants none (a plain CUPS behind the channel) works too."""
     body = ipp.request(operation, 1, printer_uri, requested)
-    answer = await post(reactor, port, path, body)
+    answer = await post(reactor, route, path, body)
     if answer.status == 401:
-        answer = await post(reactor, port, path, body, printgate.authorization(cookie))
+        answer = await post(reactor, route, path, body, printgate.authorization(cookie))
     if answer.status == 401:
         raise Refused("the client's print gate refused the session's credential")
     if answer.status >= 500:  # e.g. the client's gate cannot reach its CUPS (yet)
@@ -291,15 +372,15 @@ async def ask(reactor: Any, port: int, cookie: str, operation: int, path: str, p
     return answer
 
 
-async def discover(reactor: Any, port: int, cookie: str) -> list[ipp.Printer]:
+async def discover(reactor: Any, route: Route, cookie: str) -> list[ipp.Printer]:
     """The client's printers: a CUPS lists them; a bare IPP printer (no
     CUPS-Get-Printers) is one printer at /ipp/print."""
-    answer = await ask(reactor, port, cookie, ipp.CUPS_GET_PRINTERS, "/", requested=ipp.PRINTER_ATTRIBUTES)
+    answer = await ask(reactor, route, cookie, ipp.CUPS_GET_PRINTERS, "/", requested=ipp.PRINTER_ATTRIBUTES)
     if answer.status == 200:
         message = _decode(answer.body)
         if message.ok:
             default = None
-            answer = await ask(reactor, port, cookie, ipp.CUPS_GET_DEFAULT, "/", requested=("printer-name",))
+            answer = await ask(reactor, route, cookie, ipp.CUPS_GET_DEFAULT, "/", requested=("printer-name",))
             if answer.status == 200:
                 reply = _decode(answer.body)
                 default = ipp.default_name(reply) if reply.ok else None
@@ -307,8 +388,8 @@ async def discover(reactor: Any, port: int, cookie: str) -> list[ipp.Printer]:
         if message.status == 0x0406:  # client-error-not-found: a CUPS without printers
             return []
     resource = "/ipp/print"
-    answer = await ask(reactor, port, cookie, ipp.GET_PRINTER_ATTRIBUTES, resource,
-                       printer_uri=f"ipp://127.0.0.1:{port}{resource}", requested=ipp.PRINTER_ATTRIBUTES)
+    answer = await ask(reactor, route, cookie, ipp.GET_PRINTER_ATTRIBUTES, resource,
+                       printer_uri=f"ipp://{route.host}{resource}", requested=ipp.PRINTER_ATTRIBUTES)
     if answer.status != 200:
         return []
     message = _decode(answer.body)
@@ -363,7 +444,7 @@ class Printing:
         old = self._tasks.pop(session.id, None)
         if old is not None:
             old.cancel()
-        work = defer.ensureDeferred(self._bring_up(session, port))
+        work = defer.ensureDeferred(self._bring_up(session))
         work.addErrback(lambda failure: None if failure.check(defer.CancelledError) else log.failure(
             "session {id}: printing could not be set up", failure, id=session.id))
         work.addBoth(lambda _: self._tasks.pop(session.id, None) if self._tasks.get(session.id) is work else None)
@@ -398,13 +479,13 @@ class Printing:
                            ("cups-files.conf", cups_files_conf(directory))):
             files.write_user_file(os.path.join(directory, name), text.encode(), session.uid, session.gid)
 
-    async def _bring_up(self, session: Any, port: int) -> None:
+    async def _bring_up(self, session: Any) -> None:
         reactor = self.context.reactor
         delay, said, since = FIRST_RETRY, "", reactor.seconds()
         while True:
-            port = self.port(session) or port
+            route = self.route(session)
             try:
-                printers = await discover(reactor, port, session.cookie)
+                printers = await discover(reactor, route, session.cookie)
                 break
             except NotAnswering as error:
                 why = f"the client's print server does not answer through the cups channel yet ({error})"
@@ -422,7 +503,7 @@ class Printing:
         # One cupsd per session: one left by an interrupted start would hold the socket.
         await self._end_cupsd(session, await self._blocking(_cupsd_of, session.id, session.uid))
         await self._blocking(files.write_user_file, os.path.join(self.directory(session), "printers.conf"),
-                             printers_conf(printers, port, printgate.credential(session.cookie)).encode(),
+                             printers_conf(printers, route.address, printgate.credential(session.cookie)).encode(),
                              session.uid, session.gid)
         cupsd = await self._launch(session)
         self._cupsd[session.id] = cupsd
@@ -430,13 +511,24 @@ class Printing:
         log.info("session {id} of {user}: printing on the client's printers: {queues}", id=session.id,
                  user=session.user, queues=", ".join(p.queue for p in printers) or "(the client has none)")
 
-    @staticmethod
-    def port(session: Any) -> int | None:
+    def route(self, session: Any) -> Route:
         """Where the session's jobs reach the client's gate: the client's own
-        SSH channel when it asked for one (:mod:`nxgate.wire.tunnel_registry`), else the
-        NX cups channel."""
-        tunnel = tunnels.REGISTRY.port(session.id, session.user, "printing")
-        return tunnel if tunnel is not None else channels.channel_port("printing", session.display)
+        SSH connection when its door opened a route for the session's printing
+        (the session's reverse listener, :mod:`nxgate.node.reverse`: a Unix
+        socket only the user's processes get through, on one box and for a
+        client on another cluster member alike), else the NX cups channel
+        (whose port :meth:`start` checked)."""
+        reactor = self.context.reactor
+        listeners = self.context.reverse
+        address = listeners.address(session.id, self.name) if listeners is not None else None
+        if isinstance(address, str):
+            def connect() -> socket.socket:
+                own = listeners.connect_own(session.id, self.name)
+                if own is None:
+                    raise OSError(f"the printing of session {session.id} no longer goes back to its client")
+                return own
+            return Route.reverse(reactor, address, connect)
+        return Route.channel(reactor, channels.channel_port("printing", session.display) or 0)
 
     async def _socket_made(self, path: str, cupsd: processes.ProcessId) -> None:
         """Until cupsd has made its socket (told by inotify, no polling);
@@ -447,7 +539,8 @@ class Printing:
         notifier.startReading()
 
         def created(_watch: Any, filepath: FilePath, _mask: int) -> None:
-            if filepath.path == path and not made.called:
+            # INotify names what it saw in bytes, whatever the watched path was given as.
+            if os.fsencode(filepath.path) == os.fsencode(path) and not made.called:
                 made.callback(None)
 
         ended = None

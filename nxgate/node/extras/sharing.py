@@ -38,7 +38,6 @@ from typing import Any
 from twisted.internet import task
 from twisted.logger import Logger
 
-from nxgate.wire import tunnel_registry as tunnels
 from nxgate.protocols import channels
 from nxgate.node import files
 from nxgate.node.extras import Context
@@ -202,14 +201,16 @@ class Sharing:
         log.info("session {id} of {user}: the client's folder {share!r} is at {link}", id=session.id,
                  user=session.user, share=mount.share, link=link)
 
-    @staticmethod
-    def port(session: Any) -> int | None:
+    def port(self, session: Any) -> int | None:
         """Where smbnetfs reaches the client's SMB server: the client's own
-        SSH channel when it asked for one (:mod:`nxgate.wire.tunnel_registry`: not
-        throttled by nxagent, only the session's user let through), else
-        the NX smb channel."""
-        tunnel = tunnels.REGISTRY.port(session.id, session.user, "sharing")
-        return tunnel if tunnel is not None else channels.channel_port("sharing", session.display)
+        SSH connection when its door opened a route for the session's folders
+        (the session's reverse listener, :mod:`nxgate.node.reverse`, on
+        loopback TCP, as libsmbclient reaches nothing else: not throttled by
+        nxagent, only the session's user let through, on one box and for a
+        client on another cluster member alike), else the NX smb channel."""
+        listeners = self.context.reverse
+        address = listeners.address(session.id, self.name) if listeners is not None else None
+        return address if isinstance(address, int) else channels.channel_port("sharing", session.display)
 
     async def _reachable(self, session: Any, path: str) -> bool:
         """Whether the user sees the share (the channel may need a moment)."""

@@ -7,10 +7,17 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.internet import defer
+from twisted.logger import Logger
 
 from nxgate.gateway.doors.conch.server import NXSessionChannel
-from nxgate.wire.service_tunnels import ServiceTunnels
 from nxgate.gateway.doors.conversation import Conversation
+from nxgate.protocols import service_tunnel as tunnels
+from nxgate.streams import reverse
+from nxgate.streams.reverse_channel import ReverseChannel
+from nxgate.streams.reverse_route import ReverseRoute
+from nxgate.vocabulary.errors import SessionError
+
+log = Logger(namespace="nxgate.gateway.doors.conch.channel")
 
 
 class ChannelTransport:
@@ -35,23 +42,72 @@ class ChannelTransport:
 
 
 class ChannelHandler:
-    """The handler of an NX shell channel: feeds the conversation."""
+    """The handler of an NX shell channel: feeds the conversation, and
+    carries the session's printers and folders back to ``nxgate-client`` when
+    it asks (:mod:`nxgate.protocols.service_tunnel`) as reverse streams from the
+    session's node (:mod:`nxgate.streams.reverse`): one path on one box and
+    for a session on another cluster member."""
 
     def __init__(self, conversation: Conversation, channel: NXSessionChannel) -> None:
         self.conversation = conversation
         self.channel = channel
-        self.tunnels: ServiceTunnels | None = None
+        self.routes: dict[tuple[str, str], ReverseRoute] = {}
+        self.closed = False
 
     def tunnel_request(self, data: bytes) -> defer.Deferred[int]:
         """The client asks for a session's folders or printers on SSH channels
-        of their own (:mod:`nxgate.wire.tunnel_registry`)."""
-        if self.tunnels is None:
-            self.tunnels = ServiceTunnels(self.conversation.reactor, self.channel.conn, self._authorize,
-                                          self.conversation.blocking)
-        return self.tunnels.request(data)
+        of their own: 1 granted (the session's node listens for them), 0 refused."""
+        return defer.ensureDeferred(self._tunnel(data))
 
-    async def _authorize(self, service: str, session_id: str) -> tuple[str, int]:
-        """(user, uid) when this shell's NX login owns the session and it was
+    async def _tunnel(self, data: bytes) -> int:
+        try:
+            service, session_id = tunnels.decode(data)
+        except tunnels.TunnelRequestError as problem:
+            log.info("refused a service tunnel request: {problem}", problem=str(problem))
+            return 0
+        caller = self.conversation.caller
+        try:
+            user = await self._authorize(service, session_id)
+        except (PermissionError, SessionError) as problem:
+            log.info("refused a {service} tunnel for session {id}: {problem}", service=service, id=session_id,
+                     problem=getattr(problem, "message", None) or str(problem))
+            return 0
+        if self.closed or caller is None:
+            return 0
+        key = (service, session_id)
+        if key in self.routes:
+            return 1
+        what = f"the {reverse.SERVICES[service].what} of session {session_id}"
+        payload = tunnels.encode(service, session_id)
+
+        def deliver(stream: Any) -> None:
+            self.channel.conn.openChannel(ReverseChannel(stream, tunnels.CHANNEL, what, conn=self.channel.conn),
+                                          payload)
+
+        def ended(why: str) -> None:
+            self.routes.pop(key, None)
+            log.info("session {id} of {user}: {service} no longer goes back to its nxgate-client ({why})",
+                     id=session_id, user=user, service=service, why=why)
+
+        route = ReverseRoute(self.conversation.commands.service.open_stream, caller, session_id, service, deliver,
+                             ended)
+        self.routes[key] = route
+        try:
+            await route.open()
+        except SessionError as refusal:
+            self.routes.pop(key, None)
+            log.info("refused a {service} tunnel for session {id}: {problem}", service=service, id=session_id,
+                     problem=refusal.message)
+            return 0
+        if self.closed:
+            route.close()
+            return 0
+        log.info("session {id} of {user}: {service} through its own SSH channel", id=session_id, user=user,
+                 service=service)
+        return 1
+
+    async def _authorize(self, service: str, session_id: str) -> str:
+        """The user when this shell's NX login owns the session and it was
         granted ``service``; else PermissionError (the service's refusals
         raise its own errors: not found, not yours)."""
         caller = self.conversation.caller
@@ -62,7 +118,7 @@ class ChannelHandler:
             raise PermissionError(f"the session belongs to {view.user!r}, not {caller.user!r}")
         if service not in view.options.get("services", ()):
             raise PermissionError(f"the session was not granted {service}")
-        return caller.user, caller.uid
+        return str(caller.user)
 
     def data_received(self, data: bytes) -> None:
         self.conversation.data_received(data)
@@ -80,6 +136,8 @@ class ChannelHandler:
             self.conversation.relay.resume_agent()
 
     def connection_lost(self) -> None:
-        if self.tunnels is not None:
-            self.tunnels.close()
+        self.closed = True
+        for route in list(self.routes.values()):
+            route.close()
+        self.routes.clear()
         self.conversation.connection_lost()

@@ -29,7 +29,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from nxgate.wire import tunnel_registry as tunnels
+from nxgate.protocols import service_tunnel as tunnels
 from nxgate.gateway.auth.pam import Prompt
 from nxgate.gateway.doors.conch import algorithms, kexmath
 from nxgate.gateway.doors.conch.checkers import (IKeyboardInteractive, KeyboardInteractive, LoginUnavailable, Principal,
@@ -216,6 +216,8 @@ class NXAvatar(ConchUser):
 
     def logout(self) -> None:
         log.debug("SSH logout of {user!r}", user=self.principal.ssh_user)
+        if self.x2go is not None:
+            self.x2go.connection_lost(self)  # its reverse routes go with it
 
 
 def _forward_target(channel_type: bytes, data: bytes) -> str:

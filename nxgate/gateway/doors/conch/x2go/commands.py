@@ -42,6 +42,7 @@ class Link:
     session_id: str
     target: Any  # nxgate.vocabulary.results.StreamTarget
     agent_cookie: str = field(repr=False)
+    name: str = ""  # the session's X2Go name (its ~/.x2go/C-<name> holds what the client pushes)
 
     def cookie_matches(self, offered: str) -> bool:
         return hmac.compare_digest(offered.encode(), self.agent_cookie.encode())
@@ -219,7 +220,8 @@ def _linked(ready: Ready, context: Context) -> names.X2GoNumbers:
     agent's own cookie), remembered for the graphics link that follows."""
     numbers = dataclasses.replace(names.numbers(ready.view, context.secret), cookie=ready.cookie)
     if ready.stream is not None:
-        context.links.put(context.caller.user, numbers.gr_port, Link(ready.view.id, ready.stream, ready.cookie))
+        context.links.put(context.caller.user, numbers.gr_port, Link(ready.view.id, ready.stream, ready.cookie,
+                                                                     numbers.name))
     return numbers
 
 

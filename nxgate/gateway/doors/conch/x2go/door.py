@@ -9,8 +9,11 @@ against the session API), open ``direct-tcpip`` channels to his sessions'
 virtual graphics ports (relayed to the agent's stream, which the session
 API's ``open_stream`` opens on the session's node, through the same
 :class:`~nxgate.wire.relay.StreamRelay` the NX door uses: one box and a
-cluster are one path), and write the files the
-clients push over SFTP below his ``~/.x2go`` (:mod:`~nxgate.gateway.doors.conch.x2go.sftp`).
+cluster are one path), write the files the
+clients push over SFTP below his ``~/.x2go`` (:mod:`~nxgate.gateway.doors.conch.x2go.sftp`),
+and carry his sessions' sound back to the client's reverse forward
+(:meth:`X2GoDoor.forward_request`, on the node interface's reverse streams:
+:mod:`nxgate.streams.reverse`).
 """
 
 from __future__ import annotations
@@ -33,7 +36,10 @@ from nxgate import __version__
 from nxgate.users import resolve_caller
 from nxgate.gateway.doors.conch.x2go import commands, files, pushes, scp, sftp, shell, verbs
 from nxgate.gateway.doors.conch.x2go.commands import Context, Link, Links
+from nxgate.streams.reverse_channel import ReverseChannel
+from nxgate.streams.reverse_route import ReverseRoute
 from nxgate.vocabulary.caller import Caller
+from nxgate.vocabulary.errors import SessionError
 from nxgate.wire.relay import StreamRelay
 
 log = Logger(namespace="nxgate.x2go")
@@ -62,6 +68,11 @@ class X2GoDoor:
         self.config = config
         self.secret = secrets.token_bytes(32)
         self.links = Links()
+        #: The PulseAudio cookies X2Go clients pushed, by (user, X2Go session name): the last few per user.
+        self.cookies: dict[tuple[str, str], bytes] = {}
+        #: The open sound routes by (user, X2Go session name), for the cookies pushed after them.
+        self.sound_routes: dict[tuple[str, str], set[ReverseRoute]] = {}
+        self.desk.pushed = self.pushed
 
     # --------------------------------------------------------------- who
     async def context(self, avatar: Any, channel: Any) -> Context:
@@ -143,30 +154,107 @@ class X2GoDoor:
         channel.write(sink.start())
 
     def forward_request(self, avatar: Any, kind: bytes, data: bytes) -> Any:
-        """X2Go's reverse forwards (sound, folders, printing) are accepted and
-        never used: nothing here offers those services, and x2goclient shows
-        critical dialogs when the requests fail.  Nothing is bound, so a
-        forward costs no descriptor, but at most :data:`MAX_FORWARDS` are
-        granted per connection (the clients ask for one per service and
-        session), the rest refused with one log line."""
+        """X2Go's reverse forwards: the client asks for the sound port of a
+        session of theirs that this door started or resumed, and the
+        session's sound comes back on ``forwarded-tcpip`` channels to that
+        port, as reverse streams from the session's node
+        (:mod:`nxgate.streams.reverse`; :meth:`_route_sound`).  The folders'
+        port (sshfs, printing) is granted and not used yet: x2goclient shows
+        critical dialogs when it is refused.  Any other port is refused with
+        one log line.  At most :data:`MAX_FORWARDS` requests are answered per
+        connection (the clients ask for one per service and session), the
+        rest refused with one log line."""
         try:
             host, rest = common.getNS(data)
             (port,) = struct.unpack(">L", rest[:4])
         except (ValueError, struct.error):
             return 0
+        user = avatar.principal.unix_user
+        routes: dict[int, ReverseRoute] = avatar.__dict__.setdefault("x2go_routes", {})
         if kind == b"cancel-tcpip-forward":
+            route = routes.pop(port, None)
+            if route is not None:
+                route.close()
             return 1  # a cancel frees no slot: grants per connection stay bounded, and so do their log lines
         granted = getattr(avatar, "x2go_forwards", 0)
         if granted >= MAX_FORWARDS:
             if not getattr(avatar, "x2go_forwards_refused", False):
                 avatar.x2go_forwards_refused = True
                 log.info("refused reverse forwards of {user}'s X2Go client past {limit} on one connection (this"
-                         " line once per connection)", user=avatar.principal.unix_user, limit=MAX_FORWARDS)
+                         " line once per connection)", user=user, limit=MAX_FORWARDS)
             return 0
         avatar.x2go_forwards = granted + 1
-        log.info("X2Go client of {user} asked for a reverse forward to port {port}: accepted, not used (sound"
-                 " and folders are not offered)", user=avatar.principal.unix_user, port=port)
-        return (1, struct.pack(">L", port or 1)) if port == 0 else 1
+        sound, folders = self.links.get(user, port - 1), self.links.get(user, port - 2)
+        if sound is not None and port not in routes:
+            log.info("X2Go client of {user} asked for a reverse forward of port {port}: the sound of session {id}",
+                     user=user, port=port, id=sound.session_id)
+            routes[port] = self._route_sound(avatar, sound, host, port)
+            return 1
+        if sound is not None:
+            return 1
+        if folders is not None:
+            log.debug("X2Go client of {user} asked for a reverse forward of port {port}, the folders of session {id}:"
+                      " granted, not carried (folders are not offered)", user=user, port=port,
+                      id=folders.session_id)
+            return 1
+        log.info("refused a reverse forward of {user}'s X2Go client to {host!r}:{port}: not the sound or folders port"
+                 " of a session of theirs started or resumed here", user=user, host=host[:100], port=port)
+        return 0
+
+    def _route_sound(self, avatar: Any, link: Link, host: bytes, port: int) -> ReverseRoute:
+        """The session's sound, back to this connection: each connection a
+        program of the session makes to its sound listener becomes a
+        ``forwarded-tcpip`` channel to ``host:port`` as the client asked."""
+        user = avatar.principal.unix_user
+        what = f"the sound of session {link.session_id}"
+        opened = struct.pack(">L", port)
+
+        def deliver(stream: Any) -> None:
+            if not self.room(LINK_FILES):
+                log.warn("dropped a sound connection of session {id} of {user}: the gateway is short of open files"
+                         " ([server] fd_reserve)", id=link.session_id, user=user)
+                stream.close()
+                return
+            channel = ReverseChannel(stream, b"forwarded-tcpip", what, conn=avatar.conn)
+            avatar.conn.openChannel(channel, common.NS(host) + opened + common.NS(b"127.0.0.1") + struct.pack(">L", 0))
+
+        def ended(why: str) -> None:
+            log.info("X2Go client of {user}: {what} no longer comes back ({why})", user=user, what=what, why=why)
+            self.sound_routes.get((user, link.name), set()).discard(route)
+
+        route = ReverseRoute(self.api().open_stream, self.caller_of(avatar), link.session_id, "sound", deliver,
+                             ended)
+        self.sound_routes.setdefault((user, link.name), set()).add(route)
+        cookie = self.cookies.get((user, link.name))
+        if cookie is not None:
+            route.send("cookie", cookie)
+
+        def refused(failure: Any) -> None:
+            self.sound_routes.get((user, link.name), set()).discard(route)
+            why = failure.value.message if failure.check(SessionError) else failure.getErrorMessage()
+            log.info("X2Go client of {user}: {what} cannot come back: {why}", user=user, what=what, why=why)
+
+        defer.ensureDeferred(route.open()).addErrback(refused)
+        return route
+
+    def pushed(self, user: str, names: list[str], data: bytes) -> None:
+        """A file the client pushed was written: a PulseAudio cookie
+        (``~/.x2go/C-<session>/.pulse-cookie``) goes to the session's sound
+        routes, now and when one opens."""
+        if len(names) != 3 or names[2] != ".pulse-cookie" or not names[1].startswith("C-"):
+            return
+        session = names[1][2:]
+        mine = [key for key in self.cookies if key[0] == user and key[1] != session]
+        for key in mine[:max(0, len(mine) - MAX_COOKIES + 1)]:
+            del self.cookies[key]
+        self.cookies[(user, session)] = data
+        for route in self.sound_routes.get((user, session), ()):
+            route.send("cookie", data)
+
+    def connection_lost(self, avatar: Any) -> None:
+        """The client's SSH connection went: its sound goes back to nobody."""
+        for route in avatar.__dict__.pop("x2go_routes", {}).values():
+            route.close()
 
     # -------------------------------------------------------------- sftp
     def sftp(self, channel: Any) -> int:
@@ -206,6 +294,8 @@ LINK_FILES = 1
 #: Reverse forwards granted per connection: python-x2go and x2goclient ask
 #: for one each for sound, folders, printing and the MIME box per session.
 MAX_FORWARDS = 16
+#: PulseAudio cookies kept per user (one per session the client takes sound from).
+MAX_COOKIES = 8
 
 
 class _Quiet:

@@ -18,6 +18,7 @@ from twisted.logger import Logger
 
 from nxgate.gateway.doors.conch.x2go import files, folders, scp
 from nxgate.gateway.doors.conch.x2go.allowance import Allowance
+from nxgate.streams.reverse import PULSE_COOKIE_BYTES
 
 log = Logger(namespace="nxgate.x2go")
 
@@ -42,24 +43,34 @@ class FileDesk:
         self.allowance = Allowance(now)
         #: The key bundles for shared folders, kept in memory until x2gomountdirs names them.
         self.keys = folders.FolderKeys(now)
+        #: Told ``(user, names below home, data)`` of each file written (the door's sound cookies).
+        self.pushed: Callable[[str, list[str], bytes], None] = lambda user, names, data: None
 
     def store(self, user: str, owner: files.Owner, path: str, data: bytes) -> defer.Deferred[None]:
         """Write a pushed file as the user; fails with :class:`Refused` or
-        :class:`files.PathRefused`.  A key bundle for shared folders
-        (``~/.x2go/ssh/key.*``) is checked and kept, not written: the session's
-        node gets it with the mount (:mod:`.folders`)."""
+        :class:`files.PathRefused`.  A PulseAudio cookie that is not one (a
+        cookie has :data:`PULSE_COOKIE_BYTES` bytes) is refused: it would go
+        to the session's machine and the client's sound server.  A key bundle
+        for shared folders (``~/.x2go/ssh/key.*``) is checked and kept, not
+        written: the session's node gets it with the mount (:mod:`.folders`)."""
         try:
-            key = folders.key_name(files.parts(path, owner.home))
+            names = files.parts(path, owner.home)
         except files.PathRefused as refusal:
             return defer.fail(refusal)
+        key = folders.key_name(names)
         if key is not None:
             return self._keep_key(user, key, data)
+        if names[-1] == ".pulse-cookie" and len(data) != PULSE_COOKIE_BYTES:
+            return defer.fail(Refused(f"not a PulseAudio cookie ({len(data)} bytes; a cookie has "
+                                      f"{PULSE_COOKIE_BYTES})"))
         refusal = self.allowance.take_push(user, len(data))
         if refusal is None and not self.room(files.WRITER_FILES):
             refusal = SHORT_OF_FILES
         if refusal is not None:
             return defer.fail(Refused(refusal))
-        return self.blocking(files.write_as_user, path, data, owner)
+        written = self.blocking(files.write_as_user, path, data, owner)
+        written.addCallback(lambda result: (self.pushed(user, names, data), result)[1])
+        return written
 
     def _keep_key(self, user: str, name: str, data: bytes) -> defer.Deferred[None]:
         refusal = self.allowance.take_push(user, len(data))
