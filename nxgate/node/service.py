@@ -32,6 +32,7 @@ from nxgate.safetext import printable
 from nxgate.node import applications, displays, extras, files, processes
 from nxgate.node.launcher import Launcher
 from nxgate.node.reverse import ReverseListeners
+from nxgate.streams.reverse import SERVICES as REVERSE_SERVICES
 from nxgate.vocabulary.model import FOR_LATER, Session, State, member_name
 from nxgate.node.kinds import DesktopKind, RemoteDesktopKind, SessionKind, kind_for
 from nxgate.vocabulary.caller import Caller
@@ -96,7 +97,8 @@ class SessionService(service.Service):
             lambda: [s.display for s in self.sessions.values()] + [o.display for o in self.orphans.values()])
         #: The reverse listeners of this machine's sessions (nxgate.node.reverse).
         self.reverse = ReverseListeners(reactor, layout.reverse, blocking, lambda sid: self.sessions.get(sid),
-                                        lambda word: bool(getattr(self.config.services, word, False)),
+                                        lambda word: bool(getattr(self.config.services, REVERSE_SERVICES[word].switch,
+                                                                  False)),
                                         lambda: self.node_name or "this machine")
         self.extras = extras.Extras.load(extras.Context(reactor, lambda: self.config, layout, self.launcher,
                                                         blocking, self.reverse))
@@ -295,8 +297,9 @@ class SessionService(service.Service):
         (:mod:`nxgate.node.extras.x2go_folders`): one result a folder, with the
         words of a refusal."""
         session, folders = self._folders_of(caller, session_id)
-        if session.state is not State.RUNNING:
-            raise SessionError(Kind.WRONG_STATE, f"Session {session_id} is not running.", session_id=session_id)
+        # X2Go's clients share their folders before their graphics link is up, at a start and at a resume.
+        if session.state not in (State.STARTING, State.WAITING, State.RESUMING, State.RUNNING):
+            raise SessionError(Kind.WRONG_STATE, f"Session {session_id} is suspended.", session_id=session_id)
         log.info("{user} from {address} shares {count} folder(s) of their X2Go client with session {id}",
                  user=caller.user, address=caller.address, count=len(shares.folders), id=session.id,
                  audit="x2go_folders")

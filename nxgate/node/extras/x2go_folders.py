@@ -74,6 +74,7 @@ MAX_PATH = 240
 MAX_FOLDERS = 16
 KEY_NAME = "x2go-sshfs-key"
 KNOWN_HOSTS_NAME = "x2go-sshfs-known-hosts"
+CONFIG_NAME = "x2go-sshfs-config"
 #: The name sshfs's ssh knows the client's host key by (the listener's port changes at each resume).
 HOST_ALIAS = "x2go-client"
 
@@ -119,19 +120,26 @@ def fsname(session_id: str) -> str:
     return FSNAME_PREFIX + session_id
 
 
-def sshfs_argv(port: int, client_user: str, folder: str, point: str, key: str, known_hosts: str, uid: int,
-               gid: int, session_id: str) -> list[str]:
-    """sshfs for one folder, as the user: the client's key only, the client's host key only, no configuration
-    of the user's, nothing that could ask; mounted under the session's name."""
-    options = ",".join([
-        "idmap=user", f"uid={uid}", f"gid={gid}", "default_permissions",
-        f"IdentityFile={key}", "IdentitiesOnly=yes", f"UserKnownHostsFile={known_hosts}",
-        "GlobalKnownHostsFile=/dev/null", f"HostKeyAlias={HOST_ALIAS}", "StrictHostKeyChecking=yes",
-        "BatchMode=yes", "PasswordAuthentication=no", "KbdInteractiveAuthentication=no",
-        f"ConnectTimeout={int(MOUNT_TIMEOUT)}", "ServerAliveInterval=300",
-        f"fsname={fsname(session_id)}", "subtype=sshfs",
-    ])
-    return ["sshfs", "-F", "/dev/null", "-p", str(port), "-o", options, f"{client_user}@127.0.0.1:{folder}", point]
+def ssh_config(key: str, known_hosts: str) -> str:
+    """The ssh configuration of sshfs's ssh (nothing of the user's own, ``-F``): the client's key only, the
+    client's host key only, nothing that could ask.  python-x2go's SFTP server (paramiko) names no
+    ``server-sig-algs``, so OpenSSH would offer an RSA key with no signature it accepts: ``ssh-rsa`` is allowed
+    for this one connection, to the client's own server, whose host key is pinned, inside the client's SSH
+    connection."""
+    return "".join(f"{line}\n" for line in (
+        "Host *", f"  IdentityFile {key}", "  IdentitiesOnly yes", "  PubkeyAcceptedAlgorithms +ssh-rsa",
+        f"  UserKnownHostsFile {known_hosts}", "  GlobalKnownHostsFile /dev/null", f"  HostKeyAlias {HOST_ALIAS}",
+        "  StrictHostKeyChecking yes", "  BatchMode yes", "  PasswordAuthentication no",
+        "  KbdInteractiveAuthentication no", f"  ConnectTimeout {int(MOUNT_TIMEOUT)}", "  ServerAliveInterval 300",
+        "  ForwardAgent no", "  ForwardX11 no", "  ClearAllForwardings yes"))
+
+
+def sshfs_argv(port: int, client_user: str, folder: str, point: str, config: str, uid: int, gid: int,
+               session_id: str) -> list[str]:
+    """sshfs for one folder, as the user, with :func:`ssh_config`; mounted under the session's name."""
+    options = ",".join(["idmap=user", f"uid={uid}", f"gid={gid}", "default_permissions",
+                        f"fsname={fsname(session_id)}", "subtype=sshfs"])
+    return ["sshfs", "-F", config, "-p", str(port), "-o", options, f"{client_user}@127.0.0.1:{folder}", point]
 
 
 def _unescape(field: str) -> str:
@@ -308,17 +316,18 @@ class X2GoFolders:
         user = await self.context.blocking(pwd.getpwnam, session.user)
         directory = self.context.session_dir(session)
         key, known = os.path.join(directory, KEY_NAME), os.path.join(directory, KNOWN_HOSTS_NAME)
+        config = os.path.join(directory, CONFIG_NAME)
         results = []
         try:
-            await self.context.blocking(self._write_keys, session, key, known, shares)
+            await self.context.blocking(self._write_keys, session, key, known, config, shares)
             base_problem = await self._base(session, user)
             for folder in folders:
                 if base_problem is not None:
                     results.append(self._refused(session, folder, base_problem))
                     continue
-                results.append(await self._mount_one(session, user, folder, port, shares.client_user, key, known))
+                results.append(await self._mount_one(session, user, folder, port, shares.client_user, config))
         finally:
-            await self.context.blocking(files.remove_in_dir, directory, KEY_NAME, KNOWN_HOSTS_NAME)
+            await self.context.blocking(files.remove_in_dir, directory, KEY_NAME, KNOWN_HOSTS_NAME, CONFIG_NAME)
         if any(result.mounted and result.kind == "disk" for result in results):
             await self._link_media(session, user)
         for result in results:
@@ -331,9 +340,10 @@ class X2GoFolders:
         return tuple(results)
 
     @staticmethod
-    def _write_keys(session: Any, key: str, known: str, shares: FolderShares) -> None:
+    def _write_keys(session: Any, key: str, known: str, config: str, shares: FolderShares) -> None:
         files.write_user_file(key, shares.key, session.uid, session.gid)
         files.write_user_file(known, f"{HOST_ALIAS} {shares.host_key}\n".encode(), session.uid, session.gid)
+        files.write_user_file(config, ssh_config(key, known).encode(), session.uid, session.gid)
 
     async def _base(self, session: Any, user: Any) -> str | None:
         """``/tmp/.x2go-<user>``, made by the user if it is not there; why not, if it is not theirs."""
@@ -348,7 +358,7 @@ class X2GoFolders:
         return problem
 
     async def _mount_one(self, session: Any, user: Any, folder: SharedFolder, port: int, client_user: str,
-                         key: str, known: str) -> FolderMount:
+                         config: str) -> FolderMount:
         try:
             point = mount_point(session.user, session.id, folder)
         except FolderRefused as refusal:
@@ -367,7 +377,7 @@ class X2GoFolders:
             log.warn("session {id} of {user}: the client's folder {path!r} refused: {problem}", id=session.id,
                      user=session.user, path=folder.path[:120], problem=problem, audit="x2go_folder_refused")
             return self._refused(session, folder, f"the mount point {problem}", point, logged=True)
-        argv = sshfs_argv(port, client_user, folder.path, point, key, known, session.uid, session.gid, session.id)
+        argv = sshfs_argv(port, client_user, folder.path, point, config, session.uid, session.gid, session.id)
         code = await self._run(session, user, argv, MOUNT_TIMEOUT)
         table = await self.context.blocking(_read_mountinfo)
         if code != 0 or point not in session_mounts(table, session.id, session.user):

@@ -91,6 +91,7 @@ class Context:
     types: Callable[[], set[str]] = set  # the session types this server offers
     keys: Any = None  # folders.FolderKeys: the key bundles the caller's clients pushed
     sharing: Callable[[], bool] = lambda: False  # whether folders may be shared (``[services] sharing``)
+    route_ready: Callable[[int], Awaitable[None]] | None = None  # the client's forward of a port is open
 
 
 async def run(program: Program, calls: tuple[Call, ...], context: Context) -> Outcome:
@@ -396,6 +397,8 @@ async def _mountdirs(call: Call, context: Context) -> tuple[str, str, int]:
     if bundle is None:
         return _folders_refused(context, f"the key file {request.key_path[:120]!r} was not pushed (or is gone): a"
                                          " client pushes its key bundle below ~/.x2go/ssh first")
+    if context.route_ready is not None:
+        await context.route_ready(request.port)
     shares = FolderShares(request.folders, request.client_user, bundle.private, bundle.host_key)
     results = await context.api.mount_folders(caller, view.id, shares)
     out, err = folders.mountdirs_header(request, caller.user), ""

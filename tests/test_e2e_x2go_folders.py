@@ -1,0 +1,236 @@
+"""End to end: X2Go's shared folders, with Debian's pyhoca-cli (``-F DIR``) and x2goclient against the real
+gateway, the session's sshfs (as the user, FUSE) reaching the client's own SFTP server back through the client's
+reverse forward of the session's folders port (nxgate.node.extras.x2go_folders on the reverse streams).
+
+Files go both ways byte for byte; the folder is where x2goserver mounts it (``/tmp/.x2go-<user>/media/disk/<path
+with _>``); it goes at suspend and terminate and comes back at resume (the client shares it again); another real
+user reaches neither the mount nor the forward's listener on the session's machine; bad input (a key file that is
+not one, a mount point that is a symbolic link, a forward to a port that is not the session's) is refused with
+words in the log and at the client, and nothing is mounted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+
+from twisted.trial.unittest import SkipTest
+
+from tests.harness.process import stop, wait_for
+from tests.harness.ssh import askpass_env
+from tests.test_e2e_sound import as_user
+from tests.test_e2e_x2go import PASSWORD, X2GoCase
+
+_LISTENING = re.compile(r"session (\S+) of \S+: the client takes its shared folders back \(listening on "
+                        r"127\.0\.0\.1:(\d+)\)")
+
+
+def mounted(point: str) -> bool:
+    with open("/proc/self/mountinfo") as handle:
+        return any(line.split(" ")[4] == point.replace(" ", "\\040") for line in handle)
+
+
+def open_fuse(case) -> None:
+    """The session's user opens /dev/fuse for sshfs (as for smbnetfs in tests.test_e2e_sharing)."""
+    if not os.path.exists("/dev/fuse"):
+        raise SkipTest("no /dev/fuse: FUSE mounts cannot be tested here")
+    mode = os.stat("/dev/fuse").st_mode & 0o777
+    if mode & 0o006 != 0o006:
+        os.chmod("/dev/fuse", 0o666)
+        case.addCleanup(os.chmod, "/dev/fuse", mode)
+
+
+class FoldersCase(X2GoCase):
+    def setUp(self) -> None:
+        super().setUp()
+        open_fuse(self)
+        self.log_start = len(self.gateway.log())
+        self.share = os.path.join(self.home, "my share")  # a blank, as users' folders have
+        os.makedirs(self.share)
+        self.from_client = secrets.token_bytes(3 * 1024 * 1024 + 17)
+        with open(os.path.join(self.share, "from-client.bin"), "wb") as handle:
+            handle.write(self.from_client)
+        self.point = f"/tmp/.x2go-{self.user.name}/media/disk/{self.share.replace('/', '_').replace(' ', '_')}"
+        self.addCleanup(shutil.rmtree, f"/tmp/.x2go-{self.user.name}", True)
+
+    def new_log(self) -> str:
+        return self.gateway.log()[self.log_start:]
+
+    def pyhoca_folders(self, *args: str) -> tuple[subprocess.Popen, str]:
+        return self.session_client("-c", "TERMINAL", "-g", "800x600", "-q", "lan", "--sound", "none", "-F",
+                                   self.share, *args)
+
+    def ssh(self, command: str, user=None) -> subprocess.CompletedProcess:
+        """A command at the X2Go door as OpenSSH's client sends it (a password login)."""
+        user = user or self.user
+        argv = ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o",
+                "PubkeyAuthentication=no", "-o", "PreferredAuthentications=password,keyboard-interactive",
+                "-o", "NumberOfPasswordPrompts=1", "-p", str(self.gateway.port), "-l", user.name, "127.0.0.1",
+                command]
+        return subprocess.run(argv, env=dict(os.environ, **askpass_env(PASSWORD)), stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=60, start_new_session=True)
+
+    def wait_mounted(self, what: str = "the client's folder mounted in the session") -> None:
+        wait_for(lambda: mounted(self.point) and f"is mounted at {self.point}" in self.new_log(), 120, what)
+
+
+class PyhocaFolderTests(FoldersCase):
+    def test_a_folder_both_ways_gone_at_suspend_back_at_resume_gone_at_terminate(self):
+        client, log = self.pyhoca_folders()
+        name = self.started_name(client, log)
+        self.wait_mounted()
+        # The client's file in the session, byte for byte; the session's file on the client, byte for byte.
+        read = as_user(self.user.name, {"HOME": self.user.home}, "sha256sum", f"{self.point}/from-client.bin")
+        self.assertEqual(read.returncode, 0, read.stderr)
+        import hashlib
+        self.assertEqual(read.stdout.split()[0], hashlib.sha256(self.from_client).hexdigest())
+        payload = secrets.token_bytes(2 * 1024 * 1024 + 5)
+        source = os.path.join(tempfile.mkdtemp(dir="/tmp"), "payload")
+        self.addCleanup(shutil.rmtree, os.path.dirname(source), True)
+        with open(source, "wb") as handle:
+            handle.write(payload)
+        os.chmod(os.path.dirname(source), 0o755)
+        os.chmod(source, 0o644)
+        wrote = as_user(self.user.name, {"HOME": self.user.home}, "cp", source, f"{self.point}/from-session.bin")
+        self.assertEqual(wrote.returncode, 0, wrote.stderr)
+        with open(os.path.join(self.share, "from-session.bin"), "rb") as handle:
+            self.assertEqual(handle.read(), payload)
+        # Where X2Go's users find it, and what x2golistmounts says.
+        self.assertEqual(os.readlink(os.path.join(self.user.home, "media")), f"/tmp/.x2go-{self.user.name}/media")
+        listed = self.ssh(f"x2golistmounts {name}")
+        self.assertEqual(listed.stdout.strip(), f"127.0.0.1|{self.point}", listed.stderr)
+        self.assertNotIn("not allowed to share", self.read(log))
+        self.assertRegex(self.read(log), r"x2gomountdirs stdout is: .*mount .*my share ok")
+
+        suspended = self.cli("-S", name)
+        self.assertEqual(suspended.returncode, 0, suspended.stderr)
+        wait_for(lambda: not mounted(self.point), 60, "the folder unmounted at suspend")
+        stop(client)
+
+        resumed, log = self.pyhoca_folders("-R", name)
+        self.assertEqual(self.started_name(resumed, log), name)
+        self.log_start = len(self.gateway.log())
+        self.wait_mounted("the folder mounted again at resume")
+        again = as_user(self.user.name, {"HOME": self.user.home}, "cmp", f"{self.point}/from-session.bin", source)
+        self.assertEqual(again.returncode, 0, again.stdout + again.stderr)
+
+        self.assertEqual(self.cli("-T", name).returncode, 0)
+        wait_for(lambda: not mounted(self.point), 60, "the folder unmounted at the end")
+        self.assertFalse(os.path.exists(self.point))
+
+    def test_another_user_reaches_neither_the_mount_nor_the_forward(self):
+        """The attack: another real user lists the mount and connects to the folders' listener on the session's
+        machine.  The mount refuses him (FUSE without allow_other); the listener closes his connection before a
+        byte reaches the client (whose SFTP server would greet with its SSH banner), and the log says so.  The
+        session's user, the same way, gets the client's banner: the path works."""
+        client, log = self.pyhoca_folders()
+        self.started_name(client, log)
+        self.wait_mounted()
+        listing = as_user(self.other.name, {"HOME": self.other.home}, "ls", self.point)
+        self.assertNotEqual(listing.returncode, 0)
+        self.assertRegex(listing.stderr, r"Permission denied")
+        port = int(_LISTENING.findall(self.new_log())[-1][1])
+        probe = ("import socket, sys\n"
+                 "s = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=5)\n"
+                 "s.settimeout(5)\n"
+                 "try:\n"
+                 "    print(repr(s.recv(100)))\n"
+                 "except OSError as error:\n"
+                 "    print('error', error)\n")
+        for _ in range(3):
+            attack = as_user(self.other.name, {"HOME": self.other.home}, "python3", "-c", probe, str(port))
+            self.assertEqual(attack.returncode, 0, attack.stderr)
+            self.assertNotIn("SSH-", attack.stdout)
+        wait_for(lambda: "refused a shared folders connection from uid" in self.new_log(), 20, "the refusal logged")
+        mine = as_user(self.user.name, {"HOME": self.user.home}, "python3", "-c", probe, str(port))
+        self.assertIn("SSH-2.0", mine.stdout)
+
+
+class BadFolderInputTests(FoldersCase):
+    def test_a_mount_point_that_is_a_symbolic_link_is_refused(self):
+        """The session's mount point is a symbolic link (to another user's directory): refused, nothing mounted
+        there or at the link's target, and the client hears why."""
+        target = tempfile.mkdtemp(prefix="other-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, target, True)
+        os.chown(target, self.other.uid, self.other.gid)
+        os.chmod(target, 0o777)
+        for path in (f"/tmp/.x2go-{self.user.name}", f"/tmp/.x2go-{self.user.name}/media",
+                     f"/tmp/.x2go-{self.user.name}/media/disk"):
+            os.makedirs(path, exist_ok=True)
+            os.chown(path, self.user.uid, self.user.gid)
+            os.chmod(path, 0o700)
+        os.symlink(target, self.point)
+        os.lchown(self.point, self.user.uid, self.user.gid)
+        client, log = self.pyhoca_folders()
+        self.started_name(client, log)
+        wait_for(lambda: "is a symbolic link" in self.new_log(), 120, "the refusal of the mount point")
+        self.assertRegex(self.new_log(), rf"the client's folder '{re.escape(self.share)}' refused: {re.escape(self.point)}"
+                                         r" is a symbolic link")
+        wait_for(lambda: "x2gomountdirs stderr is" in self.read(log), 30, "the client's words")
+        self.assertRegex(self.read(log), r"mounting of .*my share failed: the mount point .* is a symbolic link")
+        self.assertFalse(mounted(self.point))
+        self.assertFalse(mounted(target))
+        self.assertEqual(os.listdir(target), [])
+
+    def test_a_key_file_that_is_not_one_is_refused_at_the_push(self):
+        """A client pushes garbage as its key bundle (paramiko's SFTP, as python-x2go writes it): refused with
+        words at the client and in the log; x2gomountdirs naming it then mounts nothing."""
+        import paramiko  # python3-paramiko (APT_PACKAGES), what python-x2go uses
+        client, log = self.pyhoca_folders()
+        name = self.started_name(client, log)
+        self.wait_mounted()
+        transport = paramiko.Transport(("127.0.0.1", self.gateway.port))
+        self.addCleanup(transport.close)
+        transport.connect(username=self.user.name, password=PASSWORD)
+        sftp = paramiko.SFTPClient.from_transport(transport)
+        with self.assertRaises(IOError) as raised:
+            with sftp.open(f"{self.user.home}/.x2go/ssh/key.bad", "w") as handle:
+                handle.write(b"-----BEGIN RSA PRIVATE KEY-----\nnot a key\n-----END RSA PRIVATE KEY-----\n"
+                             b"----BEGIN RSA IDENTITY----ssh-rsa AAAA")
+        self.assertIn("not an X2Go key bundle", str(raised.exception))
+        self.assertRegex(self.new_log(), r"refused an SFTP write of \S+ to .*key\.bad.*not an X2Go key bundle for"
+                                         r" shared folders: the private key is not one")
+        fs_port = self.fs_port(name)
+        command = (f"x2gomountdirs dir {name} root {self.user.home}/.x2go/ssh/key.bad "
+                   f"/etc__REVERSESSH_PORT__{fs_port}")
+        refused = self.ssh(command)
+        self.assertIn("the key file", refused.stderr)
+        self.assertIn("was not pushed", refused.stderr)
+        self.assertNotIn("ok", refused.stdout)
+
+    def test_a_forward_or_a_mount_through_a_port_not_the_sessions_is_refused(self):
+        client, log = self.pyhoca_folders()
+        name = self.started_name(client, log)
+        self.wait_mounted()
+        fs_port = self.fs_port(name)
+        refused = self.ssh(f"x2gomountdirs dir {name} root {self.user.home}/.x2go/ssh/key.x "
+                           f"/etc__REVERSESSH_PORT__{fs_port + 7}")
+        self.assertIn(f"port {fs_port + 7} is not the folders port of session {name}", refused.stderr)
+        self.assertRegex(self.new_log(), rf"which is not the session's folders port \({fs_port}\); refused")
+        # A reverse forward of a port that is no session's: refused by the door (OpenSSH's -R says so).
+        forward = subprocess.run(
+            ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o",
+             "PubkeyAuthentication=no", "-o", "PreferredAuthentications=password", "-o", "ExitOnForwardFailure=yes",
+             "-N", "-R", f"{fs_port + 7}:127.0.0.1:9", "-p", str(self.gateway.port), "-l", self.user.name,
+             "127.0.0.1"], env=dict(os.environ, **askpass_env(PASSWORD)), stdin=subprocess.DEVNULL,
+            capture_output=True, text=True, timeout=60, start_new_session=True)
+        self.assertNotEqual(forward.returncode, 0)
+        self.assertIn("remote port forwarding failed", forward.stderr)
+        self.assertRegex(self.new_log(), rf"refused a reverse forward of {self.user.name}'s X2Go client to "
+                                         rf"'?b?'?[^ ]*'?:{fs_port + 7}: not the sound or folders port")
+
+    def fs_port(self, name: str) -> int:
+        listed = self.ssh("x2golistsessions")
+        line = next(line for line in listed.stdout.splitlines() if f"|{name}|" in line)
+        return int(line.split("|")[13])
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
