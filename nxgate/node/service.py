@@ -102,6 +102,10 @@ class SessionService(service.Service):
                                         lambda: self.node_name or "this machine")
         self.extras = extras.Extras.load(extras.Context(reactor, lambda: self.config, layout, self.launcher,
                                                         blocking, self.reverse))
+        folders, printer = self.extras.by_name.get("x2go-folders"), self.extras.by_name.get("printing")
+        if folders is not None and printer is not None:  # X2Go's printer serves the print spool the client shares
+            folders.spool_mounted.append(printer.serve_x2go)
+            folders.spool_gone.append(printer.stop)
         self.lifecycle = Lifecycle(reactor, lambda: self.config, lambda: self.settings, layout, self.supervisor,
                                    self.writer, self.store, self.displays, self.background, self.extras)
         self.sessions = self.lifecycle.sessions  # the same dicts: the life cycle owns them

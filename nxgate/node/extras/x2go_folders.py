@@ -273,8 +273,10 @@ class X2GoFolders:
         self.context = context
         self.sshfs = sshfs
         self.locks = _Locks({})
-        #: Told ``(session, mount point)`` of each print spool mounted (the session's X2Go printer).
+        #: Told ``(session, mount point)`` of each print spool mounted, and ``(session)`` when it went (the
+        #: session's X2Go printer, :mod:`nxgate.node.extras.printing`).
         self.spool_mounted: list[Any] = []
+        self.spool_gone: list[Any] = []
 
     def environment(self, session: Any) -> dict[str, str]:
         return {}
@@ -435,6 +437,12 @@ class X2GoFolders:
             user = await self.context.blocking(pwd.getpwnam, session.user)
             for point in points:
                 await self._release(session, user, point)
+            if any(_kind_of(point) == "spool" for point in points):
+                for told in self.spool_gone:
+                    try:
+                        await told(session)
+                    except Exception:
+                        log.failure("session {id}: the X2Go printer could not be stopped", id=session.id)
             return points
         finally:
             lock.release()

@@ -1,0 +1,175 @@
+"""End to end: X2Go's printing, a job printed in the session with ``lp`` arriving at the X2Go client as
+x2goserver delivers it: a PDF and its ``.ready`` file in the client's print spool (which the client shares with
+the session, mounted with sshfs back through its forward), picked up by the client's print action.
+
+pyhoca-cli ``--printing --print-action PDFSAVE --save-to-folder DIR`` saves each job as a PDF in DIR; the test
+reads the PDF with ``pdftotext`` and finds the printed text.  A job larger than the cap is refused with words at
+``lp`` and nothing reaches the client.  On one box and for a session on another cluster member.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+
+from twisted.trial.unittest import SkipTest
+
+from tests.harness.process import stop, wait_for
+from tests.test_e2e_cluster import ClusterTestCase
+from tests.test_e2e_sound import as_user
+from tests.test_e2e_x2go import PASSWORD
+from tests.test_e2e_x2go_folders import FoldersCase, open_fuse
+
+
+def cups_env(state_dir: str, session_id: str, home: str) -> dict[str, str]:
+    return {"CUPS_SERVER": os.path.join(state_dir, "sessions", session_id, "cups", "socket"), "HOME": home}
+
+
+def delivered(home: str) -> str | None:
+    """The PDF a ``.ready`` file in the client's spool (python-x2go's, ``~/.x2go/S-<session>/spool``) names.
+
+    python-x2go 0.6.1.3 then hands it to its print action, and every action (PDFSAVE, PDFVIEW, PRINT) fails
+    on Python 3 before it does anything (``utils.slugify`` runs a str pattern on bytes), against x2goserver
+    too: what the client received is read from its spool, where the files stay."""
+    for ready in glob.glob(os.path.join(home, ".x2go", "S-*", "spool", "*.ready")):
+        with open(ready, encoding="utf-8") as handle:
+            name = handle.read().split("\n")[0]
+        path = os.path.join(os.path.dirname(ready), name)
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def pdf_text(path: str) -> str:
+    return subprocess.run(["pdftotext", path, "-"], capture_output=True, text=True, check=True).stdout
+
+
+def printing_profile(home: str, port: int, user: str) -> None:
+    """A session profile with printing on: pyhoca-cli 0.6.1.2 passes ``--printing`` to python-x2go only for a
+    profile (without one, python-x2go's ``allow_printing`` default overrides it, against x2goserver too)."""
+    os.makedirs(os.path.join(home, ".x2goclient"), exist_ok=True)
+    with open(os.path.join(home, ".x2goclient", "sessions"), "w") as handle:
+        handle.write(f"[gw]\nname=gw\nhost=127.0.0.1\nsshport={port}\nuser={user}\ncommand=TERMINAL\nprint=true\n"
+                     "sound=false\nspeed=4\npack=16m-jpeg\nquality=9\nwidth=800\nheight=600\n")
+
+
+class PrintingCase(FoldersCase):
+    def pyhoca_printing(self, saved: str, *args: str) -> tuple[subprocess.Popen, str]:
+        printing_profile(self.home, self.gateway.port, self.user.name)
+        log = tempfile.mktemp(prefix="pyhoca-", suffix=".log", dir=self.home)
+        with open(log, "wb") as handle:
+            process = subprocess.Popen(["pyhoca-cli", "-P", "gw", "-l", self.user.name, "--password", PASSWORD,
+                                        "--add-to-known-hosts", "--printing", "--print-action", "PDFSAVE",
+                                        "--save-to-folder", saved, *args],
+                                       env=self.env(), stdin=subprocess.DEVNULL, stdout=handle,
+                                       stderr=subprocess.STDOUT)
+        self.clients.append(process)
+        return process, log
+
+    def printed_file(self, text: str) -> str:
+        return postscript_file(self, text)
+
+
+def postscript_file(case, text: str) -> str:
+    """A one-page PostScript document with ``text`` in Helvetica (what an application prints), readable by the
+    session's user; its PDF then holds the text as text (pdftotext reads it back)."""
+    directory = tempfile.mkdtemp(dir="/tmp")
+    case.addCleanup(shutil.rmtree, directory, True)
+    os.chmod(directory, 0o755)
+    path = os.path.join(directory, "job.ps")
+    with open(path, "w") as handle:
+        handle.write(f"%!PS-Adobe-3.0\n%%Pages: 1\n%%EndComments\n%%Page: 1 1\n/Helvetica findfont 14 scalefont setfont\n"
+                     f"72 720 moveto ({text}) show\nshowpage\n%%EOF\n")
+    os.chmod(path, 0o644)
+    return path
+
+
+class PyhocaPrintingTests(PrintingCase):
+    def test_lp_in_the_session_arrives_as_a_pdf_at_the_client(self):
+        saved = os.path.join(self.home, "printed")
+        client, log = self.pyhoca_printing(saved)
+        name = self.started_name(client, log)
+        session_id = self.session_id(name)
+        wait_for(lambda: "printing to the X2Go client (queue X2Go" in self.new_log(), 120, "X2Go's printer")
+        words = f"nxgate X2Go printing {secrets.token_hex(6)}"
+        env = cups_env(self.gateway.state_dir, session_id, self.user.home)
+        queues = as_user(self.user.name, env, "lpstat", "-d")
+        self.assertIn("X2Go", queues.stdout, queues.stderr)
+        printed = as_user(self.user.name, env, "lp", "-t", "a test page", self.printed_file(words))
+        self.assertEqual(printed.returncode, 0, printed.stderr)
+        pdf = wait_for(lambda: delivered(self.home), 120, "the PDF and its .ready file in the client's spool")
+        wait_for(lambda: words in pdf_text(pdf), 30, "the whole PDF")
+        self.assertRegex(self.new_log(), r"X2Go print delivered: job \d+ \('a test page', \d+ bytes of PDF\) is in the"
+                                         r" X2Go client's spool")
+        # The spool the client shares is where x2goserver mounts it, and empty again (the client took the job).
+        spool = f"/tmp/.x2go-{self.user.name}/spool/C-{session_id}"
+        listed = as_user(self.user.name, {"HOME": self.user.home}, "ls", "-A", spool)
+        self.assertEqual(listed.returncode, 0, listed.stderr)
+
+    def test_a_job_larger_than_the_cap_is_refused_and_nothing_reaches_the_client(self):
+        saved = os.path.join(self.home, "printed")
+        client, log = self.pyhoca_printing(saved)
+        session_id = self.session_id(self.started_name(client, log))
+        wait_for(lambda: "printing to the X2Go client (queue X2Go" in self.new_log(), 120, "X2Go's printer")
+        big = os.path.join(tempfile.mkdtemp(dir="/tmp"), "big.ps")
+        self.addCleanup(shutil.rmtree, os.path.dirname(big), True)
+        os.chmod(os.path.dirname(big), 0o755)
+        with open(big, "wb") as handle:
+            handle.truncate(1024 * 1024 * 1024)  # 1 GB (sparse)
+        os.chmod(big, 0o644)
+        env = cups_env(self.gateway.state_dir, session_id, self.user.home)
+        refused = as_user(self.user.name, env, "lp", "-o", "raw", big, timeout=120)
+        # cupsd refuses the request past [X2Go's cap]; lp says "Request Entity Too Large", or (a race in CUPS's
+        # client between its writing and reading the answer) only that it failed.
+        self.assertNotEqual(refused.returncode, 0, refused.stdout)
+        self.assertRegex(refused.stderr, r"^lp: ")
+        self.assertIsNone(delivered(self.home))
+        self.assertEqual(glob.glob(os.path.join(self.home, ".x2go", "S-*", "spool", "*")), [])
+
+
+class X2GoPrintingThroughTheClusterTests(ClusterTestCase):
+    """pyhoca-cli on gateway 1, the session on node 2: the job comes back through the cluster's streams."""
+
+    def test_pyhoca_on_gateway_1_gets_a_job_printed_on_node_2(self):
+        if shutil.which("pyhoca-cli") is None:
+            raise SkipTest("pyhoca-cli is not installed (apt-get install pyhoca-cli python3-x2go)")
+        open_fuse(self)
+        gateway, node = self.members(("gw1", "gateway"), ("node2", "node"))
+        from tests.harness.x11 import ClientScreen
+        screen = ClientScreen(1024, 768, window_manager=True)
+        self.addCleanup(screen.close)
+        home = tempfile.mkdtemp(prefix="x2go-print-client-")
+        self.addCleanup(shutil.rmtree, home, True)
+        self.addCleanup(shutil.rmtree, f"/tmp/.x2go-{self.user.name}", True)
+        saved = os.path.join(home, "printed")
+        share = os.path.join(home, "share")
+        os.makedirs(share)
+        with open(os.path.join(share, "from-client.txt"), "w") as handle:
+            handle.write("through the cluster\n")
+        printing_profile(home, gateway.port, self.user.name)
+        log = os.path.join(home, "pyhoca.log")
+        with open(log, "wb") as handle:
+            process = subprocess.Popen(
+                ["pyhoca-cli", "-P", "gw", "-l", self.user.name, "--password", self.user.password,
+                 "--add-to-known-hosts", "-F", share, "--printing", "--print-action", "PDFSAVE", "--save-to-folder",
+                 saved],
+                env=dict(os.environ, DISPLAY=screen.name, HOME=home), stdin=subprocess.DEVNULL, stdout=handle,
+                stderr=subprocess.STDOUT)
+        self.addCleanup(stop, process)
+        wait_for(lambda: "printing to the X2Go client (queue X2Go" in node.log(), 180, "X2Go's printer on node 2")
+        session_id = next(line.split("session ")[1].split(" ")[0] for line in node.log().splitlines()
+                          if "printing to the X2Go client (queue X2Go" in line)
+        self.assertEqual(self.sessions(gateway)[session_id]["node"], "node2")
+        point = f"/tmp/.x2go-{self.user.name}/media/disk/{share.replace('/', '_')}"
+        wait_for(lambda: f"is mounted at {point}" in node.log(), 120, "the client's folder mounted on node 2")
+        read = as_user(self.user.name, {"HOME": self.user.home}, "cat", f"{point}/from-client.txt")
+        self.assertEqual(read.stdout, "through the cluster\n", read.stderr)
+        words = f"printed on node 2 {secrets.token_hex(6)}"
+        job = postscript_file(self, words)
+        printed = as_user(self.user.name, cups_env(node.state_dir, session_id, self.user.home), "lp", job)
+        self.assertEqual(printed.returncode, 0, printed.stderr)
+        wait_for(lambda: delivered(home) and words in pdf_text(delivered(home)), 120, "the PDF at the client")
