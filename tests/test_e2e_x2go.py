@@ -543,6 +543,6 @@ class X2GoClientTests(X2GoCase):
         self.assertEqual(self.listed().get(session), "R")
         log_text = self.gateway.log()[before:]
         self.assertIn("asked for a reverse forward", log_text)
-        self.assertRegex(log_text, r"copied \.x2go/ssh/key\.\S+ \(\d+ bytes\): discarded")
+        self.assertRegex(log_text, r"pushed the key bundle key\.\S+ for its shared folders")
         self.assertNotIn("refused X2Go command", log_text)
         self.assertEqual([name for _, name, _ in pixels.windows(self.screen.name) if name == "Error"], [])
