@@ -146,16 +146,12 @@ class X2GoPrintingThroughTheClusterTests(ClusterTestCase):
         self.addCleanup(shutil.rmtree, home, True)
         self.addCleanup(shutil.rmtree, f"/tmp/.x2go-{self.user.name}", True)
         saved = os.path.join(home, "printed")
-        share = os.path.join(home, "share")
-        os.makedirs(share)
-        with open(os.path.join(share, "from-client.txt"), "w") as handle:
-            handle.write("through the cluster\n")
         printing_profile(home, gateway.port, self.user.name)
         log = os.path.join(home, "pyhoca.log")
         with open(log, "wb") as handle:
             process = subprocess.Popen(
                 ["pyhoca-cli", "-P", "gw", "-l", self.user.name, "--password", self.user.password,
-                 "--add-to-known-hosts", "-F", share, "--printing", "--print-action", "PDFSAVE", "--save-to-folder",
+                 "--add-to-known-hosts", "--printing", "--print-action", "PDFSAVE", "--save-to-folder",
                  saved],
                 env=dict(os.environ, DISPLAY=screen.name, HOME=home), stdin=subprocess.DEVNULL, stdout=handle,
                 stderr=subprocess.STDOUT)
@@ -164,12 +160,42 @@ class X2GoPrintingThroughTheClusterTests(ClusterTestCase):
         session_id = next(line.split("session ")[1].split(" ")[0] for line in node.log().splitlines()
                           if "printing to the X2Go client (queue X2Go" in line)
         self.assertEqual(self.sessions(gateway)[session_id]["node"], "node2")
-        point = f"/tmp/.x2go-{self.user.name}/media/disk/{share.replace('/', '_')}"
-        wait_for(lambda: f"is mounted at {point}" in node.log(), 120, "the client's folder mounted on node 2")
-        read = as_user(self.user.name, {"HOME": self.user.home}, "cat", f"{point}/from-client.txt")
-        self.assertEqual(read.stdout, "through the cluster\n", read.stderr)
         words = f"printed on node 2 {secrets.token_hex(6)}"
         job = postscript_file(self, words)
         printed = as_user(self.user.name, cups_env(node.state_dir, session_id, self.user.home), "lp", job)
         self.assertEqual(printed.returncode, 0, printed.stderr)
         wait_for(lambda: delivered(home) and words in pdf_text(delivered(home)), 120, "the PDF at the client")
+
+    def test_pyhoca_on_gateway_1_shares_a_folder_with_a_session_on_node_2(self):
+        if shutil.which("pyhoca-cli") is None:
+            raise SkipTest("pyhoca-cli is not installed (apt-get install pyhoca-cli python3-x2go)")
+        open_fuse(self)
+        gateway, node = self.members(("gw1", "gateway"), ("node2", "node"))
+        from tests.harness.x11 import ClientScreen
+        screen = ClientScreen(1024, 768, window_manager=True)
+        self.addCleanup(screen.close)
+        home = tempfile.mkdtemp(prefix="x2go-folder-client-")
+        self.addCleanup(shutil.rmtree, home, True)
+        self.addCleanup(shutil.rmtree, f"/tmp/.x2go-{self.user.name}", True)
+        share = os.path.join(home, "share")
+        os.makedirs(share)
+        with open(os.path.join(share, "from-client.txt"), "w") as handle:
+            handle.write("through the cluster\n")
+        with open(os.path.join(home, "pyhoca.log"), "wb") as handle:
+            process = subprocess.Popen(
+                ["pyhoca-cli", "--server", "127.0.0.1", "-p", str(gateway.port), "-l", self.user.name, "--password",
+                 self.user.password, "--add-to-known-hosts", "-c", "TERMINAL", "-g", "800x600", "-q", "lan",
+                 "--sound", "none", "-F", share],
+                env=dict(os.environ, DISPLAY=screen.name, HOME=home), stdin=subprocess.DEVNULL, stdout=handle,
+                stderr=subprocess.STDOUT)
+        self.addCleanup(stop, process)
+        point = f"/tmp/.x2go-{self.user.name}/media/disk/{share.replace('/', '_')}"
+        wait_for(lambda: f"is mounted at {point}" in node.log(), 120, "the client's folder mounted on node 2")
+        self.assertNotIn("is mounted at", gateway.log())  # the gateway's door asked; node 2 mounted
+        read = as_user(self.user.name, {"HOME": self.user.home}, "cat", f"{point}/from-client.txt")
+        self.assertEqual(read.stdout, "through the cluster\n", read.stderr)
+        wrote = as_user(self.user.name, {"HOME": self.user.home}, "cp", f"{point}/from-client.txt",
+                        f"{point}/back.txt")
+        self.assertEqual(wrote.returncode, 0, wrote.stderr)
+        with open(os.path.join(share, "back.txt")) as handle:
+            self.assertEqual(handle.read(), "through the cluster\n")
