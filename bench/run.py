@@ -7,6 +7,10 @@ Runs, each as its own process with its own JSON in bench/results/:
                      gateway, OpenSSH mode's nxcopy, OpenSSH + nc, socat,
                      splice loop; it uses bench/relay_nxcopy.py's harness);
 * bench/sessions.py  nxgate's session timings with nxgate-client + memory;
+* bench/new_session.py  new session -> picture with nxgate-client against the
+                     floor (nxagent + nxproxy + the program by hand, alternating),
+                     where every 50 ms goes, and suspend/terminate with nx-libs'
+                     own waits (issue 34);
 * bench/x2go.py      the same for X2Go (installed if missing, as root);
 * bench/scale.py     50/100 sessions, 200 parallel logins, a 10 000-row
                      store, and where the session times go (phases);
@@ -451,6 +455,40 @@ def sound_rows(table: Table, sound: dict | None) -> None:
               "(info)")
 
 
+def new_session_rows(table: Table, result: dict | None) -> None:
+    """Issue 34: a new session against its floor, and where suspend and
+    terminate go (bench/new_session.py)."""
+    if not result:
+        return
+    load = f"load {result['load_before'][0]:.1f} -> {result['load_after'][0]:.1f}"
+    table.section("new session -> picture vs the floor (nxagent + nxproxy + the program by hand, no SSH; "
+                  "same Xvfb, alternating)")
+    pairs = result["pairs"]
+    paired = result["paired_ratio_median"]
+    parts = result["floor_parts_median_s"]
+    table.add("new session -> picture, nxgate-client", result["client_median_s"], "s", result["floor_median_s"],
+              "the floor, measured here", paired, "<= 1.3x floor", paired <= 1.3,
+              spread_pct([pair["client"]["new_to_picture"] for pair in pairs]),
+              note=f"paired ratio (median of {len(pairs)} pairs; ratio of medians {result['ratio_of_medians']:.2f}x); "
+                   f"floor: agent {parts['agent_listening'] * 1000:.0f} ms + link "
+                   f"{parts['link_up'] * 1000:.0f} + program {parts['program_to_picture'] * 1000:.0f}; {load}")
+    steps = [row for row in result.get("breakdown", []) if row["length_s"]]
+    if steps:
+        biggest = sorted(steps, key=lambda row: -row["length_s"])[:5]
+        table.add("  where it goes (traced, largest steps)", "", "", target="(info)", note="; ".join(
+            f"{row['step']} {row['length_s'] * 1000:.0f} ms" for row in biggest))
+    for verb in ("suspend", "terminate"):
+        part = result.get(verb)
+        if not part:
+            continue
+        sleeps = "; ".join(f"{call} {ms} ms in {count}/{len(part['runs'])}" for call, ms, count in part["agent_sleeps"])
+        shutdown = next((row for row in part["breakdown"] if row["step"].startswith("agent: nx-libs")), None)
+        table.add(f"{verb}, nxgate-client (traced)", part["median_s"], "s", target="(info)",
+                  spread=spread_pct([run["seconds"] for run in part["runs"]]),
+                  note=(f"the agent's own shutdown {shutdown['length_s'] * 1000:.0f} ms" if shutdown and
+                        shutdown["length_s"] is not None else "") + (f" (nx-libs' sleeps: {sleeps})" if sleeps else ""))
+
+
 def web_viewer_rows(table: Table, web: dict | None) -> None:
     """Issue 15's browser viewer figures (bench/web_viewer.py)."""
     if not web:
@@ -538,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=10, help="sessions for the memory figures (both)")
     parser.add_argument("--size", default="2G", help="bytes per relay throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="relay throughput runs per row")
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,x2go,scale,store,cluster,cluster_picture,cluster_relay,sound,web,printing,sharing,attacks")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,new_session,x2go,scale,store,cluster,cluster_picture,cluster_relay,sound,web,printing,sharing,attacks")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install bench packages")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway (relay, logins, sessions)")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from bench/results/*.json")
@@ -561,6 +599,9 @@ def main(argv: list[str] | None = None) -> int:
                   "--json", os.path.join(RESULTS, "relay.json"), *install, *profile],
         "sessions": [python, os.path.join(HERE, "sessions.py"), "--runs", str(runs), "--sessions", str(sessions),
                      "--json", os.path.join(RESULTS, "sessions.json")],
+        "new_session": [python, os.path.join(HERE, "new_session.py"), "--runs", str(3 if args.quick else 9),
+                        "--breakdown", str(1 if args.quick else 5), "--operations", str(1 if args.quick else 3),
+                        "--json", os.path.join(RESULTS, "new_session.json")],
         "x2go": [python, os.path.join(HERE, "x2go.py"), "--runs", str(runs), "--sessions", str(sessions),
                  "--json", os.path.join(RESULTS, "x2go.json"), *install],
         "scale": [python, os.path.join(HERE, "scale.py"), "--only", "sessions,logins,store,phases",
@@ -601,6 +642,7 @@ def main(argv: list[str] | None = None) -> int:
             steps_run[name] = run_step(name, step, log_dir)
     relay = load(os.path.join(RESULTS, "relay.json"))
     sessions_result = load(os.path.join(RESULTS, "sessions.json"))
+    new_session = load(os.path.join(RESULTS, "new_session.json"))
     x2go = load(os.path.join(RESULTS, "x2go.json"))
     scale = load(os.path.join(RESULTS, "scale.json"))
     store = load(os.path.join(RESULTS, "store.json"))
@@ -613,6 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     sharing = load(os.path.join(RESULTS, "sharing.json"))
     attacks = load(os.path.join(RESULTS, "attacks.json"))
     table = build_table(relay, sessions_result, x2go, scale)
+    new_session_rows(table, new_session)
     store_rows(table, store)
     cluster_rows(table, placement)
     cluster_picture_rows(table, cluster_picture)
@@ -635,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
         "started": started, "seconds": time.time() - started, "cpus": os.cpu_count(), "kernel": platform.release(),
         "load_before": load_before, "load_after": os.getloadavg(), "quick": args.quick,
         "steps": steps_run, "table": table.rows,
-        "results": {"relay": relay, "sessions": sessions_result, "x2go": x2go, "scale": scale, "store": store,
+        "results": {"relay": relay, "sessions": sessions_result, "new_session": new_session, "x2go": x2go, "scale": scale, "store": store,
                     "cluster": placement, "cluster_picture": cluster_picture,
                     "cluster_relay": cluster_relay, "sound": sound, "web_viewer": web, "printing": printing, "sharing": sharing,
                     "attacks": attacks},

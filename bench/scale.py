@@ -414,11 +414,12 @@ BIG_APP = "xterm -bg #ff00ff -fg #ff00ff -geometry 200x60+0+0"
 
 
 class LogWatch(threading.Thread):
-    """Timestamps (monotonic, 5 ms polling) of the lines an agent log gets."""
+    """Timestamps (monotonic, ``interval`` polling) of the lines an agent log gets."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, interval: float = 0.005) -> None:
         super().__init__(daemon=True)
         self.path = path
+        self.interval = interval
         self.lines: list[tuple[float, str]] = []
         self.done = threading.Event()
         self.start()
@@ -437,7 +438,7 @@ class LogWatch(threading.Thread):
                 offset += len(data)
                 *complete, partial = (partial + data).split(b"\n")
                 self.lines += [(now, line.decode(errors="replace")) for line in complete]
-            time.sleep(0.005)
+            time.sleep(self.interval)
 
     def when(self, text: str, after: float, timeout: float = 2.0) -> float | None:
         """When the first line with ``text`` after ``after`` was read (waits a

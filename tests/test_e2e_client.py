@@ -143,6 +143,23 @@ class ListAndLoginTests(ClientTestCase):
         self.assertIn("C: ********\n", result.stderr)
         self.assertNotIn(self.user.password, result.stderr)
 
+    def test_a_reader_that_goes_away_does_not_stop_the_client(self):
+        """``nxgate-client --verbose ... 2>&1 | head -1``: stderr's pipe closes
+        after the first line; the client still finishes its work and ends."""
+        process = self.background(self.argv("--list", "--verbose"))
+        process.stderr.close()
+        self.assertEqual(process.wait(60), 0)
+        self.assertEqual(process.stdout.read(), "")
+
+    def test_verbose_shows_the_ssh_steps_in_order(self):
+        result = self.client("--list", "--verbose")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        steps = [line for line in result.stderr.splitlines() if line.startswith("nxgate-client: ")]
+        self.assertRegex(steps[0], rf"^nxgate-client: connected to 127\.0\.0\.1:{self.gateway.port}$")
+        self.assertRegex(steps[1], r"^nxgate-client: SSH: keys exchanged \([\w@.-]+, [\w@.-]+, [\w@.-]+\)$")
+        self.assertEqual(steps[2], "nxgate-client: SSH: logged in as nx")
+        self.assertLess(result.stderr.index(steps[2]), result.stderr.index("S: HELLO NXSERVER"))
+
     def test_wrong_password(self):
         result = self.client("--list", password="not-the-password")
         self.assertEqual(result.returncode, 1, result.stderr)

@@ -226,6 +226,29 @@ class X2GoSoundTests(SoundCase):
         self.assertNotIn("the client's PulseAudio cookie is in place", self.new_log())
 
 
+class FoldersAndPrintingDeclinedTests(SoundCase):
+    def test_pyhoca_cli_asking_for_folders_and_printing_hears_no_permission_problem(self):
+        """What makes pyhoca-cli say "Remote user ... is not allowed to share SSHFS resources" is an empty
+        ``which fusermount``: the door answers it, and x2gomountdirs says in words what is not offered."""
+        home = tempfile.mkdtemp(prefix="x2go-sound-client-")
+        self.addCleanup(shutil.rmtree, home, True)
+        folder = tempfile.mkdtemp(prefix="x2go-folder-", dir=home)
+        process, log = self.pyhoca(home, "--printing", "-F", folder)
+        self.started_name(process, log)
+        try:
+            wait_for(lambda: "X2Go folder sharing or printing asked by" in self.new_log(), 60, "x2gomountdirs")
+        except AssertionError:
+            raise AssertionError(f"no x2gomountdirs: {self.read(log)[-3000:]}\n{self.new_log()[-3000:]}") from None
+        time.sleep(2.0)
+        text = self.read(log)
+        self.assertNotIn("not allowed", text)
+        self.assertIn("not offered to X2Go clients by this server", text)
+        self.assertIsNone(process.poll(), f"pyhoca-cli ended: {text[-2000:]}")
+        # The sshfs key it pushed for the mount is removed again, as its "; rm -f KEY KEY.ident" asks.
+        keys = os.path.join(self.user.home, ".x2go", "ssh")
+        wait_for(lambda: not [name for name in os.listdir(keys) if name.startswith("key.")], 20, "the key removed")
+
+
 class X2GoClientSoundTests(SoundCase):
     """x2goclient (libssh, Qt) with sound on, as its new profiles have it."""
 

@@ -21,6 +21,7 @@ from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.requests import DisplaySettings, ShadowRequest
 from nxgate.node import console, processes
 from nxgate.node.shadow_sessions import ShadowService, Target
+from nxgate import users
 from nxgate.users import UserDirectory
 
 ME = pwd.getpwuid(os.getuid())
@@ -111,7 +112,7 @@ class ShadowServiceTests(SynchronousTestCase):
         d = defer.ensureDeferred(self.service._ask(self.caller, target, "view-only"))
         self.assertNoResult(d)
         ((function, args, pending),) = self.blocking.calls
-        self.assertEqual((function, args), (pwd.getpwnam, (ME.pw_name,)))
+        self.assertEqual((function, args), (users.account, (ME.pw_name,)))
         self.assertEqual(self.manager.runs, [])  # no dialog before the account is known
         pending.callback(ME)
         self.assertIs(self.successResultOf(d), True)

@@ -90,6 +90,16 @@ class ReaderTests(TestCase):
                     b"x" * 5000, b"\xff\xfe", b"{ { x2golistsessions; }; }", b"echo ${HOME:-x}"):
             self.assertRaises(shell.Refused, read, raw)
 
+    def test_only_the_pushed_sshfs_key_may_be_removed(self):
+        """python-x2go ends its x2gomountdirs with ``; rm -f KEY KEY.ident``."""
+        _, calls = read(b"x2gomountdirs dir s 'root' /home/alice/.x2go/ssh/key.z1 /tmp__REVERSESSH_PORT__30002; "
+                        b"rm -f /home/alice/.x2go/ssh/key.z1 /home/alice/.x2go/ssh/key.z1.ident")
+        self.assertEqual([call.verb for call in calls], ["x2gomountdirs", "rm"])
+        for raw in (b"rm -f /home/alice/.x2go/C-x/.pulse-cookie", b"rm -f /etc/passwd", b"rm /home/alice/.x2go/ssh/key.a",
+                    b"rm -f /home/alice/.x2go/ssh/../../.bashrc", b"rm -rf /home/alice/.x2go/ssh/key.a",
+                    b"rm -f /home/alice/.x2go/ssh/id_rsa", b"rm -f a b c d"):
+            self.assertRaises(shell.Refused, read, raw)
+
     def test_a_thousand_fuzzed_exec_strings_are_read_or_refused_never_more(self):
         """Only Refused, or a program of whitelisted calls; never another exception (nor a hang)."""
         pieces = ["x2golistsessions", "x2gostartagent", "x2goruncommand", "echo", "export", "which", "stat",

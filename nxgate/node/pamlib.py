@@ -15,7 +15,6 @@ from ctypes import POINTER, byref, c_char, c_char_p, c_int, c_void_p, cast, memm
 from typing import Any
 
 from pam import __internals as libpam
-from twisted.logger import Logger
 
 PAM_SUCCESS = 0
 PAM_CONV_ERR = 19
@@ -166,6 +165,10 @@ def resolve_service(name: str, pam_dir: str = "/etc/pam.d") -> str:
     """The PAM service to use: ``name`` if it is configured, else ``login``."""
     if os.path.exists(os.path.join(pam_dir, name)):
         return name
+    # Imported here: the launcher (nxgate.node.runas) imports this module at
+    # every session start, and Twisted's logger would double its start-up.
+    from twisted.logger import Logger
+
     Logger(namespace="nxgate.pam").warn(
         "PAM service {service!r} has no file in {dir}; using 'login' instead",
         service=name,

@@ -45,6 +45,10 @@ socket); a name already bound fails the start.  ``args_fd``
 (``[fd, [arg, ...]]``) gives the program those arguments NUL-separated on
 a pipe at ``fd`` (bubblewrap's ``--args``: out of ``ps``).
 ``{"mode": "close-pam", ...}`` closes a PAM session instead.
+
+With ``--spare`` it is started before there is a request (see
+:mod:`nxgate.node.launcher`): it loads libpam, then waits for one, and
+ends quietly if its stdin closes without one.
 """
 
 from __future__ import annotations
@@ -272,8 +276,17 @@ def close_pam(request: dict[str, Any]) -> None:
 def main() -> None:
     if os.geteuid() != 0:
         _fail("the launcher must run as root")
+    spare = "--spare" in sys.argv[1:]
+    if spare:
+        # Started ahead of its request (nxgate.node.launcher): what every
+        # start needs is loaded now, off the path of the start that uses us.
+        with contextlib.suppress(OSError, AttributeError):
+            pamlib.library()
     try:
-        request = json.loads(sys.stdin.buffer.read(MAX_REQUEST))
+        data = sys.stdin.buffer.read(MAX_REQUEST)
+        if spare and not data:
+            os._exit(0)  # the gateway went (or needs no spare): nothing to do
+        request = json.loads(data)
         if request.get("mode") == "close-pam":
             close_pam(request)
         else:

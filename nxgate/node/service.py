@@ -128,6 +128,7 @@ class SessionService(service.Service):
         super().startService()
         displays.ensure_x_socket_dir()
         self.notifier.startReading()
+        self.launcher.prepare()  # a launcher started ahead: no Python start-up on a session's start
         self.background(self.lifecycle._reconcile(), "taking back the sessions of the previous run")
         self.housekeeper.startService()
 
@@ -135,6 +136,7 @@ class SessionService(service.Service):
         """Stop watching; the sessions themselves carry on without us."""
         super().stopService()
         self.housekeeper.stopService()
+        self.launcher.stop()
         self.writer.stop()
         self.writer.flush()
         if self.unsaved:

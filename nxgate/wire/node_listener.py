@@ -197,8 +197,11 @@ class NodeStream(protocol.Protocol):
         self.pending.clear()
         self.splice = Splice(TransportEnd(self.transport), TransportEnd(transport), names=("gateway", "session"))
         self.transport.resumeProducing()
-        log.info("relaying the {kind} stream of session {id} for gateway {member}", kind=str(self.stream.kind),
-                 id=self.session_id, member=self.member)
+        # A session's own streams (its agent, a view) are few; its reverse connections (each print request, each
+        # sound client) are many: those are for the debug log.
+        say = log.info if self.stream.kind.number is None else log.debug
+        say("relaying the {kind} stream of session {id} for gateway {member}", kind=str(self.stream.kind),
+            id=self.session_id, member=self.member)
 
     def _refuse(self, error: SessionError) -> None:
         log.info("refused a stream of session {id} for gateway {member}: {why}", id=self.session_id or "-",
@@ -214,14 +217,14 @@ class NodeStream(protocol.Protocol):
                 self.splice.lost("session")
             else:
                 self.transport.loseConnection()
-            log.info("stream of session {id} closed by the session's end", id=self.session_id)
+            log.debug("stream of session {id} closed by the session's end", id=self.session_id)
 
     def connectionLost(self, reason: Any) -> None:
         if not self.closed:
             self.closed = True
             if self.splice is not None:
                 self.splice.lost("gateway")
-                log.info("stream of session {id} closed by gateway {member}", id=self.session_id, member=self.member)
+                log.debug("stream of session {id} closed by gateway {member}", id=self.session_id, member=self.member)
             elif self.stream is not None:
                 self.stream.close()
 

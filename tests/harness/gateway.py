@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import resource
@@ -105,6 +106,14 @@ class Gateway:
                 return handle.read()
         except FileNotFoundError:
             return ""
+
+    def audit(self) -> list[dict]:
+        """The audit log's records (every audit event: the main log may hold repeated lines back)."""
+        try:
+            with open(os.path.join(self.state_dir, "audit.log"), encoding="utf-8") as handle:
+                return [json.loads(line) for line in handle if line.strip()]
+        except FileNotFoundError:
+            return []
 
     def stop(self, cleanup: bool = True) -> None:
         """Stop the gateway; remove its files unless NXGATE_KEEP_TEST_DIRS is set."""

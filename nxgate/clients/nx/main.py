@@ -15,10 +15,11 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from twisted.conch.ssh.keys import BadKeyError, EncryptedKeyError, Key
 from twisted.internet import defer, task, threads
@@ -29,13 +30,17 @@ from nxgate.clients.nx import cli
 from nxgate.protocols.nx import client_commands as commands
 from nxgate.protocols.nx import client_dialogue as dialogue
 from nxgate.protocols.nx.listing import ParsedRow
-from nxgate.clients.nx.fate import FateQuestion
 from nxgate.clients.nx.knownhosts import KnownHosts
-from nxgate.clients.nx.printing import LocalPrinting, PrintingError, default_server
 from nxgate.clients.nx.proxy import LocalConnection, NXProxy, last_lines
-from nxgate.clients.nx.sharing import LocalShares, SharingError
-from nxgate.clients.nx.sound import LocalSound, SoundError
 from nxgate.clients.nx.ssh import HostKeyPolicy, Login, ShellChannel, SSHError, open_shell
+
+if TYPE_CHECKING:
+    # The local services and the fate question are imported where they are
+    # used: a run without sound, printing or folders never loads them.
+    from nxgate.clients.nx.fate import FateQuestion
+    from nxgate.clients.nx.printing import LocalPrinting
+    from nxgate.clients.nx.sharing import LocalShares
+    from nxgate.clients.nx.sound import LocalSound
 
 OK, NX_ERROR, USAGE, SSH_FAILURE = 0, 1, 2, 3
 PROG = "nxgate-client"
@@ -81,6 +86,28 @@ class PasswordSource:
         return self._value
 
 
+class _Steady:
+    """Our end of stdout or stderr.  A reader that went away (a closed pipe:
+    ``| head``) must not stop the client halfway: the write that failed
+    inside a protocol callback left the connection unhandled, and the client
+    hung, even past SIGTERM.  What cannot be written is dropped."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except (OSError, ValueError):
+            return 0
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
 class _ChannelReader:
     """Lets nxproxy's socket pause reading from the server when it is full."""
 
@@ -109,8 +136,8 @@ class ClientRun:
         self.password = password
         self.nxproxy_path = nxproxy
         self.environ = environ
-        self.out = out
-        self.err = err
+        self.out = _Steady(out)
+        self.err = _Steady(err)
         self.stdin = stdin
         self.dialogue = dialogue.ClientDialogue(options.user, password, options.request)
         self.done: defer.Deferred[int] = defer.Deferred()
@@ -139,7 +166,8 @@ class ClientRun:
         known = KnownHosts(options.known_hosts, options.host, options.port) if options.known_hosts else None
         policy = HostKeyPolicy(known, notify=self.say)
         self._arm("dialogue", DIALOGUE_TIMEOUT, self._dialogue_timeout)
-        d = open_shell(self.reactor, options.host, options.port, login, policy, self)
+        d = open_shell(self.reactor, options.host, options.port, login, policy, self,
+                       progress=self.say if options.verbose else None)
         d.addErrback(self._ssh_failed)
         return self.done
 
@@ -350,6 +378,8 @@ class ClientRun:
         if info.file_sharing_port is None:
             self.say("no shared folders: the server does not offer folder sharing for this session")
             return 0
+        from nxgate.clients.nx.sharing import LocalShares, SharingError
+
         shares = self.shares = LocalShares(self.options.shares, directory)
         try:
             port = await shares.open(self.reactor)
@@ -378,6 +408,8 @@ class ClientRun:
         Without it the session still runs, silent: said, not fatal."""
         if self.options.sound_server is None:
             return 0
+        from nxgate.clients.nx.sound import LocalSound, SoundError
+
         # pactl finds the user's sound server as his programs do; it never sees our passwords.
         environ = {name: value for name, value in self.environ.items() if name not in cli.PASSWORD_VARIABLES}
         sound = self.sound = LocalSound(self.reactor, self.options.sound_server, directory, environ)
@@ -398,6 +430,8 @@ class ClientRun:
         it the session runs without the client's printers: said, not fatal."""
         if self.options.print_server is None:
             return 0
+        from nxgate.clients.nx.printing import LocalPrinting, PrintingError, default_server
+
         server = self.options.print_server or default_server(self.environ)
         try:
             printing = self.printing = LocalPrinting(self.reactor, server)
@@ -600,6 +634,8 @@ class ClientRun:
     def _fate(self) -> defer.Deferred[str]:
         """What became of our session, whose stream the server ended (see
         :mod:`nxgate.clients.nx.fate`): asked on a connection of its own."""
+        from nxgate.clients.nx.fate import FateQuestion
+
         assert self.info is not None
         self._question = FateQuestion(self.reactor, self._listing, self.info.session_id,
                                       self._ended_by or "the server")
@@ -690,5 +726,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         task.react(lambda r: _run(r, run))
     except SystemExit as exit_:
-        return int(exit_.code or 0)
-    return OK
+        _leave(int(exit_.code or 0))
+    _leave(OK)
+    return OK  # not reached
+
+
+def _leave(code: int) -> None:
+    """End the process now that the reactor has run and stopped (it cannot
+    run again in this process; nxproxy, its files and the services were
+    closed on it).  Without the interpreter's teardown: finalising the
+    modules and objects of Twisted and cryptography took 80-180 ms after
+    the work was done, which every ``--suspend``, ``--terminate`` and
+    ``--list`` waited for."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed or broken pipe: nothing more can be said there
+    os._exit(code)

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from twisted.internet import defer, protocol, task, threads
-from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.python.failure import Failure
 
 from nxgate.clients.nx.sound import free_port
@@ -183,6 +182,10 @@ class LocalShares:
             self.pid = process.pid
         finally:
             os.close(log)
+        # Imported here: the endpoints module pulls in TLS and HTTP modules,
+        # ~30 ms of every client start that shares no folder.
+        from twisted.internet.endpoints import TCP4ClientEndpoint
+
         deadline = reactor.seconds() + START_TIMEOUT
         while reactor.seconds() < deadline:
             if self._smbd.ended is not None:

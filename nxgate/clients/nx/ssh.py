@@ -28,7 +28,6 @@ from twisted.python.failure import Failure
 from nxgate.protocols import service_tunnel as tunnels
 from nxgate.clients.nx.knownhosts import KnownHosts, Verdict, fingerprint, preferred_algorithms
 from nxgate.wire.ssh_etm import ETM_MACS, EtmTransport
-from nxgate.streams.reverse_channel import TargetChannel
 from nxgate.wire.tcp import no_delay
 
 
@@ -165,6 +164,10 @@ class _Connection(connection.SSHConnection):
                 target = None
         if target is None:
             raise ConchError(connection.OPEN_ADMINISTRATIVELY_PROHIBITED, "no such tunnel was asked for")
+        # Imported here, for the first tunnel: it pulls in Twisted's endpoints
+        # (TLS, HTTP), which a session without folders or printers never needs.
+        from nxgate.streams.reverse_channel import TargetChannel
+
         reactor = self.handler.reactor  # type: ignore[attr-defined]
         return TargetChannel(reactor, target, tunnels.CHANNEL, remoteWindow=windowSize, remoteMaxPacket=maxPacket,
                              conn=self)
@@ -172,6 +175,7 @@ class _Connection(connection.SSHConnection):
     def serviceStarted(self) -> None:
         super().serviceStarted()
         self.transport.factory.authenticated = True
+        self.transport.factory.progress(f"SSH: logged in as {self.transport.factory.login.user}")
         self.shell = ShellChannel(self.handler, self.ready, conn=self)
         self.openChannel(self.shell)
 
@@ -251,6 +255,7 @@ class _Transport(EtmTransport, transport.SSHClientTransport):
 
     def connectionMade(self) -> None:
         no_delay(self.transport)  # the NX stream's small messages must not wait (nxgate.wire.tcp)
+        self.factory.progress(f"connected to {self.factory.address}")
         known = self.factory.policy.known_hosts
         if known is not None:
             self.supportedPublicKeys = preferred_algorithms(
@@ -280,6 +285,9 @@ class _Transport(EtmTransport, transport.SSHClientTransport):
         return defer.succeed(True)
 
     def connectionSecure(self) -> None:
+        ciphers = self.currentEncryptions
+        self.factory.progress(f"SSH: keys exchanged ({self.kexAlg.decode()}, {ciphers.outCipType.decode()}, "
+                              f"{ciphers.outMACType.decode()})")
         conn = _Connection(self.factory.handler, self.factory.ready)
         self.requestService(_UserAuth(self.factory.login, conn))
 
@@ -298,8 +306,10 @@ class _Transport(EtmTransport, transport.SSHClientTransport):
 
 
 class _Factory(protocol.ClientFactory):
-    def __init__(self, address: str, login: Login, policy: HostKeyPolicy, handler: ShellHandler) -> None:
+    def __init__(self, address: str, login: Login, policy: HostKeyPolicy, handler: ShellHandler,
+                 progress: Callable[[str], None] | None = None) -> None:
         self.address = address
+        self.progress = progress or (lambda message: None)
         self.login = login
         self.policy = policy
         self.handler = handler
@@ -337,14 +347,16 @@ def open_shell(
     policy: HostKeyPolicy,
     handler: ShellHandler,
     timeout: float = 30.0,
+    progress: Callable[[str], None] | None = None,
 ) -> defer.Deferred[ShellChannel]:
     """Connect, check the host key, log in and start the shell.
 
     The handler sees the shell's data from the first byte; the Deferred
-    fires with the channel once the server granted the shell.
+    fires with the channel once the server granted the shell.  ``progress``
+    hears each step (``--verbose`` shows them: where a slow start waits).
     """
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    factory = _Factory(address, login, policy, handler)
+    factory = _Factory(address, login, policy, handler, progress)
     reactor.connectTCP(host, port, factory, timeout=timeout)
     return factory.ready
 

@@ -214,5 +214,5 @@ def _preauth_status(gateway: Any) -> dict[str, Any]:
             "penalized_addresses": now["penalized_sources"],
             "refused_connections": sum(now["refused"].values()),
             "open_files": f"{now['open_files']} of {now['file_limit']} (the doors keep {now['fd_reserve']} free;"
-                          f" users' files stop at {now['file_limit'] - 2 * now['fd_reserve']})",
+                          f" the files of logged-in users stop at {now['file_limit'] - 2 * now['fd_reserve']})",
             "refused_user_files": now.get("refused_user_files", 0)}

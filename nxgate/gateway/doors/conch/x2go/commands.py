@@ -92,6 +92,7 @@ class Context:
     keys: Any = None  # folders.FolderKeys: the key bundles the caller's clients pushed
     sharing: Callable[[], bool] = lambda: False  # whether folders may be shared (``[services] sharing``)
     route_ready: Callable[[int], Awaitable[None]] | None = None  # the client's forward of a port is open
+    remove: Callable[[str], Awaitable[None]] | None = None  # a file below ~/.x2go, removed (no link followed)
 
 
 async def run(program: Program, calls: tuple[Call, ...], context: Context) -> Outcome:
@@ -372,6 +373,8 @@ async def _owned_quiet(call: Call, context: Context) -> tuple[str, str, int]:
     return "", "", 0
 
 
+
+
 async def _mountdirs(call: Call, context: Context) -> tuple[str, str, int]:
     """``x2gomountdirs``: the caller's folders mounted in his session, by its
     node, with the key bundle his client pushed (:mod:`.folders`); x2goserver's
@@ -454,6 +457,12 @@ async def _remove(call: Call, context: Context) -> tuple[str, str, int]:
             name = None
         if name is not None and context.keys is not None:
             context.keys.drop(context.caller.user, name)
+        if context.remove is not None:  # a key file an earlier gateway wrote (this one keeps them in memory)
+            try:
+                await context.remove(path)
+            except Exception as error:  # gone already, or not the user's: -f says nothing
+                context.log.debug("rm -f {path!r} of {user}: {error}", path=path, user=context.caller.user,
+                                  error=str(error))
     return "", "", 0
 
 

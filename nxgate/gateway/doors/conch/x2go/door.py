@@ -92,11 +92,16 @@ class X2GoDoor:
                 return name if await self.blocking(_executable, name) else None
             return await self.blocking(shutil.which, name, 1, path)
 
+        owner = files.Owner(caller.uid, caller.gid, entry.pw_dir, caller.user)
+
+        async def remove(path: str) -> None:
+            await self.desk.look(files.remove, path, owner)
+
         context = Context(api=self.api(), caller=caller, facts=facts, secret=self.secret, links=self.links,
                           version=__version__, now=self.reactor.seconds, locate=locate, log=log,
                           types=lambda: set(self.config().types), keys=self.desk.keys,
                           route_ready=lambda port: self.route_ready(avatar, port),
-                          sharing=lambda: bool(self.config().services.sharing))
+                          sharing=lambda: bool(self.config().services.sharing), remove=remove)
         avatar.x2go_context = context
         return context
 
@@ -121,8 +126,8 @@ class X2GoDoor:
             program = shell.read_exec(raw, context.facts)
             calls = verbs.check_program(program, context.facts)
         except shell.Refused as refusal:
-            log.warn("refused X2Go command {command!r} of {user} from {address}: {why}; nothing was run",
-                     command=raw[:600], user=caller.user, address=caller.address, why=str(refusal),
+            log.warn("refused X2Go command {command!r} of {user} from {address}: {reason}; nothing was run",
+                     command=raw[:600], user=caller.user, address=caller.address, reason=str(refusal),
                      audit="x2go_refused")
             channel.write_stderr(f"nxgate: command refused: {refusal}. Nothing was run: this server runs one program"
                                  f" with its arguments, without a shell.\n".encode())

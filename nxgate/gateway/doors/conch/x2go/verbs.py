@@ -5,7 +5,7 @@ becomes one typed :class:`Call` here, or the whole program is refused
 (:class:`~nxgate.gateway.doors.conch.x2go.shell.Refused`): the X2Go verbs with their
 arguments checked, and the few shell utilities the clients use as glue
 (``echo``, ``export``, ``which``, ``stat -tL <home>``, ``test``, ``setsid``,
-``setxkbmap``/``xrandr`` as no-ops).  Output may go to ``/dev/null`` or to a
+``setxkbmap``/``xrandr`` as no-ops, ``rm -f`` of the sshfs key a client pushed).  Output may go to ``/dev/null`` or to a
 file under the caller's ``~/.x2go/``; nothing else.  The user's own session
 command (the words of ``x2gostartagent`` after the session type) may be any
 text: it becomes one argv, started without a shell.  A program of its own
