@@ -151,14 +151,15 @@ class SftpServerTests(SynchronousTestCase):
         self.assertEqual(kind, filetransfer.FXP_HANDLE)
         handle = body[8:]
         write = struct.pack(">L", 2) + struct.pack(">L", len(handle)) + handle + struct.pack(">Q", 0)
-        write += struct.pack(">L", 6) + b"cookie"
+        cookie = bytes(range(256))  # a PulseAudio cookie is 256 bytes: anything else is refused
+        write += struct.pack(">L", len(cookie)) + cookie
         close = struct.pack(">L", 3) + struct.pack(">L", len(handle)) + handle
         # In pieces of three bytes: the reader keeps what it has until a packet is whole.
         stream = (struct.pack(">LB", len(write) + 1, filetransfer.FXP_WRITE) + write
                   + struct.pack(">LB", len(close) + 1, filetransfer.FXP_CLOSE) + close)
         for start in range(0, len(stream), 3):
             self.server.dataReceived(stream[start:start + 3])
-        self.assertEqual(self.stored, [(".x2go/C-s/.pulse-cookie", b"cookie")])
+        self.assertEqual(self.stored, [(".x2go/C-s/.pulse-cookie", cookie)])
         self.assertEqual([kind for kind, _ in self.packets()], [filetransfer.FXP_STATUS] * 2)
 
     def test_handles_are_capped_per_channel_and_per_user(self):

@@ -92,7 +92,7 @@ def parse_bundle(data: bytes) -> KeyBundle:
 
 def key_name(names: list[str]) -> str | None:
     """The key's name if ``names`` (a path below home, :func:`files.parts`) is a key bundle's place."""
-    if len(names) == 3 and names[0] == ".x2go" and names[1] == "ssh" and names[2].startswith("key"):
+    if len(names) == 3 and names[0] == ".x2go" and names[1] == "ssh" and names[2].startswith("key."):
         return names[2]
     return None
 

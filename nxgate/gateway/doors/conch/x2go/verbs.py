@@ -264,16 +264,17 @@ def _umount(args: tuple[str, ...], facts: Facts) -> None:
 
 
 def _rm(args: tuple[str, ...], facts: Facts) -> None:
-    """``rm -f`` of the key files below ``~/.x2go/ssh`` (python-x2go's after ``x2gomountdirs``), nothing else."""
-    if len(args) < 2 or len(args) > 5 or args[0] != "-f":
-        raise Refused("rm other than rm -f of key files")
+    """python-x2go's ``rm -f KEY KEY.ident`` after x2gomountdirs: the key bundle it pushed, below ~/.x2go/ssh/
+    (the door forgets the bundle it kept; nothing else may be removed)."""
+    if len(args) < 2 or len(args) > 3 or args[0] != "-f":
+        raise Refused("the command 'rm' (only 'rm -f' of the sshfs key the client pushed)")
     for path in args[1:]:
         try:
             names = files.parts(path, facts.home)
         except files.PathRefused as error:
-            raise Refused(f"removing {path[:80]!r}: {error}") from None
-        if names[1:2] != ["ssh"] or len(names) != 3:
-            raise Refused(f"removing {path[:80]!r} (only key files below ~/.x2go/ssh)")
+            raise Refused(f"the command 'rm' of {path[:80]!r}: {error}") from None
+        if len(names) != 3 or names[1] != "ssh" or not names[2].startswith("key."):
+            raise Refused(f"the command 'rm' of {path[:80]!r}: not an sshfs key below ~/.x2go/ssh")
 
 
 def _printf(args: tuple[str, ...], facts: Facts) -> None:
@@ -282,8 +283,8 @@ def _printf(args: tuple[str, ...], facts: Facts) -> None:
 
 
 _CHECKS = {
-    "echo": _echo, "printf": _printf, "scp": _scp, "rm": _rm, "export": _export, "which": _which, "stat": _stat, "test": _test,
-    "exit": _none, "true": _none,
+    "echo": _echo, "printf": _printf, "scp": _scp, "export": _export, "which": _which, "stat": _stat, "test": _test,
+    "exit": _none, "true": _none, "rm": _rm,
     "setxkbmap": _any_words(8), "xrandr": _any_words(8),
     "x2golistsessions": _none, "x2golistshadowsessions": _none, "x2golistdesktops": _none,
     "x2goversion": _none, "x2gofeaturelist": _none, "x2gobasepath": _none, "x2gogetservers": _none,
