@@ -199,3 +199,42 @@ class X2GoPrintingThroughTheClusterTests(ClusterTestCase):
         self.assertEqual(wrote.returncode, 0, wrote.stderr)
         with open(os.path.join(share, "back.txt")) as handle:
             self.assertEqual(handle.read(), "through the cluster\n")
+
+
+class X2GoClientPrintingTests(PrintingCase):
+    """x2goclient with printing on (its profiles' default), its print settings saying what to do with a job:
+    no dialog, a print command of the user's (``cp`` into a directory, where the test reads the PDF)."""
+
+    def test_lp_in_the_session_arrives_at_x2goclients_print_command(self):
+        if shutil.which("x2goclient") is None:
+            raise SkipTest("x2goclient is not installed (apt-get install x2goclient)")
+        from tests.test_e2e_x2go_folders import X2GoClientMachine
+        machine = X2GoClientMachine(self, self.gateway.port, self.user, "print=true\nfstunnel=true\n")
+        printed = os.path.dirname(machine.write("printed/.keep", b""))
+        machine.write(".x2goclient/printing", "[General]\nshowdialog=false\npdfview=false\n\n"
+                                              f"[print]\nstartcmd=true\ncommand=cp -t {printed}\nstdin=false\n"
+                                              "ps=false\n")
+        before = len(self.gateway.log())
+        client = machine.start()
+        wait_for(lambda: "printing to the X2Go client (queue X2Go" in self.gateway.log()[before:], 120,
+                 "X2Go's printer in x2goclient's session")
+        session_id = next(line.split("session ")[1].split(" ")[0] for line in self.gateway.log()[before:].splitlines()
+                          if "printing to the X2Go client (queue X2Go" in line)
+        words = f"x2goclient prints {secrets.token_hex(6)}"
+        env = cups_env(self.gateway.state_dir, session_id, self.user.home)
+        job = as_user(self.user.name, env, "lp", "-t", "from x2goclient's session", self.printed_file(words))
+        self.assertEqual(job.returncode, 0, job.stderr)
+
+        def pdf() -> str | None:
+            if client.poll() is not None:
+                raise AssertionError(f"x2goclient exited {client.returncode}: {machine.text()[-3000:]}")
+            found = [name for name in os.listdir(printed) if name.endswith(".pdf")]
+            return os.path.join(printed, found[0]) if found else None
+
+        try:
+            path = wait_for(pdf, 120, "the PDF through x2goclient's print command")
+        except AssertionError:
+            raise AssertionError(f"{machine.text()[-4000:]}\n{self.gateway.log()[before:][-3000:]}") from None
+        wait_for(lambda: words in pdf_text(path), 30, "the whole PDF")
+        self.assertRegex(self.gateway.log()[before:], r"X2Go print delivered: job \d+ \(\"from x2goclient's session\","
+                                                      r" \d+ bytes of PDF\)")
