@@ -256,10 +256,10 @@ class X2GoClientMachine:
     to ``~/.x2go/ssh/key.*`` on the server with scp, forwards the session's folders port back to its sshd and
     runs ``x2gomountdirs`` naming the key as ``~<user>/.x2go/ssh/key.*``."""
 
-    def __init__(self, case, gateway_port: int, session_user, settings: str) -> None:
+    def __init__(self, case, screen, gateway_port: int, session_user, settings: str) -> None:
         from tests.harness.users import create_user
         self.case = case
-        self.screen = case.screen
+        self.screen = screen
         self.user = create_user(prefix="x2c")
         case.addCleanup(self.user.remove)
         self.home = self.user.home
@@ -305,7 +305,7 @@ class X2GoClientMachine:
                 ["x2goclient", "--session=gw", "--add-to-known-hosts", "--no-menu", "--bypass-cleanup-helper",
                  "--close-disconnect", "--debug"], env=self.env(), cwd=self.home, user=self.user.name,
                 group=self.user.entry.pw_gid, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT)
-        self.case.clients.append(process)
+        self.case.addCleanup(stop, process)
         return process
 
     def text(self) -> str:
@@ -357,7 +357,7 @@ class X2GoClientFolderTests(FoldersCase):
 
     def test_x2goclient_shares_a_folder_both_ways_gone_at_suspend_back_at_resume(self):
         data = secrets.token_bytes(1024 * 1024 + 3)
-        machine = X2GoClientMachine(self, self.gateway.port, self.user, "")
+        machine = X2GoClientMachine(self, self.screen, self.gateway.port, self.user, "")
         share = os.path.dirname(machine.write("my share/from-client.bin", data))
         with open(os.path.join(machine.home, ".x2goclient", "sessions"), "a") as handle:
             handle.write(f"export=\"{share}:1;\"\nfstunnel=true\nprint=false\n")

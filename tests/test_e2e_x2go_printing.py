@@ -166,6 +166,54 @@ class X2GoPrintingThroughTheClusterTests(ClusterTestCase):
         self.assertEqual(printed.returncode, 0, printed.stderr)
         wait_for(lambda: delivered(home) and words in pdf_text(delivered(home)), 120, "the PDF at the client")
 
+    def test_x2goclient_on_gateway_1_prints_and_shares_a_folder_with_a_session_on_node_2(self):
+        if shutil.which("x2goclient") is None:
+            raise SkipTest("x2goclient is not installed (apt-get install x2goclient)")
+        open_fuse(self)
+        gateway, node = self.members(("gw1", "gateway"), ("node2", "node"))
+        from tests.harness.x11 import ClientScreen
+        from tests.test_e2e_x2go_folders import X2GoClientMachine
+        screen = ClientScreen(1024, 768, window_manager=True)
+        self.addCleanup(screen.close)
+        self.addCleanup(shutil.rmtree, f"/tmp/.x2go-{self.user.name}", True)
+        machine = X2GoClientMachine(self, screen, gateway.port, self.user, "print=true\nfstunnel=true\n")
+        share = os.path.dirname(machine.write("share/from-client.txt", "through the cluster\n"))
+        printed = os.path.dirname(machine.write("printed/.keep", b""))
+        machine.write(".x2goclient/printing", "[General]\nshowdialog=false\npdfview=false\n\n"
+                                              f"[print]\nstartcmd=true\ncommand=cp -t {printed}\n")
+        with open(os.path.join(machine.home, ".x2goclient", "sessions"), "a") as handle:
+            handle.write(f"export=\"{share}:1;\"\n")
+        machine.start()
+        point = f"/tmp/.x2go-{self.user.name}/media/disk/{share.replace('/', '_')}"
+        try:
+            wait_for(lambda: f"is mounted at {point}" in node.log()
+                     and "printing to the X2Go client (queue X2Go" in node.log(), 180,
+                     "the folder and the print spool mounted on node 2")
+        except AssertionError:
+            raise AssertionError(f"{machine.text()[-3000:]}\n{gateway.log()[-3000:]}\n{node.log()[-3000:]}") from None
+        self.assertNotIn("is mounted at", gateway.log())  # the gateway's door asked; node 2 mounted
+        read = as_user(self.user.name, {"HOME": self.user.home}, "cat", f"{point}/from-client.txt")
+        self.assertEqual(read.stdout, "through the cluster\n", read.stderr)
+        wrote = as_user(self.user.name, {"HOME": self.user.home}, "cp", f"{point}/from-client.txt",
+                        f"{point}/back.txt")
+        self.assertEqual(wrote.returncode, 0, wrote.stderr)
+        with open(os.path.join(share, "back.txt")) as handle:
+            self.assertEqual(handle.read(), "through the cluster\n")
+        session_id = next(line.split("session ")[1].split(" ")[0] for line in node.log().splitlines()
+                          if "printing to the X2Go client (queue X2Go" in line)
+        self.assertEqual(self.sessions(gateway)[session_id]["node"], "node2")
+        words = f"x2goclient prints on node 2 {secrets.token_hex(6)}"
+        job = as_user(self.user.name, cups_env(node.state_dir, session_id, self.user.home), "lp",
+                      postscript_file(self, words))
+        self.assertEqual(job.returncode, 0, job.stderr)
+
+        def pdf() -> str | None:
+            found = [name for name in os.listdir(printed) if name.endswith(".pdf")]
+            return os.path.join(printed, found[0]) if found else None
+
+        path = wait_for(pdf, 120, "the PDF through x2goclient's print command")
+        wait_for(lambda: words in pdf_text(path), 30, "the whole PDF")
+
     def test_pyhoca_on_gateway_1_shares_a_folder_with_a_session_on_node_2(self):
         if shutil.which("pyhoca-cli") is None:
             raise SkipTest("pyhoca-cli is not installed (apt-get install pyhoca-cli python3-x2go)")
@@ -209,7 +257,8 @@ class X2GoClientPrintingTests(PrintingCase):
         if shutil.which("x2goclient") is None:
             raise SkipTest("x2goclient is not installed (apt-get install x2goclient)")
         from tests.test_e2e_x2go_folders import X2GoClientMachine
-        machine = X2GoClientMachine(self, self.gateway.port, self.user, "print=true\nfstunnel=true\n")
+        machine = X2GoClientMachine(self, self.screen, self.gateway.port, self.user,
+                                    "print=true\nfstunnel=true\n")
         printed = os.path.dirname(machine.write("printed/.keep", b""))
         machine.write(".x2goclient/printing", "[General]\nshowdialog=false\npdfview=false\n\n"
                                               f"[print]\nstartcmd=true\ncommand=cp -t {printed}\nstdin=false\n"
