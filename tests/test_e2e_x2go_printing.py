@@ -127,6 +127,14 @@ class PyhocaPrintingTests(PrintingCase):
         # client between its writing and reading the answer) only that it failed.
         self.assertNotEqual(refused.returncode, 0, refused.stdout)
         self.assertRegex(refused.stderr, r"^lp: ")
+        # The admin sees it: cupsd's refusal (its access log's 413) is a line in the gateway's log and the audit log.
+        wait_for(lambda: "X2Go print refused: a " in self.new_log(), 60, "the refusal in the gateway's log")
+        self.assertRegex(self.new_log(), rf"session {session_id} of {self.user.name}: X2Go print refused: a \S+ request"
+                                         r" to /printers/X2Go larger than X2Go's printer takes \(100 MiB; cupsd answered"
+                                         r" lp 'Request Entity Too Large'\); nothing reached the client")
+        self.assertIn(session_id, [record.get("session") for record in self.gateway.audit()
+                                   if record["event"] == "x2go_print_refused"])
+        self.assertEqual(self.new_log().count("X2Go print refused: a "), 1)
         self.assertIsNone(delivered(self.home))
         self.assertEqual(glob.glob(os.path.join(self.home, ".x2go", "S-*", "spool", "*")), [])
 

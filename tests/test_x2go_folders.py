@@ -12,7 +12,7 @@ from twisted.trial.unittest import TestCase
 
 from nxgate.gateway.doors.conch.x2go import folders
 from nxgate.node.extras import x2go_folders, x2go_print
-from nxgate.node.extras.printing import x2go_printers_conf, x2go_server_bin
+from nxgate.node.extras.printing import RefusedRequests, x2go_printers_conf, x2go_server_bin
 from nxgate.vocabulary.requests import SharedFolder
 
 
@@ -69,6 +69,7 @@ class KeyBundleTests(TestCase):
         self.assertEqual(folders.key_name([".x2go", "ssh", "key.z123"]), "key.z123")
         self.assertIsNone(folders.key_name([".x2go", "C-x", ".pulse-cookie"]))
         self.assertIsNone(folders.key_name([".x2go", "ssh", "sub", "key.z"]))
+        self.assertIsNone(folders.key_name([".x2go", "ssh", "keyring"]))
 
 
 class MountDirsTests(TestCase):
@@ -203,3 +204,21 @@ class PrinterTests(TestCase):
         links = x2go_server_bin("/venv/bin/nxgate-x2go-print")
         self.assertEqual(links["backend/x2go"], "/venv/bin/nxgate-x2go-print")
         self.assertEqual(links["filter"], "/usr/lib/cups/filter")
+
+    def test_cupsds_refusals_of_a_requests_size_are_read_from_its_access_log_once_each(self):
+        """cupsd says nothing else of a request past MaxRequestSize: its access log has the request's line with
+        HTTP 413, twice (as read and as closed); each refusal is one line in the gateway's log."""
+        refused = RefusedRequests()
+        line = ('localhost - - [06/Dec/2026:05:23:07 +0000] "POST /printers/X2Go HTTP/1.1" 413 104858000 '
+                'Send-Document -')
+        self.assertIsNone(refused.words('localhost - - [06/Dec/2026:05:23:07 +0000] "POST /printers/X2Go HTTP/1.1"'
+                                        ' 200 362 Create-Job successful-ok'))
+        words = refused.words(line)
+        self.assertIn("Send-Document request to /printers/X2Go larger than X2Go's printer takes (100 MiB", words)
+        self.assertIsNone(refused.words(line.replace("05:23:07", "05:23:09")))  # its repeat, as the connection closes
+        self.assertIsNotNone(refused.words(line.replace("05:23:07", "05:24:00")))  # another job of the same size
+        refused.words('localhost - - [06/Dec/2026:05:24:00 +0000] "POST /jobs/ HTTP/1.1" 200 169 Cancel-Job '
+                      'successful-ok')
+        self.assertIsNotNone(refused.words(line.replace("05:23:07", "05:24:01")))  # after another request: new
+        for noise in ("", "x" * 5000, "413", 'a b c [t] "POST / HTTP/1.1" 413', "\x00" * 10):
+            self.assertIsNone(refused.words(noise))

@@ -45,14 +45,17 @@ session's marker in its environment.
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
 import stat
 import sys
+import time
 import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -140,7 +143,7 @@ def cups_files_conf(directory: str, server_bin: str | None = None) -> str:
         f"CacheDir {path('cache')}",
         f"StateDir {path('state')}",
         f"ErrorLog {path('error_log')}",
-        f"AccessLog {path('access_log')}",
+        f"AccessLog {path(ACCESS_LOG)}",
         f"PageLog {path('page_log')}",
         f"Printcap {path('printcap')}",
         "ConfigFilePerm 0600",
@@ -423,7 +426,8 @@ class Printing:
         self._tasks: dict[str, defer.Deferred[None]] = {}
         self._cupsd: dict[str, processes.ProcessId] = {}
         self._starts: dict[str, int] = {}  # per session: how many starts so far
-        self._job_logs: dict[str, LogFollower] = {}  # X2Go's printer: each session's job log, followed
+        #: X2Go's printer: each session's job log and cupsd's access log, followed.
+        self._job_logs: dict[str, list[LogFollower]] = {}
         self._notifier: Any = None
 
     def directory(self, session: Any) -> str:
@@ -513,22 +517,39 @@ class Printing:
             files.write_user_file(os.path.join(directory, name), text.encode(), session.uid, session.gid)
 
     def _follow_jobs(self, session: Any) -> None:
-        """The backend's line for each job, repeated in the gateway's log."""
-        old = self._job_logs.pop(session.id, None)
-        if old is not None:
-            old.stop()
-        path = os.path.join(self.directory(session), X2GO_JOB_LOG)
+        """The backend's line for each job, and each request cupsd refused for its size (its access log: cupsd
+        answers ``lp`` "Request Entity Too Large" and logs nothing else), repeated in the gateway's log."""
+        self._stop_following(session)
+        directory = self.directory(session)
+        refused = RefusedRequests()
+
+        def job_line(line: str) -> None:
+            log.info("session {id} of {user}: X2Go print {what}", id=session.id, user=session.user,
+                     what=printable(line)[:400])
+
+        def access_line(line: str) -> None:
+            why = refused.words(line)
+            if why is not None:
+                log.info("session {id} of {user}: X2Go print refused: {reason}; nothing reached the client",
+                         id=session.id, user=session.user, reason=why, audit="x2go_print_refused")
+
+        followers = []
         try:
-            files.write_user_file(path, b"", session.uid, session.gid)
             if self._notifier is None:
                 self._notifier = inotify.INotify(self.context.reactor)
                 self._notifier.startReading()
-            self._job_logs[session.id] = LogFollower(self._notifier, path, lambda line: log.info(
-                "session {id} of {user}: X2Go print {what}", id=session.id, user=session.user,
-                what=printable(line)[:400]))
+            for name, on_line in ((X2GO_JOB_LOG, job_line), (ACCESS_LOG, access_line)):
+                path = os.path.join(directory, name)
+                files.write_user_file(path, b"", session.uid, session.gid)
+                followers.append(LogFollower(self._notifier, path, on_line))
         except OSError as error:
-            log.warn("session {id}: the X2Go printer's job log cannot be followed: {error}", id=session.id,
+            log.warn("session {id}: the X2Go printer's logs cannot be followed: {error}", id=session.id,
                      error=str(error))
+        self._job_logs[session.id] = followers
+
+    def _stop_following(self, session: Any) -> None:
+        for follower in self._job_logs.pop(session.id, []):
+            follower.stop()
 
     async def start(self, session: Any) -> None:
         port = channels.channel_port("printing", session.display)
@@ -676,9 +697,7 @@ class Printing:
         return await self.context.launcher.start(request)
 
     async def stop(self, session: Any) -> None:
-        follower = self._job_logs.pop(session.id, None)
-        if follower is not None:
-            follower.stop()
+        self._stop_following(session)
         starts = self._starts.get(session.id, 0)
         work = self._tasks.pop(session.id, None)
         if work is not None:
@@ -726,6 +745,12 @@ def _cupsd_of(session_id: str, uid: int) -> list[processes.ProcessId]:
 
 # ------------------------------------------------------------ X2Go's printer
 X2GO_QUEUE = "X2Go"
+#: cupsd's access log in its directory: one line per request, with its HTTP status.
+ACCESS_LOG = "access_log"
+_ACCESS_LINE = re.compile(r'\S+ \S+ \S+ \[(?P<time>[^\]]{1,64})\] "(?P<method>[A-Z]{1,16}) (?P<resource>[^ "]{1,256})'
+                          r' HTTP/\d\.\d" (?P<status>\d{3}) (?P<bytes>\d{1,20}|-) (?P<operation>[A-Za-z-]{1,64})')
+#: HTTP's "Request Entity Too Large": what cupsd answers past its MaxRequestSize.
+TOO_LARGE = "413"
 #: The backend's program (a console script beside the gateway's Python).
 X2GO_BACKEND_PROGRAM = os.path.join(os.path.dirname(sys.executable), "nxgate-x2go-print")
 X2GO_JOB_LOG = "x2go-jobs.log"
@@ -742,6 +767,36 @@ def x2go_server_bin(backend: str, system: str = SYSTEM_SERVER_BIN) -> dict[str, 
                                                           "notifier")}
     links["backend/x2go"] = backend
     return links
+
+
+class RefusedRequests:
+    """The requests cupsd refused for their size, read from its access log
+    (pure): cupsd writes one refused request's line twice, as it reads it and
+    as it closes the connection, one right after the other; such a repeat is
+    not a new refusal."""
+
+    #: Seconds between a line and its repeat.
+    REPEAT_WITHIN = 5
+
+    def __init__(self) -> None:
+        self.last: tuple[tuple[str, ...], float] | None = None
+
+    def words(self, line: str) -> str | None:
+        """What a refusal line says, in words for the log; None for any other line."""
+        match = _ACCESS_LINE.match(line[:1024])
+        if match is None or match["status"] != TOO_LARGE:
+            self.last = None
+            return None
+        key = (match["resource"], match["operation"], match["bytes"])
+        try:
+            when = calendar.timegm(time.strptime(match["time"].split(" ")[0], "%d/%b/%Y:%H:%M:%S"))
+        except ValueError:
+            when = 0.0
+        last, self.last = self.last, (key, when)
+        if last is not None and last[0] == key and abs(when - last[1]) <= self.REPEAT_WITHIN:
+            return None
+        return (f"a {match['operation']} request to {match['resource']} larger than X2Go's printer takes"
+                f" ({X2GO_MAX_JOB // 2**20} MiB; cupsd answered lp 'Request Entity Too Large')")
 
 
 def x2go_cupsd_lines() -> tuple[str, ...]:
