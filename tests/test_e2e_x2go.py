@@ -44,14 +44,14 @@ def display_of(name: str) -> int:
     return int(re.search(r"-(\d+)-\d+_st", name).group(1))
 
 
-def _fixture():
+def _fixture(options: dict | None = None):
     if not is_root():
         raise SkipTest(NEED_ROOT)
     if shutil.which("pyhoca-cli") is None:
         raise SkipTest("pyhoca-cli is not installed (apt-get install pyhoca-cli python3-x2go)")
     user = create_user(password=PASSWORD)
     other = create_user(password=PASSWORD)
-    gateway = Gateway({"sessions": {"max_sessions_per_user": "2"}}).start()
+    gateway = Gateway({"sessions": {"max_sessions_per_user": "2"}, **(options or {})}).start()
     screen = ClientScreen(1280, 1024, window_manager=True)
 
     def teardown() -> None:
@@ -65,9 +65,12 @@ def _fixture():
 
 class X2GoCase(TestCase):
     timeout = 600
+    #: More options of a gateway of the class's own (None: the gateway the X2Go classes share).
+    gateway_options: dict | None = None
 
     def setUp(self) -> None:
-        self.user, self.other, self.gateway, self.screen = class_fixture(X2GoCase, _fixture)
+        owner, options = (X2GoCase, None) if self.gateway_options is None else (type(self), self.gateway_options)
+        self.user, self.other, self.gateway, self.screen = class_fixture(owner, lambda: _fixture(options))
         self.home = tempfile.mkdtemp(prefix="x2go-client-")
         self.addCleanup(shutil.rmtree, self.home, True)
         self.clients: list[subprocess.Popen] = []

@@ -239,6 +239,24 @@ class BadFolderInputTests(FoldersCase):
         return int(line.split("|")[13])
 
 
+class JailedSessionFolderTests(FoldersCase):
+    """A jailed session's /tmp is its own: a folder mounted where X2Go mounts it would be out of its programs'
+    sight, so it is refused in words (at the client and in the log), and nothing is mounted."""
+    gateway_options = {"jail": {"enabled": "yes"}}
+
+    def test_a_jailed_session_refuses_folders_in_words(self):
+        client, log = self.pyhoca_folders()
+        self.started_name(client, log)
+        wait_for(lambda: "not offered in jailed sessions" in self.new_log(), 120, "the refusal in the log")
+        self.assertRegex(self.new_log(), r"1 X2Go shared folder\(s\) not mounted: shared folders and printing are not"
+                                         r" offered in jailed sessions")
+        wait_for(lambda: "x2gomountdirs stderr is" in self.read(log), 30, "the client's words")
+        self.assertRegex(self.read(log), r"mounting of .*my share failed: shared folders and printing are not offered"
+                                         r" in jailed sessions")
+        self.assertFalse(mounted(self.point))
+        self.assertNotIn("is mounted at", self.new_log())
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -54,7 +54,7 @@ from typing import Any
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from nxgate.node import files
+from nxgate.node import files, processes
 from nxgate.node.extras import Context
 from nxgate.vocabulary.requests import FolderShares, SharedFolder
 from nxgate.vocabulary.results import FolderMount
@@ -75,6 +75,9 @@ MAX_FOLDERS = 16
 KEY_NAME = "x2go-sshfs-key"
 KNOWN_HOSTS_NAME = "x2go-sshfs-known-hosts"
 CONFIG_NAME = "x2go-sshfs-config"
+#: Why a jailed session gets no folders: its programs see a /tmp of their own, not the host's where they are mounted.
+JAILED = ("shared folders and printing are not offered in jailed sessions (their /tmp, where X2Go mounts them, is"
+          " their own)")
 #: The name sshfs's ssh knows the client's host key by (the listener's port changes at each resume).
 HOST_ALIAS = "x2go-client"
 
@@ -305,7 +308,11 @@ class X2GoFolders:
         if refusal is not None:
             log.warn("session {id} of {user}: {count} shared folder(s) not mounted: {why}", id=session.id,
                      user=session.user, count=len(folders), why=refusal)
-            return tuple(self._refused(session, folder, refusal) for folder in folders)
+            return tuple(self._refused(session, folder, refusal, logged=True) for folder in folders)
+        if session.agent_pid and not await self.context.blocking(processes.same_pid_namespace, session.agent_pid):
+            log.info("session {id} of {user}: {count} X2Go shared folder(s) not mounted: {why}", id=session.id,
+                     user=session.user, count=len(folders), why=JAILED, audit="x2go_folder_refused")
+            return tuple(self._refused(session, folder, JAILED, logged=True) for folder in folders)
         lock = self.locks.of(session.id)
         await lock.acquire()
         try:
