@@ -104,6 +104,9 @@ class PyhocaFolderTests(FoldersCase):
         self.assertEqual(os.readlink(os.path.join(self.user.home, "media")), f"/tmp/.x2go-{self.user.name}/media")
         listed = self.ssh(f"x2golistmounts {name}")
         self.assertEqual(listed.stdout.strip(), f"127.0.0.1|{self.point}", listed.stderr)
+        # The key bundle was on the session's machine for the mount only.
+        session_dir = os.path.join(self.gateway.state_dir, "sessions", self.session_id(name))
+        self.assertEqual([entry for entry in os.listdir(session_dir) if entry.startswith("x2go-sshfs")], [])
         self.assertNotIn("not allowed to share", self.read(log))
         self.assertRegex(self.read(log), r"x2gomountdirs stdout is: .*mount .*my share ok")
 
@@ -118,6 +121,12 @@ class PyhocaFolderTests(FoldersCase):
         self.wait_mounted("the folder mounted again at resume")
         again = as_user(self.user.name, {"HOME": self.user.home}, "cmp", f"{self.point}/from-session.bin", source)
         self.assertEqual(again.returncode, 0, again.stdout + again.stderr)
+        # x2goumount-session of that folder, as python-x2go sends it: gone, and said so by x2golistmounts.
+        unmounted = self.ssh(f"x2goumount-session {name} '{self.share}'")
+        self.assertEqual((unmounted.returncode, unmounted.stderr), (0, ""))
+        wait_for(lambda: not mounted(self.point), 30, "the folder unmounted at the client's request")
+        self.assertEqual(self.ssh(f"x2golistmounts {name}").stdout.strip(), "")
+        self.assertIn("unmounted at the client's request", self.new_log())
 
         self.assertEqual(self.cli("-T", name).returncode, 0)
         wait_for(lambda: not mounted(self.point), 60, "the folder unmounted at the end")
@@ -237,6 +246,25 @@ class BadFolderInputTests(FoldersCase):
         listed = self.ssh("x2golistsessions")
         line = next(line for line in listed.stdout.splitlines() if f"|{name}|" in line)
         return int(line.split("|")[13])
+
+
+class SharingSwitchedOffTests(FoldersCase):
+    """``[services] sharing = no``: ``which fusermount`` answers nothing, as on a server without sshfs, and
+    python-x2go leaves the folders out; an ``x2gomountdirs`` sent all the same gets x2goserver's words for it."""
+    gateway_options = {"services": {"sharing": "no"}}
+
+    def test_folders_are_left_out_and_x2gomountdirs_says_why(self):
+        client, log = self.pyhoca_folders()
+        name = self.started_name(client, log)
+        self.assertEqual(self.ssh("which fusermount").stdout, "")
+        mountdirs = self.ssh(f"x2gomountdirs dir {name} root {self.user.home}/.x2go/ssh/key.x "
+                             f"/etc__REVERSESSH_PORT__30000")
+        self.assertIn("the sshfs command is not installed on this X2Go Server", mountdirs.stdout)
+        self.assertIn(f"X2Go folder sharing asked by {self.user.name}: switched off ([services] sharing)",
+                      self.new_log())
+        self.assertFalse(mounted(self.point))
+        self.assertNotIn("is mounted at", self.new_log())
+        self.assertIsNone(client.poll(), self.read(log)[-2000:])
 
 
 class JailedSessionFolderTests(FoldersCase):
