@@ -49,7 +49,8 @@ from tests.harness.gateway import Gateway  # noqa: E402
 from tests.harness.process import stop, wait_for  # noqa: E402
 from tests.harness.users import create_user  # noqa: E402
 from tests.harness.x11 import ClientScreen  # noqa: E402
-from tests.test_e2e_x2go_folders import X2GoClientMachine, mounted  # noqa: E402
+from tests.harness.x2goclient import X2GoClientMachine  # noqa: E402
+from tests.test_e2e_x2go_folders import mounted  # noqa: E402
 
 
 class Cleanups:
@@ -135,7 +136,8 @@ def main() -> int:
         screen = ClientScreen(1024, 768, window_manager=True)
         cleanups.addCleanup(screen.close)
         cleanups.addCleanup(shutil.rmtree, f"/tmp/.x2go-{user.name}", True)
-        machine = X2GoClientMachine(cleanups, screen, gateway.port, user, "print=false\nfstunnel=true\n")
+        machine = X2GoClientMachine(cleanups, screen, gateway.port, user,
+                                    X2GoClientMachine.TERMINAL + "print=false\nfstunnel=true\n")
         share = os.path.dirname(machine.write("bench share/.keep", b""))
         os.chmod(share, 0o755)
         with open(os.path.join(machine.home, ".x2goclient", "sessions"), "a") as handle:

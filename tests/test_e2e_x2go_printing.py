@@ -22,6 +22,7 @@ from tests.harness.process import stop, wait_for
 from tests.test_e2e_cluster import ClusterTestCase
 from tests.test_e2e_sound import as_user
 from tests.test_e2e_x2go import PASSWORD
+from tests.harness.x2goclient import X2GoClientMachine
 from tests.test_e2e_x2go_folders import FoldersCase, open_fuse
 
 
@@ -180,11 +181,11 @@ class X2GoPrintingThroughTheClusterTests(ClusterTestCase):
         open_fuse(self)
         gateway, node = self.members(("gw1", "gateway"), ("node2", "node"))
         from tests.harness.x11 import ClientScreen
-        from tests.test_e2e_x2go_folders import X2GoClientMachine
         screen = ClientScreen(1024, 768, window_manager=True)
         self.addCleanup(screen.close)
         self.addCleanup(shutil.rmtree, f"/tmp/.x2go-{self.user.name}", True)
-        machine = X2GoClientMachine(self, screen, gateway.port, self.user, "print=true\nfstunnel=true\n")
+        machine = X2GoClientMachine(self, screen, gateway.port, self.user,
+                                    X2GoClientMachine.TERMINAL + "print=true\nfstunnel=true\n")
         share = os.path.dirname(machine.write("share/from-client.txt", "through the cluster\n"))
         printed = os.path.dirname(machine.write("printed/.keep", b""))
         machine.write(".x2goclient/printing", "[General]\nshowdialog=false\npdfview=false\n\n"
@@ -264,9 +265,8 @@ class X2GoClientPrintingTests(PrintingCase):
     def test_lp_in_the_session_arrives_at_x2goclients_print_command(self):
         if shutil.which("x2goclient") is None:
             raise SkipTest("x2goclient is not installed (apt-get install x2goclient)")
-        from tests.test_e2e_x2go_folders import X2GoClientMachine
         machine = X2GoClientMachine(self, self.screen, self.gateway.port, self.user,
-                                    "print=true\nfstunnel=true\n")
+                                    X2GoClientMachine.TERMINAL + "print=true\nfstunnel=true\n")
         printed = os.path.dirname(machine.write("printed/.keep", b""))
         machine.write(".x2goclient/printing", "[General]\nshowdialog=false\npdfview=false\n\n"
                                               f"[print]\nstartcmd=true\ncommand=cp -t {printed}\nstdin=false\n"

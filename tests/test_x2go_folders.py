@@ -92,6 +92,7 @@ class MountDirsTests(TestCase):
                 (("dir", "s", "bob", "key", "relative__REVERSESSH_PORT__7"), "full path"),
                 (("dir", "s", "bob", "key", "/a__REVERSESSH_PORT__x"), "the port"),
                 (("dir", "s", "b b;", "key", "/a__REVERSESSH_PORT__7"), "user name"),
+                (("dir", "s", "", "key", "/a__REVERSESSH_PORT__7"), "named no user of its machine"),
                 (("cp", "s", "bob", "key", "/a__REVERSESSH_PORT__7"), "dir or rem"),
                 (("dir", "s", "bob", "key", "/a\nb__REVERSESSH_PORT__7"), "full path"),
         ):

@@ -145,6 +145,8 @@ def parse_mountdirs(args: tuple[str, ...]) -> MountDirs:
         raise MountRefused("x2gomountdirs needs dir or rem, a session, a user, a key file and folders")
     kind, session, client_user, key_path = args[:4]
     listed = " ".join(args[4:])
+    if not client_user:
+        raise MountRefused("the client named no user of its machine (x2goclient takes it from $USER)")
     if not _CLIENT_USER.fullmatch(client_user):
         raise MountRefused(f"the client's user name {client_user[:40]!r}")
     if DIRECT_MARK in listed or REVERSE_MARK not in listed:
