@@ -99,6 +99,17 @@ class X2GoCase(TestCase):
         self.clients.append(process)
         return process, log
 
+    def ssh(self, command: str, user=None) -> subprocess.CompletedProcess:
+        """A command at the X2Go door as OpenSSH's client sends it (a password login)."""
+        user = user or self.user
+        argv = ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o",
+                "PubkeyAuthentication=no", "-o", "PreferredAuthentications=password,keyboard-interactive",
+                "-o", "NumberOfPasswordPrompts=1", "-p", str(self.gateway.port), "-l", user.name, "127.0.0.1",
+                command]
+        env = dict(os.environ, **askpass_env(PASSWORD))
+        return subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+                              start_new_session=True)
+
     def _stop_clients(self) -> None:
         for process in self.clients:
             stop(process)
@@ -308,16 +319,6 @@ class DesktopSharingTests(X2GoCase):
 
 class RefusalTests(X2GoCase):
     """Commands outside the contract and other users' sessions, over OpenSSH's client."""
-
-    def ssh(self, command: str, user=None) -> subprocess.CompletedProcess:
-        user = user or self.user
-        argv = ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o",
-                "PubkeyAuthentication=no", "-o", "PreferredAuthentications=password,keyboard-interactive",
-                "-o", "NumberOfPasswordPrompts=1", "-p", str(self.gateway.port), "-l", user.name, "127.0.0.1",
-                command]
-        env = dict(os.environ, **askpass_env(PASSWORD))
-        return subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
-                              start_new_session=True)
 
     def user_processes(self) -> set[int]:
         out = subprocess.run(["ps", "-u", self.user.name, "-o", "pid="], capture_output=True, text=True).stdout

@@ -11,6 +11,7 @@ words in the log and at the client, and nothing is mounted.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import secrets
@@ -66,15 +67,26 @@ class FoldersCase(X2GoCase):
         return self.session_client("-c", "TERMINAL", "-g", "800x600", "-q", "lan", "--sound", "none", "-F",
                                    self.share, *args)
 
-    def ssh(self, command: str, user=None) -> subprocess.CompletedProcess:
-        """A command at the X2Go door as OpenSSH's client sends it (a password login)."""
-        user = user or self.user
-        argv = ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o",
-                "PubkeyAuthentication=no", "-o", "PreferredAuthentications=password,keyboard-interactive",
-                "-o", "NumberOfPasswordPrompts=1", "-p", str(self.gateway.port), "-l", user.name, "127.0.0.1",
-                command]
-        return subprocess.run(argv, env=dict(os.environ, **askpass_env(PASSWORD)), stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=60, start_new_session=True)
+    def check_read(self, data: bytes, name: str) -> None:
+        """The session's user reads ``name`` in the mount: ``data``, byte for byte."""
+        read = as_user(self.user.name, {"HOME": self.user.home}, "sha256sum", f"{self.point}/{name}")
+        self.assertEqual(read.returncode, 0, read.stderr)
+        self.assertEqual(read.stdout.split()[0], hashlib.sha256(data).hexdigest())
+
+    def write_through(self, data: bytes, name: str, folder: str) -> str:
+        """The session's user copies ``data`` (a file of the test's, readable) to ``name`` in the mount; it
+        arrives in the client's ``folder`` byte for byte.  The source's path."""
+        source = os.path.join(tempfile.mkdtemp(dir="/tmp"), "payload")
+        self.addCleanup(shutil.rmtree, os.path.dirname(source), True)
+        with open(source, "wb") as handle:
+            handle.write(data)
+        os.chmod(os.path.dirname(source), 0o755)
+        os.chmod(source, 0o644)
+        wrote = as_user(self.user.name, {"HOME": self.user.home}, "cp", source, f"{self.point}/{name}")
+        self.assertEqual(wrote.returncode, 0, wrote.stderr)
+        with open(os.path.join(folder, name), "rb") as handle:
+            self.assertEqual(handle.read(), data)
+        return source
 
     def wait_mounted(self, what: str = "the client's folder mounted in the session") -> None:
         wait_for(lambda: mounted(self.point) and f"is mounted at {self.point}" in self.new_log(), 120, what)
@@ -86,21 +98,8 @@ class PyhocaFolderTests(FoldersCase):
         name = self.started_name(client, log)
         self.wait_mounted()
         # The client's file in the session, byte for byte; the session's file on the client, byte for byte.
-        read = as_user(self.user.name, {"HOME": self.user.home}, "sha256sum", f"{self.point}/from-client.bin")
-        self.assertEqual(read.returncode, 0, read.stderr)
-        import hashlib
-        self.assertEqual(read.stdout.split()[0], hashlib.sha256(self.from_client).hexdigest())
-        payload = secrets.token_bytes(2 * 1024 * 1024 + 5)
-        source = os.path.join(tempfile.mkdtemp(dir="/tmp"), "payload")
-        self.addCleanup(shutil.rmtree, os.path.dirname(source), True)
-        with open(source, "wb") as handle:
-            handle.write(payload)
-        os.chmod(os.path.dirname(source), 0o755)
-        os.chmod(source, 0o644)
-        wrote = as_user(self.user.name, {"HOME": self.user.home}, "cp", source, f"{self.point}/from-session.bin")
-        self.assertEqual(wrote.returncode, 0, wrote.stderr)
-        with open(os.path.join(self.share, "from-session.bin"), "rb") as handle:
-            self.assertEqual(handle.read(), payload)
+        self.check_read(self.from_client, "from-client.bin")
+        source = self.write_through(secrets.token_bytes(2 * 1024 * 1024 + 5), "from-session.bin", self.share)
         # Where X2Go's users find it, and what x2golistmounts says.
         self.assertEqual(os.readlink(os.path.join(self.user.home, "media")), f"/tmp/.x2go-{self.user.name}/media")
         listed = self.ssh(f"x2golistmounts {name}")
@@ -350,21 +349,8 @@ class X2GoClientFolderTests(FoldersCase):
                          [entry for entry in os.listdir(os.path.join(self.user.home, ".x2go", "ssh"))
                           if entry.startswith("key.")], "the key bundle was written on the gateway's machine")
         # Both ways, byte for byte.
-        import hashlib
-        read = as_user(self.user.name, {"HOME": self.user.home}, "sha256sum", f"{self.point}/from-client.bin")
-        self.assertEqual(read.returncode, 0, read.stderr)
-        self.assertEqual(read.stdout.split()[0], hashlib.sha256(data).hexdigest())
-        back = secrets.token_bytes(512 * 1024 + 9)
-        source = os.path.join(tempfile.mkdtemp(dir="/tmp"), "payload")
-        self.addCleanup(shutil.rmtree, os.path.dirname(source), True)
-        with open(source, "wb") as handle:
-            handle.write(back)
-        os.chmod(os.path.dirname(source), 0o755)
-        os.chmod(source, 0o644)
-        wrote = as_user(self.user.name, {"HOME": self.user.home}, "cp", source, f"{self.point}/from-session.bin")
-        self.assertEqual(wrote.returncode, 0, wrote.stderr)
-        with open(os.path.join(share, "from-session.bin"), "rb") as handle:
-            self.assertEqual(handle.read(), back)
+        self.check_read(data, "from-client.bin")
+        source = self.write_through(secrets.token_bytes(512 * 1024 + 9), "from-session.bin", share)
         self.assertEqual(os.stat(os.path.join(share, "from-session.bin")).st_uid, machine.user.entry.pw_uid)
         listed = self.ssh(f"x2golistmounts {name}")
         self.assertEqual(listed.stdout.strip(), f"127.0.0.1|{self.point}", listed.stderr)

@@ -58,6 +58,28 @@ def printing_profile(home: str, port: int, user: str) -> None:
                      "sound=false\nspeed=4\npack=16m-jpeg\nquality=9\nwidth=800\nheight=600\n")
 
 
+def x2goclient_printing(machine: X2GoClientMachine) -> str:
+    """x2goclient's print settings as a user sets them: no dialog, a print command of his own (``cp`` of each PDF
+    into a directory); that directory."""
+    printed = os.path.dirname(machine.write("printed/.keep", b""))
+    machine.write(".x2goclient/printing", "[General]\nshowdialog=false\npdfview=false\n\n"
+                                          f"[print]\nstartcmd=true\ncommand=cp -t {printed}\nstdin=false\nps=false\n")
+    return printed
+
+
+def printed_pdf(directory: str) -> str | None:
+    found = [name for name in os.listdir(directory) if name.endswith(".pdf")]
+    return os.path.join(directory, found[0]) if found else None
+
+
+PRINTER_READY = "printing to the X2Go client (queue X2Go"
+
+
+def printer_session(log: str) -> str:
+    """The session whose X2Go printer the log says is ready."""
+    return next(line.split("session ")[1].split(" ")[0] for line in log.splitlines() if PRINTER_READY in line)
+
+
 class PrintingCase(FoldersCase):
     def pyhoca_printing(self, saved: str, *args: str) -> tuple[subprocess.Popen, str]:
         printing_profile(self.home, self.gateway.port, self.user.name)
@@ -95,7 +117,7 @@ class PyhocaPrintingTests(PrintingCase):
         client, log = self.pyhoca_printing(saved)
         name = self.started_name(client, log)
         session_id = self.session_id(name)
-        wait_for(lambda: "printing to the X2Go client (queue X2Go" in self.new_log(), 120, "X2Go's printer")
+        wait_for(lambda: PRINTER_READY in self.new_log(), 120, "X2Go's printer")
         words = f"nxgate X2Go printing {secrets.token_hex(6)}"
         env = cups_env(self.gateway.state_dir, session_id, self.user.home)
         queues = as_user(self.user.name, env, "lpstat", "-d")
@@ -115,7 +137,7 @@ class PyhocaPrintingTests(PrintingCase):
         saved = os.path.join(self.home, "printed")
         client, log = self.pyhoca_printing(saved)
         session_id = self.session_id(self.started_name(client, log))
-        wait_for(lambda: "printing to the X2Go client (queue X2Go" in self.new_log(), 120, "X2Go's printer")
+        wait_for(lambda: PRINTER_READY in self.new_log(), 120, "X2Go's printer")
         big = os.path.join(tempfile.mkdtemp(dir="/tmp"), "big.ps")
         self.addCleanup(shutil.rmtree, os.path.dirname(big), True)
         os.chmod(os.path.dirname(big), 0o755)
@@ -141,19 +163,34 @@ class PyhocaPrintingTests(PrintingCase):
 
 
 class X2GoPrintingThroughTheClusterTests(ClusterTestCase):
-    """pyhoca-cli on gateway 1, the session on node 2: the job comes back through the cluster's streams."""
+    """pyhoca-cli and x2goclient on gateway 1, the session on node 2: jobs and folders come back through the
+    cluster's streams."""
+
+    def client_screen(self):
+        from tests.harness.x11 import ClientScreen
+        open_fuse(self)
+        screen = ClientScreen(1024, 768, window_manager=True)
+        self.addCleanup(screen.close)
+        self.addCleanup(shutil.rmtree, f"/tmp/.x2go-{self.user.name}", True)
+        return screen
+
+    def both_ways(self, point: str, share: str) -> None:
+        """The client's file read in the session; a copy of it written back to the client's folder."""
+        read = as_user(self.user.name, {"HOME": self.user.home}, "cat", f"{point}/from-client.txt")
+        self.assertEqual(read.stdout, "through the cluster\n", read.stderr)
+        wrote = as_user(self.user.name, {"HOME": self.user.home}, "cp", f"{point}/from-client.txt",
+                        f"{point}/back.txt")
+        self.assertEqual(wrote.returncode, 0, wrote.stderr)
+        with open(os.path.join(share, "back.txt")) as handle:
+            self.assertEqual(handle.read(), "through the cluster\n")
 
     def test_pyhoca_on_gateway_1_gets_a_job_printed_on_node_2(self):
         if shutil.which("pyhoca-cli") is None:
             raise SkipTest("pyhoca-cli is not installed (apt-get install pyhoca-cli python3-x2go)")
-        open_fuse(self)
         gateway, node = self.members(("gw1", "gateway"), ("node2", "node"))
-        from tests.harness.x11 import ClientScreen
-        screen = ClientScreen(1024, 768, window_manager=True)
-        self.addCleanup(screen.close)
+        screen = self.client_screen()
         home = tempfile.mkdtemp(prefix="x2go-print-client-")
         self.addCleanup(shutil.rmtree, home, True)
-        self.addCleanup(shutil.rmtree, f"/tmp/.x2go-{self.user.name}", True)
         saved = os.path.join(home, "printed")
         printing_profile(home, gateway.port, self.user.name)
         log = os.path.join(home, "pyhoca.log")
@@ -165,9 +202,8 @@ class X2GoPrintingThroughTheClusterTests(ClusterTestCase):
                 env=dict(os.environ, DISPLAY=screen.name, HOME=home), stdin=subprocess.DEVNULL, stdout=handle,
                 stderr=subprocess.STDOUT)
         self.addCleanup(stop, process)
-        wait_for(lambda: "printing to the X2Go client (queue X2Go" in node.log(), 180, "X2Go's printer on node 2")
-        session_id = next(line.split("session ")[1].split(" ")[0] for line in node.log().splitlines()
-                          if "printing to the X2Go client (queue X2Go" in line)
+        wait_for(lambda: PRINTER_READY in node.log(), 180, "X2Go's printer on node 2")
+        session_id = printer_session(node.log())
         self.assertEqual(self.sessions(gateway)[session_id]["node"], "node2")
         words = f"printed on node 2 {secrets.token_hex(6)}"
         job = postscript_file(self, words)
@@ -178,62 +214,38 @@ class X2GoPrintingThroughTheClusterTests(ClusterTestCase):
     def test_x2goclient_on_gateway_1_prints_and_shares_a_folder_with_a_session_on_node_2(self):
         if shutil.which("x2goclient") is None:
             raise SkipTest("x2goclient is not installed (apt-get install x2goclient)")
-        open_fuse(self)
         gateway, node = self.members(("gw1", "gateway"), ("node2", "node"))
-        from tests.harness.x11 import ClientScreen
-        screen = ClientScreen(1024, 768, window_manager=True)
-        self.addCleanup(screen.close)
-        self.addCleanup(shutil.rmtree, f"/tmp/.x2go-{self.user.name}", True)
-        machine = X2GoClientMachine(self, screen, gateway.port, self.user,
+        machine = X2GoClientMachine(self, self.client_screen(), gateway.port, self.user,
                                     X2GoClientMachine.TERMINAL + "print=true\nfstunnel=true\n")
         share = os.path.dirname(machine.write("share/from-client.txt", "through the cluster\n"))
-        printed = os.path.dirname(machine.write("printed/.keep", b""))
-        machine.write(".x2goclient/printing", "[General]\nshowdialog=false\npdfview=false\n\n"
-                                              f"[print]\nstartcmd=true\ncommand=cp -t {printed}\n")
+        printed = x2goclient_printing(machine)
         with open(os.path.join(machine.home, ".x2goclient", "sessions"), "a") as handle:
             handle.write(f"export=\"{share}:1;\"\n")
         machine.start()
         point = f"/tmp/.x2go-{self.user.name}/media/disk/{share.replace('/', '_')}"
         try:
-            wait_for(lambda: f"is mounted at {point}" in node.log()
-                     and "printing to the X2Go client (queue X2Go" in node.log(), 180,
+            wait_for(lambda: f"is mounted at {point}" in node.log() and PRINTER_READY in node.log(), 180,
                      "the folder and the print spool mounted on node 2")
         except AssertionError:
             raise AssertionError(f"{machine.text()[-3000:]}\n{gateway.log()[-3000:]}\n{node.log()[-3000:]}") from None
         self.assertNotIn("is mounted at", gateway.log())  # the gateway's door asked; node 2 mounted
-        read = as_user(self.user.name, {"HOME": self.user.home}, "cat", f"{point}/from-client.txt")
-        self.assertEqual(read.stdout, "through the cluster\n", read.stderr)
-        wrote = as_user(self.user.name, {"HOME": self.user.home}, "cp", f"{point}/from-client.txt",
-                        f"{point}/back.txt")
-        self.assertEqual(wrote.returncode, 0, wrote.stderr)
-        with open(os.path.join(share, "back.txt")) as handle:
-            self.assertEqual(handle.read(), "through the cluster\n")
-        session_id = next(line.split("session ")[1].split(" ")[0] for line in node.log().splitlines()
-                          if "printing to the X2Go client (queue X2Go" in line)
+        self.both_ways(point, share)
+        session_id = printer_session(node.log())
         self.assertEqual(self.sessions(gateway)[session_id]["node"], "node2")
         words = f"x2goclient prints on node 2 {secrets.token_hex(6)}"
         job = as_user(self.user.name, cups_env(node.state_dir, session_id, self.user.home), "lp",
                       postscript_file(self, words))
         self.assertEqual(job.returncode, 0, job.stderr)
-
-        def pdf() -> str | None:
-            found = [name for name in os.listdir(printed) if name.endswith(".pdf")]
-            return os.path.join(printed, found[0]) if found else None
-
-        path = wait_for(pdf, 120, "the PDF through x2goclient's print command")
+        path = wait_for(lambda: printed_pdf(printed), 120, "the PDF through x2goclient's print command")
         wait_for(lambda: words in pdf_text(path), 30, "the whole PDF")
 
     def test_pyhoca_on_gateway_1_shares_a_folder_with_a_session_on_node_2(self):
         if shutil.which("pyhoca-cli") is None:
             raise SkipTest("pyhoca-cli is not installed (apt-get install pyhoca-cli python3-x2go)")
-        open_fuse(self)
         gateway, node = self.members(("gw1", "gateway"), ("node2", "node"))
-        from tests.harness.x11 import ClientScreen
-        screen = ClientScreen(1024, 768, window_manager=True)
-        self.addCleanup(screen.close)
+        screen = self.client_screen()
         home = tempfile.mkdtemp(prefix="x2go-folder-client-")
         self.addCleanup(shutil.rmtree, home, True)
-        self.addCleanup(shutil.rmtree, f"/tmp/.x2go-{self.user.name}", True)
         share = os.path.join(home, "share")
         os.makedirs(share)
         with open(os.path.join(share, "from-client.txt"), "w") as handle:
@@ -249,13 +261,7 @@ class X2GoPrintingThroughTheClusterTests(ClusterTestCase):
         point = f"/tmp/.x2go-{self.user.name}/media/disk/{share.replace('/', '_')}"
         wait_for(lambda: f"is mounted at {point}" in node.log(), 120, "the client's folder mounted on node 2")
         self.assertNotIn("is mounted at", gateway.log())  # the gateway's door asked; node 2 mounted
-        read = as_user(self.user.name, {"HOME": self.user.home}, "cat", f"{point}/from-client.txt")
-        self.assertEqual(read.stdout, "through the cluster\n", read.stderr)
-        wrote = as_user(self.user.name, {"HOME": self.user.home}, "cp", f"{point}/from-client.txt",
-                        f"{point}/back.txt")
-        self.assertEqual(wrote.returncode, 0, wrote.stderr)
-        with open(os.path.join(share, "back.txt")) as handle:
-            self.assertEqual(handle.read(), "through the cluster\n")
+        self.both_ways(point, share)
 
 
 class X2GoClientPrintingTests(PrintingCase):
@@ -267,16 +273,11 @@ class X2GoClientPrintingTests(PrintingCase):
             raise SkipTest("x2goclient is not installed (apt-get install x2goclient)")
         machine = X2GoClientMachine(self, self.screen, self.gateway.port, self.user,
                                     X2GoClientMachine.TERMINAL + "print=true\nfstunnel=true\n")
-        printed = os.path.dirname(machine.write("printed/.keep", b""))
-        machine.write(".x2goclient/printing", "[General]\nshowdialog=false\npdfview=false\n\n"
-                                              f"[print]\nstartcmd=true\ncommand=cp -t {printed}\nstdin=false\n"
-                                              "ps=false\n")
+        printed = x2goclient_printing(machine)
         before = len(self.gateway.log())
         client = machine.start()
-        wait_for(lambda: "printing to the X2Go client (queue X2Go" in self.gateway.log()[before:], 120,
-                 "X2Go's printer in x2goclient's session")
-        session_id = next(line.split("session ")[1].split(" ")[0] for line in self.gateway.log()[before:].splitlines()
-                          if "printing to the X2Go client (queue X2Go" in line)
+        wait_for(lambda: PRINTER_READY in self.gateway.log()[before:], 120, "X2Go's printer in x2goclient's session")
+        session_id = printer_session(self.gateway.log()[before:])
         words = f"x2goclient prints {secrets.token_hex(6)}"
         env = cups_env(self.gateway.state_dir, session_id, self.user.home)
         job = as_user(self.user.name, env, "lp", "-t", "from x2goclient's session", self.printed_file(words))
@@ -285,8 +286,7 @@ class X2GoClientPrintingTests(PrintingCase):
         def pdf() -> str | None:
             if client.poll() is not None:
                 raise AssertionError(f"x2goclient exited {client.returncode}: {machine.text()[-3000:]}")
-            found = [name for name in os.listdir(printed) if name.endswith(".pdf")]
-            return os.path.join(printed, found[0]) if found else None
+            return printed_pdf(printed)
 
         try:
             path = wait_for(pdf, 120, "the PDF through x2goclient's print command")

@@ -478,13 +478,7 @@ class Printing:
         directory = self.directory(session)
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
-            for name in ("bin", "ppd"):
-                try:
-                    os.mkdir(name, 0o700, dir_fd=fd)
-                    os.chown(name, session.uid, session.gid, dir_fd=fd, follow_symlinks=False)
-                except FileExistsError:
-                    if not stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
-                        raise OSError(f"{directory}/{name} is not a directory") from None
+            _user_directories(fd, directory, ("bin", "ppd"), session.uid, session.gid)
         finally:
             os.close(fd)
         server_bin = os.path.join(directory, "bin")
@@ -588,13 +582,7 @@ class Printing:
             if st.st_uid != session.uid:
                 raise OSError(f"{directory} does not belong to the session's user")
             os.fchmod(fd, 0o700)
-            for name in SUBDIRECTORIES:
-                try:
-                    os.mkdir(name, 0o700, dir_fd=fd)
-                    os.chown(name, session.uid, session.gid, dir_fd=fd, follow_symlinks=False)
-                except FileExistsError:
-                    if not stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
-                        raise OSError(f"{directory}/{name} is not a directory") from None
+            _user_directories(fd, directory, SUBDIRECTORIES, session.uid, session.gid)
         finally:
             os.close(fd)
         for name, text in (("cupsd.conf", cupsd_conf(self.socket_path(session))),
@@ -728,6 +716,18 @@ class Printing:
         if self.context.blocking is None:
             return function(*args)
         return await self.context.blocking(function, *args)
+
+
+def _user_directories(fd: int, directory: str, names: Iterable[str], uid: int, gid: int) -> None:
+    """Directories ``names`` in ``directory`` (open as ``fd``), the user's, 0700; one already there must be a
+    real directory (no link is followed)."""
+    for name in names:
+        try:
+            os.mkdir(name, 0o700, dir_fd=fd)
+            os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
+        except FileExistsError:
+            if not stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
+                raise OSError(f"{directory}/{name} is not a directory") from None
 
 
 def _cupsd_of(session_id: str, uid: int) -> list[processes.ProcessId]:
