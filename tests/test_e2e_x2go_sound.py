@@ -252,9 +252,10 @@ class FoldersBesideSoundTests(SoundCase):
             raise AssertionError(f"{self.read(log)[-3000:]}\n{self.new_log()[-3000:]}") from None
         read = as_user(self.user.name, {"HOME": self.user.home}, "cat", f"{point}/note.txt")
         self.assertEqual(read.stdout, "beside the sound\n", read.stderr)
+        wait_for(lambda: re.search(r"x2gomountdirs stdout is: .*mount .* ok", self.read(log)), 60,
+                 "pyhoca-cli's word that the folder is shared")
         text = self.read(log)
         self.assertNotIn("not allowed", text)
-        self.assertRegex(text, r"x2gomountdirs stdout is: .*mount .* ok")
         self.assertIsNone(process.poll(), f"pyhoca-cli ended: {text[-2000:]}")
         keys = os.path.join(self.user.home, ".x2go", "ssh")
         self.assertEqual([name for name in (os.listdir(keys) if os.path.isdir(keys) else []) if name.startswith("key.")],
