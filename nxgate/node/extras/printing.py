@@ -464,10 +464,10 @@ class Printing:
         self._starts[session.id] = self._starts.get(session.id, 0) + 1
         await self._end_cupsd(session, await self._blocking(_cupsd_of, session.id, session.uid))
         await self._blocking(self._prepare_x2go, session, spool)
+        self._follow_jobs(session)  # its logs made before cupsd opens them (they are made anew: new files)
         cupsd = await self._launch(session)
         self._cupsd[session.id] = cupsd
         await self._socket_made(self.socket_path(session), cupsd)
-        self._follow_jobs(session)
         log.info("session {id} of {user}: printing to the X2Go client (queue {queue}, its spool at {spool})",
                  id=session.id, user=session.user, queue=X2GO_QUEUE, spool=spool)
 
