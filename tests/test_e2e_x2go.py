@@ -102,8 +102,8 @@ class X2GoCase(TestCase):
     def ssh(self, command: str, user=None) -> subprocess.CompletedProcess:
         """A command at the X2Go door as OpenSSH's client sends it (a password login)."""
         user = user or self.user
-        argv = ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o",
-                "PubkeyAuthentication=no", "-o", "PreferredAuthentications=password,keyboard-interactive",
+        argv = ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+                "-o", "PubkeyAuthentication=no", "-o", "PreferredAuthentications=password,keyboard-interactive",
                 "-o", "NumberOfPasswordPrompts=1", "-p", str(self.gateway.port), "-l", user.name, "127.0.0.1",
                 command]
         env = dict(os.environ, **askpass_env(PASSWORD))
