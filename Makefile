@@ -49,6 +49,9 @@ APT_PACKAGES += x11-xkb-utils
 APT_PACKAGES += python3-x2go pyhoca-cli
 # Issue 24: and X2Go's Qt client, driven by a session profile under the client Xvfb.
 APT_PACKAGES += x2goclient
+# Programs tests call that Debian 12 usually has already: openssl (the portal's and the cluster's test
+# certificates), systemd-analyze (the package's unit is verified), readelf (nxcopy is a hardened PIE).
+APT_PACKAGES += openssl systemd binutils
 # Issue 33: Remmina's X2Go plugin (it runs pyhoca-cli), tested under the client Xvfb.
 APT_PACKAGES += remmina remmina-plugin-x2go
 # Issue 31: the X2Go door's attack tests drive paramiko (what python-x2go uses) from Debian's python3.
@@ -102,8 +105,13 @@ $(STAMP): setup.py requirements.txt helpers/nxcopy.c $(shell find nxgate twisted
 run: install
 	$(VENV)/bin/twistd --nodaemon --pidfile= nxgate --config conf/nxgate.conf --state-dir $(STATE) --port $(LISTEN)
 
+# The whole suite, TEST_JOBS modules at a time (tests/harness/suite.py; one module alone:
+# PYTHONPATH=. .venv/bin/trial tests.test_x). CI adds TEST_ARGS="--allowed-skips .ci/allowed-skips".
+TEST_JOBS ?= 4
+TEST_ARGS ?=
 test: install
-	cd $(CURDIR) && PYTHONPATH=$(CURDIR) $(VENV)/bin/trial --temp-directory=$(CURDIR)/_trial_temp tests
+	cd $(CURDIR) && PYTHONPATH=$(CURDIR) $(VENV)/bin/python -m tests.harness.suite --jobs $(TEST_JOBS) \
+	  --temp-directory $(CURDIR)/_trial_temp $(TEST_ARGS)
 
 # Benchmarks (root; 15-25 min): figures, peers and ratios in one table, see bench/README.md.
 bench: install

@@ -37,7 +37,7 @@ Two kinds of rows:
 Needs root (creates Unix users, starts nxagent sessions).
 
     .venv/bin/python bench/cluster_relay.py [--size 512M] [--repeat 3] [--rounds 1000] [--json FILE]
-        [--only conch,plain] [--profile DIR]
+        [--only conch,plain] [--profile DIR] [--pin]
 """
 
 from __future__ import annotations
@@ -156,9 +156,12 @@ class RoutedNode:
         return lambda caller, session_id, kind: self._at(path, session_id, kind)
 
 
-def node_process(pki: str, routes: str, port_file: str, profile: str) -> None:
+def node_process(pki: str, routes: str, port_file: str, profile: str, cpu: int = -1) -> None:
     """Member ``NODE``: nxgate's node listener (TLS, certificate checks, the
-    stream's NodeStream) for gateway ``GATEWAY``, on a free loopback port."""
+    stream's NodeStream) for gateway ``GATEWAY``, on a free loopback port;
+    alone on CPU ``cpu`` when it is not -1 (see ``--pin``)."""
+    if cpu >= 0:
+        os.sched_setaffinity(0, {cpu})
     from twisted.internet import reactor
 
     from nxgate.wire.connection import GateFactory
@@ -312,8 +315,9 @@ class PlainStream:
 class Setup:
     """Users, certificates, the gateway, the node and the plain relay process."""
 
-    def __init__(self, display_base: int, profile_dir: str) -> None:
+    def __init__(self, display_base: int, profile_dir: str, node_cpu: int = -1) -> None:
         """Everything started, or nothing left behind (users, processes) if a step failed."""
+        self.node_cpu = node_cpu
         self.cleanups: list[Any] = []
         self.processes: list[subprocess.Popen] = []
         try:
@@ -354,7 +358,8 @@ class Setup:
             return process
 
         node_port_file = os.path.join(self.dir, "node.port")
-        self.node = child("--node-process", self.pki, self.node_routes, node_port_file, name="node")
+        self.node = child("--node-process", self.pki, self.node_routes, node_port_file, "--node-cpu",
+                          str(self.node_cpu), name="node")
         self.node_address = f"127.0.0.1:{wait_port(self.node, node_port_file)}"
         plain_port_file = os.path.join(self.dir, "plain.port")
         self.plain = child("--plain-gateway-process", self.pki, plain_port_file, name="plain-gateway")
@@ -489,18 +494,21 @@ def measure(setup: Setup, kinds: set[str], size: int, repeat: int, rounds: int, 
     paths = {name: (ConchPath if kind == "conch" else PlainPath)(setup, cluster)
              for name, kind, cluster in ROWS if kind in kinds}
     runs: dict[tuple[str, str], list] = {}
+    loads: dict[tuple[str, str], list[float]] = {}
     rows: dict[str, dict[str, Any]] = {name: {"relay": name, "directions": {}} for name in paths}
     for rep in range(max(1, repeat)):  # round robin: a drifting load hits every row alike
         for name, path in paths.items():
             for direction in directions:
                 run = rl.ssh_throughput_run(path, size, direction, source, rows[name])
                 runs.setdefault((name, direction), []).append(run)
+                loads.setdefault((name, direction), []).append(os.getloadavg()[0])
                 print(f"  {name:<18}{direction:>5} run {rep + 1}: {size / 1e9 / run[0]:.3f} GB/s, "
-                      f"{run[1] / (size / 1e9):.2f} CPU s/GB", flush=True)
+                      f"{run[1] / (size / 1e9):.2f} CPU s/GB, load {loads[(name, direction)][-1]:.2f}", flush=True)
     for name, path in paths.items():
         row = rows[name]
         for direction in directions:
             row["directions"][direction] = rl.summarize_runs(runs[(name, direction)], size)
+            row["directions"][direction]["load_1min"] = loads[(name, direction)]
         rl.ssh_latency(path, rounds, row)
         if isinstance(path, PlainPath):  # opening is cheap here: more samples
             for _ in range(opens):
@@ -518,6 +526,11 @@ def ratios(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
         for direction in there["directions"]:
             a, b = there["directions"][direction]["gb_per_s"], here["directions"][direction]["gb_per_s"]
             out[f"{kind}_{direction}"] = a / b if b else None
+            # Run i of each row ran next to each other (round robin): their ratio moves less with the load.
+            pairs = [x / y for x, y in zip(there["directions"][direction]["all_gb_per_s"],
+                                           here["directions"][direction]["all_gb_per_s"]) if y]
+            if pairs:
+                out[f"{kind}_{direction}_paired"] = statistics.median(pairs)
         for key in ("latency_p50_us", "latency_p99_us"):
             out[f"{kind}_{key.replace('latency_', 'added_latency_')}"] = there[key] - here[key]
         out[f"{kind}_added_open_ms"] = there["open"]["median_ms"] - here["open"]["median_ms"]
@@ -529,6 +542,14 @@ def ratios(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
             b = there["directions"][direction].get("cpu_s_per_gb_by_process", {}).get(front)
             if a and b:
                 out[f"{kind}_{direction}_gateway_cpu_ratio"] = a / b
+            # Pinned (--pin), the gateway and the client share one CPU and the node has the other: when
+            # that CPU is the bottleneck, GB/s is inversely proportional to their CPU per GB, so this
+            # ratio (one box / via node) bounds what the cluster row can reach against the one-box row.
+            shared = ("bench-gateway", "bench-plain", "ssh")
+            a = sum(here["directions"][direction].get("cpu_s_per_gb_by_process", {}).get(n, 0) for n in shared)
+            b = sum(there["directions"][direction].get("cpu_s_per_gb_by_process", {}).get(n, 0) for n in shared)
+            if a and b:
+                out[f"{kind}_{direction}_front_cpu_bound"] = a / b
     return out
 
 
@@ -569,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ("--node-process", "--plain-gateway-process"):
         profile = argv[argv.index("--child-profile") + 1]
         if argv[0] == "--node-process":
-            node_process(argv[1], argv[2], argv[3], profile)
+            node_process(argv[1], argv[2], argv[3], profile, int(argv[argv.index("--node-cpu") + 1]))
         else:
             plain_gateway_process(argv[1], argv[2], profile)
         return 0
@@ -585,6 +606,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--display-base", type=int, default=2300)
     parser.add_argument("--profile", default="", help="cProfile the gateway, node and plain relay into DIR "
                         "(figures are then not comparable: profiling costs CPU)")
+    parser.add_argument("--pin", action="store_true",
+                        help="the node process alone on CPU 1, everything else (gateway, client, this bench) on "
+                        "CPU 0: the node as if on its own machine, the gateway's CPU the bound")
     parser.add_argument("--json", default=os.path.join(HERE, "results", "cluster_relay.json"))
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
@@ -595,10 +619,18 @@ def main(argv: list[str] | None = None) -> int:
     profile_dir = os.path.abspath(args.profile) if args.profile else ""
     if profile_dir:
         os.makedirs(profile_dir, exist_ok=True)
+    node_cpu = -1
+    if args.pin:
+        if len(os.sched_getaffinity(0)) < 2:
+            print("--pin needs two CPUs", file=sys.stderr)
+            return 2
+        node_cpu = max(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # inherited by everything started from here
     load_before = os.getloadavg()
     print(f"cluster stream benchmark: {size} bytes per run, median of {args.repeat}, {args.rounds} round trips, "
-          f"{os.cpu_count()} CPUs, load {load_before[0]:.2f}", flush=True)
-    setup = Setup(args.display_base, profile_dir)
+          f"{os.cpu_count()} CPUs{f', node pinned to CPU {node_cpu}, the rest to the other' if args.pin else ''}, "
+          f"load {load_before[0]:.2f}", flush=True)
+    setup = Setup(args.display_base, profile_dir, node_cpu)
     try:
         rows = measure(setup, set(args.only.split(",")), size, args.repeat, args.rounds, directions, args.opens)
     finally:
@@ -614,7 +646,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as handle:
             json.dump({"size": size, "repeat": args.repeat, "rounds": args.rounds, "cpus": os.cpu_count(),
                        "load_before": load_before, "load_after": os.getloadavg(), "profiled": bool(profile_dir),
-                       "rows": rows, "ratios": computed, "target_ratio": 0.8}, handle, indent=2)
+                       "pinned": args.pin,
+                       "rows": rows, "ratios": computed, "target_ratio": 0.9}, handle, indent=2)
             handle.write("\n")
         print(f"(JSON: {args.json})")
     return 0

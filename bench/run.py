@@ -12,13 +12,14 @@ Runs, each as its own process with its own JSON in bench/results/:
                      where every 50 ms goes, and suspend/terminate with nx-libs'
                      own waits (issue 34);
 * bench/x2go.py      the same for X2Go (installed if missing, as root);
-* bench/scale.py     50/100 sessions, 200 parallel logins, a 10 000-row
+* bench/scale.py     growth over 1/10/50/100 suspended sessions, 200 parallel logins, a 10 000-row
                      store, and where the session times go (phases);
 * bench/store_listing.py  the session store's listsession query with 10 000
                      stored sessions on SQLite, PostgreSQL and MariaDB (issue 13);
 * bench/cluster_relay.py  the cluster stream (gateway -> a node's TLS stream
                      endpoint -> the agent) vs the single-box relay, through
-                     Conch and plain: throughput, added latency, opening (issue 13);
+                     Conch and plain: throughput, added latency, opening, with the
+                     node alone on one CPU and the bound the gateway's CPU sets;
 * bench/cluster_placement.py  placement decision time with 1,000 live sessions,
                      pure and with PostgreSQL reads (issue 13);
 * bench/cluster_picture.py  start/resume -> picture through a gateway to another
@@ -26,8 +27,9 @@ Runs, each as its own process with its own JSON in bench/results/:
 * bench/sound_latency.py  a click from the session to the client's sound
                      server (latency) and a stream's bandwidth (issue 14);
 * bench/web_viewer.py  the in-browser viewer in headless Chromium: open ->
-                     first picture, keystroke -> echo, full-screen fps,
-                     server memory per browser viewer (issue 15);
+                     first picture (and each step of it), keystroke -> echo,
+                     full-screen fps, server memory and idle CPU per browser
+                     viewer, against Apache Guacamole in the same run;
 * bench/printing_latency.py  lp in the session -> the job at the client's
                      printer, against lp straight into the client's CUPS (issue 14);
 * bench/sharing_copy.py  copying a file through the smb channel (the client's
@@ -36,6 +38,9 @@ Runs, each as its own process with its own JSON in bench/results/:
 * bench/x2go_folders.py  X2Go's shared folders: x2goclient's folder read and
                      written in the session through the door, against sshfs
                      straight to the same client sshd (issue 33);
+* bench/display_search.py  a new session's display search with 50,000 Unix
+                     sockets on the machine: how long the reactor stalls, the
+                     search on its thread (as before) and in the thread pool;
 * bench/attacks.py   NX logins and portal pages under DHEat, with the key-exchange
                      workers stopped and under idle connections from many
                      addresses, against the quiet gateway (issues 27 and 31);
@@ -168,14 +173,33 @@ def store_rows(table: Table, store: dict | None) -> None:
                        f" swap {figures['swap']['median_ms']:.2f} ms, all live {figures['live_all']['median_ms']:.0f} ms")
 
 
+def display_search_rows(table: Table, search: dict | None) -> None:
+    """A new session's display search on a machine with many Unix sockets: the reactor's stall."""
+    if not search:
+        return
+    table.section(f"display search, {search['unix_sockets']} Unix sockets and {search['planted_locks']} planted "
+                  f"locks: reactor stall (median of {search['runs']})")
+    before, now = search["ways"]["on the reactor"], search["ways"]["in the thread pool"]
+    table.add("search on the reactor's thread (before)", before["stall_median_ms"], "ms", target="(info)",
+              note=f"max {before['stall_max_ms']:.1f} ms")
+    table.add("search in the thread pool", now["stall_median_ms"], "ms", before["stall_median_ms"], "on the reactor",
+              now["stall_median_ms"] / before["stall_median_ms"] if before["stall_median_ms"] else None,
+              "(info)", note=f"max {now['stall_max_ms']:.1f} ms; the search itself "
+                             f"{now['allocation_median_ms']:.0f} ms")
+
+
 def cluster_relay_rows(table: Table, cluster: dict | None) -> None:
-    """Issue 13: the stream to a session on another member vs on the gateway's own box."""
+    """The stream to a session on another member vs on the gateway's own box (issues 13, 34)."""
     if not cluster:
         return
     rows, ratios = cluster.get("rows", {}), cluster.get("ratios", {})
     size_mib = cluster["size"] / (1 << 20)
+    pinned = cluster.get("pinned")
+    load = cluster.get("load_before", [None])[0]
     table.section(f"cluster stream: gateway -> node (TLS) -> agent vs one box ({size_mib:g} MiB per run, median of "
-                  f"{cluster['repeat']}){' [profiled]' if cluster.get('profiled') else ''}")
+                  f"{cluster['repeat']}{'; node alone on one CPU, the rest on the other' if pinned else ''}"
+                  f"{f'; load {load:.1f}' if load is not None else ''}){' [profiled]' if cluster.get('profiled') else ''}")
+    target = cluster.get("target_ratio", 0.9)
     for kind, label in (("conch", "through SSH (Conch)"), ("plain", "plain (no SSH)")):
         here, there = rows.get(f"{kind} one box"), rows.get(f"{kind} via node")
         if not here or not there:
@@ -185,12 +209,19 @@ def cluster_relay_rows(table: Table, cluster: dict | None) -> None:
                 continue
             ours, peer = there["directions"][direction]["gb_per_s"], here["directions"][direction]["gb_per_s"]
             is_target = kind == "conch"
+            paired = ratios.get(f"{kind}_{direction}_paired")
+            bound = ratios.get(f"{kind}_{direction}_front_cpu_bound")
+            loads = there["directions"][direction].get("load_1min") or []
             table.add(f"{label} {direction} GB/s", ours, "GB/s", peer, "same path, one box", ratio(ours, peer),
-                      ">= 0.8x one box" if is_target else "(info)",
-                      (ours >= 0.8 * peer) if is_target else None,
+                      f">= {target:g}x one box" if is_target else "(info)",
+                      (ours >= target * peer) if is_target else None,
                       spread_pct(there["directions"][direction]["all_gb_per_s"]),
                       note=f"CPU s/GB {there['directions'][direction]['cpu_s_per_gb']:.2f} via node, "
-                           f"{here['directions'][direction]['cpu_s_per_gb']:.2f} one box")
+                           f"{here['directions'][direction]['cpu_s_per_gb']:.2f} one box"
+                           + (f"; paired {paired:.2f}x" if paired else "")
+                           + (f"; bound (gateway + client CPU/GB one box / via node) {bound:.2f}x" if bound and pinned
+                              else "")
+                           + (f"; load {min(loads):.1f}-{max(loads):.1f}" if loads else ""))
         cpu = [ratios.get(f"{kind}_{direction}_gateway_cpu_ratio") for direction in ("up", "down")]
         if all(cpu):
             table.add(f"{label} gateway CPU/GB one box / via node", f"{cpu[0]:.2f}/{cpu[1]:.2f}", "up/dn", None,
@@ -349,7 +380,7 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
                           f"p50/p99 {row['latency_p50_us']:.0f}/{row['latency_p99_us']:.0f} us")
     # ------------------------------------------------------------------- scale
     if scale:
-        table.section("scale")
+        table.section("scale (each count's load in its note)")
         logins = scale.get("logins")
         if logins:
             table.add(f"{logins['logins']} parallel logins: failures", logins["failures"], "", None, "", None, "0",
@@ -362,13 +393,48 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
                            f"listsession {logins.get('listsession_p50_s', 0):.2f}/"
                            f"{logins.get('listsession_p99_s', 0):.2f} s; "
                            f"{logins.get('logins_per_second', 0):.0f} logins/s, pam_threads {logins['pam_threads']}")
-        sess = (scale.get("sessions") or {}).get("counts") or {}
+        sessions_part = scale.get("sessions") or {}
+        sess = sessions_part.get("counts") or {}
         for count, figures in sess.items():
-            table.add(f"{count} sessions: gateway RSS", figures["gateway_rss_mb"], "MB", None,
-                      f"{figures['gateway_mb_per_session']:.2f} MB/session", None, "(info)",
-                      note=f"per session: agent {figures['agent_rss_mb_median']:.1f} MB, agent+program "
-                           f"{figures['session_mb_agent_plus_program']:.1f} MB; gateway idle "
-                           f"{scale['sessions']['gateway_rss_mb_idle']:.1f} MB, {figures['gateway_fds']} fds")
+            if "gateway_idle_cpu_pct" not in figures:  # a scale.json from before the growth figures
+                table.add(f"{count} sessions: gateway RSS", figures["gateway_rss_mb"], "MB", None,
+                          f"{figures['gateway_mb_per_session']:.2f} MB/session", None, "(info)")
+                continue
+            table.add(f"{count} suspended sessions: gateway RSS / PSS",
+                      f"{figures['gateway_rss_mb']:.1f}/{figures['gateway_pss_mb']:.1f}", "MB", None, "", None,
+                      "(info)", note=f"idle CPU {figures['gateway_idle_cpu_pct']:.2f} %; login + listsession "
+                                     f"{figures['login_list_s'] * 1000:.0f} ms (listsession alone "
+                                     f"{figures['list_ms']:.1f} ms); agent {figures['agent_rss_mb_median']:.1f} MB "
+                                     f"RSS, agent+program {figures['session_mb_agent_plus_program']:.1f} MB/session; "
+                                     f"{figures['gateway_fds']} fds; load {figures.get('load_1min', 0):.1f}")
+        growth = sessions_part.get("per_added_session")
+        if growth and sess:
+            counts = "/".join(sess)
+            points = {"0": sessions_part.get("base", {}), **sess}
+
+            def slope(key: str, scale_by: float = 1.0) -> float | None:
+                """Least-squares growth of ``key`` per added session over the counts (from the first
+                session on: the gateway's first session also pays one-time allocations)."""
+                xy = [(int(c), f[key] * scale_by) for c, f in sess.items() if key in f]
+                if len(xy) < 2:
+                    return None
+                mx, my = sum(x for x, _ in xy) / len(xy), sum(y for _, y in xy) / len(xy)
+                den = sum((x - mx) ** 2 for x, _ in xy)
+                return sum((x - mx) * (y - my) for x, y in xy) / den if den else None
+
+            rows = (("gateway RSS", "gateway_rss_mb", 1024, "kB", 100, "gateway_rss_kb", "{:.0f}"),
+                    ("gateway idle CPU", "gateway_idle_cpu_pct", 1, "% CPU", 0.01, "gateway_idle_cpu_pct", "{:.3f}"),
+                    ("login + listsession", "login_list_s", 1000, "ms", 1.0, "login_list_ms", "{:.2f}"))
+            for label, key, factor, unit, limit, steps, shown in rows:
+                value = slope(key, factor)
+                if value is None:
+                    continue
+                # Flat or linear with a small slope over 0..N sessions; each step's own growth in the note.
+                table.add(f"{label} per added session ({counts})", value, unit, None, "", None,
+                          f"<= {limit:g} {unit}/session", value <= limit,
+                          note=f"each step 0->{counts}: " + "/".join(shown.format(v) for v in growth[steps])
+                               + (f"; medians {', '.join(f'{c}: {f[key] * factor:.0f}' for c, f in points.items() if key in f)} {unit}"
+                                  if key == "login_list_s" else ""))
         store = scale.get("store")
         if store:
             table.add(f"listsession, {store['live']} live + {store['ended']} ended",
@@ -496,7 +562,8 @@ def web_viewer_rows(table: Table, web: dict | None) -> None:
     """Issue 15's browser viewer figures (bench/web_viewer.py)."""
     if not web:
         return
-    table.section("the in-browser viewer (headless Chromium, noVNC <- x11vnc on the session's display, loopback)")
+    load = f", load {web['load_1min']:.1f}" if "load_1min" in web else ""
+    table.section(f"the in-browser viewer (headless Chromium, noVNC <- x11vnc on the session's display, loopback{load})")
     table.add("open -> first picture (suspended session)", web["first_picture_s_median"], "s",
               target=f"<= {web['target_first_picture_s']} s",
               met=web["first_picture_s_median"] <= web["target_first_picture_s"],
@@ -510,8 +577,16 @@ def web_viewer_rows(table: Table, web: dict | None) -> None:
     if "idle_cpu_pct" in web:
         table.add("server CPU per idle browser viewer", web["idle_cpu_pct"], "% CPU", target="(info)")
     for row in web.get("comparison", []):  # issue 25: against Apache Guacamole, measured in the same run
+        note = ""
+        if row["figure"].startswith("open") and "steps_ms" in web:
+            def steps(figures: dict) -> str:
+                names = ("page", "dom_ready", "scripts", "socket_open", "socket_message", "picture")
+                return ", ".join(f"{name} {figures[name]:.0f}" for name in names if name in figures)
+            note = (f"paired {web.get('first_picture_paired_ratio', 0):.2f}x; load {web.get('load_1min', 0):.1f}; "
+                    f"steps (ms after the click, medians): nxgate {steps(web['steps_ms'])}; Guacamole "
+                    f"{steps((web.get('guacamole') or {}).get('steps_ms', {}))}")
         table.add(f"vs Guacamole: {row['figure']}", row["nxgate"], "", row["guacamole"], "Guacamole (guacd 1.6)",
-                  row["ratio"], row["goal"], row["met"])
+                  row["ratio"], row["goal"], row["met"], note=note)
 
 
 def printing_rows(table: Table, printing: dict | None) -> None:
@@ -592,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=10, help="sessions for the memory figures (both)")
     parser.add_argument("--size", default="2G", help="bytes per relay throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="relay throughput runs per row")
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,new_session,x2go,scale,store,cluster,cluster_picture,cluster_relay,sound,web,printing,sharing,x2go_folders,attacks")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,new_session,x2go,scale,store,cluster,cluster_picture,cluster_relay,sound,web,printing,sharing,x2go_folders,displays,attacks")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install bench packages")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway (relay, logins, sessions)")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from bench/results/*.json")
@@ -609,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
     scale_args = []
     if args.quick:
         runs, sessions, size, repeat = 2, 3, "256M", 1
-        scale_args = ["--sessions", "5,10", "--logins", "40", "--ended", "1000", "--dead", "10", "--phase-runs", "2"]
+        scale_args = ["--sessions", "1,5,10", "--logins", "40", "--ended", "1000", "--dead", "10", "--phase-runs", "2"]
     steps = {
         "relay": [python, os.path.join(HERE, "relay.py"), "--size", size, "--repeat", str(repeat),
                   "--json", os.path.join(RESULTS, "relay.json"), *install, *profile],
@@ -626,7 +701,7 @@ def main(argv: list[str] | None = None) -> int:
                   *(["--calls", "50"] if args.quick else [])],
         "cluster_relay": [python, os.path.join(HERE, "cluster_relay.py"), "--size",
                           "128M" if args.quick else "512M", "--repeat", str(repeat), *(["--rounds", "300"] if args.quick else []),
-                          "--json", os.path.join(RESULTS, "cluster_relay.json")],
+                          "--pin", "--json", os.path.join(RESULTS, "cluster_relay.json")],
         "cluster": [python, os.path.join(HERE, "cluster_placement.py"), "--json", os.path.join(RESULTS, "cluster.json"),
                     *(["--calls", "50"] if args.quick else [])],
         "cluster_picture": [python, os.path.join(HERE, "cluster_picture.py"), "--runs", str(runs),
@@ -641,6 +716,8 @@ def main(argv: list[str] | None = None) -> int:
                     "--json", os.path.join(RESULTS, "sharing.json")],
         "x2go_folders": [python, os.path.join(HERE, "x2go_folders.py"), "--size-mb", "10" if args.quick else "50",
                          "--runs", "2" if args.quick else "4", "--json", os.path.join(RESULTS, "x2go_folders.json")],
+        "displays": [python, os.path.join(HERE, "display_search.py"), "--runs", "3" if args.quick else "10",
+                     "--json", os.path.join(RESULTS, "displays.json")],
         "attacks": [python, os.path.join(HERE, "attacks.py"), "--runs", str(runs),
                     "--json", os.path.join(RESULTS, "attacks.json")],
     }
@@ -671,6 +748,7 @@ def main(argv: list[str] | None = None) -> int:
     web = load(os.path.join(RESULTS, "web_viewer.json"))
     printing = load(os.path.join(RESULTS, "printing.json"))
     sharing = load(os.path.join(RESULTS, "sharing.json"))
+    display_search = load(os.path.join(RESULTS, "displays.json"))
     attacks = load(os.path.join(RESULTS, "attacks.json"))
     x2go_folders = load(os.path.join(RESULTS, "x2go_folders.json"))
     table = build_table(relay, sessions_result, x2go, scale)
@@ -684,6 +762,7 @@ def main(argv: list[str] | None = None) -> int:
     printing_rows(table, printing)
     sharing_rows(table, sharing)
     x2go_folders_rows(table, x2go_folders)
+    display_search_rows(table, display_search)
     attack_rows(table, attacks)
     print()
     print(f"nxgate benchmark — {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
@@ -699,6 +778,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": load_before, "load_after": os.getloadavg(), "quick": args.quick,
         "steps": steps_run, "table": table.rows,
         "results": {"relay": relay, "sessions": sessions_result, "new_session": new_session, "x2go": x2go, "scale": scale, "store": store,
+                    "displays": display_search,
                     "cluster": placement, "cluster_picture": cluster_picture,
                     "cluster_relay": cluster_relay, "sound": sound, "web_viewer": web, "printing": printing, "sharing": sharing,
                     "x2go_folders": x2go_folders, "attacks": attacks},

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """nxgate at scale: many sessions, many parallel logins, a big session store.
 
-1. ``sessions``: 50 and then 100 concurrent small application sessions
-   (``xterm -geometry 10x2``), each attached by an NX client as nxssh-based
-   clients do (OpenSSH client + nxproxy through the SSH channel, onto one
-   Xvfb): the gateway's RSS idle and with the sessions, the gateway's MB per
-   session, and per session the agent's and the agent + program's RSS.
+1. ``sessions``: 1, 10, 50 and then 100 small application sessions of one
+   user (``xterm -geometry 10x2``), each started and drawn by an NX client
+   as nxssh-based clients do (OpenSSH client + nxproxy through the SSH
+   channel, onto one Xvfb), then suspended (the clients go), as a gateway
+   holds most of its sessions: at each count the gateway's RSS and PSS, its
+   idle CPU, and a new login + ``listsession`` (median); the growth per
+   added session between counts; per session the agent's and the agent +
+   program's RSS.
 2. ``logins``: 200 full NX logins in parallel (OpenSSH client, nx key, NX
    login with a password checked by PAM, ``listsession``, ``quit``) spread
    over 10 users: failures (must be 0), p50/p99 of the login time (ssh
@@ -21,7 +24,7 @@
 Limits are raised in the gateway's config (display_limit, max_sessions,
 max_sessions_per_user, pam_threads).  Needs root.  Prints a table, writes JSON.
 
-    .venv/bin/python bench/scale.py [--sessions 50,100] [--logins 200] [--ended 10000] [--json FILE]
+    .venv/bin/python bench/scale.py [--sessions 1,10,50,100] [--logins 200] [--ended 10000] [--json FILE]
     .venv/bin/python bench/scale.py --only logins --profile    # py-spy on the gateway during the logins
 """
 
@@ -47,7 +50,7 @@ sys.path.insert(0, HERE)
 from relay import CLK_TCK, PY_SPY, PySpy, pgrep, print_profile, proc_ticks, rss_kb  # noqa: E402
 
 from tests.harness.gateway import Gateway  # noqa: E402
-from tests.harness.process import stop, wait_for  # noqa: E402
+from tests.harness.process import Timeout, stop, wait_for  # noqa: E402
 from tests.harness.ssh import Attachment, NXClient, SessionInfo  # noqa: E402
 from tests.harness.users import create_user  # noqa: E402
 from tests.harness.x11 import ClientScreen  # noqa: E402
@@ -104,17 +107,76 @@ def make_gateway(extra: dict[str, dict[str, str]] | None = None, state_dir: str 
 
 
 # ----------------------------------------------------------------- 1. sessions
-def bench_sessions(counts: list[int], parallel: int) -> dict:
+def pss_kb(pid: int) -> int:
+    """Proportional set size (shared pages divided among their users): what the process adds."""
+    with open(f"/proc/{pid}/smaps_rollup") as handle:
+        for line in handle:
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    return 0
+
+
+def idle_cpu_pct(pid: int, seconds: float = 5.0) -> float:
+    """The process's CPU over ``seconds`` while nobody uses it (% of one CPU)."""
+    before = proc_ticks(pid)
+    time.sleep(seconds)
+    return (proc_ticks(pid) - before) / CLK_TCK / seconds * 100
+
+
+def login_and_list(port: int, user) -> tuple[float, float, bytes]:
+    """A new NX login and one ``listsession``: (seconds for both, seconds for the listsession, its reply)."""
+    started = time.monotonic()
+    client, _ = login(port, user)
+    try:
+        listed = time.monotonic()
+        reply = client.command('listsession --type="unix-application"')
+        done = time.monotonic()
+    finally:
+        client.close()
+    return done - started, done - listed, reply
+
+
+def suspended(port: int, user) -> int:
+    """How many of the user's sessions ``listsession`` shows suspended (0 if the login fails: a
+    loaded machine may time one out while the sessions suspend)."""
+    try:
+        return login_and_list(port, user)[2].count(b"Suspended")
+    except (Timeout, RuntimeError, OSError) as error:
+        print(f"  (a login to count the suspended sessions failed: {error!s:.200})", flush=True)
+        return 0
+
+
+def growth(counts: dict[str, dict], key: str) -> list[float]:
+    """Per added session, between each count and the one before it (the first from 0 sessions' ``base``)."""
+    slopes, previous, before = [], 0, None
+    for count, figures in counts.items():
+        if before is not None and int(count) > previous:
+            slopes.append((figures[key] - before) / (int(count) - previous))
+        previous, before = int(count), figures[key]
+    return slopes
+
+
+def bench_sessions(counts: list[int], parallel: int, lists: int = 7) -> dict:
+    """One user's application sessions, started and drawn (attached), then suspended, as a gateway
+    holds them most of the time; at each count: the gateway's memory (RSS and PSS) and idle CPU,
+    and a new login + ``listsession`` (median of ``lists``), so that growth per added session shows."""
     user = create_user(prefix="nxc")
     gateway = make_gateway().start()
     screen = ClientScreen(1024, 768)
-    attached: list[tuple[NXClient, Attachment]] = []
     lock = threading.Lock()
-    out: dict = {"counts": {}}
+    started_clients: list[tuple[NXClient, Attachment]] = []
+    out: dict = {"counts": {}, "suspended": True}
+    pid = gateway.process.pid
     try:
         time.sleep(2)
-        idle = rss_kb(gateway.process.pid)
+        login_and_list(gateway.port, user)  # PAM and the gateway warm, as on a server that has been up
+        idle = rss_kb(pid)
         out["gateway_rss_mb_idle"] = idle / 1024
+        out["base"] = {"gateway_rss_mb": idle / 1024, "gateway_pss_mb": pss_kb(pid) / 1024,
+                       "gateway_idle_cpu_pct": idle_cpu_pct(pid)}
+        lists_at_zero = [login_and_list(gateway.port, user) for _ in range(lists)]
+        out["base"]["login_list_s"] = statistics.median(t for t, _, _ in lists_at_zero)
+        out["base"]["list_ms"] = statistics.median(t for _, t, _ in lists_at_zero) * 1000
 
         def one(index: int) -> float:
             started = time.monotonic()
@@ -126,7 +188,7 @@ def bench_sessions(counts: list[int], parallel: int) -> dict:
                 raise RuntimeError(f"session {index} did not start: {reply[-300:]!r}")
             attachment = Attachment(client, SessionInfo.parse(reply), screen.name, gateway.workdir)
             with lock:
-                attached.append((client, attachment))
+                started_clients.append((client, attachment))
             return time.monotonic() - started
 
         done = 0
@@ -137,28 +199,54 @@ def bench_sessions(counts: list[int], parallel: int) -> dict:
             wait_for(lambda c=count: len(pgrep(user.name, "xterm")) >= c, 300, f"{count} programs")
             ramp = time.monotonic() - started
             done = count
-            time.sleep(5)
-            agents = [rss_kb(pid) for pid in pgrep(user.name, "nxagent")]
-            programs = [rss_kb(pid) for pid in pgrep(user.name, "xterm")]
-            gateway_kb = rss_kb(gateway.process.pid)
+            time.sleep(2)  # drawn
+            for client, attachment in started_clients:  # the clients go: the sessions suspend
+                attachment.detach()
+                client.close()
+            started_clients.clear()
+            wait_for(lambda c=count: suspended(gateway.port, user) >= c, 180, f"{count} suspended sessions",
+                     interval=1.0)
+            time.sleep(3)
+            agents = [rss_kb(p) for p in pgrep(user.name, "nxagent")]
+            programs = [rss_kb(p) for p in pgrep(user.name, "xterm")]
+            gateway_kb = rss_kb(pid)
+            idle_pct = idle_cpu_pct(pid)
+            timed = [login_and_list(gateway.port, user) for _ in range(lists)]
             figures = {
                 "sessions": len(agents),
                 "ramp_seconds": ramp,
                 "start_to_attached_p50_s": statistics.median(start_times),
                 "gateway_rss_mb": gateway_kb / 1024,
+                "gateway_pss_mb": pss_kb(pid) / 1024,
                 "gateway_mb_per_session": (gateway_kb - idle) / 1024 / count,
+                "gateway_idle_cpu_pct": idle_pct,
+                "login_list_s": statistics.median(t for t, _, _ in timed),
+                "login_list_all_s": [t for t, _, _ in timed],
+                "list_ms": statistics.median(t for _, t, _ in timed) * 1000,
                 "agent_rss_mb_median": statistics.median(agents) / 1024,
                 "session_mb_agent_plus_program": (sum(agents) + sum(programs)) / 1024 / count,
-                "gateway_threads": len(os.listdir(f"/proc/{gateway.process.pid}/task")),
-                "gateway_fds": len(os.listdir(f"/proc/{gateway.process.pid}/fd")),
+                "gateway_threads": len(os.listdir(f"/proc/{pid}/task")),
+                "gateway_fds": len(os.listdir(f"/proc/{pid}/fd")),
+                "load_1min": os.getloadavg()[0],
             }
             out["counts"][str(count)] = figures
-            print(f"sessions {count}: gateway {figures['gateway_rss_mb']:.1f} MB "
-                  f"({figures['gateway_mb_per_session']:.2f} MB/session), agent {figures['agent_rss_mb_median']:.1f} MB,"
-                  f" agent+program {figures['session_mb_agent_plus_program']:.1f} MB/session, ramp {ramp:.0f}s",
+            print(f"sessions {count} (suspended): gateway RSS {figures['gateway_rss_mb']:.1f} MB, PSS "
+                  f"{figures['gateway_pss_mb']:.1f} MB, idle CPU {idle_pct:.2f}%, login + listsession "
+                  f"{figures['login_list_s'] * 1000:.0f} ms (listsession {figures['list_ms']:.1f} ms); agent "
+                  f"{figures['agent_rss_mb_median']:.1f} MB; ramp {ramp:.0f}s; load {figures['load_1min']:.1f}",
                   flush=True)
+        with_base = {"0": out["base"], **out["counts"]}
+        out["per_added_session"] = {
+            "gateway_rss_kb": [v * 1024 for v in growth(with_base, "gateway_rss_mb")],
+            "gateway_pss_kb": [v * 1024 for v in growth(with_base, "gateway_pss_mb")],
+            "gateway_idle_cpu_pct": growth(with_base, "gateway_idle_cpu_pct"),
+            "login_list_ms": [v * 1000 for v in growth(with_base, "login_list_s")],
+            "list_ms": growth(with_base, "list_ms"),
+        }
+        print("per added session (each step): " + "; ".join(
+            f"{key} {', '.join(f'{v:.3g}' for v in values)}" for key, values in out["per_added_session"].items()))
     finally:
-        for client, attachment in attached:
+        for client, attachment in started_clients:
             attachment.detach()
             client.close()
         subprocess.run(["pkill", "-TERM", "-u", user.name, "-x", "nxagent"], check=False)
@@ -622,7 +710,7 @@ def bench_phases(runs: int, profile_dir: str | None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sessions", default="50,100", help="session counts, measured in turn")
+    parser.add_argument("--sessions", default="1,10,50,100", help="session counts, measured in turn")
     parser.add_argument("--parallel", type=int, default=4, help="sessions started at once")
     parser.add_argument("--logins", type=int, default=200)
     parser.add_argument("--login-users", type=int, default=10)

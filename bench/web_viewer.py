@@ -25,7 +25,7 @@ in the page itself, where the user sees it:
   source's own rate is reported beside it.
 * memory: the PSS (``/proc/PID/smaps_rollup``) of the viewer's programs
   (x11vnc; Xvfb and nxproxy too for a session that never had a client),
-  the server-side cost of one browser; and their CPU over 5 s while
+  the server-side cost of one browser; and their CPU over 10 s (after 15 s left alone) while
   nothing changes on screen (x11vnc polls).
 * clipboard: from ``xclip`` copying in the session (with its X authority)
   to the text in the page's viewer state; median of 5 copies.
@@ -36,7 +36,8 @@ into ``--guacd`` when missing) with ``guacamole-lite`` (its Node WebSocket
 bridge) and ``guacamole-common-js`` in the page, both from the npm registry
 (installed into ``bench/.peers/guacamole`` when missing; not committed),
 serving the same session's screen through a standing ``x11vnc -sb 0`` on
-the session's display with the same ``-defer 3 -wait 3`` as nxgate's (so
+the session's display with the same polling options as nxgate's
+(``nxgate.node.browser_viewer.POLLING``, so
 the figures differ by what is between the VNC server and the page).  Its
 page is ``bench/guacamole_peer.js``'s.  The open runs alternate (nxgate,
 Guacamole, nxgate, ...); its memory and idle CPU per viewer are guacd's
@@ -65,6 +66,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from nxgate.gateway.doors.admin.cli import request as admin_request  # noqa: E402
+from nxgate.node.browser_viewer import POLLING  # noqa: E402
 from tests.harness.browser import Browser, available  # noqa: E402
 from tests.harness.gateway import Gateway  # noqa: E402
 from tests.harness.process import wait_for  # noqa: E402
@@ -84,7 +86,19 @@ XTERM = "xterm -bg #ff0000 -fg #ffff00 -geometry 60x15+10+10 -e sh -c 'cat > /de
 WATCH_FIRST_PICTURE = """
 (function () {
   if (!location.pathname.startsWith('/view/') && location.port !== '%(peer_port)s') return;
-  window.nxgateBench = { firstPicture: null };
+  window.nxgateBench = { firstPicture: null, socket: {} };
+  // Each step of the opening, in epoch ms (see STEPS): the WebSocket's creation, open and first message.
+  const NativeSocket = window.WebSocket;
+  window.WebSocket = function (...args) {
+    const socket = new NativeSocket(...args);
+    const times = window.nxgateBench.socket;
+    times.created = times.created || Date.now();
+    socket.addEventListener('open', () => { times.open = times.open || Date.now(); });
+    socket.addEventListener('message', () => { times.message = times.message || Date.now(); });
+    return socket;
+  };
+  Object.assign(window.WebSocket, NativeSocket);
+  window.WebSocket.prototype = NativeSocket.prototype;
   const points = [[40, 40], [150, 100], [300, 150]];
   function red(context, [x, y]) {
     const d = context.getImageData(x, y, 1, 1).data;
@@ -104,6 +118,31 @@ WATCH_FIRST_PICTURE = """
   }
   look();
 })();
+"""
+
+#: The steps of one opening, from the page's own records (epoch ms): the page's response and its
+#: DOMContentLoaded, the viewer's scripts (noVNC's modules / guacamole-common-js) loaded, the ticket
+#: (nxgate), the WebSocket created, open and its first message, the first picture.
+STEPS = """
+const bench = window.nxgateBench || {};
+const origin = performance.timeOrigin;
+const nav = performance.getEntriesByType('navigation')[0] || {};
+const resources = performance.getEntriesByType('resource');
+const ends = (test) => resources.filter((r) => test(r.name)).map((r) => origin + r.responseEnd);
+const scripts = ends((name) => name.includes('/novnc/') || name.includes('guacamole-common'));
+const ticket = ends((name) => name.includes('/view/ticket'));
+return {
+  navigation_start: origin,
+  page: nav.responseEnd ? origin + nav.responseEnd : null,
+  dom_ready: nav.domContentLoadedEventEnd ? origin + nav.domContentLoadedEventEnd : null,
+  scripts: scripts.length ? Math.max(...scripts) : null,
+  scripts_count: scripts.length,
+  ticket: ticket.length ? Math.max(...ticket) : null,
+  socket_created: (bench.socket || {}).created || null,
+  socket_open: (bench.socket || {}).open || null,
+  socket_message: (bench.socket || {}).message || null,
+  picture: bench.firstPicture || null,
+};
 """
 
 #: In either page: the session's canvas (noVNC's; guacd's default layer) and a key press and release.
@@ -201,7 +240,14 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def idle_cpu(pids: list[int], seconds: float = 5.0) -> float:
+#: How long a viewer is left alone before its idle CPU is measured: a tab left open costs its
+#: steady state.  A freshly started x11vnc polls harder at first (on an xterm's screen, a client
+#: asking for updates as noVNC does: 1.25 % of a CPU in its first 8 s, 0.5 % in each 8 s after), and
+#: nxgate starts one per tab while the peer's has been running since the bench began.
+IDLE_SETTLE_S = 15.0
+
+
+def idle_cpu(pids: list[int], seconds: float = 10.0) -> float:
     """The share of one CPU these processes use together over ``seconds`` (percent)."""
     before = sum(cpu_ticks(pid) for pid in pids)
     time.sleep(seconds)
@@ -321,7 +367,7 @@ class GuacamolePeer:
         vnc_port, guacd_port = free_port(), free_port()
         self.vnc = self._spawn(["runuser", "-u", user, "--", "x11vnc", "-display", f":{display}", "-rfbport", str(vnc_port), "-localhost",
                                 "-rfbportv6", "0", "-no6", "-nopw", "-norc", "-forever", "-shared", "-xkb",
-                                "-defer", "3", "-wait", "3", "-sb", "0", "-nowf", "-quiet"],
+                                *POLLING, "-sb", "0", "-nowf", "-quiet"],
                                dict(os.environ, XAUTHORITY=authority))
         # guacd loads its protocol plug-ins (libguac-client-vnc.so) by name: from its own prefix.
         lib = os.path.join(os.path.dirname(os.path.dirname(self.guacd)), "lib")
@@ -411,6 +457,7 @@ class Bench:
         self.screen = ClientScreen(800, 600)
         self.browser: Browser | None = None
         self.peer: GuacamolePeer | None = None
+        self.steps: dict[str, list[dict[str, Any]]] = {}
 
     def close(self) -> None:
         if self.browser is not None:
@@ -452,7 +499,21 @@ class Bench:
         button.click()
         shown = browser.wait(lambda: browser.driver.execute_script(
             "return window.nxgateBench && window.nxgateBench.firstPicture;"), 60, "the first picture")
+        self.note_steps("nxgate", clicked)
         return (shown - clicked) / 1000
+
+    def note_steps(self, side: str, clicked: float) -> None:
+        """The opening's steps (:data:`STEPS`) in ms after the click, kept per side and printed."""
+        assert self.browser is not None
+        times = self.browser.driver.execute_script(STEPS)
+        steps = {name: (value - clicked if isinstance(value, (int, float)) and name != "scripts_count" else value)
+                 for name, value in times.items()}
+        if isinstance(steps.get("picture"), (int, float)) and isinstance(steps.get("navigation_start"), (int, float)):
+            steps["from_navigation"] = steps["picture"] - steps["navigation_start"]
+        self.steps.setdefault(side, []).append(steps)
+        shown = ", ".join(f"{name} {value:.0f}" for name, value in steps.items()
+                          if isinstance(value, (int, float)) and name != "scripts_count")
+        print(f"  {side} steps (ms after the click): {shown}", flush=True)
 
     def leave(self, session_id: str) -> None:
         """Leave the viewer's page (the session suspends) and wait for the viewer's programs to go."""
@@ -490,13 +551,23 @@ class Bench:
         return times or [float("nan")]
 
     def open_peer_once(self) -> float:
-        """From the portal, go to the Guacamole peer's page; the seconds until it shows the session."""
+        """From the portal, click a link to the Guacamole peer's page; the seconds until it shows the
+        session.  A click, as on nxgate's *Open*: WebDriver's click (scroll into view, pointer events)
+        takes longer to reach the page than its ``get``, and the peer was opened with ``get`` before
+        (its navigation began 7-40 ms after the mark, nxgate's 47-169 ms, on a loaded machine)."""
         browser = self.browser
         assert browser is not None and self.peer is not None
+        browser.get(self.base + "/")
+        browser.wait(lambda: browser.find_all("nav .who"), 30, "the portal")
+        browser.driver.execute_script(
+            "const link = document.createElement('a'); link.id = 'nxgate-bench-peer'; link.href = arguments[0];"
+            "link.textContent = 'Guacamole'; document.body.prepend(link);", self.peer.url)
+        link = browser.wait(lambda: browser.find_all("#nxgate-bench-peer"), 30, "the peer's link")[0]
         clicked = time.time() * 1000
-        browser.get(self.peer.url)
+        link.click()
         shown = browser.wait(lambda: browser.driver.execute_script(
             "return window.nxgateBench && window.nxgateBench.firstPicture;"), 60, "the peer's first picture")
+        self.note_steps("guacamole", clicked)
         return (shown - clicked) / 1000
 
     def leave_peer(self) -> None:
@@ -510,6 +581,9 @@ class Bench:
         assert self.browser is not None
         memory = {f"{name} {pid}": pss_kb(pid) for pid, name in pids.items()}
         print(f"{name}: viewer programs' PSS: {memory} kB", flush=True)
+        # Steady state (see IDLE_SETTLE_S): a viewer's first seconds are not what an idle tab costs;
+        # both sides wait alike.
+        time.sleep(IDLE_SETTLE_S)
         idle = idle_cpu(list(pids))
         print(f"{name}: viewer programs' CPU while the session shows no change: {idle:.1f}% of one CPU", flush=True)
         self.browser.driver.set_script_timeout(keys * 4 + 30)
@@ -567,7 +641,11 @@ class Bench:
         time.sleep(0.5)
         result = self.measure("nxgate", self.viewer_programs(), keys, seconds, rate, display, authority)
         result.update(first_picture_s=firsts, first_picture_s_median=statistics.median(firsts),
-                      target_first_picture_s=TARGET_FIRST_PICTURE_S, source_rate=rate, seconds=seconds)
+                      target_first_picture_s=TARGET_FIRST_PICTURE_S, source_rate=rate, seconds=seconds,
+                      steps_ms=step_medians(self.steps.get("nxgate", [])), load_1min=os.getloadavg()[0])
+        if peer_firsts:
+            pairs = [ours / theirs for ours, theirs in zip(firsts, peer_firsts) if theirs]
+            result["first_picture_paired_ratio"] = statistics.median(pairs)
         clipboard = self.clipboard_times(display, authority, copies)
         print(f"copy in the session -> the page's clipboard: median {statistics.median(clipboard):.0f} ms "
               f"(max {max(clipboard):.0f}, {len(clipboard)} copies)", flush=True)
@@ -580,10 +658,18 @@ class Bench:
                 "window.guacClient.sendMouseState(new Guacamole.Mouse.State({x: 100, y: 60}));")
             time.sleep(0.5)
             guac = self.measure("Guacamole", peer.viewer_pids(), keys, seconds, rate, display, authority)
-            guac.update(first_picture_s=peer_firsts, first_picture_s_median=statistics.median(peer_firsts))
+            guac.update(first_picture_s=peer_firsts, first_picture_s_median=statistics.median(peer_firsts),
+                        steps_ms=step_medians(self.steps.get("guacamole", [])))
             result["guacamole"] = guac
             self.leave_peer()
         return result
+
+
+def step_medians(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """The median of each step over the runs that have it (ms after the click)."""
+    names = {name for run in runs for name, value in run.items() if isinstance(value, (int, float))}
+    return {name: statistics.median(run[name] for run in runs if isinstance(run.get(name), (int, float)))
+            for name in sorted(names)}
 
 
 def comparison(result: dict[str, Any]) -> list[tuple[str, float, float, float, str, bool]]:

@@ -12,6 +12,7 @@ from nxgate.gateway.doors.admin.server import AdminProtocol
 from nxgate.vocabulary.model import State
 from nxgate.vocabulary.errors import Kind, SessionError
 from tests import test_sessions_manager as manager_tests
+from tests.harness.fakes import FakeSessionAPI
 
 MISSING = "0" * 32
 
@@ -74,7 +75,7 @@ ARGS = {"status": {}, "sessions": {}, "show": {"id": MISSING}, "terminate": {"id
 
 
 class Refusing:
-    """A session service that refuses every call with ``error``."""
+    """A membership that refuses every call with ``error``."""
 
     def __init__(self, error):
         self.error = error
@@ -87,7 +88,7 @@ class Refusing:
 
 class RefusingGateway:
     def __init__(self, error):
-        self.sessions = self.api = Refusing(error)
+        self.sessions = self.api = FakeSessionAPI(default=error)
         self.membership = Refusing(error)
         self.config = None
         self.started = 0.0

@@ -1,14 +1,19 @@
 """Every implementation of the session API has its methods with its
 signatures (issue 23): the node's session service, the router every door
 uses, and the two nodes the router talks to (this machine's in process,
-another member's over the wire), which also implement the node interface.  A method added to one and forgotten in
-another, or an argument renamed, fails here instead of at a door.  The router has the node interface's calls
-about one session too (``thumbnail``, ``open_stream``: a door reaches a session's bytes only through it)."""
+another member's over the wire), which also implement the node interface, and
+the tests' one fake of each interface (tests/harness/fakes.py).  A method
+added to one and forgotten in another, or an argument renamed, fails here
+instead of at a door or in a test that still passes against an old fake.
+The router has the node interface's calls about one session too
+(``thumbnail``, ``open_stream``: a door reaches a session's bytes only
+through it)."""
 
 from __future__ import annotations
 
 import inspect
 
+from twisted.internet import defer
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.wire.remote_node import RemoteNode
@@ -16,9 +21,11 @@ from nxgate.gateway.router import Router
 from nxgate.node.local import LocalNode
 from nxgate.vocabulary.api import NodeAPI, SessionAPI
 from nxgate.node.service import SessionService
+from nxgate.vocabulary.errors import Kind, SessionError
+from tests.harness.fakes import FakeNodeAPI, FakeSessionAPI, UnexpectedCall
 
-IMPLEMENTATIONS = (SessionService, Router, RemoteNode, LocalNode)
-NODES = (RemoteNode, LocalNode)
+IMPLEMENTATIONS = (SessionService, Router, RemoteNode, LocalNode, FakeSessionAPI, FakeNodeAPI)
+NODES = (RemoteNode, LocalNode, FakeNodeAPI)
 #: What the router routes of the node interface beyond the session API (``subscribe`` is its ``observers``).
 ROUTED = ("thumbnail", "open_stream")
 
@@ -80,3 +87,37 @@ class ConformanceTests(SynchronousTestCase):
                     self.assertEqual([shape(p) for p in got.parameters.values()],
                                      [shape(p) for p in expected.parameters.values()],
                                      f"{implementation.__name__}.{name}{got} is not SessionAPI.{name}{expected}")
+
+
+class FakeTests(SynchronousTestCase):
+    """The shared fakes answer what a test says, and refuse what it did not."""
+
+    def call(self, coroutine):
+        return defer.ensureDeferred(coroutine)
+
+    def test_values_errors_and_functions_answer(self):
+        refused = SessionError(Kind.NOT_FOUND, "No such session.")
+        fake = FakeNodeAPI(status="status", show=refused, thumbnail=lambda caller, session_id: session_id.encode())
+        self.assertEqual(self.successResultOf(self.call(fake.status(None))), "status")
+        self.assertIs(self.failureResultOf(self.call(fake.show(None, "S")), SessionError).value, refused)
+        self.assertEqual(self.successResultOf(self.call(fake.thumbnail(None, "S"))), b"S")
+        self.assertEqual(fake.received, [("status", None), ("show", None, "S"), ("thumbnail", None, "S")])
+        self.assertEqual(fake.called("show"), [(None, "S")])
+
+    def test_a_call_the_test_did_not_answer_fails_it(self):
+        self.failureResultOf(self.call(FakeSessionAPI(list=None).suspend(None, "S")), UnexpectedCall)
+        self.assertIsNone(self.successResultOf(self.call(FakeSessionAPI(default=None).suspend(None, "S"))))
+
+    def test_an_answer_for_no_method_and_a_redefined_method_are_refused(self):
+        self.assertRaises(TypeError, FakeSessionAPI, lsit=None)
+        self.assertRaises(TypeError, FakeSessionAPI, thumbnail=b"")  # the node interface's, not the session API's
+        with self.assertRaises(TypeError):
+            type("Drifting", (FakeSessionAPI,), {"start": lambda self, caller: None})
+
+    def test_events_reach_the_subscribers_until_they_stop(self):
+        fake, heard = FakeNodeAPI(), []
+        stop = fake.subscribe(heard.append)
+        fake.publish("event")
+        stop()
+        fake.publish("another")
+        self.assertEqual(heard, ["event"])

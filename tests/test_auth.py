@@ -5,13 +5,13 @@ import pwd
 from twisted.cred.error import UnauthorizedLogin
 from twisted.internet import defer
 from twisted.python.failure import Failure
-from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from nxgate.gateway.auth import pam as auth
 from nxgate.node import pamlib
 from nxgate.gateway.auth.pam import Authenticator, Verdict
 from nxgate.gateway.auth.throttle import Outcome, Throttle
+from tests.harness.clock import FakeReactor
 
 
 def immediate(reactor, pool, function, *args):
@@ -81,7 +81,7 @@ class ShellAndLockTests(SynchronousTestCase):
 
 class AuthenticatorTests(SynchronousTestCase):
     def setUp(self):
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.calls = []
         self.patch(auth.threads, "deferToThreadPool", immediate)
         # "daemon" stands for any existing account; its nologin shell is
@@ -164,7 +164,7 @@ class BurstTests(SynchronousTestCase):
     address; PAM answers only after all of them have arrived."""
 
     def setUp(self):
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.pending = []
         self.patch(auth, "shell_refusal", lambda shell: None)
 
@@ -229,7 +229,7 @@ class AccountLookupOffTheReactorTests(SynchronousTestCase):
     look-up of every login runs in the PAM thread, not on the reactor."""
 
     def setUp(self):
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.queued = []
         self.lookups = []
         real = pwd.getpwnam
@@ -311,7 +311,7 @@ class OneTypoOneFailureTests(SynchronousTestCase):
     """x2goclient tries keyboard-interactive, then password, with the same typo on one connection."""
 
     def setUp(self):
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.patch(auth, "shell_refusal", lambda shell: None)
         self.patch(auth, "account_refusal", lambda username: None)
         self.patch(auth.threads, "deferToThreadPool", immediate)

@@ -8,13 +8,13 @@ import os
 import pwd
 
 from twisted.internet import defer
-from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.gateway.doors.conversation import Conversation
 from nxgate.protocols.nx.server_dialogue import Reply, DialogueSettings
 from nxgate.users import UserDirectory, group_names, resolve_caller
+from tests.harness.clock import FakeReactor
 
 ME = pwd.getpwuid(os.getuid())
 
@@ -67,7 +67,7 @@ class ConversationCallerTests(SynchronousTestCase):
         pending: defer.Deferred = defer.Deferred()
         commands = Commands()
         transport = Transport()
-        conversation = Conversation(MemoryReactorClock(), DialogueSettings("gw"), transport, "192.0.2.1", None,
+        conversation = Conversation(FakeReactor(), DialogueSettings("gw"), transport, "192.0.2.1", None,
                                     commands, preauthenticated_user=ME.pw_name, door="nx-openssh",
                                     blocking=blocking)
         conversation.start()
@@ -84,21 +84,13 @@ class ConversationCallerTests(SynchronousTestCase):
     def test_a_failed_lookup_is_an_internal_error(self):
         commands = Commands()
         transport = Transport()
-        conversation = Conversation(MemoryReactorClock(), DialogueSettings("gw"), transport, "192.0.2.1", None,
+        conversation = Conversation(FakeReactor(), DialogueSettings("gw"), transport, "192.0.2.1", None,
                                     commands, preauthenticated_user="no-such-user-nxgate")
         conversation.start()
         conversation.data_received(b'hello NXCLIENT - Version 3.2.0\nlogin\nlistsession --status="running"\n')
         self.assertEqual(commands.calls, [])
         self.assertIn(b"NX> 500 ERROR: Internal error.", transport.data)
         self.flushLoggedErrors(KeyError)
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
 
 
 class Counting:
@@ -114,18 +106,18 @@ class Counting:
 
 class DirectoryTests(SynchronousTestCase):
     def setUp(self):
-        self.clock = Clock()
+        self.clock = FakeReactor(1000.0)
         self.blocking = Counting()
         self.users = UserDirectory(self.blocking, ttl=60, now=self.clock)
 
     def test_lookups_run_through_blocking_and_are_cached_for_the_ttl(self):
         self.assertEqual(self.successResultOf(self.users.lookup(ME.pw_name)).pw_uid, ME.pw_uid)
         self.assertEqual(self.successResultOf(self.users.by_uid(ME.pw_uid)).pw_name, ME.pw_name)
-        self.clock.now += 59
+        self.clock.advance(59)
         self.successResultOf(self.users.lookup(ME.pw_name))
         self.successResultOf(self.users.by_uid(ME.pw_uid))
         self.assertEqual(self.blocking.calls, [("account", (ME.pw_name,)), ("getpwuid", (ME.pw_uid,))])
-        self.clock.now += 2  # past the 60 seconds: asked again
+        self.clock.advance(2)  # past the 60 seconds: asked again
         self.successResultOf(self.users.lookup(ME.pw_name))
         self.assertEqual(len(self.blocking.calls), 3)
         self.users.forget()

@@ -59,6 +59,8 @@ class ArgvTests(SynchronousTestCase):
         self.assertEqual(argv[argv.index("--") + 1:], ["setpriv", "--reuid=1001", "--regid=1002", "--init-groups",
                                                       "--no-new-privs", "--", "nxagent", ":5"])
 
-    def test_jailed_agents_have_no_abstract_x_socket(self):
-        self.assertEqual(jail.AGENT_OPTIONS, ("-nolisten", "local"))
+    def test_agents_have_no_abstract_x_socket(self):
+        from nxgate.node import displays
+
+        self.assertEqual(displays.AGENT_OPTIONS, ("-nolisten", "local"))
 

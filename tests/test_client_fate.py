@@ -4,12 +4,13 @@ suspend, terminate and take-over are in tests.test_e2e_client.SessionTests)."""
 
 from __future__ import annotations
 
-from twisted.internet import defer, task
+from twisted.internet import defer
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.clients.nx import fate
 from nxgate.clients.nx.fate import fate_words
 from nxgate.protocols.nx.listing import ParsedRow
+from tests.harness.clock import FakeReactor
 
 ID = "0123456789ABCDEF0123456789ABCDEF"
 
@@ -61,7 +62,7 @@ class QuestionTests(SynchronousTestCase):
     """FateQuestion's listings, the take-over check and its limits, on a fake clock."""
 
     def setUp(self):
-        self.clock = task.Clock()
+        self.clock = FakeReactor()
         self.listings: list[FakeListing] = []
         self.answers: list[tuple | None] = []  # rows for each listing in turn; None: never answers
 

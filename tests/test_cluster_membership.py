@@ -10,7 +10,6 @@ from contextlib import redirect_stdout
 from types import SimpleNamespace
 
 from twisted.internet import defer, reactor
-from twisted.internet.task import Clock
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 
 from nxgate.gateway.membership import DOWN_AFTER, Membership, available_memory, load_average, state
@@ -22,6 +21,7 @@ from nxgate.vocabulary.model import Member
 from nxgate.store.errors import StoreUnavailable
 from nxgate.store.factory import open_store, sqlite_store
 from tests.harness import databases
+from tests.harness.clock import FakeReactor
 
 PROC = {"/proc/loadavg": "0.42 0.30 0.20 1/234 5678\n",
         "/proc/meminfo": "MemTotal:  16000000 kB\nMemFree:  100 kB\nMemAvailable:   8000000 kB\n"}
@@ -77,7 +77,7 @@ class MembershipTests(TestCase):
         database = sqlite_store(os.path.abspath(self.mktemp()), None, inline=True)
         self.addCleanup(database.close)
         self.store = Flaky(database)
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.clock.advance(1000)
         self.live = 2
         self.membership = Membership(cluster_config(), self.store, self.clock, lambda: self.live, PROC.__getitem__)
@@ -207,7 +207,7 @@ class PostgreSQLMembershipTests(TestCase):
             self.addCleanup(store.close)
 
     def test_two_members_and_one_going_down(self):
-        clock = Clock()
+        clock = FakeReactor()
         clock.advance(5000)
         a = Membership(cluster_config("node-a"), self.stores[0], clock, lambda: 1, PROC.__getitem__)
         b = Membership(cluster_config("node-b", roles=frozenset({"node"})), self.stores[1], clock, lambda: 3,

@@ -7,7 +7,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from twisted.internet import defer
-from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.gateway.placement import NO_NODE
@@ -20,6 +19,8 @@ from nxgate.vocabulary.model import Member, Session, State
 from nxgate.vocabulary.requests import DisplaySettings, RestoreRequest, ShadowRequest, ShareMount, StartRequest
 from nxgate.vocabulary.results import Listing, Ready, ServiceStatus, SessionView, ShadowTarget
 from nxgate.store.errors import StoreUnavailable
+from tests.harness.fakes import FakeNodeAPI
+from tests.harness.clock import FakeReactor
 
 NOW = 5000.0
 GIB = 1024 ** 3
@@ -68,11 +69,12 @@ class FakeStore:
         return self._answer(True)
 
 
-class FakeNode:
-    """A node's SessionAPI: records calls, answers with the store's row."""
+class FakeNode(FakeNodeAPI):
+    """A node: keeps what the tests compare in ``calls``, answers with the store's row."""
 
     def __init__(self, name, store, unreachable=False):
         self.name, self.store, self.calls, self.unreachable = name, store, [], unreachable
+        super().__init__()
 
     def _check(self):
         if self.unreachable:
@@ -80,19 +82,19 @@ class FakeNode:
             error.unreachable = True
             raise error
 
-    async def start(self, caller, request):
+    async def on_start(self, caller, request):
         self._check()
         self.calls.append(("start", caller.user))
         session = row(f"{len(self.store.rows):032X}", caller.user, self.name, State.WAITING)
         self.store.rows[session.id] = session
         return Ready(SessionView.of(session), "cookie", False, None)
 
-    async def start_for_later(self, caller, session_type, name):
+    async def on_start_for_later(self, caller, session_type, name):
         self._check()
         self.calls.append(("start_for_later", session_type, name))
         return SessionView.of(row("F" * 32, caller.user, self.name, State.WAITING))
 
-    async def restore(self, caller, request):
+    async def on_restore(self, caller, request):
         self.calls.append(("restore", request.session_id))
         return Ready(SessionView.of(self.store.rows[request.session_id]), "cookie", True, None)
 
@@ -100,39 +102,39 @@ class FakeNode:
         self.calls.append((method, session_id) + rest)
         return SessionView.of(self.store.rows[session_id])
 
-    async def suspend(self, caller, session_id):
+    async def on_suspend(self, caller, session_id):
         return await self._about("suspend", caller, session_id)
 
-    async def terminate(self, caller, session_id, reason="user request"):
+    async def on_terminate(self, caller, session_id, reason="user request"):
         return await self._about("terminate", caller, session_id, reason)
 
-    async def rename(self, caller, session_id, name):
+    async def on_rename(self, caller, session_id, name):
         return await self._about("rename", caller, session_id, name)
 
-    async def show(self, caller, session_id):
+    async def on_show(self, caller, session_id):
         return await self._about("show", caller, session_id)
 
-    async def add_mount(self, caller, session_id, mount):
+    async def on_add_mount(self, caller, session_id, mount):
         self.calls.append(("add_mount", session_id, mount.share))
         return True
 
-    async def shadow_targets(self, caller):
+    async def on_shadow_targets(self, caller):
         self._check()
         return (ShadowTarget(f"console-{self.name}", "alice", 0, "console", "unix-console"),)
 
-    async def attach_shadow(self, caller, request, progress=lambda p: None):
+    async def on_attach_shadow(self, caller, request, progress=lambda p: None):
         self.calls.append(("attach_shadow", request.target_id))
         return Ready(SessionView.of(row("S" * 32, caller.user, self.name, State.WAITING)), "cookie", False, None)
 
-    async def status(self, caller):
+    async def on_status(self, caller):
         self.calls.append(("status",))
         return ServiceStatus(False, 0, 0, ())
 
-    async def set_draining(self, caller, on):
+    async def on_set_draining(self, caller, on):
         self.calls.append(("set_draining", on))
         return on
 
-    async def list(self, caller):
+    async def on_list(self, caller):
         """This node's own sessions, as its memory has them (the router asks only the local node)."""
         self.calls.append(("list",))
         mine = [SessionView.of(r) for r in self.store.rows.values()
@@ -142,11 +144,7 @@ class FakeNode:
     def session(self, session_id):
         return None  # the router then reads the store, as for another member's session
 
-    def subscribe(self, observer):
-        self.observer = observer
-        return lambda: None
-
-    async def thumbnail(self, caller, session_id):
+    async def on_thumbnail(self, caller, session_id):
         self.calls.append(("thumbnail", session_id))
         return b"PNG of " + session_id.encode()
 
@@ -164,7 +162,7 @@ def cluster_config(name="node-a", roles=("gateway", "node"), per_user=10):
 
 class RouterTests(SynchronousTestCase):
     def setUp(self):
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.clock.advance(NOW)
         self.store = FakeStore()
         for name in ("node-a", "node-b", "node-c"):
@@ -459,7 +457,9 @@ class NodeSideTests(SynchronousTestCase):
 
         manager = self.manager("node-a")
         self.assertEqual(manager.node_name, "node-a")
-        fresh = manager.new_session(ALICE, "unix-console", "x", DisplaySettings(), True)
+        fresh = self.successResultOf(defer.ensureDeferred(
+            manager.new_session(ALICE, "unix-console", "x", DisplaySettings(), True)))
+        manager.displays.release(fresh.display)
         self.assertEqual((fresh.node, SessionView.of(fresh).node), ("node-a", "node-a"))
         gone = ProcessId(os.getpid(), 1)  # no live process has this start time
         for session_id, node in (("A" * 32, "node-a"), ("B" * 32, "node-b")):
@@ -495,7 +495,11 @@ class NodeSideTests(SynchronousTestCase):
         self.assertEqual(manager.sessions, {})  # nothing here: the local count alone would let her in
         given, released = [], []
         allocate, release = manager.displays.allocate, manager.displays.release
-        manager.displays.allocate = lambda: given.append(allocate()) or given[-1]
+        async def allocating(uid, gid):
+            given.append(await allocate(uid, gid))
+            return given[-1]
+
+        manager.displays.allocate = allocating
         manager.displays.release = lambda display: (released.append(display), release(display))
         error = self.failureResultOf(defer.ensureDeferred(
             manager.start_for_later(ALICE, "unix-console", "third")), SessionError).value
@@ -509,7 +513,7 @@ class RouterOverOneBoxTests(SynchronousTestCase):
     """A single box is a cluster of one: every call goes to this machine's node."""
 
     def setUp(self):
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.store = FakeStore()
         self.node = FakeNode("", self.store)
         self.api = Router(self.clock, lambda: Config(), self.node, self.store)
@@ -537,7 +541,7 @@ class RouterOverOneBoxTests(SynchronousTestCase):
     def test_the_nodes_events_reach_every_observer_even_after_one_fails(self):
         heard = []
         self.api.observers.extend([lambda event: 1 / 0, heard.append])
-        self.node.observer(SimpleNamespace(view=SimpleNamespace(id="X")))
+        self.node.publish(SimpleNamespace(view=SimpleNamespace(id="X")))
         self.assertEqual([event.view.id for event in heard], ["X"])
         self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from twisted.internet import protocol
 from twisted.internet.address import IPv4Address, UNIXAddress
-from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.trial.unittest import TestCase
@@ -14,6 +14,7 @@ from twisted.trial.unittest import TestCase
 from nxgate.gateway.doors.guard import DoorGuard
 from nxgate.wire.guarded import authenticated
 from nxgate.gateway.doors.preauth import Limits
+from tests.harness.clock import FakeReactor
 
 
 class Door(protocol.Factory):
@@ -46,7 +47,7 @@ def peer(host: str = "192.0.2.1") -> IPv4Address:
 
 class GuardTests(TestCase):
     def setUp(self) -> None:
-        self.reactor = MemoryReactorClock()
+        self.reactor = FakeReactor()
         self.files = 20
         self.guard = DoorGuard(self.reactor, Limits(grace=30, per_address=2, penalty_grace=0, penalty_noauth=0),
                                count_files=lambda: self.files, file_limit=1024, chance=lambda: 0.99)

@@ -9,18 +9,11 @@ from twisted.trial.unittest import TestCase
 from nxgate import config as configuration
 from nxgate.config import parse_max_startups, parse_networks
 from nxgate.gateway.doors.preauth import DISPLACE_IDLE, MAX_SOURCES, Ending, Limits, PreauthTable, Refusal
+from tests.harness.clock import FakeReactor
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def table(chance: float = 0.99, **limits: object) -> tuple[PreauthTable, Clock]:
-    clock = Clock()
+def table(chance: float = 0.99, **limits: object) -> tuple[PreauthTable, FakeReactor]:
+    clock = FakeReactor(1000.0)
     return PreauthTable(Limits(**limits), clock, lambda: chance), clock  # type: ignore[arg-type]
 
 
@@ -94,12 +87,12 @@ class DoorTests(TestCase):
 
     def test_a_newcomer_at_a_full_door_displaces_the_heaviest_addresss_most_idle_connection(self) -> None:
         displaced: list[tuple[object, str, object]] = []
-        clock = Clock()
+        clock = FakeReactor(1000.0)
         preauth = PreauthTable(Limits(per_address=10, start=20, rate=30, full=20), clock, lambda: 0.0,
                                lambda *gone: displaced.append(gone))
         self.flood(preauth, "SSH", 2, 9)
         self.flood(preauth, "SSH", 1, 2, first=3)  # 20: full
-        clock.now += 1
+        clock.advance(1)
         preauth.active("SSH-10.0.0.1-0")  # it spoke: no longer the most idle of its address
         self.assertIsNone(preauth.admit("192.0.2.1", door="SSH", connection="login"))
         self.assertEqual(displaced, [("SSH-10.0.0.1-1", "10.0.0.1", None)])
@@ -122,15 +115,15 @@ class DoorTests(TestCase):
         takes the place of one silent for DISPLACE_IDLE seconds, never of
         one that is busy logging in."""
         displaced: list[object] = []
-        clock = Clock()
+        clock = FakeReactor(1000.0)
         preauth = PreauthTable(Limits(per_address=10, start=10, rate=30, full=10), clock, lambda: 0.0,
                                lambda connection, source, block: displaced.append(connection))
         self.flood(preauth, "SSH", 9, 1)
         preauth.admit("192.0.2.1", door="SSH", connection="login")
         self.assertEqual(preauth.admit("10.0.1.1", door="SSH", connection="x"), Refusal.FULL)
-        clock.now += DISPLACE_IDLE - 1
+        clock.advance(DISPLACE_IDLE - 1)
         preauth.active("login")
-        clock.now += 1
+        clock.advance(1)
         self.assertIsNone(preauth.admit("10.0.1.1", door="SSH", connection="x"))
         self.assertEqual(len(displaced), 1)
         self.assertNotEqual(displaced[0], "login")
@@ -143,7 +136,7 @@ class DoorTests(TestCase):
 
     def test_a_displaced_connection_costs_its_address_a_penalty(self) -> None:
         blocks: list[object] = []
-        clock = Clock()
+        clock = FakeReactor(1000.0)
         preauth = PreauthTable(Limits(per_address=10, start=10, rate=30, full=10, penalty_noauth=5, penalty_min=15),
                                clock, lambda: 0.0, lambda connection, source, block: blocks.append(block))
         self.flood(preauth, "SSH", 1, 10)
@@ -168,7 +161,7 @@ class TrustTests(TestCase):
         preauth.trust("192.0.2.5", 100)
         self.assertEqual([preauth.admit("192.0.2.5") for _ in range(5)], [None] * 5)  # a burst of streams
         self.assertIsNone(preauth.ended("192.0.2.5", Ending.NOAUTH))  # no penalty either
-        clock.now += 101
+        clock.advance(101)
         self.assertEqual(preauth.admit("192.0.2.5"), Refusal.PER_ADDRESS)
 
 
@@ -185,7 +178,7 @@ class PenaltyTests(TestCase):
         self.assertIsNone(preauth.admit("192.0.2.2"))
         self.assertIsNone(preauth.admit("192.0.2.1", penalties=False))  # the portal does not look at penalties
         preauth.ended("192.0.2.1", Ending.UNPENALIZED)
-        clock.now += 15
+        clock.advance(15)
         self.assertIsNone(preauth.admit("192.0.2.1"))
         self.assertEqual(preauth.penalized(), 0)
 
@@ -194,7 +187,7 @@ class PenaltyTests(TestCase):
         for _ in range(100):  # one failure a second never adds up
             preauth.admit("192.0.2.1")
             self.assertIsNone(preauth.ended("192.0.2.1", Ending.NOAUTH))
-            clock.now += 1
+            clock.advance(1)
 
     def test_deadline_closures_cost_more_and_repeated_blocks_grow_to_the_maximum(self) -> None:
         preauth, clock = table(per_address=100, penalty_grace=10, penalty_min=15, penalty_max=100)
@@ -205,9 +198,9 @@ class PenaltyTests(TestCase):
             preauth.ended("192.0.2.1", Ending.DEADLINE)
             block = preauth.ended("192.0.2.1", Ending.DEADLINE)
             lengths.append(block.seconds)
-            clock.now += block.seconds
+            clock.advance(block.seconds)
         self.assertEqual(lengths, [20, 40, 80, 100, 100])
-        clock.now += 101  # a block's memory lasts penalty_max seconds
+        clock.advance(101)  # a block's memory lasts penalty_max seconds
         for _ in range(2):
             preauth.admit("192.0.2.1")
         preauth.ended("192.0.2.1", Ending.DEADLINE)
@@ -239,12 +232,12 @@ class LogTests(TestCase):
             self.assertIsNone(preauth.note("192.0.2.1", "per_address"))
         self.assertEqual(preauth.note("192.0.2.2", "full"), {"full": 1})  # another address has its own minute
         preauth.note("192.0.2.1", "penalty")
-        clock.now += 30
+        clock.advance(30)
         self.assertEqual(preauth.flush_log(), [])
-        clock.now += 30
+        clock.advance(30)
         self.assertEqual(preauth.flush_log(), [("192.0.2.1", {"per_address": 500, "penalty": 1})])
         self.assertEqual(preauth.note("192.0.2.1", "deadline"), None)  # its minute began at the flush
-        clock.now += 60
+        clock.advance(60)
         self.assertEqual(preauth.note("192.0.2.1", "deadline"), {"deadline": 2})
 
 
@@ -255,7 +248,7 @@ class BoundTests(TestCase):
             address = f"10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}"
             preauth.admit(address)
             preauth.ended(address, Ending.NOAUTH)
-        clock.now += 5
+        clock.advance(5)
         preauth.admit("192.0.2.1")
         self.assertLessEqual(len(preauth.sources), MAX_SOURCES)
         self.assertEqual(preauth.total, 1)

@@ -502,8 +502,12 @@ class DoorPolicyTests(TestCase):
               f"/{1000 * percentile(before, .99):.1f} ms, during {1000 * percentile(during, .5):.1f}"
               f"/{1000 * percentile(during, .9):.1f}/{1000 * percentile(during, .99):.1f} ms ({len(during)} loads)")
         self.assertEqual({call["error"] for call in calls}, {"org.nxgate.Error.InvalidRequest"})
-        self.assertLess(gateway_share, 0.050)
-        self.assertLess(max(answers), 1.0)  # was 1.7-4.3 s each, on the reactor
+        # Bounds relative to what this machine does meanwhile (the bus daemon's own time for the same
+        # message, the page before), so that a loaded machine moves them too; never tighter than on a
+        # quiet one (50 ms, 1 s, 100 ms).  Reading the name on the reactor took 1.7-4.3 s each.
+        floor_seconds = percentile(floor, 0.5)
+        self.assertLess(gateway_share, max(0.050, floor_seconds))
+        self.assertLess(max(answers), max(1.0, 10 * max(floor)))
         self.assertGreaterEqual(len(during), 20)
-        self.assertLess(percentile(during, 0.99), 0.100)
+        self.assertLess(percentile(during, 0.99), max(0.100, 20 * percentile(before, 0.99)))
         self.assertIn("D-Bus: refused a ", self.gateway.log())

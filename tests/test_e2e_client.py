@@ -8,6 +8,7 @@ in for the user's screen and check its pixels.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -301,7 +302,8 @@ class SessionTests(ClientScreenTestCase):
 
     def end_all_sessions(self):
         for pid in agent_processes(self.user.name):
-            os.kill(pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):  # an agent that ended since it was listed
+                os.kill(pid, signal.SIGTERM)
         wait_for(lambda: not agent_processes(self.user.name), 20, "the agents to end")
 
     def attach(self, *args: str, geometry: bool = True) -> subprocess.Popen[str]:

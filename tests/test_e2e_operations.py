@@ -23,6 +23,9 @@ class OperationsTests(SessionTestCase):
         "auth": {"throttle_per_address": "0", "throttle_per_account": "3", "throttle_window": "60",
                  "throttle_block": "20", "failed_login_delay": "0.1"},
         "metrics": {"listen": "tcp:0:interface=127.0.0.1"},
+        # Displays of its own: the status it reads twice lists what others hold in its range, and other
+        # modules' sessions (make test runs modules side by side) would come and go in a shared one.
+        "sessions": {"display_base": "2100", "display_limit": "40"},
     }
 
     def admin(self, *args: str, user: str | None = None, check: bool = True) -> subprocess.CompletedProcess:

@@ -219,7 +219,7 @@ class FileReserveTests(FloodCase):
         self.assert_dbus_start()
         self.assert_relay_flows(typed)
         status = self.admin_status()
-        self.assertRegex(status["open_files"], r"^\d+ of 1024 \(the doors keep 128 free; users' files stop at 768\)$")
+        self.assertRegex(status["open_files"], r"^\d+ of 1024 \(the doors keep 128 free; the files of logged-in users stop at 768\)$")
         self.assertIn("near its open file limit", self.gateway.log())
         self.assertNotIn("EMFILE", self.gateway.log())
         self.assertNotIn("Too many open files", self.gateway.log())

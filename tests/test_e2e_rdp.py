@@ -71,7 +71,7 @@ class RdpyTests(RDPTestCase):
         started = time.monotonic()
         _, reply, _ = self.start_windows("gone")
         self.assertIn(b"NX> 596 Error: Cannot connect to the remote desktop gone: ", reply)
-        self.assertLess(time.monotonic() - started, 15)
+        self.assertLess(time.monotonic() - started, 60)  # a deadline: refused at once, not after a hung connect
 
 
 class FreeRDPTests(RDPTestCase):

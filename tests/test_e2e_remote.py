@@ -105,7 +105,7 @@ class VNCTests(VNCSessionTestCase):
         started = time.monotonic()
         _, reply = self.start_remote("127.0.0.1::1")
         self.assertIn(b"NX> 596 Error: Cannot connect to the remote desktop 127.0.0.1:1:", reply)
-        self.assertLess(time.monotonic() - started, 20)
+        self.assertLess(time.monotonic() - started, 60)  # a deadline: refused at once, not after a hung connect
         self.assertEqual(agent_processes(self.user.name), [])
 
     def test_target_by_name(self):

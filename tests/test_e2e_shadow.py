@@ -153,7 +153,7 @@ class ConsentTests(ShadowTestCase):
 class ConsoleTests(ShadowTestCase):
     """An Xvfb run by a user stands in for the machine's console."""
 
-    CONSOLE = 690
+    CONSOLE = 4690  # outside every range of displays the other modules' gateways and client screens use
     options = {"shadow": {"admin_groups": ADMINS, "console_display": f":{CONSOLE}", "consent_timeout": "8"}}
 
     def setUp(self):
@@ -201,7 +201,7 @@ class ShadowPictureTests(InSession, ShadowTestCase):
     user) showing a test card; the viewer's screen has a window manager,
     as a user's desktop has."""
 
-    CONSOLE = 692
+    CONSOLE = 4692  # outside every range of displays the other modules' gateways and client screens use
     options = {"shadow": {"admin_groups": ADMINS, "console_display": f":{CONSOLE}", "consent_timeout": "8"}}
 
     def start_console(self, width: int, height: int) -> Pattern:

@@ -30,7 +30,7 @@ from twisted.trial.unittest import SkipTest
 from nxgate.clients.nx.sharing import LocalShares
 from nxgate.protocols.nx import client_commands as commands
 from tests.harness.gateway import Gateway
-from tests.harness.process import wait_for
+from tests.harness.process import descendants, wait_for
 from tests.harness.samba import open_blocking
 from tests.harness.users import create_user
 from tests.harness.ssh import Attachment, NXClient, SessionInfo
@@ -286,6 +286,21 @@ class SharingSwitchedOffTests(SharingTestCase):
         self.assertFalse(os.path.lexists(os.path.join(self.user.home, "MyShares", SHARE)))
 
 
+def client_share_set_up(case, set_up) -> str:
+    """For tests of ``nxgate-client --share``: FUSE that users may use, the
+    case's ``set_up`` run, and a fresh folder to share (removed at cleanup)."""
+    if not os.path.exists("/dev/fuse") or shutil.which("smbnetfs") is None:
+        raise SkipTest("no /dev/fuse or smbnetfs here")
+    set_up()
+    mode = os.stat("/dev/fuse").st_mode & 0o777
+    if mode & 0o006 != 0o006:
+        os.chmod("/dev/fuse", 0o666)
+        case.addCleanup(os.chmod, "/dev/fuse", mode)
+    folder = tempfile.mkdtemp(prefix="nxgate-share-")
+    case.addCleanup(shutil.rmtree, folder, True)
+    return folder
+
+
 class ClientSharingTests(ClientScreenTestCase):
     """``nxgate-client --share`` against the real gateway: its own private
     Samba, its addmount, and the folder gone with the client."""
@@ -294,15 +309,7 @@ class ClientSharingTests(ClientScreenTestCase):
                "types": CLIENT_TYPES}
 
     def setUp(self):
-        if not os.path.exists("/dev/fuse") or shutil.which("smbnetfs") is None:
-            raise SkipTest("no /dev/fuse or smbnetfs here")
-        super().setUp()
-        mode = os.stat("/dev/fuse").st_mode & 0o777
-        if mode & 0o006 != 0o006:
-            os.chmod("/dev/fuse", 0o666)
-            self.addCleanup(os.chmod, "/dev/fuse", mode)
-        self.folder = tempfile.mkdtemp(prefix="nxgate-share-")
-        self.addCleanup(shutil.rmtree, self.folder, True)
+        self.folder = client_share_set_up(self, super().setUp)
 
     def test_the_shared_folder_appears_in_the_session_and_goes_with_the_client(self):
         with open(os.path.join(self.folder, "hello.txt"), "w") as handle:
@@ -320,8 +327,9 @@ class ClientSharingTests(ClientScreenTestCase):
         self.assertEqual(wrote.returncode, 0, wrote.stderr)
         with open(os.path.join(self.folder, "back.txt"), "rb") as handle:
             self.assertEqual(handle.read(), b"from the session\n")
-        smbd = subprocess.run(["pgrep", "-f", "smbd --foreground --no-process-group -s /tmp/nxgate-client-"],
-                              capture_output=True, text=True).stdout.split()
+        private_smbd = "smbd --foreground --no-process-group -s /tmp/nxgate-client-"
+        found = subprocess.run(["pgrep", "-f", private_smbd], capture_output=True, text=True).stdout.split()
+        smbd = [pid for pid in found if int(pid) in descendants(client.pid)]  # this client's, not another test's
         self.assertTrue(smbd, "the client's private smbd")
         client.send_signal(signal.SIGTERM)
         _code, output = self.finished(client)

@@ -15,6 +15,7 @@ user gets nothing by any URL or WebSocket.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -222,7 +223,8 @@ class WebViewerBase(client_tests.ClientTestCase):
 
     def end_all_sessions(self) -> None:
         for pid in client_tests.agent_processes(self.user.name):
-            os.kill(pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):  # it ended between the listing and now
+                os.kill(pid, signal.SIGTERM)
         wait_for(lambda: not client_tests.agent_processes(self.user.name), 20, "the agents to end")
 
     def attach(self, *args: str) -> Any:

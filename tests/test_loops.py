@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from twisted.application.internet import TimerService
 from twisted.internet import defer
-from twisted.internet.task import Clock
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.loops import SteadyLoop, steady
+from tests.harness.clock import FakeReactor
 
 
 class Boom(Exception):
@@ -69,7 +69,7 @@ class SteadyLoopTests(SynchronousTestCase):
         return [e for e in self.events if e.get("log_namespace") == "nxgate.loops" and "log_failure" in e]
 
     def check_goes_on(self, style):
-        clock, runs = Clock(), Runs(style, {2, 3})
+        clock, runs = FakeReactor(), Runs(style, {2, 3})
         loop = SteadyLoop(runs, clock, "the test loop")
         loop.start(5, now=True)
         for _ in range(4):
@@ -92,7 +92,7 @@ class SteadyLoopTests(SynchronousTestCase):
 
     def test_a_timer_service_with_a_steady_call_goes_on(self):
         """What a bare TimerService does with the same call: it stops for good."""
-        clock = Clock()
+        clock = FakeReactor()
         bare, safe = Runs("raise", {1}), Runs("raise", {1})
         services = [TimerService(1, bare), TimerService(1, steady(safe, "the safe timer"))]
         for timer in services:

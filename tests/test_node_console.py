@@ -81,15 +81,15 @@ class LockFileTests(SynchronousTestCase):
         os.mkfifo(self.lock)
         self.assertIsNone(finishes(self, console.find_console, f":{self.DISPLAY}"))
 
-    def test_a_fifo_as_lock_makes_the_display_taken_without_blocking(self) -> None:
+    def test_a_fifo_as_lock_is_read_as_no_file_without_blocking(self) -> None:
         os.mkfifo(self.lock)
-        self.assertEqual(finishes(self, displays._lock_holder, self.DISPLAY), 0)
+        self.assertEqual(finishes(self, displays.read_lock, self.lock), displays.LockFile(False, os.getuid()))
 
     def test_lock_holder(self) -> None:
-        self.assertIsNone(displays._lock_holder(self.DISPLAY))
+        self.assertIsNone(displays.read_lock(self.lock))
         with open(self.lock, "w") as handle:
             handle.write(f"{os.getpid():10d}\n")
-        self.assertEqual(displays._lock_holder(self.DISPLAY), os.getpid())
+        self.assertEqual(displays.read_lock(self.lock), displays.LockFile(True, os.getuid(), os.getpid(), True))
         self.assertEqual(console._server_pid(self.DISPLAY), os.getpid())
 
     def test_no_console_configured_or_running(self) -> None:

@@ -6,12 +6,12 @@ import os
 import shutil
 import tempfile
 
-from twisted.internet.task import Clock
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate import threads
 from nxgate.node import follow
+from tests.harness.clock import FakeReactor
 
 
 class FakeNotifier:
@@ -33,7 +33,7 @@ class FollowTests(SynchronousTestCase):
         self.path = os.path.join(directory, "agent.log")
         open(self.path, "wb").close()
         self.notifier = FakeNotifier()
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.lines: list[str] = []
         self.events: list[dict] = []
         globalLogPublisher.addObserver(self.events.append)

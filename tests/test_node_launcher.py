@@ -11,13 +11,13 @@ import tempfile
 
 from twisted.internet import defer, reactor
 from twisted.internet.error import ProcessDone, ProcessTerminated
-from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 
 from nxgate.node import launcher as launcher_module
 from nxgate.node.launcher import Launcher
 from nxgate.node.processes import LaunchError
+from tests.harness.clock import FakeReactor
 from tests.harness.users import NEED_ROOT, is_root
 
 
@@ -44,7 +44,9 @@ class FakeProcess:
         self.protocol.processEnded(Failure(reason))
 
 
-class FakeProcessReactor(Clock):
+class FakeProcessReactor(FakeReactor):
+    """The test reactor that also spawns (fake) processes."""
+
     def __init__(self) -> None:
         super().__init__()
         self.processes: list[FakeProcess] = []
@@ -221,6 +223,38 @@ class RealLauncherTests(TestCase):
         self.assertEqual(await spare.ended, 0)
         self.assertEqual(spare.errors + spare.output, b"")
 
+
+    async def check_the_program_keeps_the_abstract_name_handed_over(self, spare: bool) -> None:
+        """A display's abstract X name, bound by the gateway, reaches the
+        program as its fd 3 (a spare's too, over its hand-over socket): the
+        program holds the name, and nothing else of ours reaches it."""
+        import socket
+
+        if spare:
+            await self.spare_ready()
+        name = f"\0/tmp/.X11-unix/X{6900 + os.getpid() % 90}-nxgate-test"
+        holder = socket.socket(socket.AF_UNIX)
+        holder.bind(name)
+        out = os.path.join(self.directory, "out")
+        code = await self.launcher.run({
+            "user": "root", "abstract_holder": holder.fileno(),
+            "argv": ["python3", "-c", "import os, socket; fds = ' '.join(sorted(os.listdir('/proc/self/fd'))); "
+                     f"s = socket.socket(fileno=3); open({out!r}, 'w').write(repr(s.getsockname()) + ' ' + fds)"],
+            "log": os.path.join(self.directory, "log"), "env": {"PATH": "/usr/bin:/bin"}, "cwd": self.directory,
+        }, 20)
+        holder.close()
+        self.assertEqual(code, 0)
+        with open(out) as handle:
+            bound, fds = handle.read().split(" ", 1)
+        self.assertEqual(bound, repr(name.encode()))
+        self.assertEqual(fds.split(), ["0", "1", "2", "3", "4"])  # 4: listdir's own
+
+    async def test_a_fresh_launcher_hands_the_program_the_abstract_name(self) -> None:
+        self.launcher = Launcher(reactor, spares=0)
+        await self.check_the_program_keeps_the_abstract_name_handed_over(spare=False)
+
+    async def test_a_spare_hands_the_program_the_abstract_name(self) -> None:
+        await self.check_the_program_keeps_the_abstract_name_handed_over(spare=True)
 
 def defer_sleep(seconds: float) -> defer.Deferred[None]:
     from twisted.internet.task import deferLater

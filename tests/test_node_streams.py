@@ -16,7 +16,6 @@ import os
 import socket
 
 from twisted.internet import defer
-from twisted.test.proto_helpers import MemoryReactorClock
 from twisted.trial.unittest import TestCase
 
 from nxgate.config import Config, SessionsSection
@@ -32,6 +31,7 @@ from nxgate.vocabulary.streams import AGENT, VIEW, StreamKind
 from tests.harness.stores import inline_store
 from tests.test_sessions_manager import (ME, READY, TERMINATED, FakeLauncher, FakeNotifier, caller,
                                          short_state_dir)
+from tests.harness.clock import FakeReactor
 
 
 class SameAccounts:
@@ -43,7 +43,7 @@ class SameAccounts:
 
 class OpenStreamTests(TestCase):
     def setUp(self) -> None:
-        self.reactor = MemoryReactorClock()
+        self.reactor = FakeReactor()
         layout = files.StateLayout(short_state_dir(self))
         layout.prepare()
         sessions = SessionsSection(display_base=3140, display_limit=20, connect_timeout=30, agent_start_timeout=5)

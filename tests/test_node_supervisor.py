@@ -9,7 +9,6 @@ import subprocess
 import time
 
 from twisted.internet import defer
-from twisted.test.proto_helpers import MemoryReactorClock
 from twisted.trial.unittest import TestCase
 
 from nxgate.config import Config, SessionsSection
@@ -19,11 +18,12 @@ from nxgate.node import files, processes
 from nxgate.vocabulary.model import Session, State
 from nxgate.node.processes import ProcessId
 from tests.test_sessions_manager import ME, FakeLauncher, FakeNotifier, short_state_dir
+from tests.harness.clock import FakeReactor
 
 
 class SupervisorTests(TestCase):
     def setUp(self):
-        self.reactor = MemoryReactorClock()
+        self.reactor = FakeReactor()
         self.layout = files.StateLayout(short_state_dir(self))
         self.layout.prepare()
         self.signals = []
@@ -116,7 +116,7 @@ class WatchdogTests(TestCase):
     and the agent sleeps out a 5-second select (see end_watchdog)."""
 
     def setUp(self):
-        self.reactor = MemoryReactorClock()
+        self.reactor = FakeReactor()
         self.layout = files.StateLayout(short_state_dir(self))
         self.layout.prepare()
         self.signals = []

@@ -19,6 +19,7 @@ from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.requests import DisplaySettings, StartRequest
 from nxgate.vocabulary.results import Listing, Progress, Ready, SessionView, ShadowTarget, StreamTarget
+from tests.harness.fakes import FakeSessionAPI
 
 ID = "0123456789ABCDEF0123456789ABCDEF"
 LAST = "NX> 500 ERROR: Last operation failed."
@@ -143,48 +144,22 @@ SITES = [
 ]
 
 
-class FakeService:
-    """A SessionAPI that answers what the test sets, or raises it."""
+def answering(answer) -> FakeSessionAPI:
+    """The session API answering ``answer`` (or raising it) to every call;
+    a shadow's attach tells the caller the owner is asked first."""
 
-    def __init__(self, answer=None):
-        self.answer = answer
-        self.calls = []
-
-    async def _reply(self, name, *args):
-        self.calls.append((name, *args))
-        if isinstance(self.answer, Exception):
-            raise self.answer
-        return self.answer
-
-    async def start(self, caller, request):
-        return await self._reply("start", caller, request)
-
-    async def restore(self, caller, request):
-        return await self._reply("restore", caller, request)
-
-    async def attach_shadow(self, caller, request, progress=lambda p: None):
+    def attach_shadow(caller, request, progress):
         progress(Progress.ASKING_OWNER)
-        return await self._reply("attach_shadow", caller, request)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
-    async def suspend(self, caller, session_id):
-        return await self._reply("suspend", caller, session_id)
-
-    async def terminate(self, caller, session_id):
-        return await self._reply("terminate", caller, session_id)
-
-    async def list(self, caller):
-        return await self._reply("list", caller)
-
-    async def show(self, caller, session_id):
-        return await self._reply("show", caller, session_id)
-
-    async def shadow_targets(self, caller):
-        return await self._reply("shadow_targets", caller)
+    return FakeSessionAPI(default=answer, attach_shadow=attach_shadow)
 
 
 class DispatchTests(SynchronousTestCase):
     def run_command(self, answer, command, params="", progress=None):
-        service = FakeService(answer)
+        service = answering(answer)
         d = defer.ensureDeferred(NXDispatcher(service).execute(
             CALLER, command, parse_params(params), progress or (lambda line: None)))
         return service, d
@@ -215,8 +190,8 @@ class DispatchTests(SynchronousTestCase):
         self.assertIn("NX> 707 SSL tunneling: 0", reply.lines)
         self.assertIn("NX> 1009 Session status: resuming", reply.lines)
         self.assertIsNone(reply.relay)
-        self.assertEqual(service.calls[0][2].session_id, ID)
-        self.assertFalse(service.calls[0][2].encrypted)
+        self.assertEqual(service.received[0][2].session_id, ID)
+        self.assertFalse(service.received[0][2].encrypted)
 
     def test_suspend_and_terminate(self):
         _, d = self.run_command(view(state=State.SUSPENDED), "suspend", f'--sessionid="{ID}"')
@@ -259,7 +234,7 @@ class DispatchTests(SynchronousTestCase):
     def test_parse_errors_and_unknown_commands_stay_nx(self):
         service, d = self.run_command(None, "startsession", "")
         self.assertEqual(self.failureResultOf(d, NXError).value.lines(), ["NX> 500 Error: Session type missing.", LAST])
-        self.assertEqual(service.calls, [])
+        self.assertEqual(service.received, [])
         _, d = self.run_command(None, "restoresession", '--id="nope"')
         self.assertEqual(self.failureResultOf(d, NXError).value.code, 597)
         _, d = self.run_command(None, "addkey")
@@ -270,6 +245,6 @@ class DispatchTests(SynchronousTestCase):
         service, d = self.run_command(SessionError(Kind.REMOTE_FAILED, "x"), "startsession",
                                       '--type="vnc" --agent_server="lab" --agent_password="s3cret"')
         self.failureResultOf(d, NXError)
-        request = service.calls[0][2]
+        request = service.received[0][2]
         self.assertEqual((request.remote.server, request.remote.password), ("lab", "s3cret"))
         self.assertNotIn("s3cret", repr(request))

@@ -3,16 +3,16 @@
 import json
 import os
 
-from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.audit import AuditLog, audit_record
 from nxgate.gateway.auth.throttle import Outcome, Throttle
+from tests.harness.clock import FakeReactor
 
 
 class ThrottleTests(SynchronousTestCase):
     def setUp(self):
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.throttle = Throttle(self.clock, per_address=3, per_account=5, window=60, block=30)
 
     def test_address_blocked_after_failures_within_the_window(self):
@@ -57,7 +57,7 @@ class InFlightThrottleTests(SynchronousTestCase):
     cannot outrun the count of failures."""
 
     def setUp(self):
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.throttle = Throttle(self.clock, per_address=3, per_account=5, window=60, block=30)
 
     def test_a_burst_is_cut_at_the_limit_while_the_first_attempts_are_pending(self):

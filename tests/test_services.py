@@ -15,6 +15,7 @@ from nxgate.node.extras.ports import endpoints
 from nxgate.protocols.nx import replies
 from nxgate.protocols.nx.params import parse_params
 from nxgate.protocols.nx.requests import restore_request, start_request
+from tests.harness.clock import FakeReactor
 
 # What the clients send on startsession (reference §2.5; the parts that matter here).
 NOMACHINE_3 = ('--session="work" --type="unix-xfce" --cache="16M" --images="64M" --link="lan" --kbtype="pc105/us"'
@@ -181,14 +182,12 @@ class SessionSide(TestCase):
     def setUp(self) -> None:
         import os
 
-        from twisted.test.proto_helpers import MemoryReactorClock
-
         from nxgate.node import files
         from tests.harness.stores import inline_store
         from tests.test_sessions_manager import FakeLauncher, FakeNotifier, short_state_dir
 
         self.os = os
-        self.reactor = MemoryReactorClock()
+        self.reactor = FakeReactor()
         self.layout = files.StateLayout(short_state_dir(self))
         self.layout.prepare()
         self.store = inline_store(self.layout.database)

@@ -1,15 +1,10 @@
-"""Admission limits and display allocation, each alone (no manager)."""
+"""Admission limits alone (no manager); display allocation is tests/test_node_displays.py."""
 
 from __future__ import annotations
-
-import os
-import tempfile
 
 from twisted.trial.unittest import TestCase
 
 from nxgate.config import Config, SessionsSection
-from nxgate.node import displays
-from nxgate.node.displays import DisplayAllocator, NoFreeDisplay
 from nxgate.vocabulary.model import Session, State
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
@@ -50,54 +45,3 @@ class LimitsTests(TestCase):
 
     def test_placement_is_the_local_node(self):
         self.assertEqual(self.limits.node_for(self.alice), self.config.server_name)
-
-
-class DisplayAllocatorTests(TestCase):
-    real_display_available = staticmethod(displays.display_available)
-    real_abstract_x_displays = staticmethod(displays.abstract_x_displays)
-
-    def setUp(self):
-        claims = tempfile.mkdtemp()
-        self.addCleanup(__import__("shutil").rmtree, claims)
-        claim = displays.claim_display
-        self.patch(displays, "claim_display", lambda n, directory=claims: claim(n, directory))
-        for n in range(3300, 3304):
-            self.addCleanup(displays.release_display, n)
-        for n in range(3300, 3310):
-            self.addCleanup(displays.release_display, n)
-        self.patch(displays, "display_available", lambda n, abstract=(): n != 3301)
-        self.patch(displays, "abstract_x_displays", lambda: {})
-        self.held = []
-        self.allocator = DisplayAllocator(lambda: (3300, 4), lambda: self.held)
-
-    def test_skips_held_and_busy_displays_and_runs_out(self):
-        self.held = [3300]
-        self.assertEqual(self.allocator.allocate(), 3302)  # 3301: its X display is in use
-        self.held.append(3302)
-        self.assertEqual(self.allocator.allocate(), 3303)
-        self.held.append(3303)
-        # 3301 is somebody else's: it does not count against the 4 of the range.
-        self.assertEqual(self.allocator.allocate(), 3304)
-        self.held.append(3304)
-        self.assertRaises(NoFreeDisplay, self.allocator.allocate)
-
-    def test_passing_over_others_displays_is_bounded(self):
-        self.patch(displays, "MAX_FOREIGN", 5)
-        tried = []
-        self.patch(displays, "display_available", lambda n, abstract=(): tried.append(n) and False)
-        self.assertRaises(NoFreeDisplay, self.allocator.allocate)
-        self.assertEqual(tried, list(range(3300, 3305)))
-
-    def test_abstract_x_sockets_are_seen(self):
-        table = os.path.join(tempfile.mkdtemp(), "unix")
-        self.addCleanup(__import__("shutil").rmtree, os.path.dirname(table))
-        with open(table, "w") as handle:
-            handle.write("Num       RefCount Protocol Flags    Type St Inode Path\n"
-                         "0000000000000000: 00000002 00000000 00010000 0001 01 4711 @/tmp/.X11-unix/X3301\n"
-                         "0000000000000000: 00000003 00000000 00000000 0001 03 4712 @/tmp/.X11-unix/X3301\n"
-                         "0000000000000000: 00000002 00000000 00010000 0001 01 4713 /tmp/.X11-unix/X3302\n"
-                         "0000000000000000: 00000002 00000000 00010000 0001 01 4714 @/tmp/.X11-unix/X33x\n"
-                         "0000000000000000: 00000002 00000000 00010000 0001 01 4715\n")
-        self.assertEqual(self.real_abstract_x_displays(table), {3301: {4711, 4712}})
-        self.patch(displays, "display_available", self.real_display_available)
-        self.assertFalse(displays.display_available(3301, {3301: {4711}}))

@@ -17,7 +17,6 @@ import time
 
 from twisted.internet import defer
 from twisted.logger import globalLogPublisher
-from twisted.test.proto_helpers import MemoryReactorClock
 from twisted.trial.unittest import TestCase
 
 from nxgate.config import Config, SessionsSection
@@ -34,6 +33,7 @@ from tests.harness.stores import inline_store
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.results import StreamTarget
+from tests.harness.clock import FakeReactor
 
 ME = pwd.getpwuid(os.getuid()).pw_name
 
@@ -100,7 +100,7 @@ class FakeLauncher:
 
 class ManagerTests(TestCase):
     def setUp(self):
-        self.reactor = MemoryReactorClock()
+        self.reactor = FakeReactor()
         layout = files.StateLayout(short_state_dir(self))
         layout.prepare()
         sessions = SessionsSection(display_base=3100, display_limit=20, max_sessions_per_user=2,
@@ -509,7 +509,7 @@ class ReconcileTests(TestCase):
     """A new gateway takes back what the previous one left running."""
 
     def setUp(self):
-        self.reactor = MemoryReactorClock()
+        self.reactor = FakeReactor()
         self.layout = files.StateLayout(short_state_dir(self))
         self.layout.prepare()
         self.store = inline_store(self.layout.database)
@@ -670,7 +670,9 @@ class LostStoreTests(ReconcileTests):
         reports = [e for e in events if e.get("audit") == "session_orphan"]
         self.assertEqual([(e["id"], e["display"], e["pid"]) for e in reports], [("C" * 32, 3200, process.pid)])
         self.assertFalse(os.path.exists(dead))
-        self.assertNotEqual(manager._allocate_display(), 3200)
+        fresh = self.successResultOf(defer.ensureDeferred(manager._allocate_display(os.getuid(), os.getgid())))
+        self.addCleanup(manager.displays.release, fresh)
+        self.assertNotEqual(fresh, 3200)
         manager.backup()  # the old backup may be the one copy that knows the session: kept
         self.assertFalse(os.path.exists(self.store.backup_path))
         process.kill()

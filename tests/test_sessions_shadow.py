@@ -9,7 +9,6 @@ import shutil
 import tempfile
 
 from twisted.internet import defer
-from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
 from nxgate.config import Config, ShadowSection
@@ -23,6 +22,7 @@ from nxgate.node import console, processes
 from nxgate.node.shadow_sessions import ShadowService, Target
 from nxgate import users
 from nxgate.users import UserDirectory
+from tests.harness.clock import FakeReactor
 
 ME = pwd.getpwuid(os.getuid())
 WATCHED = "A" * 32
@@ -32,7 +32,7 @@ class Manager:
     """What the shadow service reads of the session manager."""
 
     def __init__(self, layout):
-        self.reactor = MemoryReactorClock()
+        self.reactor = FakeReactor()
         self.layout = layout
         self.sessions = {WATCHED: Session(WATCHED, ME.pw_name, ME.pw_uid, ME.pw_gid, "unix-desktop", "desk", 7,
                                           "gw", "c0" * 16, state=State.RUNNING, ever_attached=True)}
@@ -160,6 +160,78 @@ class ShadowServiceTests(SynchronousTestCase):
         self.assertIn("runs in a jail", error.message)
         self.assertIn("was not asked", error.message)
         self.assertEqual(self.manager.runs, [])  # no dialog
+
+
+class NoticeEndTests(SynchronousTestCase):
+    """However the owner's notice ends while the shadow runs, the shadow ends
+    with it; only a shadow that ended first lets its notice go quietly."""
+
+    def setUp(self):
+        root = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, root, True)
+        self.manager = Manager(StateLayout(root))
+        self.shadow = "S" * 32
+        me = ProcessId.of(os.getpid())  # the shadow's "agent": a process that lives
+        self.manager.sessions[self.shadow] = Session(self.shadow, "viewer", ME.pw_uid, ME.pw_gid, "shadow", "s", 8,
+                                                     "gw", "c1" * 16, state=State.RUNNING, agent_pid=me.pid,
+                                                     agent_started=me.started)
+        self.ended = []
+
+        async def terminate_session(session_id, reason):
+            self.ended.append((session_id, reason))
+
+        self.manager.lifecycle = type("Lifecycle", (), {"terminate_session": staticmethod(terminate_session)})
+        self.service = ShadowService(self.manager, Config(), defer.succeed, UserDirectory(
+            lambda function, *args: defer.maybeDeferred(function, *args)))
+        self.target = Target(WATCHED, ME.pw_name, 7, "c0" * 16, "desk", "unix-desktop", "/a", "/var/log/x.log")
+        self.events = []
+        from twisted.logger import globalLogPublisher
+
+        globalLogPublisher.addObserver(self.events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+
+    def show(self, code):
+        self.manager.exit_code = code
+        viewer = Caller("viewer", 1, 1, address="192.0.2.9")
+        self.successResultOf(defer.ensureDeferred(self.service._show_notice(viewer, self.target, "interactive",
+                                                                           self.shadow)))
+        return [e for e in self.events if e.get("log_namespace") == "nxgate.shadow"]
+
+    def test_a_signal_ends_the_shadow_and_the_log_says_why(self):
+        said = self.show(None)
+        self.assertEqual(self.ended, [(self.shadow, "its notice on the watched screen went away")])
+        self.assertIn("closed by a signal, not by its End button", said[-1]["words"])
+        self.assertIn("the shadow is ended with it", said[-1]["words"])
+        self.assertEqual(said[-1]["log_level"].name, "warn")
+
+    def test_a_crash_or_a_false_gone_ends_it_too(self):
+        from nxgate.node import shadow_sessions
+
+        for code in (1, shadow_sessions.NOTICE_GONE):
+            self.ended.clear()
+            self.show(code)
+            self.assertEqual(len(self.ended), 1, code)
+
+    def test_the_end_button_ends_it_as_the_owners_wish(self):
+        said = self.show(0)
+        self.assertEqual(self.ended, [(self.shadow, f"ended by {ME.pw_name}, the watched session's owner")])
+        self.assertEqual(said[-1]["log_level"].name, "info")
+
+    def test_a_notice_that_goes_after_its_shadow_ended_is_quiet(self):
+        from nxgate.node import shadow_sessions
+
+        self.manager.sessions[self.shadow] = self.manager.sessions[self.shadow].evolve(state=State.TERMINATED)
+        self.assertEqual(self.show(shadow_sessions.NOTICE_GONE), [])
+        self.assertEqual(self.ended, [])
+
+    def test_a_notice_that_cannot_start_ends_the_shadow(self):
+        async def broken(request, timeout):
+            raise OSError("the launcher failed")
+
+        self.manager.run = broken
+        said = self.show(None)
+        self.assertEqual(len(self.ended), 1)
+        self.assertIn("could not be shown (the launcher failed)", said[-1]["words"])
 
 
 class ShadowNoticeTests(SynchronousTestCase):

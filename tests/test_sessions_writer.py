@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 
 from twisted.internet import defer
-from twisted.test.proto_helpers import MemoryReactorClock
 from twisted.trial.unittest import TestCase
 
 from nxgate.vocabulary.model import Session, State
 from nxgate.store.errors import STORAGE_FULL, StoreError, StoreUnavailable
 from nxgate.store.factory import sqlite_store
 from nxgate.node.writer import STORE_RETRY_SECONDS, StoreWriter
+from tests.harness.clock import FakeReactor
 
 
 def record(session_id: str, state: State = State.CREATED, **changes) -> Session:
@@ -67,7 +67,7 @@ class LateStore:
 
 class WriterTests(TestCase):
     def setUp(self):
-        self.clock = MemoryReactorClock()
+        self.clock = FakeReactor()
         self.store = LateStore(self.clock)
         self.writer = StoreWriter(self.store, self.clock)
 

@@ -24,6 +24,7 @@ from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.requests import ShareMount
 from nxgate.config import ServicesSection
+from tests.harness.fakes import FakeSessionAPI
 from tests.test_nx_client_dialogue import COOKIE, NXGATE_START_REPLY, PARAMS, SESSION_ID, Server
 from tests.test_services import SessionSide
 from tests.test_sessions_manager import caller
@@ -80,15 +81,9 @@ class ParserTests(SynchronousTestCase):
         self.assertEqual(caught.exception.code, 597)
 
 
-class FakeService:
-    def __init__(self, answer=True, error: SessionError | None = None) -> None:
-        self.answer, self.error, self.calls = answer, error, []
-
-    async def add_mount(self, caller, session_id, mount):
-        self.calls.append((caller, session_id, mount))
-        if self.error is not None:
-            raise self.error
-        return self.answer
+def sharing_api(answer=True) -> FakeSessionAPI:
+    """The session API whose ``add_mount`` answers ``answer`` (or raises it)."""
+    return FakeSessionAPI(add_mount=answer)
 
 
 def run(coroutine):
@@ -100,27 +95,28 @@ class DispatchTests(SynchronousTestCase):
         return self.successResultOf(run(NXDispatcher(service).execute(CALLER, "addmount", params(text))))
 
     def test_a_mount_is_handed_to_the_service_and_answered_as_freenx_did(self):
-        service = FakeService()
+        service = sharing_api()
         reply = self.execute(service)
         self.assertEqual(reply.lines, ("NX> 719 SMB filesystem: running",))
-        self.assertEqual([(c.user, sid, m.share) for c, sid, m in service.calls], [("alice", SESSION_ID, "Documents")])
+        self.assertEqual([(c.user, sid, m.share) for c, sid, m in service.called("add_mount")],
+                         [("alice", SESSION_ID, "Documents")])
 
     def test_sharing_switched_off_is_a_plain_note_not_an_error(self):
-        reply = self.execute(FakeService(answer=False))
+        reply = self.execute(sharing_api(False))
         self.assertEqual(reply.lines, replies.mount_added(False))
         self.assertTrue(reply.lines[0].startswith("NX> 719 SMB filesystem: off"))
 
     def test_someone_elses_session_is_not_found(self):
         error = SessionError(Kind.NOT_YOURS, f"Could not find session {SESSION_ID}.", session_id=SESSION_ID)
-        failure = self.failureResultOf(run(NXDispatcher(FakeService(error=error)).execute(
+        failure = self.failureResultOf(run(NXDispatcher(sharing_api(error)).execute(
             CALLER, "addmount", params(OPENNX))), NXError)
         self.assertEqual(failure.value.lines(), [f"NX> 596 Error: Could not find session {SESSION_ID}.",
                                                  "NX> 500 ERROR: Last operation failed."])
 
     def test_bad_input_never_reaches_the_service(self):
-        service = FakeService()
+        service = sharing_api()
         self.failureResultOf(run(NXDispatcher(service).execute(CALLER, "addmount", params('--share="../x"'))), NXError)
-        self.assertEqual(service.calls, [])
+        self.assertEqual(service.received, [])
 
 
 class ServerBookkeepingTests(SynchronousTestCase):

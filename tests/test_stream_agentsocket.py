@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import socket
 
-from twisted.internet.task import Clock
 from twisted.trial.unittest import SkipTest, TestCase
 
 from nxgate.wire import agentsocket
+from tests.harness.clock import FakeReactor
 
 
 class ConnectTests(TestCase):
@@ -70,7 +70,7 @@ class ConnectSoonTests(TestCase):
         self.dir = self.mktemp()
         os.mkdir(self.dir, 0o700)
         self.path = os.path.join(self.dir, "agent.sock")
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.results = []
         agentsocket.connect_soon(self.clock, self.path, os.getuid(), lambda sock, error: self.results.append((sock, error)))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 
-from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.internet.testing import StringTransport
 from twisted.internet import defer, task, threads
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
@@ -13,6 +13,7 @@ from nxgate.wire.agentsocket import SocketStream
 from nxgate.wire.relay import StreamRelay
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.streams import AGENT
+from tests.harness.clock import FakeReactor
 
 
 class Opener:
@@ -88,7 +89,7 @@ class FlowControlTests(SynchronousTestCase):
         ours, theirs = socket.socketpair(socket.AF_UNIX)
         self.addCleanup(theirs.close)
         self.relay.close()
-        self.opener.answer.callback(SocketStream(MemoryReactorClock(), ours, "S" * 32, AGENT))
+        self.opener.answer.callback(SocketStream(FakeReactor(), ours, "S" * 32, AGENT))
         self.assertEqual(ours.fileno(), -1)  # closed, not adopted
         self.assertEqual(theirs.recv(1), b"")
 

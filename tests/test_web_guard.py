@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet.task import Clock
 from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial.unittest import TestCase
 from twisted.web import resource
@@ -15,6 +14,7 @@ from twisted.web.test.requesthelper import DummyChannel
 from nxgate.gateway.doors.web.guard import DoorRequest, DoorSite, Quota, clean_path
 from nxgate.gateway.doors.web.logins import LoginTable
 from nxgate.gateway.doors.web.site import Deferring, WebAuth
+from tests.harness.clock import FakeReactor
 
 
 class Boom(resource.Resource):
@@ -33,7 +33,7 @@ class LaterBoom(Deferring):
 
 class GuardTests(TestCase):
     def setUp(self) -> None:
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.auth = WebAuth(LoginTable(900, self.clock.seconds), tls=True)
         root = resource.Resource()
         root.putChild(b"boom", Boom())
@@ -99,7 +99,7 @@ class PureTests(TestCase):
         self.assertFalse(clean_path(b"/%ff"))
 
     def test_quota(self) -> None:
-        clock = Clock()
+        clock = FakeReactor()
         quota = Quota(clock.seconds, 60)
         self.assertEqual(quota.take(), 0)
         self.assertIsNone(quota.take())
@@ -122,7 +122,7 @@ class ListenTests(TestCase):
 
     def test_unknown_ssl_option_refused(self) -> None:
         from nxgate.gateway.doors.web import tls
-        error = self.assertRaises(tls.WebConfigError, tls.listening_endpoint, Clock(),
+        error = self.assertRaises(tls.WebConfigError, tls.listening_endpoint, FakeReactor(),
                                   "ssl:4443:privateKey=/k.pem:sslmethod=TLSv1_METHOD")
         self.assertIn("sslmethod", str(error))
 

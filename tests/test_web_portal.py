@@ -14,7 +14,6 @@ import tempfile
 from typing import Any
 
 from twisted.internet import defer
-from twisted.internet.task import Clock
 from twisted.trial.unittest import TestCase
 from twisted.web.resource import getChildForRequest
 from twisted.web.test.requesthelper import DummyRequest
@@ -29,11 +28,13 @@ from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.results import Listing, ServiceStatus, SessionView, ShadowTarget
 from nxgate.vocabulary.model import State
+from tests.harness.fakes import FakeSessionAPI
+from tests.harness.clock import FakeReactor
 
 
 class LoginTableTests(TestCase):
     def setUp(self) -> None:
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.table = LoginTable(60, self.clock.seconds)
 
     def test_cookie_and_csrf_are_random_and_distinct(self) -> None:
@@ -161,8 +162,9 @@ def view(session_id: str, user: str, state: State = State.SUSPENDED) -> SessionV
                        attached_before=True, agent_pid=1, failure="")
 
 
-class FakeService:
-    """The session API's owner checks, over a dict."""
+class OwnedSessions:
+    """The answers of the session API's owner checks, over a dict (the
+    site is given ``FakeSessionAPI.over`` it)."""
 
     def __init__(self) -> None:
         self.sessions = {"S1ALICE": view("S1ALICE", "alice"), "S2BOB": view("S2BOB", "bob", State.RUNNING)}
@@ -249,8 +251,8 @@ class Request(DummyRequest):
 
 class SiteTests(TestCase):
     def setUp(self) -> None:
-        self.clock = Clock()
-        self.service = FakeService()
+        self.clock = FakeReactor()
+        self.service = OwnedSessions()
         self.drawn: list[str] = []
         self.settings = WebSection(listen="ssl:0", admin_groups=("wheel",), idle_timeout=300, thumbnail_ttl=3)
 
@@ -261,7 +263,7 @@ class SiteTests(TestCase):
             self.drawn.append(v.id)
             return b"\x89PNG-" + v.id.encode()
 
-        self.site, self.auth = web_site(reactor=self.clock, service=self.service, authenticator=FakeAuthenticator(),
+        self.site, self.auth = web_site(reactor=self.clock, service=FakeSessionAPI.over(self.service), authenticator=FakeAuthenticator(),
                                         resolve=resolve, thumbnailer=thumbnailer, settings=lambda: self.settings,
                                         types=lambda: ["unix-console", "unix-xfce"])
 

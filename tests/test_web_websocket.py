@@ -10,12 +10,12 @@ import struct
 from twisted.internet import defer
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SkipTest, TestCase
-from twisted.internet.task import Clock
 from twisted.web.test.requesthelper import DummyRequest
 
 from nxgate.protocols import websocket as ws
 from nxgate.gateway.doors.web.viewer import login_key, same_origin
 from nxgate.node import browser_viewer as bv
+from tests.harness.clock import FakeReactor
 
 MASK = b"\x37\xfa\x21\x3d"
 
@@ -153,7 +153,7 @@ class BridgeRefusalTests(TestCase):
 
         from nxgate.gateway.doors.web.viewer import ViewerBridge
 
-        clock = Clock()
+        clock = FakeReactor()
         parent = SimpleNamespace(reactor=clock, bridges=set(), viewers=None, service=None)
         connection = ws.WebSocketConnection(clock)
         transport = StringTransport()
@@ -174,7 +174,7 @@ class BridgeRefusalTests(TestCase):
 
 class ConnectionTests(TestCase):
     def setUp(self) -> None:
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.handler = Handler()
         self.connection = ws.WebSocketConnection(self.clock, self.handler)
         self.transport = StringTransport()
@@ -212,7 +212,7 @@ class ConnectionTests(TestCase):
 
 class TicketTests(TestCase):
     def setUp(self) -> None:
-        self.clock = Clock()
+        self.clock = FakeReactor()
         self.tickets = ws.Tickets(self.clock.seconds)
 
     def issue(self, user: str = "alice") -> str:
@@ -294,7 +294,7 @@ class LimitTests(TestCase):
             raise SkipTest("viewer directories are given to their user: needs root")
         root = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, root, True)
-        viewers = bv.BrowserViewers(Clock(), None, os.path.join(root, "viewers"), root, bv.ViewerLimits(2, 3))
+        viewers = bv.BrowserViewers(FakeReactor(), None, os.path.join(root, "viewers"), root, bv.ViewerLimits(2, 3))
 
         def open_one(user):
             return self.successResultOf(defer.ensureDeferred(viewers.open(user, 800, 600)))
@@ -362,12 +362,17 @@ class LiveViewerTests(TestCase):
         self.assertIn("-once", argv)
         self.assertIn("-timeout", argv)
         self.assertNotIn("-xrandr", argv)
+        # Polls an unchanged screen every 10 ms, every 3 ms right after the page's input; X DAMAGE kept.
+        self.assertEqual(argv[argv.index("-wait") + 1], "10")
+        self.assertEqual(argv[argv.index("-wait_ui") + 1], "3.33")
+        self.assertNotIn("-noxdamage", argv)
+        self.assertEqual(bv.x11vnc_argv("x11vnc", 3100, "/v/vnc.sock").count("-wait_ui"), 1)
 
     def test_a_resume_or_the_end_of_the_session_ends_its_live_viewers_only(self) -> None:
         from nxgate.vocabulary.model import State
         from nxgate.vocabulary.results import SessionEvent
 
-        viewers = bv.BrowserViewers(Clock(), None, "/nonexistent", "/nonexistent")
+        viewers = bv.BrowserViewers(FakeReactor(), None, "/nonexistent", "/nonexistent")
         ended: list[tuple[str, str]] = []
 
         def live(viewer_id: str, session_id: str) -> bv.BrowserViewer:

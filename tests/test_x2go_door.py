@@ -17,6 +17,7 @@ from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.model import State
 from nxgate.vocabulary.results import DesktopEntry, Listing, Ready, SessionView, StreamTarget
+from tests.harness.fakes import FakeSessionAPI
 
 FACTS = shell.Facts("alice", "/home/alice", "srv1")
 UUID = "d0dc54c4-f0c8-11f1-82e7-02fc00000001"
@@ -266,7 +267,10 @@ class NameTests(TestCase):
         self.assertIn("x2goserver: ", names.version_output("0.1"))
 
 
-class FakeAPI:
+class Sessions:
+    """The session API's answers over a list of views (the door is given
+    ``FakeSessionAPI.over`` them); ``calls`` keeps what changed something."""
+
     def __init__(self, views, limit=False):
         self.views = views
         self.limit = limit
@@ -311,7 +315,7 @@ class _Log:
     warn = info
 
 
-def run(raw: bytes, api, user="alice") -> commands.Outcome:
+def run(raw: bytes, sessions: Sessions, user="alice") -> commands.Outcome:
     facts = shell.Facts(user, f"/home/{user}", "srv1")
     program = shell.read_exec(raw, facts)
     calls = verbs.check_program(program, facts)
@@ -319,7 +323,7 @@ def run(raw: bytes, api, user="alice") -> commands.Outcome:
     async def locate(name):
         return None
 
-    context = commands.Context(api=api, caller=Caller(user=user, uid=1000, gid=1000), facts=facts, secret=b"k" * 32,
+    context = commands.Context(api=FakeSessionAPI.over(sessions), caller=Caller(user=user, uid=1000, gid=1000), facts=facts, secret=b"k" * 32,
                                links=commands.Links(), version="0.1", now=lambda: 1733339400.0, locate=locate,
                                log=_Log())
     return asyncio.run(commands.run(program, calls, context))
@@ -327,7 +331,7 @@ def run(raw: bytes, api, user="alice") -> commands.Outcome:
 
 class CommandTests(TestCase):
     def test_start_answers_seven_lines_and_leaves_a_link(self):
-        api = FakeAPI([])
+        api = Sessions([])
         out = run(python_x2go("X2GO_XINERAMA=false x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_24 null "
                               "auto 1 D XFCE both"), api)
         lines = out.stdout.splitlines()
@@ -337,7 +341,7 @@ class CommandTests(TestCase):
         self.assertEqual(api.calls[0][1].type, "unix-xfce")
 
     def test_a_command_with_blanks_shifts_the_arguments_and_is_put_back_together(self):
-        api = FakeAPI([])
+        api = Sessions([])
         run(python_x2go("X2GO_XINERAMA=false x2gostartagent 1024x768 lan 16m-jpeg-9 unix-kde-depth_24 null auto 1 R "
                         "xterm -bg magenta -geometry 100x30+0+0 both"), api)
         request = api.calls[0][1]
@@ -346,14 +350,14 @@ class CommandTests(TestCase):
 
     def test_the_limit_is_x2gostartagents_exit_9(self):
         out = run(python_x2go("x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_24 null auto 1 R TERMINAL both"),
-                  FakeAPI([], limit=True))
+                  Sessions([], limit=True))
         self.assertEqual(out.status, 9)
         self.assertTrue(out.stderr.startswith("LIMIT "))
 
     def test_another_users_session_is_not_found_by_any_verb(self):
         theirs = view(user="bob")
         name = names.session_name(theirs)
-        api = FakeAPI([theirs])
+        api = Sessions([theirs])
         for command in (f"x2gosuspend-session {name}", f"x2goterminate-session {name}", f"x2gocmdexitmessage {name}",
                         f"x2goresume-session {name} 800x600 lan 16m-jpeg-9 us pc105/us 1 both false",
                         f"setsid x2goruncommand 1003 1 {name} 1 xterm none R 1>/dev/null 2>/dev/null & exit"):
@@ -363,7 +367,7 @@ class CommandTests(TestCase):
         self.assertNotIn(name, run(python_x2go("x2golistsessions"), api).stdout)
 
     def test_sharing_a_desktop_one_may_not_share_is_access_denied(self):
-        api = FakeAPI([view(user="bob")])
+        api = Sessions([view(user="bob")])
 
         async def no_targets(caller):
             return ()
@@ -378,7 +382,7 @@ class CommandTests(TestCase):
 
     def test_resume_asks_for_the_listed_cookie(self):
         mine = view(state=State.SUSPENDED)
-        api = FakeAPI([mine])
+        api = Sessions([mine])
         listed = run(python_x2go("x2golistsessions"), api).stdout.splitlines()[1].split("|")
         out = run(python_x2go(f"x2goresume-session {listed[1]} 1024x768 lan 16m-jpeg-9 us pc105/us 1 both false"), api)
         self.assertEqual(out.stdout.splitlines()[1], f"gr_port={listed[8]}")
@@ -448,7 +452,7 @@ class BoundsTests(TestCase):
 
         for geometry, refused in (("99999x99999", True), ("63x600", True), ("16385x600", True), ("800x600", False),
                                   ("16384x16384", False)):
-            api = FakeAPI([])
+            api = Sessions([])
             out = run(x2goclient(f"X2GO_XINERAMA=no x2gostartagent {geometry} lan 16m-jpeg-9 unix-kde-depth_24 us "
                                  "auto 0 D XFCE both"), api)
             try:
@@ -464,7 +468,7 @@ class BoundsTests(TestCase):
 
     def test_a_depth_the_nx_door_refuses_is_refused(self):
         out = run(python_x2go("x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_12 null auto 1 D XFCE both"),
-                  FakeAPI([]))
+                  Sessions([]))
         self.assertIn("a colour depth of 12: depth must be 8, 15, 16, 24 or 32", out.stderr)
 
 
@@ -472,7 +476,7 @@ class PublishedApplicationTests(TestCase):
     """x2goclient's and python-x2go's published-applications mode: a type P session, x2gogetapps, Exec lines."""
 
     def test_a_type_p_session_is_a_rootless_agent_without_a_program(self):
-        api = FakeAPI([])
+        api = Sessions([])
         out = run(python_x2go("X2GO_XINERAMA=false x2gostartagent 800x600 lan 16m-jpeg-9 unix-kde-depth_24 null auto 1 P "
                               "PUBLISHED both"), api)
         request = api.calls[0][1]
@@ -482,15 +486,15 @@ class PublishedApplicationTests(TestCase):
 
     def test_x2gogetapps_asks_the_machine_of_the_published_session(self):
         published = view(session_type="unix-published", rootless=True, id="CD" * 16)
-        api = FakeAPI([view(), published])
+        api = Sessions([view(), published])
         out = run(python_x2go("which x2gogetapps >/dev/null && x2gogetapps"), api)
         self.assertEqual(api.calls, [("applications", "CD" * 16)])
         self.assertIn("<desktop>\nName=Terminal\n<icon>\nUE5H\n\n</icon>\nExec=xterm %U\n</desktop>\n", out.stdout)
-        self.assertEqual(run(python_x2go("x2gogetapps"), FakeAPI([])).stdout.splitlines()[1:-1], [])
+        self.assertEqual(run(python_x2go("x2gogetapps"), Sessions([])).stdout.splitlines()[1:-1], [])
 
     def test_python_x2gos_exec_line_goes_to_the_named_session(self):
         published = view(session_type="unix-published", rootless=True, id="CD" * 16, display=1004)
-        api = FakeAPI([view(), published])
+        api = Sessions([view(), published])
         name = names.session_name(published)
         run(python_x2go(f"export DISPLAY=:1004 && export X2GO_SESSION={name} && export PULSE_CLIENTCONFIG=/home/alice/"
                         f'.x2go/C-{name}/.pulse-client.conf && setsid xterm -title "Published a b"  1>/dev/null '

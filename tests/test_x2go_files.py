@@ -14,7 +14,6 @@ import tempfile
 
 from twisted.conch.ssh import filetransfer
 from twisted.internet import defer
-from twisted.internet.task import Clock
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
@@ -22,13 +21,14 @@ from nxgate import descriptors, users
 from nxgate.gateway.auth.pam import TEMPORARY_NOTE, AuthResult, Authenticator, Verdict
 from nxgate.gateway.doors.conch.x2go import allowance, files, scp, sftp
 from nxgate.gateway.doors.conch.x2go.pushes import FileDesk, Refused
+from tests.harness.clock import FakeReactor
 from tests.harness.users import NEED_ROOT, create_user, is_root
 from tests.test_nx_server_dialogue import Dialogue, sent
 
 
 class AllowanceTests(SynchronousTestCase):
     def test_handles_per_user_are_capped_and_given_back(self):
-        table = allowance.Allowance(Clock().seconds)
+        table = allowance.Allowance(FakeReactor().seconds)
         taken = sum(table.take_handle("alice") for _ in range(100))
         self.assertEqual(taken, allowance.HANDLES_PER_USER)
         self.assertTrue(table.take_handle("bob"))
@@ -40,7 +40,7 @@ class AllowanceTests(SynchronousTestCase):
         self.assertEqual(len(table), 0)  # nobody holds anything: no entry left
 
     def test_pushes_per_user_are_capped_over_the_window(self):
-        clock = Clock()
+        clock = FakeReactor()
         table = allowance.Allowance(clock.seconds)
         results = [table.take_push("alice", 10) for _ in range(allowance.FILES_PER_WINDOW + 1)]
         self.assertEqual(results[:-1], [None] * allowance.FILES_PER_WINDOW)
@@ -69,12 +69,10 @@ class AllowanceTests(SynchronousTestCase):
 
 class UsersReserveTests(SynchronousTestCase):
     def test_users_files_stop_two_reserves_short_of_the_limit_and_leave_the_doors_theirs(self):
-        from twisted.internet.testing import MemoryReactorClock
-
         from nxgate.gateway.doors.guard import DoorGuard
         from nxgate.gateway.doors.preauth import Limits
 
-        reactor = MemoryReactorClock()
+        reactor = FakeReactor()
         files_open = [700]
         guard = DoorGuard(reactor, Limits(fd_reserve=128), count_files=lambda: files_open[0], file_limit=1024)
         taken = 0
@@ -105,7 +103,7 @@ class SftpServerTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.stored: list[tuple[str, bytes]] = []
         self.room = True
-        self.desk = FileDesk(self.blocking, Clock().seconds, lambda count: self.room)
+        self.desk = FileDesk(self.blocking, FakeReactor().seconds, lambda count: self.room)
         self.owner = files.Owner(1000, 1000, "/home/alice", "alice")
         self.events: list[dict] = []
         globalLogPublisher.addObserver(self.events.append)
@@ -272,7 +270,7 @@ class OutOfFilesTests(SynchronousTestCase):
             raise SkipTest(NEED_ROOT)
         user = create_user()
         self.addCleanup(user.remove)
-        authenticator = Authenticator(Clock(), "login", failed_login_delay=0)
+        authenticator = Authenticator(FakeReactor(), "login", failed_login_delay=0)
         answer = lambda prompts: [user.password] * len(prompts)  # noqa: E731
         self.assertTrue(authenticator._attempt(user.name, answer, "192.0.2.1").granted)  # PAM's modules loaded
         with out_of_files():
@@ -282,7 +280,7 @@ class OutOfFilesTests(SynchronousTestCase):
         self.assertEqual(result.client_note, TEMPORARY_NOTE)
 
     def test_a_wrong_password_with_files_to_spare_is_still_a_denial(self):
-        authenticator = Authenticator(Clock(), "login", failed_login_delay=0,
+        authenticator = Authenticator(FakeReactor(), "login", failed_login_delay=0,
                                       transaction=lambda *args: (7, "Authentication failure"))
         result = authenticator._attempt("nobody", lambda prompts: [], None)
         self.assertEqual((result.verdict, result.temporary, result.client_note), (Verdict.DENIED, False, ""))

@@ -146,14 +146,34 @@ def nxproxy_options(cookie: str, full_id: str, session_name: str, socket_path: s
             f"connect=unix:{socket_path}:{int(agent_display)}")
 
 
+#: How every viewer's x11vnc polls the screen, and what it leaves out at start.
+#:
+#: ``-wait 10 -wait_ui 3.33``: between polls of an unchanged screen x11vnc
+#: sleeps 10 ms, and 3 ms while the page's keys or pointer moved within the
+#: last moments (``-wait_ui`` divides ``-wait`` then), so a key's echo is
+#: drawn as soon as with ``-wait 3`` while a tab showing an idle session
+#: costs about half the CPU (measured on an xterm's screen with a client
+#: asking for updates all along: 1.2-1.5 % of a CPU at ``-wait 3`` against
+#: 0.6-0.8 %).  ``-defer 3``: a change goes out 3 ms after it was seen.
+#: X DAMAGE hints (x11vnc's default) are kept: without them an idle screen
+#: is scanned whole (2 % of a CPU).
+#:
+#: ``-noxrecord -noxinerama -nodpms -nofbpm``: no RECORD-based scroll
+#: detection (copy rectangles save bandwidth a loopback WebSocket does not
+#: need) and no probing for extensions a viewer of one screen does not use:
+#: x11vnc listens 15-25 ms sooner (50 -> 27-36 ms, median of 7 starts each),
+#: time every opening waits.
+POLLING = ["-defer", "3", "-wait", "10", "-wait_ui", "3.33", "-noxrecord", "-noxinerama", "-nodpms", "-nofbpm"]
+
+
 def x11vnc_argv(program: str, display: int, socket_path: str) -> list[str]:
     """x11vnc on the viewer's display, on a Unix socket only, for one client
     (it exits when the browser leaves); the browser's key events mapped
-    with XKB; RandR followed.  Short delays (``-defer 3 -wait 3``) with
-    X DAMAGE hints (x11vnc's default, kept): measured by bench/web_viewer.py
-    against ``-defer 10 -wait 10 -noxdamage``, the echo of a key in the
-    page went from 56/101 to 31/68 ms (p50/p99) and a 60/s full-screen
-    change from 34 to 57 frames/s, for 1.6 % of a CPU while idle (0.8).
+    with XKB; RandR followed.  Its polling: :data:`POLLING` (short delays
+    with X DAMAGE hints: measured by bench/web_viewer.py against ``-defer
+    10 -wait 10 -noxdamage``, the echo of a key in the page went from
+    56/101 to 31/68 ms (p50/p99) and a 60/s full-screen change from 34 to
+    57 frames/s).
 
     ``-skip_keycodes 187,188``: the evdev keymap has "(" and ")" twice, on
     Shift+9/Shift+0 and alone on two multimedia keys (``<I187>``,
@@ -168,7 +188,7 @@ def x11vnc_argv(program: str, display: int, socket_path: str) -> list[str]:
     drew its next change late."""
     return [program, "-display", f":{int(display)}", "-unixsock", socket_path, "-rfbport", "0",
             "-rfbportv6", "0", "-no6", "-noipv6", "-nopw", "-norc", "-once", "-xkb", "-xrandr", "resize", "-shared",
-            "-nevershared", "-skip_keycodes", "187,188", "-defer", "3", "-wait", "3", "-sb", "0", "-nowf", "-quiet"]
+            "-nevershared", "-skip_keycodes", "187,188", *POLLING, "-sb", "0", "-nowf", "-quiet"]
 
 
 #: The viewer display's keyboard: US with AltGr for Latin-1 and the euro sign (see :func:`keymap_argv`).
@@ -198,7 +218,7 @@ def live_x11vnc_argv(program: str, display: int, socket_path: str) -> list[str]:
     size: its RandR changes the root window, never the framebuffer)."""
     return [program, "-display", f":{int(display)}", "-unixsock", socket_path, "-rfbport", "0",
             "-rfbportv6", "0", "-no6", "-noipv6", "-nopw", "-norc", "-once", "-timeout", "20", "-xkb", "-shared",
-            "-nevershared", "-skip_keycodes", "187,188", "-defer", "3", "-wait", "3", "-sb", "0", "-nowf", "-quiet"]
+            "-nevershared", "-skip_keycodes", "187,188", *POLLING, "-sb", "0", "-nowf", "-quiet"]
 
 
 def selection_nudge_argv(program: str) -> list[str]:

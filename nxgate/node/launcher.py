@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 from typing import Any
 
@@ -67,10 +68,19 @@ class _Launch(protocol.ProcessProtocol):
         self.output = b""
         self.errors = b""
         self.gone = False  # the process has ended
+        self.holder: int | None = None  # an fd the program gets (see send)
+        self.handover: socket.socket | None = None  # our end of the launcher's fd 3
         if request is not None:
             self.send(request, limit)
 
     def send(self, request: dict[str, Any], limit: int | None = None) -> None:
+        """``request["abstract_holder"]``: an fd of ours (a display's abstract
+        X name, see :func:`nxgate.node.displays.name_holder`) that the program
+        keeps as fd 3: it goes over the hand-over socket, not into the JSON."""
+        request = dict(request)
+        self.holder = request.pop("abstract_holder", None)
+        if self.holder is not None:
+            request["abstract_holder"] = "handed over"
         self.request = json.dumps(request).encode()
         self.limit = limit
         if request.get("status_fd"):
@@ -84,8 +94,16 @@ class _Launch(protocol.ProcessProtocol):
 
     def _deliver(self) -> None:
         assert self.request is not None
+        if self.holder is not None and self.handover is not None:
+            socket.send_fds(self.handover, [b"x"], [self.holder])  # one byte: it fits, it does not block
+        self.close_handover()
         self.transport.write(self.request)
         self.transport.closeStdin()
+
+    def close_handover(self) -> None:
+        if self.handover is not None:
+            self.handover.close()
+            self.handover = None
 
     def quit(self) -> None:
         """A spare that is not needed: its stdin closes, and it ends."""
@@ -135,6 +153,7 @@ class _Launch(protocol.ProcessProtocol):
 
     def processEnded(self, reason: Any) -> None:
         self.gone = True
+        self.close_handover()
         code = getattr(reason.value, "exitCode", None)
         if self.request is None:  # a spare that was never used
             self.ended.callback(code)
@@ -174,8 +193,16 @@ class Launcher:
         argv = [sys.executable, "-m", "nxgate.node.runas"]
         if launch.request is None:
             argv.append("--spare")  # get ready (libpam too) before the request comes
-        process = self.reactor.spawnProcess(launch, sys.executable, argv, env=env, path="/",
-                                            childFDs={0: "w", 1: "r", 2: "r"})
+        # fd 3: how a descriptor of ours reaches the launcher (SCM_RIGHTS), a spare's too.
+        launch.handover, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            process = self.reactor.spawnProcess(launch, sys.executable, argv, env=env, path="/",
+                                                childFDs={0: "w", 1: "r", 2: "r", 3: theirs.fileno()})
+        except BaseException:
+            launch.close_handover()
+            raise
+        finally:
+            theirs.close()
         if launch.request is None:
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PROCESS, process.pid, SPARE_NICENESS)

@@ -35,13 +35,14 @@ program in a new, empty network namespace, so that an X client reaches
 the display by its *path* socket only (libxcb tries the abstract socket
 ``@/tmp/.X11-unix/XN`` first and then TCP 6000+N, both of which any local
 user can bind); ``pipe_stdout`` leaves the program's stdout on the pipe
-to the caller (after our ``ok`` line) instead of the log.  ``hold_abstract``
-(a display number, with ``as_root``: a jailed agent's bubblewrap) binds
-that display's abstract X socket name without listening and hands the
-socket to the program as fd 3 (bubblewrap passes it on to nxagent, which
-keeps it): the name stays taken for as long as the agent lives, so nobody else can bind it and catch the X clients of the
-session (they get "connection refused" there and use the jail's path
-socket); a name already bound fails the start.  ``args_fd``
+to the caller (after our ``ok`` line) instead of the log.
+``abstract_holder`` says that the gateway handed us, on fd 3 (a socket
+of the launcher, SCM_RIGHTS), its socket on the display's abstract X name
+(bound, never listening; see :mod:`nxgate.node.displays`): the program
+keeps it as fd 3 (a jail's bubblewrap passes it on to nxagent), so the name
+stays taken for as long as the agent lives, and nobody else can bind it and
+catch the X clients of the session (they get "connection refused" there
+and use the path socket).  ``args_fd``
 (``[fd, [arg, ...]]``) gives the program those arguments NUL-separated on
 a pipe at ``fd`` (bubblewrap's ``--args``: out of ``ps``).
 ``{"mode": "close-pam", ...}`` closes a PAM session instead.
@@ -68,6 +69,8 @@ from typing import Any
 from nxgate.node import pamlib
 
 MAX_REQUEST = 1 << 20
+#: Where the gateway hands us a descriptor (nxgate.node.launcher): closed once read.
+HANDOVER_FD = 3
 
 
 def _fail(message: str) -> None:
@@ -93,7 +96,6 @@ CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 PR_SET_NO_NEW_PRIVS = 38
-ABSTRACT_X_SOCKET = "\0/tmp/.X11-unix/X{n}"
 
 
 def _libc() -> ctypes.CDLL:
@@ -111,14 +113,17 @@ def _no_network() -> None:
         _fail(f"cannot make an empty network namespace: {os.strerror(ctypes.get_errno())}")
 
 
-def _hold_abstract(display: int) -> int:
-    """A socket bound (never listening) to display ``N``'s abstract X name."""
-    holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def _handed_over() -> int:
+    """The descriptor the gateway handed us on fd 3 (SCM_RIGHTS)."""
+    handover = socket.socket(fileno=os.dup(HANDOVER_FD))
     try:
-        holder.bind(ABSTRACT_X_SOCKET.format(n=display))
-    except OSError as error:
-        _fail(f"display :{display} is taken: its abstract X socket is bound by another process ({error})")
-    return holder.detach()
+        handover.settimeout(10)
+        _data, fds, _flags, _address = socket.recv_fds(handover, 1, 1)
+    finally:
+        handover.close()
+    if not fds:
+        _fail("the gateway handed over no descriptor")
+    return fds[0]
 
 
 def _join(pid: int, started: int) -> None:
@@ -177,8 +182,7 @@ def execute(request: dict[str, Any]) -> None:
         _join(int(join[0]), int(join[1]))
     if request.get("no_network"):
         _no_network()
-    hold = request.get("hold_abstract")
-    holder = _hold_abstract(int(hold)) if hold is not None and request.get("as_root") else None
+    holder = _handed_over() if request.get("abstract_holder") else None
     argv = [str(arg) for arg in request["argv"]]
     executable = shutil.which(argv[0], path=env.get("PATH", os.defpath))
     if executable is None:

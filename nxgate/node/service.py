@@ -5,7 +5,8 @@ Doors never call it directly: the router reaches it through this machine's
 
 It composes the parts and adds what is about callers: who may see and act
 on a session (the owner check, the admin), admission (limits, then a
-display, then registration, in one reactor turn), and the domain results
+display, searched off the reactor, then the limits again and registration
+in one reactor turn), and the domain results
 doors render (Ready, SessionView, Listing, ServiceStatus).  What a session
 does over its life is the :class:`Lifecycle`'s; its processes are the
 :class:`AgentSupervisor`'s; the clock's work is :class:`Housekeeping`'s;
@@ -14,7 +15,6 @@ the store is written through the :class:`StoreWriter`.
 
 from __future__ import annotations
 
-import pwd
 import secrets
 from collections.abc import Callable
 from typing import Any
@@ -94,7 +94,8 @@ class SessionService(service.Service):
                                           listens=listens)
         self.displays = DisplayAllocator(
             lambda: (self.settings.display_base, self.settings.display_limit),
-            lambda: [s.display for s in self.sessions.values()] + [o.display for o in self.orphans.values()])
+            lambda: [s.display for s in self.sessions.values()] + [o.display for o in self.orphans.values()],
+            blocking)
         #: The reverse listeners of this machine's sessions (nxgate.node.reverse).
         self.reverse = ReverseListeners(reactor, layout.reverse, blocking, lambda sid: self.sessions.get(sid),
                                         lambda word: bool(getattr(self.config.services, REVERSE_SERVICES[word].switch,
@@ -155,8 +156,8 @@ class SessionService(service.Service):
                      " session id and display)", user=caller.user, address=caller.address,
                      ignored=dict(request.ignored))
         launch = await kind_for(self.kinds, request.type).prepare(caller, request)
-        session = self.new_session(caller, request.type, request.name, request.display, request.encrypted,
-                                   rootless=request.rootless and launch.plan.mode == "-R")
+        session = await self.new_session(caller, request.type, request.name, request.display, request.encrypted,
+                                         rootless=request.rootless and launch.plan.mode == "-R")
         options = {**session.options, **launch.options}
         if launch.services:
             options["services"] = self.granted_services(caller, request.services, session)
@@ -195,28 +196,32 @@ class SessionService(service.Service):
         request = StartRequest(type=session_type, name=clean, display=DisplaySettings(), encrypted=True,
                                rootless=False)
         launch = await kind_for(self.kinds, session_type).prepare(caller, request)
-        session = self.new_session(caller, request.type, request.name, request.display, request.encrypted)
+        session = await self.new_session(caller, request.type, request.name, request.display, request.encrypted)
         session = session.evolve(options={**session.options, **launch.options, FOR_LATER: True}, client_address="")
         ready = await self.launch(caller, session, request.display, launch.plan)
         log.info("session {id} of {user} started for a later client", id=ready.view.id, user=caller.user,
                  audit="session_start_for_later")
         return ready.view
 
-    def new_session(self, caller: Caller, session_type: str, name: str, settings: DisplaySettings,
-                    encrypted: bool, rootless: bool = False, run_as: str = "") -> Session:
+    async def new_session(self, caller: Caller, session_type: str, name: str, settings: DisplaySettings,
+                          encrypted: bool, rootless: bool = False, run_as: tuple[int, int] | None = None) -> Session:
         """A session record for ``caller`` with a fresh id, cookie and display
-        (not stored yet).  Its processes run as ``run_as`` (default: the caller,
-        whose uid and gid were resolved at login)."""
+        (not stored yet).  Its processes run as ``run_as`` (uid, gid; default:
+        the caller, whose uid and gid were resolved at login).  The display
+        search runs off the reactor: the limits are checked before it and
+        again after, and the caller registers the session in that same turn."""
         self.limits.check(caller, self.sessions.values())
-        if run_as:
-            owner = pwd.getpwnam(run_as)
-            uid, gid = owner.pw_uid, owner.pw_gid
-        else:
-            uid, gid = caller.uid, caller.gid
+        uid, gid = run_as if run_as is not None else (caller.uid, caller.gid)
+        display = await self._allocate_display(uid, gid)
+        try:
+            self.limits.check(caller, self.sessions.values())  # other starts came in while we searched
+        except SessionError:
+            self.displays.release(display)
+            raise
         now = self.reactor.seconds()
         return Session(
             id=secrets.token_hex(16).upper(), user=caller.user, uid=uid, gid=gid,
-            type=session_type, name=printable(name), display=self._allocate_display(),
+            type=session_type, name=printable(name), display=display,
             server_name=self.config.server_name, cookie=secrets.token_hex(16), created=now, changed=now,
             client_address=printable(caller.address),
             geometry=settings.geometry, depth=settings.depth, render=settings.render,
@@ -426,9 +431,9 @@ class SessionService(service.Service):
     def draining(self, on: bool) -> None:
         self.limits.draining = on
 
-    def _allocate_display(self) -> int:
+    async def _allocate_display(self, uid: int, gid: int) -> int:
         try:
-            return self.displays.allocate()
+            return await self.displays.allocate(uid, gid)
         except NoFreeDisplay:
             raise SessionError(Kind.FAILED_TO_START,
                                "Display limit exceeded: no free display for a new session.") from None

@@ -14,6 +14,11 @@ for it) and exits with :data:`GONE` when that agent has ended.  Exit
 status :data:`END`: the owner pressed "End" (or closed the window); the
 gateway then ends the shadow.  It does not take the keyboard focus: the
 owner keeps typing where she was.
+
+The viewer of an interactive shadow can act as the owner's uid, so he can
+end or hide this program too: the gateway ends the shadow whenever the
+notice ends while the shadow runs, however it ended, and a notice that
+was minimised or unmapped shows itself again at its next check.
 """
 
 from __future__ import annotations
@@ -74,8 +79,11 @@ def main(argv: list[str]) -> int:
     def check() -> None:
         if start_time(pid) != started:
             finish(GONE)
-        else:
-            root.after(CHECK_EVERY_MS, check)
+            return
+        if root.state() != "normal" or not root.winfo_ismapped():  # hidden (xdotool as the owner can): shown again
+            root.deiconify()
+            root.attributes("-topmost", True)
+        root.after(CHECK_EVERY_MS, check)
 
     root.update_idletasks()
     x = max(0, root.winfo_screenwidth() - root.winfo_reqwidth() - 8)

@@ -167,8 +167,9 @@ class ShadowService:
             pam=False,
         )
         settings = await self._shadow_settings(request.display, target)
-        session = self.manager.new_session(caller, "shadow", f"Shadow of {target.name}", settings, True,
-                                           run_as=target.owner)
+        owner = await self.users.lookup(target.owner)  # NSS: off the reactor
+        session = await self.manager.new_session(caller, "shadow", f"Shadow of {target.name}", settings, True,
+                                                 run_as=(owner.pw_uid, owner.pw_gid))
         session = session.evolve(options={"shadow": {"target": target.id, "owner": target.owner, "mode": mode}})
         log.info("shadow attach: {user} from {address} watches {target} of {owner} ({mode}) as session {id}",
                  user=caller.user, address=caller.address, target=target.id, owner=target.owner, mode=mode,
@@ -234,22 +235,37 @@ class ShadowService:
     async def _show_notice(self, viewer: Caller, target: Target, mode: str, shadow_id: str) -> None:
         """While ``shadow_id`` watches ``target``, a notice on the watched screen says who watches
         (as NoMachine does), with a button that ends the shadow.  It runs as the owner, like the
-        consent dialog, and goes by itself when the shadow's agent does."""
+        consent dialog, and goes by itself when the shadow's agent does.
+
+        The notice is the owner's only sight of the shadow, and it runs as her uid, which an
+        interactive shadow lets the viewer use (a ``pkill`` typed in her terminal): so however
+        the notice ends while the shadow still runs (End, a signal, a crash, a failed start),
+        the shadow ends with it (:func:`notice_ended`)."""
         session = self.manager.sessions.get(shadow_id)
         if session is None or not session.agent_pid:
             return
         agent = processes.ProcessId(session.agent_pid, session.agent_started)
-        owner = await self.users.lookup(target.owner)
-        code = await self.manager.launcher.run(self._notice_request(owner, viewer, target, mode, agent),
-                                               NOTICE_LIFETIME)
+        problem = ""
+        try:
+            owner = await self.users.lookup(target.owner)
+            code = await self.manager.launcher.run(self._notice_request(owner, viewer, target, mode, agent),
+                                                   NOTICE_LIFETIME)
+        except Exception as error:  # the notice could not even start: the shadow must not run unseen
+            code, problem = None, str(error) or type(error).__name__
+        current = self.manager.sessions.get(shadow_id)
+        running = current is not None and current.state.live and agent.alive()
+        words = notice_ended(code, running, target, problem)
+        if words is None:
+            return
         if code == NOTICE_END:
-            log.info("shadow session {id}: {owner} ended it from the notice on :{display}", id=shadow_id,
-                     owner=target.owner, display=target.display, audit="shadow_ended_by_owner")
-            await self.manager.lifecycle.terminate_session(shadow_id, f"ended by {target.owner}, the watched "
-                                                           "session's owner")
-        elif code != NOTICE_GONE:
-            log.warn("shadow session {id}: the notice on :{display} ended with code {code} (its output is in "
-                     "{log})", id=shadow_id, display=target.display, code=code, log=target.log)
+            log.info("shadow session {id}: {words}", id=shadow_id, words=words, audit="shadow_ended_by_owner")
+        else:
+            log.warn("shadow session {id} of {viewer} watching {owner}'s :{display}: {words}", id=shadow_id,
+                     viewer=viewer.user, owner=target.owner, display=target.display, words=words,
+                     audit="shadow_notice_gone")
+        await self.manager.lifecycle.terminate_session(
+            shadow_id, f"ended by {target.owner}, the watched session's owner" if code == NOTICE_END
+            else "its notice on the watched screen went away")
 
     def _notice_in_background(self, viewer: Caller, target: Target, mode: str, shadow_id: str) -> None:
         def failed(failure: Any) -> None:
@@ -257,3 +273,25 @@ class ShadowService:
                         display=target.display)
 
         defer.ensureDeferred(self._show_notice(viewer, target, mode, shadow_id)).addErrback(failed)
+
+
+def notice_ended(code: int | None, shadow_running: bool, target: Target, problem: str = "") -> str | None:
+    """What the end of the owner's notice on ``target`` means (pure): None
+    when the shadow ended first (the notice then goes by itself, as it
+    should), else the words for the log; the shadow is then ended.
+    ``code`` is the notice's exit status (None: killed by a signal, or it
+    never started, as ``problem`` then says)."""
+    if code == NOTICE_END:
+        return f"{target.owner} ended it from the notice on :{target.display}"
+    if not shadow_running:
+        return None
+    if problem:
+        why = f"the notice could not be shown ({problem})"
+    elif code is None:
+        why = ("the notice was closed by a signal, not by its End button (anyone with the owner's uid can send "
+               "one, the viewer of an interactive shadow too)")
+    elif code == NOTICE_GONE:
+        why = "the notice went away saying the shadow had ended, which it had not"
+    else:
+        why = f"the notice ended with code {code} (its output is in {target.log})"
+    return f"{why}; the shadow is ended with it: {target.owner} must always see who watches her screen"

@@ -32,7 +32,7 @@ from nxgate.node.agents import jail, nxagent, x11
 from nxgate.node.agents.agentlog import AgentEvent, LogEvent, parse_line
 from nxgate.protocols import channels
 from nxgate.config import Config
-from nxgate.node import cgroups, files, processes
+from nxgate.node import cgroups, displays, files, processes
 from nxgate.node.follow import LogFollower, replay
 from nxgate.node.launcher import Launcher
 from nxgate.vocabulary.model import Session, State, advance
@@ -165,10 +165,9 @@ class AgentSupervisor:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
         follower = LogFollower(self.notifier, agent_files.log, on_line, reactor=self.reactor)
         try:
-            user = await self.blocking(pwd.getpwuid, session.uid)
-            jailed = jail.applies(self.config().jail, session.type, await self.blocking(_group_names, user),
-                                  shadow=plan.mode == "-S")
-            extra = (*self.settings.agent_extra_options, *(jail.AGENT_OPTIONS if jailed else ()))
+            user, jailed = await self._jailed(session, plan)
+            # No abstract X socket of its own: we hold that name for it (nxgate.node.displays).
+            extra = (*self.settings.agent_extra_options, *displays.AGENT_OPTIONS)
             argv = nxagent.agent_argv(self.settings.nxagent, session, agent_files, plan, extra)
             bwrap_options: list[str] = []
             if jailed:
@@ -189,9 +188,9 @@ class AgentSupervisor:
                 # bubblewrap starts as root; setpriv in it becomes the user.
                 "as_root": jailed,
                 "cgroup": await self.limit(session) if jailed else None,
-                # The display's abstract X name, held by the jail while it lives
-                # (the agent does not listen there): see nxgate.node.agents.jail.
-                "hold_abstract": session.display if jailed else None,
+                # Our socket on the display's abstract X name, kept by the agent
+                # as fd 3 while it lives (it does not listen there).
+                "abstract_holder": displays.name_holder(session.display),
                 # bubblewrap's options (the session directory) on a pipe, not in ps.
                 "args_fd": [jail.ARGS_FD, bwrap_options] if jailed else None,
             }
@@ -203,6 +202,12 @@ class AgentSupervisor:
             follower.stop()
             raise
 
+    async def _jailed(self, session: Session, plan: nxagent.AgentPlan) -> tuple[pwd.struct_passwd, bool]:
+        """The session's user, and whether its agent runs in a jail (NSS: off the reactor)."""
+        user = await self.blocking(pwd.getpwuid, session.uid)
+        return user, jail.applies(self.config().jail, session.type, await self.blocking(_group_names, user),
+                                  shadow=plan.mode == "-S")
+
     async def renew(self, session: Session, agent_files: nxagent.AgentFiles, settings: DisplaySettings,
                     plan: nxagent.AgentPlan, on_line: Callable[[str], None]) -> tuple[ProcessId, LogFollower]:
         """A fresh agent for a session started for later whose agent gave up
@@ -210,10 +215,16 @@ class AgentSupervisor:
         :meth:`nxgate.node.lifecycle.Lifecycle._renew_agent`): same
         display, cookie and options, in the same directory.
 
-        The old agent's log is emptied first (it said only that it waited
-        and gave up), so that a gateway restarted later replays the new
-        agent's log alone; its stale socket goes (nxcomp binds a fresh one);
-        its PAM session is closed, as the new agent opens one."""
+        The display stays the session's while no agent runs: we hold its
+        abstract X name all along, and an agent outside a jail (whose lock
+        and socket are in the host's /tmp) finds what another user put there
+        meanwhile taken over for its user.  The old agent's log is emptied
+        first (it said only that it waited and gave up), so that a gateway
+        restarted later replays the new agent's log alone; its stale socket
+        goes (nxcomp binds a fresh one); its PAM session is closed, as the
+        new agent opens one."""
+        if not (await self._jailed(session, plan))[1]:
+            await self.blocking(displays.take_over_for_restart, session.display, session.uid, session.gid)
         await self.blocking(_empty_file, agent_files.log)
         await self.blocking(files.remove_in_dir, agent_files.directory, os.path.basename(agent_files.socket))
         if session.agent_pid and plan.pam:

@@ -136,7 +136,15 @@ class _CoalescingTLS(TLSMemoryBIOProtocol):
 
 
 class _TLSFactory(TLSMemoryBIOFactory):
+    """Twisted's TLS factory with :class:`_CoalescingTLS`; a process that
+    makes one relays member streams, so its ``malloc`` keeps the memory of
+    the streams' buffers (:func:`nxgate.wire.records.keep_freed_memory`)."""
+
     protocol = _CoalescingTLS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        records.keep_freed_memory()
 
 
 def _peer(transport: Any) -> str:

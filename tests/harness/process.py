@@ -38,6 +38,27 @@ def stop(process: subprocess.Popen, grace: float = 5.0) -> int | None:
     return process.returncode
 
 
+def descendants(pid: int) -> set[int]:
+    """The processes below ``pid`` (children, theirs, ...), read from /proc:
+    a test that looks for "the" smbd of its client must not find another
+    test's, which runs beside it (make test runs modules in parallel)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as handle:
+                    # The parent is the second field after the command, which may hold spaces and parentheses.
+                    parents[int(entry)] = int(handle.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
 class Pipe:
     """Reads a child's output without blocking forever."""
 

@@ -19,12 +19,12 @@ import tempfile
 from tests.harness.net import free_port, listening
 from tests.harness.process import Pipe, stop, wait_for
 from tests.harness.viewer import PYTHON, ViewerProcess
-from tests.harness.x11 import ClientScreen, _free_display
+from tests.harness.x11 import ClientScreen, start_x_server
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ORANGE = (255, 128, 0)
 BLUE = (0, 0, 255)
-FIRST_HOST_DISPLAY = 700
+FIRST_HOST_DISPLAY = 6000  # above the gateways' ranges, as the client screens (tests.harness.x11)
 
 
 def hex_colour(colour: tuple[int, int, int]) -> str:
@@ -37,14 +37,14 @@ class TigerScreen(ClientScreen):
     def __init__(self, width: int, height: int, port: int, password_file: str | None, log: str) -> None:
         self.width, self.height = width, height
         self.window_manager = None  # none: a VNC host's desktop is drawn by the test itself
-        self.display = _free_display(FIRST_HOST_DISPLAY + (os.getpid() % 50) * 10)
         security = ["-SecurityTypes", "VncAuth", "-PasswordFile", password_file] if password_file else \
             ["-SecurityTypes", "None"]
         with open(log, "ab") as out:
-            self.process = subprocess.Popen(
-                ["Xtigervnc", f":{self.display}", "-rfbport", str(port), "-localhost", "-AlwaysShared",
-                 "-geometry", f"{width}x{height}", "-depth", "24", "-nolisten", "tcp", "-ac", "-noreset",
-                 *security], stdout=out, stderr=out)
+            self.display, self.process = start_x_server(
+                lambda display: ["Xtigervnc", f":{display}", "-rfbport", str(port), "-localhost", "-AlwaysShared",
+                                 "-geometry", f"{width}x{height}", "-depth", "24", "-nolisten", "tcp", "-ac",
+                                 "-noreset", *security],
+                FIRST_HOST_DISPLAY + (os.getpid() % 50) * 10, stdout=out, stderr=out)
         wait_for(self._ready, 15, f"Xtigervnc :{self.display}")
 
 

@@ -8,11 +8,16 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from tests.harness.process import stop, wait_for
 
-FIRST_CLIENT_DISPLAY = 500
+#: Client screens live above every range the tests' gateways allocate sessions from (500-2800): a gateway
+#: that has claimed a display starts its agent a moment later, and a client screen that took the number
+#: meanwhile would make that session fail ("Server is already active").
+FIRST_CLIENT_DISPLAY = 5000
 
 
 def _free_display(start: int) -> int:
@@ -20,6 +25,44 @@ def _free_display(start: int) -> int:
     while os.path.exists(f"/tmp/.X{display}-lock") or os.path.exists(f"/tmp/.X11-unix/X{display}"):
         display += 1
     return display
+
+
+def start_x_server(argv: Callable[[int], list[str]], first: int, **popen: Any) -> tuple[int, subprocess.Popen]:
+    """An X server on the first display from ``first`` that it can take.
+
+    Looking for a free number and starting a server there is a race with
+    every other test on the machine doing the same (make test runs modules
+    side by side, and gateways start agents): the server's own lock file,
+    which it creates exclusively with its pid in it, says who won.  A
+    server that lost exits or is stopped, and the next number is tried."""
+    display = first
+    for _ in range(50):
+        display = _free_display(display)
+        process = subprocess.Popen(argv(display), **popen)
+        lock = f"/tmp/.X{display}-lock"
+
+        def holder() -> int | None:
+            try:
+                with open(lock) as handle:
+                    return int(handle.read().strip() or 0) or None
+            except (OSError, ValueError):
+                return None
+
+        def settled(process: subprocess.Popen = process) -> str | None:
+            owner = holder()
+            if owner == process.pid:
+                return "ours"
+            if process.poll() is not None or owner is not None:
+                return "taken"
+            return None
+
+        if wait_for(settled, 15, f"an X server to take :{display}") == "ours":
+            return display, process
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        display += 1
+    raise AssertionError(f"no display free from :{first} on")
 
 
 @dataclass
@@ -78,11 +121,10 @@ class ClientScreen:
         # -noreset: an X server resets when its last client leaves and drops
         # connections that arrive meanwhile; a screenshot is often that client.
         self.width, self.height = width, height
-        self.display = _free_display(FIRST_CLIENT_DISPLAY + (os.getpid() % 50) * 10)
-        self.process = subprocess.Popen(
-            ["Xvfb", f":{self.display}", "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp", "-ac", "-noreset"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
+        self.display, self.process = start_x_server(
+            lambda display: ["Xvfb", f":{display}", "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp",
+                             "-ac", "-noreset"],
+            FIRST_CLIENT_DISPLAY + (os.getpid() % 50) * 10, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.window_manager: subprocess.Popen | None = None
         wait_for(self._ready, 15, f"Xvfb :{self.display}")
         if window_manager:

@@ -8,14 +8,13 @@ private ``/tmp``, one ``/proc`` and one System V IPC space (MIT-SHM between
 the X clients and nxagent keeps working).  The network namespace stays the
 host's: unencrypted sessions listen on TCP, and programs need the network.
 X clients on Linux also reach a display through its *abstract* socket,
-which lives in the network namespace: jailed agents run with
-``-nolisten local``, so their display is only reachable through the socket
-in the jail's own ``/tmp/.X11-unix``.  The abstract *name* must still be
-taken, or anyone on the host could bind it and catch the session's X
-clients (libxcb tries it before the path): the launcher binds it without
-listening and hands the socket through bubblewrap (which closes its own
-copies) to nxagent, which keeps it as fd 3 for its lifetime, the session's
-(``hold_abstract`` in :mod:`nxgate.node.runas`).  X clients the gateway
+which lives in the network namespace: every agent runs with ``-nolisten
+local``, so a jailed display is only reachable through the socket in the
+jail's own ``/tmp/.X11-unix``.  The abstract *name* must still be taken,
+or anyone on the host could bind it and catch the session's X clients
+(libxcb tries it before the path): the gateway holds it
+(:mod:`nxgate.node.displays`) and hands its socket through bubblewrap to
+nxagent, which keeps it as fd 3 for its lifetime.  X clients the gateway
 itself runs for a jailed session (thumbnails) join its namespaces; a
 shadow would run on the host, so jailed sessions are not shadowed.
 """
@@ -25,10 +24,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from typing import Protocol
-
-#: nxagent options of a jailed agent: no abstract X socket (see above).
-AGENT_OPTIONS = ("-nolisten", "local")
-
 
 class JailSettings(Protocol):
     enabled: bool
