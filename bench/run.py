@@ -6,12 +6,17 @@ Runs, each as its own process with its own JSON in bench/results/:
 * bench/relay.py     throughput, CPU/GB and latency of the relays (Conch
                      gateway, OpenSSH mode's nxcopy, OpenSSH + nc, socat,
                      splice loop; it uses bench/relay_nxcopy.py's harness);
-* bench/sessions.py  nxgate's session timings with nxgate-client + memory;
+* bench/sessions.py  nxgate's session timings with nxgate-client;
 * bench/new_session.py  new session -> picture with nxgate-client against the
                      floor (nxagent + nxproxy + the program by hand, alternating),
                      where every 50 ms goes, and suspend/terminate with nx-libs'
                      own waits (issue 34);
 * bench/x2go.py      the same for X2Go (installed if missing, as root);
+* bench/memory.py    memory per session as PSS, attached and suspended:
+                     nxgate-client, x2goserver and nxgate's X2Go door with
+                     pyhoca-cli, all measured together (issue 34);
+* bench/agent_memory.py  what each nxagent option, argument, environment
+                     variable and X client costs, one difference at a time;
 * bench/scale.py     growth over 1/10/50/100 suspended sessions, 200 parallel logins, a 10 000-row
                      store, and where the session times go (phases);
 * bench/store_listing.py  the session store's listsession query with 10 000
@@ -69,8 +74,9 @@ REPO = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
 
 # The issue's X2Go figures (reference machine) and the targets.
-X2GO_REFERENCE = {"new_to_picture": 3.51, "suspend": 2.80, "resume_to_picture": 3.03, "terminate": 2.68,
-                  "session_mb": 38.0}
+X2GO_REFERENCE = {"new_to_picture": 3.51, "suspend": 2.80, "resume_to_picture": 3.03, "terminate": 2.68}
+#: The agent variants make bench times (all of them: bench/agent_memory.py alone).
+AGENT_VARIANTS = "baseline,x2go,argv0_x2goagent,x2go_options,program_lang_c,no_compose_cache,glx_off,desktop,x11vnc"
 TIME_TARGETS = [  # key, label, ratio target
     ("new_to_picture", "login -> picture", 0.2),
     ("suspend", "suspend", 0.3),
@@ -155,6 +161,68 @@ def ratio(a, b):
     return None if a is None or b in (None, 0) else a / b
 
 
+def memory_rows(table: Table, memory: dict | None, agents: dict | None) -> None:
+    """Issue 34: memory per session as PSS, nxgate beside x2goserver measured together."""
+    if memory and "labels" in memory:
+        ours = memory["attached"]["nxgate"]
+        table.section(f"memory per session, PSS ({ours['sessions']} sessions per side, all measured together, "
+                      f"LANG={memory['locale']} on every side, load {memory['load_before'][0]:.1f})")
+        if not memory["x2go_measured"]:
+            table.add("X2Go", "not measured", "", note=f"Debian packages {' '.join(memory['x2go_missing'])} missing")
+
+        def mb(row: dict | None, key: str) -> float | None:
+            return None if row is None else row[key] / 1024
+
+        def agent_note(row: dict) -> str:
+            return (f"agent {row['agent_kb']['pss'] / 1024:.2f} (anon {row['agent_kb']['anon'] / 1024:.2f}) + program "
+                    f"{row['program_kb']['pss'] / 1024:.2f}")
+
+        for state in ("attached", "suspended"):
+            here, peer, door, plain = (memory[state].get(key) for key in ("nxgate", "x2go", "door", "x2go_no_lang"))
+            for key, label in (("agent_plus_program_kb", "agent + program"), ("every_process_kb", "every process")):
+                value, other = mb(here, key), mb(peer, key)
+                if key == "agent_plus_program_kb":
+                    note = f"nxgate {agent_note(here)}" + (f"; X2Go {agent_note(peer)}" if peer else "")
+                else:
+                    note = (f"nxgate: user's {mb(here, 'user_processes_kb'):.2f} + gateway {mb(here, 'server_growth_kb'):.2f}"
+                            + ("" if peer is None else f"; X2Go: user's {mb(peer, 'user_processes_kb'):.2f} "
+                               f"(x2goruncommand; attached sshd, sftp-server) + sshd [priv] {mb(peer, 'server_growth_kb'):.2f}"))
+                table.add(f"{label}, {state}", value, "MB", other, "x2goserver, same run" if peer else "",
+                          ratio(value, other), "<= 1.0x" if peer else "(info)",
+                          None if other is None else value <= other, note=note)
+                if plain is not None:
+                    table.add("  vs x2goserver without LANG", value, "MB", mb(plain, key), "x2goserver, no LANG",
+                              ratio(value, mb(plain, key)), "(info)",
+                              note="X2Go's sessions as this machine's PAM leaves them (C locale, no compose table);"
+                                   " nxgate's user's first Xlib program keeps the one it parsed for the cache")
+            if door is not None and peer is not None:
+                value, other = mb(door, "every_process_kb"), mb(peer, "every_process_kb")
+                table.add(f"pyhoca-cli via the door, {state}", value, "MB", other, "x2goserver, same client",
+                          ratio(value, other), "<= 1.0x", value <= other,
+                          note=f"user's processes {mb(door, 'user_processes_kb'):.2f} + gateway growth "
+                               f"{mb(door, 'server_growth_kb'):.2f}; {agent_note(door)}")
+        peer = memory["attached"].get("x2go")
+        if peer:
+            table.add("summed RSS, attached (not a measure)", ours["rss_sum_kb"] / 1024, "MB", peer["rss_sum_kb"] / 1024,
+                      "x2goserver", ratio(ours["rss_sum_kb"], peer["rss_sum_kb"]), "(info)",
+                      note="RSS counts shared libraries once per process: it favours the side with fewer processes")
+    if agents:
+        variants = agents["variants"]
+        base = variants.get("baseline")
+        if not base:
+            return
+        table.section(f"nxagent started by hand, one difference at a time (bench/agent_memory.py, medians of "
+                      f"{agents['runs']}): anonymous + shared memory, attached")
+        for name, entry in variants.items():
+            attached, suspended = entry["attached"], entry["suspended"]
+            value = (attached["anon"] + attached["shmem"]) / 1024
+            peer = (base["attached"]["anon"] + base["attached"]["shmem"]) / 1024
+            table.add(name, value, "MB", peer, "nxgate's agent", ratio(value, peer), "(info)",
+                      note=f"{entry['what']}: {attached['delta_anon_shmem']:+.0f} kB attached, "
+                           f"{suspended['delta_anon_shmem']:+.0f} kB suspended, program "
+                           f"{attached.get('delta_program_anon', 0):+.0f} kB")
+
+
 def store_rows(table: Table, store: dict | None) -> None:
     """Issue 13: the shared store's listsession query, per back end."""
     if not store:
@@ -235,10 +303,6 @@ def cluster_relay_rows(table: Table, cluster: dict | None) -> None:
                   note=f"bye/request -> agent socket accepted, median of {len(there['open']['all_ms'])}")
 
 
-def x2mem_of(x2go: dict | None) -> dict:
-    return (x2go or {}).get("memory") or {}
-
-
 def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, scale: dict | None) -> Table:
     table = Table()
     # ---------------------------------------------------------------- sessions
@@ -269,35 +333,6 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
             ours, peer = door["medians"][key], x2go["medians"][key]
             table.add(f"{label} (pyhoca-cli)", ours, "s", peer, "x2goserver here", ratio(ours, peer), "<= 0.3x",
                       ours <= 0.3 * peer, spread_pct([run[key] for run in door["runs"]]))
-        if door.get("memory") and x2mem_of(x2go):
-            ours, peer = door["memory"]["session_mb"], x2mem_of(x2go)["session_mb"]
-            table.add("memory per session (pyhoca-cli)", ours, "MB", peer, "x2goserver here", ratio(ours, peer),
-                      "<= 1.0x", ours <= peer, note="user's processes + the gateway's growth vs X2Go's without sshd")
-    # ------------------------------------------------------------------ memory
-    table.section("memory per session (attached application sessions, RSS)")
-    memory = (sessions or {}).get("memory") or {}
-    ours = None
-    if memory:
-        ours = memory["session_mb_agent_plus_program"] + max(0.0, memory.get("gateway_mb_per_session", 0.0))
-    x2mem = (x2go or {}).get("memory") or {}
-    if x2go_measured and x2mem:
-        table.add("agent + program (+ gateway share)", ours, "MB", x2mem["session_mb_with_sshd"],
-                  "X2Go here, all procs", ratio(ours, x2mem["session_mb_with_sshd"]), "below X2Go's",
-                  None if ours is None else ours < x2mem["session_mb_with_sshd"],
-                  note=f"X2Go here: agent {x2mem['agent_rss_mb_median']:.1f} MB, agent+program "
-                       f"{x2mem['session_mb_agent_plus_program']:.1f}, + wrapper scripts {x2mem['session_mb']:.1f}, "
-                       f"+ sshd/sftp-server {x2mem['session_mb_with_sshd']:.1f} ({x2mem['sessions']} sessions)")
-        table.add("agent + program only", memory.get("session_mb_agent_plus_program"), "MB",
-                  x2mem["session_mb_agent_plus_program"], "X2Go agent+program", ratio(
-                      memory.get("session_mb_agent_plus_program"), x2mem["session_mb_agent_plus_program"]),
-                  "(like for like)", None if not memory else
-                  memory["session_mb_agent_plus_program"] < x2mem["session_mb_agent_plus_program"],
-                  note=f"rootless like X2Go's: nxagent median {memory.get('agent_rss_mb_median', 0):.1f} MB vs "
-                       f"x2goagent {x2mem['agent_rss_mb_median']:.1f} MB; desktop mode "
-                       f"{memory.get('desktop_agent_rss_mb_median', 0):.1f} MB (its root window)")
-    table.add("agent + program (vs reference)", ours, "MB", X2GO_REFERENCE["session_mb"], "X2Go reference (issue)",
-              ratio(ours, X2GO_REFERENCE["session_mb"]), "below X2Go's",
-              None if ours is None else ours < X2GO_REFERENCE["session_mb"])
     # ------------------------------------------------------------------- relay
     if relay:
         results = {row["relay"]: row for row in relay["results"]}
@@ -404,8 +439,9 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
                       f"{figures['gateway_rss_mb']:.1f}/{figures['gateway_pss_mb']:.1f}", "MB", None, "", None,
                       "(info)", note=f"idle CPU {figures['gateway_idle_cpu_pct']:.2f} %; login + listsession "
                                      f"{figures['login_list_s'] * 1000:.0f} ms (listsession alone "
-                                     f"{figures['list_ms']:.1f} ms); agent {figures['agent_rss_mb_median']:.1f} MB "
-                                     f"RSS, agent+program {figures['session_mb_agent_plus_program']:.1f} MB/session; "
+                                     f"{figures['list_ms']:.1f} ms); agent {figures['agent_pss_mb_median']:.1f} MB "
+                                     f"PSS, the user's processes {figures['session_pss_mb_user_processes']:.1f} MB "
+                                     f"PSS/session (rootless); "
                                      f"{figures['gateway_fds']} fds; load {figures.get('load_1min', 0):.1f}")
         growth = sessions_part.get("per_added_session")
         if growth and sess:
@@ -664,10 +700,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and counts: a smoke run (minutes)")
     parser.add_argument("--runs", type=int, default=5, help="session timing runs (nxgate and X2Go)")
-    parser.add_argument("--sessions", type=int, default=10, help="sessions for the memory figures (both)")
+    parser.add_argument("--sessions", type=int, default=10, help="sessions per side for the memory figures")
     parser.add_argument("--size", default="2G", help="bytes per relay throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="relay throughput runs per row")
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,new_session,x2go,scale,store,cluster,cluster_picture,cluster_relay,sound,web,printing,sharing,x2go_folders,displays,attacks")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,new_session,x2go,memory,agent_memory,scale,store,cluster,cluster_picture,cluster_relay,sound,web,printing,sharing,x2go_folders,attacks,displays")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install bench packages")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway (relay, logins, sessions)")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from bench/results/*.json")
@@ -688,13 +724,17 @@ def main(argv: list[str] | None = None) -> int:
     steps = {
         "relay": [python, os.path.join(HERE, "relay.py"), "--size", size, "--repeat", str(repeat),
                   "--json", os.path.join(RESULTS, "relay.json"), *install, *profile],
-        "sessions": [python, os.path.join(HERE, "sessions.py"), "--runs", str(runs), "--sessions", str(sessions),
+        "sessions": [python, os.path.join(HERE, "sessions.py"), "--runs", str(runs),
                      "--json", os.path.join(RESULTS, "sessions.json")],
         "new_session": [python, os.path.join(HERE, "new_session.py"), "--runs", str(3 if args.quick else 9),
                         "--breakdown", str(1 if args.quick else 5), "--operations", str(1 if args.quick else 3),
                         "--json", os.path.join(RESULTS, "new_session.json")],
-        "x2go": [python, os.path.join(HERE, "x2go.py"), "--runs", str(runs), "--sessions", str(sessions),
+        "x2go": [python, os.path.join(HERE, "x2go.py"), "--runs", str(runs),
                  "--json", os.path.join(RESULTS, "x2go.json"), *install],
+        "memory": [python, os.path.join(HERE, "memory.py"), "--sessions", str(sessions),
+                   "--json", os.path.join(RESULTS, "memory.json"), *install],
+        "agent_memory": [python, os.path.join(HERE, "agent_memory.py"), "--runs", "1" if args.quick else "2",
+                         "--only", AGENT_VARIANTS, "--json", os.path.join(RESULTS, "agent_memory.json")],
         "scale": [python, os.path.join(HERE, "scale.py"), "--only", "sessions,logins,store,phases",
                   "--json", os.path.join(RESULTS, "scale.json"), *scale_args, *profile],
         "store": [python, os.path.join(HERE, "store_listing.py"), "--json", os.path.join(RESULTS, "store.json"),
@@ -739,6 +779,8 @@ def main(argv: list[str] | None = None) -> int:
     sessions_result = load(os.path.join(RESULTS, "sessions.json"))
     new_session = load(os.path.join(RESULTS, "new_session.json"))
     x2go = load(os.path.join(RESULTS, "x2go.json"))
+    memory = load(os.path.join(RESULTS, "memory.json"))
+    agent_memory = load(os.path.join(RESULTS, "agent_memory.json"))
     scale = load(os.path.join(RESULTS, "scale.json"))
     store = load(os.path.join(RESULTS, "store.json"))
     sound = load(os.path.join(RESULTS, "sound.json"))
@@ -753,6 +795,7 @@ def main(argv: list[str] | None = None) -> int:
     x2go_folders = load(os.path.join(RESULTS, "x2go_folders.json"))
     table = build_table(relay, sessions_result, x2go, scale)
     new_session_rows(table, new_session)
+    memory_rows(table, memory, agent_memory)
     store_rows(table, store)
     cluster_rows(table, placement)
     cluster_picture_rows(table, cluster_picture)
@@ -777,7 +820,8 @@ def main(argv: list[str] | None = None) -> int:
         "started": started, "seconds": time.time() - started, "cpus": os.cpu_count(), "kernel": platform.release(),
         "load_before": load_before, "load_after": os.getloadavg(), "quick": args.quick,
         "steps": steps_run, "table": table.rows,
-        "results": {"relay": relay, "sessions": sessions_result, "new_session": new_session, "x2go": x2go, "scale": scale, "store": store,
+        "results": {"relay": relay, "sessions": sessions_result, "new_session": new_session, "x2go": x2go,
+                    "memory": memory, "agent_memory": agent_memory, "scale": scale, "store": store,
                     "displays": display_search,
                     "cluster": placement, "cluster_picture": cluster_picture,
                     "cluster_relay": cluster_relay, "sound": sound, "web_viewer": web, "printing": printing, "sharing": sharing,

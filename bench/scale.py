@@ -7,8 +7,8 @@
    channel, onto one Xvfb), then suspended (the clients go), as a gateway
    holds most of its sessions: at each count the gateway's RSS and PSS, its
    idle CPU, and a new login + ``listsession`` (median); the growth per
-   added session between counts; per session the agent's and the agent +
-   program's RSS.
+   added session between counts; per session (shown rootless, as X2Go's
+   are) the agent's PSS and that of all the user's processes.
 2. ``logins``: 200 full NX logins in parallel (OpenSSH client, nx key, NX
    login with a password checked by PAM, ``listsession``, ``quit``) spread
    over 10 users: failures (must be 0), p50/p99 of the login time (ssh
@@ -47,6 +47,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 sys.path.insert(0, HERE)
 
+import pss  # noqa: E402
 from relay import CLK_TCK, PY_SPY, PySpy, pgrep, print_profile, proc_ticks, rss_kb  # noqa: E402
 
 from tests.harness.gateway import Gateway  # noqa: E402
@@ -58,6 +59,12 @@ from tests.harness.x11 import ClientScreen  # noqa: E402
 START = ('startsession --session="{name}" --type="unix-application" --application="{app}" --geometry="{geometry}" '
          '--screeninfo="{geometry}x24+render" --link="lan" --encryption="1" --cache="16M" --images="64M" '
          '--keyboard="pc105/us" --client="linux" --media="0" --backingstore="1"')
+# The sessions whose memory is measured are shown rootless, as X2Go's application
+# sessions are: a desktop-mode agent keeps a framebuffer of the client's whole screen
+# (nxagent forces full screen without a window manager there), 3.8 MB more per agent
+# (bench/agent_memory.py's "desktop").
+ROOTLESS_START = START + ' --rootless="1"'
+
 
 
 def pct(values: list[float], p: float) -> float:
@@ -182,7 +189,7 @@ def bench_sessions(counts: list[int], parallel: int, lists: int = 7) -> dict:
             started = time.monotonic()
             client, _ = login(gateway.port, user)
             app = f"xterm -geometry 10x2+{(index * 7) % 900}+{(index * 13) % 700}"
-            reply = client.command(START.format(name=f"s{index}", app=app, geometry="320x240"), timeout=180)
+            reply = client.command(ROOTLESS_START.format(name=f"s{index}", app=app, geometry="320x240"), timeout=180)
             if b"NX> 710" not in reply:
                 client.close()
                 raise RuntimeError(f"session {index} did not start: {reply[-300:]!r}")
@@ -207,8 +214,8 @@ def bench_sessions(counts: list[int], parallel: int, lists: int = 7) -> dict:
             wait_for(lambda c=count: suspended(gateway.port, user) >= c, 180, f"{count} suspended sessions",
                      interval=1.0)
             time.sleep(3)
-            agents = [rss_kb(p) for p in pgrep(user.name, "nxagent")]
-            programs = [rss_kb(p) for p in pgrep(user.name, "xterm")]
+            agents = pgrep(user.name, "nxagent")
+            mine = pss.by_name(pss.user_pids(user.entry.pw_uid))
             gateway_kb = rss_kb(pid)
             idle_pct = idle_cpu_pct(pid)
             timed = [login_and_list(gateway.port, user) for _ in range(lists)]
@@ -223,8 +230,8 @@ def bench_sessions(counts: list[int], parallel: int, lists: int = 7) -> dict:
                 "login_list_s": statistics.median(t for t, _, _ in timed),
                 "login_list_all_s": [t for t, _, _ in timed],
                 "list_ms": statistics.median(t for _, t, _ in timed) * 1000,
-                "agent_rss_mb_median": statistics.median(agents) / 1024,
-                "session_mb_agent_plus_program": (sum(agents) + sum(programs)) / 1024 / count,
+                "agent_pss_mb_median": statistics.median(pss.rollup(p)["pss"] for p in agents) / 1024,
+                "session_pss_mb_user_processes": pss.total(mine) / 1024 / count,
                 "gateway_threads": len(os.listdir(f"/proc/{pid}/task")),
                 "gateway_fds": len(os.listdir(f"/proc/{pid}/fd")),
                 "load_1min": os.getloadavg()[0],
@@ -233,7 +240,8 @@ def bench_sessions(counts: list[int], parallel: int, lists: int = 7) -> dict:
             print(f"sessions {count} (suspended): gateway RSS {figures['gateway_rss_mb']:.1f} MB, PSS "
                   f"{figures['gateway_pss_mb']:.1f} MB, idle CPU {idle_pct:.2f}%, login + listsession "
                   f"{figures['login_list_s'] * 1000:.0f} ms (listsession {figures['list_ms']:.1f} ms); agent "
-                  f"{figures['agent_rss_mb_median']:.1f} MB; ramp {ramp:.0f}s; load {figures['load_1min']:.1f}",
+                  f"{figures['agent_pss_mb_median']:.1f} MB PSS, the user's processes "
+                  f"{figures['session_pss_mb_user_processes']:.1f} MB PSS/session; ramp {ramp:.0f}s; load {figures['load_1min']:.1f}",
                   flush=True)
         with_base = {"0": out["base"], **out["counts"]}
         out["per_added_session"] = {

@@ -1,19 +1,17 @@
-"""Session timings and memory, measured like X2Go's peer script measures X2Go.
+"""Session timings, measured like X2Go's peer script measures X2Go.
 
 Runs a real gateway and drives it with nxgate-client onto an Xvfb:
 new session -> picture, suspend (a second client asks), resume -> picture,
 terminate (the answer comes once the agent is gone); medians of N runs.
-Then the memory of the gateway and of each session with M sessions up.
 Needs root (it creates a Unix user).  Prints a table and writes JSON.
+The memory of sessions is bench/memory.py's (PSS, beside x2goserver's).
 
 The sessions are application sessions shown rootless (``--rootless``), as
 X2Go's ``pyhoca-cli -t application`` ones are (x2goagent ``-R``): like for
-like.  A desktop-mode application session (nxgate-client's default) draws
-and keeps its whole root window, ~3.8 MB more per agent; its agent RSS is
-measured too (``--desktop-sessions``, info), and ``--mode desktop`` times
-desktop-mode sessions instead.
+like.  ``--mode desktop`` times desktop-mode sessions (nxgate-client's
+default for an application) instead.
 
-    .venv/bin/python bench/sessions.py [--runs 5] [--sessions 20] [--mode rootless|desktop] [--json FILE]
+    .venv/bin/python bench/sessions.py [--runs 5] [--mode rootless|desktop] [--json FILE]
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from relay import pgrep, rss_kb  # noqa: E402
 from tests.harness.gateway import Gateway  # noqa: E402
 from tests.harness.process import wait_for  # noqa: E402
 from tests.harness.users import create_user  # noqa: E402
@@ -40,11 +37,15 @@ APP = "xterm -bg #ff00ff -fg #ff00ff -geometry 200x60+0+0"
 
 
 class Bench:
-    def __init__(self, sessions: int, rootless: bool = True) -> None:
+    def __init__(self, sessions: int, rootless: bool = True, lang: str | None = None) -> None:
+        """``lang``: [sessions] lang, the sessions' LANG (PAM sets none here)."""
         self.mode = ("--rootless",) if rootless else ()
         self.user = create_user()
-        self.gateway = Gateway({"sessions": {"display_base": "1300", "display_limit": str(sessions + 20),
-                                             "max_sessions_per_user": str(sessions + 10)}}).start()
+        options = {"display_base": "1300", "display_limit": str(sessions + 20),
+                   "max_sessions_per_user": str(sessions + 10)}
+        if lang:
+            options["lang"] = lang
+        self.gateway = Gateway({"sessions": options}).start()
         self.screen = ClientScreen(1024, 768)
         self.env = dict(os.environ, DISPLAY=self.screen.name, NXGATE_PASSWORD=self.user.password,
                         PYTHONPATH=REPO)
@@ -93,41 +94,6 @@ class Bench:
         wait_for(lambda: self.magenta() < 100, 30, "the picture to go")
         return {"new_to_picture": new, "suspend": suspend, "resume_to_picture": resume, "terminate": terminate}
 
-    def memory(self, count: int, mode: tuple[str, ...] = ("--rootless",)) -> dict[str, float]:
-        """Gateway RSS alone and with ``count`` application sessions attached then suspended."""
-        gateway_pid = self.gateway.process.pid
-        before = rss_kb(gateway_pid)
-        clients = []
-        for index in range(count):
-            clients.append(self.client("--type", "unix-application", *mode, "--application",
-                                       f"xterm -geometry 40x10+{index * 3}+0", "--geometry", "800x600",
-                                       wait=False))
-        wait_for(lambda: len(pgrep(self.user.name, "xterm")) == count, 180, f"{count} sessions with their programs")
-        time.sleep(3)
-        with_sessions = rss_kb(gateway_pid)
-        per_session = [rss_kb(pid) for pid in agents(self.user.name)]
-        programs = pgrep(self.user.name, "xterm")
-        program_kb = sum(rss_kb(pid) for pid in programs)
-        for client in clients:
-            client.terminate()
-        for client in clients:
-            client.wait(30)
-            client.stdout.close()
-            client.stderr.close()
-        # The clients went (their sessions are suspended); end the agents so
-        # that a next measurement starts from none.
-        subprocess.run(["pkill", "-TERM", "-u", self.user.name, "-x", "nxagent"], check=False)
-        wait_for(lambda: not agents(self.user.name) and not pgrep(self.user.name, "xterm"), 60,
-                 "the agents and their programs to end")
-        return {
-            "sessions": count,
-            "gateway_rss_mb_idle": before / 1024,
-            "gateway_rss_mb_with_sessions": with_sessions / 1024,
-            "gateway_mb_per_session": (with_sessions - before) / 1024 / count,
-            "agent_rss_mb_median": statistics.median(per_session) / 1024,
-            "session_mb_agent_plus_program": (sum(per_session) + program_kb) / 1024 / count,
-        }
-
     def close(self) -> None:
         subprocess.run(["pkill", "-u", self.user.name], check=False)
         self.screen.close()
@@ -135,43 +101,29 @@ class Bench:
         self.user.remove()
 
 
-def agents(user: str) -> list[int]:
-    return pgrep(user, "nxagent")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--sessions", type=int, default=20)
     parser.add_argument("--mode", choices=("rootless", "desktop"), default="rootless",
                         help="how the timed application sessions are shown (X2Go's are rootless)")
-    parser.add_argument("--desktop-sessions", type=int, default=3,
-                        help="desktop-mode sessions whose agent RSS is measured too (info; 0: none)")
     parser.add_argument("--json", default=os.path.join(REPO, "bench", "results", "sessions.json"))
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench/sessions.py needs root (it creates a Unix user)", file=sys.stderr)
         return 2
-    bench = Bench(args.sessions, rootless=args.mode == "rootless")
+    bench = Bench(1, rootless=args.mode == "rootless")
     try:
         runs = [bench.one_run() for _ in range(args.runs)]
         medians = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
-        memory = bench.memory(args.sessions)
-        if args.desktop_sessions:
-            desktop = bench.memory(args.desktop_sessions, mode=())
-            memory["desktop_agent_rss_mb_median"] = desktop["agent_rss_mb_median"]
-            memory["desktop_session_mb_agent_plus_program"] = desktop["session_mb_agent_plus_program"]
     finally:
         bench.close()
-    result = {"mode": args.mode, "runs": runs, "medians": medians, "memory": memory}
+    result = {"mode": args.mode, "runs": runs, "medians": medians}
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as handle:
         json.dump(result, handle, indent=2)
     print(f"{'measure':<34}{'median':>10}")
     for key, value in medians.items():
         print(f"{key:<34}{value:>9.2f}s")
-    for key, value in memory.items():
-        print(f"{key:<34}{value:>10.1f}")
     print(f"(JSON: {args.json})")
     return 0
 

@@ -13,11 +13,9 @@ authentication and takes screenshots of the client's screen:
   that client is killed again;
 * terminate: how long ``pyhoca-cli -T NAME`` takes.
 
-Medians of --runs (>= 5).  Then the memory of --sessions concurrent
-application sessions (``xterm -geometry 40x10``, as bench/sessions.py starts
-for nxgate), attached: the x2goagent's RSS, agent + program, and everything
-the user runs per session (X2Go's wrapper scripts, sshd and sftp-server of the
-attached client included).
+Medians of --runs (>= 5).  The memory of X2Go's sessions is measured by
+bench/memory.py (PSS, beside nxgate's in the same run), with this module's
+setup of both servers.
 
 The X2Go server runs as a Debian installation does: x2goserver's session
 scripts over sshd, and x2gocleansessions (started here in the foreground, as
@@ -25,15 +23,15 @@ systemd would run it, and stopped at the end).
 
 The same pyhoca-cli then runs against nxgate's X2Go door (the real
 gateway), the runs alternating with X2Go's (``--no-nxgate`` leaves it out):
-its medians, its memory per session (the user's processes and the gateway's
-growth) and the ratios to X2Go's are in the JSON under ``nxgate_x2go_door``.
+its medians and their ratios to X2Go's are in the JSON under
+``nxgate_x2go_door``.
 
 Needs root.  With --install (make bench passes it) the Debian packages
 x2goserver, x2goserver-xsession and pyhoca-cli are installed if missing.  If
 X2Go cannot be installed or run, the reason is reported and the reference
 figures from the issue are used instead, marked "reference, not measured".
 
-    .venv/bin/python bench/x2go.py [--runs 5] [--sessions 10] [--install] [--json FILE]
+    .venv/bin/python bench/x2go.py [--runs 5] [--install] [--json FILE]
 """
 
 from __future__ import annotations
@@ -55,7 +53,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 sys.path.insert(0, HERE)
 
-from relay import PrivateSshd, ensure_packages, rss_kb  # noqa: E402
+from relay import PrivateSshd, ensure_packages  # noqa: E402
 
 from tests.harness.process import stop, wait_for  # noqa: E402
 from tests.harness.users import create_user  # noqa: E402
@@ -65,8 +63,7 @@ PACKAGES = ["x2goserver", "x2goserver-xsession", "pyhoca-cli"]
 MAGENTA = (255, 0, 255)
 APP = "xterm -bg magenta -fg magenta -geometry 200x60+0+0"
 # The figures given in the issue for X2Go on the reference machine.
-REFERENCE = {"new_to_picture": 3.51, "suspend": 2.80, "resume_to_picture": 3.03, "terminate": 2.68,
-             "session_mb": 38.0}
+REFERENCE = {"new_to_picture": 3.51, "suspend": 2.80, "resume_to_picture": 3.03, "terminate": 2.68}
 
 
 def user_processes(user: str) -> list[tuple[int, str]]:
@@ -89,11 +86,12 @@ class X2GoBench:
     def port(self) -> int:
         return self.sshd.port
 
-    def server_growth_kb(self) -> int:
-        """Memory the server side grew by beyond the user's own processes (root-owned)."""
-        return 0
-
-    def __init__(self) -> None:
+    def __init__(self, session_environment: dict[str, str] | None = None, lang: str | None = None) -> None:
+        """``session_environment``: variables X2Go's sshd gives the sessions
+        (``SetEnv``, as pam_env gives /etc/default/locale's LANG on an
+        installed system); ``lang``: nxgate's [sessions] lang (the door)."""
+        self.session_environment = session_environment or {}
+        self.lang = lang
         self.cleanups: list = []
         self.clients: list[subprocess.Popen] = []
         self.user = None
@@ -106,8 +104,9 @@ class X2GoBench:
     def _setup(self) -> None:
         self.user = create_user(prefix="x2b")
         self.cleanups.append(self.user.remove)
+        setenv = "".join(f"SetEnv {key}={value}\n" for key, value in self.session_environment.items())
         self.sshd = PrivateSshd(password_auth=True, max_startups="50:30:100",
-                                extra="Subsystem sftp /usr/lib/openssh/sftp-server\n")
+                                extra=f"Subsystem sftp /usr/lib/openssh/sftp-server\n{setenv}")
         self.cleanups.append(self.sshd.close)
         self.workdir = tempfile.mkdtemp(prefix="nxgate-bench-x2go-")
         self.cleanups.append(lambda: shutil.rmtree(self.workdir, ignore_errors=True))
@@ -212,37 +211,6 @@ class X2GoBench:
               f"terminate {terminate:.2f}s", flush=True)
         return run
 
-    def memory(self, count: int) -> dict[str, float]:
-        """Per-session memory with ``count`` attached application sessions."""
-        clients = []
-        for index in range(count):
-            clients.append(self.cli("-c", f"xterm -geometry 40x10+{index * 3}+0", "-t", "application", "-g", "800x600",
-                                    "-q", "lan", "--sound", "none", log=f"mem{index}.log", wait=False))
-
-            def up(n=index + 1) -> bool:
-                return sum(1 for _, name in user_processes(self.user.name) if name == "xterm") >= n
-
-            wait_for(up, 120, f"X2Go session {index + 1} with its program")
-        time.sleep(3)
-        processes = user_processes(self.user.name)
-        by_name: dict[str, int] = {}
-        for pid, name in processes:
-            by_name[name] = by_name.get(name, 0) + rss_kb(pid)
-        agents = [rss_kb(pid) for pid, name in processes if name == self.agent_name]
-        ssh_side = sum(kb for name, kb in by_name.items() if name in ("sshd", "sftp-server"))
-        everything = sum(by_name.values()) + self.server_growth_kb()
-        result = {
-            "sessions": count,
-            "agent_rss_mb_median": statistics.median(agents) / 1024,
-            "session_mb_agent_plus_program": (sum(agents) + by_name.get("xterm", 0)) / 1024 / count,
-            "session_mb": (everything - ssh_side) / 1024 / count,
-            "session_mb_with_sshd": everything / 1024 / count,
-            "rss_mb_by_process": {name: kb / 1024 for name, kb in sorted(by_name.items())},
-        }
-        for client in clients:
-            self.kill(client)
-        return result
-
     def terminate_all(self) -> None:
         """End every X2Go session of the bench user with X2Go's own scripts."""
         out = subprocess.run(["runuser", "-u", self.user.name, "--", "x2golistsessions"], capture_output=True,
@@ -284,9 +252,9 @@ class NxgateX2GoBench(X2GoBench):
 
         self.user = create_user(prefix="x2n")
         self.cleanups.append(self.user.remove)
-        self.gateway = Gateway({"sessions": {"max_sessions_per_user": "0"}}).start()
+        sessions = {"max_sessions_per_user": "0", **({"lang": self.lang} if self.lang else {})}
+        self.gateway = Gateway({"sessions": sessions}).start()
         self.cleanups.append(self.gateway.stop)
-        self.gateway_rss_before = rss_kb(self.gateway.process.pid)
         self.workdir = tempfile.mkdtemp(prefix="nxgate-bench-x2go-nxgate-")
         self.cleanups.append(lambda: shutil.rmtree(self.workdir, ignore_errors=True))
         self.screen = ClientScreen(1024, 768)
@@ -295,9 +263,6 @@ class NxgateX2GoBench(X2GoBench):
         os.makedirs(home)
         self.env = dict(os.environ, DISPLAY=self.screen.name, HOME=home)
         self.cleaner = None
-
-    def server_growth_kb(self) -> int:
-        return max(0, rss_kb(self.gateway.process.pid) - self.gateway_rss_before)
 
     def terminate_all(self) -> None:
         listing = self.cli("--list-sessions", log="cleanup-list.log")
@@ -311,14 +276,12 @@ def reference_result(reason: str) -> dict:
         "source": "reference, not measured (figures from the issue)",
         "reason": reason,
         "medians": {key: REFERENCE[key] for key in ("new_to_picture", "suspend", "resume_to_picture", "terminate")},
-        "memory": {"session_mb": REFERENCE["session_mb"]},
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--sessions", type=int, default=10, help="concurrent sessions for the memory figure")
     parser.add_argument("--install", action="store_true", help="apt-get install X2Go if it is missing (root)")
     parser.add_argument("--json", default=os.path.join(HERE, "results", "x2go.json"))
     parser.add_argument("--no-nxgate", action="store_true", help="X2Go's server only, not nxgate's X2Go door")
@@ -332,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             why = "not installed" + ("" if args.install else " (run with --install)")
             result = reference_result(f"Debian packages {' '.join(missing)} {why}")
         else:
-            result = measure(args.runs, args.sessions, nxgate=not args.no_nxgate)
+            result = measure(args.runs, nxgate=not args.no_nxgate)
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as handle:
         json.dump(result, handle, indent=2)
@@ -341,16 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"X2Go ({label}):")
     for key, value in result["medians"].items():
         print(f"  {key:<34}{value:>9.2f}s")
-    for key, value in result["memory"].items():
-        if isinstance(value, (int, float)):
-            print(f"  {key:<34}{value:>10.1f}")
     door = result.get("nxgate_x2go_door")
     if door:
-        print("nxgate's X2Go door, the same pyhoca-cli (ratio to x2goserver; goal <= 0.3 for times, <= 1.0 memory):")
+        print("nxgate's X2Go door, the same pyhoca-cli (ratio to x2goserver; goal <= 0.3):")
         for key, value in door["medians"].items():
             print(f"  {key:<34}{value:>9.2f}s  {door['ratio'].get(key, 0):>5.2f}x")
-        if door["memory"]:
-            print(f"  {'session_mb':<34}{door['memory']['session_mb']:>10.1f}  {door['memory_ratio'] or 0:>5.2f}x")
     if not result["measured"]:
         print(f"  why not measured: {result['reason']}")
     print(f"(JSON: {args.json})")
@@ -360,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
 KEYS = ("new_to_picture", "suspend", "resume_to_picture", "terminate")
 
 
-def measure(runs: int, sessions: int, nxgate: bool = True) -> dict:
+def measure(runs: int, nxgate: bool = True) -> dict:
     """X2Go's server and (with ``nxgate``) nxgate's X2Go door, the same
     pyhoca-cli against both, runs alternating so that both see the same load."""
     bench = door = None
@@ -374,20 +332,16 @@ def measure(runs: int, sessions: int, nxgate: bool = True) -> dict:
             if door is not None:
                 door_runs.append(door.one_run(index))
         medians = {key: statistics.median(run[key] for run in all_runs) for key in KEYS}
-        memory = bench.memory(sessions) if sessions else {}
         result = {"measured": True, "source": "measured on this machine", "runs": all_runs, "medians": medians,
                   "spread": {key: [min(run[key] for run in all_runs), max(run[key] for run in all_runs)]
                              for key in KEYS},
-                  "memory": memory, "load_before": load_before, "load_after": os.getloadavg(),
+                  "load_before": load_before, "load_after": os.getloadavg(),
                   "versions": versions()}
         if door is not None:
             door_medians = {key: statistics.median(run[key] for run in door_runs) for key in KEYS}
-            door_memory = door.memory(sessions) if sessions else {}
             result["nxgate_x2go_door"] = {
-                "runs": door_runs, "medians": door_medians, "memory": door_memory,
-                "ratio": {key: door_medians[key] / medians[key] for key in KEYS if medians[key]},
-                "memory_ratio": (door_memory.get("session_mb", 0) / memory["session_mb"]
-                                 if memory.get("session_mb") else None)}
+                "runs": door_runs, "medians": door_medians,
+                "ratio": {key: door_medians[key] / medians[key] for key in KEYS if medians[key]}}
         return result
     except Exception as error:  # noqa: BLE001 - report exactly why, fall back
         traceback.print_exc()

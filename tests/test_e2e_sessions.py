@@ -343,6 +343,38 @@ class ApplicationSessionTests(SessionTestCase):
         self.attach(client, info)
         self.screen.wait_for_colour(GREEN, 10000)
 
+    def test_the_users_programs_share_one_compose_cache(self):
+        """In the sessions' UTF-8 locale libX11 parses its compose table into
+        every xterm (0.8 MB each): with the user's cache directory the first
+        one writes the parsed table there and the next one, in another
+        session, maps that file instead."""
+        entry = pwd.getpwnam(self.user.name)
+        cache = os.path.join(self.gateway.state_dir, "compose-cache", str(entry.pw_uid))
+
+        def xterms() -> list[int]:
+            out = subprocess.run(["pgrep", "-u", self.user.name, "-x", "xterm"], capture_output=True, text=True)
+            return sorted(int(pid) for pid in out.stdout.split())
+
+        for name, colour in (("one", "#00ff00"), ("two", "#0000ff")):
+            before = set(xterms())
+            client = self.login()
+            info = self.start(client, "unix-application", name=name,
+                              extra=f'--rootless="1" --application="xterm -bg {colour} -geometry 30x5+0+0"')
+            self.attach(client, info)
+            (pid,) = wait_for(lambda: set(xterms()) - before, 30, f"session {name}'s xterm")
+            self.assertEqual(proc_environ(pid)["XCOMPOSECACHE"], cache)
+            self.assertEqual(proc_environ(pid)["LANG"], "C.UTF-8")
+            (table,) = wait_for(lambda: os.listdir(cache) if os.path.isdir(cache) else [], 30, "the cached table")
+        st, parent = os.lstat(cache), os.lstat(os.path.dirname(cache))
+        self.assertEqual((st.st_uid, st.st_mode & 0o777), (entry.pw_uid, 0o700))
+        self.assertEqual((parent.st_uid, parent.st_mode & 0o777), (0, 0o711))
+
+        def mapped() -> bool:
+            with open(f"/proc/{pid}/maps") as maps:
+                return os.path.join(cache, table) in maps.read()
+
+        wait_for(mapped, 30, "the second xterm to map the cached table")
+
     def test_admin_defined_type(self):
         client = self.login()
         info = self.start(client, "unix-bluebox")

@@ -37,7 +37,8 @@ from nxgate.node.follow import LogFollower, replay
 from nxgate.node.launcher import Launcher
 from nxgate.vocabulary.model import Session, State, advance
 from nxgate.node.processes import ExitWatch, LaunchError, ProcessId
-from nxgate.node.environment import bus_environment, login_environment
+from nxgate.node.environment import (bus_environment, compose_cache_environment, login_environment,
+                                     prepare_compose_cache)
 from nxgate.vocabulary.requests import DisplaySettings
 from nxgate.threads import Blocking, inline
 
@@ -294,6 +295,9 @@ class AgentSupervisor:
             request["join"] = [session.agent_pid, session.agent_started]
             procs = os.path.join(self.cgroups.parent, session.id, "cgroup.procs")
             request["cgroup"] = procs if await self.blocking(os.path.exists, procs) else None
+        else:  # a jail sees no state directory: only programs outside one share the user's compose cache
+            cache = await self.blocking(prepare_compose_cache, self.layout.root, session.uid, session.gid)
+            request["env"].update(compose_cache_environment(cache))
         return await self.launcher.start_reporting(request)
 
     def watch_exit(self, process: ProcessId, on_exit: Callable[[], None]) -> ExitWatch:

@@ -38,6 +38,22 @@ def stop(process: subprocess.Popen, grace: float = 5.0) -> int | None:
     return process.returncode
 
 
+def stop_groups(processes: list[subprocess.Popen], grace: float = 10.0) -> None:
+    """End children that lead process groups of their own
+    (``start_new_session``) with all they started: SIGTERM to every group
+    (the last started first), then SIGKILL to those still there after
+    ``grace`` seconds."""
+    for process in reversed(processes):
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(5)
+
+
 def descendants(pid: int) -> set[int]:
     """The processes below ``pid`` (children, theirs, ...), read from /proc:
     a test that looks for "the" smbd of its client must not find another
