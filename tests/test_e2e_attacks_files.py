@@ -190,6 +190,7 @@ class OutOfFilesTests(FileAttackCase):
         pid = self.gateway.process.pid
         before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
         self.addCleanup(resource.prlimit, pid, resource.RLIMIT_NOFILE, before)
+        seen = []
         for _ in range(5):
             limit = open_files(pid) + 1
             resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, before[1]))
@@ -208,9 +209,12 @@ class OutOfFilesTests(FileAttackCase):
             self.assertEqual(admin.returncode, 0, err)
             shown = json.loads(out)["result"]["open_files"]
             print(f"\n    admin status at the limit: open files {shown}")
-            self.assertTrue(shown.startswith(f"{limit} of "), shown)  # every one it may have (it said 0)
-            return
-        self.fail("the admin socket was never accepted at the limit")
+            if shown.startswith(f"{limit} of "):  # every one it may have (it said 0)
+                return
+            # A descriptor the gateway held for a moment (a log line, a thread's pipe) closed between
+            # the count and the limit: it was not at its limit, so try again; a wrong count fails below.
+            seen.append((limit, shown))
+        self.fail(f"the admin status never showed the gateway at its limit (limit, shown): {seen}")
 
     def test_an_ssh_login_while_the_gateway_is_out_of_files_is_told_why(self):
         """X2Go's clients log in over SSH with a password: the client is told
