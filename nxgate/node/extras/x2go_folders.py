@@ -30,8 +30,9 @@ folders (:meth:`X2GoFolders.mount`).  Here, on the session's machine:
   only the session user's processes, :mod:`nxgate.node.reverse`), logs in
   with the client's key and trusts only the client's host key (both
   written 0600 by root into the session's 0700 directory for the mount,
-  and removed once it is done), with no ssh configuration of the user's
-  (``-F /dev/null``) and no agent, password or prompt.  The mount's name
+  and removed once it is done), from an ssh configuration of its own
+  (:func:`ssh_config`: nothing of the user's) with no agent, password or
+  prompt.  The mount's name
   in the kernel's table is ``nxgate-x2go:<session id>``
   (:data:`FSNAME_PREFIX`): the session's mounts are found there, by
   session, with nothing kept in memory, after a gateway restart too.
@@ -56,6 +57,7 @@ from twisted.logger import Logger
 
 from nxgate.node import files, processes
 from nxgate.node.extras import Context
+from nxgate.node.extras.sharing import mountinfo_path
 from nxgate.vocabulary.requests import FolderShares, SharedFolder
 from nxgate.vocabulary.results import FolderMount
 
@@ -145,19 +147,6 @@ def sshfs_argv(port: int, client_user: str, folder: str, point: str, config: str
     return ["sshfs", "-F", config, "-p", str(port), "-o", options, f"{client_user}@127.0.0.1:{folder}", point]
 
 
-def _unescape(field: str) -> str:
-    """A path from /proc/self/mountinfo (blanks and backslashes as \\ooo)."""
-    out, index = [], 0
-    while index < len(field):
-        if field[index] == "\\" and field[index + 1:index + 4].isdigit():
-            out.append(chr(int(field[index + 1:index + 4], 8)))
-            index += 4
-        else:
-            out.append(field[index])
-            index += 1
-    return "".join(out)
-
-
 def session_mounts(mountinfo: str, session_id: str, user: str) -> list[str]:
     """The mount points of the session's folders (the kernel's table, pure):
     FUSE sshfs mounts named for the session below the user's X2Go directory."""
@@ -170,7 +159,7 @@ def session_mounts(mountinfo: str, session_id: str, user: str) -> list[str]:
         dash = fields.index("-")
         if len(fields) < dash + 3 or dash < 5:
             continue
-        point, fstype, source = _unescape(fields[4]), fields[dash + 1], _unescape(fields[dash + 2])
+        point, fstype, source = mountinfo_path(fields[4]), fields[dash + 1], mountinfo_path(fields[dash + 2])
         if fstype == "fuse.sshfs" and source == fsname(session_id) and point.startswith(prefix):
             found.append(point)
     return found
@@ -180,10 +169,10 @@ def mounted_by_whom(mountinfo: str, point: str) -> str | None:
     """The source (for ours: ``nxgate-x2go:<session>``) of a mount at ``point``, or None."""
     for line in mountinfo.splitlines():
         fields = line.split(" ")
-        if "-" in fields and len(fields) > 4 and _unescape(fields[4]) == point:
+        if "-" in fields and len(fields) > 4 and mountinfo_path(fields[4]) == point:
             dash = fields.index("-")
             if len(fields) >= dash + 3:
-                return _unescape(fields[dash + 2])
+                return mountinfo_path(fields[dash + 2])
     return None
 
 
