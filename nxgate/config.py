@@ -204,6 +204,10 @@ class ServerSection:
     penalty_max: float = option(600.0, number(1, 86400), "longest refusal of a penalized address")
     preauth_exempt: tuple[str, ...] = option((), networks, "addresses or networks (a load balancer, an office "
                                              "NAT) without the per-address cap and penalties")
+    # After authentication (nxgate.gateway.doors.user_connections): every door.
+    max_connections_per_user: int = option(32, integer(0, 1_000_000), "authenticated connections one user may "
+                                           "hold at once over all doors (SSH logins as oneself, NX logins, the "
+                                           "shell socket, browser viewers' WebSockets; 0: no cap)")
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,14 @@ a level filter in front of the observers twistd installed.  twistd offers no
 hook for that, hence the small reach into the global publisher's observer
 list; if that ever changes, the log is simply unfiltered.
 
+Twisted's classes log through a ``Logger`` attribute of theirs, namespaced
+by the object's class: a Conch connection's "connection lost" and "sending
+close 3", a factory's "Starting factory <...>", for every connection and
+channel.  That chatter (:func:`logged_by_its_class`) is debug; its warnings
+and errors pass.  The gateway's own modules log through a module-level
+``Logger()`` (namespaced by the module), never through such an attribute,
+so what they say at info stays at info.
+
 The same wrapper keeps every event on one line: values in events come from
 clients (a user name, a parameter with ``%0A`` in it, bytes that are not
 UTF-8), and the classic text format writes a newline in a message as a new
@@ -18,7 +26,7 @@ would otherwise disable the log file for the rest of the run.
 
 Anything a client can repeat, it can repeat a million times: a global
 request refused, a malformed packet's traceback.  Every warning, error and
-traceback passes :class:`RepeatLimiter` (pure, with a clock): at most
+traceback passes :class:`RepeatLimiter` (:mod:`nxgate.ratelimit`): at most
 :data:`PER_SOURCE` lines of one kind (its namespace and format) per client
 address per minute, and :data:`PER_KIND` of that kind from all addresses;
 what is held back is counted and told in one line when its minute is over
@@ -37,7 +45,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
 from typing import Any
 
 from twisted.logger import (
@@ -53,16 +60,29 @@ from twisted.logger import (
 from twisted.python import logfile, threadable
 from zope.interface import implementer
 
+from nxgate import ratelimit
 from nxgate.safetext import printable
 
 LEVELS = {"debug": LogLevel.debug, "info": LogLevel.info, "warn": LogLevel.warn, "error": LogLevel.error}
-# Conch's per-connection chatter; our own modules log what matters with context.
-QUIET_NAMESPACES = ("twisted.conch", "nxgate.gateway.doors.conch.server.NXSessionChannel", "nxgate.gateway.doors.conch.server.NXUserAuthServer")
-NORMAL_DISCONNECT = 11  # SSH_DISCONNECT_BY_APPLICATION: a client saying goodbye
+# Module-level chatter of Twisted's (Conch's, AMP's "connection established/lost" for every member
+# link); our own modules log what matters with context (nxgate.wire.remote_node: "connected to ...").
+QUIET_NAMESPACES = ("twisted.conch", "twisted.protocols.amp")
 
 
-def _not_a_normal_disconnect(event: dict) -> PredicateResult:
-    if event.get("log_format", "").startswith("Got remote error") and event.get("code") == NORMAL_DISCONNECT:
+def logged_by_its_class(event: dict[str, Any]) -> bool:
+    """Whether ``event`` came from a ``Logger`` that is a class attribute
+    (Twisted's way: its namespace is the class of the object that logs)."""
+    source = event.get("log_source")
+    if source is None:
+        return False
+    cls = source if isinstance(source, type) else type(source)
+    return event.get("log_namespace") == f"{cls.__module__}.{cls.__name__}"
+
+
+def _class_chatter_is_debug(event: dict[str, Any]) -> PredicateResult:
+    """Twisted's per-object info lines count as debug (see the module's docstring)."""
+    if (event.get("log_level") is LogLevel.info and _PREDICATE.defaultLogLevel is not LogLevel.debug
+            and logged_by_its_class(event)):
         return PredicateResult.no
     return PredicateResult.maybe
 
@@ -111,23 +131,8 @@ SOURCE_FIELDS = ("address", "source", "peer", "client", "remote")
 _LIMITED_LEVELS = frozenset((LogLevel.warn, LogLevel.error, LogLevel.critical))
 
 
-@dataclass
-class Held:
-    """Lines of one kind held back in one window: the last of them, how many, since when."""
-
-    sample: dict[str, Any]
-    count: int
-    since: float
-
-
-class _Window:
-    __slots__ = ("start", "passed", "held", "sample")
-
-    def __init__(self, start: float) -> None:
-        self.start = start
-        self.passed = 0
-        self.held = 0
-        self.sample: dict[str, Any] = {}
+#: What one kind of line held back in one window: ``sample`` (the last of them), ``count``, ``since``.
+Held = ratelimit.Held
 
 
 class RepeatLimiter:
@@ -137,70 +142,38 @@ class RepeatLimiter:
     format, not its values); a source the client address it names (or None).
     Each (kind, source) may pass ``per_source`` lines per ``window`` seconds
     and each kind ``per_kind`` in all; the rest are counted, and
-    :meth:`due` gives each count once its window is over."""
+    :meth:`due` gives each count once its window is over.  Both limits are
+    the one :class:`nxgate.ratelimit.RateLimiter`."""
 
     def __init__(self, clock: Callable[[], float], per_source: int = PER_SOURCE, per_kind: int = PER_KIND,
                  window: float = WINDOW, capacity: int = MAX_KEYS) -> None:
         self.clock = clock
         self.per_source, self.per_kind, self.window, self.capacity = per_source, per_kind, window, capacity
-        self._kinds: dict[Hashable, _Window] = {}
-        self._sources: dict[tuple[Hashable, str | None], _Window] = {}
-        self._holding: dict[tuple[Hashable, str | None], _Window] = {}  # windows with lines held back
+        self._sources = ratelimit.RateLimiter(clock, per_source, window, capacity)
+        self._kinds = ratelimit.RateLimiter(clock, per_kind, window, capacity, reports=False)
         self._ready: list[Held] = []
-        self._scanned_at = float("-inf")
 
     def admit(self, kind: Hashable, source: str | None, event: dict[str, Any]) -> bool:
-        """Whether ``event`` (of ``kind``, about ``source``) is written now."""
-        now = self.clock()
-        if (kind, source) not in self._sources and len(self._sources) >= self.capacity:
-            self._prune(now)
-            if len(self._sources) >= self.capacity:
-                source = None  # too many addresses at once: they share the kind's count
-        by_kind = self._current(self._kinds, kind, now)
-        by_source = self._current(self._sources, (kind, source), now)
-        if by_source.passed < self.per_source and by_kind.passed < self.per_kind:
-            by_source.passed += 1
-            by_kind.passed += 1
+        """Whether ``event`` (of ``kind``, about ``source``) is written now.
+        Too many addresses at once share their kind's count (``source`` None)."""
+        key, overflow = (kind, source), (kind, None)
+        if self._sources.room(key, overflow) and self._kinds.room(kind):
+            self._kinds.admit(kind)
+            self._keep(self._sources.admit(key, overflow=overflow).held)
             return True
-        by_source.held += 1
-        by_source.sample = event
-        self._holding[(kind, source)] = by_source
+        self._keep(self._sources.hold(key, sample=event, overflow=overflow))
         return False
 
     def due(self) -> list[Held]:
-        """The counts of held lines whose window is over, each once (the
-        windows are looked at once a second at most)."""
-        now = self.clock()
-        if now - self._scanned_at >= 1.0:
-            self._scanned_at = now
-            for key, window in list(self._holding.items()):
-                if now - window.start >= self.window:
-                    self._close(key, window)
+        """The counts of held lines whose window is over, each once."""
+        for _key, held in self._sources.due():
+            self._keep(held)
         ready, self._ready = self._ready, []
         return ready
 
-    def _current(self, table: dict[Any, _Window], key: Any, now: float) -> _Window:
-        window = table.get(key)
-        if window is None or now - window.start >= self.window:
-            if window is not None and window.held:
-                self._close(key, window)
-            window = table[key] = _Window(now)
-        return window
-
-    def _close(self, key: Any, window: _Window) -> None:
-        if window.held:
-            self._ready.append(Held(window.sample, window.held, window.start))
-            window.held, window.sample = 0, {}
-        self._holding.pop(key, None)
-
-    def _prune(self, now: float) -> None:
-        for key, window in list(self._sources.items()):
-            if now - window.start >= self.window:
-                self._close(key, window)
-                del self._sources[key]
-        for key, window in list(self._kinds.items()):
-            if now - window.start >= self.window:
-                del self._kinds[key]
+    def _keep(self, held: Held | None) -> None:
+        if held is not None and held.count:
+            self._ready.append(held)
 
 
 def is_limited(event: dict[str, Any]) -> bool:
@@ -371,7 +344,7 @@ def filter_global_log(level: str, rotated_files: int | None = None) -> None:
     if level != "debug":
         for namespace in QUIET_NAMESPACES:
             _PREDICATE.setLogLevelForNamespace(namespace, LogLevel.warn)
-    predicates = [_not_a_normal_disconnect, _PREDICATE]
+    predicates = [_class_chatter_is_debug, _PREDICATE]
     observers = getattr(globalLogPublisher, "_observers", None)
     if observers is not None:
         for observer in list(observers):

@@ -18,7 +18,7 @@ from twisted.internet import defer, task
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-log = Logger(namespace="nxgate.loops")
+log = Logger()
 
 
 def steady(call: Callable[[], Any], what: str) -> Callable[[], defer.Deferred[Any]]:

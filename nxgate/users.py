@@ -23,7 +23,7 @@ from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.threads import Blocking
 
-log = Logger(namespace="nxgate.users")
+log = Logger()
 
 
 def group_names(user: str, gid: int) -> frozenset[str]:

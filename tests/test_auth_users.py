@@ -92,6 +92,58 @@ class ConversationCallerTests(SynchronousTestCase):
         self.assertIn(b"NX> 500 ERROR: Internal error.", transport.data)
         self.flushLoggedErrors(KeyError)
 
+    def test_a_user_database_that_cannot_tell_is_a_temporary_failure_and_the_next_command_looks_again(self):
+        """The gateway out of files when it looks the account up after the
+        login: the client hears the same "try again" as a login that could
+        not be checked, no internal error, and the next command asks NSS again."""
+        from nxgate.users import AccountsUnavailable
+
+        answers = [AccountsUnavailable(24, "the user database could not be read: the gateway is out of open files")
+                   for _ in range(2)]  # at the login, and again for the first command
+
+        def blocking(function, *args):
+            if answers:
+                return defer.fail(answers.pop())
+            return defer.maybeDeferred(function, *args)
+
+        commands = Commands()
+        transport = Transport()
+        conversation = Conversation(FakeReactor(), DialogueSettings("gw"), transport, "192.0.2.1", None,
+                                    commands, preauthenticated_user=ME.pw_name, blocking=blocking)
+        conversation.start()
+        conversation.data_received(b'hello NXCLIENT - Version 3.2.0\nlogin\nlistsession --status="running"\n')
+        self.assertEqual(commands.calls, [])
+        self.assertIn(b"NX> 503 ERROR: The server cannot check logins right now (it is out of open files); please"
+                      b" try again in a minute.", transport.data)
+        self.assertNotIn(b"Internal error", transport.data)
+        conversation.data_received(b'listsession --status="running"\n')
+        self.assertEqual(commands.calls, [(ME.pw_name, ME.pw_uid, "listsession")])
+        self.assertEqual(self.flushLoggedErrors(), [])
+
+    def test_a_right_password_past_the_users_connection_cap_is_refused_with_the_reason(self):
+        from nxgate.gateway.auth.pam import AuthResult, Verdict
+
+        class Granting:
+            def password(self, user, password, address):
+                return defer.succeed(AuthResult(Verdict.GRANTED, user, ""))
+
+        claimed = []
+
+        def claim(user):
+            claimed.append(user)
+            return None if len(claimed) > 1 else "user alice has 2 connections to this server open already"
+
+        transport = Transport()
+        conversation = Conversation(FakeReactor(), DialogueSettings("gw"), transport, "192.0.2.1", Granting(),
+                                    Commands(), claim=claim, blocking=lambda function, *args: defer.Deferred())
+        conversation.start()
+        conversation.data_received(b"hello NXCLIENT - Version 3.2.0\nlogin\nalice\nsecret\n")
+        self.assertIn(b"NX> 503 ERROR: User alice has 2 connections to this server open already.", transport.data)
+        self.assertNotIn(b"NX> 103", transport.data)
+        conversation.data_received(b"login\nalice\nsecret\n")
+        self.assertIn(b"NX> 103 Welcome to: gw user: alice", transport.data)
+        self.assertEqual(claimed, ["alice", "alice"])
+
 
 class Counting:
     """A ``blocking`` that runs the work at once and counts the calls."""

@@ -3,6 +3,7 @@ last heartbeat, and the admin's ``nodes`` and ``drain --node``."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -12,7 +13,7 @@ from types import SimpleNamespace
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 
-from nxgate.gateway.membership import DOWN_AFTER, Membership, available_memory, load_average, state
+from nxgate.gateway.membership import DOWN_AFTER, Membership, available_memory, load_average, reachable, state
 from nxgate.config import Config, StoreSection
 from nxgate.gateway.doors.admin import cli
 from nxgate.gateway.doors.admin.server import AdminProtocol
@@ -47,6 +48,19 @@ class PureTests(SynchronousTestCase):
         self.assertEqual(state(member(100.0), 99.0, 2.0), "up")  # a reader whose clock is a little behind
         self.assertEqual(state(member(100.0), 130.0, 10.0), "up")
         self.assertEqual(state(member(100.0), 130.5, 10.0), "down")
+
+    def test_a_node_this_gateway_links_to_is_up_only_while_the_link_works(self):
+        fresh = member(100.0)
+        self.assertEqual(state(fresh, 101.0, 2.0, "up"), "up")
+        self.assertEqual(state(fresh, 101.0, 2.0, None), "up")  # no link kept: this member, one serving no doors
+        gateway = dataclasses.replace(fresh, roles=frozenset({"gateway"}))
+        self.assertEqual(state(gateway, 101.0, 2.0, "connecting"), "up")  # gateways link to nodes only
+        self.assertEqual(state(fresh, 101.0, 2.0, "connecting"), "connecting")
+        refused = "refused: certificate not from the cluster's CA"
+        self.assertEqual(state(fresh, 101.0, 2.0, refused), refused)  # its heartbeat is no help
+        self.assertEqual(state(fresh, 200.0, 2.0, "up"), "down")  # nor a link without heartbeats
+        self.assertEqual([reachable(s) for s in ("up", "connecting", refused, "unreachable: x", "down")],
+                         [True, True, False, False, False])
 
     def test_proc_parsers(self):
         self.assertEqual(load_average(PROC["/proc/loadavg"]), 0.42)
@@ -114,7 +128,7 @@ class MembershipTests(TestCase):
             self.clock.advance(2.0)
         self.store.down = False
         self.clock.advance(2.0)
-        texts = [m.get("log_format", "") for m in messages if m.get("log_namespace") == "nxgate.cluster"]
+        texts = [m.get("log_format", "") for m in messages if m.get("log_namespace") == "nxgate.gateway.membership"]
         self.assertEqual(sum("heartbeat not written" in t for t in texts), 1)
         self.assertEqual(sum("written again" in t for t in texts), 1)
         self.assertEqual(self.store.calls, 5)
@@ -164,11 +178,34 @@ class AdminTests(MembershipTests):
         self.assertEqual((answer["ok"], answer["kind"]), (False, "invalid_request"))
         self.assertIn("no cluster member 'node-q'", answer["error"])
 
-    def test_a_single_box_says_so(self):
-        gateway = SimpleNamespace(membership=None, sessions=None, api=None, config=None, started=0.0)
-        line = json.dumps({"command": "nodes", "args": {}}).encode()
-        answer = self.successResultOf(defer.ensureDeferred(AdminProtocol(gateway)._handle(line)))
+    def test_a_single_box_lists_its_one_node_and_drains_it_with_drain_on(self):
+        box = Membership(Config(), self.store, self.clock, lambda: 3, PROC.__getitem__, draining=lambda: True)
+        beats = self.store.calls
+        gateway = SimpleNamespace(membership=box, sessions=None, api=None, config=None, started=0.0)
+
+        def ask(command, **args):
+            line = json.dumps({"command": command, "args": args}).encode()
+            return self.successResultOf(defer.ensureDeferred(AdminProtocol(gateway)._handle(line)))
+
+        (row,) = ask("nodes")["result"]
+        self.assertEqual((row["name"], row["roles"], row["state"], row["sessions"], row["drained"], row["cpus"]),
+                         (Config().server_name, ["gateway", "node"], "up", 3, True, os.cpu_count()))
+        answer = ask("drain", on=True, node="node-a")
+        self.assertEqual(answer["ok"], False)
         self.assertIn("single box", answer["error"])
+        self.assertEqual(self.store.calls, beats)  # a single box writes no heartbeat, reads no member
+
+    def test_a_member_the_link_refuses_shows_why(self):
+        refused = "refused: certificate not from the cluster's CA"
+        self.successResultOf(self.store.heartbeat(Member(
+            name="node-x", address="x:7022", roles=frozenset({"node"}), started=900.0, last_heartbeat=1000.0,
+            sessions=0, load=0.0, cpus=8, free_memory=1)))
+        api = SimpleNamespace(links={"node-a": "connecting", "node-x": refused}.get)
+        gateway = SimpleNamespace(membership=self.membership, sessions=None, api=api, config=None, started=0.0)
+        line = json.dumps({"command": "nodes", "args": {}}).encode()
+        rows = self.successResultOf(defer.ensureDeferred(AdminProtocol(gateway)._handle(line)))["result"]
+        # Its own node (node-a) is in process: no link, up by its heartbeat.
+        self.assertEqual({row["name"]: row["state"] for row in rows}, {"node-a": "up", "node-x": refused})
 
     def test_the_command_line(self):
         args = cli.parse_arguments(["drain", "--node", "node-b", "--off"])

@@ -54,6 +54,17 @@ class ScoreTests(SynchronousTestCase):
 
 
 class EligibilityTests(SynchronousTestCase):
+    def test_never_a_node_whose_link_is_refused_or_broken(self):
+        """A member whose certificate is from another CA heartbeats into the shared database like any; the
+        gateway's link to it is refused, and placement never chooses it, however idle."""
+        refused = "refused: certificate not from the cluster's CA"
+        links = {"idle": refused, "cut": "unreachable: its connection closed", "new": "connecting"}.get
+        members = [node("idle"), node("cut"), node("busy", sessions=9), node("new", sessions=5)]
+        self.assertEqual([m.name for m in ranked(members, NOW, links=links)], ["new", "busy"])
+        self.assertFalse(eligible(node("idle"), NOW, link=refused))
+        with self.assertRaises(SessionError):
+            place([node("idle")], NOW, links=links)
+
     def test_only_up_undrained_weighted_nodes_with_memory(self):
         self.assertTrue(eligible(node("a"), NOW))
         self.assertFalse(eligible(node("a", roles=("gateway",)), NOW))

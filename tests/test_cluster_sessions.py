@@ -171,9 +171,8 @@ class RouterTests(SynchronousTestCase):
         self.local = self.nodes["node-a"]
         self.asked = []
         self.config = cluster_config()
-        self.broken = {}
-        self.api = Router(self.clock, lambda: self.config, self.local, self.store, self.remote,
-                                   self.broken.get)
+        self.links = {}
+        self.api = Router(self.clock, lambda: self.config, self.local, self.store, self.remote, self.links.get)
 
     def remote(self, name, address):
         self.asked.append((name, address))
@@ -332,21 +331,43 @@ class RouterTests(SynchronousTestCase):
         self.assertEqual((view.name, view.lost, view.shown_status, view.shown_state),
                          ("x (machine down)", False, "Running", "running"))
 
-    def test_a_broken_connection_makes_a_node_down_until_its_next_heartbeat(self):
+    def lost(self, session_id):
+        return next(view for view in self.ok(self.api.list(ALICE)).sessions if view.id == session_id).lost
+
+    def test_a_node_is_up_only_while_this_gateways_link_to_it_works(self):
         self.store.rows["A" * 32] = row("A" * 32, node="node-b")
         self.store.members_["node-a"] = member("node-a", sessions=9)
         self.store.members_["node-c"] = member("node-c", sessions=9)
-        self.broken["node-b"] = NOW + 0.1  # killed just after its last heartbeat: seen at once, not 3 beats later
+        self.links["node-b"] = "unreachable: its connection closed"  # killed just after its last heartbeat
         self.clock.advance(0.2)
-        self.assertTrue(self.ok(self.api.list(ALICE)).sessions[0].lost)
+        self.assertTrue(self.lost("A" * 32))
         self.assertIn("node-b, which is down", self.refused(self.api.suspend(ALICE, "A" * 32)).message)
         self.assertNotEqual(self.ok(self.api.start(ALICE, START)).view.node, "node-b")
-        # A heartbeat written after the break: up again (a blip, or it came back).
-        self.store.members_["node-b"] = member("node-b", beat=NOW + 0.5)
-        self.assertFalse(self.ok(self.api.list(ALICE)).sessions[0].lost)
+        # Heartbeats go on (a member whose certificate the link refused writes them into the database all
+        # the same): still not up, never placed on.
+        self.links["node-b"] = "refused: certificate not from the cluster's CA"
+        for beat in (2.0, 4.0, 6.0, 8.0):
+            self.clock.advance(2.0)
+            for name in ("node-a", "node-b", "node-c"):
+                self.store.members_[name] = member(name, sessions=0 if name == "node-b" else 9, beat=NOW + beat)
+            self.assertTrue(self.lost("A" * 32))
+            self.assertNotEqual(self.ok(self.api.start(ALICE, START)).view.node, "node-b")
+        self.assertEqual(self.nodes["node-b"].calls, [])
+        # The link works again: up, and its sessions with it.
+        self.links["node-b"] = "up"
+        self.assertFalse(self.lost("A" * 32))
         self.assertEqual(self.ok(self.api.start(ALICE, START)).view.node, "node-b")
 
+    def test_a_node_whose_first_link_attempt_is_under_way_may_take_calls(self):
+        self.store.members_["node-a"] = member("node-a", sessions=9)
+        self.store.members_["node-c"] = member("node-c", sessions=9)
+        self.links.update({"node-a": "refused: never asked about itself", "node-b": "connecting"})
+        self.assertEqual(self.ok(self.api.start(ALICE, START)).view.node, "node-b")
+        self.store.members_["node-b"] = member("node-b", sessions=20)
+        self.assertEqual(self.ok(self.api.start(ALICE, START)).view.node, "node-a")  # its own node, in process
+
     def test_the_gateway_keeps_in_touch_with_every_other_node_that_is_up(self):
+        self.links["node-b"] = "refused: certificate not from the cluster's CA"  # dialled again: it may be mended
         self.store.members_["node-c"] = member("node-c", beat=0.0)
         self.store.members_["gw-9"] = member("gw-9", roles=("gateway",))
         self.ok(self.api.keep_in_touch())

@@ -26,7 +26,7 @@ from nxgate.wire import tls
 from nxgate.wire.node_listener import choose
 from nxgate.wire.connection import GateFactory
 from nxgate.node.local import LocalNode
-from nxgate.wire.remote_node import RemoteNode, RemoteNodes
+from nxgate.wire.remote_node import RemoteNode, RemoteNodes, link_problem
 from nxgate.gateway.doors.admin.cli import main as admin_main
 from nxgate.threads import inline
 from nxgate.vocabulary.api import NodeAPI, SessionAPI
@@ -76,6 +76,21 @@ EXAMPLES = [
 
 def roundtrip(value):
     return wire.decode(type(value), json.loads(json.dumps(wire.encode(value))))
+
+
+class LinkProblemTests(SynchronousTestCase):
+    """A failed link attempt in the words of the member's state (``nxgate-admin nodes``)."""
+
+    def test_words(self):
+        self.assertEqual(link_problem("TLS with member node-x failed: [('SSL routines', '', "
+                                      "'certificate verify failed')]"),
+                         "refused: certificate not from the cluster's CA")
+        self.assertEqual(link_problem("[('SSL routines', '', 'tlsv1 alert unknown ca')]"),
+                         "refused: it does not trust this gateway's certificate")
+        self.assertEqual(link_problem("member node-b: its certificate names node-c, not node-b"),
+                         "refused: its certificate names node-c, not node-b")
+        self.assertEqual(link_problem("Connection was refused by other side: 111: Connection refused."),
+                         "unreachable: Connection was refused by other side: 111: Connection refused.")
 
 
 class SerialiserTests(SynchronousTestCase):
@@ -372,15 +387,18 @@ class WireTests(TestCase):
         self.assertTrue([e for e in self.log.events if e.get("event") == "cluster_member_unreachable"])
         self.assertTrue(error.unreachable)  # nothing was asked: a start may be placed elsewhere
         self.assertIsNotNone(node.broken_at)  # the gateway sees it down before its heartbeats go stale
+        self.assertRegex(node.link_state, r"^unreachable: .*refused")
         factory = GateFactory(self.authorize, choose(self.node())).tls_factory(self.node_tls)
         again = yield endpoints.serverFromString(reactor, f"tcp:{number}:interface=127.0.0.1").listen(factory)
         self.addCleanup(again.stopListening)
         self.assertEqual((yield defer.ensureDeferred(node.status(CALLER))), ServiceStatus(False, 1, 0, ()))
         self.assertIsNone(node.broken_at)
+        self.assertEqual(node.link_state, "up")
         # The node goes away during the connection's life: the next call dials again.
         node.connection.transport.abortConnection()
         yield deferLater(reactor, 0.05, lambda: None)
         self.assertIsNotNone(node.broken_at)  # seen at once, not three heartbeats later
+        self.assertEqual(node.link_state, "unreachable: its connection closed")
         self.assertIs((yield defer.ensureDeferred(node.set_draining(CALLER, False))), False)
         self.assertIsNone(node.broken_at)
 
@@ -405,30 +423,37 @@ class WireTests(TestCase):
     @defer.inlineCallbacks
     def test_remote_nodes_keeps_one_per_member(self):
         nodes = RemoteNodes(None, reactor, self.gateway_tls)
+        self.assertEqual(nodes.link_state("node-b"), "connecting")  # not dialled yet: not up either
         self.assertIs(nodes.get("node-b", "127.0.0.1:1"), nodes.get("node-b", "127.0.0.1:1"))
         self.assertIsNot(nodes.get("node-b", "127.0.0.1:1"), nodes.get("node-b", "127.0.0.1:2"))
         yield None
 
     @defer.inlineCallbacks
-    def assert_refused(self, node, reason_words):
+    def assert_refused(self, node, reason_words, link_state=None):
+        """``link_state``: the member's state for this gateway (``nxgate-admin nodes``) after the refusal."""
         error = yield self.assertFailure(defer.ensureDeferred(node.status(CALLER)), SessionError)
         self.assertEqual(error.kind, Kind.UNAVAILABLE)
         yield deferLater(reactor, 0.1, lambda: None)
         self.assertEqual(self.sessions.calls, [])
         reasons = " | ".join(e.get("reason", "") for e in self.log.refusals())
         self.assertIn(reason_words, reasons)
+        if link_state is not None:
+            self.assertEqual(node.link_state, link_state)
 
     @defer.inlineCallbacks
     def test_a_gateway_with_a_certificate_of_another_ca_is_refused(self):
         port = yield self.listen()
         other = PKI(os.path.join(self.base, "other"))
-        yield self.assert_refused(self.remote(port, other.member("gw-a")), "not the cluster CA")
+        # Its CA is another too: it trusts no certificate of the cluster, the node's included.
+        yield self.assert_refused(self.remote(port, other.member("gw-a")), "not the cluster CA",
+                                  "refused: certificate not from the cluster's CA")
 
     @defer.inlineCallbacks
     def test_a_node_with_a_certificate_of_another_ca_is_refused_by_the_gateway(self):
         other = PKI(os.path.join(self.base, "other"))
         port = yield self.listen(other.member("node-b"))
-        yield self.assert_refused(self.remote(port), "not the cluster CA")
+        yield self.assert_refused(self.remote(port), "not the cluster CA",
+                                  "refused: certificate not from the cluster's CA")
 
     @defer.inlineCallbacks
     def test_an_expired_certificate_is_refused(self):
@@ -440,7 +465,8 @@ class WireTests(TestCase):
     @defer.inlineCallbacks
     def test_a_node_naming_another_member_is_refused(self):
         port = yield self.listen(self.pki.member("node-c"))
-        yield self.assert_refused(self.remote(port, name="node-b"), "names node-c, not node-b")
+        yield self.assert_refused(self.remote(port, name="node-b"), "names node-c, not node-b",
+                                  "refused: its certificate names node-c, not node-b")
 
     @defer.inlineCallbacks
     def test_a_peer_that_is_no_gateway_is_refused(self):

@@ -81,7 +81,7 @@ class NoBusTests(TestCase):
         warnings = []
 
         def observe(event):
-            if event.get("log_namespace") == "nxgate.dbus":
+            if event.get("log_namespace") == "nxgate.gateway.doors.dbus.door":
                 warnings.append(event)
 
         globalLogPublisher.addObserver(observe)

@@ -199,3 +199,67 @@ def _text(event: dict) -> str:
     from twisted.logger import formatEvent
 
     return formatEvent(event)
+
+
+class UserConnectionTests(TestCase):
+    """After authentication a connection counts for its user (nxgate.gateway.doors.user_connections)."""
+
+    def setUp(self) -> None:
+        self.reactor = FakeReactor()
+        self.limit = [1024]
+        self.guard = DoorGuard(self.reactor, Limits(per_user=2), count_files=lambda: 20,
+                               file_limit=lambda: self.limit[0])
+        self.factory = self.guard.wrap(Door(), "SSH")
+
+    def connect(self, host: str = "192.0.2.1") -> object:
+        wrapper = self.factory.buildProtocol(peer(host))
+        wrapper.makeConnection(StringTransport(peerAddress=peer(host)))
+        return wrapper
+
+    def test_a_user_holds_at_most_the_cap_and_a_connection_that_ends_frees_its_place(self) -> None:
+        from nxgate.wire.guarded import user_logged_in
+
+        first, second, third = self.connect(), self.connect("192.0.2.2"), self.connect("192.0.2.3")
+        middle = ProtocolWrapper(WrappingFactory(protocol.Factory()), Inner())  # as TLS sits between
+        middle.transport = first
+        self.assertIsNone(user_logged_in(middle, "alice"))
+        self.assertIsNone(user_logged_in(first, "alice"))  # the same connection: no second place
+        self.assertIsNone(user_logged_in(second, "alice"))
+        refusal = user_logged_in(third, "alice")
+        self.assertIn("user alice has 2 connections to this server open already", refusal)
+        self.assertIsNone(user_logged_in(third, "bob"))  # another user's login on it counts for him
+        self.assertEqual(self.guard.status()["refused_user_connections"], 1)
+        second.connectionLost(None)
+        self.assertIsNone(user_logged_in(third, "alice"))
+        self.assertEqual(self.guard.status()["most_connections_of_one_user"], 2)
+        self.assertIsNone(user_logged_in(StringTransport(), "alice"))  # no guard under it: nothing to count
+
+    def test_a_reload_changes_the_cap_and_zero_is_none(self) -> None:
+        from nxgate.wire.guarded import user_logged_in
+
+        self.guard.configure(Limits(per_user=0))
+        self.assertEqual([user_logged_in(self.connect(f"192.0.2.{n}"), "alice") for n in range(50)], [None] * 50)
+
+    def test_the_file_limit_is_read_at_each_use(self) -> None:
+        self.assertEqual(self.guard.status()["file_limit"], 1024)
+        self.limit[0] = 300  # an admin's prlimit under the running gateway
+        self.assertEqual(self.guard.status()["file_limit"], 300)
+        self.assertFalse(self.guard.users_may_open(100))  # 20 + 100 > 300 - 2 x 128
+
+    def test_the_admin_status_shows_the_limit_of_now_and_the_users_connections(self) -> None:
+        from types import SimpleNamespace
+
+        from nxgate.gateway.doors.admin.server import _preauth_status
+        from nxgate.wire.guarded import user_logged_in
+
+        for n in range(3):
+            user_logged_in(self.connect(f"192.0.2.{n}"), "alice")  # two held, the third refused
+        user_logged_in(self.connect("192.0.2.9"), "bob")
+        self.limit[0] = 600  # prlimit under the running gateway
+        shown = _preauth_status(SimpleNamespace(guard=self.guard))
+        self.assertTrue(shown["open_files"].startswith("20 of 600 "), shown["open_files"])
+        self.assertEqual(shown["user_connections"], "3 connections of 2 users (the most of one user: 2; at most 2"
+                                                    " each, 0: no cap)")
+        self.assertEqual(shown["refused_user_connections"], 1)
+        self.limit[0] = 200  # below twice the reserve (128): users' work gets nothing, not a negative number
+        self.assertTrue(_preauth_status(SimpleNamespace(guard=self.guard))["open_files"].endswith(" stop at 0)"))

@@ -28,7 +28,7 @@ import sys
 from twisted.trial.unittest import SkipTest, TestCase
 
 from tests.harness.gateway import REPO, Gateway
-from tests.harness.process import wait_for
+from tests.harness.process import release, wait_for
 from tests.harness.shared import class_fixture
 from tests.harness.ssh import askpass_env, NXClient, ssh_argv
 from tests.harness.users import NEED_ROOT, TestUser, create_user, is_root
@@ -83,7 +83,7 @@ class FileAttackCase(TestCase):
         if hold:
             process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        env=env, text=True)
-            self.addCleanup(self._release, process)
+            self.addCleanup(release, process, 30)
             line = process.stdout.readline()
             if not line:
                 raise AssertionError(f"the attack ended: {process.stderr.read()}")
@@ -91,18 +91,6 @@ class FileAttackCase(TestCase):
         done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
         self.assertEqual(done.returncode, 0, done.stderr)
         return json.loads(done.stdout.strip().splitlines()[-1])
-
-    @staticmethod
-    def _release(process: subprocess.Popen) -> None:
-        if process.poll() is None:
-            process.stdin.close()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        process.stdout.close()
-        process.stderr.close()
 
     def nx_login(self, user: TestUser) -> bytes:
         client = NXClient(self.gateway.port)
@@ -139,8 +127,8 @@ class SftpHandleTests(FileAttackCase):
         self.assertNotIn("no such Unix account", log)
         # One line per channel for the refusals, and a count when it closes.
         self.assertLess(log.count("refused an SFTP open"), 10)
-        self._release(holder)
-        self._release(other)
+        release(holder, 30)
+        release(other, 30)
         wait_for(lambda: "more SFTP requests of" in self.gateway.log(), 30, "the refusals' count")
 
 

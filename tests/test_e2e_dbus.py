@@ -124,14 +124,15 @@ def user_env(user, bus: SystemBus, base: dict[str, str] | None = None) -> dict[s
     return env
 
 
-def fixture_with_bus(case: SessionTestCase, options: Callable[[str], dict]) -> tuple[Any, Callable[[], None]]:
-    """SessionTestCase's fixture beside a private system bus (``case.bus``);
-    ``options(bus address)`` are the gateway's settings."""
+def fixture_with_bus(case: Any, options: Callable[[str], dict],
+                     make: Callable[[Any], Any] = SessionTestCase.make_fixture) -> tuple[Any, Callable[[], None]]:
+    """A class's fixture (``make``: SessionTestCase's unless said) beside a private
+    system bus (``case.bus``); ``options(bus address)`` are the gateway's settings."""
     bus = SystemBus()
     type(case).bus = bus
     type(case).options = options(bus.address)
     try:
-        fixture, teardown = SessionTestCase.make_fixture(case)
+        fixture, teardown = make(case)
     except BaseException:
         bus.close()
         raise

@@ -62,3 +62,14 @@ class FirstHourTests(TestCase):
         self.assertIn(b"NX> 404 ERROR: wrong password or login (user 'root' may not log in to this server; "
                       b"use an ordinary Unix account)\n", client.login("root", "any password"))
         self.assertIn("NX login failed for user 'root' from 127.0.0.1: user is in deny_users", self.gateway.log())
+
+    def test_nodes_on_a_single_box_lists_its_one_node(self):
+        """The README says ``nxgate-admin nodes`` lists the members: a single box is a cluster of one."""
+        listed = self.admin("--json", "nodes", "--state-dir", self.gateway.state_dir)
+        self.assertEqual(listed.returncode, 0, listed.stderr)
+        (node,) = json.loads(listed.stdout)
+        self.assertEqual((node["name"], node["roles"], node["state"], node["drained"], node["sessions"]),
+                         ("nxgate.test", ["gateway", "node"], "up", False, 0))
+        text = self.admin("nodes", "--state-dir", self.gateway.state_dir)
+        self.assertEqual(text.returncode, 0, text.stderr)
+        self.assertRegex(text.stdout.splitlines()[1], r"^nxgate\.test\s+-\s+gateway,node\s+up\s+0 ")

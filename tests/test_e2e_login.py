@@ -238,7 +238,8 @@ class SSHRefusalTests(GatewayTestCase):
         target = free_port()
         result = self.run_ssh(ssh_argv(self.gateway.port, extra=["-W", f"127.0.0.1:{target}"]))
         self.assertNotEqual(result.returncode, 0)
-        wanted = f"[nxgate.ssh#info] refused b'direct-tcpip' channel to b'127.0.0.1':{target} for 'nx' from 127.0.0.1"
+        wanted = (f"[nxgate.gateway.doors.conch.server#info] refused b'direct-tcpip' channel to b'127.0.0.1':{target}"
+                  " for 'nx' from 127.0.0.1")
         wait_for(lambda: wanted in self.gateway.log(), 10, "the refusal in the log")
         log = self.gateway.log()
         self.assertEqual(len([line for line in log.splitlines() if f":{target}" in line]), 1)

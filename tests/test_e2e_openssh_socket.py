@@ -114,7 +114,7 @@ class ShellSocketTests(TestCase):
         self.assertEqual([record["address"] for record in logins], [marked])
 
     def test_newline_in_the_address_cannot_forge_a_log_line(self):
-        forged = "[nxgate.conversation#info] NX login: user 'root' from 192.0.2.66 (forged)"
+        forged = "[nxgate.gateway.doors.conversation#info] NX login: user 'root' from 192.0.2.66 (forged)"
         self.assert_refused_hello(json.dumps({"remote": f"203.0.113.9\n2026-12-03T10:00:00+0000 {forged}"}))
         wait_for(lambda: "refused a malformed hello" in self.gateway.log(), 10, "the refusal in the log")
         self.assertIn('"remote" in the hello is not an IP address', self.gateway.log())

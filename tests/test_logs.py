@@ -330,3 +330,80 @@ class SturdyLogFileTests(SynchronousTestCase):
         self.assertEqual(os.listdir(directory), ["gateway.log"])
         with open(os.path.join(directory, "gateway.log")) as handle:
             self.assertIn("line 39", handle.read())
+
+
+class ClassChatterTests(SynchronousTestCase):
+    """Twisted's classes log through a Logger attribute (namespaced by the
+    object's class): their per-connection info lines are debug; the
+    gateway's own module loggers' are not."""
+
+    def log_at(self, level):
+        publisher = LogPublisher()
+        self.patch(logs, "globalLogPublisher", publisher)
+        text = io.StringIO()
+        publisher.addObserver(textFileLogObserver(text))
+        logs.filter_global_log(level)
+
+        from twisted.conch.ssh.connection import SSHConnection
+        from twisted.internet.protocol import Factory
+
+        class NXConnection(SSHConnection):  # as the gateway's SSH door subclasses Conch's
+            pass
+
+        def class_logger(thing):  # what Twisted's Logger attribute gives an object (Logger.__get__)
+            return Logger(f"{type(thing).__module__}.{type(thing).__name__}", thing, publisher)
+
+        connection, factory = NXConnection(), Factory()
+        class_logger(connection).info("sending close {id}", id=3)
+        class_logger(connection).error("other side refused open\nreason: {reason}", reason="x")
+        class_logger(factory).info("Starting factory {factory!r}", factory=factory)
+        self.assertEqual(class_logger(connection).namespace, NXConnection._log.namespace)
+        Logger(namespace="twisted.protocols.amp", observer=publisher).info("NodeAMP connection established")
+        ours = Logger(namespace="nxgate.gateway.doors.conch.server", observer=publisher)
+        ours.info("SSH connection from 192.0.2.1:5 closed")
+        return text.getvalue()
+
+    def test_at_info_only_the_gateways_lines_and_twisteds_errors(self):
+        text = self.log_at("info")
+        self.assertNotIn("sending close", text)
+        self.assertNotIn("Starting factory", text)
+        self.assertNotIn("connection established", text)
+        self.assertIn("other side refused open", text)
+        self.assertIn("SSH connection from 192.0.2.1:5 closed", text)
+
+    def test_at_debug_everything(self):
+        text = self.log_at("debug")
+        self.assertIn("sending close 3", text)
+        self.assertIn("Starting factory", text)
+        self.assertIn("connection established", text)
+
+
+class NamespaceTests(SynchronousTestCase):
+    """Every logger of the gateway is ``Logger()`` at module level: its
+    namespace is its module's path, which a log line names."""
+
+    def test_no_logger_is_given_a_namespace_or_lives_in_a_class(self):
+        import ast
+        import pathlib
+
+        root = pathlib.Path(logs.__file__).parent
+        found = []
+        for path in sorted(root.rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef):
+                    for statement in node.body:
+                        value = getattr(statement, "value", None)
+                        if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "Logger":
+                            found.append(f"{path.relative_to(root.parent)}:{statement.lineno} a Logger in a class")
+                if (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Logger"
+                        and any(keyword.arg in ("namespace", None) for keyword in node.keywords) | bool(node.args)):
+                    found.append(f"{path.relative_to(root.parent)}:{node.lineno} Logger with a namespace")
+        self.assertEqual(found, [])
+
+    def test_a_module_logger_is_named_after_its_module(self):
+        from nxgate.gateway.doors.web import site
+        from nxgate.node import lifecycle
+
+        self.assertEqual((lifecycle.log.namespace, site.log.namespace),
+                         ("nxgate.node.lifecycle", "nxgate.gateway.doors.web.site"))

@@ -252,3 +252,20 @@ class AllocatorTests(TestCase):
         (said,) = [e for e in events if "passed over" in e.get("log_format", "")]
         self.assertEqual(said["count"], 100)
         self.assertTrue(said["displays"].endswith(":15 and 84 more"), said["displays"])
+
+    def test_the_same_displays_of_others_are_a_warning_once(self) -> None:
+        """Each new session passes over the displays others hold: a warning when they change, else debug."""
+        events: list[dict] = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        passed = [[(7401, "its X lock names a live process")], [(7401, "its X lock names a live process")],
+                  [(7401, "its abstract X socket is bound"), (7403, "its abstract X socket is bound")]]
+
+        def blocking(function, *args):
+            return defer.succeed(displays.Search(7402, passed.pop(0), [], []))
+
+        allocator = displays.DisplayAllocator(lambda: (7400, 4), lambda: [], blocking)
+        for _ in range(3):
+            self.successResultOf(defer.ensureDeferred(allocator.allocate(1042, 1043)))
+        self.assertEqual([e["log_level"].name for e in events if "passed over" in e.get("log_format", "")],
+                         ["warn", "debug", "warn"])

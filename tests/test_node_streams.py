@@ -41,7 +41,7 @@ class SameAccounts:
         return who
 
 
-class OpenStreamTests(TestCase):
+class StreamCase(TestCase):
     def setUp(self) -> None:
         self.reactor = FakeReactor()
         layout = files.StateLayout(short_state_dir(self))
@@ -85,6 +85,7 @@ class OpenStreamTests(TestCase):
     def refused(self, api, who: Caller, session_id: str, kind: StreamKind = AGENT) -> SessionError:
         return self.failureResultOf(self.opened(api, who, session_id, kind), SessionError).value
 
+class OpenStreamTests(StreamCase):
     def test_the_owner_gets_the_agents_own_socket(self) -> None:
         session_id = self.started()
         listener = self.agent_listens(session_id)
@@ -154,3 +155,41 @@ class OpenStreamTests(TestCase):
         admin = Caller("admin-" + ME, 0, 0, frozenset(), "192.0.2.9", admin=True)
         error = self.refused(self.node, admin, session_id, VIEW)
         self.assertEqual((error.kind, error.message), (Kind.NOT_YOURS, f"Could not find session {session_id}."))
+
+
+class ShortOfFilesTests(StreamCase):
+    """Every stream a user makes the gateway hold asks the users' file reserve first."""
+
+    def test_no_stream_when_users_may_take_no_more_files(self) -> None:
+        session_id = self.started()
+        listener = self.agent_listens(session_id)
+        listener.setblocking(False)
+        asked: list[int] = []
+        room = [False]
+        self.node.room = lambda count: asked.append(count) or room[0]
+        for api in (self.router, self.node):
+            error = self.refused(api, self.owner, session_id)
+            self.assertEqual(error.kind, Kind.LIMIT_REACHED)
+            self.assertEqual(error.message, "Machine this-box is short of open files; please try again in a minute.")
+        self.assertRaises(BlockingIOError, listener.accept)  # nothing was opened
+        self.assertEqual(asked, [1, 1])
+        room[0] = True
+        stream = self.successResultOf(self.opened(self.node, self.owner, session_id))
+        stream.close()
+
+    def test_a_stream_from_another_member_asks_this_gateways_reserve(self) -> None:
+        session_id = self.started()
+        remote = []
+
+        class Member:
+            async def open_stream(self, *args):
+                remote.append(args)
+                raise AssertionError("opened past the reserve")
+
+        router = Router(self.reactor, lambda: self.config, None, self.store.deferred, room=lambda count: False)
+        router._node_of = lambda row: defer.succeed(Member())  # a session another member runs
+        error = self.failureResultOf(defer.ensureDeferred(router.open_stream(self.owner, session_id, AGENT)),
+                                     SessionError).value
+        self.assertEqual((error.kind, error.message),
+                         (Kind.LIMIT_REACHED, "The server is short of open files; please try again in a minute."))
+        self.assertEqual(remote, [])

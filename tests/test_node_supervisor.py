@@ -9,6 +9,7 @@ import subprocess
 import time
 
 from twisted.internet import defer
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
 from nxgate.config import Config, SessionsSection
@@ -75,14 +76,35 @@ class SupervisorTests(TestCase):
         self.assertEqual(self.signals, [(agent.pid, signal.SIGHUP)] * 3)
         self.assertEqual(waits, [frozenset({State.RESUMING, State.WAITING})] * 3 + [frozenset({State.WAITING})])
 
+    def leftover_lines(self) -> list[str]:
+        events: list[dict] = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        return events
+
     def test_leftovers_get_sigterm_then_sigkill(self):
-        agent = self.stand_in()
-        tagged = [ProcessId(agent.pid, agent.started)]
+        agent, daemon = self.stand_in(), self.stand_in()
+        tagged = [agent, daemon]
         self.patch(processes, "tagged_processes", lambda session_id, uid: tagged)
+        events = self.leftover_lines()
         self.successResultOf(self.supervisor.end_leftovers(self.session(agent)))
-        self.assertEqual(self.signals, [(agent.pid, signal.SIGTERM)])
+        self.assertEqual(self.signals, [(agent.pid, signal.SIGTERM), (daemon.pid, signal.SIGTERM)])
+        told = [formatEvent(event) for event in events if event.get("count") is not None]
+        self.assertEqual(told, ["session " + "A" * 32 + " of " + ME + ": ending 1 processes it started"])
         self.reactor.advance(supervision.LEFTOVER_GRACE_SECONDS)
-        self.assertEqual(self.signals, [(agent.pid, signal.SIGTERM), (agent.pid, signal.SIGKILL)])
+        self.assertEqual(self.signals[2:], [(agent.pid, signal.SIGKILL), (daemon.pid, signal.SIGKILL)])
+
+    def test_the_agent_on_its_way_out_is_no_leftover(self):
+        """A normal end finds only the agent that said it ended: it gets its
+        SIGTERM, but no line tells of leftovers and no SIGKILL round follows
+        (a lingering agent is kill_if_alive's)."""
+        agent = self.stand_in()
+        self.patch(processes, "tagged_processes", lambda session_id, uid: [agent])
+        events = self.leftover_lines()
+        self.successResultOf(self.supervisor.end_leftovers(self.session(agent)))
+        self.reactor.advance(supervision.LEFTOVER_GRACE_SECONDS)
+        self.assertEqual(self.signals, [(agent.pid, signal.SIGTERM)])
+        self.assertEqual([event for event in events if event.get("count") is not None], [])
 
     def test_adopt_replays_the_log_and_follows_on_from_its_end(self):
         agent = self.stand_in()

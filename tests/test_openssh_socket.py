@@ -87,7 +87,7 @@ class Gateway:
         self.authenticator = Authenticator(refused)
         self.conversations = []
 
-    def conversation(self, transport, address, preauthenticated, relay_factory, door, logged_in=None):
+    def conversation(self, transport, address, preauthenticated, relay_factory, door, logged_in=None, claim=None):
         conversation = Conversation(preauthenticated, address)
         self.conversations.append(conversation)
         return conversation

@@ -11,6 +11,7 @@ import stat
 import tempfile
 
 from twisted.internet import defer, protocol, reactor, task
+from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
 from nxgate.node import reverse as node_reverse
@@ -273,3 +274,50 @@ class ListenerTests(TestCase):
         with self.assertRaises(SessionError) as ending:
             self.listeners.open_route(self.caller, self.session.evolve(state=State.TERMINATING), reverse.SOUND)
         self.assertEqual(ending.exception.kind, Kind.WRONG_STATE)
+
+    @defer.inlineCallbacks
+    def test_short_of_files_connections_wait_in_the_backlog_and_routes_are_refused(self):
+        room = [True]
+        self.listeners.room = lambda count: room[0]
+        route, delivered = yield defer.ensureDeferred(self.route())
+        room[0] = False
+        with self.assertRaises(SessionError) as refused:
+            self.listeners.open_route(self.caller, self.session, reverse.PRINTING)
+        self.assertEqual(refused.exception.kind, Kind.LIMIT_REACHED)
+        self.connect(self.listeners.address(SID, "sound"))
+        yield sleep(0.3)
+        self.assertEqual(delivered, [])  # not accepted: the node holds no descriptor for it
+        room[0] = True
+        yield defer.ensureDeferred(until(lambda: delivered, 5))  # taken once there is room again
+        delivered[0].close()
+
+
+class SendBackTests(TestCase):
+    """At most MAX_PER_CONNECTION reverse channels on one SSH connection."""
+
+    def test_past_the_cap_the_stream_is_closed_not_sent(self):
+        from nxgate.streams import reverse_channel
+
+        class Connection:
+            def __init__(self):
+                self.opened = []
+
+            def openChannel(self, channel, data):
+                self.opened.append(channel)
+
+        class Stream:
+            closed = False
+
+            def close(self):
+                self.closed = True
+
+        conn = Connection()
+        streams = [Stream() for _ in range(reverse_channel.MAX_PER_CONNECTION + 5)]
+        sent = [reverse_channel.send_back(conn, stream, b"forwarded-tcpip", "sound", b"") for stream in streams]
+        self.assertEqual(sent.count(True), reverse_channel.MAX_PER_CONNECTION)
+        self.assertEqual([stream.closed for stream in streams].count(True), 5)
+        conn.opened[0].openFailed(Failure(Exception("refused by the client")))  # a refused one frees its place
+        conn.opened[1].closed()  # so does one that ended
+        self.assertTrue(reverse_channel.send_back(conn, Stream(), b"forwarded-tcpip", "sound", b""))
+        self.assertTrue(reverse_channel.send_back(conn, Stream(), b"forwarded-tcpip", "sound", b""))
+        self.assertFalse(reverse_channel.send_back(conn, Stream(), b"forwarded-tcpip", "sound", b""))

@@ -16,7 +16,7 @@ import tempfile
 import time
 
 from twisted.internet import defer
-from twisted.logger import globalLogPublisher
+from twisted.logger import capturedLogs, formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
 from nxgate.config import Config, SessionsSection
@@ -49,6 +49,9 @@ READY = "Info: Waiting for connection from '127.0.0.1' on socket 'tcp:*:7000'."
 STARTED = "Session: Session started at 'now'."
 SUSPENDED = "Session: Session suspended at 'now'."
 TERMINATED = "Session: Session terminated at 'now'."
+#: nxagent's words when the link to its client breaks (the client went away).
+CLIENT_GONE = ("Error: Failure reading from the peer proxy.", "Error: Connection with remote peer broken.",
+               "Error: Please check the state of your network and retry.")
 
 
 def short_state_dir(test: TestCase) -> str:
@@ -194,6 +197,39 @@ class ManagerTests(TestCase):
         self.agent_says(session_id, "Error: Aborting session with 'Unable to open display'.",
                         "Session: Session aborted at 'now'.")
         self.assertIn("Unable to open display", self.failureResultOf(d, NXError).value.text)
+
+    def logged(self, session_id, *lines, exits=False):
+        """(level, text) of the log lines naming ``session_id`` while the agent says ``lines`` (and ``exits``)."""
+        with capturedLogs() as events:
+            self.agent_says(session_id, *lines)
+            if exits:
+                self.manager.lifecycle._agent_exited(session_id)
+        return [(event["log_level"].name, formatEvent(event)) for event in events if session_id in formatEvent(event)]
+
+    def test_a_client_that_goes_is_one_line_of_the_suspension_and_no_warning(self):
+        session_id, _ = self.started()
+        self.agent_says(session_id, STARTED)
+        lines = self.logged(session_id, *CLIENT_GONE, "Session: Display failure detected at 'now'.",
+                            "Session: Suspending session at 'now'.", SUSPENDED)
+        self.assertEqual([line for line in lines if line[0] != "debug"],
+                         [("info", f"session {session_id} of {ME} suspended (last client 192.0.2.1)")])
+
+    def test_an_agent_that_ends_when_its_client_goes_ends_in_our_words(self):
+        """A shadow's agent ends with its viewer (nxagent: "Please check the state of your network")."""
+        session_id, _ = self.started()
+        self.agent_says(session_id, STARTED)
+        lines = self.logged(session_id, *CLIENT_GONE, "Session: Terminating session at 'now'.", TERMINATED,
+                            exits=True)
+        self.assertEqual([line for line in lines if line[0] != "debug"],
+                         [("info", f"session {session_id} of {ME} ended (terminated: its client went away)")])
+
+    def test_other_agent_errors_are_warnings(self):
+        session_id, _ = self.started()
+        self.agent_says(session_id, STARTED)
+        with capturedLogs() as events:
+            self.agent_says(session_id, "Error: Cannot open the font path.")
+        self.assertEqual([(e["log_level"].name, formatEvent(e)) for e in events],
+                         [("warn", f"session {session_id}: nxagent: Cannot open the font path.")])
 
     def test_unknown_type_names_the_available_ones(self):
         error = self.assertRaises(NXError, start_request, parse_params('--type="unix kde"'))

@@ -18,7 +18,9 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from twisted.conch.ssh import keys, service, transport
 from twisted.internet import defer
 from twisted.internet.testing import StringTransport
-from twisted.logger import capturedLogs, formatEvent, globalLogPublisher
+from twisted.internet.error import ConnectionDone
+from twisted.logger import LogLevel, capturedLogs, formatEvent, globalLogPublisher
+from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
 from nxgate.gateway.doors.conch import server
@@ -237,6 +239,35 @@ class ExtInfoOrderTests(TestCase):
             self.pump()
             self.echo()
         self.assertEqual(len(self.known_at_client_newkeys), 3)
+
+
+class DisconnectLogTests(ExtInfoOrderTests):
+    """A client's goodbye is one line, the connection's closing one; an abnormal reason is told in it."""
+
+    def closing_lines(self, code: int, why: bytes) -> list[Any]:
+        self.connect()
+        with capturedLogs() as events:
+            self.client.sendDisconnect(code, why)
+            self.pump()
+            self.server.connectionLost(Failure(ConnectionDone()))
+        return events
+
+    def test_a_normal_goodbye_is_no_error(self) -> None:
+        for code, why in ((transport.DISCONNECT_CONNECTION_LOST, b"user closed connection"),
+                          (transport.DISCONNECT_BY_APPLICATION, b"disconnected by user")):
+            self.setUp()
+            events = self.closing_lines(code, why)
+            alarms = [e for e in events if e["log_level"] in (LogLevel.warn, LogLevel.error, LogLevel.critical)]
+            self.assertEqual(alarms, [])  # Conch's "Got remote error" was an error line
+            (line,) = [formatEvent(e) for e in events if e["log_namespace"] == server.__name__]
+            self.assertRegex(line, r"^SSH connection from \S+ closed$")
+
+    def test_another_reason_is_told_in_the_closing_line(self) -> None:
+        events = self.closing_lines(transport.DISCONNECT_PROTOCOL_ERROR, b"bad packet length")
+        self.assertEqual([e for e in events if e["log_level"] in (LogLevel.warn, LogLevel.error, LogLevel.critical)],
+                         [])
+        (line,) = [formatEvent(e) for e in events if e["log_namespace"] == server.__name__]
+        self.assertRegex(line, r"^SSH connection from \S+ closed by the client: bad packet length \(code 2\)$")
 
 
 class ModuliTests(TestCase):

@@ -3,8 +3,10 @@
 
 A member may take a new session when it is
 
-* a node (role ``node``), up by its last heartbeat
-  (:func:`nxgate.gateway.membership.state`),
+* a node (role ``node``), up by its last heartbeat and by this gateway's
+  link to it (:func:`nxgate.gateway.membership.state`: a node whose
+  certificate the link refused, or that it cannot reach, is never chosen;
+  one whose first attempt is under way may be),
 * not drained by the admin, with a weight above 0,
 * and reports at least :data:`MIN_FREE_MEMORY` of available memory.
 
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from nxgate.gateway.membership import DEFAULT_HEARTBEAT, state
+from nxgate.gateway.membership import DEFAULT_HEARTBEAT, Links, no_links, reachable, state
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.model import Member
 
@@ -46,24 +48,24 @@ def score(member: Member, pending: int = 0) -> float:
     return (member.sessions + pending + 1 + max(member.load, 0.0)) / (max(member.cpus, 1) * member.weight)
 
 
-def eligible(member: Member, now: float, heartbeat: float = DEFAULT_HEARTBEAT) -> bool:
-    """May ``member`` take a new session (role node, up, not drained, weighted, memory)?"""
-    return ("node" in member.roles and state(member, now, heartbeat) == "up" and not member.drained
+def eligible(member: Member, now: float, heartbeat: float = DEFAULT_HEARTBEAT, link: str | None = None) -> bool:
+    """May ``member`` take a new session (role node, reachable, not drained, weighted, memory)?"""
+    return ("node" in member.roles and reachable(state(member, now, heartbeat, link)) and not member.drained
             and member.weight > 0 and member.free_memory >= MIN_FREE_MEMORY)
 
 
 def ranked(members: Iterable[Member], now: float, heartbeat: float = DEFAULT_HEARTBEAT,
-           pending: Mapping[str, int] | None = None) -> list[Member]:
+           pending: Mapping[str, int] | None = None, links: Links = no_links) -> list[Member]:
     """The eligible members, best first (score, then name)."""
     pending = pending or {}
-    return sorted((m for m in members if eligible(m, now, heartbeat)),
+    return sorted((m for m in members if eligible(m, now, heartbeat, links(m.name))),
                   key=lambda m: (score(m, pending.get(m.name, 0)), m.name))
 
 
 def place(members: Iterable[Member], now: float, heartbeat: float = DEFAULT_HEARTBEAT,
-          pending: Mapping[str, int] | None = None) -> Member:
+          pending: Mapping[str, int] | None = None, links: Links = no_links) -> Member:
     """The member a new session goes to; LIMIT_REACHED (``NX> 599``) when none may take one."""
-    best = ranked(members, now, heartbeat, pending)
+    best = ranked(members, now, heartbeat, pending, links)
     if not best:
         raise SessionError(Kind.LIMIT_REACHED, NO_NODE)
     return best[0]

@@ -33,6 +33,7 @@ from nxgate.node.service import SessionService
 from nxgate.store.factory import open_store
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.results import StreamTarget
+from nxgate.gateway.membership import no_links
 from nxgate.gateway.router import Router
 from nxgate.node.launcher import Launcher
 from nxgate.node.local import LocalNode
@@ -44,12 +45,12 @@ from nxgate.gateway.doors.openssh.socket import OpenSSHDoorFactory
 from nxgate.node.shadow_sessions import ShadowService
 from nxgate.gateway.doors.conch import checkers, hostkeys
 from nxgate.gateway.doors.guard import DoorGuard, raise_file_limit
-from nxgate.wire.guarded import authenticated
+from nxgate.wire.guarded import authenticated, user_logged_in
 from nxgate.gateway.doors.preauth import Limits
 from nxgate.gateway.doors.conch.channel import ChannelHandler, ChannelTransport
 from nxgate.gateway.doors.conch.server import NXAvatar, NXRealm, NXSessionChannel, NXSSHFactory, kex_service
 
-log = Logger(namespace="nxgate")
+log = Logger()
 
 
 def shell_settings(config: Config) -> DialogueSettings:
@@ -151,7 +152,8 @@ class Gateway(service.MultiService):
         self.node: LocalNode | None = None
         web = bool(config.web.listen) and self.serves_doors
         if "node" in roles:
-            self.sessions = SessionService(reactor, config, self.store, self.layout, blocking=in_thread(reactor))
+            self.sessions = SessionService(reactor, config, self.store, self.layout, blocking=in_thread(reactor),
+                                           room=self.guard.users_may_open)
             self.sessions.setServiceParent(self)
             self.shadow = self.sessions.shadow = ShadowService(self.sessions, config, self.blocking, self.users)
         # This machine's browser viewers: the node's live ones (its ``view`` streams) and the portal's
@@ -160,9 +162,10 @@ class Gateway(service.MultiService):
         if self.sessions is not None:
             self.node = LocalNode(self.sessions, self.users,
                                   lambda: member_name(self.config) or self.config.server_name, self.blocking,
-                                  self.viewers)
-        # A cluster member writes its heartbeat to the shared store (nodes, drain --node).
-        self.membership = self._membership() if config.cluster else None
+                                  self.viewers, room=self.guard.users_may_open)
+        # A cluster member writes its heartbeat to the shared store (nodes, drain --node); a single box
+        # writes none, and lists its one node.
+        self.membership = self._membership()
         if config.cluster:
             self._cluster_wire(config.cluster)
         # What every door calls: the router, over the cluster or over this box, a cluster of one.
@@ -192,8 +195,10 @@ class Gateway(service.MultiService):
         from nxgate.gateway.membership import Membership
 
         membership = Membership(self.config, self.store, self.reactor,
-                                lambda: self.sessions.live_count() if self.sessions is not None else 0)
-        membership.setServiceParent(self)
+                                lambda: self.sessions.live_count() if self.sessions is not None else 0,
+                                draining=lambda: self.sessions is not None and self.sessions.draining)
+        if self.config.cluster:
+            membership.setServiceParent(self)
         return membership
 
     def _cluster_wire(self, cluster: Any) -> None:
@@ -221,12 +226,13 @@ class Gateway(service.MultiService):
         sessions placed, the others sent to the node that runs them; on a
         single box, all to this machine's node."""
         if not self.config.cluster:
-            return Router(self.reactor, lambda: self.config, self.node, self.store)
+            return Router(self.reactor, lambda: self.config, self.node, self.store, room=self.guard.users_may_open)
         from nxgate.wire.remote_node import RemoteNodes
 
         self.remote_nodes = RemoteNodes(self.config, self.reactor, self.cluster_tls)
+        # A member that serves doors keeps a link to every node (keep_in_touch), whose state is the node's.
         api = Router(self.reactor, lambda: self.config, self.node, self.store, self.remote_nodes.get,
-                     self.remote_nodes.broken)
+                     self.remote_nodes.link_state if self.serves_doors else no_links, room=self.guard.users_may_open)
         self.remote_nodes.listener = api.heard  # every member's session events, through its connection
         if self.serves_doors:
             touch = TimerService(self.config.cluster.heartbeat, steady(api.keep_in_touch, "keeping in touch with the members"))
@@ -384,12 +390,12 @@ class Gateway(service.MultiService):
 
     def conversation(self, transport: Any, address: str, preauthenticated_user: str | None,
                      relay_factory: Any, local_address: str = "127.0.0.1", door: str = "nx",
-                     logged_in: Any = None) -> Conversation:
+                     logged_in: Any = None, claim: Any = None) -> Conversation:
         """A new NX conversation (not started) over ``transport``."""
         return Conversation(
             self.reactor, self.shell_settings, transport, address, self.authenticator, self.commands,
             relay_factory=relay_factory, preauthenticated_user=preauthenticated_user, local_address=local_address,
-            door=door, blocking=self.blocking, logged_in=logged_in,
+            door=door, blocking=self.blocking, logged_in=logged_in, claim=claim,
         )
 
     def _open_nx_channel(self, avatar: NXAvatar, channel: NXSessionChannel) -> ChannelHandler:
@@ -398,7 +404,8 @@ class Gateway(service.MultiService):
         ssh = channel.conn.transport
         conversation = self.conversation(ChannelTransport(channel), channel.peer, avatar.principal.unix_user,
                                          self._relay, channel.local_address, door="nx-conch",
-                                         logged_in=lambda: authenticated(ssh.transport))
+                                         logged_in=lambda: authenticated(ssh.transport),
+                                         claim=lambda user: user_logged_in(ssh.transport, user))
         handler = ChannelHandler(conversation, channel)
         conversation.start()
         return handler
@@ -406,6 +413,11 @@ class Gateway(service.MultiService):
     def _relay(self, client: Caller, target: StreamTarget, transport: ChannelTransport, leftover: bytes) -> StreamRelay:
         """After ``bye``: the channel relayed to the agent's stream, which the router opens on the session's node."""
         return StreamRelay(client, target.session_id, transport, leftover, self.api.open_stream)
+
+    def privilegedStartService(self) -> None:
+        # The doors bind their ports here, before startService: their lines go through the filter too.
+        filter_global_log(self.config.server.log_level, self.config.server.log_rotated_files)
+        super().privilegedStartService()
 
     def startService(self) -> None:
         record_pid(self.lock_fd)  # twistd may have forked since the lock was taken

@@ -16,12 +16,14 @@ only node is this machine's :class:`~nxgate.node.local.LocalNode`.
   (``SessionView.lost``), until that node comes back and reconciles it;
   acting on it is refused with a sentence that says why (``NX> 596``); only
   the admin may end it (its machine may never return).
-* A node is down three heartbeats after its last one, or at once when this
-  gateway's connection to it broke and it wrote no heartbeat since: every
-  gateway keeps one to every node (:meth:`keep_in_touch`), so a node
-  process that dies is seen within a fraction of a second.  The same
-  connection carries the node's session events to this gateway
-  (:attr:`observers`: the D-Bus door hears every member's sessions).
+* A node is down three heartbeats after its last one, and up only while
+  this gateway's TLS link to it works: every gateway keeps one to every
+  node that heartbeats (:meth:`keep_in_touch`), so a node process that dies
+  is seen within a fraction of a second, and a member whose certificate the
+  cluster does not trust (it reaches the shared database all the same) is
+  never placed on (:mod:`nxgate.gateway.membership`).  The same connection
+  carries the node's session events to this gateway (:attr:`observers`:
+  the D-Bus door hears every member's sessions).
 * The store unreachable: new requests get a clear ``NX> 596``; the relays
   of running sessions do not depend on it and carry on.
 * Thumbnails are drawn by the session's node (:meth:`thumbnail`), and a
@@ -40,7 +42,7 @@ from typing import Any
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from nxgate.gateway.membership import DEFAULT_HEARTBEAT, state
+from nxgate.gateway.membership import DEFAULT_HEARTBEAT, UP, Links, no_links, reachable, state
 from nxgate.gateway.placement import NO_NODE, ranked
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
@@ -52,7 +54,10 @@ from nxgate.vocabulary.results import (DesktopEntry, FolderMount, Listing, Progr
 from nxgate.vocabulary.streams import Stream, StreamKind
 from nxgate.store.errors import StoreError, storage_reason
 
-log = Logger(namespace="nxgate.gateway.router")
+log = Logger()
+#: Descriptors a stream from another member holds here: its connection, and a socket pair when it is handed on.
+STREAM_FILES = 2
+
 
 def lost(view: SessionView) -> SessionView:
     """``view`` of a session whose member is down."""
@@ -81,12 +86,15 @@ class Router:
     (:meth:`nxgate.wire.remote_node.RemoteNodes.get`)."""
 
     def __init__(self, reactor: Any, config: Callable[[], Any], local: Any, store: Any,
-                 remote: Callable[[str, str], Any] | None = None,
-                 broken: Callable[[str], float | None] = lambda name: None) -> None:
-        """``broken(name)``: when this gateway's connection to that member
-        broke, if it did (:meth:`nxgate.wire.remote_node.RemoteNodes.broken`)."""
+                 remote: Callable[[str, str], Any] | None = None, links: Links = no_links,
+                 room: Callable[[int], bool] = lambda count: True) -> None:
+        """``links(name)``: the state of this gateway's link to that member
+        (:meth:`nxgate.wire.remote_node.RemoteNodes.link_state`); ``room(n)``:
+        whether users' work may take ``n`` more descriptors (the doors'
+        guard's reserve)."""
         self.reactor = reactor
-        self.broken = broken
+        self.room = room
+        self.links = links
         self.config = config
         self.local = local
         self.store = store
@@ -134,13 +142,13 @@ class Router:
             raise store_unavailable(error) from None
 
     def _up(self, member: Member | None) -> bool:
-        """Up by its heartbeat, and not silent since this gateway's connection to it broke."""
-        return (member is not None and state(member, self.reactor.seconds(), self.heartbeat) == "up"
-                and not self._suspect(member))
+        """Up by its heartbeat and by this gateway's link to it (or its first attempt under way)."""
+        return member is not None and reachable(state(member, self.reactor.seconds(), self.heartbeat,
+                                                      self._link(member.name)))
 
-    def _suspect(self, member: Member) -> bool:
-        broke = self.broken(member.name)
-        return broke is not None and member.last_heartbeat <= broke
+    def _link(self, name: str) -> str | None:
+        """This gateway's link to member ``name`` (None: this member itself, whose node is in process)."""
+        return None if name == self.name else self.links(name)
 
     def _api(self, member: Member) -> Any:
         """This machine's node, or the other member's over the wire."""
@@ -151,18 +159,22 @@ class Router:
         return self.remote(member.name, member.address)
 
     async def keep_in_touch(self) -> None:
-        """Hold a connection to every node that is up (called every heartbeat):
-        a node whose process dies closes it, and this gateway lists its
-        sessions as lost at once instead of three heartbeats later.  A
-        machine that vanishes without closing it still goes by heartbeats."""
+        """Hold a connection to every node that heartbeats (called every
+        heartbeat): a node whose process dies closes it, and this gateway
+        lists its sessions as lost at once instead of three heartbeats later;
+        a link that broke or was refused is dialled again, and the node is up
+        once it works.  A machine that vanishes without closing it still
+        goes by heartbeats."""
         if not self.clustered:
             return
         try:
             members = await self.store.members()
         except StoreError:
             return  # the heartbeat already says so in the log
+        now = self.reactor.seconds()
         for member in members:
-            if "node" in member.roles and self._up(member) and self._api(member) is not self.local:
+            heartbeats = state(member, now, self.heartbeat) == UP
+            if "node" in member.roles and heartbeats and self._api(member) is not self.local:
                 connect = getattr(self._api(member), "connect", None)
                 if connect is not None:
                     defer.ensureDeferred(connect()).addErrback(
@@ -199,8 +211,8 @@ class Router:
             return await getattr(self._only_node(), method)(caller, *arguments)
         await self._check_user_limit(caller)
         members = await self._members()
-        candidates = [member for member in ranked(members.values(), self.reactor.seconds(), self.heartbeat,
-                                                  self._pending(members)) if not self._suspect(member)]
+        candidates = ranked(members.values(), self.reactor.seconds(), self.heartbeat, self._pending(members),
+                            self._link)
         if not candidates:
             raise SessionError(Kind.LIMIT_REACHED, NO_NODE)
         last: SessionError | None = None
@@ -264,8 +276,18 @@ class Router:
 
     async def open_stream(self, caller: Caller, session_id: str, kind: StreamKind) -> Stream:
         """One end of the caller's session, opened by the node that runs it
-        (which checks the owner again and picks the end from its own record)."""
-        return await self._on_node_of("open_stream", caller, session_id, kind)
+        (which checks the owner again and picks the end from its own record).
+        A stream from another member holds this gateway's descriptors too:
+        it is refused when users' work may take no more (``room``; this
+        machine's node asks for its own)."""
+        node = await self._node_of(await self._row(caller, session_id))
+        if node is not self.local and not self.room(STREAM_FILES):
+            log.warn("{user} from {address}: no {kind} stream of session {id}: this gateway is short of open files"
+                     " ([server] fd_reserve)", user=caller.user, address=caller.address, kind=kind.word,
+                     id=session_id)
+            raise SessionError(Kind.LIMIT_REACHED, "The server is short of open files; please try again in a"
+                               " minute.", session_id=session_id)
+        return await node.open_stream(caller, session_id, kind)
 
     async def restore(self, caller: Caller, request: RestoreRequest) -> Ready:
         node = await self._node_of(await self._row(caller, request.session_id))

@@ -79,7 +79,7 @@ from nxgate.threads import Blocking, inline
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.model import Session, State
 
-log = Logger(namespace="nxgate.node.browser_viewer")
+log = Logger()
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 _COOKIE = re.compile(r"[0-9A-Za-z]{1,128}")
@@ -386,7 +386,7 @@ class BrowserViewer:
                 processes.send_signal(process, signal.SIGTERM)
             self.viewers.reactor.callLater(3.0, self._kill_leftovers)
             self.viewers.forget(self)
-            log.info("browser viewer {id} of {user} (session {session}) closed", id=self.id, user=self.user,
+            log.debug("browser viewer {id} of {user} (session {session}) closed", id=self.id, user=self.user,
                      session=self.session_id)
             return
         for name in ("x11vnc", "nxproxy", "xvfb"):
@@ -395,7 +395,7 @@ class BrowserViewer:
                 processes.send_signal(process, signal.SIGTERM)
         self.viewers.reactor.callLater(3.0, self._kill_leftovers)
         self.viewers.forget(self)
-        log.info("browser viewer {id} of {user} closed", id=self.id, user=self.user)
+        log.debug("browser viewer {id} of {user} closed", id=self.id, user=self.user)
 
     def _kill_leftovers(self) -> None:
         for process in self.processes.values():

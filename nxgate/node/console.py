@@ -36,7 +36,7 @@ MAX_UTMP_BYTES = 4 << 20
 #: An X authority file holds a few entries of ~50 bytes each.
 MAX_XAUTHORITY_BYTES = 1 << 20
 
-log = Logger(namespace="nxgate.shadow")
+log = Logger()
 
 
 @dataclass(frozen=True)

@@ -56,14 +56,14 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 
 from nxgate import local_peers
 from nxgate.node import files, processes
 from nxgate.node.agents import x11
 from nxgate.threads import Blocking, inline
 
-log = Logger(namespace="nxgate.session")
+log = Logger()
 
 #: Where gateways on one machine claim displays (root's: /run is not
 #: world-writable, so no local user can hold a claim).
@@ -499,6 +499,7 @@ class DisplayAllocator:
         self.span = span
         self.in_use = in_use
         self.blocking = blocking
+        self._foreign_told: tuple[int, ...] = ()  # the displays of others the log last warned about
 
     async def allocate(self, uid: int, gid: int) -> int:
         """Reserve a free display number for an agent of ``uid`` (its claim
@@ -507,8 +508,10 @@ class DisplayAllocator:
         found: Search = await self.blocking(find_free, first, count, list(self.in_use()), uid, gid)
         for problem in found.problems:
             log.warn("{problem}", problem=problem)
-        if found.passed_over:
-            log.warn("{count} display(s) in use by others passed over: {displays} (nxgate-admin status says who "
+        if found.passed_over:  # a warning when they change, not at every start while the same ones stay
+            told, self._foreign_told = self._foreign_told, tuple(number for number, _ in found.passed_over)
+            log.emit(LogLevel.debug if told == self._foreign_told else LogLevel.warn,
+                     "{count} display(s) in use by others passed over: {displays} (nxgate-admin status says who "
                      "holds them)", count=len(found.passed_over), displays=_numbers(found.passed_over))
         for display, why in found.taken_over:
             log.info("display :{display}: no X server held it ({why}); taken over for the new session",

@@ -16,7 +16,7 @@ from twisted.logger import Logger
 from nxgate.config import DBusSection, SessionsSection
 from nxgate.node import files
 
-log = Logger(namespace="nxgate.session")
+log = Logger()
 
 #: Where ``nxgate-session`` looks for the gateway's bus (the same name as
 #: nxgate.gateway.doors.dbus.wire.BUS_VARIABLE, which the node may not import).

@@ -25,7 +25,7 @@ from twisted.logger import Logger
 
 from nxgate.node.agents.nxagent import MAX_SOCKET_PATH, AgentFiles
 
-log = Logger(namespace="nxgate.session")
+log = Logger()
 
 
 

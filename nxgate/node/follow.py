@@ -23,7 +23,7 @@ from twisted.python.filepath import FilePath
 
 from nxgate.node.agents.agentlog import LineSplitter
 
-log = Logger(namespace="nxgate.session")
+log = Logger()
 
 READ_CHUNK = 65536
 #: At most this much of a log is read per reactor turn; the rest follows

@@ -25,7 +25,7 @@ from nxgate.vocabulary.model import Session, State
 from nxgate.store.errors import StoreError
 from nxgate.store.interface import SessionStore
 
-log = Logger(namespace="nxgate.session")
+log = Logger()
 
 
 class Housekeeping(service.Service):

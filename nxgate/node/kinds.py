@@ -35,7 +35,7 @@ from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.node.programs import session_command
 from nxgate.vocabulary.requests import PUBLISHED_TYPE, StartRequest
 
-log = Logger(namespace="nxgate.session")
+log = Logger()
 
 
 @dataclass(frozen=True)

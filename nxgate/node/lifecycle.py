@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from twisted.internet import defer
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 
 from nxgate import metrics
 from nxgate.node.agents import nxagent
-from nxgate.node.agents.agentlog import AgentEvent, LogEvent, parse_line
+from nxgate.node.agents.agentlog import CLIENT_GONE, AgentEvent, LogEvent, client_gone, parse_line
 from nxgate.config import Config, SessionsSection
 from nxgate.node.displays import DisplayAllocator
 from nxgate.node.extras import Extras, grant_for
@@ -56,7 +56,7 @@ from nxgate.vocabulary.results import SessionEvent, SessionObserver, SessionView
 from nxgate.store.interface import SessionStore
 from nxgate.node.writer import StoreWriter
 
-log = Logger(namespace="nxgate.session")
+log = Logger()
 
 
 class SessionEnded(Exception):
@@ -274,9 +274,10 @@ class Lifecycle:
         runtime.lock.acquire()
         try:
             log.info(
-                "starting session {id} ({type}, display :{display}) for {user} from {address}",
+                "starting session {id} ({type}, display :{display}) for {user} from {address}{later}",
                 id=session.id, type=session.type, display=session.display, user=session.user,
-                address=caller.address, audit="session_start",
+                address=caller.address, later=" for a later client" if session.for_later else "",
+                audit="session_start",
             )
             try:
                 launched = self.reactor.seconds()
@@ -622,11 +623,13 @@ class Lifecycle:
             return
         renewing = self._renewable(session)
         if event.event is AgentEvent.ERROR:
-            runtime.last_error = event.text
-            if renewing:  # nxagent giving up on a first client: _agent_exited starts a fresh one
-                log.info("session {id}: nxagent: {text}", id=session_id, text=event.text)
-            else:
-                log.warn("session {id}: nxagent: {text}", id=session_id, text=event.text)
+            lost = client_gone(event.text)
+            runtime.last_error = CLIENT_GONE if lost else event.text
+            # Its client leaving, giving up on a first client (_agent_exited starts a fresh one) or being
+            # ended by us: the session's own line says what happened; other errors are the admin's to see.
+            expected = lost or renewing or bool(session.failure)
+            log.emit(LogLevel.debug if expected else LogLevel.warn, "session {id}: nxagent: {text}",
+                     id=session_id, text=event.text)
             return
         if event.event is AgentEvent.WAITING and runtime.listening is not None and not runtime.listening.called:
             runtime.listening.callback(None)
@@ -680,7 +683,7 @@ class Lifecycle:
         if (session.geometry, session.fullscreen) == (event.text, event.fullscreen):
             return
         self._update(session.id, geometry=event.text, fullscreen=event.fullscreen)
-        log.info("session {id} of {user}: screen {geometry}{mode}", id=session.id, user=session.user,
+        log.debug("session {id} of {user}: screen {geometry}{mode}", id=session.id, user=session.user,
                  geometry=event.text, mode=" full screen" if event.fullscreen else "")
 
     def _end_watchdog(self, session: Session) -> None:
@@ -779,8 +782,9 @@ class Lifecycle:
     def _transition(self, session_id: str, new: State, **changes: Any) -> None:
         old, attached_before = self.sessions[session_id].state, self.sessions[session_id].ever_attached
         session = self._update(session_id, state=new, changed=self.reactor.seconds(), **changes)
-        log.info("session {id} of {user}: {old} -> {new}", id=session_id, user=session.user,
-                 old=old.value, new=new.value)
+        # A client attaching is worth a line; the other steps have theirs (suspended, ended) or none.
+        log.emit(LogLevel.info if new is State.RUNNING else LogLevel.debug, "session {id} of {user}: {old} -> {new}",
+                 id=session_id, user=session.user, old=old.value, new=new.value)
         self._notify(session, old, attached_before)
         if new is State.SUSPENDED:
             log.info("session {id} of {user} suspended (last client {address})", id=session_id, user=session.user,
@@ -859,12 +863,15 @@ class Lifecycle:
         session = self.sessions.pop(session_id)
         runtime = self.runtime.pop(session_id, None)
         self.displays.release(session.display)
-        log.info("session {id} of {user} ended ({state}: {reason})", id=session_id, user=session.user,
-                 state=final.value, reason=session.failure or reason, audit="session_end")
-        if "shadow" in session.options:
-            log.info("shadow detach: {user} no longer watches {target} of {owner} (session {id})", user=session.user,
-                     target=session.options["shadow"]["target"], owner=session.options["shadow"]["owner"],
-                     id=session_id, audit="shadow_detach")
+        shadow = session.options.get("shadow")
+        # A shadow's end is one line, its detach (the audit log has both events).
+        log.emit(LogLevel.debug if shadow else LogLevel.info, "session {id} of {user} ended ({state}: {reason})",
+                 id=session_id, user=session.user, state=final.value, reason=session.failure or reason,
+                 audit="session_end")
+        if shadow:
+            log.info("shadow detach: {user} no longer watches {target} of {owner}: session {id} ended ({why})",
+                     user=session.user, target=shadow["target"], owner=shadow["owner"], id=session_id,
+                     why=f"{final.value}: {session.failure or reason}", audit="shadow_detach")
         if runtime is not None:
             self._stop_watching(runtime)
             self._cancel_connect_timer(runtime)

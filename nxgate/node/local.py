@@ -47,7 +47,7 @@ from nxgate.vocabulary.streams import Stream, StreamKind
 from nxgate.wire import agentsocket
 from nxgate.wire.agentsocket import SocketStream, StreamWatch
 
-log = Logger(namespace="nxgate.node.local")
+log = Logger()
 
 Blocking = Callable[..., Awaitable[Any]]
 
@@ -57,6 +57,12 @@ VIEW_WAIT, VIEW_EVERY = 10.0, 0.02
 #: After the viewer's client first spoke (its RFB version: the handshake is done well within this),
 #: x11vnc is told to stop holding the clipboard back (nxgate.node.browser_viewer.selection_nudge_argv).
 NUDGE_AFTER = 1.0
+
+
+def short_of_files(machine: str, session_id: str) -> SessionError:
+    """The refusal of a stream for want of descriptors (the users' reserve is spent): try again later."""
+    return SessionError(Kind.LIMIT_REACHED, f"Machine {machine} is short of open files; please try again in a"
+                        " minute.", session_id=session_id)
 
 
 class LocalNode:
@@ -70,8 +76,12 @@ class LocalNode:
     streams here), which hear this node's sessions from now on."""
 
     def __init__(self, service: Any, users: Any, machine: Callable[[], str], blocking: Blocking,
-                 viewers: Any = None) -> None:
+                 viewers: Any = None, room: Callable[[int], bool] = lambda count: True) -> None:
+        """``room(n)``: whether users' work may take ``n`` more of this
+        process's descriptors (the doors' guard's reserve): every stream
+        opened here takes one (a reverse route's listener is its node's)."""
         self.service = service
+        self.room = room
         self.users = users
         self.machine = machine
         self.blocking = blocking
@@ -182,6 +192,11 @@ class LocalNode:
         session = self.session(view.id)
         if session is None or not session.state.live:
             raise SessionError(Kind.NOT_FOUND, f"Could not find session {session_id}.", session_id=session_id)
+        if kind.word in ("agent", "view") and not self.room(1):
+            log.warn("{user} from {address}: no {kind} stream of session {id}: this machine is short of open files"
+                     " ([server] fd_reserve)", user=caller.user, address=caller.address, kind=kind.word,
+                     id=session_id)
+            raise short_of_files(self.machine(), session_id)
         return await opener(here, session, kind)
 
     async def _agent_stream(self, caller: Caller, session: Session, kind: StreamKind) -> Stream:

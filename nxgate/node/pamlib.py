@@ -169,7 +169,7 @@ def resolve_service(name: str, pam_dir: str = "/etc/pam.d") -> str:
     # every session start, and Twisted's logger would double its start-up.
     from twisted.logger import Logger
 
-    Logger(namespace="nxgate.pam").warn(
+    Logger().warn(
         "PAM service {service!r} has no file in {dir}; using 'login' instead",
         service=name,
         dir=pam_dir,

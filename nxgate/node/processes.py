@@ -26,7 +26,7 @@ from twisted.logger import Logger
 from twisted.internet.interfaces import IReadDescriptor
 from zope.interface import implementer
 
-log = Logger(namespace="nxgate.session")
+log = Logger()
 
 
 class LaunchError(Exception):

@@ -24,8 +24,9 @@ Who may connect: the session's user only.  A Unix socket's peer is known
 from ``SO_PEERCRED``; a TCP peer from the kernel's table and the user's
 processes (:mod:`nxgate.local_peers`, run off the reactor).  Nothing the
 peer sent is read before the verdict; a refused peer is closed, and the
-log says who, a few times and then as a sum.  An admitted connection is
-not read at all here: the gateway takes the socket as it is.
+log says who, once a minute per peer with a count (:mod:`nxgate.ratelimit`),
+and the sum at the end.  An admitted connection is not read at all here:
+the gateway takes the socket as it is.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from nxgate import local_peers
+from nxgate.ratelimit import RateLimiter
 from nxgate.streams import reverse
 from nxgate.streams.reverse import ReverseService, RouteError, Waiting
 from nxgate.vocabulary.caller import Caller
@@ -51,13 +53,17 @@ from nxgate.vocabulary.results import SessionEvent
 from nxgate.vocabulary.streams import Stream
 from nxgate.wire.agentsocket import SocketStream
 
-log = Logger(namespace="nxgate.node.reverse")
+log = Logger()
 
 #: Connections a listener takes from the kernel in one turn of the reactor.
 ACCEPTS_PER_TURN = 16
 BACKLOG = 16
-#: Refusals of one peer are logged at these counts (the rest summed up when the route ends).
-_SAY_AT = frozenset({1, 10, 100, 1000, 10000, 100000})
+#: Descriptors a route holds on the node: its listener and the two ends of its stream's socket pair.
+ROUTE_FILES = 3
+#: Peers whose refusals a route sums up for its last line (the rest are in the per-minute lines only).
+MAX_PEERS_COUNTED = 64
+#: Refusals of one peer are logged once a minute per route (the rest counted, and summed up when the route ends).
+REFUSALS_LOGGED_EVERY = 60.0
 
 Setting = Callable[[Session, str, bytes], Awaitable[None]]
 
@@ -68,12 +74,17 @@ class ReverseListeners:
     ``directory``: root's directory of the Unix listeners; ``blocking``:
     runs a blocking call off the reactor (the TCP peer check reads
     ``/proc``); ``session(id)``: the node's own record of a live session;
-    ``enabled(service)``: whether ``[services]`` leaves it on."""
+    ``enabled(service)``: whether ``[services]`` leaves it on; ``room(n)``:
+    whether users' work may take ``n`` more descriptors (the gateway's
+    reserve: a connection the node cannot hold stays in the kernel's
+    backlog, and a route is refused)."""
 
     def __init__(self, reactor: Any, directory: str, blocking: Callable[..., Any],
                  session: Callable[[str], Session | None], enabled: Callable[[str], bool] = lambda name: True,
-                 machine: Callable[[], str] = lambda: "this machine") -> None:
+                 machine: Callable[[], str] = lambda: "this machine",
+                 room: Callable[[int], bool] = lambda count: True) -> None:
         self.reactor = reactor
+        self.room = room
         self.directory = directory
         self.blocking = blocking
         self.session = session
@@ -124,6 +135,11 @@ class ReverseListeners:
                                f"{self.machine()}.", session_id=session.id)
         if session.state is State.TERMINATING:
             raise SessionError(Kind.WRONG_STATE, f"Session {session.id} is ending.", session_id=session.id)
+        if not self.room(ROUTE_FILES):
+            log.warn("session {id} of {user}: no {what} listener: the machine is short of open files ([server]"
+                     " fd_reserve)", id=session.id, user=session.user, what=service.what)
+            raise SessionError(Kind.LIMIT_REACHED, f"Machine {self.machine()} is short of open files; please try"
+                               " again in a minute.", session_id=session.id)
         key = (session.id, service.word)
         old = self.routes.pop(key, None)
         if old is not None:
@@ -244,6 +260,9 @@ class _Acceptor:
 
     def doRead(self) -> None:
         for _ in range(ACCEPTS_PER_TURN):
+            if not self.route.owner.room(1):
+                self.route.short_of_files()
+                return
             try:
                 conn, _peer = self.sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -278,6 +297,8 @@ class _Route:
         self.end: Any = None  # the transport of the node's end of the route
         self.closed = False
         self.refused: dict[str, int] = {}
+        self.refusal_lines = RateLimiter(owner.reactor.seconds, window=REFUSALS_LOGGED_EVERY, capacity=256,
+                                         reports=False)
 
     @property
     def where(self) -> str:
@@ -285,6 +306,20 @@ class _Route:
 
     def start(self) -> None:
         self.owner.reactor.addReader(self.acceptor)
+
+    def short_of_files(self) -> None:
+        """The machine keeps its last descriptors: what connects waits in the
+        kernel's backlog (and is refused there when it is full) until there
+        is room; the listener is looked at again in a second."""
+        self.owner.reactor.removeReader(self.acceptor)
+        if self.refusal_lines.tell("the machine's open file limit") is not None:
+            log.warn("session {id} of {user}: {what} connections wait: the machine is short of open files ([server]"
+                     " fd_reserve)", id=self.session_id, user=self.user, what=self.service.what)
+
+        def again() -> None:
+            if not self.closed:
+                self.owner.reactor.addReader(self.acceptor)
+        self.owner.reactor.callLater(1.0, again)
 
     def accepted(self, conn: socket.socket) -> None:
         if self.closed:
@@ -325,11 +360,13 @@ class _Route:
             self.end.write(reverse.announcement(number))
 
     def _refused(self, who: str, reason: str) -> None:
-        count = self.refused[who] = self.refused.get(who, 0) + 1
-        if count in _SAY_AT:
+        if who in self.refused or len(self.refused) < MAX_PEERS_COUNTED:
+            self.refused[who] = self.refused.get(who, 0) + 1
+        held = self.refusal_lines.tell(who)
+        if held is not None:
             log.warn("session {id} of {user}: refused a {what} connection from {who}: {reason} (only the session's "
                      "user may use it){times}", id=self.session_id, user=self.user, what=self.service.what, who=who,
-                     reason=reason, times="" if count == 1 else f"; {count} refused from there so far")
+                     reason=reason, times=f"; {held} more refused from there in the last minute" if held else "")
 
     def setting(self, line: bytes) -> None:
         try:

@@ -21,7 +21,7 @@ from typing import Any
 
 from twisted.application import service
 from twisted.internet import defer, inotify
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 
 from nxgate.node.pamlib import resolve_service
 from nxgate.node.agents import nxagent
@@ -48,7 +48,7 @@ from nxgate.store.interface import SessionStore
 from nxgate.node.writer import StoreWriter
 from nxgate.threads import Blocking, inline
 
-log = Logger(namespace="nxgate.session")
+log = Logger()
 
 #: The longest session name :meth:`SessionService.rename` accepts.
 MAX_NAME = 64
@@ -72,11 +72,15 @@ class SessionService(service.Service):
         blocking: Blocking = inline,
         send_signal: SendSignal = processes.send_signal,
         listens: Callable[[int, int], bool] | None = None,
+        room: Callable[[int], bool] = lambda count: True,
     ) -> None:
         """``blocking`` runs the work that must not hold the reactor (the
         gateway passes a thread pool); ``send_signal`` and ``listens`` go to
         the AgentSupervisor (tests record signals and fake the port check).
-        ``store``: the one ``[store] url`` names (SQLite by default)."""
+        ``store``: the one ``[store] url`` names (SQLite by default).
+        ``room(n)``: whether users' work may take ``n`` more of this
+        process's descriptors (the doors' guard's reserve): the reverse
+        listeners ask before they accept."""
         self.reactor = reactor
         self.config = config
         self.settings = config.sessions
@@ -100,7 +104,7 @@ class SessionService(service.Service):
         self.reverse = ReverseListeners(reactor, layout.reverse, blocking, lambda sid: self.sessions.get(sid),
                                         lambda word: bool(getattr(self.config.services, REVERSE_SERVICES[word].switch,
                                                                   False)),
-                                        lambda: self.node_name or "this machine")
+                                        lambda: self.node_name or "this machine", room)
         self.extras = extras.Extras.load(extras.Context(reactor, lambda: self.config, layout, self.launcher,
                                                         blocking, self.reverse))
         folders, printer = self.extras.by_name.get("x2go-folders"), self.extras.by_name.get("printing")
@@ -199,7 +203,7 @@ class SessionService(service.Service):
         session = await self.new_session(caller, request.type, request.name, request.display, request.encrypted)
         session = session.evolve(options={**session.options, **launch.options, FOR_LATER: True}, client_address="")
         ready = await self.launch(caller, session, request.display, launch.plan)
-        log.info("session {id} of {user} started for a later client", id=ready.view.id, user=caller.user,
+        log.debug("session {id} of {user} started for a later client", id=ready.view.id, user=caller.user,
                  audit="session_start_for_later")
         return ready.view
 
@@ -249,8 +253,10 @@ class SessionService(service.Service):
 
     async def terminate(self, caller: Caller, session_id: str, reason: str = "user request") -> SessionView:
         session = self._owned(caller, session_id)
-        log.info("terminating session {id} of {user} on request from {address}", id=session.id,
-                 user=session.user, address=caller.address, audit="session_terminate")
+        # The session's end is its owner's line; another user ending it is worth one of its own.
+        log.emit(LogLevel.debug if caller.user == session.user else LogLevel.info,
+                 "terminating session {id} of {user} on request of {requester} from {address}", id=session.id,
+                 user=session.user, requester=caller.user, address=caller.address, audit="session_terminate")
         await self.lifecycle.terminate_session(session.id, reason)
         return SessionView.of(self.sessions.get(session.id, session))
 

@@ -37,7 +37,7 @@ from nxgate.users import UserDirectory
 if TYPE_CHECKING:
     from nxgate.node.service import SessionService
 
-log = Logger(namespace="nxgate.shadow")
+log = Logger()
 
 #: Why a jailed session is not offered for shadowing (said when it is asked for by id).
 JAILED = "it runs in a jail, where its display exists only for its own programs (its owner was not asked)"

@@ -42,7 +42,7 @@ from nxgate.node.environment import (bus_environment, compose_cache_environment,
 from nxgate.vocabulary.requests import DisplaySettings
 from nxgate.threads import Blocking, inline
 
-log = Logger(namespace="nxgate.session")
+log = Logger()
 
 #: A suspended agent that has not started resuming this long after a SIGHUP
 #: gets another one; one that started is left alone for RESUME_LISTEN_SECONDS.
@@ -411,7 +411,9 @@ class AgentSupervisor:
         def signal_all(tagged: list[ProcessId], signum: int) -> int:
             for process in tagged:
                 self.send_signal(process, signum)
-            return len(tagged)
+            # The agent itself, on its way out after it said it ended, is no leftover to tell of (nor to
+            # wait for here: kill_if_alive is its own).
+            return sum(1 for process in tagged if process.pid != session.agent_pid)
 
         def scan() -> defer.Deferred[list[ProcessId]]:
             return self.blocking(processes.tagged_processes, session.id, session.uid)

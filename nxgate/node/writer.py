@@ -24,7 +24,7 @@ from nxgate.vocabulary.model import Session
 from nxgate.store.errors import StoreError, StoreUnavailable
 from nxgate.store.interface import SessionStore
 
-log = Logger(namespace="nxgate.session")
+log = Logger()
 
 #: How often writes the store refused (a full disk) are tried again.
 STORE_RETRY_SECONDS = 5.0

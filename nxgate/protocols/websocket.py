@@ -27,7 +27,7 @@ from twisted.internet import protocol
 from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper
 
-log = Logger(namespace="nxgate.web.websocket")
+log = Logger()
 
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 

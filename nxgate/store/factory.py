@@ -19,7 +19,7 @@ from nxgate.store.errors import StoreError
 from nxgate.store.location import Location, parse
 from nxgate.store.sql import SQLStore
 
-log = Logger(namespace="nxgate.store")
+log = Logger()
 
 
 def sqlite_store(path: str, reactor: Any, inline: bool = False) -> SQLStore:

@@ -43,7 +43,7 @@ from nxgate.store.rows import (HEARTBEAT_COLUMNS, LIVE_STATES, MEMBER_COLUMNS, S
                                         UPDATE_COLUMNS, admission_counts, limit_hit, member_from_row, member_row,
                                         session_from_row, session_row)
 
-log = Logger(namespace="nxgate.store")
+log = Logger()
 T = TypeVar("T")
 
 SCHEMA_VERSION = 2

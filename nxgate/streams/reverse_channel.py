@@ -37,12 +37,15 @@ from nxgate.vocabulary.streams import Stream
 from nxgate.wire.splice import Splice, TransportEnd
 from nxgate.wire.tcp import no_delay
 
-log = Logger(namespace="nxgate.streams.reverse_channel")
+log = Logger()
 
 #: Window of a reverse channel: a bulk copy (a folder) must not wait a round trip per window.
 WINDOW = 2 * 1024 * 1024
 #: Packets larger than Conch's 32 KiB, no larger than one read of the SSH socket brings.
 MAX_PACKET = 64 * 1024 - 256
+#: Reverse channels one SSH connection carries at once (a session's sound streams, print jobs, folder
+#: connections): each holds a descriptor of the gateway, and the session's programs make them.
+MAX_PER_CONNECTION = 32
 
 
 class ChannelEnd:
@@ -168,24 +171,54 @@ class ReverseChannel(SplicedChannel):
     """The gateway's channel to the client for one reverse stream.
 
     ``kind``: the channel type (``forwarded-tcpip``, ``service-connection@nxgate``);
-    ``what``: words for the log."""
+    ``what``: words for the log.  It counts on its connection from its
+    making to its end (:func:`send_back`)."""
 
     def __init__(self, stream: Stream, kind: bytes, what: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.name = kind
         self.stream = stream
         self.what = what
+        self.counted = self.conn is not None
+        if self.counted:
+            self.conn.nxgate_reverse_channels = _carried(self.conn) + 1
+
+    def _uncount(self) -> None:
+        if self.counted:
+            self.counted = False
+            self.conn.nxgate_reverse_channels = _carried(self.conn) - 1
 
     def channelOpen(self, specificData: bytes) -> None:
         self.stream.attach(self.far_side())
 
     def openFailed(self, reason: Failure) -> None:
+        self._uncount()
         log.info("the client refused a channel for {what}: {reason}", what=self.what,
                  reason=reason.getErrorMessage())
         self.stream.close()
 
+    def closed(self) -> None:
+        self._uncount()
+        super().closed()
+
     def far_failed(self) -> None:
         self.stream.close()
+
+
+def _carried(conn: Any) -> int:
+    return int(getattr(conn, "nxgate_reverse_channels", 0))
+
+
+def send_back(conn: Any, stream: Stream, kind: bytes, what: str, data: bytes) -> bool:
+    """Open a :class:`ReverseChannel` for ``stream`` on the SSH connection
+    ``conn`` (``data``: the channel type's own fields), if the connection
+    carries fewer than :data:`MAX_PER_CONNECTION`; else close the stream
+    (its program gets an end, as when a client refuses) and say False."""
+    if _carried(conn) >= MAX_PER_CONNECTION:
+        stream.close()
+        return False
+    conn.openChannel(ReverseChannel(stream, kind, what, conn=conn), data)
+    return True
 
 
 class TargetChannel(SplicedChannel):

@@ -25,7 +25,7 @@ from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import SessionError
 from nxgate.vocabulary.streams import Stream, StreamKind
 
-log = Logger(namespace="nxgate.streams.reverse_route")
+log = Logger()
 
 OpenStream = Callable[[Caller, str, StreamKind], Awaitable[Stream]]
 

@@ -152,6 +152,12 @@ def member_name(config: Any) -> str:
     return str(getattr(cluster, "name", "") or "") if cluster else ""
 
 
+#: A member's state as a gateway sees it (``nxgate-admin nodes``, placement): down by its heartbeat, or up
+#: (its link works, or the gateway keeps none to it), or connecting (a first link attempt).  Any other state
+#: is a failed link's, in words: "refused: ..." (the certificate), "unreachable: ...".
+MEMBER_UP, MEMBER_DOWN, MEMBER_CONNECTING = "up", "down", "connecting"
+
+
 @dataclass(frozen=True)
 class Member:
     """One cluster member as its own heartbeat last described it (one row in

@@ -178,7 +178,8 @@ class ServiceStatus:
 @dataclass(frozen=True)
 class MemberView:
     """A cluster member as the admin sees it (``nxgate-admin nodes``):
-    ``state`` is "up" or "down" by its last heartbeat."""
+    ``state`` by its last heartbeat and this gateway's link to it
+    (:data:`nxgate.vocabulary.model.MEMBER_UP` and the others)."""
 
     name: str
     address: str

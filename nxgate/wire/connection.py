@@ -39,7 +39,7 @@ from nxgate.wire.tls import ClusterTLS, PeerRefused, check_server, peer_names
 from nxgate.wire.guarded import authenticated
 from nxgate.wire.tcp import no_delay
 
-log = Logger(namespace="nxgate.cluster")
+log = Logger()
 
 #: Seconds for TCP connect plus TLS handshake to another member.
 CONNECT_TIMEOUT = 5.0

@@ -15,3 +15,12 @@ def authenticated(transport: Any) -> None:
     hook = getattr(transport, "nxgate_authenticated", None)
     if callable(hook):
         hook()
+
+
+def user_logged_in(transport: Any, user: str) -> str | None:
+    """Tell the guard of the connection under ``transport`` that it carries
+    ``user``'s login from now on: None when it may, else the words of the
+    refusal (the user holds as many connections as one may; the door
+    refuses the login with them).  Without a guard (tests), None."""
+    hook = getattr(transport, "nxgate_user", None)
+    return hook(user) if callable(hook) else None

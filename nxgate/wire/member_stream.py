@@ -36,7 +36,7 @@ from nxgate.wire.connection import dial
 from nxgate.wire.splice import Splice, TransportEnd
 from nxgate.wire.tls import ClusterTLS
 
-log = Logger(namespace="nxgate.wire.member_stream")
+log = Logger()
 
 
 class _StreamClient(protocol.Protocol):

@@ -39,7 +39,7 @@ from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.results import Progress, SessionEvent
 from nxgate.wire.splice import Splice, TransportEnd
 
-log = Logger(namespace="nxgate.cluster.node")
+log = Logger()
 
 STREAM_HELLO = wire.STREAM_HELLO
 

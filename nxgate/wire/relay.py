@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from twisted.internet import defer, protocol
 from twisted.internet.interfaces import IPushProducer
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
 from nxgate.wire.splice import Splice, TransportEnd
@@ -29,7 +29,7 @@ from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import SessionError
 from nxgate.vocabulary.streams import AGENT, Stream, StreamKind
 
-log = Logger(namespace="nxgate.relay")
+log = Logger()
 
 #: ``open_stream`` of the node interface (the router's, for a door).
 OpenStream = Callable[[Caller, str, StreamKind], Awaitable[Stream]]
@@ -116,7 +116,7 @@ class StreamRelay:
         self.to_agent = len(leftover)
         self.to_client = 0
         channel.pause_input()  # nothing piles up before the agent is connected
-        log.info("relaying {user}'s stream from {address} to session {id}", user=client.user,
+        log.debug("relaying {user}'s stream from {address} to session {id}", user=client.user,
                  address=client.address, id=session_id)
         self.stream: Stream | None = None
         opened = defer.ensureDeferred(open_stream(client, session_id, kind))  # type: ignore[arg-type]
@@ -214,5 +214,7 @@ class StreamRelay:
         self._log_end("agent")
 
     def _log_end(self, side: str) -> None:
-        log.info("stream of session {id} closed by the {side} ({up} bytes up, {down} down)",
+        # A client leaving is its connection's line; the agent dropping the client is worth one of its own.
+        log.emit(LogLevel.info if side == "agent" else LogLevel.debug,
+                 "stream of session {id} closed by the {side} ({up} bytes up, {down} down)",
                  id=self.session_id, side=side, up=self.to_agent, down=self.to_client)

@@ -13,7 +13,10 @@ One connection per member, kept by Twisted's ``ClientService`` (see
 :class:`RemoteNode`); a member that cannot be reached fails the call at
 once with ``Kind.UNAVAILABLE`` and a sentence naming it (``unreachable``:
 nothing was asked, placement may try the next member), and the log says
-why, once per outage.
+why, once per outage.  The link's state (:attr:`RemoteNode.link_state`) is the
+member's state for this gateway (:mod:`nxgate.gateway.membership`): a
+member whose certificate is not from the cluster's CA still writes its
+heartbeat into the shared database, but its link is refused.
 """
 
 from __future__ import annotations
@@ -39,12 +42,31 @@ from nxgate.wire.member_stream import RemoteStreams
 from nxgate.wire.tls import ClusterTLS
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
+from nxgate.vocabulary.model import MEMBER_CONNECTING, MEMBER_UP
 from nxgate.vocabulary.requests import FolderShares, RestoreRequest, ShadowRequest, ShareMount, StartRequest
 from nxgate.vocabulary.results import (DesktopEntry, FolderMount, Listing, Progress, ProgressCallback, Ready, ServiceStatus, SessionEvent,
                                      SessionView, ShadowTarget)
 from nxgate.vocabulary.streams import Stream, StreamKind
 
-log = Logger(namespace="nxgate.wire.remote_node")
+log = Logger()
+
+REFUSED_CERTIFICATE = "refused: certificate not from the cluster's CA"
+REFUSED_OURS = "refused: it does not trust this gateway's certificate"
+#: OpenSSL's words for a certificate this gateway did not verify, and the TLS alerts of a member that did not.
+_NOT_VERIFIED = ("certificate verify failed",)
+_NOT_TRUSTED = ("unknown ca", "bad certificate", "certificate unknown", "unsupported certificate")
+
+
+def link_problem(message: str) -> str:
+    """A failed link attempt (its error's text) as the member's state in ``nxgate-admin nodes``."""
+    lowered = message.lower()
+    if any(words in lowered for words in _NOT_VERIFIED):
+        return REFUSED_CERTIFICATE
+    if any(words in lowered for words in _NOT_TRUSTED):
+        return REFUSED_OURS
+    if "its certificate" in lowered:  # verified, but it names another member (nxgate.wire.tls.PeerRefused)
+        return f"refused: {message.rpartition(': ')[2]}"
+    return f"unreachable: {message}"
 
 
 class _GatewayAMP(amp.AMP):
@@ -82,7 +104,7 @@ class _GatewayAMP(amp.AMP):
 
     def connectionLost(self, reason: Any) -> None:
         super().connectionLost(reason)
-        self.node.lost(self)
+        self.node.lost(self, reason)
 
 
 @implementer(IStreamClientEndpoint)
@@ -133,16 +155,25 @@ class RemoteNode:
         self.progress_callbacks: dict[int, ProgressCallback] = {}
         self.calls = itertools.count(1)
         #: When (this gateway's clock) the connection to the member broke or
-        #: could not be made; None while it works or was never needed.  A
-        #: member killed is seen at once this way, heartbeats take three
-        #: periods (see :meth:`RemoteNodes.broken`).
+        #: could not be made, the outage the log tells once; None while it
+        #: works or was never needed.
         self.broken_at: float | None = None
+        #: Why the link does not work (:func:`link_problem`), since it last failed or broke; "" while it works.
+        self.problem = ""
         self.closing = False
         self.link = ClientService(_MemberEndpoint(self), protocol.Factory.forProtocol(lambda: _GatewayAMP(self)),
                                   retryPolicy=backoffPolicy(initialDelay=1.0, maxDelay=10.0), clock=reactor)
 
     def __repr__(self) -> str:
         return f"RemoteNode({self.name!r}, {self.address!r})"
+
+    @property
+    def link_state(self) -> str:
+        """The link's state: up, the problem since it last failed (until it
+        works again), or connecting (its first attempt is under way or to come)."""
+        if self.connection is not None:
+            return MEMBER_UP
+        return self.problem or MEMBER_CONNECTING
 
     # ----------------------------------------------------- SessionAPI
     async def start(self, caller: Caller, request: StartRequest) -> Ready:
@@ -296,6 +327,7 @@ class RemoteNode:
         self.attempting = False
         self.failures = 0
         self.broken_at = None
+        self.problem = ""
         log.info("connected to cluster member {name} at {address}", name=self.name, address=self.address)
         if self.listener is not None:
             connection.callRemote(wire.Subscribe).addErrback(
@@ -306,10 +338,12 @@ class RemoteNode:
     def _not_connected(self, failure: Any) -> Any:
         self.attempting = False
         self.failures += 1
-        # Said once per outage (the link and the heartbeat try again); "connected" ends it.
-        if self.broken_at is None:
-            self.broken_at = self.reactor.seconds()
-            self._unavailable(failure.getErrorMessage())
+        problem, self.problem = self.problem, link_problem(failure.getErrorMessage())
+        # Said once per outage (the link and the heartbeat try again), and when it turns into a refusal;
+        # "connected" ends it.
+        if self.broken_at is None or (self.problem != problem and self.problem.startswith("refused")):
+            self.broken_at = self.broken_at or self.reactor.seconds()
+            self._unavailable(self.problem if self.problem.startswith("refused") else failure.getErrorMessage())
         if self.failures >= self.RETRIES and not self.closing:
             self.reactor.callLater(0, self._rest)
         return failure
@@ -319,12 +353,15 @@ class RemoteNode:
         if self.connection is None and not self.attempting and self.link.running:
             self.link.stopService()
 
-    def lost(self, connection: _GatewayAMP) -> None:
+    def lost(self, connection: _GatewayAMP, reason: Any = None) -> None:
         """The connection broke: the next call dials again."""
         if self.connection is connection:
             self.connection = None
             if not self.closing:
                 self.broken_at = self.reactor.seconds()
+                # A member that refuses this gateway's certificate does so after the handshake (TLS 1.3).
+                problem = link_problem(getattr(reason, "getErrorMessage", lambda: "")())
+                self.problem = problem if problem.startswith("refused") else "unreachable: its connection closed"
             log.info("connection to cluster member {name} closed", name=self.name)
 
     def close(self) -> None:
@@ -357,13 +394,13 @@ class RemoteNodes:
             node = self.nodes[name] = RemoteNode(self.reactor, self.tls, name, address, self.listener, self.streams)
         return node
 
-    def broken(self, name: str) -> float | None:
-        """When this gateway's connection to member ``name`` broke (None: it
-        did not).  Until the member writes a heartbeat after that moment, the
-        gateway treats it as down: its sessions are listed as lost and new
-        ones go elsewhere at once, not three heartbeats later."""
+    def link_state(self, name: str) -> str:
+        """The state of this gateway's link to member ``name`` (connecting:
+        not dialled yet).  Until it works again after a break or a refusal,
+        the gateway treats the member as down: its sessions are listed as
+        lost and new ones go elsewhere, at once, not three heartbeats later."""
         node = self.nodes.get(name)
-        return None if node is None else node.broken_at
+        return MEMBER_CONNECTING if node is None else node.link_state
 
     def close(self) -> None:
         for node in self.nodes.values():

@@ -41,7 +41,7 @@ from zope.interface import implementer
 
 from nxgate.wire.records import whole_writes
 
-log = Logger(namespace="nxgate.wire.tls")
+log = Logger()
 
 CA_CERT, CA_KEY = "ca.pem", "ca.key"
 CA_DAYS, CERT_DAYS = 3650, 825

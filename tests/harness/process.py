@@ -38,6 +38,21 @@ def stop(process: subprocess.Popen, grace: float = 5.0) -> int | None:
     return process.returncode
 
 
+def release(holder: subprocess.Popen, grace: float = 60.0) -> None:
+    """End an attacker that holds what it took until its stdin closes (an
+    attack test's holder): close its stdin, wait ``grace`` seconds for it to
+    let go, then kill it; close its pipes.  Safe to call twice."""
+    if holder.poll() is None:
+        holder.stdin.close()
+        try:
+            holder.wait(grace)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            holder.wait()
+    holder.stdout.close()
+    holder.stderr.close()
+
+
 def stop_groups(processes: list[subprocess.Popen], grace: float = 10.0) -> None:
     """End children that lead process groups of their own
     (``start_new_session``) with all they started: SIGTERM to every group

@@ -22,7 +22,7 @@ from twisted.logger import Logger
 from nxgate.protocols import printgate
 from nxgate.wire.tcp import no_delay
 
-log = Logger(namespace="nxgate.clients.nx.printing")
+log = Logger()
 
 CUPS_SOCKET = "/run/cups/cups.sock"
 CUPS_PORT = 631

@@ -15,21 +15,22 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from twisted.internet import defer
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
-from nxgate.gateway.auth.pam import AuthResult, Authenticator, Verdict
+from nxgate.gateway.auth.pam import TEMPORARY_NOTE, AuthResult, Authenticator, Verdict
 from nxgate.gateway.doors.login_events import log_granted, log_refused
 from nxgate.protocols.nx import server_dialogue as nx
-from nxgate.protocols.nx.errors import NXError
+from nxgate.protocols.nx.errors import TEMPORARY_FAILURE, NXError
 from nxgate.protocols.nx.params import Params
 from nxgate.vocabulary.caller import Caller
 from nxgate.threads import Blocking, inline
-from nxgate.users import resolve_caller
+from nxgate.users import AccountsUnavailable, resolve_caller
 from nxgate.wire.relay import ByteTransport  # where a conversation's bytes go: the wire's word
 
-log = Logger(namespace="nxgate.conversation")
-
+log = Logger()
+#: How a conversation ends when the client says goodbye: not worth a line beside its connection's.
+NORMAL_ENDS = frozenset(("quit", "bye"))
 
 
 
@@ -70,11 +71,17 @@ class Conversation:
         door: str = "nx",
         blocking: Blocking = inline,
         logged_in: Callable[[], None] | None = None,
+        claim: Callable[[str], str | None] | None = None,
     ) -> None:
         """``logged_in``: called once the user is known (an NX login, or at
         once for a preauthenticated one): the door's guard stops counting
-        the connection as unauthenticated (nxgate.gateway.doors.guard)."""
+        the connection as unauthenticated (nxgate.gateway.doors.guard).
+        ``claim(user)``: counts the connection for the user a right NX
+        password logged in (:func:`nxgate.wire.guarded.user_logged_in`); the
+        words it returns refuse that login (a preauthenticated user was
+        counted by the door that authenticated it)."""
         self.logged_in = logged_in
+        self.claim = claim
         self.reactor = reactor
         self.local_address = local_address
         self.door = door
@@ -93,10 +100,12 @@ class Conversation:
         # The logged-in caller, once resolved; commands that come before wait.
         self.caller: Caller | None = None
         self._caller_failure: Failure | None = None
+        self._resolving = False
         self._waiting_for_caller: list[defer.Deferred[Caller]] = []
 
     def _resolve_caller(self, user: str) -> None:
         """Look the user up once, off the reactor thread (pwd, the group list)."""
+        self._resolving = True
         d = self.blocking(resolve_caller, user, self.address, self.local_address, self.door)
         d.addCallbacks(self._caller_resolved, self._caller_unresolved)
 
@@ -107,7 +116,14 @@ class Conversation:
             d.callback(caller)
 
     def _caller_unresolved(self, failure: Failure) -> None:
-        self._caller_failure = failure
+        """The account could not be looked up: gone since the login (every
+        command then fails), or the user database could not tell now (the
+        gateway out of files: each command says so, and the next one looks
+        again)."""
+        if failure.check(AccountsUnavailable):
+            self._resolving = False
+        else:
+            self._caller_failure = failure
         waiting, self._waiting_for_caller = self._waiting_for_caller, []
         for d in waiting:
             d.errback(failure)
@@ -122,6 +138,8 @@ class Conversation:
             return defer.fail(self._caller_failure)
         d: defer.Deferred[Caller] = defer.Deferred()
         self._waiting_for_caller.append(d)
+        if not self._resolving and self.shell.user:
+            self._resolve_caller(self.shell.user)  # the last look-up could not tell: once more
         return d
 
     def _progress(self, line: str) -> None:
@@ -181,7 +199,8 @@ class Conversation:
             elif isinstance(effect, nx.SwitchToRelay):
                 self._switch(effect)
             elif isinstance(effect, nx.Close):
-                log.info("NX conversation with {address} closed ({reason})", address=self.address, reason=effect.reason)
+                log.emit(LogLevel.debug if effect.reason in NORMAL_ENDS else LogLevel.info,
+                         "NX conversation with {address} closed ({reason})", address=self.address, reason=effect.reason)
                 self._cancel_timers()
                 self._closed = True
                 self.transport.close()
@@ -195,6 +214,12 @@ class Conversation:
         if self._closed:
             return
         if result.granted:
+            refusal = self.claim(result.username) if self.claim is not None else None
+            if refusal is not None:
+                log.warn("NX login of {user} from {address} refused: {why} ([server] max_connections_per_user)",
+                         user=result.username, address=self.address, why=refusal, audit="login_refused")
+                self._run(self.shell.authentication_finished(None, error=True, note=refusal))
+                return
             self._run(self.shell.authentication_finished(result.username))
             return
         log_refused(log, "NX", result, self.address, self.shell.failed_logins + 1)
@@ -218,6 +243,10 @@ class Conversation:
         d.addErrback(self._unexpected, effect.command)
 
     def _command_error(self, failure: Failure, command: str) -> NXError:
+        if failure.check(AccountsUnavailable):
+            log.warn("{command} for {user} from {address} refused: {error}", command=command, user=self.shell.user,
+                     address=self.address, error=failure.value.strerror or str(failure.value))
+            return NXError(TEMPORARY_FAILURE, f"ERROR: {TEMPORARY_NOTE[:1].upper()}{TEMPORARY_NOTE[1:]}.")
         if failure.check(NXError):
             error: NXError = failure.value  # type: ignore[assignment]
             log.info(

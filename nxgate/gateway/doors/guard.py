@@ -23,6 +23,12 @@ its transport when
   the same reason the portal's connections earn no penalty.
 
 The deadline is the reactor's, so the door needs no timer of its own.
+
+After authentication a connection counts for its user instead
+(:mod:`nxgate.gateway.doors.user_connections`): a door that learns whose
+login a connection carries calls :func:`nxgate.wire.guarded.user_logged_in`,
+and refuses the login with the words it gets back when that user holds as
+many connections as one may; the connection's end releases it.
 """
 
 from __future__ import annotations
@@ -38,10 +44,12 @@ from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from zope.interface import alsoProvides, implementer
 
+from nxgate import descriptors
 from nxgate.descriptors import count_open_files
 from nxgate.gateway.doors.preauth import Block, Ending, Limits, PreauthTable, Refusal
+from nxgate.gateway.doors.user_connections import UserConnections
 
-log = Logger(namespace="nxgate.gateway.doors")
+log = Logger()
 
 #: Seconds a count of open descriptors is trusted, far from the limit and
 #: near it (between samples every admitted connection counts as one more, so
@@ -104,6 +112,11 @@ class GuardedConnection(ProtocolWrapper):
         self.deadline = guard.reactor.callLater(guard.limits.grace, self._expired)
         super().makeConnection(transport)
 
+    def nxgate_user(self, user: str) -> str | None:
+        """The connection carries ``user``'s login: None, or the words of the
+        refusal when that user holds as many connections as one may."""
+        return self.factory.guard.user_connections.take(user, self)
+
     def nxgate_authenticated(self) -> None:
         if self.passed:
             return
@@ -150,6 +163,7 @@ class GuardedConnection(ProtocolWrapper):
             self.transport.abortConnection()
 
     def connectionLost(self, reason: Any) -> None:
+        self.factory.guard.user_connections.release(self)
         if self.deadline is not None and self.deadline.active():
             self.deadline.cancel()
         if not self.passed:
@@ -204,11 +218,16 @@ class DoorGuard:
     """The table, the descriptor count and the log lines, for every door."""
 
     def __init__(self, reactor: Any, limits: Limits, *, count_files: Callable[[], int] = count_open_files,
-                 file_limit: int | None = None, chance: Callable[[], float] = random.random) -> None:
+                 file_limit: int | Callable[[], int] = descriptors.file_limit,
+                 chance: Callable[[], float] = random.random) -> None:
+        """``file_limit``: the process's open file limit, read at each use
+        (an admin may change it under a running gateway with ``prlimit``), or
+        a fixed number (tests)."""
         self.reactor = reactor
         self.table = PreauthTable(limits, reactor.seconds, chance, self._displaced)
         self.count_files = count_files
-        self.file_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0] if file_limit is None else file_limit
+        self._file_limit = file_limit if callable(file_limit) else (lambda: file_limit)
+        self.user_connections = UserConnections(limits.per_user)
         self._files = 0
         self._files_at = float("-inf")
         self._flushed_at = reactor.seconds()
@@ -218,9 +237,15 @@ class DoorGuard:
     def limits(self) -> Limits:
         return self.table.limits
 
+    @property
+    def file_limit(self) -> int:
+        """The open file limit now (``getrlimit``: a system call, no file)."""
+        return self._file_limit()
+
     def configure(self, limits: Limits) -> None:
         """A reload: new connections are judged by the new limits."""
         self.table.limits = limits
+        self.user_connections.limit = limits.per_user
 
     def wrap(self, factory: Any, door: str, **options: Any) -> GuardedFactory:
         return GuardedFactory(self, factory, door, **options)
@@ -338,7 +363,8 @@ class DoorGuard:
 
     def status(self) -> dict[str, Any]:
         return {**self.table.status(), "open_files": self.count_files(), "file_limit": self.file_limit,
-                "fd_reserve": self.limits.fd_reserve, "refused_user_files": self.refused_user_files}
+                "fd_reserve": self.limits.fd_reserve, "refused_user_files": self.refused_user_files,
+                **self.user_connections.status(), "max_connections_per_user": self.user_connections.limit}
 
 
 _SETTINGS: dict[Refusal | None, str] = {

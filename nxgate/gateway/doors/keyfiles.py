@@ -9,7 +9,7 @@ import stat
 
 from twisted.logger import Logger
 
-log = Logger(namespace="nxgate.keys")
+log = Logger()
 
 
 def ensure_private_dir(path: str) -> None:

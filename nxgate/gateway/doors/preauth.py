@@ -35,7 +35,8 @@ connection, and what it tells when the connection authenticates or ends:
   refused for that long (at most ``penalty_max``), and each further block
   within ``penalty_max`` seconds of the last lasts twice as long.
 * **Logs**: refusals of one source are logged once a minute with a count,
-  never per connection (a flood must not become a log flood).
+  never per connection (a flood must not become a log flood; the one
+  :class:`nxgate.ratelimit.RateLimiter`).
 
 Exempt networks (``preauth_exempt``: a load balancer, a NAT of a whole
 office) skip the per-source cap and the penalties; they still count in the
@@ -53,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nxgate.config import Config, parse_max_startups, parse_networks
+from nxgate.ratelimit import RateLimiter
 
 #: Sources remembered for penalties (each a few hundred bytes).
 MAX_SOURCES = 100_000
@@ -82,6 +84,8 @@ class Limits:
     penalty_min: float = 15.0
     penalty_max: float = 600.0
     exempt: tuple[Any, ...] = ()
+    #: Authenticated connections per user (not this table's: nxgate.gateway.doors.user_connections).
+    per_user: int = 32
 
     @classmethod
     def from_config(cls, config: Config) -> Limits:
@@ -90,7 +94,8 @@ class Limits:
         return cls(grace=server.login_grace_time, per_address=server.max_startups_per_address, start=start,
                    rate=rate, full=full, fd_reserve=server.fd_reserve, penalty_noauth=server.penalty_noauth,
                    penalty_grace=server.penalty_grace, penalty_min=server.penalty_min,
-                   penalty_max=server.penalty_max, exempt=parse_networks(server.preauth_exempt))
+                   penalty_max=server.penalty_max, exempt=parse_networks(server.preauth_exempt),
+                   per_user=server.max_connections_per_user)
 
 
 class Refusal(enum.Enum):
@@ -131,12 +136,9 @@ class _Source:
     blocked_until: float = 0.0
     strikes: int = 0          # blocks in a row, each twice the last
     last_block: float = float("-inf")
-    logged_at: float = float("-inf")
-    unlogged: dict[str, int] = field(default_factory=dict)  # refusals since the last log line, by reason
 
     def idle(self, now: float) -> bool:
-        return (self.pending == 0 and self.blocked_until <= now and self.debt <= now - self.debt_at
-                and not self.unlogged)
+        return self.pending == 0 and self.blocked_until <= now and self.debt <= now - self.debt_at
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,8 @@ class PreauthTable:
         self.displaced = 0
         # Sources a cluster member's certificate was verified from, until when (see trust()).
         self.trusted: dict[str, float] = {}
+        #: The log lines about each source: one a minute (see note()).
+        self.lines = RateLimiter(clock, allowance=1, window=LOG_INTERVAL, capacity=MAX_SOURCES)
 
     # ----------------------------------------------------------- queries
     @staticmethod
@@ -338,26 +342,20 @@ class PreauthTable:
     def note(self, source: str, what: str) -> dict[str, int] | None:
         """Count a refusal (a :class:`Refusal`'s lower-case name) or a
         connection closed at the deadline (``"deadline"``) for the log: the
-        counts by kind to log now (the first of a source, then at most once
-        a minute), else None."""
-        record = self._record(source)
-        record.unlogged[what] = record.unlogged.get(what, 0) + 1
-        now = self.clock()
-        if now - record.logged_at < LOG_INTERVAL:
+        counts by kind to log now, this one's included (the first of a
+        source, then at most once a minute), else None."""
+        decision = self.lines.admit(source, what)
+        if not decision.passed:
             return None
-        record.logged_at = now
-        counts, record.unlogged = record.unlogged, {}
+        counts = dict(decision.held.counts) if decision.held is not None else {}
+        counts[what] = counts.get(what, 0) + 1
         return counts
 
     def flush_log(self) -> list[tuple[str, dict[str, int]]]:
         """Refusals not logged yet whose minute is over (call now and then),
-        so that the last burst of a flood is logged too."""
-        now, due = self.clock(), []
-        for source, record in self.sources.items():
-            if record.unlogged and now - record.logged_at >= LOG_INTERVAL:
-                due.append((source, record.unlogged))
-                record.unlogged, record.logged_at = {}, now
-        return due
+        so that the last burst of a flood is logged too; each begins its
+        source's next minute."""
+        return [(str(source), dict(held.counts)) for source, held in self.lines.due()]
 
     def _record(self, source: str) -> _Source:
         record = self.sources.pop(source, None)

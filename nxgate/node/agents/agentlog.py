@@ -41,6 +41,19 @@ _PATTERNS: list[tuple[re.Pattern[str], AgentEvent]] = [
 ]
 
 
+# nxcomp's Error lines when the link to the client breaks: the client went
+# (or its network did), which for NX is a normal disconnect; the agent then
+# suspends (a shadow ends), and that is what the gateway's log says.
+_CLIENT_GONE = re.compile(r"peer proxy|remote peer broken|state of your network")
+#: The reason a session ended when its agent lost its client, in the gateway's words.
+CLIENT_GONE = "its client went away"
+
+
+def client_gone(text: str) -> bool:
+    """Whether an ``Error:`` line's text is the agent losing its client."""
+    return _CLIENT_GONE.search(text) is not None
+
+
 # The real size of the session's screen, printed at start, at every resume
 # and whenever the desktop follows the client's window (resize=1).
 _SCREEN = re.compile(r"^Info: Screen \[0\] resized to geometry \[(\d{1,5}x\d{1,5})\] fullscreen \[([01])\]")

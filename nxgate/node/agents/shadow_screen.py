@@ -27,7 +27,7 @@ from twisted.logger import Logger
 
 from nxgate.node.agents.x11 import X_SOCKET
 
-log = Logger(namespace="nxgate.shadow")
+log = Logger()
 
 MIN_SIDE = 64
 MAX_SIDE = 16384

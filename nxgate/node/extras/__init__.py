@@ -25,7 +25,7 @@ from twisted.logger import Logger
 from nxgate.protocols import channels
 from nxgate.node.extras.ports import openable
 
-log = Logger(namespace="nxgate.extras")
+log = Logger()
 
 #: service -> the module with its Extra.
 MODULES = {

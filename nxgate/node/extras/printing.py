@@ -81,7 +81,7 @@ from nxgate.node.extras import Context
 from nxgate.node.follow import LogFollower
 from nxgate.safetext import printable
 
-log = Logger(namespace="nxgate.extras.printing")
+log = Logger()
 
 DIRECTORY = "cups"
 SOCKET = "socket"

@@ -42,7 +42,7 @@ from nxgate.protocols import channels
 from nxgate.node import files
 from nxgate.node.extras import Context
 
-log = Logger(namespace="nxgate.extras.sharing")
+log = Logger()
 
 #: The folder in the user's home where shares appear (FreeNX's ``$(SHARES)``).
 SHARES_DIR = "MyShares"

@@ -45,7 +45,7 @@ from nxgate.protocols import channels
 from nxgate.node import files
 from nxgate.node.extras import Context
 
-log = Logger(namespace="nxgate.extras.sound")
+log = Logger()
 
 COOKIE_NAME = "pulse-cookie"
 #: The clients (``DisplaySettings.client``) that take a session's sound back over their SSH connection.

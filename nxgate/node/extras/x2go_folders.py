@@ -61,7 +61,7 @@ from nxgate.node.extras.sharing import mountinfo_path
 from nxgate.vocabulary.requests import FolderShares, SharedFolder
 from nxgate.vocabulary.results import FolderMount
 
-log = Logger(namespace="nxgate.extras.x2go_folders")
+log = Logger()
 
 #: The reverse service whose listener sshfs connects to.
 SERVICE = "sshfs"

@@ -53,6 +53,8 @@ CAPACITY_NOT_REACHED = 148
 WRONG_LOGIN = 404
 GENERIC_ERROR = 500
 UNDEFINED_COMMAND = 503
+#: The same code, for a failure that says nothing about the request: try again (the server is out of files).
+TEMPORARY_FAILURE = 503
 WRONG_STATE = 554
 SESSION_FAILED = 596
 BAD_PARAMETERS = 597

@@ -20,8 +20,9 @@ from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.results import MemberView, SessionView
 from nxgate.gateway.auth.peercred import peer_uid
+from nxgate.gateway.membership import no_links
 
-log = Logger(namespace="nxgate.admin")
+log = Logger()
 
 MAX_REQUEST = 65536
 
@@ -161,23 +162,17 @@ class AdminProtocol(LineOnlyReceiver):
                  admin="root", audit="admin_action")
         return {"draining": bool(on)}
 
-    def _membership(self) -> Any:
-        membership = getattr(self.gateway, "membership", None)
-        if membership is None:
-            raise ValueError("this gateway is a single box (no [cluster] section); "
-                             "nxgate-admin status and drain on|off cover it")
-        return membership
-
     async def _drain_member(self, node: str, on: bool) -> dict[str, Any]:
         """A cluster member drained (no new sessions placed there) in the shared store."""
-        if not await self._membership().drain(node, on):
+        if not await self.gateway.membership.drain(node, on):
             raise ValueError(f"no cluster member {node!r} (nxgate-admin nodes lists them)")
         log.info("admin turns draining of member {node} {state}", node=node, state="on" if on else "off",
                  command=f"drain --node {node}{'' if on else ' --off'}", admin="root", audit="admin_action")
         return {"node": node, "drained": on}
 
     async def do_nodes(self) -> list[dict[str, Any]]:
-        members = await self._membership().views()
+        """The members, each node's state as this gateway's link to it has it; a single box: its one node."""
+        members = await self.gateway.membership.views(getattr(self.gateway.api, "links", no_links))
         now = time.time()
         return [describe_member(member, now) for member in members]
 
@@ -205,7 +200,9 @@ class AdminFactory(protocol.Factory):
 def _preauth_status(gateway: Any) -> dict[str, Any]:
     """``nxgate-admin status``'s lines about the doors' guard (nxgate.gateway.doors.guard): the
     process's real count of open files (``/proc/self/fd``; the limit itself when none is left to
-    list them), and how often users' file work was refused to keep the reserve."""
+    list them) of its limit now (``getrlimit``, as ``prlimit`` may have changed it; a limit below twice
+    the reserve leaves users' file work none, not a negative number), how often users'
+    file work was refused to keep the reserve, and the users' authenticated connections."""
     guard = getattr(gateway, "guard", None)
     if guard is None:
         return {}
@@ -214,5 +211,9 @@ def _preauth_status(gateway: Any) -> dict[str, Any]:
             "penalized_addresses": now["penalized_sources"],
             "refused_connections": sum(now["refused"].values()),
             "open_files": f"{now['open_files']} of {now['file_limit']} (the doors keep {now['fd_reserve']} free;"
-                          f" the files of logged-in users stop at {now['file_limit'] - 2 * now['fd_reserve']})",
-            "refused_user_files": now.get("refused_user_files", 0)}
+                          f" the files of logged-in users stop at {max(0, now['file_limit'] - 2 * now['fd_reserve'])})",
+            "refused_user_files": now.get("refused_user_files", 0),
+            "user_connections": f"{now['user_connections']} connections of {now['users_connected']} users (the most of one user:"
+                                f" {now['most_connections_of_one_user']}; at most {now['max_connections_per_user']}"
+                                " each, 0: no cap)",
+            "refused_user_connections": now["refused_user_connections"]}

@@ -13,11 +13,11 @@ from nxgate.gateway.doors.conch.server import NXSessionChannel
 from nxgate.gateway.doors.conversation import Conversation
 from nxgate.protocols import service_tunnel as tunnels
 from nxgate.streams import reverse
-from nxgate.streams.reverse_channel import ReverseChannel
+from nxgate.streams.reverse_channel import MAX_PER_CONNECTION, send_back
 from nxgate.streams.reverse_route import ReverseRoute
 from nxgate.vocabulary.errors import SessionError
 
-log = Logger(namespace="nxgate.gateway.doors.conch.channel")
+log = Logger()
 
 
 class ChannelTransport:
@@ -81,8 +81,10 @@ class ChannelHandler:
         payload = tunnels.encode(service, session_id)
 
         def deliver(stream: Any) -> None:
-            self.channel.conn.openChannel(ReverseChannel(stream, tunnels.CHANNEL, what, conn=self.channel.conn),
-                                          payload)
+            if not send_back(self.channel.conn, stream, tunnels.CHANNEL, what, payload):
+                log.warn("session {id} of {user}: dropped a {service} connection: its nxgate-client's connection"
+                         " carries {limit} such connections already", id=session_id, user=user, service=service,
+                         limit=MAX_PER_CONNECTION)
 
         def ended(why: str) -> None:
             self.routes.pop(key, None)

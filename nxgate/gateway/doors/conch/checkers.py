@@ -42,7 +42,7 @@ from nxgate.gateway.auth.pam import MAX_PASSWORD_BYTES, AuthResult, Authenticato
 from nxgate.gateway.doors.conch import authorized_keys
 from nxgate.gateway.doors.conch.authorized_keys import AuthorizedKey
 
-log = Logger(namespace="nxgate.ssh")
+log = Logger()
 
 MAX_KEY_FILE_BYTES = 1 << 20
 

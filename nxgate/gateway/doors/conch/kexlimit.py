@@ -13,7 +13,8 @@ admitted here before it is queued for the worker processes:
   cannot queue up without bound and a legitimate client still gets through
   now and then.
 
-Refusals are logged once per address per minute (:class:`OncePer`), with the
+Refusals are logged once per address per minute (:class:`OncePer`, the one
+rate limiter of :mod:`nxgate.ratelimit`), with the
 number left out in between, so that a flood cannot fill the log.  Admitted
 jobs wait in a :class:`FairQueue`, served address by address in turn.
 Pure: no clock and no randomness of its own.
@@ -26,6 +27,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+from nxgate.ratelimit import RateLimiter
 
 T = TypeVar("T")
 
@@ -85,27 +88,16 @@ class KexAdmission:
         self.pending -= 1
 
 
-class OncePer:
-    """Allows one log line per key (an address) per ``interval`` seconds and
-    counts the ones it held back."""
+class OncePer(RateLimiter):
+    """One log line per key (an address) per ``interval`` seconds, with the
+    number held back since the last one (:class:`nxgate.ratelimit.RateLimiter`)."""
 
     def __init__(self, clock: Callable[[], float], interval: float = 60.0, capacity: int = 10000) -> None:
-        self._clock = clock
-        self.interval = interval
-        self.capacity = capacity
-        self._last: dict[str, tuple[float, int]] = {}
+        super().__init__(clock, allowance=1, window=interval, capacity=capacity, reports=False)
 
     def allow(self, key: str) -> int | None:
-        """None to stay quiet; else how many were held back since the last one."""
-        now = self._clock()
-        last = self._last.get(key)
-        if last is not None and now - last[0] < self.interval:
-            self._last[key] = (last[0], last[1] + 1)
-            return None
-        if len(self._last) >= self.capacity:  # a flood from many addresses: forget the stale ones
-            self._last = {k: v for k, v in self._last.items() if now - v[0] < self.interval}
-        self._last[key] = (now, 0)
-        return last[1] if last is not None else 0
+        """None: stay quiet; else how many were held back since the last one."""
+        return self.tell(key)
 
 
 class FairQueue(Generic[T]):

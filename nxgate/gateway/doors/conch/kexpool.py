@@ -39,7 +39,7 @@ from twisted.python.failure import Failure
 import nxgate
 from nxgate.gateway.doors.conch.kexlimit import FairQueue, stalled
 
-log = Logger(namespace="nxgate.ssh.kex")
+log = Logger()
 
 WORKER_MODULE = "nxgate.gateway.doors.conch.kexworker"
 RESPAWN_DELAY = 1.0

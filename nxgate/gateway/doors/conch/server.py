@@ -23,6 +23,7 @@ from twisted.conch.interfaces import IConchUser
 from twisted.conch.openssh_compat import primes
 from twisted.conch.ssh import _kex, common, connection, factory, transport, userauth
 from twisted.conch.ssh.channel import SSHChannel
+from twisted.cred.error import UnauthorizedLogin
 from twisted.cred.portal import IRealm, Portal
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -38,10 +39,10 @@ from nxgate.wire.ssh_compression import DELAYED_ZLIB, SERVER_COMPRESSIONS, Bound
 from nxgate.wire.ssh_etm import MAX_PACKET, EtmTransport
 from nxgate.gateway.doors.conch.kexlimit import KexAdmission, OncePer, Refusal
 from nxgate.gateway.doors.conch.kexpool import InlineKexPool, KexJobError, KexPool
-from nxgate.wire.guarded import authenticated
+from nxgate.wire.guarded import authenticated, user_logged_in
 from nxgate.wire.tcp import no_delay
 
-log = Logger(namespace="nxgate.ssh")
+log = Logger()
 
 OPEN_ADMINISTRATIVELY_PROHIBITED = 1
 MSG_USERAUTH_INFO_REQUEST = 60
@@ -50,18 +51,40 @@ MODULI_FILE = "/etc/ssh/moduli"
 KEEPALIVE = b"keepalive@openssh.com"
 #: paramiko's (python-x2go's) probe, every 5 seconds with want_reply=0.
 PARAMIKO_KEEPALIVE = b"keepalive@lag.net"
+#: A client's goodbyes: Conch's and nxgate-client's "user closed connection", OpenSSH's "disconnected by user".
+NORMAL_DISCONNECTS = frozenset((transport.DISCONNECT_CONNECTION_LOST, transport.DISCONNECT_BY_APPLICATION))
 
 # Makes the NX conversation for a channel: (avatar, channel) -> handler
 # with data_received(bytes), eof_received() and connection_lost().
 ChannelHandlerFactory = Callable[["NXAvatar", "NXSessionChannel"], Any]
 
 
+class TooManyConnections(UnauthorizedLogin):
+    """A right login refused: its user holds as many connections as one may
+    (``[server] max_connections_per_user``).  The client is told why in a
+    banner and disconnected; it is no failed login."""
+
+
+@dataclass(frozen=True)
+class LoginMind:
+    """What the realm learns of the connection a login comes on: the client's
+    ``address`` (its text), and ``claim(user)``, which counts the connection
+    for that user (:func:`nxgate.wire.guarded.user_logged_in`)."""
+
+    address: str
+    claim: Callable[[str], str | None] = lambda user: None
+
+    def __str__(self) -> str:
+        return self.address
+
+
 class _AddressPortal:
     """Hands the client's address to the checkers along with the credentials."""
 
-    def __init__(self, portal: Portal, address: str) -> None:
+    def __init__(self, portal: Portal, address: str, claim: Callable[[str], str | None]) -> None:
         self._portal = portal
         self._address = address
+        self._mind = LoginMind(address, claim)
         self._repeated = RepeatedSecrets()  # one per connection: one typo, one failure
 
     def listCredentialsInterfaces(self) -> list[Any]:
@@ -70,7 +93,7 @@ class _AddressPortal:
     def login(self, credentials: Any, mind: Any, *interfaces: Any) -> defer.Deferred[Any]:
         credentials.remote_address = self._address
         credentials.repeated_secrets = self._repeated
-        return self._portal.login(credentials, self._address, *interfaces)
+        return self._portal.login(credentials, self._mind, *interfaces)
 
 
 class NXUserAuthServer(userauth.SSHUserAuthServer):
@@ -87,7 +110,15 @@ class NXUserAuthServer(userauth.SSHUserAuthServer):
         self.attemptsBeforeDisconnect = self.transport.factory.max_auth_tries
         super().serviceStarted()
         peer = self.transport.transport.getPeer()
-        self.portal = _AddressPortal(self.portal, getattr(peer, "host", str(peer)))
+        guarded = self.transport.transport
+
+        def claim(user: str) -> str | None:
+            refusal = user_logged_in(guarded, user)
+            if refusal is not None:
+                authenticated(guarded)  # a right login refused for the cap: its end costs the address no penalty
+            return refusal
+
+        self.portal = _AddressPortal(self.portal, getattr(peer, "host", str(peer)), claim)
         self._info_answer: defer.Deferred[list[str]] | None = None
 
     def serviceStopped(self) -> None:
@@ -106,9 +137,14 @@ class NXUserAuthServer(userauth.SSHUserAuthServer):
         """A login that could not be checked (the gateway is out of open
         files) is told so in a banner (OpenSSH prints it, paramiko keeps
         it) before the usual failure, which lets the client try again."""
-        if reason.check(LoginUnavailable):
+        if reason.check(LoginUnavailable, TooManyConnections):
             message = f"nxgate: {reason.getErrorMessage()}\r\n".encode()
             self.transport.sendPacket(userauth.MSG_USERAUTH_BANNER, common.NS(message) + common.NS(b""))
+        if reason.check(TooManyConnections):
+            # Not a failure to try again with another method: the same right login would be refused again.
+            self.transport.sendDisconnect(transport.DISCONNECT_TOO_MANY_CONNECTIONS,
+                                          reason.getErrorMessage().encode()[:200])
+            return
         super()._ebBadAuth(reason)
 
     def auth_keyboard_interactive(self, packet: bytes) -> defer.Deferred[Any]:
@@ -378,13 +414,22 @@ class NXRealm:
         self.x2go = x2go
 
     def requestAvatar(self, avatarId: Principal, mind: Any, *interfaces: Any) -> tuple[Any, NXAvatar, Any]:
-        """``mind`` is the client's address (see :class:`_AddressPortal`)."""
+        """``mind``: the connection's :class:`LoginMind` (see :class:`_AddressPortal`).
+        A user's own login counts for that user from now on, if it may; the
+        nx account's counts at the NX login inside."""
         if IConchUser not in interfaces:
             raise NotImplementedError("only SSH logins are served")
+        if avatarId.unix_user:
+            refusal = mind.claim(avatarId.unix_user) if isinstance(mind, LoginMind) else None
+            if refusal is not None:
+                log.warn("SSH login of {user!r} from {address} ({method}) refused: {why}"
+                         " ([server] max_connections_per_user)", user=avatarId.ssh_user, address=str(mind),
+                         method=avatarId.method, why=refusal, audit="login_refused")
+                raise TooManyConnections(refusal)
         avatar = NXAvatar(avatarId, self.shell_factory, self.max_channels, self.x2go)
         log.info(
             "SSH login of {user!r} from {address} ({method})",
-            user=avatarId.ssh_user, address=mind, method=avatarId.method, audit="ssh_login",
+            user=avatarId.ssh_user, address=str(mind), method=avatarId.method, audit="ssh_login",
         )
         return IConchUser, avatar, avatar.logout
 
@@ -811,8 +856,15 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
         if service.name == b"ssh-connection" and getattr(getattr(self.avatar, "principal", None), "unix_user", None):
             authenticated(self.transport)
 
+    def receiveError(self, reasonCode: int, description: bytes) -> None:
+        """The client's reason for disconnecting, told in the connection's
+        closing line (Conch logs every one, a normal goodbye too, as an error)."""
+        if reasonCode not in NORMAL_DISCONNECTS:
+            self._client_reason = f" by the client: {description[:200].decode('utf-8', 'replace')} (code {reasonCode})"
+
     def connectionLost(self, reason: Any) -> None:
-        log.info("SSH connection from {peer} closed", peer=getattr(self, "peer_text", "?"))
+        log.info("SSH connection from {peer} closed{why}", peer=getattr(self, "peer_text", "?"),
+                 why=getattr(self, "_client_reason", ""))
         self._lost = True
         if self._kex_job is not None:
             self._kex_job.cancel()  # a queued job is dropped (and its admission released)

@@ -22,7 +22,7 @@ from twisted.internet.error import ConnectError
 from twisted.logger import Logger
 from txdbus import client, endpoints, error, marshal, message
 
-log = Logger(namespace="nxgate.dbus")
+log = Logger()
 
 _FIXED_HEADER = 16  # endianness, type, flags, version, body length, serial, header array length
 _METHOD_CALL = 1

@@ -33,7 +33,7 @@ from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.results import SessionEvent
 
-log = Logger(namespace="nxgate.dbus")
+log = Logger()
 
 #: uid -> the Caller acting for it (blocking work is the resolver's business).
 Resolver = Callable[[int], Awaitable[Caller]]

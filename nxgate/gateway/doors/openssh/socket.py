@@ -33,12 +33,12 @@ from nxgate.gateway.auth.pam import AuthResult
 from nxgate.gateway.auth.peercred import peer_uid
 from nxgate.gateway.doors.openssh import framing
 from nxgate.gateway.doors.conversation import Conversation
-from nxgate.wire.guarded import authenticated
+from nxgate.wire.guarded import authenticated, user_logged_in
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import SessionError
 from nxgate.vocabulary.streams import AGENT, Stream
 
-log = Logger(namespace="nxgate.shell")
+log = Logger()
 
 
 class _Frames:
@@ -141,6 +141,15 @@ class OpenSSHDoorProtocol(protocol.Protocol):
             self.transport.write(framing.frame(framing.EXIT, b"1"))
             self._drop()
             return
+        refusal = user_logged_in(self.transport, name)
+        if refusal is not None:
+            log.warn("refused {user} (uid {uid}) on the shell socket: {why} ([server] max_connections_per_user)",
+                     user=name, uid=self.uid, why=refusal, audit="login_refused", address=f"local uid {self.uid}")
+            self.transport.write(framing.frame(framing.DATA, f"NX> 503 ERROR: {refusal[:1].upper()}{refusal[1:]}.\n"
+                                                             "NX> 999 Bye.\n".encode()))
+            self.transport.write(framing.frame(framing.EXIT, b"1"))
+            self._drop()
+            return
         self.preauthenticated = name
         self._serve_early()
 
@@ -210,7 +219,8 @@ class OpenSSHDoorProtocol(protocol.Protocol):
         # at once for a user that sshd logged in as themselves.
         self.conversation = self.gateway.conversation(_Frames(self.transport), address, self.preauthenticated,
                                                       self._hand_over, door="nx-openssh",
-                                                      logged_in=lambda: authenticated(self.transport))
+                                                      logged_in=lambda: authenticated(self.transport),
+                                                      claim=lambda user: user_logged_in(self.transport, user))
         self.conversation.start()
 
     def _drop(self) -> None:

@@ -16,7 +16,7 @@ from nxgate.loops import steady
 from nxgate.gateway.doors.web.site import ResolveCaller, Thumbnailer, web_site
 from nxgate.vocabulary.api import SessionAPI
 
-log = Logger(namespace="nxgate.web")
+log = Logger()
 
 EXPIRY_PERIOD = 15.0
 

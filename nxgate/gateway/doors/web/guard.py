@@ -20,7 +20,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import server
 
-log = Logger(namespace="nxgate.web")
+from nxgate.ratelimit import RateLimiter
+
+log = Logger()
 
 MAX_FORM_BYTES = 16 << 10
 FAILURE_LOG_PERIOD = 60.0
@@ -46,24 +48,16 @@ def clean_path(path: bytes) -> bool:
     return True
 
 
-class Quota:
+class Quota(RateLimiter):
     """At most one report per ``period`` seconds; the rest are counted, and
-    the count is told with the next report (pure: the clock is given)."""
+    the count is told with the next report (:class:`nxgate.ratelimit.RateLimiter`, one key)."""
 
     def __init__(self, clock: Callable[[], float], period: float = FAILURE_LOG_PERIOD) -> None:
-        self.clock = clock
-        self.period = period
-        self.last: float | None = None
-        self.suppressed = 0
+        super().__init__(clock, allowance=1, window=period, capacity=1, reports=False)
 
     def take(self) -> int | None:
-        """None: stay quiet; else how many were kept quiet since the last report."""
-        now = self.clock()
-        if self.last is not None and now - self.last < self.period:
-            self.suppressed += 1
-            return None
-        self.last, suppressed, self.suppressed = now, self.suppressed, 0
-        return suppressed
+        """None: stay quiet; else how many were held back since the last one."""
+        return self.tell()
 
 
 class DoorSite(server.Site):
@@ -76,6 +70,14 @@ class DoorSite(server.Site):
         super().__init__(resource, requestFactory=DoorRequest)
         self.headers = headers
         self.failures = Quota(clock)
+
+    def log(self, request: server.Request) -> None:
+        """Each request at debug, not Twisted's access line at info: a page
+        is some twenty requests, a viewer more, and the logins, starts and
+        refusals they make have lines of their own."""
+        log.debug("web {method} {path} {code} for {address}", method=request.method.decode("ascii", "replace"),
+                  path=request.path.decode("ascii", "replace")[:200], code=request.code,
+                  address=getattr(request.getClientAddress(), "host", "?"))
 
 
 def report_failure(request: server.Request, failure: Failure, what: str) -> None:

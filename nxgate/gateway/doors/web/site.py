@@ -33,7 +33,7 @@ from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import Kind, SessionError
 from nxgate.vocabulary.results import SessionView
 
-log = Logger(namespace="nxgate.web")
+log = Logger()
 
 PRELOGIN_COOKIE = "nxgate_prelogin"
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")

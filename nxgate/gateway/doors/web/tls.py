@@ -22,7 +22,7 @@ from twisted.python.filepath import FilePath
 
 from nxgate.gateway.doors.keyfiles import ensure_private_dir, write_private_file
 
-log = Logger(namespace="nxgate.web")
+log = Logger()
 
 CERT_NAME = "portal-cert.pem"
 KEY_NAME = "portal-key.pem"

@@ -50,10 +50,11 @@ from nxgate.vocabulary.results import Ready, SessionView, State
 from nxgate.vocabulary.streams import VIEW, Stream
 from nxgate.wire import agentsocket
 from nxgate.wire.agentsocket import SocketStream
+from nxgate.wire.guarded import user_logged_in
 from nxgate.wire.relay import StreamRelay
 from nxgate.wire.splice import Splice, TransportEnd
 
-log = Logger(namespace="nxgate.web.viewer")
+log = Logger()
 
 NOVNC = "/usr/share/novnc"
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "viewer_static")
@@ -340,6 +341,10 @@ class _SocketResource(resource.Resource):
             return self._refuse(request, 403, "ticket of another login", caller.user if caller else "")
         if login_key(self.parent.auth.csrf_token(request)) != ticket.login:
             return self._refuse(request, 403, "ticket of another login", caller.user)
+        # A WebSocket is a connection of its user's from now on (the cap over every door).
+        refusal = user_logged_in(getattr(request.channel, "transport", None), caller.user)
+        if refusal is not None:
+            return self._refuse(request, 429, refusal, caller.user)
         connection = websocket.WebSocketConnection(self.parent.reactor)
         bridge = ViewerBridge(self.parent, caller, ticket, connection)
         connection.handler = bridge
@@ -670,7 +675,7 @@ class ViewerBridge:
         self.pending.clear()
         # Neither side buffers without bound: each pauses the other when its own send buffer fills.
         self.splice = Splice(TransportEnd(transport), _BrowserEnd(self), names=("vnc", "browser"))
-        log.info("browser viewer of {user}: first VNC bytes path ready after {seconds:.2f}s", user=self.caller.user,
+        log.debug("browser viewer of {user}: first VNC bytes path ready after {seconds:.2f}s", user=self.caller.user,
                  seconds=self.reactor.seconds() - self.started)
 
     def _nudge_selection(self) -> None:

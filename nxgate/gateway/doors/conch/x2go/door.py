@@ -36,13 +36,13 @@ from nxgate import __version__
 from nxgate.users import resolve_caller
 from nxgate.gateway.doors.conch.x2go import commands, files, pushes, scp, sftp, shell, verbs
 from nxgate.gateway.doors.conch.x2go.commands import Context, Link, Links
-from nxgate.streams.reverse_channel import ReverseChannel
+from nxgate.streams.reverse_channel import MAX_PER_CONNECTION, send_back
 from nxgate.streams.reverse_route import ReverseRoute
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import SessionError
 from nxgate.wire.relay import StreamRelay
 
-log = Logger(namespace="nxgate.x2go")
+log = Logger()
 
 OPEN_CONNECT_FAILED = 2
 LOOPBACK = frozenset({b"localhost", b"127.0.0.1", b"::1", b"ip6-localhost"})
@@ -247,8 +247,10 @@ class X2GoDoor:
                          " ([server] fd_reserve)", what=what, user=user)
                 stream.close()
                 return
-            channel = ReverseChannel(stream, b"forwarded-tcpip", what, conn=avatar.conn)
-            avatar.conn.openChannel(channel, common.NS(host) + opened + common.NS(b"127.0.0.1") + struct.pack(">L", 0))
+            data = common.NS(host) + opened + common.NS(b"127.0.0.1") + struct.pack(">L", 0)
+            if not send_back(avatar.conn, stream, b"forwarded-tcpip", what, data):
+                log.warn("dropped a connection of {what} of {user}: its client's connection carries {limit} such"
+                         " connections already", what=what, user=user, limit=MAX_PER_CONNECTION)
 
         return deliver
 

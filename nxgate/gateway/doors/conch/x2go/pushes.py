@@ -20,7 +20,7 @@ from nxgate.gateway.doors.conch.x2go import files, folders, scp
 from nxgate.gateway.doors.conch.x2go.allowance import Allowance
 from nxgate.streams.reverse import PULSE_COOKIE_BYTES
 
-log = Logger(namespace="nxgate.x2go")
+log = Logger()
 
 #: What a refusal for want of descriptors says to the client.
 SHORT_OF_FILES = "the server is short of open files; try again later"

@@ -39,7 +39,7 @@ from nxgate.gateway.doors.conch.x2go import files
 from nxgate.gateway.doors.conch.x2go.allowance import HANDLES_PER_CHANNEL, HANDLES_PER_USER, PushCount
 from nxgate.gateway.doors.conch.x2go.pushes import FileDesk, Refused
 
-log = Logger(namespace="nxgate.x2go")
+log = Logger()
 
 MAX_PACKET = 256 * 1024
 MAX_BAD_PACKETS = 8
