@@ -303,6 +303,54 @@ def cluster_relay_rows(table: Table, cluster: dict | None) -> None:
                   note=f"bye/request -> agent socket accepted, median of {len(there['open']['all_ms'])}")
 
 
+#: pyhoca-cli through nxgate's X2Go door vs x2goserver: key, label.
+X2GO_DOOR_ROWS = [
+    ("new_to_picture", "new->picture"),
+    ("list", "list (-L)"),
+    ("suspend", "suspend"),
+    ("resume_to_picture", "resume->picture -q lan"),
+    ("resume_default_link_to_picture", "resume->picture default link"),
+    ("terminate", "terminate"),
+]
+
+
+def x2go_door_rows(table: Table, door: dict, x2go: dict, sessions: dict | None) -> None:
+    """pyhoca-cli against nxgate's X2Go door, x2goserver and pyhoca-cli's
+    floor (a server that answers at once, bench/x2go_floor.py), alternating:
+    the ratio to x2goserver (goal <= 0.3x) and, since pyhoca-cli's own time
+    is above that bound, what the door adds to the floor (goal <= 0.1 s)."""
+    table.section("X2Go's pyhoca-cli against nxgate's X2Go door vs x2goserver and vs pyhoca-cli's floor "
+                  "(same client, alternating)")
+    floor = x2go.get("floor") or {}
+    share = door.get("share") or {}
+    for key, label in X2GO_DOOR_ROWS:
+        if key not in door["medians"] or key not in x2go["medians"]:
+            continue
+        ours, peer = door["medians"][key], x2go["medians"][key]
+        note = ""
+        if floor and key in share:
+            note = (f"floor {floor['medians'][key]:.2f} s: nxgate adds {share[key]:+.2f} s (goal <= 0.1 s), "
+                    f"x2goserver {floor['x2goserver_share'][key]:+.2f} s (paired medians)")
+        table.add(f"pyhoca-cli {label}", ours, "s", peer, "x2goserver here", ratio(ours, peer), "<= 0.3x",
+                  ours <= 0.3 * peer, spread_pct([run[key] for run in door["runs"]]), note=note)
+    for key, label in X2GO_DOOR_ROWS:
+        if key in share:
+            table.add(f"door-floor {label}", share[key], "s", floor["medians"][key],
+                      "pyhoca-cli's floor", None, "<= 0.1 s", share[key] <= 0.1)
+    startup = (floor.get("startup") or {}).get("median")
+    if startup is not None:
+        table.add("pyhoca-cli start-up alone", startup, "s", None, "", None, "(info)",
+                  note="from its exec to its SSH connection, against the floor, median of every run")
+    ours = door["medians"].get("resume_default_link_to_picture")
+    client = (sessions or {}).get("medians", {}).get("resume_to_picture")
+    if ours is not None and client is not None and startup is not None:
+        bound = 2 * client + startup
+        table.add("resume via the door vs nxgate-client", ours, "s", bound, "2x nxgate-client + start-up",
+                  ratio(ours, bound), "<= 1.0x", ours <= bound,
+                  note=f"nxgate-client resume -> picture {client:.2f} s (sessions step), pyhoca-cli start-up "
+                       f"{startup:.2f} s; the door's resume with pyhoca-cli's default link")
+
+
 def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, scale: dict | None) -> Table:
     table = Table()
     # ---------------------------------------------------------------- sessions
@@ -328,11 +376,7 @@ def build_table(relay: dict | None, sessions: dict | None, x2go: dict | None, sc
         table.add("X2Go", "not measured", "", note=f"{x2go.get('source')}: {x2go.get('reason')}")
     door = (x2go or {}).get("nxgate_x2go_door") if x2go_measured else None
     if door:
-        table.section("X2Go's pyhoca-cli against nxgate's X2Go door vs against x2goserver (same client, alternating)")
-        for key, label, _ in TIME_TARGETS:
-            ours, peer = door["medians"][key], x2go["medians"][key]
-            table.add(f"{label} (pyhoca-cli)", ours, "s", peer, "x2goserver here", ratio(ours, peer), "<= 0.3x",
-                      ours <= 0.3 * peer, spread_pct([run[key] for run in door["runs"]]))
+        x2go_door_rows(table, door, x2go, sessions)
     # ------------------------------------------------------------------- relay
     if relay:
         results = {row["relay"]: row for row in relay["results"]}
@@ -643,19 +687,33 @@ def printing_rows(table: Table, printing: dict | None) -> None:
 
 
 def sharing_rows(table: Table, sharing: dict | None) -> None:
-    """Issue 14's folder sharing figures (bench/sharing_copy.py)."""
+    """Issue 14's folder sharing figures (bench/sharing_copy.py): each way beside the same
+    smbnetfs on the same Samba without NX or SSH, from the same run (the ways alternate), with
+    the paired ratio and the CPU seconds per GB of every process of the copy."""
     if not sharing:
         return
+    load = sharing.get("load")
     table.section(f"folder sharing: a {sharing['size_mb']} MB file, the session's smbnetfs to the client's Samba "
-                  f"(loopback, link={sharing['link']})")
+                  f"(loopback, link={sharing['link']})" + (f"; load {load['median']:.1f} ({load['min']:.1f}-"
+                                                          f"{load['max']:.1f})" if load else ""))
+
+    def cpu(figures: dict, way: str) -> str:
+        used = figures.get(f"{way}_cpu_s_per_gb") or {}
+        return ", ".join(f"{name} {seconds:.2f}" for name, seconds in sorted(used.items())) + \
+            f" (all {sum(used.values()):.2f})" if used else "-"
+
     for way, label in (("read", "client's folder -> session (read)"), ("write", "session -> client's folder (write)")):
         for path, how, target in (("tunnel", "its own SSH channel", ">= 0.5x"), ("nx", "the NX smb channel", "(info)")):
-            if path not in sharing:
+            if not sharing.get(path):
                 continue
             share = sharing.get(f"{path}_{way}_ratio")
+            paired = sharing.get(f"{path}_{way}_paired_ratio")
+            note = (f"paired {paired:.2f}x; " if paired is not None else "") + \
+                f"CPU s/GB {cpu(sharing[path], way)}; without NX {cpu(sharing['direct'], way)}"
             table.add(f"{label}, {how}", sharing[path][f"{way}_mbps"], "MB/s", sharing["direct"][f"{way}_mbps"],
                       "the same SMB copy without NX", share, target,
-                      (share >= 0.5) if share is not None and target != "(info)" else None)
+                      (share >= 0.5) if share is not None and target != "(info)" else None,
+                      spread_pct(sharing[path].get(f"{way}s") or []), note=note)
 
 
 def x2go_folders_rows(table: Table, folders: dict | None) -> None:

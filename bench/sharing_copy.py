@@ -16,7 +16,7 @@ mounted by the gateway at ``~/MyShares/bench`` (smbnetfs, as the user):
 Each run copies with ``dd`` as the session's user: reads a --size-mb file of
 random bytes from the client's folder, writes one back (``bs=1M``, the
 write ends with ``conv=fsync``); the three ways alternate, and medians of
---runs are reported (MB/s = 10^6 bytes/s), with ratios to the peer.  Files
+--runs are reported (MB/s = 10^6 bytes/s), with ratios to the peer and the CPU seconds per GB of every process.  Files
 are checked byte for byte in the first run.
 
 What limits the NX channel (found with this script and strace): Nagle's
@@ -33,6 +33,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -42,9 +43,12 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
+sys.path.insert(0, HERE)
 
 from nxgate.clients.nx.sharing import LocalShares  # noqa: E402
 from nxgate.node.extras.sharing import CLIENT_SMB_CONF, MOUNT_OPTIONS, share_path, smbnetfs_config  # noqa: E402
@@ -56,6 +60,7 @@ from tests.harness.ssh import Attachment, NXClient, SessionInfo  # noqa: E402
 from tests.harness.users import create_user  # noqa: E402
 from tests.harness.x11 import ClientScreen  # noqa: E402
 from tests.test_e2e_sessions import RED, START  # noqa: E402
+from relay import CLK_TCK, PySpy, comm, descendants, pgrep, print_profile, proc_ticks  # noqa: E402
 
 SHARE = "bench"
 
@@ -64,13 +69,40 @@ def as_user(user: str, *argv: str, timeout: float = 3600) -> subprocess.Complete
     return subprocess.run(["runuser", "-u", user, "--", *argv], capture_output=True, timeout=timeout)
 
 
-def timed(user: str, *argv: str) -> float:
+class Meter:
+    """CPU seconds of the processes of one way over one copy, by group.
+
+    ``groups()`` names each group's pids (looked up again at the end: a
+    process born during the copy counts its whole life); the copying ``dd``
+    (and its ``runuser``) is measured from this process's children's usage."""
+
+    def __init__(self, groups: Callable[[], dict[str, list[int]]]) -> None:
+        self.groups = groups
+        self.before: dict[int, int] = {}
+        self.children = resource.getrusage(resource.RUSAGE_CHILDREN)
+
+    def start(self) -> None:
+        self.before = {pid: proc_ticks(pid) for pids in self.groups().values() for pid in pids}
+        self.children = resource.getrusage(resource.RUSAGE_CHILDREN)
+
+    def stop(self) -> dict[str, float]:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        used = {name: sum(max(0, proc_ticks(pid) - self.before.get(pid, 0)) for pid in set(pids)) / CLK_TCK
+                for name, pids in self.groups().items()}
+        used["dd"] = (children.ru_utime - self.children.ru_utime) + (children.ru_stime - self.children.ru_stime)
+        return used
+
+
+def timed(user: str, meter: Meter, *argv: str) -> tuple[float, dict[str, float]]:
+    """(seconds, CPU seconds by group) of ``argv`` run as ``user``."""
+    meter.start()
     started = time.monotonic()
     result = as_user(user, *argv)
     seconds = time.monotonic() - started
+    cpu = meter.stop()
     if result.returncode != 0:
         raise RuntimeError(f"{argv}: {result.stderr.decode(errors='replace')}")
-    return seconds
+    return seconds, cpu
 
 
 def digest(path: str, user: str | None = None) -> str:
@@ -80,32 +112,96 @@ def digest(path: str, user: str | None = None) -> str:
     return as_user(user, "sha256sum", path).stdout.split()[0].decode()
 
 
-def copy_once(user: str, folder: str, where: str, size_mb: int, tag: str, check: bool) -> tuple[float, float]:
-    """(read MB/s, write MB/s) of one --size-mb file between ``folder`` (the
-    client's) and ``where`` (the same folder as the session's user sees it);
-    ``check``: compare the files byte for byte too."""
+def copy_once(user: str, folder: str, where: str, size_mb: int, tag: str, check: bool, meter: Meter,
+              spy: Callable[[str], Callable[[], None]] | None = None) -> dict:
+    """MB/s and CPU seconds by process group of one --size-mb file read from
+    ``folder`` (the client's) through ``where`` (the same folder as the
+    session's user sees it), and of one written back; ``check``: compare the
+    files byte for byte too; ``spy(direction)``: starts profilers, returns
+    what stops them."""
     size = size_mb * 1_000_000
     # New names each run: smbnetfs caches what it saw, and these files are removed behind its back.
     name, up = f"{tag}-down-{uuid.uuid4().hex[:8]}.bin", f"{tag}-up-{uuid.uuid4().hex[:8]}.bin"
     subprocess.run(["dd", "if=/dev/urandom", f"of={os.path.join(folder, name)}", "bs=1000000",
                     f"count={size_mb}", "status=none"], check=True)
     os.chmod(os.path.join(folder, name), 0o644)
-    read = size / timed(user, "dd", f"if={os.path.join(where, name)}", "of=/dev/null", "bs=1M", "status=none") / 1e6
+    stop = spy("read") if spy else None
+    seconds, read_cpu = timed(user, meter, "dd", f"if={os.path.join(where, name)}", "of=/dev/null", "bs=1M",
+                              "status=none")
+    if stop:
+        stop()
+    read = size / seconds / 1e6
     if check and digest(os.path.join(folder, name)) != digest(os.path.join(where, name), user):
         raise RuntimeError(f"{tag}: the file read through the share differs")
-    write = size / timed(user, "dd", "if=/dev/urandom", f"of={os.path.join(where, up)}", "bs=1000000",
-                         f"count={size_mb}", "conv=fsync", "status=none") / 1e6
+    stop = spy("write") if spy else None
+    seconds, write_cpu = timed(user, meter, "dd", "if=/dev/urandom", f"of={os.path.join(where, up)}", "bs=1000000",
+                               f"count={size_mb}", "conv=fsync", "status=none")
+    if stop:
+        stop()
+    write = size / seconds / 1e6
     if check and digest(os.path.join(folder, up)) != digest(os.path.join(where, up), user):
         raise RuntimeError(f"{tag}: the file written through the share differs")
     for leftover in (name, up):
         os.unlink(os.path.join(folder, leftover))
-    return read, write
+    gb = size / 1e9
+    return {"read_mbps": read, "write_mbps": write,
+            "read_cpu_s_per_gb": {group: used / gb for group, used in read_cpu.items()},
+            "write_cpu_s_per_gb": {group: used / gb for group, used in write_cpu.items()}}
 
 
-def summary(pairs: list[tuple[float, float]]) -> dict:
-    reads, writes = [p[0] for p in pairs], [p[1] for p in pairs]
-    return {"read_mbps": statistics.median(reads), "write_mbps": statistics.median(writes),
-            "best_read_mbps": max(reads), "best_write_mbps": max(writes), "reads": reads, "writes": writes}
+def summary(copies: list[dict]) -> dict:
+    reads, writes = [c["read_mbps"] for c in copies], [c["write_mbps"] for c in copies]
+    result = {"read_mbps": statistics.median(reads), "write_mbps": statistics.median(writes),
+              "best_read_mbps": max(reads), "best_write_mbps": max(writes), "reads": reads, "writes": writes}
+    for way in ("read", "write"):
+        groups = sorted({group for c in copies for group in c[f"{way}_cpu_s_per_gb"]})
+        result[f"{way}_cpu_s_per_gb"] = {group: statistics.median(c[f"{way}_cpu_s_per_gb"].get(group, 0.0)
+                                                                 for c in copies) for group in groups}
+    return result
+
+
+def cpu_text(cpu: dict[str, float]) -> str:
+    return ", ".join(f"{group} {seconds:.2f}" for group, seconds in sorted(cpu.items())) + \
+        f" (all {sum(cpu.values()):.2f})"
+
+
+def profile_copy(directory: str, user: str, folder: str, where: str, size_mb: int, meter: Meter,
+                 pids: dict[str, int]) -> dict:
+    """One more copy each way with py-spy on each of ``pids`` (raw stacks in ``directory``):
+    the profiles' summaries by process and direction."""
+    os.makedirs(directory, exist_ok=True)
+    profiles: dict[str, dict] = {}
+
+    def spy(direction: str) -> Callable[[], None]:
+        spies = {name: PySpy(pid, os.path.join(directory, f"{name}-{direction}.txt"), rate=250)
+                 for name, pid in pids.items()}
+
+        def stop() -> None:
+            for name, each in spies.items():
+                profiles[f"{name}, {direction}"] = each.stop()
+        return stop
+
+    copy_once(user, folder, where, size_mb, "profiled", False, meter, spy)
+    return profiles
+
+
+def user_processes(user: str, name: str, mountpoint: str) -> list[int]:
+    """``user``'s processes called ``name`` whose command line names ``mountpoint``
+    (smbnetfs and the children it forks for its SMB connections)."""
+    found = []
+    for pid in pgrep(user, name):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                if os.fsencode(mountpoint) in handle.read():
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def smbd_processes(root: int) -> list[int]:
+    """The private smbd started as ``root`` (or under it) and the children it forks per connection."""
+    return [pid for pid in [root, *descendants(root)] if comm(pid).startswith("smbd")]
 
 
 def direct_mount(user, home: str, port: int, shares: LocalShares) -> tuple[str, str]:
@@ -159,12 +255,15 @@ def nx_mount(gateway: Gateway, user, screen: ClientScreen, shares: LocalShares, 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=100, help="the file's size in MB (default: %(default)s)")
-    parser.add_argument("--runs", type=int, default=3, help="alternating runs of each path (medians are reported)")
+    parser.add_argument("--runs", type=int, default=5, help="alternating runs of each path (medians are reported)")
     parser.add_argument("--link", default="lan", help="the NX session's --link (default: %(default)s)")
     parser.add_argument("--ways", default="tunnel,direct,nx",
                         help="which ways to measure, in this order each run (default: %(default)s; the NX channel "
                              "may stall for minutes in an idle session)")
     parser.add_argument("--json", default=os.path.join(REPO, "bench", "results", "sharing.json"))
+    parser.add_argument("--profile", default="", metavar="DIR",
+                        help="after the measured runs, one more copy through the own channel with py-spy on the "
+                             "gateway and nxgate-client (raw stacks into DIR; pip install py-spy)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the clean-up below runs on a kill too
     ways = [way for way in args.ways.split(",") if way]
@@ -194,16 +293,34 @@ def main() -> int:
         for user, link in ((nx_user, nx_link), (tunnel_user, tunnel_link)):
             wait_for(lambda u=user, l=link: as_user(u.name, "test", "-d", l + "/").returncode == 0, 60, "the mount")
         direct, where = direct_mount(nx_user, nx_user.home, shares.port, shares)
-        print(f"copying {args.size_mb} MB files, {args.runs} alternating runs, medians; NX link={args.link}",
-              flush=True)
-        figures: dict[str, list[tuple[float, float]]] = {"nx": [], "tunnel": [], "direct": []}
+        print(f"copying {args.size_mb} MB files, {args.runs} alternating runs, medians; NX link={args.link}; "
+              f"load {os.getloadavg()[0]:.1f}", flush=True)
+        figures: dict[str, list[dict]] = {"nx": [], "tunnel": [], "direct": []}
         paths = {"tunnel": (tunnel_user, tunnel_link), "direct": (nx_user, where), "nx": (nx_user, nx_link)}
+        gateway_pid = gateway.process.pid
+        meters = {
+            "tunnel": Meter(lambda: {"gateway": [gateway_pid], "nxgate-client": [client.pid],
+                                     "smbd": smbd_processes(client.pid),
+                                     "smbnetfs": user_processes(tunnel_user.name, "smbnetfs", "/shares/")}),
+            "direct": Meter(lambda: {"smbd": smbd_processes(shares.pid),
+                                     "smbnetfs": user_processes(nx_user.name, "smbnetfs", direct)}),
+            "nx": Meter(lambda: {"gateway": [gateway_pid], "smbd": smbd_processes(shares.pid),
+                                 "smbnetfs": user_processes(nx_user.name, "smbnetfs", "/shares/")}),
+        }
+        loads = []
         for run in range(args.runs):
             for tag in ways:
                 user, where_ = paths[tag]
-                figures[tag].append(copy_once(user.name, folder, where_, args.size_mb, tag, run == 0))
-                print(f"  run {run + 1} {tag:>6}: read {figures[tag][-1][0]:7.2f} MB/s, "
-                      f"write {figures[tag][-1][1]:6.2f} MB/s", flush=True)
+                loads.append(os.getloadavg()[0])
+                copy = copy_once(user.name, folder, where_, args.size_mb, tag, run == 0, meters[tag])
+                figures[tag].append(copy)
+                print(f"  run {run + 1} {tag:>6}: read {copy['read_mbps']:7.2f} MB/s, write {copy['write_mbps']:6.2f} "
+                      f"MB/s; CPU s/GB read {cpu_text(copy['read_cpu_s_per_gb'])}; write "
+                      f"{cpu_text(copy['write_cpu_s_per_gb'])}; load {loads[-1]:.1f}", flush=True)
+        profiles = {}
+        if args.profile:
+            profiles = profile_copy(args.profile, tunnel_user.name, folder, tunnel_link, args.size_mb,
+                                    meters["tunnel"], {"gateway": gateway_pid, "nxgate-client": client.pid})
         nx, tunnel, plain = (summary(figures[tag]) if figures[tag] else None for tag in ("nx", "tunnel", "direct"))
         attachment.detach()
         nx_client.close()
@@ -228,11 +345,15 @@ def main() -> int:
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(client_dir, ignore_errors=True)
     result: dict = {"size_mb": args.size_mb, "runs": args.runs, "link": args.link, "nx": nx, "tunnel": tunnel,
-                    "direct": plain}
+                    "direct": plain, "load": {"median": statistics.median(loads), "min": min(loads),
+                                              "max": max(loads)}, "profiles": profiles}
     for tag in ("tunnel", "nx"):
         if result[tag] is not None and plain is not None:
             result[f"{tag}_read_ratio"] = result[tag]["read_mbps"] / plain["read_mbps"]
             result[f"{tag}_write_ratio"] = result[tag]["write_mbps"] / plain["write_mbps"]
+            for way in ("read", "write"):  # each run's copy against the peer's copy of the same run
+                result[f"{tag}_{way}_paired_ratio"] = statistics.median(
+                    ours / theirs for ours, theirs in zip(result[tag][f"{way}s"], plain[f"{way}s"]))
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as handle:
         json.dump(result, handle, indent=2)
@@ -240,8 +361,15 @@ def main() -> int:
                        ("direct", "without NX or SSH")):
         if result[tag] is not None:
             print(f"{label:>32}: read {result[tag]['read_mbps']:7.2f} MB/s, write {result[tag]['write_mbps']:6.2f} MB/s"
-                  + (f"  ({result[tag + '_read_ratio']:.3f}x, {result[tag + '_write_ratio']:.3f}x without)"
+                  + (f"  ({result[tag + '_read_ratio']:.3f}x, {result[tag + '_write_ratio']:.3f}x without; paired "
+                     f"{result[tag + '_read_paired_ratio']:.3f}x, {result[tag + '_write_paired_ratio']:.3f}x)"
                      if tag + "_read_ratio" in result else ""))
+            print(f"{'CPU s/GB':>32}: read {cpu_text(result[tag]['read_cpu_s_per_gb'])}; "
+                  f"write {cpu_text(result[tag]['write_cpu_s_per_gb'])}")
+    print(f"load (1-minute average) over the runs: median {result['load']['median']:.1f}, "
+          f"{result['load']['min']:.1f}-{result['load']['max']:.1f}")
+    for title, profile in profiles.items():
+        print_profile(title, profile)
     print(f"(JSON: {args.json})")
     return 0
 

@@ -629,12 +629,12 @@ class WireTests(TestCase):
     def test_a_process_that_makes_member_connections_keeps_freed_buffers(self):
         """glibc's malloc is told once to keep freed stream buffers (a relaying
         process otherwise faulted fresh pages in for most reads and records)."""
-        from nxgate.wire import records
+        from nxgate.wire import heap
 
         GateFactory(lambda names: None, lambda head, member: None).tls_factory(self.node_tls)
-        self.assertEqual(records._kept, [True])  # Debian's libc is glibc: applied, once
-        self.assertTrue(records.keep_freed_memory())
-        self.assertEqual(records._kept, [True])
+        self.assertEqual(heap._applied, [True])  # Debian's libc is glibc: applied, once
+        self.assertTrue(heap.keep_freed_memory())
+        self.assertEqual(heap._applied, [True])
 
     def test_the_records_of_one_tcp_read_reach_the_stream_as_one_piece(self):
         """Twisted's TLS hands over 16 KiB records one by one; the gate passes

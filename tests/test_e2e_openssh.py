@@ -148,6 +148,18 @@ class OpenSSHModeTests(SessionTestCase):
         attachment.detach()
         self.wait_status(info.session_id, "Suspended")
 
+    def test_nxgate_client_through_sshd_with_aes_gcm(self):
+        """nxgate-client prefers AES-GCM (nxgate.wire.ssh_etm's framing, both
+        ways), and OpenSSH's sshd has it: the client's list arrives through it."""
+        env = dict(os.environ, PYTHONPATH=REPO, NXGATE_PASSWORD=self.user.password, TMPDIR=self.sshd_dir)
+        result = subprocess.run([sys.executable, "-m", "nxgate.clients.nx", "--accept-any-host-key", "--list",
+                                 "--verbose", "--ssh-user", self.nx.name, "--identity", nx_key(),
+                                 f"{self.user.name}@127.0.0.1:{self.sshd_port}"],
+                                env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertRegex(result.stderr, r"nxgate-client: SSH: keys exchanged \([\w@.-]+, aes256-gcm@openssh\.com\)")
+        self.assertIn("S: HELLO NXSERVER", result.stderr)
+
     def test_greeting_is_the_first_thing_a_client_reads(self):
         """Strict clients expect ``HELLO NXSERVER`` first: no site banner,
         motd or last-login line on either stream, even for a client that

@@ -42,7 +42,7 @@ data, frames = b"", []
 while True:
     try:
         chunk = conn.recv(65536)
-    except socket.timeout:
+    except (socket.timeout, ConnectionResetError):  # reset: it hung up on frames it never read (after its answer)
         break
     if not chunk:
         break

@@ -28,3 +28,27 @@ class RemoveTreeTests(TestCase):
 
     def test_a_missing_directory_is_no_error(self) -> None:
         files.remove_tree("/nonexistent/nxgate-test-tree")
+
+
+class NamesInDirTests(TestCase):
+    """names_in_dir reads a directory the user controls: bounded, no links."""
+
+    def setUp(self) -> None:
+        self.top = tempfile.mkdtemp(prefix="nxgate-names-")
+        self.addCleanup(subprocess.run, ["rm", "-rf", self.top], check=False)
+
+    def test_at_most_the_limit_of_names(self) -> None:
+        for index in range(10):
+            open(os.path.join(self.top, f"f{index}"), "w").close()
+        self.assertEqual(len(files.names_in_dir(self.top, 4)), 4)
+        self.assertEqual(sorted(files.names_in_dir(self.top, 100)), sorted(f"f{index}" for index in range(10)))
+
+    def test_a_link_in_the_directorys_place_gives_no_names(self) -> None:
+        outside = tempfile.mkdtemp(prefix="nxgate-outside-")
+        self.addCleanup(subprocess.run, ["rm", "-rf", outside], check=False)
+        open(os.path.join(outside, "C-" + "0" * 32), "w").close()
+        os.symlink(outside, os.path.join(self.top, "cache-console"))
+        self.assertEqual(files.names_in_dir(os.path.join(self.top, "cache-console"), 100), [])
+
+    def test_a_missing_directory_gives_no_names(self) -> None:
+        self.assertEqual(files.names_in_dir(os.path.join(self.top, "nothing"), 100), [])

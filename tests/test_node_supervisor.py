@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
 import time
 
 from twisted.internet import defer
@@ -16,6 +17,7 @@ from nxgate.config import Config, SessionsSection
 from nxgate.node import supervisor as supervision
 from nxgate.node.supervisor import AgentSupervisor
 from nxgate.node import files, processes
+from nxgate.node.agents import nxagent
 from nxgate.vocabulary.model import Session, State
 from nxgate.node.processes import ProcessId
 from tests.test_sessions_manager import ME, FakeLauncher, FakeNotifier, short_state_dir
@@ -130,6 +132,52 @@ class SupervisorTests(TestCase):
         self.successResultOf(defer.ensureDeferred(self.supervisor.find_orphans(lambda sid: False, "db", None)))
         self.assertFalse(os.path.exists(stale))
         self.assertEqual(self.supervisor.orphans, {})
+
+
+class SavedCacheTests(TestCase):
+    """Before a resume the caches nxcomp saved when the last client left go
+    (a loaded one stalls nx-libs' reconnection), and nothing else."""
+
+    def setUp(self):
+        self.reactor = FakeReactor()
+        self.layout = files.StateLayout(short_state_dir(self))
+        self.layout.prepare()
+        config = Config(sessions=SessionsSection(display_base=3400))
+        self.supervisor = AgentSupervisor(self.reactor, lambda: config, self.layout, FakeLauncher(self),
+                                          FakeNotifier(), "nxgate")
+        self.session = Session(id="A" * 32, user=ME, uid=os.getuid(), gid=os.getgid(), type="unix-console",
+                               name="s", display=3401, server_name="h", cookie="0" * 32)
+        self.agent_files = self.layout.agent_files(self.session.id)
+        files.make_session_dir(self.agent_files.directory, os.getuid(), os.getgid())
+        self.caches = os.path.join(self.agent_files.directory, "cache-console")
+
+    def test_the_saved_caches_go_and_nothing_else(self):
+        os.mkdir(self.caches)
+        saved = ["C-" + "0123456789ABCDEF" * 2, "S-" + "F" * 32]
+        kept = ["C-notacache", "notes.txt", "c-" + "0" * 32]
+        for name in saved + kept:
+            open(os.path.join(self.caches, name), "w").close()
+        open(os.path.join(self.agent_files.directory, "C-" + "1" * 32), "w").close()  # not in the cache directory
+        self.successResultOf(defer.ensureDeferred(self.supervisor.drop_saved_caches(self.session, self.agent_files)))
+        self.assertEqual(sorted(os.listdir(self.caches)), sorted(kept))
+        self.assertTrue(os.path.exists(os.path.join(self.agent_files.directory, "C-" + "1" * 32)))
+
+    def test_a_link_in_place_of_the_cache_directory_is_not_followed(self):
+        outside = tempfile.mkdtemp(prefix="nxgate-outside-")
+        self.addCleanup(subprocess.run, ["rm", "-rf", outside], check=False)
+        planted = os.path.join(outside, "C-" + "0" * 32)
+        open(planted, "w").close()
+        os.symlink(outside, self.caches)
+        self.successResultOf(defer.ensureDeferred(self.supervisor.drop_saved_caches(self.session, self.agent_files)))
+        self.assertTrue(os.path.exists(planted))
+
+    def test_no_cache_directory_is_no_error(self):
+        self.successResultOf(defer.ensureDeferred(self.supervisor.drop_saved_caches(self.session, self.agent_files)))
+
+    def test_the_cache_directory_is_named_by_the_session_kind(self):
+        application = self.session.evolve(type="unix-application")
+        self.assertEqual(nxagent.cache_directory(application, self.agent_files),
+                         os.path.join(self.agent_files.directory, "cache-application"))
 
 
 class WatchdogTests(TestCase):

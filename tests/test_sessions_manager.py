@@ -286,6 +286,21 @@ class ManagerTests(TestCase):
         with open(os.path.join(self.manager.layout.sessions, session_id, "authority"), "rb") as authority:
             self.assertIn(bytes.fromhex(session.cookie), authority.read())
 
+    def test_a_resume_starts_without_the_caches_the_last_link_saved(self):
+        """nxcomp saves its caches when a slow link ends; a resume that loads
+        one stalls 3.6 s in nx-libs (nxgate.node.agents.nxagent.cache_directory)."""
+        session_id, first = self.started()
+        self.agent_says(session_id, STARTED, "Session: Display failure detected at 'now'.", SUSPENDED)
+        caches = os.path.join(self.manager.layout.sessions, session_id, "cache-console")
+        os.mkdir(caches)
+        saved = os.path.join(caches, "C-" + "AB" * 16)
+        open(saved, "w").close()
+        d = nx(self.manager, self.client, "restoresession", f'--id="{session_id}" --link="adsl"')
+        self.assertFalse(os.path.exists(saved))
+        self.assertEqual(self.signals, [signal.SIGHUP])
+        self.agent_says(session_id, "Session: Resuming session at 'now'.", READY)
+        self.successResultOf(d)
+
     def started_for_later(self):
         before = set(self.manager.sessions)
         d = defer.ensureDeferred(self.manager.start_for_later(self.client, "unix-console", ""))

@@ -10,6 +10,7 @@ fall back to SHA-1 ``ssh-rsa`` and refuse it.
 from __future__ import annotations
 
 import os
+import socket
 import struct
 import zlib
 from typing import Any
@@ -28,7 +29,7 @@ from nxgate.wire.ssh_compression import BoundedInflater, CompressionError
 from nxgate.wire.ssh_etm import ETM_MACS, MAX_PACKET, EtmTransport
 from tests.harness.sshattack import DelayedZlib, bomb_packet
 from nxgate.gateway.doors.conch.server import NXSSHFactory
-from nxgate.wire.tcp import no_delay
+from nxgate.wire.tcp import QUICK_ACK_BELOW, no_delay, quick_ack
 
 def pump(server: Any, server_wire: StringTransport, client: Any, client_wire: StringTransport) -> None:
     """Deliver until both sides are quiet; everything the server has sent
@@ -304,6 +305,58 @@ class NoDelayTests(TestCase):
 
     def test_transports_without_tcp_are_left_alone(self) -> None:
         no_delay(StringTransport())  # no setTcpNoDelay: nothing to set, no error
+
+
+class _RecordingSocket(socket.socket):
+    """A real TCP socket object that remembers the options set on it."""
+
+    def __init__(self, family: int = socket.AF_INET) -> None:
+        super().__init__(family, socket.SOCK_STREAM)
+        self.options: list[tuple[int, int, int]] = []
+
+    def setsockopt(self, level: int, name: int, value: Any, *rest: Any) -> None:  # type: ignore[override]
+        self.options.append((level, name, value))
+
+
+class _SocketWire(StringTransport):
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self.sock = sock
+
+    def getHandle(self) -> socket.socket:
+        return self.sock
+
+
+class QuickAckTests(TestCase):
+    """paramiko (python-x2go, pyhoca-cli) keeps Nagle's algorithm on: each of
+    its small messages waited for our delayed acknowledgement of the one
+    before, 44 ms per X2Go command (nxgate.wire.tcp.quick_ack)."""
+
+    def wire(self, family: int = socket.AF_INET) -> tuple[_SocketWire, _RecordingSocket]:
+        sock = _RecordingSocket(family)
+        self.addCleanup(sock.close)
+        return _SocketWire(sock), sock
+
+    def test_the_gateway_acknowledges_each_small_read_at_once(self) -> None:
+        factory = NXSSHFactory(None, {b"ssh-ed25519": keys.Key(ed25519.Ed25519PrivateKey.generate())}, 120, 6)
+        factory.primes = None
+        wire, sock = self.wire()
+        protocol = factory.buildProtocol(None)
+        protocol.makeConnection(wire)
+        protocol.dataReceived(b"SSH-2.0-paramiko_2.12.0\r\n")
+        protocol.dataReceived(b"\0" * 8)
+        self.assertEqual(sock.options.count((socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)), 2)
+
+    def test_bulk_reads_keep_delayed_acknowledgements(self) -> None:
+        wire, sock = self.wire()
+        quick_ack(wire, QUICK_ACK_BELOW)
+        self.assertEqual(sock.options, [])
+
+    def test_other_sockets_and_transports_are_left_alone(self) -> None:
+        wire, sock = self.wire(socket.AF_UNIX)
+        quick_ack(wire, 10)
+        self.assertEqual(sock.options, [])
+        quick_ack(StringTransport(), 10)  # no socket under it: nothing to set, no error
 
 
 class BoundedInflaterTests(TestCase):

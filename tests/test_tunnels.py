@@ -63,6 +63,35 @@ class FlowControl(TestCase):
         self.assertEqual(written, [b"x"])
 
 
+class BulkReady(TestCase):
+    def test_a_channel_opening_reads_the_ssh_socket_in_whole_packets_and_keeps_freed_memory(self) -> None:
+        """The SSH connection's TCP transport (under the gateway's plain
+        wrapper) reads up to SSH_READ at a time once a reverse channel opens,
+        and malloc keeps the memory of its reads (glibc: Debian's)."""
+        import socket
+
+        from twisted.internet import protocol, reactor
+        from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
+
+        from nxgate.streams.reverse_channel import SSH_READ
+        from nxgate.wire import heap
+
+        ours, theirs = socket.socketpair()
+        self.addCleanup(theirs.close)
+        kept = protocol.Protocol()
+        reactor.adoptStreamConnection(ours.fileno(), socket.AF_UNIX, protocol.Factory.forProtocol(lambda: kept))
+        ours.close()
+        self.addCleanup(kept.transport.loseConnection)
+        wrapper = ProtocolWrapper(WrappingFactory(protocol.Factory.forProtocol(protocol.Protocol)), protocol.Protocol())
+        wrapper.makeConnection(kept.transport)
+        channel = SplicedChannel(conn=SimpleNamespace(transport=SimpleNamespace(transport=wrapper)))
+        self.assertLess(kept.transport.bufferSize, SSH_READ)
+        channel._ready_for_bulk()
+        self.assertEqual(kept.transport.bufferSize, SSH_READ)
+        self.assertEqual(heap._applied, [True])
+        self.assertTrue(heap.keep_freed_memory())  # once
+
+
 class Gate(TestCase):
     def test_the_tunnels_gate_needs_no_credential_but_still_strips_it(self) -> None:
         request = b"POST /printers/p HTTP/1.1\r\nHost: x\r\nAuthorization: Basic bm9wZQ==\r\nContent-Length: 0\r\n\r\n"

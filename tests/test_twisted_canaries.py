@@ -91,3 +91,52 @@ class LogFileCanary(SynchronousTestCase):
         self.assertEqual(made.listLogs(), [])
         self.assertIn("self._file =", inspect.getsource(logfile.BaseLogFile._openFile))
         self.assertEqual(logfile.LogFile.synchronized, ["write", "rotate"])
+
+
+class SendNowCanary(SynchronousTestCase):
+    """nxgate.wire.tcp.send_now sends on a socket transport's ``socket`` at
+    once when Twisted's write buffer (``dataBuffer`` from ``offset``,
+    ``_tempDataBuffer``) is empty and the transport is neither closing nor
+    half-closed (``disconnecting``, ``_writeDisconnected``); it looks
+    through ``ProtocolWrapper``\\ s whose ``write`` only forwards."""
+
+    def test_the_buffer_and_state_names_are_there(self):
+        from twisted.internet import abstract, tcp, unix
+        from twisted.protocols.policies import ProtocolWrapper
+
+        self.assertTrue(issubclass(tcp.Connection, abstract.FileDescriptor))
+        self.assertTrue(issubclass(unix.Server, abstract.FileDescriptor))
+        descriptor = abstract.FileDescriptor()
+        for name in ("dataBuffer", "offset", "_tempDataBuffer", "_writeDisconnected", "disconnecting", "connected"):
+            self.assertTrue(hasattr(descriptor, name), f"Twisted's FileDescriptor lost {name}: re-check send_now")
+        source = inspect.getsource(abstract.FileDescriptor.doWrite)
+        for name in ("self.dataBuffer", "self.offset", "self._tempDataBuffer"):
+            self.assertIn(name, source, f"FileDescriptor.doWrite no longer uses {name}: re-check send_now")
+        self.assertIn("self.transport.write(data)", inspect.getsource(ProtocolWrapper.write))
+
+
+class ConchChannelDataCanary(SynchronousTestCase):
+    """nxgate.wire.ssh_etm's lean path for channel data does what Conch's
+    ``SSHTransportBase.dataReceived`` loop, ``SSHConnection.ssh_CHANNEL_DATA``
+    and ``SSHChannel.write`` do, with their names."""
+
+    def test_conchs_steps_are_the_ones_replicated(self):
+        from twisted.conch.ssh import channel, connection, transport
+
+        loop = inspect.getsource(transport.SSHTransportBase.dataReceived)
+        self.assertIn("self.dispatchMessage(messageNum, packet[1:])", loop)
+        self.assertIn("packet = self.getPacket()", loop)
+        received = inspect.getsource(connection.SSHConnection.ssh_CHANNEL_DATA)
+        for step in ("dataLength > channel.localWindowLeft or dataLength > channel.localMaxPacket",
+                     "channel.localWindowLeft -= dataLength",
+                     "if channel.localWindowLeft < channel.localWindowSize // 2:",
+                     "channel.dataReceived(data)"):
+            self.assertIn(step, received, "Conch's ssh_CHANNEL_DATA changed: re-check EtmTransport._channel_data")
+        write = inspect.getsource(channel.SSHChannel.write)
+        for step in ("if self.buf:", "self.remoteWindowLeft", "rmp = self.remoteMaxPacket", "self.conn.sendData",
+                     "if self.closing and not self.buf:"):
+            self.assertIn(step, write, "Conch's SSHChannel.write changed: re-check SplicedChannel.write")
+        send = inspect.getsource(connection.SSHConnection.sendData)
+        self.assertIn("if channel.localClosed:", send)
+        for name in ("_keyExchangeState", "_KEY_EXCHANGE_NONE", "_blockedByKeyExchange"):
+            self.assertIn(name, inspect.getsource(transport.SSHTransportBase))

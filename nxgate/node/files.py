@@ -184,6 +184,21 @@ def remove_in_dir(directory: str, *names: str) -> None:
         os.close(fd)
 
 
+def names_in_dir(directory: str, limit: int) -> list[str]:
+    """At most ``limit`` names in a user's ``directory`` (reached without
+    following a link: a link or nothing in its place gives none), so that a
+    directory the user filled costs no more than ``limit`` entries."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return []
+    try:
+        with os.scandir(fd) as entries:
+            return [entry.name for _, entry in zip(range(limit), entries)]
+    finally:
+        os.close(fd)
+
+
 def remove_tree(path: str) -> None:
     """Remove a session directory without following links inside it.
 

@@ -350,6 +350,7 @@ class Lifecycle:
                                                                                session.id, session.user)},
             )
             self.supervisor.write_agent_files(session, runtime.files, settings)
+            await self.supervisor.drop_saved_caches(session, runtime.files)
             log.info("resuming session {id} of {user} for {address}", id=session.id, user=session.user,
                      address=caller.address, audit="session_resume")
             await self._sighup_until_listening(session.id)

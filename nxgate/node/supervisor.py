@@ -154,6 +154,18 @@ class AgentSupervisor:
         files.write_user_file(agent_files.authority, authority, session.uid, session.gid)
         files.write_user_file(agent_files.options, options.encode(), session.uid, session.gid)
 
+    async def drop_saved_caches(self, session: Session, agent_files: nxagent.AgentFiles) -> None:
+        """Before a resume: the message caches the agent saved when its last
+        client left go, so that the resume does not load one (see
+        :func:`nxgate.node.agents.nxagent.cache_directory`)."""
+        directory = nxagent.cache_directory(session, agent_files)
+        names = await self.blocking(files.names_in_dir, directory, nxagent.MAX_CACHE_NAMES)
+        saved = [name for name in names if nxagent.is_saved_cache(name)]
+        if saved:
+            await self.blocking(files.remove_in_dir, directory, *saved)
+            log.debug("session {id}: {count} saved link caches dropped before its resume", id=session.id,
+                      count=len(saved))
+
     async def spawn(self, session: Session, agent_files: nxagent.AgentFiles, settings: DisplaySettings,
                     plan: nxagent.AgentPlan, on_line: Callable[[str], None],
                     fresh: bool = True) -> tuple[ProcessId, LogFollower]:

@@ -34,18 +34,29 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nxgate.vocabulary.streams import Stream
+from nxgate.wire.heap import keep_freed_memory
 from nxgate.wire.splice import Splice, TransportEnd
-from nxgate.wire.tcp import no_delay
+from nxgate.wire.tcp import no_delay, send_now, socket_transport
 
 log = Logger()
 
 #: Window of a reverse channel: a bulk copy (a folder) must not wait a round trip per window.
 WINDOW = 2 * 1024 * 1024
-#: Packets larger than Conch's 32 KiB, no larger than one read of the SSH socket brings.
-MAX_PACKET = 64 * 1024 - 256
+#: Packets that hold a whole SMB read or write (128 KiB and its header), so that
+#: each reaches the far end in one piece.
+MAX_PACKET = 256 * 1024
+#: What one read of the SSH connection's socket may bring: a whole packet at once.
+SSH_READ = 512 * 1024
 #: Reverse channels one SSH connection carries at once (a session's sound streams, print jobs, folder
 #: connections): each holds a descriptor of the gateway, and the session's programs make them.
 MAX_PER_CONNECTION = 32
+
+
+class _FarEnd(TransportEnd):
+    """The far side's transport as an end: what the channel brings goes to its socket at once."""
+
+    def write(self, data: bytes) -> None:
+        send_now(self.transport, data)
 
 
 class ChannelEnd:
@@ -109,7 +120,13 @@ class _FarSide(protocol.Protocol):
 
 class SplicedChannel(SSHChannel):
     """An SSH channel spliced to one byte stream (see the module's docstring):
-    a subclass connects the far end with :meth:`far_side` as its protocol."""
+    a subclass connects the far end with :meth:`far_side` as its protocol.
+
+    Its bytes take the transport's lean path when it has one
+    (:meth:`nxgate.wire.ssh_etm.EtmTransport.send_channel_data`, and views
+    of received packets: ``takes_views``)."""
+
+    takes_views = True
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("localWindow", WINDOW)
@@ -119,13 +136,24 @@ class SplicedChannel(SSHChannel):
         self.pending: list[bytes] = []  # from the peer before the far end is connected
         self.pending_eof = False
 
+    def _ready_for_bulk(self) -> None:
+        """Let the SSH connection's socket be read in pieces that hold a whole
+        packet (Twisted reads 64 KiB at a time: a 256 KiB packet took four
+        turns of the reactor and as many copies of the growing buffer before
+        it could be opened), and this process's ``malloc`` keep the memory
+        of those reads and packets (:func:`nxgate.wire.heap.keep_freed_memory`)."""
+        keep_freed_memory()
+        below = socket_transport(self.conn.transport.transport)
+        if below is not None and below.bufferSize < SSH_READ:
+            below.bufferSize = SSH_READ
+
     def far_side(self) -> _FarSide:
         return _FarSide(self)
 
     def far_connected(self, transport: Any) -> None:
         no_delay(transport)  # SMB and IPP are request and answer: no Nagle wait (nothing on a Unix socket)
         end = ChannelEnd(self)
-        self.splice = Splice(end, TransportEnd(transport), names=("client", "session"))
+        self.splice = Splice(end, _FarEnd(transport), names=("client", "session"))
         for data in self.pending:
             self.splice.received("client", data)
         self.pending = []
@@ -136,12 +164,27 @@ class SplicedChannel(SSHChannel):
         """The far end could not be connected (or is gone before it was)."""
         self.loseConnection()
 
+    def write(self, data: bytes) -> None:
+        """Conch's ``SSHChannel.write`` when the window is short or the
+        transport has no lean path; else each packet's share goes out as a view."""
+        send = getattr(self.conn.transport, "send_channel_data", None)
+        if send is None or self.buf or len(data) > self.remoteWindowLeft or self.localClosed:
+            super().write(data)
+            return
+        view, step = memoryview(data), self.remoteMaxPacket
+        recipient = self.conn.channelsToRemoteChannel[self]
+        for offset in range(0, len(data), step):
+            send(recipient, view[offset:offset + step])
+        self.remoteWindowLeft -= len(data)
+        if self.closing:
+            self.loseConnection()  # Conch's: the close waited for what was buffered
+
     # ------------------------------------------------- from the connection
-    def dataReceived(self, data: bytes) -> None:
+    def dataReceived(self, data: bytes | memoryview) -> None:
         if self.splice is not None:
             self.splice.received("client", data)
         else:
-            self.pending.append(data)
+            self.pending.append(bytes(data))
 
     def eofReceived(self) -> None:
         if self.splice is not None:
@@ -189,6 +232,7 @@ class ReverseChannel(SplicedChannel):
             self.conn.nxgate_reverse_channels = _carried(self.conn) - 1
 
     def channelOpen(self, specificData: bytes) -> None:
+        self._ready_for_bulk()
         self.stream.attach(self.far_side())
 
     def openFailed(self, reason: Failure) -> None:
@@ -233,6 +277,7 @@ class TargetChannel(SplicedChannel):
         self.port = port
 
     def channelOpen(self, specificData: bytes) -> None:
+        self._ready_for_bulk()
         endpoint = TCP4ClientEndpoint(self.reactor, "127.0.0.1", self.port, timeout=10)
         connecting = endpoint.connect(protocol.Factory.forProtocol(self.far_side))
         connecting.addErrback(self._unreachable)

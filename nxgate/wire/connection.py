@@ -35,6 +35,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nxgate.wire import records
+from nxgate.wire.heap import keep_freed_memory
 from nxgate.wire.tls import ClusterTLS, PeerRefused, check_server, peer_names
 from nxgate.wire.guarded import authenticated
 from nxgate.wire.tcp import no_delay
@@ -138,13 +139,13 @@ class _CoalescingTLS(TLSMemoryBIOProtocol):
 class _TLSFactory(TLSMemoryBIOFactory):
     """Twisted's TLS factory with :class:`_CoalescingTLS`; a process that
     makes one relays member streams, so its ``malloc`` keeps the memory of
-    the streams' buffers (:func:`nxgate.wire.records.keep_freed_memory`)."""
+    the streams' buffers (:func:`nxgate.wire.heap.keep_freed_memory`)."""
 
     protocol = _CoalescingTLS
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        records.keep_freed_memory()
+        keep_freed_memory()
 
 
 def _peer(transport: Any) -> str:

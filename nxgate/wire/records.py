@@ -11,9 +11,8 @@ member paid that per-call overhead 65 000 times per GB each way
   ends of every member connection, :mod:`nxgate.wire.tls`): one ``send``
   encrypts a whole write into the memory BIO, which never refuses bytes;
 * :func:`read_all` decrypts every complete record waiting in the receive
-  BIO into one buffer and returns it as one ``bytes``;
-* :func:`keep_freed_memory` keeps those buffers' memory in the process
-  between reads instead of faulting fresh pages in for each.
+  BIO into one buffer and returns it as one ``bytes`` (the process keeps
+  those buffers' memory between reads: :mod:`nxgate.wire.heap`).
 
 Both use pyOpenSSL's private ``_lib``/``_ffi``/``_ssl`` names (checked by
 tests/test_twisted_canaries.py); when they are missing, :data:`AVAILABLE`
@@ -22,7 +21,6 @@ is False and the callers keep pyOpenSSL's public one-record calls.
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 from OpenSSL import SSL
@@ -68,42 +66,3 @@ def read_all(connection: SSL.Connection) -> bytes:
             connection._raise_ssl_error(ssl, result)
         total += result
     return _ffi.buffer(buffer, total)[:]
-
-
-#: glibc's mallopt parameters (malloc.h) and what a relaying process sets them to.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-#: Buffers below this come from the heap, not from a new mmap each (the stream's reads, records and
-#: decrypted pieces are up to ~1-2 MiB).
-MMAP_THRESHOLD = 4 * 1024 * 1024
-#: Freed heap kept for the next buffers instead of given back to the kernel at once.
-TRIM_THRESHOLD = 16 * 1024 * 1024
-_kept: list[bool] = []
-
-
-def keep_freed_memory() -> bool:
-    """Make this process's ``malloc`` keep the memory of freed stream
-    buffers for the next ones (once per process; glibc only, else False).
-
-    A member stream allocates and frees a buffer of up to a MiB or two for
-    every TCP read, TLS write and decrypted piece.  glibc's default
-    thresholds served most of them with fresh pages: the heap's top was
-    given back to the kernel (``brk``) and faulted in and zeroed again
-    for the next buffer.  Measured with perf on the TLS round trip alone
-    (encrypt, records out, records in, decrypt; 2 GiB in 1 MiB writes):
-    memmove 29 %, page faults, page clearing and ``brk`` ~20 %, AES-GCM
-    13 %; with these two thresholds the same work took 0.65-0.69 CPU s/GB
-    instead of 1.21-1.25.  In bench/cluster_relay.py the node's CPU per GB
-    of the up direction went from 2.9-3.8 to 1.5-1.7.  What it costs: up
-    to :data:`TRIM_THRESHOLD` of freed heap stays in the process after a
-    bulk transfer."""
-    if _kept:
-        return _kept[0]
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc
-        _kept.append(False)
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    done = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
-    _kept.append(done)
-    return done

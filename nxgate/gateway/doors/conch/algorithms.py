@@ -20,7 +20,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from nxgate.wire.ssh_etm import ETM_MACS
+from nxgate.wire.ssh_etm import AEAD_CIPHERS, ETM_MACS
 
 # Key exchanges: the post-quantum hybrid first, then X25519 (every client of
 # the last ten years), then group exchange with SHA-256 for clients without
@@ -40,7 +40,7 @@ LEGACY_KEX = MODERN_KEX + (
 )
 MODERN_HOST_KEY_ALGORITHMS = (b"ssh-ed25519", b"rsa-sha2-512", b"rsa-sha2-256")
 LEGACY_HOST_KEY_ALGORITHMS = MODERN_HOST_KEY_ALGORITHMS + (b"ssh-rsa",)
-MODERN_CIPHERS = (b"aes256-ctr", b"aes192-ctr", b"aes128-ctr")
+MODERN_CIPHERS = (*AEAD_CIPHERS, b"aes256-ctr", b"aes192-ctr", b"aes128-ctr")
 LEGACY_CIPHERS = MODERN_CIPHERS + (b"aes256-cbc", b"aes192-cbc", b"aes128-cbc", b"3des-cbc")
 MODERN_MACS = tuple(ETM_MACS)
 LEGACY_MACS = MODERN_MACS + (b"hmac-sha2-512", b"hmac-sha2-256", b"hmac-sha1", b"hmac-md5")

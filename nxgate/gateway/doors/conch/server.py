@@ -36,11 +36,11 @@ from nxgate.gateway.doors.conch import algorithms, kexmath
 from nxgate.gateway.doors.conch.checkers import (IKeyboardInteractive, KeyboardInteractive, LoginUnavailable, Principal,
                                                  RepeatedSecrets)
 from nxgate.wire.ssh_compression import DELAYED_ZLIB, SERVER_COMPRESSIONS, BoundedInflater, CompressionError
-from nxgate.wire.ssh_etm import MAX_PACKET, EtmTransport
+from nxgate.wire.ssh_etm import INCOMING_STATE, MAX_PACKET, EtmTransport
 from nxgate.gateway.doors.conch.kexlimit import KexAdmission, OncePer, Refusal
 from nxgate.gateway.doors.conch.kexpool import InlineKexPool, KexJobError, KexPool
 from nxgate.wire.guarded import authenticated, user_logged_in
-from nxgate.wire.tcp import no_delay
+from nxgate.wire.tcp import no_delay, quick_ack
 
 log = Logger()
 
@@ -443,9 +443,6 @@ USER_KEY_ALGORITHMS = (
     b"rsa-sha2-512", b"rsa-sha2-256", b"ssh-rsa", b"ssh-dss",
 )
 
-# What SSHCiphers holds for the direction from the client to us.
-_INCOMING_CIPHER_STATE = ("inCipType", "inMACType", "decryptor", "decBlockSize", "inMAC", "verifyDigestSize")
-
 
 def _is_hybrid(kex: bytes) -> bool:
     """Conch before 25 (Debian 12 has 22.4) has no post-quantum hybrid."""
@@ -547,8 +544,8 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
         NEWKEYS.  Conch keeps both directions in one SSHCiphers, so ours is
         the new one with the old incoming half."""
         sending = copy.copy(self.nextEncryptions)
-        for name in _INCOMING_CIPHER_STATE:
-            setattr(sending, name, getattr(self.currentEncryptions, name))
+        for name in INCOMING_STATE:
+            setattr(sending, name, getattr(self.currentEncryptions, name, None))
         self.currentEncryptions = sending
         self.outgoingCompression = zlib.compressobj(6) if self._compresses(self.outgoingCompressionType) else None
         self._sending_new_keys = True
@@ -589,6 +586,7 @@ class NXServerTransport(EtmTransport, transport.SSHServerTransport):
 
     # ---------------------------------------------- key exchange, off the reactor
     def dataReceived(self, data: bytes) -> None:
+        quick_ack(self.transport, len(data))  # a client's next small message must not wait (nxgate.wire.tcp)
         if self._kex_job is not None:  # hold everything until our reply is out
             self.buf += data
             if len(self.buf) > HELD_INPUT_LIMIT:
