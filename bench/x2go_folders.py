@@ -18,7 +18,9 @@ Each run copies with ``dd`` as the session's user (bench/sharing_copy.py's
 ``copy_once``): reads a --size-mb file of random bytes from the client's
 folder, writes one back (``conv=fsync``); the two ways alternate, which goes
 first alternates too, and medians of --runs are reported (MB/s = 10^6 B/s),
-with the ratio to the peer and the machine's load average around each copy.
+with the ratio to the peer, the CPU seconds per GB of each process group of
+a way (the gateway, x2goclient, its sshd and sftp-server, the session's
+sshfs, ``dd``) and the machine's load average around each copy.
 Files are compared byte for byte in the first run.
 
     .venv/bin/python bench/x2go_folders.py [--size-mb 50] [--runs 4] [--json FILE]
@@ -44,7 +46,7 @@ sys.path.insert(0, HERE)
 
 from nxgate.node.extras.x2go_folders import HOST_ALIAS, mount_point, ssh_config  # noqa: E402
 from nxgate.vocabulary.requests import SharedFolder  # noqa: E402
-from sharing_copy import copy_once, summary  # noqa: E402
+from sharing_copy import Meter, copy_once, cpu_text, summary, user_processes  # noqa: E402
 from tests.harness.gateway import Gateway  # noqa: E402
 from tests.harness.process import stop, wait_for  # noqa: E402
 from tests.harness.users import create_user  # noqa: E402
@@ -151,17 +153,29 @@ def main() -> int:
         direct = direct_mount(user, machine, share, port)
         print(f"copying {args.size_mb} MB files, {args.runs} alternating runs; x2goclient's sshd on port {port}",
               flush=True)
-        figures: dict[str, list[tuple[float, float]]] = {"door": [], "direct": []}
+        figures: dict[str, list[dict]] = {"door": [], "direct": []}
+        gateway_pid, client_user = gateway.process.pid, machine.user.name
+
+        def client_sshd() -> list[int]:
+            """x2goclient's sshd as its user: the listener, each connection's child and its sftp-server."""
+            return user_processes(client_user, "sshd", "") + user_processes(client_user, "sftp-server", "")
+
+        meters = {
+            "door": Meter(lambda: {"gateway": [gateway_pid], "x2goclient": [client.pid], "sshd": client_sshd(),
+                                   "sshfs": user_processes(user.name, "sshfs", through)}),
+            "direct": Meter(lambda: {"sshd": client_sshd(), "sshfs": user_processes(user.name, "sshfs", direct)}),
+        }
         loads: list[float] = []
         for run in range(args.runs):
             order = ["door", "direct"] if run % 2 == 0 else ["direct", "door"]
             for way in order:
                 loads.append(os.getloadavg()[0])
                 where = through if way == "door" else direct
-                read, write = copy_once(user.name, share, where, args.size_mb, way, check=run == 0)
-                figures[way].append((read, write))
-                print(f"  run {run + 1} {way:>6}: read {read:7.1f} MB/s, write {write:7.1f} MB/s "
-                      f"(load {loads[-1]:.1f})", flush=True)
+                copy = copy_once(user.name, share, where, args.size_mb, way, run == 0, meters[way])
+                figures[way].append(copy)
+                print(f"  run {run + 1} {way:>6}: read {copy['read_mbps']:7.1f} MB/s, write "
+                      f"{copy['write_mbps']:7.1f} MB/s; CPU s/GB read {cpu_text(copy['read_cpu_s_per_gb'])}; write "
+                      f"{cpu_text(copy['write_cpu_s_per_gb'])} (load {loads[-1]:.1f})", flush=True)
         loads.append(os.getloadavg()[0])
         result = {"size_mb": args.size_mb, "runs": args.runs, "cores": os.cpu_count(),
                   "load_min": min(loads), "load_max": max(loads), "load_median": statistics.median(loads),
