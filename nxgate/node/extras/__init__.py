@@ -32,6 +32,7 @@ MODULES = {
     "sound": "nxgate.node.extras.sound",
     "printing": "nxgate.node.extras.printing",
     "sharing": "nxgate.node.extras.sharing",
+    "x2go-folders": "nxgate.node.extras.x2go_folders",
 }
 
 
@@ -141,8 +142,14 @@ class Extras:
 
     async def stop(self, session: Any, services: Iterable[str] | None = None) -> None:
         """Stop the extras of the services the session was granted (or of
-        ``services``); each one's ``stop`` must be harmless when nothing runs."""
-        for extra in self.of(session, services):
+        ``services``), and those that say ``always`` (what a client sets up in
+        any session: X2Go's folders); each one's ``stop`` must be harmless
+        when nothing runs."""
+        chosen = self.of(session, services)
+        if services is None:
+            chosen += [extra for extra in self.by_name.values()
+                       if getattr(extra, "always", False) and extra not in chosen]
+        for extra in chosen:
             try:
                 await extra.stop(session)
             except Exception:
