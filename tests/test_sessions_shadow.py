@@ -195,7 +195,7 @@ class NoticeEndTests(SynchronousTestCase):
         viewer = Caller("viewer", 1, 1, address="192.0.2.9")
         self.successResultOf(defer.ensureDeferred(self.service._show_notice(viewer, self.target, "interactive",
                                                                            self.shadow)))
-        return [e for e in self.events if e.get("log_namespace") == "nxgate.shadow"]
+        return [e for e in self.events if e.get("log_namespace") == "nxgate.node.shadow_sessions"]
 
     def test_a_signal_ends_the_shadow_and_the_log_says_why(self):
         said = self.show(None)
