@@ -56,6 +56,9 @@ APT_PACKAGES += openssl systemd binutils
 APT_PACKAGES += remmina remmina-plugin-x2go
 # The X2Go door's attack tests drive paramiko (what python-x2go uses) from Debian's python3.
 APT_PACKAGES += python3-paramiko
+# X2Go's shared folders (sshfs as the session's user, FUSE 3) and printing (PDFs checked with
+# pdftotext; cups-filters and ghostscript convert what is printed to PDF).
+APT_PACKAGES += sshfs fuse3 poppler-utils ghostscript
 
 .PHONY: install system-packages link-commands run test bench bench-profile deb clean
 

@@ -41,6 +41,8 @@ setup(
             "nxgate-shell = nxgate.gateway.doors.openssh.login_shell:main",
             "nxgate-admin = nxgate.gateway.doors.admin.cli:main",
             "nxgate-session = nxgate.gateway.doors.dbus.cli:main",
+            # The session cupsd's backend of X2Go's printer (run by cupsd as the session's user).
+            "nxgate-x2go-print = nxgate.node.services.x2go_print:main",
         ],
     },
     cmdclass={"build_py": BuildWithHelper},

@@ -40,6 +40,9 @@ Runs, each as its own process with its own JSON in bench/results/:
 * bench/sharing_copy.py  copying a file through the smb channel (the client's
                      folder in the session) against the same SMB copy without NX
                      (issue 14);
+* bench/x2go_folders.py  X2Go's shared folders: x2goclient's folder read and
+                     written in the session through the door, against sshfs
+                     straight to the same client sshd (issue 33);
 * bench/display_search.py  a new session's display search with 50,000 Unix
                      sockets on the machine: how long the reactor stalls, the
                      search on its thread (as before) and in the thread pool;
@@ -713,6 +716,19 @@ def sharing_rows(table: Table, sharing: dict | None) -> None:
                       spread_pct(sharing[path].get(f"{way}s") or []), note=note)
 
 
+def x2go_folders_rows(table: Table, folders: dict | None) -> None:
+    """X2Go's shared folders through the door (bench/x2go_folders.py)."""
+    if not folders:
+        return
+    table.section(f"X2Go shared folders: a {folders['size_mb']} MB file, the session's sshfs to x2goclient's sshd "
+                  f"(loopback; load {folders['load_min']:.1f}-{folders['load_max']:.1f} on {folders['cores']} cores)")
+    for way, label in (("read", "client's folder -> session (read)"), ("write", "session -> client's folder (write)")):
+        spread = spread_pct(folders["door"][f"{way}s"])
+        table.add(f"{label}, through the door", folders["door"][f"{way}_mbps"], "MB/s",
+                  folders["direct"][f"{way}_mbps"], "sshfs straight to the client's sshd",
+                  folders.get(f"{way}_ratio"), "(info)", None, spread)
+
+
 def attack_rows(table: Table, attacks: dict | None) -> None:
     """Logins while the gateway is attacked (bench/attacks.py); the tests only check that they succeed."""
     if not attacks:
@@ -745,7 +761,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=10, help="sessions per side for the memory figures")
     parser.add_argument("--size", default="2G", help="bytes per relay throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="relay throughput runs per row")
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,new_session,x2go,memory,agent_memory,scale,store,cluster,cluster_picture,cluster_relay,sound,web,printing,sharing,attacks,displays")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,new_session,x2go,memory,agent_memory,scale,store,cluster,cluster_picture,cluster_relay,sound,web,printing,sharing,x2go_folders,attacks,displays")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install bench packages")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway (relay, logins, sessions)")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from bench/results/*.json")
@@ -796,6 +812,8 @@ def main(argv: list[str] | None = None) -> int:
                      "--json", os.path.join(RESULTS, "printing.json")],
         "sharing": [python, os.path.join(HERE, "sharing_copy.py"), "--size-mb", "10" if args.quick else "100",
                     "--json", os.path.join(RESULTS, "sharing.json")],
+        "x2go_folders": [python, os.path.join(HERE, "x2go_folders.py"), "--size-mb", "10" if args.quick else "50",
+                         "--runs", "2" if args.quick else "4", "--json", os.path.join(RESULTS, "x2go_folders.json")],
         "displays": [python, os.path.join(HERE, "display_search.py"), "--runs", "3" if args.quick else "10",
                      "--json", os.path.join(RESULTS, "displays.json")],
         "attacks": [python, os.path.join(HERE, "attacks.py"), "--runs", str(runs),
@@ -832,6 +850,7 @@ def main(argv: list[str] | None = None) -> int:
     sharing = load(os.path.join(RESULTS, "sharing.json"))
     display_search = load(os.path.join(RESULTS, "displays.json"))
     attacks = load(os.path.join(RESULTS, "attacks.json"))
+    x2go_folders = load(os.path.join(RESULTS, "x2go_folders.json"))
     table = build_table(relay, sessions_result, x2go, scale)
     new_session_rows(table, new_session)
     memory_rows(table, memory, agent_memory)
@@ -843,6 +862,7 @@ def main(argv: list[str] | None = None) -> int:
     web_viewer_rows(table, web)
     printing_rows(table, printing)
     sharing_rows(table, sharing)
+    x2go_folders_rows(table, x2go_folders)
     display_search_rows(table, display_search)
     attack_rows(table, attacks)
     print()
@@ -863,7 +883,7 @@ def main(argv: list[str] | None = None) -> int:
                     "displays": display_search,
                     "cluster": placement, "cluster_picture": cluster_picture,
                     "cluster_relay": cluster_relay, "sound": sound, "web_viewer": web, "printing": printing, "sharing": sharing,
-                    "attacks": attacks},
+                    "x2go_folders": x2go_folders, "attacks": attacks},
         "x2go_reference": X2GO_REFERENCE,
     }
     out = os.path.join(RESULTS, "bench.json")

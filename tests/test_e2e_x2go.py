@@ -13,7 +13,6 @@ OpenSSH's client to the same SSH port and must run nothing.
 from __future__ import annotations
 
 import os
-import pwd
 import random
 import re
 import shutil
@@ -31,6 +30,7 @@ from tests.harness.process import stop, wait_for
 from tests.harness.shared import class_fixture
 from tests.harness.ssh import askpass_env
 from tests.harness.users import NEED_ROOT, create_user, is_root
+from tests.harness.x2goclient import X2GoClientMachine
 from tests.harness.web import web_base, web_options
 from tests.harness.x11 import ClientScreen, Screenshot
 
@@ -44,14 +44,14 @@ def display_of(name: str) -> int:
     return int(re.search(r"-(\d+)-\d+_st", name).group(1))
 
 
-def _fixture():
+def _fixture(options: dict | None = None):
     if not is_root():
         raise SkipTest(NEED_ROOT)
     if shutil.which("pyhoca-cli") is None:
         raise SkipTest("pyhoca-cli is not installed (apt-get install pyhoca-cli python3-x2go)")
     user = create_user(password=PASSWORD)
     other = create_user(password=PASSWORD)
-    gateway = Gateway({"sessions": {"max_sessions_per_user": "2"}}).start()
+    gateway = Gateway({"sessions": {"max_sessions_per_user": "2"}, **(options or {})}).start()
     screen = ClientScreen(1280, 1024, window_manager=True)
 
     def teardown() -> None:
@@ -65,9 +65,12 @@ def _fixture():
 
 class X2GoCase(TestCase):
     timeout = 600
+    #: More options of a gateway of the class's own (None: the gateway the X2Go classes share).
+    gateway_options: dict | None = None
 
     def setUp(self) -> None:
-        self.user, self.other, self.gateway, self.screen = class_fixture(X2GoCase, _fixture)
+        owner, options = (X2GoCase, None) if self.gateway_options is None else (type(self), self.gateway_options)
+        self.user, self.other, self.gateway, self.screen = class_fixture(owner, lambda: _fixture(options))
         self.home = tempfile.mkdtemp(prefix="x2go-client-")
         self.addCleanup(shutil.rmtree, self.home, True)
         self.clients: list[subprocess.Popen] = []
@@ -95,6 +98,17 @@ class X2GoCase(TestCase):
                                        stderr=subprocess.STDOUT)
         self.clients.append(process)
         return process, log
+
+    def ssh(self, command: str, user=None) -> subprocess.CompletedProcess:
+        """A command at the X2Go door as OpenSSH's client sends it (a password login)."""
+        user = user or self.user
+        argv = ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+                "-o", "PubkeyAuthentication=no", "-o", "PreferredAuthentications=password,keyboard-interactive",
+                "-o", "NumberOfPasswordPrompts=1", "-p", str(self.gateway.port), "-l", user.name, "127.0.0.1",
+                command]
+        env = dict(os.environ, **askpass_env(PASSWORD))
+        return subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+                              start_new_session=True)
 
     def _stop_clients(self) -> None:
         for process in self.clients:
@@ -211,35 +225,14 @@ class X2GoCase(TestCase):
             print(f"\n    {name}: {share:.2%} equal; pictures: {' '.join(saved)}")
 
     def x2goclient(self, settings: str, lang: str = "C") -> tuple[subprocess.Popen, str, int]:
-        """x2goclient --debug on a session profile "gw" (the user logs in with a key from his
-        ~/.ssh/authorized_keys: x2goclient takes no password on its command line) with ``settings``
-        (profile lines); its process, its log, and where the gateway's log stood before."""
-        key = os.path.join(self.home, "id")
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
-        entry = pwd.getpwnam(self.user.name)
-        ssh_dir = os.path.join(entry.pw_dir, ".ssh")
-        os.makedirs(ssh_dir, exist_ok=True)
-        with open(key + ".pub") as public, open(os.path.join(ssh_dir, "authorized_keys"), "w") as keys:
-            keys.write(public.read())
-        for path, mode in ((ssh_dir, 0o700), (os.path.join(ssh_dir, "authorized_keys"), 0o600)):
-            os.chown(path, entry.pw_uid, entry.pw_gid)
-            os.chmod(path, mode)
-        self.addCleanup(shutil.rmtree, ssh_dir, True)
-        os.makedirs(os.path.join(self.home, ".x2goclient"))
-        with open(os.path.join(self.home, ".x2goclient", "sessions"), "w", encoding="ascii") as handle:
-            handle.write(f"[gw]\nname=gw\nhost=127.0.0.1\nsshport={self.gateway.port}\nuser={self.user.name}\n"
-                         f"key={key}\nautologin=false\nspeed=4\npack=16m-jpeg\nquality=9\nfullscreen=false\n"
-                         f"usekbd=false\nsetdpi=false\n{settings}")
+        """x2goclient --debug on a session profile "gw" with ``settings`` (profile lines), run as a client user
+        of its own (tests.harness.x2goclient: the session's user accepts its key, as x2goclient takes no
+        password on its command line); its process, its log, and where the gateway's log stood before."""
+        machine = X2GoClientMachine(self, self.screen, self.gateway.port, self.user, settings)
         before = len(self.gateway.log())  # the gateway is shared with other tests of the module
-        log = os.path.join(self.home, "x2goclient.log")
-        with open(log, "wb") as handle:
-            # --bypass-cleanup-helper: its helper process outlives x2goclient by design (the test stops it).
-            process = subprocess.Popen(["x2goclient", "--session=gw", "--add-to-known-hosts", "--no-menu",
-                                        "--bypass-cleanup-helper", "--debug"],
-                                       env=dict(self.env(), XDG_RUNTIME_DIR=self.home, LANG=lang),
-                                       stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT)
+        process = machine.start(lang=lang)
         self.clients.append(process)
-        return process, log, before
+        return process, machine.log, before
 
     def agent_running(self, name: str) -> bool:
         return os.path.exists(os.path.join(self.gateway.state_dir, "sessions", self.session_id(name)))
@@ -332,16 +325,6 @@ class DesktopSharingTests(X2GoCase):
 
 class RefusalTests(X2GoCase):
     """Commands outside the contract and other users' sessions, over OpenSSH's client."""
-
-    def ssh(self, command: str, user=None) -> subprocess.CompletedProcess:
-        user = user or self.user
-        argv = ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o",
-                "PubkeyAuthentication=no", "-o", "PreferredAuthentications=password,keyboard-interactive",
-                "-o", "NumberOfPasswordPrompts=1", "-p", str(self.gateway.port), "-l", user.name, "127.0.0.1",
-                command]
-        env = dict(os.environ, **askpass_env(PASSWORD))
-        return subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
-                              start_new_session=True)
 
     def user_processes(self) -> set[int]:
         out = subprocess.run(["ps", "-u", self.user.name, "-o", "pid="], capture_output=True, text=True).stdout
@@ -551,6 +534,6 @@ class X2GoClientTests(X2GoCase):
         self.assertEqual(self.listed().get(session), "R")
         log_text = self.gateway.log()[before:]
         self.assertIn("asked for a reverse forward", log_text)
-        self.assertRegex(log_text, r"copied \.x2go/ssh/key\.\S+ \(\d+ bytes\): discarded")
+        self.assertRegex(log_text, r"pushed the key bundle key\.\S+ for its shared folders")
         self.assertEqual(self.refusals(audited), [])
         self.assertEqual([name for _, name, _ in pixels.windows(self.screen.name) if name == "Error"], [])

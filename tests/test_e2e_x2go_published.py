@@ -27,7 +27,6 @@ from twisted.trial.unittest import SkipTest
 from tests.harness.gateway import REPO, Gateway
 from tests.harness.process import stop, wait_for
 from tests.harness.shared import class_fixture
-from tests.harness.ssh import askpass_env
 from tests.harness.users import NEED_ROOT, create_user, is_root
 from tests.harness.x11 import ClientScreen
 from tests.test_e2e_x2go import PASSWORD, X2GoCase, display_of
@@ -130,10 +129,3 @@ class PublishedApplicationsTests(X2GoCase):
         (name,) = [n for n, status in self.listed().items() if "_stRPUBLISHED_" in n and status == "R"]
         self.assertTrue(name)
 
-    def ssh(self, command: str) -> subprocess.CompletedProcess:
-        argv = ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o",
-                "PubkeyAuthentication=no", "-o", "PreferredAuthentications=password,keyboard-interactive",
-                "-o", "NumberOfPasswordPrompts=1", "-p", str(self.gateway.port), "-l", self.user.name, "127.0.0.1",
-                command]
-        return subprocess.run(argv, env=dict(os.environ, **askpass_env(PASSWORD)), stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=60, start_new_session=True)

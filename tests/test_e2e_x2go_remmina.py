@@ -56,7 +56,13 @@ class RemminaX2GoPluginTests(X2GoCase):
             handle.write(f"[remmina]\nname=gw\nprotocol=X2GO\nserver=127.0.0.1:{self.gateway.port}\n"
                          f"username={self.user.name}\npassword={remmina_password(PASSWORD, secret)}\n"
                          "command=TERMINAL\nresolution_mode=2\nresolution_width=800\nresolution_height=600\n"
-                         "clipboard=both\n")
+                         "clipboard=both\naudio=pulse\n")
+        # A PulseAudio cookie on the client and the profile's sound (``audio``) set to pulse: the plugin's
+        # pyhoca-cli pushes the cookie and takes the session's sound back (a profile without it gets
+        # ``--sound none``).  The plugin has no settings for folders or printing.
+        os.makedirs(os.path.join(self.home, ".config", "pulse"))
+        with open(os.path.join(self.home, ".config", "pulse", "cookie"), "wb") as handle:
+            handle.write(os.urandom(256))
         before = len(self.gateway.log())
         log = os.path.join(self.home, "remmina.log")
         with open(log, "wb") as handle:
@@ -74,6 +80,13 @@ class RemminaX2GoPluginTests(X2GoCase):
         except AssertionError:
             raise AssertionError(f"no session: {self.read(log)[-3000:]}\n{self.gateway.log()[before:][-2000:]}") from None
         self.assertRegex(name, r"_stRTERMINAL_dp24$")
+        try:
+            wait_for(lambda: "the client takes its sound back" in self.gateway.log()[before:]
+                     and "the client's PulseAudio cookie is in place" in self.gateway.log()[before:], 60,
+                     "the sound route and the client's cookie")
+        except AssertionError:
+            argv = subprocess.run(["pgrep", "-a", "-f", "pyhoca-cli"], capture_output=True, text=True).stdout
+            raise AssertionError(f"{argv}\n{self.read(log)[-3000:]}\n{self.gateway.log()[before:][-3000:]}") from None
         self.assertGreaterEqual(self.window_equal(name, f"{self.user.name}@"), 0.99)
         # The window is not in Remmina's tab: Remmina's own window stays small, the session's is a top window.
         remmina_windows = [rect for _, title, rect in pixels.windows(self.screen.name) if title == "gw"]

@@ -226,27 +226,40 @@ class X2GoSoundTests(SoundCase):
         self.assertNotIn("the client's PulseAudio cookie is in place", self.new_log())
 
 
-class FoldersAndPrintingDeclinedTests(SoundCase):
-    def test_pyhoca_cli_asking_for_folders_and_printing_hears_no_permission_problem(self):
-        """What makes pyhoca-cli say "Remote user ... is not allowed to share SSHFS resources" is an empty
-        ``which fusermount``: the door answers it, and x2gomountdirs says in words what is not offered."""
+class FoldersBesideSoundTests(SoundCase):
+    def test_pyhoca_cli_with_sound_and_a_folder_gets_the_folder_and_hears_no_permission_problem(self):
+        """Sound (the default) and a shared folder on one connection: two reverse forwards, the folder mounted in
+        the session; no "Remote user ... is not allowed to share SSHFS resources"; the key bundle python-x2go
+        pushed never lands on the gateway's disk (kept in memory; its ``rm -f KEY KEY.ident`` forgets it)."""
+        from tests.test_e2e_x2go_folders import mounted, open_fuse
+        open_fuse(self)
         home = tempfile.mkdtemp(prefix="x2go-sound-client-")
         self.addCleanup(shutil.rmtree, home, True)
+        self.addCleanup(shutil.rmtree, f"/tmp/.x2go-{self.user.name}", True)
+        os.makedirs(os.path.join(home, ".config", "pulse"))
+        with open(os.path.join(home, ".config", "pulse", "cookie"), "wb") as handle:
+            handle.write(secrets.token_bytes(256))  # python-x2go asks for the sound forward when it has a cookie
         folder = tempfile.mkdtemp(prefix="x2go-folder-", dir=home)
-        process, log = self.pyhoca(home, "--printing", "-F", folder)
+        with open(os.path.join(folder, "note.txt"), "w") as handle:
+            handle.write("beside the sound\n")
+        process, log = self.pyhoca(home, "-F", folder)
         self.started_name(process, log)
+        point = f"/tmp/.x2go-{self.user.name}/media/disk/{folder.replace('/', '_')}"
         try:
-            wait_for(lambda: "X2Go folder sharing or printing asked by" in self.new_log(), 60, "x2gomountdirs")
+            wait_for(lambda: mounted(point) and "the client takes its sound back" in self.new_log(), 120,
+                     "the folder mounted and the sound route")
         except AssertionError:
-            raise AssertionError(f"no x2gomountdirs: {self.read(log)[-3000:]}\n{self.new_log()[-3000:]}") from None
-        time.sleep(2.0)
+            raise AssertionError(f"{self.read(log)[-3000:]}\n{self.new_log()[-3000:]}") from None
+        read = as_user(self.user.name, {"HOME": self.user.home}, "cat", f"{point}/note.txt")
+        self.assertEqual(read.stdout, "beside the sound\n", read.stderr)
+        wait_for(lambda: re.search(r"x2gomountdirs stdout is: .*mount .* ok", self.read(log)), 60,
+                 "pyhoca-cli's word that the folder is shared")
         text = self.read(log)
         self.assertNotIn("not allowed", text)
-        self.assertIn("not offered to X2Go clients by this server", text)
         self.assertIsNone(process.poll(), f"pyhoca-cli ended: {text[-2000:]}")
-        # The sshfs key it pushed for the mount is removed again, as its "; rm -f KEY KEY.ident" asks.
         keys = os.path.join(self.user.home, ".x2go", "ssh")
-        wait_for(lambda: not [name for name in os.listdir(keys) if name.startswith("key.")], 20, "the key removed")
+        self.assertEqual([name for name in (os.listdir(keys) if os.path.isdir(keys) else []) if name.startswith("key.")],
+                         [])
 
 
 class X2GoClientSoundTests(SoundCase):

@@ -98,7 +98,8 @@ class ReaderTests(TestCase):
         self.assertEqual([call.verb for call in calls], ["x2gomountdirs", "rm"])
         for raw in (b"rm -f /home/alice/.x2go/C-x/.pulse-cookie", b"rm -f /etc/passwd", b"rm /home/alice/.x2go/ssh/key.a",
                     b"rm -f /home/alice/.x2go/ssh/../../.bashrc", b"rm -rf /home/alice/.x2go/ssh/key.a",
-                    b"rm -f /home/alice/.x2go/ssh/id_rsa", b"rm -f a b c d"):
+                    b"rm -f /home/alice/.x2go/ssh/id_rsa", b"rm -f a b c d",
+                    b"rm -f /home/alice/.x2go/ssh/key.a /home/alice/.x2go/ssh/key.b /home/alice/.x2go/ssh/key.c"):
             self.assertRaises(shell.Refused, read, raw)
 
     def test_a_thousand_fuzzed_exec_strings_are_read_or_refused_never_more(self):

@@ -48,8 +48,8 @@ from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.session_limits import SessionLimits, limit_reached
 from nxgate.vocabulary.model import Member, Session, State
-from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
-from nxgate.vocabulary.results import (DesktopEntry, Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent,
+from nxgate.vocabulary.requests import FolderShares, RestoreRequest, ShadowRequest, ShareMount, StartRequest
+from nxgate.vocabulary.results import (DesktopEntry, FolderMount, Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent,
                                      SessionView, ShadowTarget)
 from nxgate.vocabulary.streams import Stream, StreamKind
 from nxgate.store.errors import StoreError, storage_reason
@@ -330,6 +330,17 @@ class Router:
         """On the session's node, which mounts the share (its password then
         crosses the members' TLS wire, never the store)."""
         return await self._on_node_of("add_mount", caller, session_id, mount)
+
+    async def mount_folders(self, caller: Caller, session_id: str, shares: FolderShares) -> tuple[FolderMount, ...]:
+        """On the session's node, which mounts them (the client's key then
+        crosses the members' TLS wire, never the store)."""
+        return await self._on_node_of("mount_folders", caller, session_id, shares)
+
+    async def unmount_folders(self, caller: Caller, session_id: str, path: str = "") -> tuple[FolderMount, ...]:
+        return await self._on_node_of("unmount_folders", caller, session_id, path)
+
+    async def folders(self, caller: Caller, session_id: str) -> tuple[FolderMount, ...]:
+        return await self._on_node_of("folders", caller, session_id)
 
     async def applications(self, caller: Caller, session_id: str) -> tuple[DesktopEntry, ...]:
         """The applications of the session's node (its machine's .desktop files)."""

@@ -40,8 +40,8 @@ from nxgate.streams import reverse
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.model import Session, State
-from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
-from nxgate.vocabulary.results import (DesktopEntry, Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
+from nxgate.vocabulary.requests import FolderShares, RestoreRequest, ShadowRequest, ShareMount, StartRequest
+from nxgate.vocabulary.results import (DesktopEntry, FolderMount, Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
                                      ShadowTarget)
 from nxgate.vocabulary.streams import Stream, StreamKind
 from nxgate.streams import agentsocket
@@ -134,6 +134,15 @@ class LocalNode:
 
     async def add_mount(self, caller: Caller, session_id: str, mount: ShareMount) -> bool:
         return await self.manager.add_mount(await self._here(caller), session_id, mount)
+
+    async def mount_folders(self, caller: Caller, session_id: str, shares: FolderShares) -> tuple[FolderMount, ...]:
+        return await self.manager.mount_folders(await self._here(caller), session_id, shares)
+
+    async def unmount_folders(self, caller: Caller, session_id: str, path: str = "") -> tuple[FolderMount, ...]:
+        return await self.manager.unmount_folders(await self._here(caller), session_id, path)
+
+    async def folders(self, caller: Caller, session_id: str) -> tuple[FolderMount, ...]:
+        return await self.manager.folders(await self._here(caller), session_id)
 
     async def applications(self, caller: Caller, session_id: str) -> tuple[DesktopEntry, ...]:
         return await self.manager.applications(await self._here(caller), session_id)

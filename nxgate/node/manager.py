@@ -33,16 +33,17 @@ from nxgate.node import applications, displays, services
 from nxgate.host import files, processes
 from nxgate.host.launcher import Launcher
 from nxgate.node.reverse import ReverseListeners
-from nxgate.vocabulary.model import FOR_LATER, Session, member_name
+from nxgate.streams.reverse import SERVICES as REVERSE_SERVICES
+from nxgate.vocabulary.model import FOR_LATER, Session, State, member_name
 from nxgate.node.kinds import DesktopKind, RemoteDesktopKind, SessionKind, kind_for
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.node.housekeeping import Housekeeping
 from nxgate.node.lifecycle import Background, Lifecycle
 from nxgate.session_limits import SessionLimits
-from nxgate.vocabulary.requests import (PUBLISHED_TYPE, DisplaySettings, RestoreRequest, ShadowRequest, ShareMount,
+from nxgate.vocabulary.requests import (PUBLISHED_TYPE, DisplaySettings, FolderShares, RestoreRequest, ShadowRequest, ShareMount,
                                         StartRequest)
-from nxgate.vocabulary.results import (DesktopEntry, Listing, ProgressCallback, Ready, ServiceStatus, SessionObserver, SessionView,
+from nxgate.vocabulary.results import (DesktopEntry, FolderMount, Listing, ProgressCallback, Ready, ServiceStatus, SessionObserver, SessionView,
                                      ShadowTarget, StreamTarget, UnknownSession, HeldDisplay)
 from nxgate.store.interface import SessionStore
 from nxgate.node.writer import StoreWriter
@@ -102,10 +103,15 @@ class SessionManager(service.Service):
             blocking)
         #: The reverse listeners of this machine's sessions (nxgate.node.reverse).
         self.reverse = ReverseListeners(reactor, layout.reverse, blocking, lambda sid: self.sessions.get(sid),
-                                        lambda word: bool(getattr(self.config.services, word, False)),
+                                        lambda word: bool(getattr(self.config.services, REVERSE_SERVICES[word].switch,
+                                                                  False)),
                                         lambda: self.node_name or "this machine", room)
         self.services = services.Services.load(services.Context(reactor, lambda: self.config, layout, self.launcher,
                                                         blocking, self.reverse))
+        folders, printer = self.services.by_name.get("x2go-folders"), self.services.by_name.get("printing")
+        if folders is not None and printer is not None:  # X2Go's printer serves the print spool the client shares
+            folders.spool_mounted.append(printer.serve_x2go)
+            folders.spool_gone.append(printer.stop)
         self.lifecycle = Lifecycle(reactor, lambda: self.config, lambda: self.settings, layout, self.supervisor,
                                    self.writer, self.store, self.displays, self.background, self.services)
         self.sessions = self.lifecycle.sessions  # the same dicts: the life cycle owns them
@@ -291,6 +297,39 @@ class SessionManager(service.Service):
                  address=caller.address, share=mount.share, name=mount.name, id=session.id, audit="share_mount")
         self.background(self.lifecycle.mount_share(session.id, mount), "mounting a shared folder", session.id)
         return True
+
+    def _folders_of(self, caller: Caller, session_id: str) -> tuple[Session, Any]:
+        """The caller's own session (an admin's too: a client's folders go into its owner's session only) and
+        this machine's X2Go folders."""
+        session = self._owned(caller, session_id)
+        if session.user != caller.user:
+            raise SessionError(ErrorKind.NOT_YOURS, f"Could not find session {session_id}.", session_id=session_id)
+        folders = self.services.by_name.get("x2go-folders")
+        if folders is None or not self.config.services.sharing:
+            raise SessionError(ErrorKind.NOT_ALLOWED, f"Folder sharing is switched off on machine "
+                               f"{self.node_name or 'this machine'}.", session_id=session_id)
+        return session, folders
+
+    async def mount_folders(self, caller: Caller, session_id: str, shares: FolderShares) -> tuple[FolderMount, ...]:
+        """Mount folders an X2Go client shares in the caller's running session
+        (:mod:`nxgate.node.services.x2go_folders`): one result a folder, with the
+        words of a refusal."""
+        session, folders = self._folders_of(caller, session_id)
+        # X2Go's clients share their folders before their graphics link is up, at a start and at a resume.
+        if session.state not in (State.STARTING, State.WAITING, State.RESUMING, State.RUNNING):
+            raise SessionError(ErrorKind.WRONG_STATE, f"Session {session_id} is suspended.", session_id=session_id)
+        log.info("{user} from {address} shares {count} folder(s) of their X2Go client with session {id}",
+                 user=caller.user, address=caller.address, count=len(shares.folders), id=session.id,
+                 audit="x2go_folders")
+        return await folders.mount(session, shares)
+
+    async def unmount_folders(self, caller: Caller, session_id: str, path: str = "") -> tuple[FolderMount, ...]:
+        session, folders = self._folders_of(caller, session_id)
+        return await folders.unmount(session, path)
+
+    async def folders(self, caller: Caller, session_id: str) -> tuple[FolderMount, ...]:
+        session, folders = self._folders_of(caller, session_id)
+        return await folders.listing(session)
 
     async def applications(self, caller: Caller, session_id: str) -> tuple[DesktopEntry, ...]:
         """This machine's published applications (``[sessions] published_applications``), for the owner of a

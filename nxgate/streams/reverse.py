@@ -75,20 +75,28 @@ class ReverseService:
     reach its listener, ``unix`` (a socket path; the kernel names the peer)
     or ``tcp`` (a loopback port, for programs that can reach nothing else);
     ``settings``: the words of the lines the gateway may send on its route;
-    ``what``: words for the log."""
+    ``what``: words for the log; ``setting``: the ``[services]`` switch that
+    turns it on (its word, when empty)."""
 
     word: str
     over: str
     what: str
     settings: frozenset[str] = frozenset()
+    setting: str = ""
+
+    @property
+    def switch(self) -> str:
+        return self.setting or self.word
 
 
 SOUND = ReverseService("sound", "unix", "sound", frozenset({"cookie"}))
 PRINTING = ReverseService("printing", "unix", "printing")
 #: libsmbclient (smbnetfs) connects to a host and port only.
 SHARING = ReverseService("sharing", "tcp", "folders")
+#: X2Go's shared folders (and its print spool): sshfs's ssh connects to a host and port only.
+SSHFS = ReverseService("sshfs", "tcp", "shared folders", setting="sharing")
 
-SERVICES: dict[str, ReverseService] = {service.word: service for service in (SOUND, PRINTING, SHARING)}
+SERVICES: dict[str, ReverseService] = {service.word: service for service in (SOUND, PRINTING, SHARING, SSHFS)}
 
 #: The length of a PulseAudio cookie (PA_NATIVE_COOKIE_LENGTH).
 PULSE_COOKIE_BYTES = 256

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
-from nxgate.vocabulary.results import (DesktopEntry, Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
+from nxgate.vocabulary.requests import FolderShares, RestoreRequest, ShadowRequest, ShareMount, StartRequest
+from nxgate.vocabulary.results import (DesktopEntry, FolderMount, Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent, SessionView,
                                      ShadowTarget)
 from nxgate.vocabulary.streams import Stream, StreamKind
 
@@ -48,6 +48,14 @@ class SessionAPI(Protocol):
 
     # A folder the client shares, mounted in the caller's session; False: sharing is off there.
     async def add_mount(self, caller: Caller, session_id: str, mount: ShareMount) -> bool: ...
+
+    # X2Go's shared folders: mounted in the caller's session with sshfs back to its client (one result a folder),
+    # unmounted (all, or the one of a client path; those that went), and those mounted now.
+    async def mount_folders(self, caller: Caller, session_id: str, shares: FolderShares) -> tuple[FolderMount, ...]: ...
+
+    async def unmount_folders(self, caller: Caller, session_id: str, path: str = "") -> tuple[FolderMount, ...]: ...
+
+    async def folders(self, caller: Caller, session_id: str) -> tuple[FolderMount, ...]: ...
 
     # The applications the session's node publishes (its .desktop files), for the session's owner.
     async def applications(self, caller: Caller, session_id: str) -> tuple[DesktopEntry, ...]: ...

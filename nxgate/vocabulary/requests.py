@@ -101,3 +101,31 @@ class ShareMount:
     username: str = ""
     password: str = field(default="", repr=False)
     computer: str = ""
+
+
+#: The kinds of folder an X2Go client shares: a folder of its disk, a removable
+#: medium, its print spool (jobs go there) and its MIME box.
+FOLDER_KINDS = ("disk", "removable", "cdrom", "spool", "mimebox")
+
+
+@dataclass(frozen=True)
+class SharedFolder:
+    """One folder of the client's machine, by its path there, and its kind (:data:`FOLDER_KINDS`)."""
+
+    path: str
+    kind: str = "disk"
+
+
+@dataclass(frozen=True)
+class FolderShares:
+    """Folders an X2Go client shares with its session (``x2gomountdirs``): the
+    session's machine mounts each with sshfs as the session's user, back
+    through the client's own reverse forward of the session's folders port,
+    logging in to the client's SFTP server as ``client_user`` with ``key``
+    (a private key, PEM or OpenSSH; ``repr=False``: never a log, argv or the
+    store) and trusting only ``host_key`` (``<type> <base64>``)."""
+
+    folders: tuple[SharedFolder, ...]
+    client_user: str
+    key: bytes = field(default=b"", repr=False)
+    host_key: str = ""

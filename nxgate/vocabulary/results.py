@@ -119,6 +119,19 @@ class DesktopEntry:
 
 
 @dataclass(frozen=True)
+class FolderMount:
+    """A client's folder in a session (X2Go's shared folders): where it is
+    mounted on the session's machine, and whether it is; ``problem`` says why
+    not, in words for the client and the log."""
+
+    path: str
+    kind: str
+    mount_point: str
+    mounted: bool
+    problem: str = ""
+
+
+@dataclass(frozen=True)
 class ShadowTarget:
     """A display the caller may shadow (no cookie, no authority path)."""
 

@@ -43,8 +43,8 @@ from nxgate.wire.tls import ClusterTLS
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.errors import ErrorKind, SessionError
 from nxgate.vocabulary.model import MEMBER_CONNECTING, MEMBER_UP
-from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
-from nxgate.vocabulary.results import (DesktopEntry, Listing, Progress, ProgressCallback, Ready, ServiceStatus, SessionEvent,
+from nxgate.vocabulary.requests import FolderShares, RestoreRequest, ShadowRequest, ShareMount, StartRequest
+from nxgate.vocabulary.results import (DesktopEntry, FolderMount, Listing, Progress, ProgressCallback, Ready, ServiceStatus, SessionEvent,
                                      SessionView, ShadowTarget)
 from nxgate.vocabulary.streams import Stream, StreamKind
 
@@ -200,6 +200,15 @@ class RemoteNode:
 
     async def add_mount(self, caller: Caller, session_id: str, mount: ShareMount) -> bool:
         return await self._call("add_mount", caller, session_id, mount)
+
+    async def mount_folders(self, caller: Caller, session_id: str, shares: FolderShares) -> tuple[FolderMount, ...]:
+        return await self._call("mount_folders", caller, session_id, shares)
+
+    async def unmount_folders(self, caller: Caller, session_id: str, path: str = "") -> tuple[FolderMount, ...]:
+        return await self._call("unmount_folders", caller, session_id, path)
+
+    async def folders(self, caller: Caller, session_id: str) -> tuple[FolderMount, ...]:
+        return await self._call("folders", caller, session_id)
 
     async def applications(self, caller: Caller, session_id: str) -> tuple[DesktopEntry, ...]:
         return await self._call("applications", caller, session_id)

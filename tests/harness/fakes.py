@@ -32,9 +32,9 @@ from typing import Any
 
 from nxgate.vocabulary.api import NodeAPI, SessionAPI
 from nxgate.vocabulary.caller import Caller
-from nxgate.vocabulary.requests import RestoreRequest, ShadowRequest, ShareMount, StartRequest
-from nxgate.vocabulary.results import (DesktopEntry, Listing, ProgressCallback, Ready, ServiceStatus, SessionEvent,
-                                     SessionView, ShadowTarget)
+from nxgate.vocabulary.requests import FolderShares, RestoreRequest, ShadowRequest, ShareMount, StartRequest
+from nxgate.vocabulary.results import (DesktopEntry, FolderMount, Listing, ProgressCallback, Ready, ServiceStatus,
+                                     SessionEvent, SessionView, ShadowTarget)
 from nxgate.vocabulary.streams import Stream, StreamKind
 
 UNSET: Any = object()
@@ -121,6 +121,15 @@ class FakeSessionAPI:
 
     async def add_mount(self, caller: Caller, session_id: str, mount: ShareMount) -> bool:
         return await self._answer("add_mount", caller, session_id, mount)
+
+    async def mount_folders(self, caller: Caller, session_id: str, shares: FolderShares) -> tuple[FolderMount, ...]:
+        return await self._answer("mount_folders", caller, session_id, shares)
+
+    async def unmount_folders(self, caller: Caller, session_id: str, path: str = "") -> tuple[FolderMount, ...]:
+        return await self._answer("unmount_folders", caller, session_id, path)
+
+    async def folders(self, caller: Caller, session_id: str) -> tuple[FolderMount, ...]:
+        return await self._answer("folders", caller, session_id)
 
     async def applications(self, caller: Caller, session_id: str) -> tuple[DesktopEntry, ...]:
         return await self._answer("applications", caller, session_id)

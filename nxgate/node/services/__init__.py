@@ -32,6 +32,7 @@ MODULES = {
     "sound": "nxgate.node.services.sound",
     "printing": "nxgate.node.services.printing",
     "sharing": "nxgate.node.services.sharing",
+    "x2go-folders": "nxgate.node.services.x2go_folders",
 }
 
 
@@ -141,8 +142,14 @@ class Services:
 
     async def stop(self, session: Any, services: Iterable[str] | None = None) -> None:
         """Stop the services of the services the session was granted (or of
-        ``services``); each one's ``stop`` must be harmless when nothing runs."""
-        for service in self.of(session, services):
+        ``services``), and those that say ``always`` (what a client sets up in
+        any session: X2Go's folders); each one's ``stop`` must be harmless
+        when nothing runs."""
+        chosen = self.of(session, services)
+        if services is None:
+            chosen += [service for service in self.by_name.values()
+                       if getattr(service, "always", False) and service not in chosen]
+        for service in chosen:
             try:
                 await service.stop(session)
             except Exception:

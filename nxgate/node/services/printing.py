@@ -45,12 +45,17 @@ session's marker in its environment.
 
 from __future__ import annotations
 
+import calendar
+import contextlib
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
 import stat
+import sys
+import time
 import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -73,6 +78,8 @@ from nxgate.protocols import ipp
 from nxgate.protocols import printgate
 from nxgate.host import files, processes
 from nxgate.node.services import Context
+from nxgate.node.follow import LogFollower
+from nxgate.safetext import printable
 
 log = Logger()
 
@@ -99,11 +106,12 @@ class Refused(Exception):
 
 
 # ------------------------------------------------------------ configuration
-def cupsd_conf(socket_path: str) -> str:
+def cupsd_conf(socket_path: str, extra: tuple[str, ...] = ()) -> str:
     """cupsd.conf of a session's cupsd: its Unix socket only, no browsing,
     no web interface; no authentication, as only the user reaches the socket."""
     return "\n".join([
         f"Listen {socket_path}",
+        *extra,
         "LogLevel warn",
         "MaxLogSize 1m",
         "Browsing No",
@@ -124,17 +132,18 @@ def cupsd_conf(socket_path: str) -> str:
     ])
 
 
-def cups_files_conf(directory: str) -> str:
+def cups_files_conf(directory: str, server_bin: str | None = None) -> str:
     """cups-files.conf: everything cupsd writes stays in ``directory``."""
     path = lambda name: os.path.join(directory, name)  # noqa: E731
     return "\n".join([
         f"ServerRoot {directory}",
+        *([f"ServerBin {server_bin}"] if server_bin else []),
         f"RequestRoot {path('spool')}",
         f"TempDir {path('spool')}",
         f"CacheDir {path('cache')}",
         f"StateDir {path('state')}",
         f"ErrorLog {path('error_log')}",
-        f"AccessLog {path('access_log')}",
+        f"AccessLog {path(ACCESS_LOG)}",
         f"PageLog {path('page_log')}",
         f"Printcap {path('printcap')}",
         "ConfigFilePerm 0600",
@@ -417,6 +426,9 @@ class Printing:
         self._tasks: dict[str, defer.Deferred[None]] = {}
         self._cupsd: dict[str, processes.ProcessId] = {}
         self._starts: dict[str, int] = {}  # per session: how many starts so far
+        #: X2Go's printer: each session's job log and cupsd's access log, followed.
+        self._job_logs: dict[str, list[LogFollower]] = {}
+        self._notifier: Any = None
 
     def directory(self, session: Any) -> str:
         return os.path.join(self.context.session_dir(session), DIRECTORY)
@@ -428,6 +440,110 @@ class Printing:
         if service_channels.channel_port("printing", session.display) is None or self.cupsd is None:
             return {}
         return {"CUPS_SERVER": self.socket_path(session)}
+
+    def reverse_environment(self, session: Any) -> dict[str, str]:
+        """An X2Go client's session: its programs print on the session's cupsd, whose X2Go printer serves the
+        client's print spool once the client shares it (:meth:`serve_x2go`)."""
+        if self.cupsd is None or not self.context.config().services.printing \
+                or session.options.get("display", {}).get("client") != "x2go":
+            return {}
+        return {"CUPS_SERVER": self.socket_path(session)}
+
+    async def serve_x2go(self, session: Any, spool: str) -> None:
+        """X2Go's printer: the session's cupsd with one queue, ``X2Go``, whose
+        jobs become PDFs in the client's print spool, mounted at ``spool``
+        (:mod:`nxgate.node.services.x2go_print`, the backend; x2goserver's
+        cups-x2go does the same through root's CUPS).  Jobs are capped at
+        :data:`X2GO_MAX_JOB` bytes, as sent (cupsd answers a larger request
+        "Request Entity Too Large") and as PDF (the backend cancels it)."""
+        if self.cupsd is None or not self.context.config().services.printing:
+            log.info("session {id} of {user}: the X2Go client shares its print spool, but printing is {why}",
+                     id=session.id, user=session.user, why="switched off ([services] printing)"
+                     if self.cupsd is not None else "not installed (Debian: cups-daemon)")
+            return
+        self._starts[session.id] = self._starts.get(session.id, 0) + 1
+        await self._end_cupsd(session, await self._blocking(_cupsd_of, session.id, session.uid))
+        await self._blocking(self._prepare_x2go, session, spool)
+        self._follow_jobs(session)  # its logs made before cupsd opens them (they are made anew: new files)
+        cupsd = await self._launch(session)
+        self._cupsd[session.id] = cupsd
+        await self._socket_made(self.socket_path(session), cupsd)
+        log.info("session {id} of {user}: printing to the X2Go client (queue {queue}, its spool at {spool})",
+                 id=session.id, user=session.user, queue=X2GO_QUEUE, spool=spool)
+
+    def _prepare_x2go(self, session: Any, spool: str) -> None:
+        """cupsd's files for X2Go's printer, written by root into the user's directory without following links:
+        its programs (the system's, and the backend of X2Go's printer), the queue and its PPD."""
+        self._prepare(session)
+        directory = self.directory(session)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            _user_directories(fd, directory, ("bin", "ppd"), session.uid, session.gid)
+        finally:
+            os.close(fd)
+        server_bin = os.path.join(directory, "bin")
+        bin_fd = os.open(server_bin, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            if os.fstat(bin_fd).st_uid != session.uid:
+                raise OSError(f"{server_bin} does not belong to the session's user")
+            try:
+                os.mkdir("backend", 0o700, dir_fd=bin_fd)
+                os.chown("backend", session.uid, session.gid, dir_fd=bin_fd, follow_symlinks=False)
+            except FileExistsError:
+                pass
+            backend_fd = os.open("backend", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=bin_fd)
+            try:
+                for name, target in x2go_server_bin(X2GO_BACKEND_PROGRAM).items():
+                    where, _, base = name.rpartition("/")
+                    at = backend_fd if where else bin_fd
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(base, dir_fd=at)
+                    os.symlink(target, base, dir_fd=at)
+                    os.chown(base, session.uid, session.gid, dir_fd=at, follow_symlinks=False)
+            finally:
+                os.close(backend_fd)
+        finally:
+            os.close(bin_fd)
+        for name, text in (("cupsd.conf", cupsd_conf(self.socket_path(session), x2go_cupsd_lines())),
+                           ("cups-files.conf", cups_files_conf(directory, server_bin)),
+                           ("printers.conf", x2go_printers_conf(spool)),
+                           (os.path.join("ppd", f"{X2GO_QUEUE}.ppd"), X2GO_PPD)):
+            files.write_user_file(os.path.join(directory, name), text.encode(), session.uid, session.gid)
+
+    def _follow_jobs(self, session: Any) -> None:
+        """The backend's line for each job, and each request cupsd refused for its size (its access log: cupsd
+        answers ``lp`` "Request Entity Too Large" and logs nothing else), repeated in the gateway's log."""
+        self._stop_following(session)
+        directory = self.directory(session)
+        refused = RefusedRequests()
+
+        def job_line(line: str) -> None:
+            log.info("session {id} of {user}: X2Go print {what}", id=session.id, user=session.user,
+                     what=printable(line)[:400])
+
+        def access_line(line: str) -> None:
+            why = refused.words(line)
+            if why is not None:
+                log.info("session {id} of {user}: X2Go print refused: {reason}; nothing reached the client",
+                         id=session.id, user=session.user, reason=why, audit="x2go_print_refused")
+
+        followers = []
+        try:
+            if self._notifier is None:
+                self._notifier = inotify.INotify(self.context.reactor)
+                self._notifier.startReading()
+            for name, on_line in ((X2GO_JOB_LOG, job_line), (ACCESS_LOG, access_line)):
+                path = os.path.join(directory, name)
+                files.write_user_file(path, b"", session.uid, session.gid)
+                followers.append(LogFollower(self._notifier, path, on_line))
+        except OSError as error:
+            log.warn("session {id}: the X2Go printer's logs cannot be followed: {error}", id=session.id,
+                     error=str(error))
+        self._job_logs[session.id] = followers
+
+    def _stop_following(self, session: Any) -> None:
+        for follower in self._job_logs.pop(session.id, []):
+            follower.stop()
 
     async def start(self, session: Any) -> None:
         port = service_channels.channel_port("printing", session.display)
@@ -466,13 +582,7 @@ class Printing:
             if st.st_uid != session.uid:
                 raise OSError(f"{directory} does not belong to the session's user")
             os.fchmod(fd, 0o700)
-            for name in SUBDIRECTORIES:
-                try:
-                    os.mkdir(name, 0o700, dir_fd=fd)
-                    os.chown(name, session.uid, session.gid, dir_fd=fd, follow_symlinks=False)
-                except FileExistsError:
-                    if not stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
-                        raise OSError(f"{directory}/{name} is not a directory") from None
+            _user_directories(fd, directory, SUBDIRECTORIES, session.uid, session.gid)
         finally:
             os.close(fd)
         for name, text in (("cupsd.conf", cupsd_conf(self.socket_path(session))),
@@ -575,6 +685,7 @@ class Printing:
         return await self.context.launcher.start(request)
 
     async def stop(self, session: Any) -> None:
+        self._stop_following(session)
         starts = self._starts.get(session.id, 0)
         work = self._tasks.pop(session.id, None)
         if work is not None:
@@ -607,6 +718,18 @@ class Printing:
         return await self.context.blocking(function, *args)
 
 
+def _user_directories(fd: int, directory: str, names: Iterable[str], uid: int, gid: int) -> None:
+    """Directories ``names`` in ``directory`` (open as ``fd``), the user's, 0700; one already there must be a
+    real directory (no link is followed)."""
+    for name in names:
+        try:
+            os.mkdir(name, 0o700, dir_fd=fd)
+            os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
+        except FileExistsError:
+            if not stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
+                raise OSError(f"{directory}/{name} is not a directory") from None
+
+
 def _cupsd_of(session_id: str, uid: int) -> list[processes.ProcessId]:
     """The session's cupsd processes, found by its marker (only ``uid``'s)."""
     found = []
@@ -618,6 +741,102 @@ def _cupsd_of(session_id: str, uid: int) -> list[processes.ProcessId]:
         except OSError:
             continue
     return found
+
+
+# ------------------------------------------------------------ X2Go's printer
+X2GO_QUEUE = "X2Go"
+#: cupsd's access log in its directory: one line per request, with its HTTP status.
+ACCESS_LOG = "access_log"
+_ACCESS_LINE = re.compile(r'\S+ \S+ \S+ \[(?P<time>[^\]]{1,64})\] "(?P<method>[A-Z]{1,16}) (?P<resource>[^ "]{1,256})'
+                          r' HTTP/\d\.\d" (?P<status>\d{3}) (?P<bytes>\d{1,20}|-) (?P<operation>[A-Za-z-]{1,64})')
+#: HTTP's "Request Entity Too Large": what cupsd answers past its MaxRequestSize.
+TOO_LARGE = "413"
+#: The backend's program (a console script beside the gateway's Python).
+X2GO_BACKEND_PROGRAM = os.path.join(os.path.dirname(sys.executable), "nxgate-x2go-print")
+X2GO_JOB_LOG = "x2go-jobs.log"
+#: The most a job may send to the X2Go client, as printed and as PDF.
+X2GO_MAX_JOB = 100 * 1024 * 1024
+#: The system's CUPS programs, the session's cupsd runs them from its own ServerBin.
+SYSTEM_SERVER_BIN = "/usr/lib/cups"
+
+
+def x2go_server_bin(backend: str, system: str = SYSTEM_SERVER_BIN) -> dict[str, str]:
+    """The session cupsd's ServerBin for X2Go's printer: names -> link targets
+    (the system's programs, and in ``backend/`` the X2Go backend alone)."""
+    links = {name: os.path.join(system, name) for name in ("cgi-bin", "daemon", "driver", "filter", "monitor",
+                                                          "notifier")}
+    links["backend/x2go"] = backend
+    return links
+
+
+class RefusedRequests:
+    """The requests cupsd refused for their size, read from its access log
+    (pure): cupsd writes one refused request's line twice, as it reads it and
+    as it closes the connection, one right after the other; such a repeat is
+    not a new refusal."""
+
+    #: Seconds between a line and its repeat.
+    REPEAT_WITHIN = 5
+
+    def __init__(self) -> None:
+        self.last: tuple[tuple[str, ...], float] | None = None
+
+    def words(self, line: str) -> str | None:
+        """What a refusal line says, in words for the log; None for any other line."""
+        match = _ACCESS_LINE.match(line[:1024])
+        if match is None or match["status"] != TOO_LARGE:
+            self.last = None
+            return None
+        key = (match["resource"], match["operation"], match["bytes"])
+        try:
+            when = calendar.timegm(time.strptime(match["time"].split(" ")[0], "%d/%b/%Y:%H:%M:%S"))
+        except ValueError:
+            when = 0.0
+        last, self.last = self.last, (key, when)
+        if last is not None and last[0] == key and abs(when - last[1]) <= self.REPEAT_WITHIN:
+            return None
+        return (f"a {match['operation']} request to {match['resource']} larger than X2Go's printer takes"
+                f" ({X2GO_MAX_JOB // 2**20} MiB; cupsd answered lp 'Request Entity Too Large')")
+
+
+def x2go_cupsd_lines() -> tuple[str, ...]:
+    return (f"MaxRequestSize {X2GO_MAX_JOB}", f"SetEnv NXGATE_X2GO_MAX_JOB {X2GO_MAX_JOB}")
+
+
+def x2go_printers_conf(spool: str) -> str:
+    """X2Go's printer, the session's default: the PDF goes into the client's spool (mounted at ``spool``)."""
+    return "\n".join([
+        f"<DefaultPrinter {X2GO_QUEUE}>",
+        "Info X2Go client (PDF to the client's spool)",
+        "Location the X2Go client's machine",
+        f"DeviceURI x2go:{spool}",
+        "State Idle",
+        "Accepting Yes",
+        "Shared No",
+        "JobSheets none none",
+        "OpPolicy default",
+        "ErrorPolicy abort-job",
+        "</DefaultPrinter>",
+        ""])
+
+
+#: The queue's PPD: CUPS converts every job to PDF for it (cups-filters), which the backend sends on as it is.
+X2GO_PPD = "".join(f"{line}\n" for line in (
+    '*PPD-Adobe: "4.3"', '*FormatVersion: "4.3"', '*FileVersion: "1.0"', '*LanguageVersion: English',
+    '*LanguageEncoding: ISOLatin1', '*PCFileName: "NXGX2GO.PPD"', '*Manufacturer: "nxgate"',
+    '*Product: "(X2Go client)"', '*ModelName: "X2Go client PDF"', '*ShortNickName: "X2Go client PDF"',
+    '*NickName: "X2Go client PDF"', '*PSVersion: "(3010.000) 0"', '*LanguageLevel: "3"', '*ColorDevice: True',
+    '*DefaultColorSpace: RGB', '*FileSystem: False', '*Throughput: "1"', '*LandscapeOrientation: Plus90',
+    '*TTRasterizer: Type42', '*cupsFilter2: "application/pdf application/vnd.cups-pdf 0 -"',
+    '*OpenUI *PageSize/Page Size: PickOne', '*OrderDependency: 10 AnySetup *PageSize', '*DefaultPageSize: A4',
+    '*PageSize A4/A4: "<</PageSize[595 842]/ImagingBBox null>>setpagedevice"',
+    '*PageSize Letter/US Letter: "<</PageSize[612 792]/ImagingBBox null>>setpagedevice"', '*CloseUI: *PageSize',
+    '*OpenUI *PageRegion/Page Region: PickOne', '*OrderDependency: 10 AnySetup *PageRegion',
+    '*DefaultPageRegion: A4', '*PageRegion A4/A4: "<</PageSize[595 842]/ImagingBBox null>>setpagedevice"',
+    '*PageRegion Letter/US Letter: "<</PageSize[612 792]/ImagingBBox null>>setpagedevice"',
+    '*CloseUI: *PageRegion', '*DefaultImageableArea: A4', '*ImageableArea A4/A4: "0 0 595 842"',
+    '*ImageableArea Letter/US Letter: "0 0 612 792"', '*DefaultPaperDimension: A4',
+    '*PaperDimension A4/A4: "595 842"', '*PaperDimension Letter/US Letter: "612 792"'))
 
 
 def make(context: Context) -> Printing:

@@ -84,7 +84,7 @@ def share_path(mountpoint: str, port: int, share: str) -> str:
     return os.path.join(mountpoint, f"127.0.0.1:{port}", share)
 
 
-def _unescape(field: str) -> str:
+def mountinfo_path(field: str) -> str:
     """A path from /proc/self/mountinfo (space, tab, newline, backslash as \\ooo)."""
     out, index = [], 0
     while index < len(field):
@@ -105,7 +105,7 @@ def mounts_under(mountinfo: str, prefix: str) -> list[str]:
         fields = line.split(" ")
         if len(fields) < 5:
             continue
-        point = _unescape(fields[4])
+        point = mountinfo_path(fields[4])
         if point == prefix or point.startswith(prefix + "/"):
             found.append(point)
     return sorted(set(found), key=lambda path: (-path.count("/"), path))

@@ -20,13 +20,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nxgate.gateway.doors.conch.x2go import names
+from nxgate.gateway.doors.conch.x2go import files, folders, names
 from nxgate.gateway.doors.conch.x2go.shell import Facts, Program
 from nxgate.gateway.doors.conch.x2go.verbs import VERBS, Call, parse_start
 from nxgate.vocabulary.caller import Caller
 from nxgate.vocabulary.display_bounds import depth_problem, size_problem
 from nxgate.vocabulary.errors import ErrorKind, SessionError
-from nxgate.vocabulary.requests import PUBLISHED_TYPE, DisplaySettings, RestoreRequest, ShadowRequest, StartRequest
+from nxgate.vocabulary.requests import (PUBLISHED_TYPE, DisplaySettings, FolderShares, RestoreRequest, ShadowRequest,
+                                        StartRequest)
 from nxgate.vocabulary.results import Ready, SessionView
 
 #: x2gostartagent's exit status for a session limit (x2goclient then says "Sessions limit reached").
@@ -88,6 +89,9 @@ class Context:
     locate: Callable[[str], Awaitable[str | None]]  # a program on the sessions' PATH, or None
     log: Any
     types: Callable[[], set[str]] = set  # the session types this server offers
+    keys: Any = None  # folders.FolderKeys: the key bundles the caller's clients pushed
+    sharing: Callable[[], bool] = lambda: False  # whether folders may be shared (``[services] sharing``)
+    route_ready: Callable[[int], Awaitable[None]] | None = None  # the client's forward of a port is open
     remove: Callable[[str], Awaitable[None]] | None = None  # a file below ~/.x2go, removed (no link followed)
 
 
@@ -141,10 +145,9 @@ async def _which(call: Call, context: Context) -> tuple[str, str, int]:
     name = call.args[0]
     if name in VERBS:
         return f"/usr/bin/{name}\n", "", 0
-    if name == "fusermount":
-        # Answered: without it python-x2go tells its user "Remote user ... is not allowed to share SSHFS
-        # resources", which reads like a permission problem; x2gomountdirs then says what is missing.
-        return "/usr/bin/fusermount\n", "", 0
+    if name == "fusermount":  # where folders cannot be shared, nothing: python-x2go then switches them off cleanly
+        found = await context.locate("fusermount3") if context.sharing() and await context.locate("sshfs") else None
+        return (f"{found}\n", "", 0) if found else ("", "", 1)
     found = await context.locate(name)
     return (f"{found}\n", "", 0) if found else ("", "", 1)
 
@@ -155,18 +158,6 @@ async def _test(call: Call, context: Context) -> tuple[str, str, int]:
         return "", "", 1
     found = await context.locate(path)
     return "", "", 0 if found else 1
-
-
-async def _rm(call: Call, context: Context) -> tuple[str, str, int]:
-    """The sshfs key the client pushed (its checks: verbs._rm); one already gone is no error (``-f``)."""
-    for path in call.args[1:]:
-        if context.remove is not None:
-            try:
-                await context.remove(path)
-            except Exception as error:  # gone already, or not the user's: -f says nothing
-                context.log.debug("rm -f {path!r} of {user}: {error}", path=path, user=context.caller.user,
-                                  error=str(error))
-    return "", "", 0
 
 
 async def _stat(call: Call, context: Context) -> tuple[str, str, int]:
@@ -382,22 +373,106 @@ async def _owned_quiet(call: Call, context: Context) -> tuple[str, str, int]:
     return "", "", 0
 
 
-#: What x2gomountdirs answers (python-x2go logs it; the mount counts as failed without its "ok").
-NO_FOLDERS = "nxgate: shared folders and printing are not offered to X2Go clients by this server (yet)"
 
 
 async def _mountdirs(call: Call, context: Context) -> tuple[str, str, int]:
-    context.log.info("X2Go folder sharing or printing asked by {user}: not offered", user=context.caller.user)
-    return NO_FOLDERS + "\n", "", 0
+    """``x2gomountdirs``: the caller's folders mounted in his session, by its
+    node, with the key bundle his client pushed (:mod:`.folders`); x2goserver's
+    lines for each, and a line on stderr for each refused."""
+    caller = context.caller
+    if not context.sharing():
+        context.log.info("X2Go folder sharing asked by {user}: switched off ([services] sharing)", user=caller.user)
+        return "the sshfs command is not installed on this X2Go Server, cannot share client-side folders\n", "", 0
+    try:
+        request = folders.parse_mountdirs(call.args)
+    except folders.MountRefused as refusal:
+        return _folders_refused(context, str(refusal))
+    view = await _session(call.__class__(call.verb, (request.session,)), context)
+    expected = names.numbers(view, context.secret).fs_port
+    if request.port != expected:
+        context.log.warn("X2Go client of {user} from {address} asked to mount folders of session {id} through port"
+                         " {port}, which is not the session's folders port ({expected}); refused", user=caller.user,
+                         address=caller.address, id=view.id, port=request.port, expected=expected,
+                         audit="x2go_folder_refused")
+        return "", (f"mounting of {request.listed[:200]} failed: port {request.port} is not the folders port of"
+                    f" session {request.session}\n"), 1
+    bundle = _key_bundle(request.key_path, context)
+    if bundle is None:
+        return _folders_refused(context, f"the key file {request.key_path[:120]!r} was not pushed (or is gone): a"
+                                         " client pushes its key bundle below ~/.x2go/ssh first")
+    if context.route_ready is not None:
+        await context.route_ready(request.port)
+    shares = FolderShares(request.folders, request.client_user, bundle.private, bundle.host_key)
+    results = await context.router.mount_folders(caller, view.id, shares)
+    out, err = folders.mountdirs_header(request, caller.user), ""
+    for result in results:
+        out += folders.mountdirs_folder(request, result.path, result.mount_point or "-", result.mounted)
+        if not result.mounted:
+            err += f"mounting of {result.path} failed: {result.problem}\n"
+    return out, err, 0
+
+
+def _key_bundle(path: str, context: Context) -> Any:
+    """The bundle the caller's client pushed to ``path`` (``~``, ``$HOME`` and relative paths already read by the
+    shell reader), or None."""
+    try:
+        name = folders.key_name(files.parts(path, context.facts.home))
+    except files.PathRefused:
+        return None
+    return context.keys.get(context.caller.user, name) if name is not None and context.keys is not None else None
+
+
+def _folders_refused(context: Context, why: str) -> tuple[str, str, int]:
+    context.log.info("X2Go x2gomountdirs of {user} from {address} refused: {why}", user=context.caller.user,
+                     address=context.caller.address, why=why)
+    return "", f"mounting of the client's folders failed: {why}\n", 1
+
+
+async def _umount(call: Call, context: Context) -> tuple[str, str, int]:
+    """``x2goumount-session <session> [client path]``: the session's folders (or that one) unmounted; nothing
+    on stderr when done (python-x2go reads success from an empty stderr)."""
+    view = await _session(call, context)
+    if not context.sharing():
+        return "", "", 0
+    path = call.args[1] if len(call.args) > 1 else ""
+    await context.router.unmount_folders(context.caller, view.id, path)
+    return "", "", 0
+
+
+async def _listmounts(call: Call, context: Context) -> tuple[str, str, int]:
+    view = await _session(call, context)
+    if not context.sharing():
+        return "\n", "", 0
+    mounted = await context.router.folders(context.caller, view.id)
+    return folders.listmounts_output([mount.mount_point for mount in mounted]) or "\n", "", 0
+
+
+async def _remove(call: Call, context: Context) -> tuple[str, str, int]:
+    """``rm -f`` of key files below ``~/.x2go/ssh`` (python-x2go's after x2gomountdirs): the bundles are forgotten;
+    nothing of them is on disk here."""
+    for path in call.args[1:]:
+        try:
+            name = folders.key_name(files.parts(path.removesuffix(".ident"), context.facts.home))
+        except files.PathRefused:
+            name = None
+        if name is not None and context.keys is not None:
+            context.keys.drop(context.caller.user, name)
+        if context.remove is not None:  # a key file an earlier gateway wrote (this one keeps them in memory)
+            try:
+                await context.remove(path)
+            except Exception as error:  # gone already, or not the user's: -f says nothing
+                context.log.debug("rm -f {path!r} of {user}: {error}", path=path, user=context.caller.user,
+                                  error=str(error))
+    return "", "", 0
 
 
 _HANDLERS: dict[str, Callable[[Call, Context], Awaitable[tuple[str, str, int]]]] = {
     "echo": _echo, "printf": _quiet, "export": _quiet, "assign": _quiet, "true": _quiet,
-    "setxkbmap": _quiet, "xrandr": _quiet, "which": _which, "test": _test, "stat": _stat, "rm": _rm,
+    "setxkbmap": _quiet, "xrandr": _quiet, "which": _which, "test": _test, "stat": _stat,
     "x2goversion": _version, "x2gofeaturelist": _features, "x2gobasepath": _basepath, "x2gogetservers": _servers,
     "x2golistsessions": _list, "x2golistshadowsessions": _quiet, "x2golistdesktops": _desktops,
     "x2gostartagent": _start, "x2goresume-session": _resume, "x2gosuspend-session": _suspend,
     "x2goterminate-session": _terminate, "x2goruncommand": _runcommand, "x2gocmdexitmessage": _owned_quiet,
-    "x2goumount-session": _owned_quiet, "x2golistmounts": _owned_quiet, "x2gomountdirs": _mountdirs,
+    "x2goumount-session": _umount, "x2golistmounts": _listmounts, "x2gomountdirs": _mountdirs, "rm": _remove,
     "x2gogetapps": _applications, "launch": _launch,
 }

@@ -99,7 +99,9 @@ class X2GoDoor:
 
         context = Context(router=self.router(), caller=caller, facts=facts, secret=self.secret, links=self.links,
                           version=__version__, now=self.reactor.seconds, locate=locate, log=log,
-                          types=lambda: set(self.config().types), remove=remove)
+                          types=lambda: set(self.config().types), keys=self.desk.keys,
+                          route_ready=lambda port: self.route_ready(avatar, port),
+                          sharing=lambda: bool(self.config().services.sharing), remove=remove)
         avatar.x2go_context = context
         return context
 
@@ -162,9 +164,9 @@ class X2GoDoor:
         session of theirs that this door started or resumed, and the
         session's sound comes back on ``forwarded-tcpip`` channels to that
         port, as reverse streams from the session's node
-        (:mod:`nxgate.streams.reverse`; :meth:`_route_sound`).  The folders'
-        port (sshfs, printing) is granted and not used yet: x2goclient shows
-        critical dialogs when it is refused.  Any other port is refused with
+        (:mod:`nxgate.streams.reverse`; :meth:`_route_sound`); the folders'
+        port the same way for the session's sshfs (its shared folders and
+        print spool, :meth:`_route_folders`).  Any other port is refused with
         one log line.  At most :data:`MAX_FORWARDS` requests are answered per
         connection (the clients ask for one per service and session), the
         rest refused with one log line."""
@@ -196,10 +198,12 @@ class X2GoDoor:
             return 1
         if sound is not None:
             return 1
+        if folders is not None and port not in routes:
+            log.info("X2Go client of {user} asked for a reverse forward of port {port}: the shared folders of session"
+                     " {id}", user=user, port=port, id=folders.session_id)
+            routes[port] = self._route_folders(avatar, folders, host, port)
+            return 1
         if folders is not None:
-            log.debug("X2Go client of {user} asked for a reverse forward of port {port}, the folders of session {id}:"
-                      " granted, not carried (folders are not offered)", user=user, port=port,
-                      id=folders.session_id)
             return 1
         log.info("refused a reverse forward of {user}'s X2Go client to {host!r}:{port}: not the sound or folders port"
                  " of a session of theirs started or resumed here", user=user, host=host[:100], port=port)
@@ -211,18 +215,7 @@ class X2GoDoor:
         ``forwarded-tcpip`` channel to ``host:port`` as the client asked."""
         user = avatar.principal.unix_user
         what = f"the sound of session {link.session_id}"
-        opened = struct.pack(">L", port)
-
-        def deliver(stream: Any) -> None:
-            if not self.room(LINK_FILES):
-                log.warn("dropped a sound connection of session {id} of {user}: the gateway is short of open files"
-                         " ([server] fd_reserve)", id=link.session_id, user=user)
-                stream.close()
-                return
-            data = common.NS(host) + opened + common.NS(b"127.0.0.1") + struct.pack(">L", 0)
-            if not send_back(avatar.conn, stream, b"forwarded-tcpip", what, data):
-                log.warn("dropped a sound connection of session {id} of {user}: its client's connection carries {limit}"
-                         " such connections already", id=link.session_id, user=user, limit=MAX_PER_CONNECTION)
+        deliver = self._deliverer(avatar, link, host, port, what)
 
         def ended(why: str) -> None:
             log.info("X2Go client of {user}: {what} no longer comes back ({why})", user=user, what=what, why=why)
@@ -242,6 +235,52 @@ class X2GoDoor:
 
         defer.ensureDeferred(route.open()).addErrback(refused)
         return route
+
+    def _deliverer(self, avatar: Any, link: Link, host: bytes, port: int, what: str) -> Callable[[Any], None]:
+        """Each announced connection of a route: a ``forwarded-tcpip`` channel to ``host:port`` as the client asked."""
+        user = avatar.principal.unix_user
+        opened = struct.pack(">L", port)
+
+        def deliver(stream: Any) -> None:
+            if not self.room(LINK_FILES):
+                log.warn("dropped a connection of {what} of {user}: the gateway is short of open files"
+                         " ([server] fd_reserve)", what=what, user=user)
+                stream.close()
+                return
+            data = common.NS(host) + opened + common.NS(b"127.0.0.1") + struct.pack(">L", 0)
+            if not send_back(avatar.conn, stream, b"forwarded-tcpip", what, data):
+                log.warn("dropped a connection of {what} of {user}: its client's connection carries {limit} such"
+                         " connections already", what=what, user=user, limit=MAX_PER_CONNECTION)
+
+        return deliver
+
+    def _route_folders(self, avatar: Any, link: Link, host: bytes, port: int) -> ReverseRoute:
+        """The session's sshfs connections (its shared folders), back to this
+        connection's forward of the folders port; ``x2gomountdirs`` waits for
+        the route to be open (:meth:`route_ready`)."""
+        user = avatar.principal.unix_user
+        what = f"the shared folders of session {link.session_id}"
+        route = ReverseRoute(self.router().open_stream, self.caller_of(avatar), link.session_id, "sshfs",
+                             self._deliverer(avatar, link, host, port, what),
+                             lambda why: log.info("X2Go client of {user}: {what} no longer come back ({why})",
+                                                  user=user, what=what, why=why))
+
+        def refused(failure: Any) -> None:
+            why = failure.value.message if failure.check(SessionError) else failure.getErrorMessage()
+            log.info("X2Go client of {user}: {what} cannot come back: {why}", user=user, what=what, why=why)
+
+        opening = defer.ensureDeferred(route.open())
+        opening.addErrback(refused)
+        avatar.__dict__.setdefault("x2go_route_opening", {})[port] = opening
+        return route
+
+    async def route_ready(self, avatar: Any, port: int) -> None:
+        """Once the route this connection opened for ``port`` is open (or failed): nothing, when there is none."""
+        opening = avatar.__dict__.get("x2go_route_opening", {}).get(port)
+        if opening is not None and not opening.called:
+            waiter: defer.Deferred[None] = defer.Deferred()
+            opening.addBoth(lambda result: (waiter.callback(None), result)[1])
+            await waiter
 
     def pushed(self, user: str, names: list[str], data: bytes) -> None:
         """A file the client pushed was written: a PulseAudio cookie

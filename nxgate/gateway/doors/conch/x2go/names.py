@@ -193,7 +193,8 @@ def version_output(nxgate_version: str) -> str:
 
 
 #: What x2gofeaturelist advertises: only what this door answers.
-FEATURES = ("X2GO_LIST_DESKTOPS", "X2GO_CLIPBOARD_MODES", "X2GO_PUBLISHED_APPLICATIONS")
+FEATURES = ("X2GO_LIST_DESKTOPS", "X2GO_CLIPBOARD_MODES", "X2GO_PUBLISHED_APPLICATIONS", "X2GO_MOUNTDIRS",
+            "X2GO_UMOUNTSESSION_ALL", "X2GO_UMOUNTSESSION_ONLYPATH")
 
 
 def _base64_chunks(data: bytes) -> list[str]:

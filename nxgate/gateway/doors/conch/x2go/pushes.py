@@ -16,7 +16,7 @@ from typing import Any
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from nxgate.gateway.doors.conch.x2go import files, scp
+from nxgate.gateway.doors.conch.x2go import files, folders, scp
 from nxgate.gateway.doors.conch.x2go.allowance import Allowance
 from nxgate.streams.reverse import PULSE_COOKIE_BYTES
 
@@ -41,6 +41,8 @@ class FileDesk:
         self.blocking = blocking
         self.room = room
         self.allowance = Allowance(now)
+        #: The key bundles for shared folders, kept in memory until x2gomountdirs names them.
+        self.keys = folders.FolderKeys(now)
         #: Told ``(user, names below home, data)`` of each file written (the door's sound cookies).
         self.pushed: Callable[[str, list[str], bytes], None] = lambda user, names, data: None
 
@@ -48,11 +50,16 @@ class FileDesk:
         """Write a pushed file as the user; fails with :class:`Refused` or
         :class:`files.PathRefused`.  A PulseAudio cookie that is not one (a
         cookie has :data:`PULSE_COOKIE_BYTES` bytes) is refused: it would go
-        to the session's machine and the client's sound server."""
+        to the session's machine and the client's sound server.  A key bundle
+        for shared folders (``~/.x2go/ssh/key.*``) is checked and kept, not
+        written: the session's node gets it with the mount (:mod:`.folders`)."""
         try:
             names = files.parts(path, owner.home)
         except files.PathRefused as refusal:
             return defer.fail(refusal)
+        key = folders.key_name(names)
+        if key is not None:
+            return self._keep_key(user, key, data)
         if names[-1] == ".pulse-cookie" and len(data) != PULSE_COOKIE_BYTES:
             return defer.fail(Refused(f"not a PulseAudio cookie ({len(data)} bytes; a cookie has "
                                       f"{PULSE_COOKIE_BYTES})"))
@@ -64,6 +71,19 @@ class FileDesk:
         written = self.blocking(files.write_as_user, path, data, owner)
         written.addCallback(lambda result: (self.pushed(user, names, data), result)[1])
         return written
+
+    def _keep_key(self, user: str, name: str, data: bytes) -> defer.Deferred[None]:
+        refusal = self.allowance.take_push(user, len(data))
+        if refusal is not None:
+            return defer.fail(Refused(refusal))
+        try:
+            bundle = folders.parse_bundle(data)
+        except folders.NotABundle as error:
+            return defer.fail(Refused(f"not an X2Go key bundle for shared folders: {error}"))
+        self.keys.put(user, name, bundle)
+        log.info("X2Go client of {user} pushed the key bundle {name} for its shared folders (kept in memory for"
+                 " x2gomountdirs)", user=user, name=name)
+        return defer.succeed(None)
 
     def look(self, function: Callable[..., Any], *args: Any) -> defer.Deferred[Any]:
         """A stat or an unlink (root's, read-only walk) in a thread, when
@@ -101,14 +121,8 @@ class ScpHandler:
             self.chain.addCallback(lambda _: self.channel.finish(0) if not self.failed else None)
 
     def _store(self, item: scp.File) -> defer.Deferred[None] | None:
-        """The keys for folder sharing (``~/.x2go/ssh/``: the client's
-        private key for sshfs back to it) are not kept: nothing here would
-        use them."""
+        """One file the sink handed out (a key bundle is kept by the desk, not written)."""
         if self.failed:
-            return None
-        if files.parts(item.path, self.owner.home)[1] == "ssh":
-            log.info("X2Go client of {user} copied {path} ({size} bytes): discarded, an sshfs key for folders,"
-                     " which are not offered", user=self.user, path=item.path, size=len(item.data))
             return None
         d = self.desk.store(self.user, self.owner, item.path, item.data)
         d.addCallback(lambda _: log.info("X2Go client of {user} copied {path} ({size} bytes)", user=self.user,

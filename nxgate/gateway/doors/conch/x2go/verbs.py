@@ -25,7 +25,7 @@ from nxgate.gateway.doors.conch.x2go.shell import MAX_EXEC_BYTES, PATTERN_REFUSE
 
 #: Variables a client may set before a command or export.
 ASSIGNABLE = frozenset({"PATH", "TERM", "HOSTNAME", "DISPLAY", "X2GO_XINERAMA", "X2GODPI", "X2GOXDMCP",
-                        "PULSE_CLIENTCONFIG", "X2GO_SPOOLDIR", "X2GO_MIMEBOX", "X2GO_SESSION"})
+                        "PULSE_CLIENTCONFIG", "X2GO_SPOOLDIR", "X2GO_MIMEBOX", "X2GO_SESSION", "X2GO_ICONV"})
 #: The verbs this door answers (``which`` finds them in /usr/bin).
 VERBS = frozenset({"x2golistsessions", "x2golistshadowsessions", "x2golistdesktops", "x2gostartagent",
                    "x2goruncommand", "x2goresume-session", "x2gosuspend-session", "x2goterminate-session",
@@ -256,8 +256,16 @@ def _scp(args: tuple[str, ...], facts: Facts) -> None:
         raise Refused(f"scp into {targets[0][:80]!r}: {error}") from None
 
 
+def _umount(args: tuple[str, ...], facts: Facts) -> None:
+    """``x2goumount-session <session> [<client path>]`` (python-x2go quotes a path, which may hold blanks)."""
+    _session_name(args[:1], facts)
+    if len(args) > 2 or (len(args) == 2 and (len(args[1]) > 512 or any(ord(c) < 32 for c in args[1]))):
+        raise Refused("x2goumount-session with other than a session and a folder")
+
+
 def _rm(args: tuple[str, ...], facts: Facts) -> None:
-    """python-x2go's ``rm -f KEY KEY.ident`` after x2gomountdirs: the sshfs key it pushed, below ~/.x2go/ssh/."""
+    """python-x2go's ``rm -f KEY KEY.ident`` after x2gomountdirs: the key bundle it pushed, below ~/.x2go/ssh/
+    (the door forgets the bundle it kept; nothing else may be removed)."""
     if len(args) < 2 or len(args) > 3 or args[0] != "-f":
         raise Refused("the command 'rm' (only 'rm -f' of the sshfs key the client pushed)")
     for path in args[1:]:
@@ -282,6 +290,6 @@ _CHECKS = {
     "x2goversion": _none, "x2gofeaturelist": _none, "x2gobasepath": _none, "x2gogetservers": _none,
     "x2gostartagent": _start, "x2goruncommand": _runcommand, "x2goresume-session": _resume,
     "x2gosuspend-session": _name_then_words(1, 1), "x2goterminate-session": _name_then_words(1, 1),
-    "x2gocmdexitmessage": _name_then_words(1, 1), "x2goumount-session": _name_then_words(1, 2),
-    "x2golistmounts": _name_then_words(1, 1), "x2gomountdirs": _any_words(8), "x2gogetapps": _any_words(4),
+    "x2gocmdexitmessage": _name_then_words(1, 1), "x2goumount-session": _umount,
+    "x2golistmounts": _name_then_words(1, 1), "x2gomountdirs": _any_words(40), "x2gogetapps": _any_words(4),
 }
