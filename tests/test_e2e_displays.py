@@ -20,29 +20,11 @@ import subprocess
 import sys
 
 from tests.harness.cluster import admin_cli
+from tests.harness.x11 import quiet_display_range
 from tests.test_e2e_sessions import RED, SessionTestCase, agent_processes
 
 LIMIT = 40
-
-
-def _quiet_range(first: int, count: int) -> int:
-    """The first number from ``first`` that starts ``count`` displays nobody
-    holds: a stale lock left by an earlier run, or a display another module
-    of a parallel ``make test`` holds, would make the squat's own check fail."""
-    with open("/proc/net/unix") as table:
-        bound = {line.rsplit("@/tmp/.X11-unix/X", 1)[1].strip() for line in table if "@/tmp/.X11-unix/X" in line}
-
-    def held(n: int) -> bool:
-        return (str(n) in bound or os.path.lexists(f"/tmp/.X{n}-lock")
-                or os.path.lexists(f"/tmp/.X11-unix/X{n}") or os.path.lexists(f"/tmp/.tX{n}-lock"))
-
-    base = first
-    while any(held(n) for n in range(base, base + count)):
-        base += count
-    return base
-
-
-BASE = _quiet_range(1650, 2 * LIMIT)
+BASE = quiet_display_range(1650, 2 * LIMIT)
 
 #: Bob's squatter: binds (and listens on) the abstract X sockets it is
 #: given, says "bound", then sleeps until it is killed.

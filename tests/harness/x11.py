@@ -20,6 +20,26 @@ from tests.harness.process import stop, wait_for
 FIRST_CLIENT_DISPLAY = 5000
 
 
+def quiet_display_range(first: int, count: int) -> int:
+    """The first number from ``first`` (in steps of ``count``) that starts
+    ``count`` displays nobody holds: no lock file (not even a stale one an
+    agent killed by an earlier run left), no socket file, no abstract X
+    socket.  Tests that plant files over a display range check that it was
+    empty; a fixed range collides with another module of a parallel
+    ``make test`` or with an earlier run's leftovers."""
+    with open("/proc/net/unix") as table:
+        bound = {line.rsplit("@/tmp/.X11-unix/X", 1)[1].strip() for line in table if "@/tmp/.X11-unix/X" in line}
+
+    def held(n: int) -> bool:
+        return (str(n) in bound or os.path.lexists(f"/tmp/.X{n}-lock") or os.path.lexists(f"/tmp/.tX{n}-lock")
+                or os.path.lexists(f"/tmp/.X11-unix/X{n}"))
+
+    base = first
+    while any(held(n) for n in range(base, base + count)):
+        base += count
+    return base
+
+
 def _free_display(start: int) -> int:
     display = start
     while os.path.exists(f"/tmp/.X{display}-lock") or os.path.exists(f"/tmp/.X11-unix/X{display}"):
