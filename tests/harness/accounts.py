@@ -15,8 +15,10 @@ namespace ``unshare`` made) and execs COMMAND.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import time
 
 
 def wrapper(etc: str) -> list[str]:
@@ -27,7 +29,16 @@ def wrapper(etc: str) -> list[str]:
 def private_etc(directory: str, user: str, group: str, number: int) -> str:
     """A copy of /etc in ``directory`` where ``user`` (and its ``group``) are ``number``."""
     etc = os.path.join(directory, "etc")
-    subprocess.run(["cp", "-a", "/etc", etc], check=True)
+    for attempt in range(5):
+        # Other tests of a parallel run add and remove users meanwhile: a file cp listed (shadow's
+        # lock, passwd+) may be gone when it copies it.  A later attempt copies a settled /etc.
+        copied = subprocess.run(["cp", "-a", "/etc", etc], capture_output=True, text=True)
+        if copied.returncode == 0:
+            break
+        shutil.rmtree(etc, ignore_errors=True)
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"cannot copy /etc: {copied.stderr.strip()}")
     renumbered("/etc/passwd", user, number, os.path.join(etc, "passwd"))
     renumbered("/etc/group", group, number, os.path.join(etc, "group"))
     return etc
