@@ -31,6 +31,8 @@ Runs, each as its own process with its own JSON in bench/results/:
                      node vs one box, and a node's death -> its sessions lost (issue 13);
 * bench/sound_latency.py  a click from the session to the client's sound
                      server (latency) and a stream's bandwidth (issue 14);
+* bench/x2go_sound.py  the same click through X2Go's door to pyhoca-cli's
+                     PulseAudio (the reverse streams), against it played locally;
 * bench/web_viewer.py  the in-browser viewer in headless Chromium: open ->
                      first picture (and each step of it), keystroke -> echo,
                      full-screen fps, server memory and idle CPU per browser
@@ -604,6 +606,17 @@ def sound_rows(table: Table, sound: dict | None) -> None:
               "(info)")
 
 
+def x2go_sound_rows(table: Table, sound: dict | None) -> None:
+    """X2Go's sound back through the door (bench/x2go_sound.py)."""
+    if not sound:
+        return
+    table.section(f"X2Go sound: the session's PulseAudio -> pyhoca-cli's forward, reverse streams (load {sound['load_1min']:.1f})")
+    table.add("click: paplay in the session -> client's sink", sound["latency_ms_median"], "ms",
+              sound["local_ms_median"], "same click played locally", ratio(sound["latency_ms_median"],
+                                                                          sound["local_ms_median"]),
+              "(info)", None, spread_pct(sound["runs"]["session"]))
+
+
 def new_session_rows(table: Table, result: dict | None) -> None:
     """Issue 34: a new session against its floor, and where suspend and
     terminate go (bench/new_session.py)."""
@@ -761,7 +774,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=10, help="sessions per side for the memory figures")
     parser.add_argument("--size", default="2G", help="bytes per relay throughput run")
     parser.add_argument("--repeat", type=int, default=3, help="relay throughput runs per row")
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,new_session,x2go,memory,agent_memory,scale,store,cluster,cluster_picture,cluster_relay,sound,web,printing,sharing,x2go_folders,attacks,displays")
+    parser.add_argument("--skip", default="", help="comma-separated steps to skip: relay,sessions,new_session,x2go,memory,agent_memory,scale,store,cluster,cluster_picture,cluster_relay,sound,x2go_sound,web,printing,sharing,x2go_folders,attacks,displays")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install bench packages")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway (relay, logins, sessions)")
     parser.add_argument("--table-only", action="store_true", help="rebuild the table from bench/results/*.json")
@@ -806,6 +819,8 @@ def main(argv: list[str] | None = None) -> int:
                             "--json", os.path.join(RESULTS, "cluster_picture.json")],
         "sound": [python, os.path.join(HERE, "sound_latency.py"), "--runs", str(runs * 2),
                   "--json", os.path.join(RESULTS, "sound.json")],
+        "x2go_sound": [python, os.path.join(HERE, "x2go_sound.py"), "--runs", str(runs * 2),
+                       "--json", os.path.join(RESULTS, "x2go_sound.json")],
         "web": [python, os.path.join(HERE, "web_viewer.py"), "--runs", str(runs + 2),
                 "--keys", "30" if args.quick else "200", "--json", os.path.join(RESULTS, "web_viewer.json")],
         "printing": [python, os.path.join(HERE, "printing_latency.py"), "--runs", str(runs * 2),
@@ -842,6 +857,7 @@ def main(argv: list[str] | None = None) -> int:
     scale = load(os.path.join(RESULTS, "scale.json"))
     store = load(os.path.join(RESULTS, "store.json"))
     sound = load(os.path.join(RESULTS, "sound.json"))
+    x2go_sound = load(os.path.join(RESULTS, "x2go_sound.json"))
     cluster_relay = load(os.path.join(RESULTS, "cluster_relay.json"))
     placement = load(os.path.join(RESULTS, "cluster.json"))
     cluster_picture = load(os.path.join(RESULTS, "cluster_picture.json"))
@@ -859,6 +875,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster_picture_rows(table, cluster_picture)
     cluster_relay_rows(table, cluster_relay)
     sound_rows(table, sound)
+    x2go_sound_rows(table, x2go_sound)
     web_viewer_rows(table, web)
     printing_rows(table, printing)
     sharing_rows(table, sharing)
@@ -882,7 +899,7 @@ def main(argv: list[str] | None = None) -> int:
                     "memory": memory, "agent_memory": agent_memory, "scale": scale, "store": store,
                     "displays": display_search,
                     "cluster": placement, "cluster_picture": cluster_picture,
-                    "cluster_relay": cluster_relay, "sound": sound, "web_viewer": web, "printing": printing, "sharing": sharing,
+                    "cluster_relay": cluster_relay, "sound": sound, "x2go_sound": x2go_sound, "web_viewer": web, "printing": printing, "sharing": sharing,
                     "x2go_folders": x2go_folders, "attacks": attacks},
         "x2go_reference": X2GO_REFERENCE,
     }
