@@ -355,13 +355,24 @@ class ApplicationSessionTests(SessionTestCase):
             out = subprocess.run(["pgrep", "-u", self.user.name, "-x", "xterm"], capture_output=True, text=True)
             return sorted(int(pid) for pid in out.stdout.split())
 
+        def on_display(pids: set[int], display: int) -> list[int]:
+            """The ones drawing on ``display`` (an earlier test's session may still be ending)."""
+            found = []
+            for pid in pids:
+                try:
+                    if proc_environ(pid).get("DISPLAY", "").endswith(f":{display}"):
+                        found.append(pid)
+                except OSError:  # gone meanwhile
+                    pass
+            return found
+
         for name, colour in (("one", "#00ff00"), ("two", "#0000ff")):
             before = set(xterms())
             client = self.login()
             info = self.start(client, "unix-application", name=name,
                               extra=f'--rootless="1" --application="xterm -bg {colour} -geometry 30x5+0+0"')
             self.attach(client, info)
-            (pid,) = wait_for(lambda: set(xterms()) - before, 30, f"session {name}'s xterm")
+            (pid,) = wait_for(lambda: on_display(set(xterms()) - before, info.display), 30, f"session {name}'s xterm")
             self.assertEqual(proc_environ(pid)["XCOMPOSECACHE"], cache)
             self.assertEqual(proc_environ(pid)["LANG"], "C.UTF-8")
             (table,) = wait_for(lambda: os.listdir(cache) if os.path.isdir(cache) else [], 30, "the cached table")
