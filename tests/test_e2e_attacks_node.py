@@ -36,6 +36,7 @@ import glob
 import os
 import pwd
 import re
+import signal
 import struct
 import subprocess
 import sys
@@ -266,9 +267,15 @@ class ShadowNoticeTests(ShadowTestCase):
         info, shadow, _attachment, authority, notice = self.shadowed()
         # Unmapped, as xdotool run with alice's uid can: it shows itself again, and the shadow runs on.
         env = dict(os.environ, DISPLAY=f":{info.display}", XAUTHORITY=authority)
-        subprocess.run(["xdotool", "search", "--classname", "nxgate-shadow-notice", "windowunmap", "%@"], env=env,
-                       check=True, timeout=10)
-        wait_for(lambda: not self.notice_shown(info.display, authority), 10, "the notice to be hidden")
+        # Paused while it is unmapped, so that the test sees it hidden (it shows itself again within
+        # a moment, which a loaded machine's screen grabs could miss); it answers the unmap once it runs.
+        os.kill(int(notice), signal.SIGSTOP)
+        try:
+            subprocess.run(["xdotool", "search", "--classname", "nxgate-shadow-notice", "windowunmap", "%@"],
+                           env=env, check=True, timeout=10)
+            wait_for(lambda: not self.notice_shown(info.display, authority), 10, "the notice to be hidden")
+        finally:
+            os.kill(int(notice), signal.SIGCONT)
         wait_for(lambda: self.notice_shown(info.display, authority), 10, "the notice to show itself again")
         self.assertEqual(self.notices(), [notice])
         self.assertIn(shadow.session_id, self.listing(self.other))
