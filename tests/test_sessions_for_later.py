@@ -12,6 +12,7 @@ from twisted.internet import defer
 from twisted.trial.unittest import TestCase
 
 from nxgate.node.lifecycle import RENEW_AFTER_SECONDS
+from nxgate.node.supervisor import AGENT_EXIT_SECONDS
 from nxgate.vocabulary.model import State
 from tests import test_sessions_manager as manager_tests
 from tests.test_sessions_manager import READY, STARTED, nx
@@ -28,9 +29,33 @@ class RenewTests(TestCase):
     agent_says = manager_tests.ManagerTests.agent_says
     started_for_later = manager_tests.ManagerTests.started_for_later
 
-    def gives_up(self, session_id: str) -> None:
+    def gives_up(self, session_id: str, exits: bool = True) -> None:
+        """The agent says it gave up, then (``exits``) its stand-in ends as nxagent does."""
         self.agent_says(session_id, *GIVES_UP)
+        session = self.manager.sessions.get(session_id)
+        if exits and session is not None:
+            self.end_stand_in(session.agent_pid)
         self.manager.lifecycle._agent_exited(session_id)
+
+    def end_stand_in(self, pid: int) -> None:
+        (process,) = [p for p in self.launcher.processes if p.pid == pid]
+        process.kill()
+        process.wait()
+
+    def test_an_agent_that_lingers_after_giving_up_is_gone_before_the_display_is_taken_over(self):
+        """Its exit unlinks its lock and socket file: the fresh agent starts only once it is gone (killed
+        after AGENT_EXIT_SECONDS), so that nobody wins what it leaves between the take-over and the start."""
+        session_id, _ = self.started_for_later()
+        self.reactor.advance(60)
+        old = self.manager.sessions[session_id].agent_pid
+        agents = len(self.launcher.requests)
+        self.gives_up(session_id, exits=False)
+        self.assertEqual(len(self.launcher.requests), agents, "a fresh agent beside the old one")
+        self.reactor.advance(AGENT_EXIT_SECONDS)
+        (process,) = [p for p in self.launcher.processes if p.pid == old]
+        self.assertEqual(process.wait(timeout=10), -signal.SIGKILL)
+        self.reactor.advance(AGENT_EXIT_SECONDS)  # the test reactor does not read the pidfd that says it went
+        self.assertEqual(len(self.launcher.requests), agents + 1, "no fresh agent once the old one was gone")
 
     def test_a_fresh_agent_when_nxagent_stops_waiting(self):
         session_id, _ = self.started_for_later()

@@ -52,6 +52,8 @@ SIGHUP_ATTEMPTS = 40
 RESUME_LISTEN_SECONDS = 10.0
 #: How long what a session left behind has between SIGTERM and SIGKILL.
 LEFTOVER_GRACE_SECONDS = 5.0
+#: How long an agent that said it gave up has to exit before it is killed.
+AGENT_EXIT_SECONDS = 5.0
 #: The watchdog is ended once its agent sleeps in select() (see end_watchdog);
 #: an agent not there yet is looked at again this often, at most this many times.
 WATCHDOG_AGENT_CHECK_SECONDS = 0.002
@@ -237,6 +239,8 @@ class AgentSupervisor:
         restarted later replays the new agent's log alone; its stale socket
         goes (nxcomp binds a fresh one); its PAM session is closed, as the
         new agent opens one."""
+        if session.agent_pid:
+            await self._until_gone(session, ProcessId(session.agent_pid, session.agent_started))
         if not (await self._jailed(session, plan))[1]:
             await self.blocking(displays.take_over_for_restart, session.display, session.uid, session.gid)
         await self.blocking(_empty_file, agent_files.log)
@@ -247,6 +251,19 @@ class AgentSupervisor:
             except (LaunchError, OSError) as error:
                 log.warn("session {id}: closing the PAM session failed: {error}", id=session.id, error=str(error))
         return await self.spawn(session, agent_files, settings, plan, on_line, fresh=False)
+
+    async def _until_gone(self, session: Session, old: ProcessId) -> None:
+        """Wait for the agent that gave up to be gone before its display is
+        taken over: it says so before it exits, and its exit unlinks its lock
+        and socket file.  Under load that came after the take-over, another
+        user won the files it left free, and the fresh agent could not listen
+        ("Cannot establish any listening sockets")."""
+        if await self.gone(old, AGENT_EXIT_SECONDS):
+            return
+        log.warn("session {id}: nxagent pid {pid} gave up waiting for its first client but did not exit; killing it",
+                 id=session.id, pid=old.pid)
+        self.send_signal(old, signal.SIGKILL)
+        await self.gone(old, AGENT_EXIT_SECONDS)
 
     async def limit(self, session: Session) -> str | None:
         """The ``cgroup.procs`` of the jailed ``session``'s new cgroup with
