@@ -104,7 +104,9 @@ def make_gateway(extra: dict[str, dict[str, str]] | None = None, state_dir: str 
                  "throttle_per_account": "0"},
         # Hundreds of clients from one address at once, as behind a NAT, all of them unauthenticated
         # for a moment: above the default caps (README, "Unauthenticated connections").
-        "server": {"preauth_exempt": "127.0.0.1", "max_startups": "1000"},
+        # One user holds a client connection per session while they start (up to 100): above the
+        # per-user cap on authenticated connections (README, "Authenticated connections").
+        "server": {"preauth_exempt": "127.0.0.1", "max_startups": "1000", "max_connections_per_user": "0"},
         "sessions": {"display_base": "2000", "display_limit": "300", "max_sessions": "300",
                      "max_sessions_per_user": "300", "agent_start_timeout": "120", "connect_timeout": "3600"},
     }
