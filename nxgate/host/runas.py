@@ -245,15 +245,20 @@ def execute(request: dict[str, Any]) -> None:
         os._exit(127)
 
 
-def _args_pipe(args: list[str]) -> int:
-    """A pipe holding ``args`` NUL-separated (bubblewrap's ``--args FD``)."""
-    data = b"".join(arg.encode("utf-8", "surrogateescape") + b"\0" for arg in args)
+def _pipe_holding(data: bytes, what: str) -> int:
+    """The read end of a pipe that already holds all of ``data`` (refused
+    past 64 KiB, a pipe's buffer: the write then cannot block)."""
     if len(data) >= 65536:
-        _fail("arguments too long")
+        _fail(f"{what} too long")
     read_end, write_end = os.pipe()
-    os.write(write_end, data)  # fits in the pipe: the write cannot block
+    os.write(write_end, data)
     os.close(write_end)
     return read_end
+
+
+def _args_pipe(args: list[str]) -> int:
+    """A pipe holding ``args`` NUL-separated (bubblewrap's ``--args FD``)."""
+    return _pipe_holding(b"".join(arg.encode("utf-8", "surrogateescape") + b"\0" for arg in args), "arguments")
 
 
 def _stdin(secret: str | None) -> int:
@@ -261,13 +266,7 @@ def _stdin(secret: str | None) -> int:
     password never goes into argv or the environment)."""
     if secret is None:
         return os.open(os.devnull, os.O_RDONLY)
-    data = secret.encode("utf-8", "surrogateescape")
-    if len(data) >= 65536:
-        _fail("secret too long")
-    read_end, write_end = os.pipe()
-    os.write(write_end, data)  # fits in the pipe: the write cannot block
-    os.close(write_end)
-    return read_end
+    return _pipe_holding(secret.encode("utf-8", "surrogateescape"), "secret")
 
 
 def close_pam(request: dict[str, Any]) -> None:
