@@ -27,11 +27,11 @@ import sys
 
 from twisted.trial.unittest import SkipTest, TestCase
 
-from tests.harness.gateway import REPO, Gateway
+from tests.harness.gateway import REPO, users_and_gateway
 from tests.harness.process import release, wait_for
 from tests.harness.shared import class_fixture
 from tests.harness.ssh import askpass_env, NXClient, ssh_argv
-from tests.harness.users import NEED_ROOT, TestUser, create_user, is_root
+from tests.harness.users import NEED_ROOT, TestUser, is_root
 
 FILE_LIMIT = 512
 ATTACKER = os.path.join(REPO, "tests", "harness", "x2go_attacker.py")
@@ -41,22 +41,9 @@ SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's, with python3-paramiko (the venv 
 def _fixture():
     if not is_root():
         raise SkipTest(NEED_ROOT)
-    users = [create_user() for _ in range(3)]
-    try:
-        # One failed login would block an account: a login the gateway could
-        # not check must not count.
-        gateway = Gateway({"auth": {"throttle_per_account": "1", "throttle_per_address": "50"}},
-                          file_limit=FILE_LIMIT).start()
-    except BaseException:
-        for user in users:
-            user.remove()
-        raise
-
-    def teardown() -> None:
-        gateway.stop()
-        for user in users:
-            user.remove()
-
+    # One failed login would block an account: a login the gateway could not check must not count.
+    users, gateway, teardown = users_and_gateway(
+        3, {"auth": {"throttle_per_account": "1", "throttle_per_address": "50"}}, file_limit=FILE_LIMIT)
     return (users, gateway), teardown
 
 

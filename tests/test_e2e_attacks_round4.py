@@ -37,7 +37,7 @@ import shutil
 from twisted.trial.unittest import SkipTest, TestCase
 
 from tests.harness.cluster import admin_cli
-from tests.harness.gateway import REPO, Gateway
+from tests.harness.gateway import REPO, Gateway, users_and_gateway
 from tests.harness.process import release, wait_for
 from tests.harness.shared import class_fixture
 from tests.harness.ssh import NXClient, askpass_env, ssh_argv
@@ -102,21 +102,12 @@ def _fixture():
     directory = tempfile.mkdtemp(prefix="nxgate-round4-")
     os.chmod(directory, 0o755)
     socket_path = os.path.join(directory, "shell.sock")
-    users = [create_user() for _ in range(3)]
-    try:
-        gateway = Gateway({"server": {"shell_socket": socket_path, "fd_reserve": str(FD_RESERVE),
-                                      "max_startups_per_address": "100"},
-                           "auth": {"throttle_per_address": "1000", "throttle_per_account": "1000"}},
-                          file_limit=FILE_LIMIT).start()
-    except BaseException:
-        for user in users:
-            user.remove()
-        raise
+    users, gateway, stop_both = users_and_gateway(
+        3, {"server": {"shell_socket": socket_path, "fd_reserve": str(FD_RESERVE), "max_startups_per_address": "100"},
+            "auth": {"throttle_per_address": "1000", "throttle_per_account": "1000"}}, file_limit=FILE_LIMIT)
 
     def teardown() -> None:
-        gateway.stop()
-        for user in users:
-            user.remove()
+        stop_both()
         shutil.rmtree(directory, ignore_errors=True)
 
     return (users, gateway, socket_path), teardown

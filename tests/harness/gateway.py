@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from typing import Any
 
 from tests.harness.process import stop, wait_for
 from tests.harness.users import TestUser, create_user
@@ -141,3 +142,23 @@ def user_and_gateway(options: dict[str, dict[str, str]] | None = None
         user.remove()
 
     return (user, gateway), teardown
+
+
+def users_and_gateway(count: int, options: dict[str, dict[str, str]], **gateway: Any,
+                      ) -> tuple[list[TestUser], Gateway, Callable[[], None]]:
+    """``count`` new Unix users and a started gateway for a class fixture,
+    and their teardown; the users are removed if the gateway fails to start."""
+    users = [create_user() for _ in range(count)]
+    try:
+        started = Gateway(options, **gateway).start()
+    except BaseException:
+        for user in users:
+            user.remove()
+        raise
+
+    def teardown() -> None:
+        started.stop()
+        for user in users:
+            user.remove()
+
+    return users, started, teardown
