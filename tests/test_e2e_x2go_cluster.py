@@ -7,7 +7,6 @@ and the application runs there, rootless, with the same picture on the client.""
 from __future__ import annotations
 
 import base64
-import json
 import os
 import re
 import shutil
@@ -18,12 +17,10 @@ from twisted.trial.unittest import SkipTest
 
 from tests.harness import pixels
 from tests.harness.process import stop, wait_for
-from tests.harness.gateway import REPO
 from tests.harness.x11 import ClientScreen
 from tests.test_e2e_cluster import ClusterTestCase
 from tests.test_e2e_x2go import display_of
-from tests.test_e2e_x2go_commands import program_argv
-from tests.test_e2e_x2go_published import DESKTOP, EXEC, ICON
+from tests.test_e2e_x2go_published import DESKTOP, ICON, PUBLISHED_ARGV, PublishedClient
 
 _STARTED = re.compile(r"X2Go session (\S+) \(session ([0-9A-F]{32}),")
 
@@ -111,37 +108,16 @@ class X2GoThroughTheClusterTests(ClusterTestCase):
         wait_for(lambda: {row["name"] for row in self.nodes(gateway) if row["state"] == "up"} >= {"gw1", "node2"}, 20,
                  "every member's heartbeat")
 
-        out = os.path.join(self.home, "driver.out")
-        with open(out, "wb") as handle:
-            process = subprocess.Popen(
-                ["/usr/bin/python3", os.path.join(REPO, "tests", "harness", "python_x2go_published.py"), "127.0.0.1",
-                 str(gateway.port), self.user.name, self.home, EXEC],
-                env=dict(os.environ, DISPLAY=self.client_screen.name, HOME=self.home, LANG="C.UTF-8"),
-                stdin=subprocess.PIPE, stdout=handle, stderr=subprocess.STDOUT)
-        self.addCleanup(stop, process)
-        process.stdin.write(self.user.password.encode() + b"\n")
-        process.stdin.close()
-
-        def said() -> str:
-            with open(out, errors="replace") as handle:
-                return handle.read()
-
-        def menu() -> list | None:
-            if process.poll() is not None:
-                raise AssertionError(f"python-x2go exited: {said()[-3000:]}\n{gateway.log()[-2000:]}")
-            line = next((line for line in said().splitlines() if line.startswith("[")), None)
-            return json.loads(line) if line else None
-
-        (entry,) = wait_for(menu, 120, "python-x2go's menu of published applications")
+        client = PublishedClient(gateway.port, self.user.name, self.user.password, self.home, self.client_screen.name)
+        self.addCleanup(stop, client.process)
+        (entry,) = client.menu(gateway.log)
         self.assertIn("Name=Published Terminal", entry["desktop"].splitlines())
         with open(ICON, "rb") as handle:
             self.assertEqual(base64.b64decode(entry["icon"]), handle.read())
         name, session_id = _STARTED.findall(gateway.log())[-1]
         self.assertEqual(self.sessions(gateway)[session_id]["node"], "node2")
-        wait_for(lambda: "STARTED" in said(), 60, "python-x2go to start the application")
-        argv = ["xterm", "-xrm", "XTerm*allowTitleOps: false", "-title", "Published a b"]
-        wait_for(lambda: argv in program_argv(self.user.name, "xterm"), 60, "the published xterm to run")
+        client.wait_started(self.user.name)
         # Started by node 2 (its log), not by the gateway the client speaks to.
-        self.assertIn(f"starts the published application {argv!r}", node.log())
+        self.assertIn(f"starts the published application {PUBLISHED_ARGV!r}", node.log())
         self.assertNotIn("starts the published application", gateway.log())
         self.assertGreaterEqual(self.window_equal(node, session_id, display_of(name), title="Published a b"), 0.99)

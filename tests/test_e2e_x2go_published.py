@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 
 from twisted.trial.unittest import SkipTest
 
@@ -43,6 +44,44 @@ Icon={ICON}
 Exec={EXEC} %U
 Categories=System;TerminalEmulator;
 """
+
+
+#: The published xterm's argv, as the node starts it from EXEC.
+PUBLISHED_ARGV = ["xterm", "-xrm", "XTerm*allowTitleOps: false", "-title", "Published a b"]
+
+
+class PublishedClient:
+    """python-x2go's published-applications calls (tests/harness/python_x2go_published.py, Debian's
+    python3) against a gateway: its menu, then EXEC started from it; stays attached until stopped."""
+
+    def __init__(self, port: int, user: str, password: str, home: str, display: str) -> None:
+        self.out = os.path.join(home, "driver.out")
+        with open(self.out, "wb") as handle:
+            self.process = subprocess.Popen(
+                ["/usr/bin/python3", os.path.join(REPO, "tests", "harness", "python_x2go_published.py"), "127.0.0.1",
+                 str(port), user, home, EXEC], env=dict(os.environ, DISPLAY=display, HOME=home, LANG="C.UTF-8"),
+                stdin=subprocess.PIPE, stdout=handle, stderr=subprocess.STDOUT)
+        self.process.stdin.write(password.encode() + b"\n")
+        self.process.stdin.close()
+
+    def said(self) -> str:
+        with open(self.out, errors="replace") as handle:
+            return handle.read()
+
+    def menu(self, gateway_log: Callable[[], str]) -> list[dict]:
+        """The menu's entries, once python-x2go printed them (its output and the gateway's log if it exits)."""
+        def printed() -> list | None:
+            if self.process.poll() is not None:
+                raise AssertionError(f"python-x2go exited: {self.said()[-3000:]}\n{gateway_log()[-2000:]}")
+            line = next((line for line in self.said().splitlines() if line.startswith("[")), None)
+            return json.loads(line) if line else None
+
+        return wait_for(printed, 120, "python-x2go's menu of published applications")
+
+    def wait_started(self, user: str) -> None:
+        """Until python-x2go said it started EXEC and the xterm runs as ``user``."""
+        wait_for(lambda: "STARTED" in self.said(), 60, "python-x2go to start the application")
+        wait_for(lambda: PUBLISHED_ARGV in program_argv(user, "xterm"), 60, "the published xterm to run")
 
 
 def _fixture():
@@ -75,23 +114,9 @@ class PublishedApplicationsTests(X2GoCase):
         self.addCleanup(self._terminate_all)
 
     def test_python_x2go_lists_the_applications_and_starts_one_rootless(self):
-        driver = os.path.join(REPO, "tests", "harness", "python_x2go_published.py")
-        out = os.path.join(self.home, "driver.out")
-        with open(out, "wb") as handle:
-            process = subprocess.Popen(["/usr/bin/python3", driver, "127.0.0.1", str(self.gateway.port), self.user.name,
-                                        self.home, EXEC], env=dict(self.env(), LANG="C.UTF-8"),
-                                       stdin=subprocess.PIPE, stdout=handle, stderr=subprocess.STDOUT)
-        self.clients.append(process)
-        process.stdin.write(PASSWORD.encode() + b"\n")
-        process.stdin.close()
-
-        def menu() -> list | None:
-            if process.poll() is not None:
-                raise AssertionError(f"python-x2go exited: {self.read(out)[-3000:]}\n{self.gateway.log()[-2000:]}")
-            line = next((line for line in self.read(out).splitlines() if line.startswith("[")), None)
-            return json.loads(line) if line else None
-
-        (entry,) = wait_for(menu, 120, "python-x2go's menu of published applications")
+        client = PublishedClient(self.gateway.port, self.user.name, PASSWORD, self.home, self.screen.name)
+        self.clients.append(client.process)
+        (entry,) = client.menu(self.gateway.log)
         self.assertEqual(entry["desktop"].splitlines(), [
             "Name=Published Terminal", "Name[de]=Veröffentlichtes Terminal", "Comment=An xterm that nxgate publishes",
             f"Exec={EXEC} %U", "Categories=System;TerminalEmulator;"])
@@ -100,10 +125,8 @@ class PublishedApplicationsTests(X2GoCase):
         name = re.findall(r"X2Go session (\S+) \(session [0-9A-F]{32}, unix-published\)", self.gateway.log())[-1]
         self.assertRegex(name, rf"^{self.user.name}-\d+-\d+_stRPUBLISHED_dp24$")
 
-        wait_for(lambda: "STARTED" in self.read(out), 60, "python-x2go to start the application")
-        argv = ["xterm", "-xrm", "XTerm*allowTitleOps: false", "-title", "Published a b"]
-        wait_for(lambda: argv in program_argv(self.user.name, "xterm"), 60, "the published xterm to run")
-        self.assertIn(f"starts the published application {argv!r}", self.gateway.log())
+        client.wait_started(self.user.name)
+        self.assertIn(f"starts the published application {PUBLISHED_ARGV!r}", self.gateway.log())
         self.assertGreaterEqual(self.window_equal(name, "Published a b"), 0.99)
 
         # The same session, a program nobody published: refused by the session's node, nothing started.
@@ -114,7 +137,7 @@ class PublishedApplicationsTests(X2GoCase):
         self.assertIn("xterm is not a published application of this server", refused.stderr)
         self.assertIn("not a published application; refused", self.gateway.log())
         self.assertFalse(any("pwned" in argv for argv in program_argv(self.user.name, "xterm")))
-        stop(process)
+        stop(client.process)
 
     def test_x2goclient_starts_a_published_applications_session_and_lists_them(self):
         if shutil.which("x2goclient") is None:
